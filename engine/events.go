@@ -1,0 +1,177 @@
+package engine
+
+import (
+	"encoding/json"
+	"sync"
+	"time"
+)
+
+// Event types, as named in the events contract.
+const (
+	EventRunStarted      = "run.started"
+	EventNodeStarted     = "node.started"
+	EventNodeCompleted   = "node.completed"
+	EventModelToken      = "model.token"
+	EventToolCalled      = "tool.called"
+	EventToolResult      = "tool.result"
+	EventToolDenied      = "tool.unauthorized"
+	EventInterrupt       = "interrupt"
+	EventRunResumed      = "run.resumed"
+	EventCheckpoint      = "checkpoint"
+	EventRunCompleted    = "run.completed"
+	EventRunFailed       = "run.failed"
+	EventBudgetExceeded  = "budget.exceeded"
+	EventOutcomeAppended = "outcome.appended"
+	EventUplinkSent      = "uplink.sent"
+	// EventLost tells one subscriber how many events it missed because it
+	// fell behind.
+	EventLost = "events.lost"
+)
+
+// Event is one typed event. Committed events describe state that is already
+// durable; Live events (model tokens, progress) describe work in progress and
+// are never stored.
+type Event struct {
+	Seq    uint64          `json:"seq"`
+	Time   time.Time       `json:"time"`
+	Type   string          `json:"type"`
+	Run    string          `json:"run"`
+	Thread string          `json:"thread"`
+	Node   string          `json:"node,omitempty"`
+	Data   json.RawMessage `json:"data"`
+	Live   bool            `json:"live,omitempty"`
+}
+
+// EventSink receives events after their commit.
+type EventSink interface {
+	Publish(events ...Event)
+}
+
+// Bus fans events out to subscribers. Publish never blocks: a subscriber whose
+// buffer is full loses events, and the next event it receives is an
+// EventLost that says how many.
+type Bus struct {
+	mu     sync.Mutex
+	seq    uint64
+	subs   map[*Subscription]struct{}
+	closed bool
+}
+
+// NewBus returns an empty bus.
+func NewBus() *Bus { return &Bus{subs: map[*Subscription]struct{}{}} }
+
+// Subscription is one subscriber's queue.
+type Subscription struct {
+	bus    *Bus
+	filter func(Event) bool
+	ch     chan Event
+	lost   uint64
+	done   bool
+}
+
+// C delivers the subscription's events, in publish order.
+func (s *Subscription) C() <-chan Event { return s.ch }
+
+// Close stops delivery and closes C.
+func (s *Subscription) Close() {
+	s.bus.mu.Lock()
+	defer s.bus.mu.Unlock()
+	if !s.done {
+		s.done = true
+		delete(s.bus.subs, s)
+		close(s.ch)
+	}
+}
+
+// Subscribe returns a subscription with a buffer of size events that receives
+// the events filter accepts (all when filter is nil).
+func (b *Bus) Subscribe(size int, filter func(Event) bool) *Subscription {
+	if size < 1 {
+		size = 1
+	}
+	s := &Subscription{bus: b, filter: filter, ch: make(chan Event, size)}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		s.done = true
+		close(s.ch)
+		return s
+	}
+	b.subs[s] = struct{}{}
+	return s
+}
+
+// Seq returns the last sequence number assigned.
+func (b *Bus) Seq() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.seq
+}
+
+// Publish assigns sequence numbers and delivers events.
+func (b *Bus) Publish(events ...Event) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, e := range events {
+		b.seq++
+		e.Seq = b.seq
+		if e.Time.IsZero() {
+			e.Time = time.Now().UTC()
+		}
+		if e.Data == nil {
+			e.Data = json.RawMessage("{}")
+		}
+		for s := range b.subs {
+			if s.filter != nil && !s.filter(e) {
+				continue
+			}
+			s.deliver(e)
+		}
+	}
+}
+
+// deliver is called with the bus locked.
+func (s *Subscription) deliver(e Event) {
+	if s.lost > 0 {
+		notice := Event{Seq: e.Seq, Time: e.Time, Type: EventLost, Run: e.Run, Thread: e.Thread,
+			Data: json.RawMessage(`{"lost":` + itoa(s.lost) + `}`)}
+		select {
+		case s.ch <- notice:
+			s.lost = 0
+		default:
+			s.lost++
+			return
+		}
+	}
+	select {
+	case s.ch <- e:
+	default:
+		s.lost++
+	}
+}
+
+// Close closes every subscription.
+func (b *Bus) Close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	for s := range b.subs {
+		s.done = true
+		close(s.ch)
+		delete(b.subs, s)
+	}
+}
+
+func itoa(n uint64) string {
+	var buf [20]byte
+	i := len(buf)
+	for {
+		i--
+		buf[i] = byte('0' + n%10)
+		n /= 10
+		if n == 0 {
+			break
+		}
+	}
+	return string(buf[i:])
+}
