@@ -64,6 +64,8 @@ type channelSpec struct {
 	// and the items from index i on.
 	length func(v any) int
 	tail   func(v any, i int) any
+	// diff serves sum channels: what was added to in to reach final.
+	diff func(final, in any) (any, bool)
 }
 
 func newSpec[T any](name, kind string, reduce func(old, upd T) T) *channelSpec {
@@ -145,7 +147,16 @@ func Merge[K comparable, V any](b *Builder, name string) Chan[map[K]V] {
 
 // Sum declares a numeric channel whose writes are added.
 func Sum[N Number](b *Builder, name string) Chan[N] {
-	return declare[N](b, newSpec[N](name, KindSum, func(old, upd N) N { return old + upd }))
+	s := newSpec[N](name, KindSum, func(old, upd N) N { return old + upd })
+	s.diff = func(final, in any) (any, bool) {
+		var i N
+		if in != nil {
+			i = in.(N)
+		}
+		d := final.(N) - i
+		return d, d != 0
+	}
+	return declare[N](b, s)
 }
 
 // Custom declares a channel with a reducer of the caller's own. reduce must

@@ -1,0 +1,1083 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// DefaultStepLimit bounds the supersteps of one run, as LangGraph.js does.
+const DefaultStepLimit = 25
+
+// RunConfig says where and how a graph runs.
+type RunConfig struct {
+	Thread string
+	// Store keeps checkpoints and blobs. Nil means a fresh MemoryStore,
+	// which forgets everything when the call returns.
+	Store Checkpointer
+	Blobs BlobStore // defaults to Store when it is also a BlobStore
+	// Run is the run record to keep up to date (ID, agent, bundle...). Nil
+	// starts a new one.
+	Run        *Run
+	Durability Durability // default sync
+	StepLimit  int        // default DefaultStepLimit
+	// MaxConcurrency bounds the tasks of one superstep that run at once.
+	MaxConcurrency int // default 16
+	// MaxDuration is the run's wall-time budget (0: none).
+	MaxDuration time.Duration
+	Events      EventSink
+	Cache       *StateCache
+	// Output derives the run record's output from the final state.
+	Output func(State) json.RawMessage
+
+	ns         string
+	nodePrefix string
+}
+
+// Result is how a call to Invoke or Resume ended.
+type Result struct {
+	Run   *Run
+	State *Snapshot
+}
+
+// Snapshot is the state at one checkpoint.
+type Snapshot struct {
+	vals       values
+	Checkpoint *Checkpoint
+	// Next names the nodes that run next (empty when the thread is done).
+	Next     []string
+	Versions map[string]uint64
+}
+
+// Value implements State.
+func (s *Snapshot) Value(c string) (any, bool) { v, ok := s.vals[c]; return v, ok }
+
+// Input implements State.
+func (s *Snapshot) Input() any { return nil }
+
+// Node implements State.
+func (s *Snapshot) Node() string { return "" }
+
+// Step implements State.
+func (s *Snapshot) Step() int {
+	if s.Checkpoint == nil {
+		return 0
+	}
+	return s.Checkpoint.Step
+}
+
+// Channels lists the channels that have a value.
+func (s *Snapshot) Channels() []string {
+	out := make([]string, 0, len(s.vals))
+	for k := range s.vals {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// MarshalJSON renders the channel values.
+func (s *Snapshot) MarshalJSON() ([]byte, error) { return json.Marshal(map[string]any(s.vals)) }
+
+var idGen struct {
+	sync.Mutex
+	last int64
+}
+
+// newID returns a time-ordered, fixed-width, strictly increasing id.
+func newID() string {
+	idGen.Lock()
+	defer idGen.Unlock()
+	now := time.Now().UnixNano()
+	if now <= idGen.last {
+		now = idGen.last + 1
+	}
+	idGen.last = now
+	return fmt.Sprintf("%016x", now)
+}
+
+// observeID keeps ids increasing past one read from a store, even if the
+// clock went back since it was written.
+func observeID(id string) {
+	var n int64
+	if _, err := fmt.Sscanf(id, "%016x", &n); err != nil {
+		return
+	}
+	idGen.Lock()
+	if n > idGen.last {
+		idGen.last = n
+	}
+	idGen.Unlock()
+}
+
+// NewRunID returns a new sortable run id.
+func NewRunID() string { return "run_" + newID() }
+
+func taskID(ckpt, node string, i int) string {
+	h := xxhash.New()
+	_, _ = h.WriteString(ckpt)
+	_, _ = h.Write([]byte{0})
+	_, _ = h.WriteString(node)
+	_, _ = h.Write([]byte{0, byte(i), byte(i >> 8), byte(i >> 16)})
+	return fmt.Sprintf("%016x", h.Sum64())
+}
+
+// execution is one Invoke or Resume call in progress.
+type execution struct {
+	g     *Graph
+	cfg   RunConfig
+	store Checkpointer
+	blobs BlobStore
+	run   *Run
+
+	vals     values
+	versions map[string]uint64
+	step     int
+	next     []TaskSpec
+	// head is the newest checkpoint, committed or (in exit mode) not.
+	head *Checkpoint
+	// committed is the newest committed checkpoint's id.
+	committed string
+	// baseLen holds, for each channel changed since the last commit, the
+	// length of append channels at that commit (0 for other kinds).
+	changed map[string]int
+	blobBuf map[BlobRef][]byte
+	events  []Event
+	// writes are the pending writes saved against head, by task id.
+	writes map[string][]PendingWrite
+	// startStatus is the status the input checkpoint is committed with
+	// (queued under the run manager).
+	startStatus RunStatus
+}
+
+func (g *Graph) newExecution(cfg RunConfig) (*execution, error) {
+	if cfg.Thread == "" {
+		return nil, fmt.Errorf("run config: thread is required")
+	}
+	if cfg.Store == nil {
+		m := NewMemoryStore()
+		cfg.Store = m
+	}
+	if cfg.Blobs == nil {
+		b, ok := cfg.Store.(BlobStore)
+		if !ok {
+			return nil, fmt.Errorf("run config: store is not a BlobStore; set Blobs")
+		}
+		cfg.Blobs = b
+	}
+	if cfg.Durability == "" {
+		cfg.Durability = DurabilitySync
+	}
+	if cfg.StepLimit <= 0 {
+		cfg.StepLimit = DefaultStepLimit
+	}
+	if cfg.MaxConcurrency <= 0 {
+		cfg.MaxConcurrency = 16
+	}
+	run := cfg.Run
+	if run == nil {
+		run = &Run{ID: NewRunID(), Thread: cfg.Thread, Agent: g.name, CreatedAt: time.Now().UTC()}
+	}
+	if cfg.ns != "" {
+		run = &Run{ID: run.ID, Thread: run.Thread, Agent: g.name}
+	}
+	run.Durability = cfg.Durability
+	return &execution{g: g, cfg: cfg, store: cfg.Store, blobs: cfg.Blobs, run: run,
+		changed: map[string]int{}, blobBuf: map[BlobRef][]byte{}}, nil
+}
+
+// Invoke runs the graph on a thread with input writes, from the thread's
+// newest checkpoint. It returns when the run completes, pauses at an
+// interrupt, or fails; the error is non-nil unless it completed or paused.
+func (g *Graph) Invoke(ctx context.Context, cfg RunConfig, input ...Write) (*Result, error) {
+	e, err := g.newExecution(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.load(ctx, ""); err != nil {
+		return e.result(), err
+	}
+	if err := e.applyInput(ctx, input); err != nil {
+		return e.result(), err
+	}
+	return e.result(), e.loop(ctx, nil)
+}
+
+// Resume continues a thread from its newest checkpoint: the tasks of the
+// unfinished superstep run, except those whose writes were saved. decisions
+// answer pending interrupts by id; resuming with none is how a run is
+// recovered after a crash.
+func (g *Graph) Resume(ctx context.Context, cfg RunConfig, decisions map[string]Decision) (*Result, error) {
+	e, err := g.newExecution(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.load(ctx, ""); err != nil {
+		return e.result(), err
+	}
+	if len(decisions) > 0 {
+		pending := e.pendingInterrupts()
+		for id, d := range decisions {
+			if err := d.Validate(); err != nil {
+				return e.result(), err
+			}
+			if !slices.ContainsFunc(pending, func(p PendingInterrupt) bool { return p.ID == id }) {
+				return e.result(), fmt.Errorf("%w: %s", ErrUnknownInterrupt, id)
+			}
+		}
+	}
+	return e.result(), e.loop(ctx, decisions)
+}
+
+func (e *execution) result() *Result {
+	snap := &Snapshot{vals: e.vals, Checkpoint: e.head, Versions: e.versions}
+	for _, t := range e.next {
+		snap.Next = append(snap.Next, t.Node)
+	}
+	return &Result{Run: e.run.Clone(), State: snap}
+}
+
+// load materializes the state at checkpoint id ("" for the newest) and the
+// pending writes saved against it.
+func (e *execution) load(ctx context.Context, id string) error {
+	head, err := e.store.Checkpoint(ctx, e.cfg.Thread, e.cfg.ns, id)
+	if errors.Is(err, ErrCheckpointNotFound) && id == "" {
+		e.vals, e.versions = values{}, map[string]uint64{}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load thread %q: %w", e.cfg.Thread, err)
+	}
+	observeID(head.ID)
+	vals, versions, err := e.g.materialize(ctx, e.store, e.blobs, e.cfg.Cache, head)
+	if err != nil {
+		return err
+	}
+	e.vals, e.versions, e.head, e.committed = vals, versions, head, head.ID
+	e.step = head.Step
+	e.next = head.Next
+	ws, err := e.store.Writes(ctx, e.cfg.Thread, e.cfg.ns, head.ID)
+	if err != nil {
+		return fmt.Errorf("load pending writes of %s: %w", head.ID, err)
+	}
+	e.writes = map[string][]PendingWrite{}
+	for _, w := range ws {
+		e.writes[w.TaskID] = append(e.writes[w.TaskID], w)
+	}
+	return nil
+}
+
+// pendingInterrupts lists the interrupts saved against the head that no
+// later write of the same task has answered.
+func (e *execution) pendingInterrupts() []PendingInterrupt {
+	var out []PendingInterrupt
+	for _, tid := range sortedKeys(e.writes) {
+		ws := e.writes[tid]
+		last := ws[len(ws)-1]
+		if last.Kind != WriteKindInterrupt {
+			continue
+		}
+		var ins []PendingInterrupt
+		if err := json.Unmarshal(last.Data, &ins); err == nil {
+			out = append(out, ins...)
+		}
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// materialize folds the parent chain of head into channel values.
+func (g *Graph) materialize(ctx context.Context, store Checkpointer, blobs BlobStore, cache *StateCache, head *Checkpoint) (values, map[string]uint64, error) {
+	var chain []*Checkpoint
+	var base *cachedState
+	for c := head; ; {
+		if cs := cache.get(c.Thread, c.NS, c.ID); cs != nil {
+			base = cs
+			break
+		}
+		chain = append(chain, c)
+		if c.ParentID == "" {
+			break
+		}
+		p, err := store.Checkpoint(ctx, c.Thread, c.NS, c.ParentID)
+		if err != nil {
+			return nil, nil, fmt.Errorf("load parent %s of checkpoint %s: %w", c.ParentID, c.ID, err)
+		}
+		c = p
+	}
+	vals, versions := values{}, map[string]uint64{}
+	if base != nil {
+		for k, v := range base.vals {
+			vals[k] = v
+		}
+		for k, v := range base.versions {
+			versions[k] = v
+		}
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		c := chain[i]
+		for _, cv := range c.Channels {
+			spec := g.channels[cv.Channel]
+			if spec == nil {
+				return nil, nil, fmt.Errorf("checkpoint %s holds channel %q, which graph %q does not declare", c.ID, cv.Channel, g.name)
+			}
+			v, err := decodeValue(ctx, blobs, spec, cv.Value)
+			if err != nil {
+				return nil, nil, fmt.Errorf("checkpoint %s channel %q: %w", c.ID, cv.Channel, err)
+			}
+			if cv.Delta && v != nil {
+				vals[cv.Channel] = spec.reduce(vals[cv.Channel], v)
+			} else {
+				vals[cv.Channel] = v
+			}
+			versions[cv.Channel] = cv.Version
+		}
+	}
+	cache.put(head.Thread, head.NS, head.ID, vals, versions)
+	return vals, versions, nil
+}
+
+func decodeValue(ctx context.Context, blobs BlobStore, spec *channelSpec, v Value) (any, error) {
+	raw := v.Inline
+	if !v.Blob.IsZero() {
+		b, err := blobs.Blob(ctx, v.Blob)
+		if err != nil {
+			return nil, err
+		}
+		raw = b
+	}
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	return spec.decode(raw)
+}
+
+// encode turns a value into inline bytes or a blob reference; blobs wait in
+// blobBuf for the next commit.
+func (e *execution) encode(spec *channelSpec, v any) (Value, error) {
+	b, err := spec.encode(v)
+	if err != nil {
+		return Value{}, fmt.Errorf("encode channel %q: %w", spec.name, err)
+	}
+	if len(b) <= BlobThreshold {
+		return Value{Inline: b}, nil
+	}
+	ref := RefOf(b)
+	e.blobBuf[ref] = b
+	return Value{Blob: ref}, nil
+}
+
+func (e *execution) markChanged(ch string) {
+	if _, ok := e.changed[ch]; ok {
+		return
+	}
+	spec := e.g.channels[ch]
+	if spec.kind == KindAppend {
+		e.changed[ch] = spec.length(e.vals[ch])
+	} else {
+		e.changed[ch] = 0
+	}
+}
+
+// apply reduces writes (already validated) into a new snapshot of values.
+func (e *execution) apply(writes []Write) {
+	if len(writes) == 0 {
+		return
+	}
+	nv := make(values, len(e.vals)+len(writes))
+	for k, v := range e.vals {
+		nv[k] = v
+	}
+	for _, w := range writes {
+		e.markChanged(w.Channel)
+		spec := e.g.channels[w.Channel]
+		nv[w.Channel] = spec.reduce(nv[w.Channel], w.Value)
+	}
+	e.vals = nv
+	e.bumpVersions(writes)
+}
+
+func (e *execution) bumpVersions(writes []Write) {
+	if e.versions == nil {
+		e.versions = map[string]uint64{}
+	}
+	seen := map[string]bool{}
+	for _, w := range writes {
+		if !seen[w.Channel] {
+			seen[w.Channel] = true
+			e.versions[w.Channel]++
+		}
+	}
+}
+
+func (e *execution) checkWrites(node string, ws []Write) error {
+	for _, w := range ws {
+		spec := e.g.channels[w.Channel]
+		if spec == nil {
+			return MarkPermanent(fmt.Errorf("%w %q", ErrUnknownChannel, w.Channel))
+		}
+		if w.Value == nil || !spec.check(w.Value) {
+			return MarkPermanent(fmt.Errorf("%w: channel %q got %T", ErrWrongType, w.Channel, w.Value))
+		}
+	}
+	return nil
+}
+
+// newCheckpoint records the changes since the last commit as a checkpoint.
+// In exit durability, intermediate checkpoints are only markers: their
+// channels are encoded once, when the run commits (see uncommitted).
+func (e *execution) newCheckpoint(source string, nodes []string) (*Checkpoint, error) {
+	c := &Checkpoint{
+		Thread: e.cfg.Thread, NS: e.cfg.ns, ID: newID(), ParentID: e.committed, RunID: e.run.ID,
+		Step: e.step, Source: source, Nodes: nodes, Next: e.next, Created: time.Now().UTC(),
+	}
+	if e.cfg.Durability != DurabilitySync {
+		return c, nil
+	}
+	return c, e.encodeChanges(c)
+}
+
+// encodeChanges fills c.Channels with the channels changed since the last
+// commit.
+func (e *execution) encodeChanges(c *Checkpoint) error {
+	c.Channels = c.Channels[:0]
+	for _, ch := range sortedKeys(e.changed) {
+		spec := e.g.channels[ch]
+		v := e.vals[ch]
+		// Append channels store only the items added since the last
+		// commit, so a long thread costs storage in proportion to its length.
+		delta := spec.kind == KindAppend
+		if delta {
+			v = spec.tail(v, min(e.changed[ch], spec.length(v)))
+		}
+		enc, err := e.encode(spec, v)
+		if err != nil {
+			return err
+		}
+		c.Channels = append(c.Channels, ChannelValue{Channel: ch, Version: e.versions[ch], Delta: delta, Value: enc})
+	}
+	return nil
+}
+
+// commit makes c durable with the buffered blobs and events, then publishes
+// the events. A persistence error is returned, never dropped.
+func (e *execution) commit(ctx context.Context, c *Commit) error {
+	if c.Checkpoint != nil {
+		e.run.Checkpoint = c.Checkpoint.ID
+	}
+	if e.cfg.ns == "" {
+		c.Run = e.run.Clone()
+	}
+	if len(e.blobBuf) > 0 {
+		c.Blobs = e.blobBuf
+	}
+	c.Events = e.events
+	c.Sync = true
+	if err := e.store.Commit(context.WithoutCancel(ctx), c); err != nil {
+		return fmt.Errorf("commit step %d of run %s: %w", e.step, e.run.ID, err)
+	}
+	if c.Checkpoint != nil {
+		e.committed = c.Checkpoint.ID
+		e.changed = map[string]int{}
+		e.cfg.Cache.put(c.Checkpoint.Thread, c.Checkpoint.NS, c.Checkpoint.ID, e.vals, e.versions)
+	}
+	e.blobBuf = map[BlobRef][]byte{}
+	if e.cfg.Events != nil && len(e.events) > 0 {
+		e.cfg.Events.Publish(e.events...)
+	}
+	e.events = nil
+	return nil
+}
+
+func (e *execution) event(typ, node string, data any) {
+	if e.cfg.Events == nil {
+		return
+	}
+	var raw json.RawMessage
+	switch d := data.(type) {
+	case nil:
+	case json.RawMessage:
+		raw = d
+	default:
+		raw, _ = json.Marshal(d)
+	}
+	if node != "" {
+		node = e.cfg.nodePrefix + node
+	}
+	e.events = append(e.events, Event{Time: time.Now().UTC(), Type: typ, Run: e.run.ID, Thread: e.cfg.Thread, Node: node, Data: raw})
+}
+
+// applyInput writes the input as its own checkpoint, then schedules Start's
+// successors.
+func (e *execution) applyInput(ctx context.Context, input []Write) error {
+	if err := e.checkWrites(Start, input); err != nil {
+		return e.fail(ctx, fmt.Errorf("input: %w", err))
+	}
+	if e.run.StartedAt.IsZero() {
+		e.run.StartedAt = time.Now().UTC()
+	}
+	e.run.Status = StatusRunning
+	if e.startStatus != "" {
+		e.run.Status = e.startStatus
+	}
+	e.apply(input)
+	e.step++
+	next, err := e.route([]string{Start}, nil)
+	if err != nil {
+		return e.fail(ctx, err)
+	}
+	e.next = next
+	c, err := e.newCheckpoint(SourceInput, nil)
+	if err != nil {
+		return e.fail(ctx, err)
+	}
+	e.head = c
+	e.writes = nil
+	if e.cfg.ns == "" {
+		e.event(EventRunStarted, "", map[string]any{"agent": e.run.Agent, "checkpoint": c.ID})
+	}
+	if e.cfg.Durability == DurabilitySync {
+		return e.commit(ctx, &Commit{Checkpoint: c})
+	}
+	return nil
+}
+
+// route computes the tasks that follow the nodes that just ran.
+func (e *execution) route(ran []string, sends []Send) ([]TaskSpec, error) {
+	st := &view{vals: e.vals, step: e.step}
+	var nodes []string
+	seen := map[string]bool{}
+	add := func(n string) {
+		if n != End && !seen[n] {
+			seen[n] = true
+			nodes = append(nodes, n)
+		}
+	}
+	for _, from := range ran {
+		for _, to := range e.g.edges[from] {
+			add(to)
+		}
+		for _, c := range e.g.conds[from] {
+			for _, to := range c.router(st) {
+				if !slices.Contains(c.targets, to) {
+					return nil, fmt.Errorf("router after %q returned %q, which it does not declare (declared: %v)", from, to, c.targets)
+				}
+				add(to)
+			}
+		}
+		for _, f := range e.g.fanouts[from] {
+			for _, s := range f.router(st) {
+				if !slices.Contains(f.targets, s.Node) {
+					return nil, fmt.Errorf("fan-out after %q sent to %q, which it does not declare (declared: %v)", from, s.Node, f.targets)
+				}
+				sends = append(sends, s)
+			}
+		}
+	}
+	// Ordered by node declaration, then sends in order: the same state
+	// always gives the same task list.
+	order := map[string]int{}
+	for i, n := range e.g.nodeOrder {
+		order[n] = i
+	}
+	sort.SliceStable(nodes, func(i, j int) bool { return order[nodes[i]] < order[nodes[j]] })
+	tasks := make([]TaskSpec, 0, len(nodes)+len(sends))
+	for _, n := range nodes {
+		tasks = append(tasks, TaskSpec{Node: n})
+	}
+	for _, s := range sends {
+		raw, err := json.Marshal(s.Input)
+		if err != nil {
+			return nil, fmt.Errorf("fan-out input for %q: %w", s.Node, err)
+		}
+		tasks = append(tasks, TaskSpec{Node: s.Node, Input: raw})
+	}
+	return tasks, nil
+}
+
+// taskResult is one task's outcome in a superstep.
+type taskResult struct {
+	spec      TaskSpec
+	writes    []Write
+	err       error
+	attempts  int
+	saved     bool // writes came from a pending write
+	resume    []Decision
+	newResume bool
+}
+
+// loop runs supersteps until the run ends or pauses.
+func (e *execution) loop(ctx context.Context, decisions map[string]Decision) error {
+	if e.cfg.MaxDuration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, e.cfg.MaxDuration, ErrDeadline)
+		defer cancel()
+	}
+	if e.run.Status != StatusRunning {
+		e.run.Status = StatusRunning
+		if e.run.StartedAt.IsZero() {
+			e.run.StartedAt = time.Now().UTC()
+		}
+		if len(decisions) > 0 && e.cfg.ns == "" {
+			e.recordDecisions(decisions)
+			e.event(EventRunResumed, "", map[string]any{"decisions": len(decisions)})
+		}
+	}
+	e.run.Interrupts = nil
+	for {
+		if err := context.Cause(ctx); err != nil {
+			return e.stopped(ctx, err)
+		}
+		if paused, err := e.staticInterrupt(ctx, decisions); paused || err != nil {
+			return err
+		}
+		if len(e.next) == 0 {
+			return e.complete(ctx)
+		}
+		if e.run.Steps >= e.cfg.StepLimit {
+			return e.budget(ctx, fmt.Errorf("%w: %d supersteps (raise the limit with RunConfig.StepLimit)", ErrStepLimit, e.cfg.StepLimit))
+		}
+		results := e.runStep(ctx, decisions)
+		decisions = nil
+		if err := context.Cause(ctx); err != nil {
+			return e.stopped(ctx, err)
+		}
+		var ins []PendingInterrupt
+		var failed *taskResult
+		for i := range results {
+			r := &results[i]
+			var ie *InterruptError
+			switch {
+			case r.err == nil:
+			case errors.As(r.err, &ie):
+				ins = append(ins, ie.Interrupts...)
+			case failed == nil:
+				failed = r
+			}
+		}
+		if failed != nil || len(ins) > 0 {
+			return e.pause(ctx, results, ins, failed)
+		}
+		if err := e.advance(ctx, results); err != nil {
+			return err
+		}
+	}
+}
+
+// runStep runs the tasks of the current superstep, concurrently up to the
+// configured bound. Tasks with saved writes are not run again.
+func (e *execution) runStep(ctx context.Context, decisions map[string]Decision) []taskResult {
+	results := make([]taskResult, len(e.next))
+	for i := range e.next {
+		t := e.next[i]
+		if t.ID == "" {
+			t.ID = taskID(e.head.ID, t.Node, i)
+		}
+		results[i].spec = t
+		for _, w := range e.writes[t.ID] {
+			switch w.Kind {
+			case WriteKindWrites:
+				ws, err := e.decodeWrites(ctx, w.Writes)
+				results[i].writes, results[i].err, results[i].saved = ws, err, err == nil
+			case WriteKindResume:
+				var ds []Decision
+				if err := json.Unmarshal(w.Data, &ds); err == nil {
+					results[i].resume = ds
+				}
+			}
+		}
+	}
+	var todo []int
+	for i := range results {
+		if !results[i].saved {
+			todo = append(todo, i)
+		}
+	}
+	multi := len(results) > 1
+	run := func(i int) {
+		r := &results[i]
+		r.writes, r.attempts, r.err = e.runTask(ctx, r, decisions)
+		if r.err == nil && multi && e.cfg.Durability == DurabilitySync {
+			// Save the task's writes now, so a crash or a failing sibling
+			// does not make it run again.
+			if err := e.saveWrites(ctx, r); err != nil {
+				r.err = err
+			}
+		}
+	}
+	if len(todo) == 1 {
+		run(todo[0])
+		return results
+	}
+	sem := make(chan struct{}, e.cfg.MaxConcurrency)
+	var wg sync.WaitGroup
+	for _, i := range todo {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			run(i)
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
+func (e *execution) pendingWrite(r *taskResult) (PendingWrite, map[BlobRef][]byte, error) {
+	pw := PendingWrite{TaskID: r.spec.ID, Node: r.spec.Node, Kind: WriteKindWrites}
+	blobs := map[BlobRef][]byte{}
+	for _, w := range r.writes {
+		spec := e.g.channels[w.Channel]
+		b, err := spec.encode(w.Value)
+		if err != nil {
+			return pw, nil, fmt.Errorf("encode write to %q: %w", w.Channel, err)
+		}
+		v := Value{Inline: b}
+		if len(b) > BlobThreshold {
+			ref := RefOf(b)
+			blobs[ref] = b
+			v = Value{Blob: ref}
+		}
+		pw.Writes = append(pw.Writes, ChannelValue{Channel: w.Channel, Value: v})
+	}
+	return pw, blobs, nil
+}
+
+func (e *execution) saveWrites(ctx context.Context, r *taskResult) error {
+	pw, blobs, err := e.pendingWrite(r)
+	if err != nil {
+		return err
+	}
+	c := &Commit{Blobs: blobs, Sync: true, Writes: []CommitWrites{{Thread: e.cfg.Thread, NS: e.cfg.ns, CheckpointID: e.head.ID, Write: pw}}}
+	if err := e.store.Commit(context.WithoutCancel(ctx), c); err != nil {
+		return fmt.Errorf("save writes of task %s (%s): %w", r.spec.ID, r.spec.Node, err)
+	}
+	r.saved = true
+	return nil
+}
+
+func (e *execution) decodeWrites(ctx context.Context, cvs []ChannelValue) ([]Write, error) {
+	out := make([]Write, 0, len(cvs))
+	for _, cv := range cvs {
+		spec := e.g.channels[cv.Channel]
+		if spec == nil {
+			return nil, fmt.Errorf("saved write to undeclared channel %q", cv.Channel)
+		}
+		v, err := decodeValue(ctx, e.blobs, spec, cv.Value)
+		if err != nil {
+			return nil, fmt.Errorf("saved write to %q: %w", cv.Channel, err)
+		}
+		out = append(out, Write{Channel: cv.Channel, Value: v})
+	}
+	return out, nil
+}
+
+// runTask runs one task with its retry policy, timeout and panic guard.
+func (e *execution) runTask(ctx context.Context, r *taskResult, decisions map[string]Decision) ([]Write, int, error) {
+	n := e.g.nodes[r.spec.Node]
+	if n == nil {
+		return nil, 0, fmt.Errorf("checkpoint schedules unknown node %q", r.spec.Node)
+	}
+	var input any
+	if len(r.spec.Input) > 0 {
+		input = json.RawMessage(r.spec.Input)
+	}
+	st := &view{vals: e.vals, input: input, node: n.name, step: e.step}
+	p := n.retry
+	attempts := max(p.MaxAttempts, 1)
+	classify := p.Classify
+	if classify == nil {
+		classify = KindOf
+	}
+	if e.cfg.Events != nil {
+		e.cfg.Events.Publish(Event{Type: EventNodeStarted, Run: e.run.ID, Thread: e.cfg.Thread,
+			Node: e.cfg.nodePrefix + n.name, Time: time.Now().UTC(), Data: json.RawMessage(`{"task":"` + r.spec.ID + `"}`), Live: true})
+	}
+	var err error
+	for a := 1; ; a++ {
+		sp := &scratch{exec: e, thread: e.cfg.Thread, ns: e.cfg.ns, ckpt: e.head.ID, taskID: r.spec.ID,
+			node: n.name, resume: slices.Clone(r.resume), decisions: decisions}
+		var ws []Write
+		ws, err = e.call(ctx, n, st, sp)
+		if sp.fresh {
+			r.resume, r.newResume = sp.resume, true
+		}
+		if err == nil {
+			if err = e.checkWrites(n.name, ws); err == nil {
+				return ws, a, nil
+			}
+		}
+		var ie *InterruptError
+		if errors.As(err, &ie) || ctx.Err() != nil {
+			return nil, a, err
+		}
+		kind := classify(err)
+		if kind == Permanent || a >= attempts {
+			return nil, a, &NodeError{Node: n.name, Attempts: a, Kind: kind, Err: err}
+		}
+		if err := sleepCtx(ctx, backoff(p, a)); err != nil {
+			return nil, a, err
+		}
+	}
+}
+
+func (e *execution) call(ctx context.Context, n *node, st *view, sp *scratch) (ws []Write, err error) {
+	cctx := context.WithValue(ctx, scratchKey{}, sp)
+	if n.timeout > 0 {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeoutCause(cctx, n.timeout, &nodeTimeoutError{node: n.name, d: n.timeout})
+		defer cancel()
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = MarkPermanent(fmt.Errorf("panic: %v\n%s", p, debug.Stack()))
+		}
+	}()
+	ws, err = n.fn(cctx, st)
+	if err != nil && cctx.Err() != nil && ctx.Err() == nil {
+		// The node's own timeout fired: report it as such.
+		if cause := context.Cause(cctx); cause != nil {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
+	}
+	return ws, err
+}
+
+func backoff(p RetryPolicy, attempt int) time.Duration {
+	initial, factor, maxD := p.Initial, p.Factor, p.Max
+	if initial <= 0 {
+		initial = 100 * time.Millisecond
+	}
+	if factor < 1 {
+		factor = 2
+	}
+	if maxD <= 0 {
+		maxD = 10 * time.Second
+	}
+	d := float64(initial)
+	for i := 1; i < attempt; i++ {
+		d *= factor
+		if d > float64(maxD) {
+			d = float64(maxD)
+			break
+		}
+	}
+	if p.Jitter {
+		d = rand.Float64() * d
+	}
+	return time.Duration(d)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
+// advance applies the step's writes in task order, routes, and commits the
+// new checkpoint (in sync mode).
+func (e *execution) advance(ctx context.Context, results []taskResult) error {
+	var all []Write
+	var ran []string
+	for _, r := range results {
+		all = append(all, r.writes...)
+		if !slices.Contains(ran, r.spec.Node) {
+			ran = append(ran, r.spec.Node)
+		}
+	}
+	e.apply(all)
+	e.step++
+	e.run.Steps++
+	next, err := e.route(ran, nil)
+	if err != nil {
+		return e.fail(ctx, err)
+	}
+	e.next = next
+	c, err := e.newCheckpoint(SourceLoop, ran)
+	if err != nil {
+		return e.fail(ctx, err)
+	}
+	e.head = c
+	e.writes = nil
+	for _, r := range results {
+		chans := make([]string, 0, len(r.writes))
+		for _, w := range r.writes {
+			chans = append(chans, w.Channel)
+		}
+		e.event(EventNodeCompleted, r.spec.Node, map[string]any{"task": r.spec.ID, "writes": chans, "attempts": r.attempts})
+	}
+	e.event(EventCheckpoint, "", map[string]any{"id": c.ID, "step": c.Step, "next": taskNodes(c.Next)})
+	if e.cfg.Durability != DurabilitySync {
+		return nil
+	}
+	return e.commit(ctx, &Commit{Checkpoint: c})
+}
+
+func taskNodes(ts []TaskSpec) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = t.Node
+	}
+	return out
+}
+
+// uncommitted returns the head checkpoint when it has not been committed yet
+// (exit durability), so that it is committed with what follows.
+func (e *execution) uncommitted() (*Checkpoint, error) {
+	if e.head == nil || e.head.ID == e.committed {
+		return nil, nil
+	}
+	if e.cfg.Durability != DurabilitySync {
+		if err := e.encodeChanges(e.head); err != nil {
+			return nil, err
+		}
+	}
+	return e.head, nil
+}
+
+// pause records an interrupt or a failure: the finished tasks' writes are
+// kept as pending writes, so resuming re-runs only the others.
+func (e *execution) pause(ctx context.Context, results []taskResult, ins []PendingInterrupt, failed *taskResult) error {
+	head, err := e.uncommitted()
+	if err != nil {
+		return e.finish(ctx, &Commit{}, StatusFailed, err)
+	}
+	c := &Commit{Checkpoint: head}
+	for i := range results {
+		r := &results[i]
+		var ie *InterruptError
+		var pw PendingWrite
+		switch {
+		case r.err == nil && !r.saved:
+			w, blobs, err := e.pendingWrite(r)
+			if err != nil {
+				return e.fail(ctx, err)
+			}
+			for k, v := range blobs {
+				e.blobBuf[k] = v
+			}
+			pw = w
+		case errors.As(r.err, &ie):
+			raw, _ := json.Marshal(ie.Interrupts)
+			pw = PendingWrite{TaskID: r.spec.ID, Node: r.spec.Node, Kind: WriteKindInterrupt, Data: raw}
+		default:
+			if r.newResume {
+				raw, _ := json.Marshal(r.resume)
+				c.Writes = append(c.Writes, CommitWrites{Thread: e.cfg.Thread, NS: e.cfg.ns, CheckpointID: e.head.ID,
+					Write: PendingWrite{TaskID: r.spec.ID, Node: r.spec.Node, Kind: WriteKindResume, Data: raw}})
+			}
+			continue
+		}
+		if r.newResume {
+			raw, _ := json.Marshal(r.resume)
+			c.Writes = append(c.Writes, CommitWrites{Thread: e.cfg.Thread, NS: e.cfg.ns, CheckpointID: e.head.ID,
+				Write: PendingWrite{TaskID: r.spec.ID, Node: r.spec.Node, Kind: WriteKindResume, Data: raw}})
+		}
+		c.Writes = append(c.Writes, CommitWrites{Thread: e.cfg.Thread, NS: e.cfg.ns, CheckpointID: e.head.ID, Write: pw})
+	}
+	if failed != nil {
+		return e.finish(ctx, c, StatusFailed, failed.err)
+	}
+	e.run.Status = StatusInterrupted
+	e.run.Interrupts = ins
+	for _, in := range ins {
+		e.event(EventInterrupt, in.Node, in)
+	}
+	if err := e.commit(ctx, c); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (e *execution) recordDecisions(decisions map[string]Decision) {
+	for _, id := range sortedKeys(decisions) {
+		d := decisions[id]
+		at := d.At
+		if at.IsZero() {
+			at = time.Now().UTC()
+		}
+		e.run.Decisions = append(e.run.Decisions, DecisionRecord{Interrupt: id, Decision: d.Kind, Value: d.Value, Reason: d.Reason, By: d.By, At: at})
+	}
+}
+
+func (e *execution) complete(ctx context.Context) error {
+	return e.end(ctx, StatusCompleted, nil)
+}
+
+func (e *execution) fail(ctx context.Context, err error) error {
+	return e.end(ctx, StatusFailed, err)
+}
+
+func (e *execution) budget(ctx context.Context, err error) error {
+	return e.end(ctx, StatusBudgetExceeded, err)
+}
+
+// end commits the head (if it is not yet) with the run's final status.
+func (e *execution) end(ctx context.Context, status RunStatus, runErr error) error {
+	head, err := e.uncommitted()
+	if err != nil {
+		status, runErr = StatusFailed, errors.Join(runErr, err)
+	}
+	return e.finish(ctx, &Commit{Checkpoint: head}, status, runErr)
+}
+
+// stopped ends a run whose context ended: a wall-time budget, or a cancel.
+func (e *execution) stopped(ctx context.Context, cause error) error {
+	if errors.Is(cause, errShutdown) {
+		// Leave the run as it is in the store: it is recovered at start.
+		return cause
+	}
+	if errors.Is(cause, ErrDeadline) {
+		return e.budget(ctx, fmt.Errorf("%w (%s)", ErrDeadline, e.cfg.MaxDuration))
+	}
+	return e.end(ctx, StatusCancelled, fmt.Errorf("%w: %v", ErrCancelled, cause))
+}
+
+// finish commits the run's last checkpoint together with its final status.
+func (e *execution) finish(ctx context.Context, c *Commit, status RunStatus, runErr error) error {
+	e.run.Status = status
+	e.run.EndedAt = time.Now().UTC()
+	if runErr != nil {
+		e.run.Error = runErr.Error()
+	}
+	if status == StatusCompleted && e.cfg.Output != nil {
+		e.run.Output = e.cfg.Output(&view{vals: e.vals, step: e.step})
+	}
+	if e.cfg.ns == "" {
+		switch status {
+		case StatusCompleted:
+			e.event(EventRunCompleted, "", map[string]any{"steps": e.run.Steps})
+		case StatusBudgetExceeded:
+			e.event(EventBudgetExceeded, "", map[string]any{"error": e.run.Error})
+			e.event(EventRunFailed, "", map[string]any{"status": status, "error": e.run.Error})
+		default:
+			e.event(EventRunFailed, "", map[string]any{"status": status, "error": e.run.Error})
+		}
+	}
+	if err := e.commit(ctx, c); err != nil {
+		return errors.Join(runErr, err)
+	}
+	return runErr
+}

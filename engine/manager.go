@@ -1,0 +1,460 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Agent is what the run manager runs: a compiled graph plus how a request's
+// JSON input becomes writes and how the final state becomes the run's output.
+type Agent struct {
+	Name   string
+	Graph  *Graph
+	Bundle BundleRef
+	// Input maps a request's input to writes. Nil accepts only RunRequest.Writes.
+	Input func(raw json.RawMessage) ([]Write, error)
+	// Output derives the run's output from its final state.
+	Output func(State) json.RawMessage
+	// StepLimit overrides the manager's default when positive.
+	StepLimit int
+}
+
+// Resolver finds an agent by name. pinned is the zero BundleRef for a new run
+// and the run's recorded bundle when a run is resumed or recovered, so that a
+// run finishes on the version it started on.
+type Resolver func(name string, pinned BundleRef) (*Agent, error)
+
+// ManagerOptions configures a run manager.
+type ManagerOptions struct {
+	Workers     int // runs executing at once; default 8
+	MaxQueue    int // runs waiting for a worker; default 1024
+	Durability  Durability
+	StepLimit   int
+	MaxDuration time.Duration
+	Events      EventSink
+	CacheSize   int // materialized thread states kept; default 1024
+}
+
+// RunRequest asks for one turn on a thread.
+type RunRequest struct {
+	Thread        string
+	Agent         string
+	Input         json.RawMessage
+	Writes        []Write
+	CorrelationID string
+	Meta          map[string]string
+	// WaitForThread waits for the thread's active run to end instead of
+	// failing with ErrThreadBusy.
+	WaitForThread bool
+}
+
+// Manager runs agents on a bounded worker pool, at most one active run per
+// thread, and recovers runs left running by a crash.
+type Manager struct {
+	store   Store
+	resolve Resolver
+	opts    ManagerOptions
+	cache   *StateCache
+	sem     chan struct{}
+	ctx     context.Context
+	stop    context.CancelCauseFunc
+	wg      sync.WaitGroup
+
+	mu      sync.Mutex
+	closed  bool
+	queued  int
+	threads map[string]*active // thread -> its running or paused run
+	runs    map[string]*active // run id -> the same
+}
+
+type active struct {
+	runID  string
+	thread string
+	paused bool // interrupted: waiting for a decision, not running
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+}
+
+var errShutdown = errors.New("run manager shutting down")
+
+// NewManager returns a manager over store. Call Recover once before serving
+// requests, and Close when done.
+func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
+	if opts.Workers <= 0 {
+		opts.Workers = 8
+	}
+	if opts.MaxQueue <= 0 {
+		opts.MaxQueue = 1024
+	}
+	if opts.Durability == "" {
+		opts.Durability = DurabilitySync
+	}
+	if opts.CacheSize <= 0 {
+		opts.CacheSize = 1024
+	}
+	ctx, stop := context.WithCancelCause(context.Background())
+	return &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize),
+		sem: make(chan struct{}, opts.Workers), ctx: ctx, stop: stop,
+		threads: map[string]*active{}, runs: map[string]*active{}}
+}
+
+// Store returns the manager's store.
+func (m *Manager) Store() Store { return m.store }
+
+func (m *Manager) config(a *Agent, run *Run) RunConfig {
+	limit := m.opts.StepLimit
+	if a.StepLimit > 0 {
+		limit = a.StepLimit
+	}
+	return RunConfig{Thread: run.Thread, Store: m.store, Blobs: m.store, Run: run, Durability: m.opts.Durability,
+		StepLimit: limit, MaxDuration: m.opts.MaxDuration, Events: m.opts.Events, Cache: m.cache, Output: a.Output}
+}
+
+// claim reserves the thread for a run, waiting if asked to.
+func (m *Manager) claim(ctx context.Context, thread string, wait bool) (*active, error) {
+	for {
+		m.mu.Lock()
+		if m.closed {
+			m.mu.Unlock()
+			return nil, ErrManagerClosed
+		}
+		cur := m.threads[thread]
+		if cur == nil {
+			if m.queued >= m.opts.MaxQueue {
+				m.mu.Unlock()
+				return nil, fmt.Errorf("run queue is full (%d waiting)", m.queued)
+			}
+			a := &active{thread: thread, done: make(chan struct{})}
+			m.threads[thread] = a
+			m.queued++
+			m.mu.Unlock()
+			return a, nil
+		}
+		m.mu.Unlock()
+		if cur.paused || !wait {
+			state := "running"
+			if cur.paused {
+				state = "interrupted (resume or cancel it first)"
+			}
+			return nil, fmt.Errorf("%w: run %s is %s", ErrThreadBusy, cur.runID, state)
+		}
+		select {
+		case <-cur.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (m *Manager) release(a *active, paused bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if paused {
+		a.paused = true
+		old := a.done
+		a.done = make(chan struct{})
+		close(old)
+		return
+	}
+	delete(m.threads, a.thread)
+	delete(m.runs, a.runID)
+	close(a.done)
+}
+
+// Start opens a run. The run record and its input checkpoint are committed
+// before Start returns (in sync durability); the run then executes on a
+// worker. Use Wait for its end.
+func (m *Manager) Start(ctx context.Context, req RunRequest) (*Run, error) {
+	if req.Thread == "" {
+		return nil, fmt.Errorf("start run: thread is required")
+	}
+	ag, err := m.resolve(req.Agent, BundleRef{})
+	if err != nil {
+		return nil, fmt.Errorf("start run: %w", err)
+	}
+	writes := req.Writes
+	if len(req.Input) > 0 {
+		if ag.Input == nil {
+			return nil, fmt.Errorf("start run: agent %q takes no JSON input", ag.Name)
+		}
+		in, err := ag.Input(req.Input)
+		if err != nil {
+			return nil, fmt.Errorf("start run: input: %w", err)
+		}
+		writes = append(in, writes...)
+	}
+	a, err := m.claim(ctx, req.Thread, req.WaitForThread)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	run := &Run{ID: NewRunID(), Thread: req.Thread, Agent: ag.Name, Status: StatusQueued, Bundle: ag.Bundle,
+		CorrelationID: req.CorrelationID, Input: req.Input, Meta: req.Meta, CreatedAt: now}
+	if run.CorrelationID == "" {
+		run.CorrelationID = "corr_" + run.ID[len("run_"):]
+	}
+	a.runID = run.ID
+	m.mu.Lock()
+	m.runs[run.ID] = a
+	m.mu.Unlock()
+
+	e, err := ag.Graph.newExecution(m.config(ag, run))
+	if err == nil {
+		e.startStatus = StatusQueued
+		err = e.load(ctx, "")
+	}
+	if err == nil {
+		err = e.applyInput(ctx, writes)
+	}
+	if err != nil {
+		m.dequeue()
+		m.release(a, false)
+		return nil, fmt.Errorf("start run: %w", err)
+	}
+	snapshot := e.run.Clone()
+	m.launch(a, e, nil)
+	return snapshot, nil
+}
+
+func (m *Manager) dequeue() {
+	m.mu.Lock()
+	m.queued--
+	m.mu.Unlock()
+}
+
+// launch runs e's loop on a worker.
+func (m *Manager) launch(a *active, e *execution, decisions map[string]Decision) {
+	ctx, cancel := context.WithCancelCause(m.ctx)
+	m.mu.Lock()
+	a.cancel = cancel
+	a.paused = false
+	m.mu.Unlock()
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer cancel(nil)
+		select {
+		case m.sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		m.dequeue()
+		if ctx.Err() == nil {
+			_ = e.loop(ctx, decisions)
+			<-m.sem
+		} else {
+			_ = e.stopped(ctx, context.Cause(ctx))
+		}
+		m.release(a, e.run.Status == StatusInterrupted)
+	}()
+}
+
+// Wait blocks until the run is no longer executing (it ended or paused at an
+// interrupt) or ctx ends, and returns the stored run.
+func (m *Manager) Wait(ctx context.Context, runID string) (*Run, error) {
+	m.mu.Lock()
+	a := m.runs[runID]
+	var done chan struct{}
+	if a != nil && !a.paused {
+		done = a.done
+	}
+	m.mu.Unlock()
+	if done != nil {
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+	}
+	return m.store.Run(context.WithoutCancel(ctx), runID)
+}
+
+// Resume answers an interrupted run's pending interrupts and runs it on.
+func (m *Manager) Resume(ctx context.Context, runID string, decisions map[string]Decision) (*Run, error) {
+	run, err := m.store.Run(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	if run.Status != StatusInterrupted {
+		return nil, fmt.Errorf("%w: run %s is %s", ErrNotInterrupted, runID, run.Status)
+	}
+	if len(decisions) == 0 {
+		return nil, fmt.Errorf("resume run %s: no decision given", runID)
+	}
+	known := map[string]bool{}
+	for _, in := range run.Interrupts {
+		known[in.ID] = true
+	}
+	for id, d := range decisions {
+		if err := d.Validate(); err != nil {
+			return nil, err
+		}
+		if !known[id] {
+			return nil, fmt.Errorf("%w: %s on run %s", ErrUnknownInterrupt, id, runID)
+		}
+	}
+	m.mu.Lock()
+	a := m.runs[runID]
+	if a == nil || !a.paused {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("%w: run %s is not paused here", ErrNotInterrupted, runID)
+	}
+	a.paused = false
+	m.queued++
+	m.mu.Unlock()
+	ag, err := m.resolve(run.Agent, run.Bundle)
+	if err != nil {
+		m.dequeue()
+		m.release(a, true)
+		return nil, fmt.Errorf("resume run %s: %w", runID, err)
+	}
+	e, err := m.prepareResume(ctx, ag, run)
+	if err != nil {
+		m.dequeue()
+		m.release(a, true)
+		return nil, err
+	}
+	m.launch(a, e, decisions)
+	return run, nil
+}
+
+func (m *Manager) prepareResume(ctx context.Context, ag *Agent, run *Run) (*execution, error) {
+	e, err := ag.Graph.newExecution(m.config(ag, run))
+	if err != nil {
+		return nil, err
+	}
+	if err := e.load(ctx, ""); err != nil {
+		return nil, fmt.Errorf("resume run %s: %w", run.ID, err)
+	}
+	return e, nil
+}
+
+// Cancel stops a run: an executing run stops at its next safe point; a
+// paused or queued one is marked cancelled at once.
+func (m *Manager) Cancel(ctx context.Context, runID string) error {
+	m.mu.Lock()
+	a := m.runs[runID]
+	m.mu.Unlock()
+	if a == nil {
+		run, err := m.store.Run(ctx, runID)
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("run %s has already ended (%s)", runID, run.Status)
+	}
+	if !a.paused {
+		a.cancel(ErrCancelled)
+		return nil
+	}
+	run, err := m.store.Run(ctx, runID)
+	if err != nil {
+		return err
+	}
+	run.Status = StatusCancelled
+	run.Error = ErrCancelled.Error()
+	run.EndedAt = time.Now().UTC()
+	run.Interrupts = nil
+	ev := Event{Time: run.EndedAt, Type: EventRunFailed, Run: run.ID, Thread: run.Thread,
+		Data: json.RawMessage(`{"status":"cancelled"}`)}
+	if err := m.store.Commit(ctx, &Commit{Run: run, Events: []Event{ev}, Sync: true}); err != nil {
+		return fmt.Errorf("cancel run %s: %w", runID, err)
+	}
+	if m.opts.Events != nil {
+		m.opts.Events.Publish(ev)
+	}
+	m.release(a, false)
+	return nil
+}
+
+// Recover resumes every run that a crash left queued or running, from its
+// last checkpoint, and registers interrupted runs as paused. It returns the
+// number of runs resumed.
+func (m *Manager) Recover(ctx context.Context) (int, error) {
+	n := 0
+	for _, st := range []RunStatus{StatusInterrupted, StatusQueued, StatusRunning} {
+		after := ""
+		for {
+			runs, err := m.store.Runs(ctx, RunFilter{Status: st, After: after, Limit: 500})
+			if err != nil {
+				return n, fmt.Errorf("recover: list %s runs: %w", st, err)
+			}
+			if len(runs) == 0 {
+				break
+			}
+			after = runs[len(runs)-1].ID
+			for _, run := range runs {
+				if err := m.recoverOne(ctx, run); err != nil {
+					return n, err
+				}
+				if st != StatusInterrupted {
+					n++
+				}
+			}
+		}
+	}
+	return n, nil
+}
+
+func (m *Manager) recoverOne(ctx context.Context, run *Run) error {
+	m.mu.Lock()
+	if m.threads[run.Thread] != nil {
+		m.mu.Unlock()
+		return nil
+	}
+	a := &active{runID: run.ID, thread: run.Thread, done: make(chan struct{}), paused: run.Status == StatusInterrupted}
+	m.threads[run.Thread] = a
+	m.runs[run.ID] = a
+	if !a.paused {
+		m.queued++
+	}
+	m.mu.Unlock()
+	if a.paused {
+		return nil
+	}
+	fail := func(err error) error {
+		m.dequeue()
+		run.Status, run.Error, run.EndedAt = StatusFailed, err.Error(), time.Now().UTC()
+		cerr := m.store.Commit(ctx, &Commit{Run: run, Sync: true})
+		m.release(a, false)
+		if cerr != nil {
+			return fmt.Errorf("recover run %s: %w", run.ID, cerr)
+		}
+		return nil
+	}
+	ag, err := m.resolve(run.Agent, run.Bundle)
+	if err != nil {
+		return fail(fmt.Errorf("recover: %w", err))
+	}
+	e, err := m.prepareResume(ctx, ag, run)
+	if err != nil {
+		return fail(err)
+	}
+	m.launch(a, e, nil)
+	return nil
+}
+
+// Active reports how many runs are executing or queued.
+func (m *Manager) Active() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, a := range m.runs {
+		if !a.paused {
+			n++
+		}
+	}
+	return n
+}
+
+// Close stops accepting runs and waits for the executing ones to stop at
+// their next safe point. They stay running in the store and are recovered
+// at the next start.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.stop(errShutdown)
+	m.wg.Wait()
+}
