@@ -209,7 +209,8 @@ func (g *Graph) Invoke(ctx context.Context, cfg RunConfig, input ...Write) (*Res
 	if err := e.applyInput(ctx, input); err != nil {
 		return e.result(), err
 	}
-	return e.result(), e.loop(ctx, nil)
+	err = e.loop(ctx, nil)
+	return e.result(), err
 }
 
 // Resume continues a thread from its newest checkpoint: the tasks of the
@@ -235,7 +236,8 @@ func (g *Graph) Resume(ctx context.Context, cfg RunConfig, decisions map[string]
 			}
 		}
 	}
-	return e.result(), e.loop(ctx, decisions)
+	err = e.loop(ctx, decisions)
+	return e.result(), err
 }
 
 func (e *execution) result() *Result {

@@ -1,0 +1,46 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/stretchr/testify/require"
+)
+
+// testdata/reference/finals.json holds finals computed by the shared
+// LangGraph.js reference (see testdata/reference/README.md).
+func TestReferenceFinalsMatchLangGraph(t *testing.T) {
+	raw, err := os.ReadFile("../testdata/reference/finals.json")
+	require.NoError(t, err)
+	var want map[string]string
+	require.NoError(t, json.Unmarshal(raw, &want))
+
+	g, c, err := ReferenceGraph()
+	require.NoError(t, err)
+	store := engine.NewMemoryStore()
+	for _, th := range []int{0, 5, 63} {
+		for i := 0; i < 200; i++ {
+			res, err := g.Invoke(context.Background(), engine.RunConfig{Thread: fmt.Sprint(th), Store: store}, c.Input.Set(TurnInput(th, i)))
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusCompleted, res.Run.Status)
+			if w, ok := want[fmt.Sprintf("%d/%d", th, i)]; ok {
+				require.Equal(t, w, c.Final.Get(res.State), "thread %d turn %d", th, i)
+			}
+			if th == 0 && i == 199 {
+				require.Len(t, c.Messages.Get(res.State), 400)
+				require.Equal(t, 200, c.Turns.Get(res.State))
+			}
+		}
+	}
+}
+
+func TestRunCountsFinals(t *testing.T) {
+	res, err := Run(context.Background(), Options{Saver: "memory", Threads: 4, Turns: 20})
+	require.NoError(t, err)
+	require.Equal(t, 80, res.Finals)
+	require.Greater(t, res.TurnsPerS, 0.0)
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/outpost-edge/outpost/bench"
+	"github.com/outpost-edge/outpost/engine"
+)
+
+func init() {
+	register("bench", "run the reference workload and print its figures", runBench)
+}
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "reference" {
+		fmt.Fprintln(stderr, "Usage: outpost bench reference [flags]  (the only workload is \"reference\")")
+		return errUsage
+	}
+	fs := newFlags("bench", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--json]", stderr)
+	saver := fs.String("saver", "memory", "checkpointer: memory or bbolt")
+	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit at run end)")
+	threads := fs.Int("threads", 1, "threads run concurrently")
+	turns := fs.Int("turns", 200, "turns per thread")
+	dataDir := fs.String("data", "", "folder for the bbolt file (default: a new temporary folder, removed after)")
+	asJSON := fs.Bool("json", false, "print one JSON line")
+	if err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	opts := bench.Options{Saver: *saver, Durability: engine.Durability(*durability), Threads: *threads, Turns: *turns}
+	if *durability != "sync" && *durability != "exit" {
+		return fmt.Errorf("--durability must be sync or exit, not %q", *durability)
+	}
+	if isTerminal(stderr) {
+		opts.Progress = stderr
+	}
+	var res *bench.Result
+	var err error
+	switch *saver {
+	case "memory":
+		res, err = bench.Run(ctx, opts)
+	case "bbolt":
+		res, err = benchBolt(ctx, opts, *dataDir, stderr)
+	default:
+		return fmt.Errorf("--saver must be memory or bbolt, not %q", *saver)
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(res)
+	}
+	fmt.Fprintf(stdout, "reference workload: %d thread(s) x %d turn(s), saver %s, durability %s\n", res.Threads, res.Turns, res.Saver, res.Durability)
+	fmt.Fprintf(stdout, "  %.1f turns/s (%.3f s), %d finals, peak RSS %.1f MB\n", res.TurnsPerS, res.Seconds, res.Finals, res.RSSMB)
+	if res.Saver == "bbolt" {
+		fmt.Fprintf(stdout, "  store on disk %.2f MB; one fsynced commit %.3f ms, %.2f commits/turn, ceiling %.1f turns/s per thread\n",
+			float64(res.DBBytes)/1e6, res.CommitMS, res.CommitsPerTurn, res.CeilingTurnsPS)
+	}
+	return nil
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
