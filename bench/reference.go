@@ -40,7 +40,6 @@ const (
 
 var (
 	redFlag = regexp.MustCompile(`(?i)chest pain|overdose|can't breathe`)
-	nonWord = regexp.MustCompile(`[^A-Za-z0-9_]+`)
 	kb      = func() []Doc {
 		docs := make([]Doc, 64)
 		for i := range docs {
@@ -53,6 +52,29 @@ var (
 		return docs
 	}()
 )
+
+// wordSet splits lowercased s on runs of non-word characters, as
+// s.toLowerCase().split(/\W+/) does in JavaScript (ASCII word characters).
+func wordSet(s string) map[string]bool {
+	words := make(map[string]bool, 16)
+	s = strings.ToLower(s)
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i < len(s) && isWordByte(s[i]) {
+			continue
+		}
+		words[s[start:i]] = true
+		for i+1 < len(s) && !isWordByte(s[i+1]) {
+			i++
+		}
+		start = i + 1
+	}
+	return words
+}
+
+func isWordByte(c byte) bool {
+	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+}
 
 // TurnInput is the input of turn i on thread t.
 func TurnInput(t, i int) string {
@@ -125,10 +147,7 @@ func ReferenceGraph() (*engine.Graph, Channels, error) {
 		return []engine.Write{c.Flags.Set([]string{})}, nil
 	})
 	b.AddNode("retrieve_context", func(_ context.Context, s engine.State) ([]engine.Write, error) {
-		words := map[string]bool{}
-		for _, w := range nonWord.Split(strings.ToLower(c.Input.Get(s)), -1) {
-			words[w] = true
-		}
+		words := wordSet(c.Input.Get(s))
 		type scored struct {
 			d     Doc
 			score int

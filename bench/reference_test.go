@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/outpost-edge/outpost/engine"
@@ -43,4 +45,15 @@ func TestRunCountsFinals(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 80, res.Finals)
 	require.Greater(t, res.TurnsPerS, 0.0)
+}
+
+func TestWordSetMatchesRegexpSplit(t *testing.T) {
+	nonWord := regexp.MustCompile(`[^A-Za-z0-9_]+`)
+	for _, s := range []string{TurnInput(3, 4), TurnInput(0, 16), "  leading, trailing!! ", "", "a", "dose?", "x__y 9"} {
+		want := map[string]bool{}
+		for _, w := range nonWord.Split(strings.ToLower(s), -1) {
+			want[w] = true
+		}
+		require.Equal(t, want, wordSet(s), "%q", s)
+	}
 }

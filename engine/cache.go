@@ -2,22 +2,24 @@ package engine
 
 import "sync"
 
-// StateCache keeps the materialized state of recent checkpoints, so the next
-// turn on a thread does not refold its whole history. Checkpoints are
-// immutable, so an entry never goes stale. A nil cache caches nothing.
+// StateCache keeps the materialized state of each thread's newest
+// checkpoint, so the next turn on a thread does not refold its history.
+// Checkpoints are immutable, so an entry is valid while its id is the one
+// asked for. A nil cache caches nothing.
 type StateCache struct {
 	mu    sync.Mutex
 	max   int
 	m     map[string]*cachedState
-	order []string
+	order []string // insertion order of keys, for eviction
 }
 
 type cachedState struct {
+	id       string
 	vals     values
 	versions map[string]uint64
 }
 
-// NewStateCache returns a cache of at most n states.
+// NewStateCache returns a cache for at most n threads.
 func NewStateCache(n int) *StateCache {
 	return &StateCache{max: max(n, 1), m: map[string]*cachedState{}}
 }
@@ -28,7 +30,10 @@ func (c *StateCache) get(thread, ns, id string) *cachedState {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.m[writesKey(thread, ns, id)]
+	if cs := c.m[nsKey(thread, ns)]; cs != nil && cs.id == id {
+		return cs
+	}
+	return nil
 }
 
 func (c *StateCache) put(thread, ns, id string, vals values, versions map[string]uint64) {
@@ -39,14 +44,14 @@ func (c *StateCache) put(thread, ns, id string, vals values, versions map[string
 	for k, v := range versions {
 		vs[k] = v
 	}
-	k := writesKey(thread, ns, id)
+	k := nsKey(thread, ns)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.m[k]; !ok {
 		c.order = append(c.order, k)
 	}
-	c.m[k] = &cachedState{vals: vals, versions: vs}
-	for len(c.order) > c.max {
+	c.m[k] = &cachedState{id: id, vals: vals, versions: vs}
+	for len(c.m) > c.max && len(c.order) > 0 {
 		delete(c.m, c.order[0])
 		c.order = c.order[1:]
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"unicode/utf8"
 )
 
 // Reducer kinds.
@@ -76,7 +77,12 @@ func newSpec[T any](name, kind string, reduce func(old, upd T) T) *channelSpec {
 			_, ok := v.(T)
 			return ok
 		},
-		encode: func(v any) ([]byte, error) { return json.Marshal(v) },
+		encode: func(v any) ([]byte, error) {
+			if str, ok := v.(string); ok {
+				return appendJSONString(nil, str), nil
+			}
+			return json.Marshal(v)
+		},
 		decode: func(b []byte) (any, error) {
 			var t T
 			if err := json.Unmarshal(b, &t); err != nil {
@@ -164,3 +170,44 @@ func Sum[N Number](b *Builder, name string) Chan[N] {
 func Custom[T any](b *Builder, name, kind string, reduce func(old, upd T) T) Chan[T] {
 	return declare[T](b, newSpec[T](name, "custom:"+kind, reduce))
 }
+
+// appendJSONString quotes s as encoding/json does, without reflection: string
+// channels (drafts, answers) are the hot path of checkpoint encoding.
+func appendJSONString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf || s[i] == '<' || s[i] == '>' || s[i] == '&' {
+			b, _ := json.Marshal(s) // non-ASCII and HTML escapes: let json decide
+			return append(dst, b...)
+		}
+	}
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		case '\b':
+			dst = append(dst, '\\', 'b')
+		case '\f':
+			dst = append(dst, '\\', 'f')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		}
+		start = i + 1
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+const hexDigits = "0123456789abcdef"

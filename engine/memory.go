@@ -85,7 +85,7 @@ func (m *MemoryStore) Commit(_ context.Context, c *Commit) error {
 			copy(m.runIDs[i+1:], m.runIDs[i:])
 			m.runIDs[i] = c.Run.ID
 		}
-		m.runs[c.Run.ID] = c.Run.Clone()
+		m.runs[c.Run.ID] = c.Run // Commit owns c: the caller does not touch it again
 	}
 	m.commits++
 	return nil

@@ -262,6 +262,8 @@ type CommitWrites struct {
 // Checkpointer persists checkpoints and pending writes. Implementations must
 // make Commit atomic: after a crash either all of it is visible or none.
 type Checkpointer interface {
+	// Commit takes ownership of c: the caller must not modify c or anything
+	// it points to afterwards, so a store may keep it without copying.
 	Commit(ctx context.Context, c *Commit) error
 	// Checkpoint returns one checkpoint; id "" means the newest of the
 	// thread's namespace. It returns ErrCheckpointNotFound when absent.
