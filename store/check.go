@@ -1,0 +1,172 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// CheckReport is the outcome of Check. The store is sound when Problems is
+// empty.
+type CheckReport struct {
+	// Records counts the records read, by bucket.
+	Records  map[string]int `json:"records"`
+	Problems []Problem      `json:"problems"`
+}
+
+// OK reports whether Check found nothing wrong.
+func (r *CheckReport) OK() bool { return len(r.Problems) == 0 }
+
+// Problem is one thing Check found wrong. Bucket and Key are empty for
+// problems of the file itself.
+type Problem struct {
+	Bucket string `json:"bucket,omitempty"`
+	// Key is printable: blob keys as references, others quoted.
+	Key     string `json:"key,omitempty"`
+	Message string `json:"message"`
+}
+
+func (p Problem) String() string {
+	if p.Bucket == "" {
+		return p.Message
+	}
+	return fmt.Sprintf("%s %s: %s", p.Bucket, p.Key, p.Message)
+}
+
+// Check verifies the whole store in one read transaction, so it can run
+// while others write: bbolt's own page checks, every record's checksum and
+// decoding, that every key matches its record, that every checkpoint's
+// parent exists, and that every blob that anything refers to exists. It
+// returns an error only when it could not finish; what it found is in the
+// report.
+func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
+	rep := &CheckReport{Records: map[string]int{}}
+	add := func(bucket string, key []byte, format string, args ...any) {
+		p := Problem{Bucket: bucket, Message: fmt.Sprintf(format, args...)}
+		if bucket != "" {
+			p.Key = renderKey(bucket, key)
+		}
+		rep.Problems = append(rep.Problems, p)
+	}
+	err := d.view(func(tx *bbolt.Tx) error {
+		for err := range tx.Check() {
+			add("", nil, "bbolt: %v", err)
+		}
+		for _, name := range dataBuckets {
+			if bucket(tx, name) == nil {
+				add("", nil, "bucket %s is missing", name)
+			}
+		}
+		if len(rep.Problems) > 0 {
+			return nil // the B+trees are not safe to walk
+		}
+		blobs := bucket(tx, bucketBlobs)
+		// refsOf checks that every blob a record names exists.
+		refsOf := func(bucketName string, key []byte) func(engine.BlobRef) {
+			return func(ref engine.BlobRef) {
+				if blobs.Get(blobKey(ref)) == nil {
+					add(bucketName, key, "refers to missing blob %s", ref)
+				}
+			}
+		}
+		err := forEach(ctx, tx, bucketCheckpoints, func(k, v []byte) {
+			rep.Records[bucketCheckpoints]++
+			c, err := decodeCheckpoint(v)
+			if err != nil {
+				add(bucketCheckpoints, k, "%v", err)
+				return
+			}
+			if !bytes.Equal(k, checkpointKey(c.Thread, c.NS, c.ID)) {
+				add(bucketCheckpoints, k, "key does not match the record (thread %q ns %q id %q)", c.Thread, c.NS, c.ID)
+			}
+			if c.ParentID != "" && bucket(tx, bucketCheckpoints).Get(checkpointKey(c.Thread, c.NS, c.ParentID)) == nil {
+				add(bucketCheckpoints, k, "parent checkpoint %s is missing", c.ParentID)
+			}
+			checkpointRefs(c, refsOf(bucketCheckpoints, k))
+		})
+		if err != nil {
+			return err
+		}
+		err = forEach(ctx, tx, bucketWrites, func(k, v []byte) {
+			rep.Records[bucketWrites]++
+			w, err := decodePendingWrite(v)
+			if err != nil {
+				add(bucketWrites, k, "%v", err)
+				return
+			}
+			if _, ok := splitWriteKey(k); !ok {
+				add(bucketWrites, k, "malformed key")
+			}
+			writeRefs(w, refsOf(bucketWrites, k))
+		})
+		if err != nil {
+			return err
+		}
+		err = forEach(ctx, tx, bucketRuns, func(k, v []byte) {
+			rep.Records[bucketRuns]++
+			r, err := decodeRun(v)
+			if err != nil {
+				add(bucketRuns, k, "%v", err)
+				return
+			}
+			if r.ID != string(k) {
+				add(bucketRuns, k, "key does not match run ID %q", r.ID)
+			}
+			runRefs(r, refsOf(bucketRuns, k))
+		})
+		if err != nil {
+			return err
+		}
+		err = forEach(ctx, tx, bucketToolCalls, func(k, v []byte) {
+			rep.Records[bucketToolCalls]++
+			tc, err := decodeToolCall(v)
+			if err != nil {
+				add(bucketToolCalls, k, "%v", err)
+				return
+			}
+			if tc.Key != string(k) {
+				add(bucketToolCalls, k, "key does not match the record's key %q", tc.Key)
+			}
+			toolCallRefs(tc, refsOf(bucketToolCalls, k))
+		})
+		if err != nil {
+			return err
+		}
+		return forEach(ctx, tx, bucketBlobs, func(k, v []byte) {
+			rep.Records[bucketBlobs]++
+			ref, ok := parseBlobKey(k)
+			if !ok {
+				add(bucketBlobs, k, "malformed key")
+				return
+			}
+			data, _, err := decodeBlob(v)
+			if err != nil {
+				add(bucketBlobs, k, "%v", err)
+				return
+			}
+			if got := engine.RefOf(data); got != ref {
+				add(bucketBlobs, k, "content hashes to %s", got)
+			}
+		})
+	})
+	if err != nil {
+		return rep, fmt.Errorf("check store %s: %w", d.path, err)
+	}
+	return rep, nil
+}
+
+// forEach walks a bucket, stopping early only when ctx ends.
+func forEach(ctx context.Context, tx *bbolt.Tx, name string, fn func(k, v []byte)) error {
+	c := bucket(tx, name).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		fn(k, v)
+	}
+	return nil
+}

@@ -1,0 +1,325 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// maxBatch bounds one group commit, so a burst of committers does not build
+// one huge transaction while the next batch waits.
+const maxBatch = 256
+
+// request is one caller's write, queued for a group commit.
+type request struct {
+	// validate checks the request against the batch's transaction before
+	// anything of it is written; its error fails only this request.
+	validate func(tx *bbolt.Tx) error
+	// apply writes the request. An error here may leave partial writes in
+	// the transaction, so the batch is rolled back and retried without it.
+	apply func(tx *bbolt.Tx) error
+
+	err  error
+	wake chan bool // true: the waiter now leads the next batch
+}
+
+// committer is a commit queue with a rotating leader. The first caller to
+// find no leader becomes it, drains every queued request into one bbolt
+// transaction (one fsync), wakes their callers and hands leadership to the
+// first request that queued meanwhile. A lone committer therefore pays no
+// added delay, and many concurrent ones share transactions.
+type committer struct {
+	db      *bbolt.DB
+	mu      sync.Mutex
+	queue   []*request
+	leading bool
+
+	commits, failed, txs, syncs, retries, maxBatch atomic.Uint64
+}
+
+// Stats counts the store's write activity since Open, for tests and
+// benchmarks.
+type Stats struct {
+	// Commits is the number of write requests (Commit, PutBlob, tool-call
+	// records) that succeeded; Failed, those that returned an error.
+	Commits, Failed uint64
+	// Transactions is the number of write transactions the commit queue
+	// committed, and Syncs how many of them were fsynced (all of them:
+	// every commit is made durable before it returns).
+	Transactions, Syncs uint64
+	// Retries counts batches re-run without a request whose apply failed.
+	Retries uint64
+	// MaxBatch is the largest number of requests that shared a
+	// transaction.
+	MaxBatch uint64
+}
+
+// Stats reports the write counters.
+func (d *DB) Stats() Stats {
+	q := &d.q
+	return Stats{
+		Commits: q.commits.Load(), Failed: q.failed.Load(),
+		Transactions: q.txs.Load(), Syncs: q.syncs.Load(),
+		Retries: q.retries.Load(), MaxBatch: q.maxBatch.Load(),
+	}
+}
+
+// do queues r and returns once it is durable or has failed.
+func (q *committer) do(r *request) error {
+	r.wake = make(chan bool, 1)
+	q.mu.Lock()
+	q.queue = append(q.queue, r)
+	if q.leading {
+		q.mu.Unlock()
+		if lead := <-r.wake; !lead {
+			return r.err
+		}
+		// Leadership was handed to us; r is still queued.
+	} else {
+		q.leading = true
+		q.mu.Unlock()
+	}
+	q.lead(r)
+	return r.err
+}
+
+// lead commits one batch, which includes self, then hands over.
+func (q *committer) lead(self *request) {
+	q.mu.Lock()
+	n := min(len(q.queue), maxBatch)
+	batch := q.queue[:n:n]
+	q.queue = append([]*request(nil), q.queue[n:]...)
+	q.mu.Unlock()
+
+	q.run(batch)
+
+	q.mu.Lock()
+	var next *request
+	if len(q.queue) > 0 {
+		next = q.queue[0]
+	} else {
+		q.leading = false
+	}
+	q.mu.Unlock()
+	if next != nil {
+		next.wake <- true
+	}
+	for _, r := range batch {
+		if r.err != nil {
+			q.failed.Add(1)
+		} else {
+			q.commits.Add(1)
+		}
+		if r != self {
+			r.wake <- false
+		}
+	}
+}
+
+// run applies a batch in one transaction. A request that fails validation
+// is skipped; one whose apply fails is dropped and the rest retried in a
+// fresh transaction, so a bad request never takes its neighbours down.
+func (q *committer) run(batch []*request) {
+	if n := uint64(len(batch)); n > q.maxBatch.Load() {
+		q.maxBatch.Store(n) // only the leader writes it
+	}
+	pending := batch
+	for len(pending) > 0 {
+		if fp := failpoint.beforeCommitTx; fp != nil {
+			if err := fp(len(pending)); err != nil {
+				failAll(pending, fmt.Errorf("group commit: %w", err))
+				return
+			}
+		}
+		failed := -1
+		var failErr error
+		err := q.db.Update(func(tx *bbolt.Tx) error {
+			for i, r := range pending {
+				r.err = nil
+				if err := r.validate(tx); err != nil {
+					r.err = err
+					continue
+				}
+				err := r.apply(tx)
+				if fp := failpoint.applyRequest; err == nil && fp != nil {
+					err = fp(i)
+				}
+				if err != nil {
+					failed, failErr = i, err
+					return err
+				}
+				if fp := failpoint.midGroupCommit; fp != nil {
+					if err := fp(i); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		if err == nil {
+			q.txs.Add(1)
+			q.syncs.Add(1)
+			if fp := failpoint.afterCommitTx; fp != nil {
+				fp(len(pending))
+			}
+			return
+		}
+		if failed < 0 {
+			if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+				err = ErrClosed
+			}
+			failAll(pending, fmt.Errorf("group commit: %w", err))
+			return
+		}
+		pending[failed].err = failErr
+		pending = append(pending[:failed:failed], pending[failed+1:]...)
+		q.retries.Add(1)
+	}
+}
+
+func failAll(rs []*request, err error) {
+	for _, r := range rs {
+		r.err = err
+	}
+}
+
+// Commit makes c durable in one transaction: its blobs, pending writes,
+// checkpoint and run. Concurrent commits share a transaction and its fsync.
+// Commits with Sync false are made just as durable: one fsync shared by a
+// batch is cheap enough not to need a weaker mode. Events are not stored:
+// the caller publishes them once Commit returns.
+func (d *DB) Commit(ctx context.Context, c *engine.Commit) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	r, err := prepareCommit(c, time.Now())
+	if err != nil {
+		return err
+	}
+	return d.q.do(r)
+}
+
+type encodedBlob struct {
+	key, data, rec []byte
+}
+
+type encodedKV struct {
+	key, rec []byte
+}
+
+// prepareCommit checks c and encodes its records outside the transaction,
+// so concurrent committers encode in parallel and the leader only writes.
+func prepareCommit(c *engine.Commit, now time.Time) (*request, error) {
+	var blobs []encodedBlob
+	for ref, data := range c.Blobs {
+		if engine.RefOf(data) != ref {
+			return nil, fmt.Errorf("commit: blob %s: %w", ref, ErrBlobMismatch)
+		}
+		blobs = append(blobs, encodedBlob{key: blobKey(ref), data: data, rec: encodeBlob(data, now)})
+	}
+	type encodedWrite struct {
+		prefix, rec []byte
+	}
+	writes := make([]encodedWrite, 0, len(c.Writes))
+	for _, w := range c.Writes {
+		if err := validCheckpointKey(w.Thread, w.NS, w.CheckpointID); err != nil {
+			return nil, fmt.Errorf("commit pending write: %w", err)
+		}
+		writes = append(writes, encodedWrite{writesPrefix(w.Thread, w.NS, w.CheckpointID), encodePendingWrite(&w.Write)})
+	}
+	var ckpt, run *encodedKV
+	if cp := c.Checkpoint; cp != nil {
+		if err := validCheckpointKey(cp.Thread, cp.NS, cp.ID); err != nil {
+			return nil, fmt.Errorf("commit checkpoint: %w", err)
+		}
+		ckpt = &encodedKV{checkpointKey(cp.Thread, cp.NS, cp.ID), encodeCheckpoint(cp)}
+	}
+	if c.Run != nil {
+		if err := validKeyPart("run ID", c.Run.ID, true); err != nil {
+			return nil, fmt.Errorf("commit run: %w", err)
+		}
+		rec, err := encodeRun(c.Run)
+		if err != nil {
+			return nil, fmt.Errorf("commit run %s: %w", c.Run.ID, err)
+		}
+		run = &encodedKV{[]byte(c.Run.ID), rec}
+	}
+	return &request{
+		validate: func(tx *bbolt.Tx) error {
+			bb := bucket(tx, bucketBlobs)
+			for _, b := range blobs {
+				if err := checkBlobCollision(bb, b.key, b.data); err != nil {
+					return fmt.Errorf("commit: %w", err)
+				}
+			}
+			return nil
+		},
+		apply: func(tx *bbolt.Tx) error {
+			bb := bucket(tx, bucketBlobs)
+			for _, b := range blobs {
+				if bb.Get(b.key) != nil {
+					continue // deduplicated; validate compared the bytes
+				}
+				if err := bb.Put(b.key, b.rec); err != nil {
+					return fmt.Errorf("commit blob: %w", err)
+				}
+			}
+			wb := bucket(tx, bucketWrites)
+			for _, w := range writes {
+				seq, err := wb.NextSequence()
+				if err != nil {
+					return fmt.Errorf("commit pending write: %w", err)
+				}
+				if err := wb.Put(appendFixed64(w.prefix, seq), w.rec); err != nil {
+					return fmt.Errorf("commit pending write: %w", err)
+				}
+			}
+			if ckpt != nil {
+				if err := bucket(tx, bucketCheckpoints).Put(ckpt.key, ckpt.rec); err != nil {
+					return fmt.Errorf("commit checkpoint %s: %w", c.Checkpoint.ID, err)
+				}
+			}
+			if run != nil {
+				if err := bucket(tx, bucketRuns).Put(run.key, run.rec); err != nil {
+					return fmt.Errorf("commit run %s: %w", c.Run.ID, err)
+				}
+			}
+			return nil
+		},
+	}, nil
+}
+
+func validCheckpointKey(thread, ns, id string) error {
+	if err := validKeyPart("thread", thread, true); err != nil {
+		return err
+	}
+	if err := validKeyPart("namespace", ns, false); err != nil {
+		return err
+	}
+	return validKeyPart("checkpoint ID", id, true)
+}
+
+// checkBlobCollision fails when key already holds other bytes than data.
+func checkBlobCollision(bb *bbolt.Bucket, key, data []byte) error {
+	old := bb.Get(key)
+	if old == nil {
+		return nil
+	}
+	stored, _, err := decodeBlob(old)
+	if err != nil {
+		return fmt.Errorf("blob %s: %w", renderKey(bucketBlobs, key), corrupt(bucketBlobs, key, err))
+	}
+	if !bytes.Equal(stored, data) {
+		return fmt.Errorf("blob %s: %w", renderKey(bucketBlobs, key), engine.ErrBlobCollision)
+	}
+	return nil
+}

@@ -1,0 +1,306 @@
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// FileName is the store's file inside a data folder.
+const FileName = "outpost.db"
+
+// The format name and version live in the meta bucket. The version changes
+// when a binary could misread an older file; it is checked at every Open.
+const (
+	formatName    = "outpost-store"
+	formatVersion = 1
+)
+
+// Bucket names. Keys:
+//
+//	checkpoints  thread \x00 ns \x00 checkpointID   (a prefix scan lists a namespace)
+//	writes       thread \x00 ns \x00 checkpointID \x00 seq (8 bytes, big endian)
+//	blobs        hash (8 bytes) | length (4 bytes), both big endian
+//	runs         run ID
+//	toolcalls    idempotency key
+const (
+	bucketMeta        = "meta"
+	bucketCheckpoints = "checkpoints"
+	bucketWrites      = "writes"
+	bucketBlobs       = "blobs"
+	bucketRuns        = "runs"
+	bucketToolCalls   = "toolcalls"
+)
+
+var dataBuckets = []string{bucketCheckpoints, bucketWrites, bucketBlobs, bucketRuns, bucketToolCalls}
+
+var (
+	metaFormat  = []byte("format")
+	metaVersion = []byte("version")
+)
+
+// Options configure Open.
+type Options struct {
+	// Timeout bounds the wait for the file lock. Zero means one second, so
+	// a second process on the same data folder fails fast instead of
+	// hanging.
+	Timeout time.Duration
+	// ReadOnly opens the file without writing to it. Other read-only
+	// openers may share it; a writer may not.
+	ReadOnly bool
+	// InitialMmapSize avoids remapping while a store grows; zero leaves
+	// bbolt's default.
+	InitialMmapSize int
+}
+
+// DB is an Outpost store in one bbolt file. It implements engine.Store and
+// is safe for concurrent use.
+type DB struct {
+	db   *bbolt.DB
+	path string
+	opts Options
+	q    committer
+}
+
+var _ engine.Store = (*DB)(nil)
+
+// OpenDir opens (creating it if needed) the store in a data folder.
+func OpenDir(dir string, opts Options) (*DB, error) {
+	if !opts.ReadOnly {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("create data folder %s: %w", dir, err)
+		}
+	}
+	return Open(filepath.Join(dir, FileName), opts)
+}
+
+// Open opens the store file at path, creating it if it does not exist. It
+// fails with ErrInUse when another process holds the file, and with
+// ErrFormat when the file is not an Outpost store of a version this binary
+// reads.
+func Open(path string, opts Options) (*DB, error) {
+	if opts.Timeout <= 0 {
+		opts.Timeout = time.Second
+	}
+	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{
+		Timeout: opts.Timeout,
+		// The hashmap freelist keeps allocation cheap as the file grows,
+		// and not syncing it saves a page write per commit; bbolt rebuilds
+		// it by scanning at open.
+		FreelistType:    bbolt.FreelistMapType,
+		NoFreelistSync:  true,
+		ReadOnly:        opts.ReadOnly,
+		InitialMmapSize: opts.InitialMmapSize,
+	})
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return nil, fmt.Errorf("open store: data folder %s is %w", filepath.Dir(path), ErrInUse)
+	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrVersionMismatch):
+		return nil, fmt.Errorf("open store %s: %w: not a bbolt file of a supported version (%v)", path, ErrFormat, err)
+	case err != nil:
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	d := &DB{db: bdb, path: path, opts: opts}
+	d.q.db = bdb
+	if err := d.init(); err != nil {
+		return nil, errors.Join(err, bdb.Close())
+	}
+	return d, nil
+}
+
+// init stamps a new file with the format, or checks an existing file's.
+func (d *DB) init() error {
+	check := func(tx *bbolt.Tx) (fresh bool, err error) {
+		meta := tx.Bucket([]byte(bucketMeta))
+		if meta == nil {
+			empty := true
+			_ = tx.ForEach(func([]byte, *bbolt.Bucket) error { empty = false; return nil })
+			if !empty {
+				return false, fmt.Errorf("open store %s: %w: the file holds data but no format record", d.path, ErrFormat)
+			}
+			return true, nil
+		}
+		if f := meta.Get(metaFormat); string(f) != formatName {
+			return false, fmt.Errorf("open store %s: %w: format %q, want %q", d.path, ErrFormat, f, formatName)
+		}
+		v, err := strconv.Atoi(string(meta.Get(metaVersion)))
+		if err != nil || v != formatVersion {
+			return false, fmt.Errorf("open store %s: %w: format version %q, this binary reads version %d",
+				d.path, ErrFormat, meta.Get(metaVersion), formatVersion)
+		}
+		return false, nil
+	}
+	if d.opts.ReadOnly {
+		return d.db.View(func(tx *bbolt.Tx) error {
+			fresh, err := check(tx)
+			if err == nil && fresh {
+				err = fmt.Errorf("open store %s: %w: the file is empty", d.path, ErrFormat)
+			}
+			return err
+		})
+	}
+	err := d.db.Update(func(tx *bbolt.Tx) error {
+		fresh, err := check(tx)
+		if err != nil {
+			return err
+		}
+		if fresh {
+			meta, err := tx.CreateBucket([]byte(bucketMeta))
+			if err != nil {
+				return err
+			}
+			if err := meta.Put(metaFormat, []byte(formatName)); err != nil {
+				return err
+			}
+			if err := meta.Put(metaVersion, []byte(strconv.Itoa(formatVersion))); err != nil {
+				return err
+			}
+		}
+		// Buckets added later within one format version are created on
+		// first open, so old files of the same version stay readable.
+		for _, name := range dataBuckets {
+			if _, err := tx.CreateBucketIfNotExists([]byte(name)); err != nil {
+				return fmt.Errorf("create bucket %s: %w", name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, ErrFormat) {
+		return fmt.Errorf("initialize store %s: %w", d.path, err)
+	}
+	return err
+}
+
+// Close releases the file. Commits still in flight finish first.
+func (d *DB) Close() error {
+	if err := d.db.Close(); err != nil {
+		return fmt.Errorf("close store %s: %w", d.path, err)
+	}
+	return nil
+}
+
+// Path returns the store file's path.
+func (d *DB) Path() string { return d.path }
+
+// Size returns the store file's size in bytes.
+func (d *DB) Size() (int64, error) {
+	fi, err := os.Stat(d.path)
+	if err != nil {
+		return 0, fmt.Errorf("store size: %w", err)
+	}
+	return fi.Size(), nil
+}
+
+// view runs fn in a read transaction, mapping a closed database to
+// ErrClosed.
+func (d *DB) view(fn func(tx *bbolt.Tx) error) error {
+	err := d.db.View(fn)
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		return ErrClosed
+	}
+	return err
+}
+
+func bucket(tx *bbolt.Tx, name string) *bbolt.Bucket { return tx.Bucket([]byte(name)) }
+
+// Composite keys. Parts are joined with NUL, which validKeyPart keeps out of
+// the parts themselves, so a prefix names exactly one thread, namespace or
+// checkpoint.
+
+func nsPrefix(thread, ns string) []byte {
+	b := make([]byte, 0, len(thread)+len(ns)+2)
+	b = append(b, thread...)
+	b = append(b, 0)
+	b = append(b, ns...)
+	return append(b, 0)
+}
+
+func checkpointKey(thread, ns, id string) []byte {
+	return append(nsPrefix(thread, ns), id...)
+}
+
+func writesPrefix(thread, ns, ckpt string) []byte {
+	return append(checkpointKey(thread, ns, ckpt), 0)
+}
+
+func writeKey(thread, ns, ckpt string, seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(writesPrefix(thread, ns, ckpt), seq)
+}
+
+// splitCheckpointKey returns thread, ns and ID.
+func splitCheckpointKey(k []byte) (thread, ns, id string, ok bool) {
+	parts := bytes.SplitN(k, []byte{0}, 3)
+	if len(parts) != 3 {
+		return "", "", "", false
+	}
+	return string(parts[0]), string(parts[1]), string(parts[2]), true
+}
+
+// splitWriteKey returns the checkpoint key that a pending write hangs off.
+func splitWriteKey(k []byte) (ckptKey []byte, ok bool) {
+	if len(k) < 9 || k[len(k)-9] != 0 {
+		return nil, false
+	}
+	return k[:len(k)-9], true
+}
+
+func blobKey(ref engine.BlobRef) []byte {
+	k := make([]byte, 12)
+	binary.BigEndian.PutUint64(k, ref.Hash)
+	binary.BigEndian.PutUint32(k[8:], ref.Len)
+	return k
+}
+
+func parseBlobKey(k []byte) (engine.BlobRef, bool) {
+	if len(k) != 12 {
+		return engine.BlobRef{}, false
+	}
+	return engine.BlobRef{Hash: binary.BigEndian.Uint64(k), Len: binary.BigEndian.Uint32(k[8:])}, true
+}
+
+func validKeyPart(what, s string, required bool) error {
+	if required && s == "" {
+		return fmt.Errorf("%w: empty %s", ErrInvalidKey, what)
+	}
+	if bytes.IndexByte([]byte(s), 0) >= 0 {
+		return fmt.Errorf("%w: %s %q holds a NUL byte", ErrInvalidKey, what, s)
+	}
+	return nil
+}
+
+// lastWithPrefix positions c on the greatest key starting with prefix.
+func lastWithPrefix(c *bbolt.Cursor, prefix []byte) (k, v []byte) {
+	k, v = c.Seek(prefixEnd(prefix))
+	if k == nil {
+		k, v = c.Last()
+	} else {
+		k, v = c.Prev()
+	}
+	if k == nil || !bytes.HasPrefix(k, prefix) {
+		return nil, nil
+	}
+	return k, v
+}
+
+// prefixEnd returns the least key greater than every key with prefix.
+// Prefixes here end in NUL, so incrementing the last byte never carries.
+func prefixEnd(prefix []byte) []byte {
+	end := bytes.Clone(prefix)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] < 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return nil
+}

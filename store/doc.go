@@ -1,0 +1,28 @@
+// Package store keeps an Outpost appliance's durable state in one bbolt
+// file: runs, checkpoints, pending writes (which carry interrupts and
+// resume values), content-addressed blobs and tool-call records.
+//
+// Entry points:
+//
+//   - Open (or OpenDir) returns a *DB, which implements engine.Store; pass
+//     it to the engine as its checkpointer, blob store and run store.
+//   - DB.Commit makes one superstep durable in one fsynced transaction.
+//     Concurrent commits share transactions (group commit, see Stats).
+//   - DB.PutToolIntent, DB.PutToolResult and DB.ToolCall record side
+//     effects so that recovery never silently repeats one.
+//   - DB.Check, DB.Backup, DB.Compact (and CompactFile) and DB.Prune are
+//     the operations behind "outpost db".
+//
+// Only one process may open a store for writing: a second Open fails
+// within Options.Timeout with ErrInUse. A file of another format or
+// version fails with ErrFormat.
+//
+// Every record is a version byte, a payload and a CRC32C. Checkpoints and
+// pending writes use a hand-written binary layout; runs and tool calls use
+// JSON inside the same envelope. A record that fails to decode is reported
+// as a *CorruptError naming its bucket and key; decoding never panics.
+//
+// The tests are the best examples: store_test.go opens, commits and reads;
+// prune_test.go shows retention; the conformance suite in
+// engine/enginetest runs against this store and the engine's memory store.
+package store

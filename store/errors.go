@@ -1,0 +1,88 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// Sentinel errors, grouped by phase. Test for them with errors.Is.
+var (
+	// Opening.
+
+	// ErrInUse means another process (or another Open in this one) holds the
+	// store's file lock. The wrapped message names the data folder.
+	ErrInUse = errors.New("in use by another outpost process")
+	// ErrFormat means the file is not an Outpost store, or is one of a
+	// format version this binary does not read.
+	ErrFormat = errors.New("unsupported store format")
+	// ErrClosed is returned by operations on a closed store.
+	ErrClosed = errors.New("store is closed")
+
+	// Writing.
+
+	// ErrInvalidKey means a thread, namespace or ID cannot be used in a
+	// key: it is empty where a value is required, or holds a NUL byte,
+	// which separates the parts of composite keys.
+	ErrInvalidKey = errors.New("invalid key")
+	// ErrBlobMismatch means a commit offered bytes under a reference that
+	// is not theirs.
+	ErrBlobMismatch = errors.New("blob bytes do not match their reference")
+
+	// Tool calls.
+
+	// ErrToolCallNotFound means no intent is recorded under the key.
+	ErrToolCallNotFound = errors.New("tool call not found")
+	// ErrToolCallConflict means a second record under the same idempotency
+	// key disagrees with the first (another tool, other arguments, another
+	// result).
+	ErrToolCallConflict = errors.New("tool call conflicts with the recorded one")
+	// ErrToolCallDone means an intent was offered for a call whose result
+	// is already recorded: the caller must reuse the result, not run the
+	// tool again.
+	ErrToolCallDone = errors.New("tool call already has a result")
+
+	// Reading.
+
+	// ErrCorrupt is matched by every *CorruptError.
+	ErrCorrupt = errors.New("corrupt record")
+)
+
+// CorruptError reports a stored record that failed to decode: a bad
+// checksum, an unknown version, a truncated or overlong payload. It names
+// the record so an operator can find it (outpost db check lists them all).
+type CorruptError struct {
+	Bucket string
+	Key    string // the raw key bytes
+	Err    error
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("corrupt record in bucket %s, key %s: %v", e.Bucket, renderKey(e.Bucket, []byte(e.Key)), e.Err)
+}
+
+func (e *CorruptError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrCorrupt) true for every CorruptError.
+func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
+
+func corrupt(bucket string, key []byte, err error) *CorruptError {
+	return &CorruptError{Bucket: bucket, Key: string(key), Err: err}
+}
+
+// renderKey prints a key for people: blob keys as references, pending-write
+// sequence numbers as numbers, and the rest quoted so NUL separators show.
+func renderKey(bucket string, key []byte) string {
+	switch bucket {
+	case bucketBlobs:
+		if ref, ok := parseBlobKey(key); ok {
+			return ref.String()
+		}
+	case bucketWrites:
+		if len(key) > 8 {
+			return strconv.Quote(string(key[:len(key)-8])) + "#" +
+				strconv.FormatUint(beUint64(key[len(key)-8:]), 10)
+		}
+	}
+	return strconv.Quote(string(key))
+}

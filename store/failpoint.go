@@ -1,0 +1,22 @@
+package store
+
+// failpoint holds test hooks at the store's durability boundaries, in the
+// spirit of bbolt's gofail points. Every hook is nil in production; tests
+// set them before starting writers and clear them when the writers are done.
+var failpoint struct {
+	// beforeCommitTx runs before a group commit opens its transaction, with
+	// the number of requests in the batch. An error fails the whole batch
+	// and nothing is written.
+	beforeCommitTx func(batch int) error
+	// midGroupCommit runs inside the transaction after request i of the
+	// batch was applied. An error rolls the transaction back, as an I/O
+	// error would, and fails every request in it.
+	midGroupCommit func(i int) error
+	// applyRequest runs before request i is applied. An error is charged
+	// to that request alone: the others are retried in a fresh
+	// transaction.
+	applyRequest func(i int) error
+	// afterCommitTx runs once a batch's transaction is durable, before its
+	// committers are woken.
+	afterCommitTx func(batch int)
+}

@@ -1,0 +1,485 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// PruneReport says what Prune removed and what it left alone.
+type PruneReport struct {
+	// Threads is the number of threads whose history was cut.
+	Threads int `json:"threads"`
+	// Rewritten counts kept checkpoints rewritten as full snapshots.
+	Rewritten          int   `json:"rewritten"`
+	CheckpointsRemoved int   `json:"checkpoints_removed"`
+	WritesRemoved      int   `json:"writes_removed"`
+	BlobsRemoved       int   `json:"blobs_removed"`
+	BlobBytesRemoved   int64 `json:"blob_bytes_removed"`
+	// Skipped lists threads that qualified but could not be cut, and why.
+	Skipped []Problem `json:"skipped,omitempty"`
+}
+
+// Prune drops the history of finished threads, then collects blobs.
+//
+// A thread qualifies when none of its runs is still queued, running or
+// interrupted and its newest checkpoint was created before now-olderThan.
+// In each of its namespaces Prune keeps only the newest checkpoint and that
+// checkpoint's pending writes. Checkpoints record only changed channels, and
+// append channels only their new items, so before its ancestors go the
+// kept checkpoint is rewritten as a full snapshot (every channel, whole
+// values, no parent): the thread's state is unchanged.
+//
+// Then blobs are marked and swept. A blob survives when any checkpoint,
+// pending write, run or tool call names it (in a typed field or as text in
+// a value), when a surviving blob names it, or when it was stored after the
+// cutoff, since a node may have put it for a step that has not committed.
+//
+// Everything happens in one transaction: a crash or an error leaves the
+// store as it was. A corrupt record aborts the prune (run Check first),
+// since the collector cannot know what it names.
+func (d *DB) Prune(ctx context.Context, olderThan time.Duration, now time.Time) (*PruneReport, error) {
+	cutoff := now.Add(-olderThan)
+	rep := &PruneReport{}
+	err := d.db.Update(func(tx *bbolt.Tx) error {
+		p := &pruner{ctx: ctx, tx: tx, rep: rep, cutoff: cutoff}
+		if err := p.cutHistories(); err != nil {
+			return err
+		}
+		return p.collectBlobs()
+	})
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		err = ErrClosed
+	}
+	if err != nil {
+		return nil, fmt.Errorf("prune store %s: %w", d.path, err)
+	}
+	return rep, nil
+}
+
+type pruner struct {
+	ctx    context.Context
+	tx     *bbolt.Tx
+	rep    *PruneReport
+	cutoff time.Time
+}
+
+// threadInfo gathers what eligibility needs from one pass over checkpoints.
+type threadInfo struct {
+	newest time.Time
+	nss    map[string]int // namespace -> checkpoint count
+}
+
+func (p *pruner) cutHistories() error {
+	busy := map[string]bool{}
+	if err := p.walk(bucketRuns, func(k, v []byte) error {
+		r, err := decodeRun(v)
+		if err != nil {
+			return corrupt(bucketRuns, k, err)
+		}
+		if !r.Status.Terminal() {
+			busy[r.Thread] = true
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	threads := map[string]*threadInfo{}
+	var order []string
+	if err := p.walk(bucketCheckpoints, func(k, v []byte) error {
+		c, err := decodeCheckpoint(v)
+		if err != nil {
+			return corrupt(bucketCheckpoints, k, err)
+		}
+		ti := threads[c.Thread]
+		if ti == nil {
+			ti = &threadInfo{nss: map[string]int{}}
+			threads[c.Thread] = ti
+			order = append(order, c.Thread)
+		}
+		ti.nss[c.NS]++
+		if c.Created.After(ti.newest) {
+			ti.newest = c.Created
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, thread := range order {
+		ti := threads[thread]
+		if busy[thread] || !ti.newest.Before(p.cutoff) {
+			continue
+		}
+		// Cut every namespace or none, so a thread is never half pruned.
+		var plans []*nsPlan
+		var skip error
+		for _, ns := range sortedNS(ti.nss) {
+			if ti.nss[ns] < 2 {
+				continue
+			}
+			plan, err := p.planNS(thread, ns)
+			if err != nil {
+				var ce *CorruptError
+				if errors.As(err, &ce) {
+					return err
+				}
+				skip = fmt.Errorf("namespace %q: %w", ns, err)
+				break
+			}
+			plans = append(plans, plan)
+		}
+		if skip != nil {
+			p.rep.Skipped = append(p.rep.Skipped, Problem{Bucket: bucketCheckpoints, Key: thread, Message: skip.Error()})
+			continue
+		}
+		if len(plans) == 0 {
+			continue
+		}
+		for _, plan := range plans {
+			if err := p.apply(plan); err != nil {
+				return err
+			}
+		}
+		p.rep.Threads++
+	}
+	return nil
+}
+
+// nsPlan is the cut of one namespace: the snapshot that replaces its
+// newest checkpoint and the checkpoints that go.
+type nsPlan struct {
+	thread, ns string
+	head       *engine.Checkpoint // rewritten; nil when already whole
+	newBlobs   map[engine.BlobRef][]byte
+	drop       []string // checkpoint IDs
+}
+
+func (p *pruner) planNS(thread, ns string) (*nsPlan, error) {
+	prefix := nsPrefix(thread, ns)
+	byID := map[string]*engine.Checkpoint{}
+	var ids []string
+	c := bucket(p.tx, bucketCheckpoints).Cursor()
+	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		cp, err := decodeCheckpoint(v)
+		if err != nil {
+			return nil, corrupt(bucketCheckpoints, k, err)
+		}
+		byID[cp.ID] = cp
+		ids = append(ids, cp.ID)
+	}
+	head := byID[ids[len(ids)-1]]
+	plan := &nsPlan{thread: thread, ns: ns, drop: ids[:len(ids)-1], newBlobs: map[engine.BlobRef][]byte{}}
+	if head.ParentID == "" {
+		return plan, nil
+	}
+	var chain []*engine.Checkpoint
+	for cp := head; ; {
+		chain = append(chain, cp)
+		if cp.ParentID == "" {
+			break
+		}
+		parent := byID[cp.ParentID]
+		if parent == nil {
+			return nil, fmt.Errorf("checkpoint %s: parent %s is missing, so its state cannot be rebuilt", cp.ID, cp.ParentID)
+		}
+		if len(chain) > len(ids) {
+			return nil, fmt.Errorf("checkpoint %s: the parent chain loops", head.ID)
+		}
+		cp = parent
+	}
+	snap, err := p.materialize(chain, plan.newBlobs)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", head.ID, err)
+	}
+	full := *head
+	full.ParentID = ""
+	full.Channels = snap
+	plan.head = &full
+	return plan, nil
+}
+
+// channelState is one channel's value while folding a parent chain. raw
+// holds the bytes of an append channel's accumulated items; otherwise value
+// is the stored value, left as it was (inline or a blob reference).
+type channelState struct {
+	version uint64
+	value   engine.Value
+	raw     []byte
+	isRaw   bool
+}
+
+// materialize folds a chain (newest first) the way the engine does: a delta
+// that is not null appends its items, anything else replaces the value.
+// Append channels hold JSON arrays, so appending is splicing arrays.
+func (p *pruner) materialize(chain []*engine.Checkpoint, newBlobs map[engine.BlobRef][]byte) ([]engine.ChannelValue, error) {
+	state := map[string]*channelState{}
+	for i := len(chain) - 1; i >= 0; i-- {
+		for _, cv := range chain[i].Channels {
+			prev := state[cv.Channel]
+			if !cv.Delta || isNullValue(cv.Value) || prev == nil || (!prev.isRaw && isNullValue(prev.value)) {
+				state[cv.Channel] = &channelState{version: cv.Version, value: cv.Value}
+				continue
+			}
+			old := prev.raw
+			if !prev.isRaw {
+				b, err := p.resolve(prev.value)
+				if err != nil {
+					return nil, fmt.Errorf("channel %q: %w", cv.Channel, err)
+				}
+				old = b
+			}
+			add, err := p.resolve(cv.Value)
+			if err != nil {
+				return nil, fmt.Errorf("channel %q: %w", cv.Channel, err)
+			}
+			joined, err := joinArrays(old, add)
+			if err != nil {
+				return nil, fmt.Errorf("channel %q in checkpoint %s: %w", cv.Channel, chain[i].ID, err)
+			}
+			state[cv.Channel] = &channelState{version: cv.Version, raw: joined, isRaw: true}
+		}
+	}
+	names := make([]string, 0, len(state))
+	for name := range state {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	out := make([]engine.ChannelValue, 0, len(names))
+	for _, name := range names {
+		st := state[name]
+		v := st.value
+		if st.isRaw {
+			v = engine.Value{Inline: st.raw}
+			if len(st.raw) > engine.BlobThreshold {
+				ref := engine.RefOf(st.raw)
+				newBlobs[ref] = st.raw
+				v = engine.Value{Blob: ref}
+			}
+		}
+		out = append(out, engine.ChannelValue{Channel: name, Version: st.version, Value: v})
+	}
+	return out, nil
+}
+
+func isNullValue(v engine.Value) bool {
+	return v.Blob.IsZero() && (len(v.Inline) == 0 || string(v.Inline) == "null")
+}
+
+// resolve returns a value's bytes, reading its blob if it has one.
+func (p *pruner) resolve(v engine.Value) ([]byte, error) {
+	if v.Blob.IsZero() {
+		return v.Inline, nil
+	}
+	key := blobKey(v.Blob)
+	rec := bucket(p.tx, bucketBlobs).Get(key)
+	if rec == nil {
+		return nil, fmt.Errorf("blob %s: %w", v.Blob, engine.ErrBlobNotFound)
+	}
+	data, _, err := decodeBlob(rec)
+	if err != nil {
+		return nil, corrupt(bucketBlobs, key, err)
+	}
+	return data, nil
+}
+
+// joinArrays splices two JSON arrays into one.
+func joinArrays(a, b []byte) ([]byte, error) {
+	ia, err := arrayItems(a)
+	if err != nil {
+		return nil, err
+	}
+	ib, err := arrayItems(b)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(ia)+len(ib)+3)
+	out = append(out, '[')
+	out = append(out, ia...)
+	if len(ia) > 0 && len(ib) > 0 {
+		out = append(out, ',')
+	}
+	out = append(out, ib...)
+	return append(out, ']'), nil
+}
+
+// arrayItems returns the text between a JSON array's brackets.
+func arrayItems(b []byte) ([]byte, error) {
+	t := bytes.TrimSpace(b)
+	if len(t) < 2 || t[0] != '[' || t[len(t)-1] != ']' || !json.Valid(t) {
+		return nil, errors.New("an append channel's value is not a JSON array")
+	}
+	return bytes.TrimSpace(t[1 : len(t)-1]), nil
+}
+
+func (p *pruner) apply(plan *nsPlan) error {
+	bb := bucket(p.tx, bucketBlobs)
+	now := time.Now()
+	for ref, data := range plan.newBlobs {
+		key := blobKey(ref)
+		if err := checkBlobCollision(bb, key, data); err != nil {
+			return err
+		}
+		if bb.Get(key) == nil {
+			if err := bb.Put(key, encodeBlob(data, now)); err != nil {
+				return fmt.Errorf("store snapshot blob: %w", err)
+			}
+		}
+	}
+	cb := bucket(p.tx, bucketCheckpoints)
+	if plan.head != nil {
+		if err := cb.Put(checkpointKey(plan.thread, plan.ns, plan.head.ID), encodeCheckpoint(plan.head)); err != nil {
+			return fmt.Errorf("rewrite checkpoint %s: %w", plan.head.ID, err)
+		}
+		p.rep.Rewritten++
+	}
+	wb := bucket(p.tx, bucketWrites)
+	for _, id := range plan.drop {
+		if err := cb.Delete(checkpointKey(plan.thread, plan.ns, id)); err != nil {
+			return fmt.Errorf("drop checkpoint %s: %w", id, err)
+		}
+		p.rep.CheckpointsRemoved++
+		prefix := writesPrefix(plan.thread, plan.ns, id)
+		var keys [][]byte
+		c := wb.Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			keys = append(keys, bytes.Clone(k))
+		}
+		for _, k := range keys {
+			if err := wb.Delete(k); err != nil {
+				return fmt.Errorf("drop pending writes of %s: %w", id, err)
+			}
+		}
+		p.rep.WritesRemoved += len(keys)
+	}
+	return nil
+}
+
+// collectBlobs marks every blob reachable from a record and sweeps the
+// rest that are older than the cutoff.
+func (p *pruner) collectBlobs() error {
+	marked := map[engine.BlobRef]bool{}
+	var work []engine.BlobRef
+	mark := func(ref engine.BlobRef) {
+		if !marked[ref] {
+			marked[ref] = true
+			work = append(work, ref)
+		}
+	}
+	if err := p.walk(bucketCheckpoints, func(k, v []byte) error {
+		c, err := decodeCheckpoint(v)
+		if err != nil {
+			return corrupt(bucketCheckpoints, k, err)
+		}
+		checkpointRefs(c, mark)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := p.walk(bucketWrites, func(k, v []byte) error {
+		w, err := decodePendingWrite(v)
+		if err != nil {
+			return corrupt(bucketWrites, k, err)
+		}
+		writeRefs(w, mark)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := p.walk(bucketRuns, func(k, v []byte) error {
+		r, err := decodeRun(v)
+		if err != nil {
+			return corrupt(bucketRuns, k, err)
+		}
+		runRefs(r, mark)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := p.walk(bucketToolCalls, func(k, v []byte) error {
+		tc, err := decodeToolCall(v)
+		if err != nil {
+			return corrupt(bucketToolCalls, k, err)
+		}
+		toolCallRefs(tc, mark)
+		return nil
+	}); err != nil {
+		return err
+	}
+	bb := bucket(p.tx, bucketBlobs)
+	// A blob's bytes may name other blobs (a large list of messages that
+	// point at model responses), so marking follows them.
+	for len(work) > 0 {
+		ref := work[len(work)-1]
+		work = work[:len(work)-1]
+		key := blobKey(ref)
+		rec := bb.Get(key)
+		if rec == nil {
+			continue // dangling: Check reports it
+		}
+		data, _, err := decodeBlob(rec)
+		if err != nil {
+			return corrupt(bucketBlobs, key, err)
+		}
+		scanRefs(data, mark)
+	}
+	var sweep [][]byte
+	if err := p.walk(bucketBlobs, func(k, v []byte) error {
+		ref, ok := parseBlobKey(k)
+		if !ok {
+			return corrupt(bucketBlobs, k, errors.New("malformed key"))
+		}
+		if marked[ref] {
+			return nil
+		}
+		_, created, err := decodeBlob(v)
+		if err != nil {
+			return corrupt(bucketBlobs, k, err)
+		}
+		if created.Before(p.cutoff) {
+			sweep = append(sweep, bytes.Clone(k))
+			p.rep.BlobBytesRemoved += int64(ref.Len)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, k := range sweep {
+		if err := bb.Delete(k); err != nil {
+			return fmt.Errorf("remove blob %s: %w", renderKey(bucketBlobs, k), err)
+		}
+	}
+	p.rep.BlobsRemoved = len(sweep)
+	return nil
+}
+
+// walk visits a bucket's records, stopping at the first error.
+func (p *pruner) walk(name string, fn func(k, v []byte) error) error {
+	c := bucket(p.tx, name).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if err := p.ctx.Err(); err != nil {
+			return err
+		}
+		if err := fn(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sortedNS(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
