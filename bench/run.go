@@ -78,13 +78,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			defer wg.Done()
 			thread := fmt.Sprintf("thread-%d", t)
 			for i := 0; i < o.Turns; i++ {
-				run, err := m.Start(ctx, engine.RunRequest{Thread: thread, Agent: "reference",
+				r, err := m.Invoke(ctx, engine.RunRequest{Thread: thread, Agent: "reference",
 					Input: []byte(strconv.Quote(TurnInput(t, i)))})
-				if err != nil {
-					errs <- err
-					return
-				}
-				r, err := m.Wait(ctx, run.ID)
 				if err != nil {
 					errs <- err
 					return

@@ -65,6 +65,12 @@ type channelSpec struct {
 	// and the items from index i on.
 	length func(v any) int
 	tail   func(v any, i int) any
+	// extend serves append channels: reduce, appending in place when the
+	// caller owns the array's spare capacity.
+	extend func(old, upd any, owned bool) any
+	// clip caps an append channel's slice at its length, so a node that
+	// appends to what it read never writes into the shared array.
+	clip func(v any) any
 	// diff serves sum channels: what was added to in to reach final.
 	diff func(final, in any) (any, bool)
 }
@@ -122,10 +128,24 @@ func Replace[T any](b *Builder, name string) Chan[T] {
 // only the items that each step added.
 func Append[E any](b *Builder, name string) Chan[[]E] {
 	s := newSpec[[]E](name, KindAppend, func(old, upd []E) []E {
-		// Always copy: earlier snapshots of the state share old's array.
+		// Copy: earlier snapshots of the state share old's array.
 		out := make([]E, 0, len(old)+len(upd))
 		return append(append(out, old...), upd...)
 	})
+	s.extend = func(old, upd any, owned bool) any {
+		o, u := old.([]E), upd.([]E)
+		if owned {
+			// Only the execution that allocated the array appends to it,
+			// past every length that an earlier snapshot can see.
+			return append(o, u...)
+		}
+		out := make([]E, 0, len(o)+len(u)+8)
+		return append(append(out, o...), u...)
+	}
+	s.clip = func(v any) any {
+		x := v.([]E)
+		return x[:len(x):len(x)]
+	}
 	s.length = func(v any) int {
 		if v == nil {
 			return 0

@@ -154,6 +154,9 @@ type execution struct {
 	events  []Event
 	// writes are the pending writes saved against head, by task id.
 	writes map[string][]PendingWrite
+	// owned marks append channels whose array this execution allocated, so
+	// it may append in place (see channelSpec.extend).
+	owned map[string]bool
 	// startStatus is the status the input checkpoint is committed with
 	// (queued under the run manager).
 	startStatus RunStatus
@@ -410,6 +413,14 @@ func (e *execution) apply(writes []Write) {
 	for _, w := range writes {
 		e.markChanged(w.Channel)
 		spec := e.g.channels[w.Channel]
+		if spec.extend != nil && nv[w.Channel] != nil {
+			nv[w.Channel] = spec.extend(nv[w.Channel], w.Value, e.owned[w.Channel])
+			if e.owned == nil {
+				e.owned = map[string]bool{}
+			}
+			e.owned[w.Channel] = true
+			continue
+		}
 		nv[w.Channel] = spec.reduce(nv[w.Channel], w.Value)
 	}
 	e.vals = nv
@@ -563,7 +574,7 @@ func (e *execution) applyInput(ctx context.Context, input []Write) error {
 
 // route computes the tasks that follow the nodes that just ran.
 func (e *execution) route(ran []string, sends []Send) ([]TaskSpec, error) {
-	st := &view{vals: e.vals, step: e.step}
+	st := &view{g: e.g, vals: e.vals, step: e.step}
 	var nodes []string
 	seen := map[string]bool{}
 	add := func(n string) {
@@ -801,7 +812,7 @@ func (e *execution) runTask(ctx context.Context, r *taskResult, decisions map[st
 	if len(r.spec.Input) > 0 {
 		input = json.RawMessage(r.spec.Input)
 	}
-	st := &view{vals: e.vals, input: input, node: n.name, step: e.step}
+	st := &view{g: e.g, vals: e.vals, input: input, node: n.name, step: e.step}
 	p := n.retry
 	attempts := max(p.MaxAttempts, 1)
 	classify := p.Classify
@@ -1065,7 +1076,7 @@ func (e *execution) finish(ctx context.Context, c *Commit, status RunStatus, run
 		e.run.Error = runErr.Error()
 	}
 	if status == StatusCompleted && e.cfg.Output != nil {
-		e.run.Output = e.cfg.Output(&view{vals: e.vals, step: e.step})
+		e.run.Output = e.cfg.Output(&view{g: e.g, vals: e.vals, step: e.step})
 	}
 	if e.cfg.ns == "" {
 		switch status {

@@ -169,27 +169,38 @@ func (m *Manager) release(a *active, paused bool) {
 // before Start returns (in sync durability); the run then executes on a
 // worker. Use Wait for its end.
 func (m *Manager) Start(ctx context.Context, req RunRequest) (*Run, error) {
+	a, e, err := m.open(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	snapshot := e.run.Clone()
+	m.launch(a, e, nil)
+	return snapshot, nil
+}
+
+// open claims the thread and commits the run record with its input.
+func (m *Manager) open(ctx context.Context, req RunRequest) (*active, *execution, error) {
 	if req.Thread == "" {
-		return nil, fmt.Errorf("start run: thread is required")
+		return nil, nil, fmt.Errorf("start run: thread is required")
 	}
 	ag, err := m.resolve(req.Agent, BundleRef{})
 	if err != nil {
-		return nil, fmt.Errorf("start run: %w", err)
+		return nil, nil, fmt.Errorf("start run: %w", err)
 	}
 	writes := req.Writes
 	if len(req.Input) > 0 {
 		if ag.Input == nil {
-			return nil, fmt.Errorf("start run: agent %q takes no JSON input", ag.Name)
+			return nil, nil, fmt.Errorf("start run: agent %q takes no JSON input", ag.Name)
 		}
 		in, err := ag.Input(req.Input)
 		if err != nil {
-			return nil, fmt.Errorf("start run: input: %w", err)
+			return nil, nil, fmt.Errorf("start run: input: %w", err)
 		}
 		writes = append(in, writes...)
 	}
 	a, err := m.claim(ctx, req.Thread, req.WaitForThread)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	now := time.Now().UTC()
 	run := &Run{ID: NewRunID(), Thread: req.Thread, Agent: ag.Name, Status: StatusQueued, Bundle: ag.Bundle,
@@ -213,11 +224,21 @@ func (m *Manager) Start(ctx context.Context, req RunRequest) (*Run, error) {
 	if err != nil {
 		m.dequeue()
 		m.release(a, false)
-		return nil, fmt.Errorf("start run: %w", err)
+		return nil, nil, fmt.Errorf("start run: %w", err)
 	}
-	snapshot := e.run.Clone()
-	m.launch(a, e, nil)
-	return snapshot, nil
+	return a, e, nil
+}
+
+// Invoke runs one turn and waits for it to end or pause, executing it on the
+// calling goroutine (it still takes a worker slot, and Cancel still stops
+// it). It saves the hand-off to a worker that Start and Wait pay.
+func (m *Manager) Invoke(ctx context.Context, req RunRequest) (*Run, error) {
+	a, e, err := m.open(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	m.execute(a, e, nil)
+	return m.store.Run(context.WithoutCancel(ctx), a.runID)
 }
 
 func (m *Manager) dequeue() {
@@ -226,7 +247,7 @@ func (m *Manager) dequeue() {
 	m.mu.Unlock()
 }
 
-// launch runs e's loop on a worker.
+// launch runs e's loop on a worker goroutine.
 func (m *Manager) launch(a *active, e *execution, decisions map[string]Decision) {
 	ctx, cancel := context.WithCancelCause(m.ctx)
 	m.mu.Lock()
@@ -236,20 +257,37 @@ func (m *Manager) launch(a *active, e *execution, decisions map[string]Decision)
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		defer cancel(nil)
-		select {
-		case m.sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		m.dequeue()
-		if ctx.Err() == nil {
-			_ = e.loop(ctx, decisions)
-			<-m.sem
-		} else {
-			_ = e.stopped(ctx, context.Cause(ctx))
-		}
-		m.release(a, e.run.Status == StatusInterrupted)
+		m.run(ctx, cancel, a, e, decisions)
 	}()
+}
+
+// execute runs e's loop on the calling goroutine.
+func (m *Manager) execute(a *active, e *execution, decisions map[string]Decision) {
+	ctx, cancel := context.WithCancelCause(m.ctx)
+	m.mu.Lock()
+	a.cancel = cancel
+	a.paused = false
+	m.mu.Unlock()
+	m.wg.Add(1)
+	defer m.wg.Done()
+	m.run(ctx, cancel, a, e, decisions)
+}
+
+// run waits for a worker slot, then runs e's loop to its end or pause.
+func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *active, e *execution, decisions map[string]Decision) {
+	defer cancel(nil)
+	select {
+	case m.sem <- struct{}{}:
+	case <-ctx.Done():
+	}
+	m.dequeue()
+	if ctx.Err() == nil {
+		_ = e.loop(ctx, decisions)
+		<-m.sem
+	} else {
+		_ = e.stopped(ctx, context.Cause(ctx))
+	}
+	m.release(a, e.run.Status == StatusInterrupted)
 }
 
 // Wait blocks until the run is no longer executing (it ended or paused at an

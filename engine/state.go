@@ -42,13 +42,22 @@ type values map[string]any
 
 // view is the State given to nodes and routers.
 type view struct {
+	g     *Graph
 	vals  values
 	input any
 	node  string
 	step  int
 }
 
-func (v *view) Value(c string) (any, bool) { x, ok := v.vals[c]; return x, ok }
-func (v *view) Input() any                 { return v.input }
-func (v *view) Node() string               { return v.node }
-func (v *view) Step() int                  { return v.step }
+func (v *view) Value(c string) (any, bool) {
+	x, ok := v.vals[c]
+	if ok && x != nil && v.g != nil {
+		if spec := v.g.channels[c]; spec != nil && spec.clip != nil {
+			x = spec.clip(x)
+		}
+	}
+	return x, ok
+}
+func (v *view) Input() any   { return v.input }
+func (v *view) Node() string { return v.node }
+func (v *view) Step() int    { return v.step }

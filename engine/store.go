@@ -211,16 +211,19 @@ type Run struct {
 	EndedAt       time.Time          `json:"ended_at,omitzero"`
 }
 
-// Clone returns a deep copy, so a stored run never aliases a live one.
+// Clone returns a copy that shares nothing mutable with r. Input and Output
+// are shared: they are replaced, never modified in place.
 func (r *Run) Clone() *Run {
 	if r == nil {
 		return nil
 	}
 	c := *r
-	c.Input = cloneBytes(r.Input)
-	c.Output = cloneBytes(r.Output)
-	c.Interrupts = append([]PendingInterrupt(nil), r.Interrupts...)
-	c.Decisions = append([]DecisionRecord(nil), r.Decisions...)
+	if r.Interrupts != nil {
+		c.Interrupts = append([]PendingInterrupt(nil), r.Interrupts...)
+	}
+	if r.Decisions != nil {
+		c.Decisions = append([]DecisionRecord(nil), r.Decisions...)
+	}
 	if r.Meta != nil {
 		c.Meta = make(map[string]string, len(r.Meta))
 		for k, v := range r.Meta {
@@ -228,13 +231,6 @@ func (r *Run) Clone() *Run {
 		}
 	}
 	return &c
-}
-
-func cloneBytes(b []byte) []byte {
-	if b == nil {
-		return nil
-	}
-	return append([]byte(nil), b...)
 }
 
 // Commit is everything that one superstep makes durable, in one transaction:
