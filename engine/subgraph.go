@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -70,7 +71,11 @@ func runSubgraph(ctx context.Context, name string, sub *Graph, s State) ([]Write
 		res.State = snap
 		res.Run = &Run{Status: StatusCompleted}
 	default:
-		res, err = sub.Resume(ctx, cfg, sp.decisions)
+		var ds map[string]Decision
+		ds, err = subgraphDecisions(ctx, parent.store, cfg, head.ID, sp.decisions)
+		if err == nil {
+			res, err = sub.Resume(ctx, cfg, ds)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("subgraph %q: %w", name, err)
@@ -101,6 +106,39 @@ func runSubgraph(ctx context.Context, name string, sub *Graph, s State) ([]Write
 		case KindReplace, KindMerge:
 			if res.State.Versions[ch] > 0 && (in == nil || res.State.Versions[ch] > 1) {
 				out = append(out, Write{Channel: ch, Value: final})
+			}
+		}
+	}
+	return out, nil
+}
+
+// subgraphDecisions keeps the decisions that answer interrupts pending in the
+// subgraph's namespace. The parent's Resume may also carry answers for its
+// other tasks, which the subgraph would refuse as unknown.
+func subgraphDecisions(ctx context.Context, store Checkpointer, cfg RunConfig, head string, decisions map[string]Decision) (map[string]Decision, error) {
+	if len(decisions) == 0 {
+		return nil, nil
+	}
+	ws, err := store.Writes(ctx, cfg.Thread, cfg.ns, head)
+	if err != nil {
+		return nil, fmt.Errorf("load pending writes of %s: %w", head, err)
+	}
+	last := map[string]PendingWrite{}
+	for _, w := range ws {
+		last[w.TaskID] = w
+	}
+	out := map[string]Decision{}
+	for _, w := range last {
+		if w.Kind != WriteKindInterrupt {
+			continue
+		}
+		var ins []PendingInterrupt
+		if err := json.Unmarshal(w.Data, &ins); err != nil {
+			continue
+		}
+		for _, in := range ins {
+			if d, ok := decisions[in.ID]; ok {
+				out[in.ID] = d
 			}
 		}
 	}

@@ -1,0 +1,299 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/stretchr/testify/require"
+)
+
+// reviewGraph asks a person about a draft and writes the outcome.
+func reviewGraph(t *testing.T, calls *counter) (*engine.Graph, engine.Chan[string]) {
+	b := engine.NewGraph("review")
+	outcome := engine.Replace[string](b, "outcome")
+	b.AddNode("review", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		calls.inc("before")
+		d, err := engine.Interrupt(ctx, map[string]string{"draft": "send 5 units"})
+		if err != nil {
+			return nil, err
+		}
+		calls.inc("after")
+		switch d.Kind {
+		case engine.Approve:
+			return []engine.Write{outcome.Set("approved")}, nil
+		case engine.Edit:
+			var v string
+			if err := json.Unmarshal(d.Value, &v); err != nil {
+				return nil, err
+			}
+			return []engine.Write{outcome.Set("edited: " + v)}, nil
+		default:
+			return []engine.Write{outcome.Set("rejected: " + d.Reason)}, nil
+		}
+	})
+	b.AddEdge(engine.Start, "review")
+	return mustCompile(t, b), outcome
+}
+
+func TestInterruptAndResume(t *testing.T) {
+	tests := []struct {
+		name     string
+		decision engine.Decision
+		want     string
+	}{
+		{"approve", engine.Decision{Kind: engine.Approve}, "approved"},
+		{"edit", engine.Decision{Kind: engine.Edit, Value: json.RawMessage(`"send 3 units"`)}, "edited: send 3 units"},
+		{"reject", engine.Decision{Kind: engine.Reject, Reason: "too many"}, "rejected: too many"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			calls := newCounter()
+			g, outcome := reviewGraph(t, calls)
+			store := engine.NewMemoryStore()
+			ctx := context.Background()
+			cfg := engine.RunConfig{Thread: "t", Store: store}
+
+			res, err := g.Invoke(ctx, cfg)
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+			require.Len(t, res.Run.Interrupts, 1)
+			in := res.Run.Interrupts[0]
+			require.NotEmpty(t, in.ID)
+			require.Equal(t, "review", in.Node)
+			require.Equal(t, 0, in.Index)
+			require.JSONEq(t, `{"draft":"send 5 units"}`, string(in.Payload))
+			require.Equal(t, []string{"review"}, res.State.Next)
+
+			// The pause is durable: the stored run lists the interrupt.
+			stored, err := store.Run(ctx, res.Run.ID)
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusInterrupted, stored.Status)
+			require.Equal(t, res.Run.Interrupts, stored.Interrupts)
+
+			cfg.Run = res.Run
+			res, err = g.Resume(ctx, cfg, map[string]engine.Decision{in.ID: tt.decision})
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusCompleted, res.Run.Status)
+			require.Empty(t, res.Run.Interrupts)
+			require.Equal(t, tt.want, outcome.Get(res.State))
+			require.Equal(t, 2, calls.get("before"), "the node re-runs from its start")
+			require.Equal(t, 1, calls.get("after"))
+			require.Len(t, res.Run.Decisions, 1)
+			require.Equal(t, in.ID, res.Run.Decisions[0].Interrupt)
+			require.Equal(t, tt.decision.Kind, res.Run.Decisions[0].Decision)
+		})
+	}
+}
+
+func TestResumeRejectsBadDecisions(t *testing.T) {
+	g, _ := reviewGraph(t, newCounter())
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	cfg := engine.RunConfig{Thread: "t", Store: store}
+	res, err := g.Invoke(ctx, cfg)
+	require.NoError(t, err)
+	id := res.Run.Interrupts[0].ID
+
+	_, err = g.Resume(ctx, cfg, map[string]engine.Decision{"int_0000000000000000": {Kind: engine.Approve}})
+	require.ErrorIs(t, err, engine.ErrUnknownInterrupt)
+	_, err = g.Resume(ctx, cfg, map[string]engine.Decision{id: {Kind: "maybe"}})
+	require.ErrorIs(t, err, engine.ErrBadDecision)
+	_, err = g.Resume(ctx, cfg, map[string]engine.Decision{id: {Kind: engine.Edit}})
+	require.ErrorIs(t, err, engine.ErrBadDecision, "edit needs a value")
+
+	// Refused resumes change nothing: the interrupt is still pending.
+	res, err = g.Resume(ctx, cfg, map[string]engine.Decision{id: {Kind: engine.Approve}})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status)
+}
+
+func TestInterruptOutsideNode(t *testing.T) {
+	_, err := engine.Interrupt(context.Background(), "x")
+	require.ErrorContains(t, err, "outside a running node")
+}
+
+func TestTwoInterruptsInOneNode(t *testing.T) {
+	calls := newCounter()
+	b := engine.NewGraph("two")
+	got := engine.Append[string](b, "got")
+	b.AddNode("ask", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		calls.inc("ask")
+		first, err := engine.Interrupt(ctx, "first?")
+		if err != nil {
+			return nil, err
+		}
+		second, err := engine.Interrupt(ctx, "second?")
+		if err != nil {
+			return nil, err
+		}
+		return []engine.Write{engine.Push(got, string(first.Value), string(second.Value))}, nil
+	})
+	b.AddEdge(engine.Start, "ask")
+	g := mustCompile(t, b)
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	cfg := engine.RunConfig{Thread: "t", Store: store}
+
+	res, err := g.Invoke(ctx, cfg)
+	require.NoError(t, err)
+	require.Len(t, res.Run.Interrupts, 1)
+	first := res.Run.Interrupts[0]
+	require.Equal(t, 0, first.Index)
+	require.JSONEq(t, `"first?"`, string(first.Payload))
+
+	cfg.Run = res.Run
+	res, err = g.Resume(ctx, cfg, map[string]engine.Decision{first.ID: {Kind: engine.Edit, Value: json.RawMessage(`"one"`)}})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+	require.Len(t, res.Run.Interrupts, 1)
+	second := res.Run.Interrupts[0]
+	require.Equal(t, 1, second.Index)
+	require.NotEqual(t, first.ID, second.ID, "each interrupt has its own id")
+	require.JSONEq(t, `"second?"`, string(second.Payload))
+
+	// Answering the first again is refused: it is no longer pending.
+	_, err = g.Resume(ctx, cfg, map[string]engine.Decision{first.ID: {Kind: engine.Approve}})
+	require.ErrorIs(t, err, engine.ErrUnknownInterrupt)
+
+	cfg.Run = res.Run
+	res, err = g.Resume(ctx, cfg, map[string]engine.Decision{second.ID: {Kind: engine.Edit, Value: json.RawMessage(`"two"`)}})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status)
+	// The first answer was kept, not overwritten by the second.
+	require.Equal(t, []string{`"one"`, `"two"`}, got.Get(res.State))
+	require.Equal(t, 3, calls.get("ask"))
+	require.Len(t, res.Run.Decisions, 2)
+}
+
+func TestParallelTasksInterrupt(t *testing.T) {
+	calls := newCounter()
+	b := engine.NewGraph("par")
+	got := engine.Merge[string, string](b, "got")
+	for _, name := range []string{"left", "right"} {
+		b.AddNode(name, calls.counted(func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+			d, err := engine.Interrupt(ctx, s.Node())
+			if err != nil {
+				return nil, err
+			}
+			return []engine.Write{got.Set(map[string]string{s.Node(): d.Kind})}, nil
+		}))
+		b.AddEdge(engine.Start, name)
+	}
+	g := mustCompile(t, b)
+	ctx := context.Background()
+
+	t.Run("both answered at once", func(t *testing.T) {
+		cfg := engine.RunConfig{Thread: "both", Store: engine.NewMemoryStore()}
+		res, err := g.Invoke(ctx, cfg)
+		require.NoError(t, err)
+		require.Len(t, res.Run.Interrupts, 2)
+		ids := map[string]string{}
+		for _, in := range res.Run.Interrupts {
+			ids[in.Node] = in.ID
+		}
+		require.Len(t, ids, 2)
+		require.NotEqual(t, ids["left"], ids["right"])
+		cfg.Run = res.Run
+		res, err = g.Resume(ctx, cfg, map[string]engine.Decision{
+			ids["left"]:  {Kind: engine.Approve},
+			ids["right"]: {Kind: engine.Reject, Reason: "no"},
+		})
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusCompleted, res.Run.Status)
+		require.Equal(t, map[string]string{"left": engine.Approve, "right": engine.Reject}, got.Get(res.State))
+	})
+
+	t.Run("one at a time", func(t *testing.T) {
+		calls.n = map[string]int{}
+		cfg := engine.RunConfig{Thread: "one", Store: engine.NewMemoryStore()}
+		res, err := g.Invoke(ctx, cfg)
+		require.NoError(t, err)
+		ids := map[string]string{}
+		for _, in := range res.Run.Interrupts {
+			ids[in.Node] = in.ID
+		}
+		cfg.Run = res.Run
+		res, err = g.Resume(ctx, cfg, map[string]engine.Decision{ids["left"]: {Kind: engine.Approve}})
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+		require.Len(t, res.Run.Interrupts, 1)
+		require.Equal(t, ids["right"], res.Run.Interrupts[0].ID, "the unanswered interrupt keeps its id")
+
+		cfg.Run = res.Run
+		res, err = g.Resume(ctx, cfg, map[string]engine.Decision{ids["right"]: {Kind: engine.Approve}})
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusCompleted, res.Run.Status)
+		require.Equal(t, map[string]string{"left": engine.Approve, "right": engine.Approve}, got.Get(res.State))
+		require.Equal(t, 2, calls.get("left"), "left's writes were saved once it was answered")
+		require.Equal(t, 3, calls.get("right"))
+	})
+}
+
+func TestStaticInterrupts(t *testing.T) {
+	tests := []struct {
+		name       string
+		opt        engine.CompileOption
+		when       string
+		ranAtPause []string
+	}{
+		{"before b", engine.InterruptBefore("b"), "before", []string{"a"}},
+		{"after a", engine.InterruptAfter("a"), "after", []string{"a"}},
+		{"after b", engine.InterruptAfter("b"), "after", []string{"a", "b"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, decision := range []engine.Decision{{Kind: engine.Approve}, {Kind: engine.Reject, Reason: "stop here"}} {
+				t.Run(decision.Kind, func(t *testing.T) {
+					calls := newCounter()
+					b := engine.NewGraph("static")
+					b.AddNode("a", calls.counted(noop))
+					b.AddNode("b", calls.counted(noop))
+					b.AddNode("c", calls.counted(noop))
+					b.AddEdge(engine.Start, "a")
+					b.AddEdge("a", "b")
+					b.AddEdge("b", "c")
+					g := mustCompile(t, b, tt.opt)
+					ctx := context.Background()
+					cfg := engine.RunConfig{Thread: "t", Store: engine.NewMemoryStore()}
+
+					res, err := g.Invoke(ctx, cfg)
+					require.NoError(t, err)
+					require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+					require.Len(t, res.Run.Interrupts, 1)
+					var payload struct {
+						When  string
+						Nodes []string
+					}
+					require.NoError(t, json.Unmarshal(res.Run.Interrupts[0].Payload, &payload))
+					require.Equal(t, tt.when, payload.When)
+					for _, n := range []string{"a", "b", "c"} {
+						want := 0
+						for _, r := range tt.ranAtPause {
+							if r == n {
+								want = 1
+							}
+						}
+						require.Equal(t, want, calls.get(n), "node %s at the pause", n)
+					}
+
+					cfg.Run = res.Run
+					res, err = g.Resume(ctx, cfg, map[string]engine.Decision{res.Run.Interrupts[0].ID: decision})
+					if decision.Kind == engine.Reject {
+						require.ErrorIs(t, err, engine.ErrRejected)
+						require.ErrorContains(t, err, "stop here")
+						require.Equal(t, engine.StatusCancelled, res.Run.Status)
+						require.Equal(t, 0, calls.get("c"))
+						return
+					}
+					require.NoError(t, err)
+					require.Equal(t, engine.StatusCompleted, res.Run.Status)
+					for _, n := range []string{"a", "b", "c"} {
+						require.Equal(t, 1, calls.get(n), "node %s runs once", n)
+					}
+				})
+			}
+		})
+	}
+}
