@@ -1,0 +1,43 @@
+# Outpost: build, run and test. `make help` lists the targets.
+SHELL := /bin/bash
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X main.version=$(VERSION)
+DATA ?= ./outpost-data
+FUZZTIME ?= 10s
+GO ?= go
+
+.PHONY: help build run test test-crash bench fuzz fmt lint
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
+
+build: ## build the static binary bin/outpost
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/outpost ./cmd/outpost
+
+run: build ## build, then run one turn of the embedded reference agent in $(DATA)
+	./bin/outpost run --data $(DATA) "I forgot my metformin dose this morning, what should I do?"
+
+test: ## go vet, then every test with the race detector
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+test-crash: ## the long crash test: kill -9 at random moments, many times
+	OUTPOST_CRASH_KILLS=200 $(GO) test -count=1 -run 'TestCrash' -timeout 30m -v ./store/...
+
+bench: build ## go benchmarks, then the reference workload (S1 and S2, in memory)
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+	./bin/outpost bench reference --saver memory --threads 1 --turns 200
+	./bin/outpost bench reference --saver memory --threads 64 --turns 20
+
+fuzz: ## a short run of every fuzz target (FUZZTIME each)
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; done
+
+fmt: ## gofmt every file
+	gofmt -w $$(git ls-files '*.go')
+
+lint: ## gofmt check and go vet
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet ./...

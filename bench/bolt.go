@@ -1,0 +1,90 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/store"
+)
+
+// RunBolt runs the workload against a bbolt store in dir (a new temporary
+// folder, removed afterwards, when dir is ""). Before the workload it
+// measures what one fsynced commit costs on that disk, so the figures can be
+// read against the ceiling that the disk allows.
+func RunBolt(ctx context.Context, o Options, dir string) (*Result, error) {
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "outpost-bench-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(tmp)
+		dir = tmp
+	}
+	commit, err := MeasureCommit(ctx, dir, 40)
+	if err != nil {
+		return nil, fmt.Errorf("measure commit cost: %w", err)
+	}
+	path := filepath.Join(dir, "bench-reference.db")
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	db, err := store.Open(path, store.Options{})
+	if err != nil {
+		return nil, err
+	}
+	o.Store = db
+	o.Saver = "bbolt"
+	res, err := Run(ctx, o)
+	stats := db.Stats()
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	turns := float64(o.Threads * o.Turns)
+	res.DBBytes = st.Size()
+	res.CommitMS = round3(float64(commit) / float64(time.Millisecond))
+	res.CommitsPerTurn = float64(int64(float64(stats.Commits)/turns*100+0.5)) / 100
+	res.Transactions = int64(stats.Transactions)
+	if res.CommitMS > 0 && res.CommitsPerTurn > 0 {
+		res.CeilingTurnsPS = round1(1000 / (res.CommitMS * res.CommitsPerTurn))
+	}
+	res.RSSMB = round1(PeakRSSMB())
+	return res, nil
+}
+
+// MeasureCommit returns the median cost of one fsynced commit of a small
+// record to a scratch store in dir.
+func MeasureCommit(ctx context.Context, dir string, n int) (time.Duration, error) {
+	path := filepath.Join(dir, "commit-probe.db")
+	defer os.Remove(path)
+	db, err := store.Open(path, store.Options{})
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	ds := make([]time.Duration, 0, n)
+	for i := 0; i < n+5; i++ {
+		run := &engine.Run{ID: fmt.Sprintf("run_probe_%04d", i), Thread: "probe", Agent: "probe",
+			Status: engine.StatusCompleted, CreatedAt: time.Now().UTC()}
+		t := time.Now()
+		if err := db.Commit(ctx, &engine.Commit{Run: run, Sync: true}); err != nil {
+			return 0, err
+		}
+		if i >= 5 { // the first commits grow the file
+			ds = append(ds, time.Since(t))
+		}
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], nil
+}
