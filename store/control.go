@@ -1,0 +1,166 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"go.etcd.io/bbolt"
+)
+
+// ControlSocket is the name of the unix socket, in the data folder, through
+// which the process that owns a store serves the operations that must run
+// while it holds the file lock: an online backup, a check, a prune. The
+// socket is created with mode 0600, so only the folder's owner can use it.
+const ControlSocket = "outpost.sock"
+
+// ServeControl serves db's online operations on the control socket in dir
+// until ctx ends. Call it from the process that owns the store.
+func ServeControl(ctx context.Context, db *DB, dir string) error {
+	path := filepath.Join(dir, ControlSocket)
+	// A socket left by a killed owner is stale: we hold the lock now.
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return fmt.Errorf("control socket: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /backup", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		// The status is gone with the first byte, so the length is sent
+		// first: a short body is how the client learns of a failure.
+		_ = db.view(func(tx *bbolt.Tx) error {
+			w.Header().Set("Content-Length", strconv.FormatInt(tx.Size(), 10))
+			_, err := tx.WriteTo(ctxWriter{r.Context(), w})
+			return err
+		})
+	})
+	mux.HandleFunc("GET /check", func(w http.ResponseWriter, r *http.Request) {
+		rep, err := db.Check(r.Context())
+		writeControl(w, rep, err)
+	})
+	mux.HandleFunc("POST /prune", func(w http.ResponseWriter, r *http.Request) {
+		d, err := time.ParseDuration(r.URL.Query().Get("older_than"))
+		if err != nil {
+			writeControl(w, nil, fmt.Errorf("older_than: %w", err))
+			return
+		}
+		rep, err := db.Prune(r.Context(), d, time.Now())
+		writeControl(w, rep, err)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+		os.Remove(path)
+	}()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	return nil
+}
+
+func writeControl(w http.ResponseWriter, v any, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		w.WriteHeader(http.StatusInternalServerError)
+		_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// Control is a client of the control socket of the process that owns a
+// store.
+type Control struct {
+	dir string
+	c   *http.Client
+}
+
+// DialControl returns a client for the store in dir, or an error when no
+// process serves its control socket.
+func DialControl(dir string) (*Control, error) {
+	path := filepath.Join(dir, ControlSocket)
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("no control socket in %s: %w", dir, err)
+	}
+	c := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}}
+	return &Control{dir: dir, c: c}, nil
+}
+
+func (c *Control) do(ctx context.Context, method, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, "http://outpost"+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.c.Do(req)
+	if err != nil {
+		return fmt.Errorf("control socket in %s: %w", c.dir, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e struct{ Error string }
+		_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&e)
+		return fmt.Errorf("store owner: %s", e.Error)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// Check runs Check in the owning process.
+func (c *Control) Check(ctx context.Context) (*CheckReport, error) {
+	var rep CheckReport
+	return &rep, c.do(ctx, http.MethodGet, "/check", &rep)
+}
+
+// Prune runs Prune in the owning process.
+func (c *Control) Prune(ctx context.Context, olderThan time.Duration) (*PruneReport, error) {
+	var rep PruneReport
+	return &rep, c.do(ctx, http.MethodPost, "/prune?older_than="+olderThan.String(), &rep)
+}
+
+// BackupFile writes a consistent copy of the store, taken by the owning
+// process, to path (atomically: a partial copy never appears there).
+func (c *Control) BackupFile(ctx context.Context, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://outpost/backup", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.c.Do(req)
+	if err != nil {
+		return fmt.Errorf("control socket in %s: %w", c.dir, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("backup: store owner answered %s", resp.Status)
+	}
+	want, _ := strconv.ParseInt(resp.Header.Get("Content-Length"), 10, 64)
+	return writeNewFile(path, func(f *os.File) error {
+		n, err := io.Copy(f, resp.Body)
+		if err != nil {
+			return fmt.Errorf("backup: %w", err)
+		}
+		if want > 0 && n != want {
+			return fmt.Errorf("backup: got %d of %d bytes", n, want)
+		}
+		return nil
+	})
+}

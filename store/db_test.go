@@ -1,0 +1,181 @@
+package store
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+func TestSecondOpenFailsFast(t *testing.T) {
+	dir := t.TempDir()
+	d, err := OpenDir(dir, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+
+	start := time.Now()
+	_, err = OpenDir(dir, Options{})
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, ErrInUse)
+	assert.Contains(t, err.Error(), "data folder "+dir+" is in use by another outpost process")
+	assert.Less(t, elapsed, 1500*time.Millisecond)
+
+	// A read-only opener is refused too: the writer holds an exclusive lock.
+	_, err = OpenDir(dir, Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
+	require.ErrorIs(t, err, ErrInUse)
+
+	require.NoError(t, d.Close())
+	d2, err := OpenDir(dir, Options{})
+	require.NoError(t, err, "the lock is released by Close")
+	require.NoError(t, d2.Close())
+}
+
+func TestOpenRefusesOtherFormats(t *testing.T) {
+	rawBolt := func(t *testing.T, fill func(tx *bbolt.Tx) error) string {
+		path := filepath.Join(t.TempDir(), "x.db")
+		db, err := bbolt.Open(path, 0o600, nil)
+		require.NoError(t, err)
+		require.NoError(t, db.Update(fill))
+		require.NoError(t, db.Close())
+		return path
+	}
+	meta := func(format, version string) func(tx *bbolt.Tx) error {
+		return func(tx *bbolt.Tx) error {
+			b, err := tx.CreateBucket([]byte(bucketMeta))
+			if err != nil {
+				return err
+			}
+			if err := b.Put(metaFormat, []byte(format)); err != nil {
+				return err
+			}
+			return b.Put(metaVersion, []byte(version))
+		}
+	}
+	tests := []struct {
+		name string
+		path func(t *testing.T) string
+		want string
+	}{
+		{"not bbolt", func(t *testing.T) string {
+			p := filepath.Join(t.TempDir(), "junk.db")
+			require.NoError(t, os.WriteFile(p, []byte(string(make([]byte, 8192))+"junk"), 0o600))
+			return p
+		}, "not a bbolt file"},
+		{"another application's bbolt file", func(t *testing.T) string {
+			return rawBolt(t, func(tx *bbolt.Tx) error { _, err := tx.CreateBucket([]byte("theirs")); return err })
+		}, "no format record"},
+		{"other format", func(t *testing.T) string { return rawBolt(t, meta("something-else", "1")) }, `format "something-else"`},
+		{"newer version", func(t *testing.T) string { return rawBolt(t, meta(formatName, "2")) }, `format version "2"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := tc.path(t)
+			_, err := Open(path, Options{})
+			require.ErrorIs(t, err, ErrFormat)
+			assert.Contains(t, err.Error(), tc.want)
+			// The refusal released the file.
+			db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 100 * time.Millisecond})
+			if err == nil {
+				require.NoError(t, db.Close())
+			}
+		})
+	}
+}
+
+func TestReopenSeesEverything(t *testing.T) {
+	dir := t.TempDir()
+	d, err := OpenDir(dir, Options{})
+	require.NoError(t, err)
+	big := make([]byte, 3*engine.BlobThreshold)
+	for i := range big {
+		big[i] = byte(i)
+	}
+	ref := engine.RefOf(big)
+	c := &engine.Checkpoint{Thread: "t", ID: "0001", RunID: "r", Created: tc0,
+		Channels: []engine.ChannelValue{{Channel: "doc", Version: 1, Value: engine.Value{Blob: ref}}}}
+	r := &engine.Run{ID: "r", Thread: "t", Status: engine.StatusInterrupted, CreatedAt: tc0,
+		Interrupts: []engine.PendingInterrupt{{ID: "i", Node: "review", Payload: json.RawMessage(`{}`)}}}
+	w := engine.PendingWrite{TaskID: "task", Node: "review", Kind: engine.WriteKindInterrupt, Data: json.RawMessage(`[{"id":"i"}]`)}
+	require.NoError(t, d.Commit(bg, &engine.Commit{Checkpoint: c, Run: r, Sync: true,
+		Blobs:  map[engine.BlobRef][]byte{ref: big},
+		Writes: []engine.CommitWrites{{Thread: "t", CheckpointID: "0001", Write: w}}}))
+	require.NoError(t, d.PutToolIntent(bg, "r/1/task/0", ToolCall{RunID: "r", Tool: "x", ArgsHash: "h"}))
+	require.NoError(t, d.Close())
+
+	_, err = d.Checkpoint(bg, "t", "", "")
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, d.Commit(bg, &engine.Commit{Run: r}), ErrClosed)
+
+	d, err = OpenDir(dir, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	gotC, err := d.Checkpoint(bg, "t", "", "")
+	require.NoError(t, err)
+	assert.Equal(t, c, gotC)
+	gotR, err := d.Run(bg, "r")
+	require.NoError(t, err)
+	assert.Equal(t, r, gotR)
+	ws, err := d.Writes(bg, "t", "", "0001")
+	require.NoError(t, err)
+	assert.Equal(t, []engine.PendingWrite{w}, ws)
+	b, err := d.Blob(bg, ref)
+	require.NoError(t, err)
+	assert.Equal(t, big, b)
+	tc, err := d.ToolCall(bg, "r/1/task/0")
+	require.NoError(t, err)
+	assert.Equal(t, ToolCallIntent, tc.Status)
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+}
+
+func TestReadOnlyOpen(t *testing.T) {
+	dir := t.TempDir()
+	d, err := OpenDir(dir, Options{})
+	require.NoError(t, err)
+	require.NoError(t, d.Commit(bg, &engine.Commit{Run: &engine.Run{ID: "r", Status: engine.StatusCompleted}}))
+	require.NoError(t, d.Close())
+
+	ro, err := OpenDir(dir, Options{ReadOnly: true})
+	require.NoError(t, err)
+	defer ro.Close()
+	_, err = ro.Run(bg, "r")
+	require.NoError(t, err)
+	err = ro.Commit(bg, &engine.Commit{Run: &engine.Run{ID: "r2"}})
+	require.Error(t, err)
+}
+
+func TestInvalidKeys(t *testing.T) {
+	d := openTest(t)
+	tests := []struct {
+		name string
+		c    *engine.Commit
+	}{
+		{"NUL in thread", &engine.Commit{Checkpoint: &engine.Checkpoint{Thread: "a\x00b", ID: "1"}}},
+		{"NUL in namespace", &engine.Commit{Checkpoint: &engine.Checkpoint{Thread: "a", NS: "\x00", ID: "1"}}},
+		{"empty checkpoint ID", &engine.Commit{Checkpoint: &engine.Checkpoint{Thread: "a"}}},
+		{"empty thread", &engine.Commit{Checkpoint: &engine.Checkpoint{ID: "1"}}},
+		{"NUL in write's checkpoint", &engine.Commit{Writes: []engine.CommitWrites{{Thread: "a", CheckpointID: "1\x00"}}}},
+		{"empty run ID", &engine.Commit{Run: &engine.Run{}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.ErrorIs(t, d.Commit(bg, tc.c), ErrInvalidKey)
+		})
+	}
+}
+
+func TestSize(t *testing.T) {
+	d := openTest(t)
+	n, err := d.Size()
+	require.NoError(t, err)
+	assert.Positive(t, n)
+	assert.Equal(t, FileName, filepath.Base(d.Path()))
+}
