@@ -154,6 +154,9 @@ type execution struct {
 	events  []Event
 	// writes are the pending writes saved against head, by task id.
 	writes map[string][]PendingWrite
+	// runChanged says the run record differs from the stored one in more
+	// than its step count and head.
+	runChanged bool
 	// owned marks append channels whose array this execution allocated, so
 	// it may append in place (see channelSpec.extend).
 	owned map[string]bool
@@ -495,8 +498,12 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 	if c.Checkpoint != nil {
 		e.run.Checkpoint = c.Checkpoint.ID
 	}
-	if e.cfg.ns == "" {
+	if e.cfg.ns == "" && (e.runChanged || e.run.Status.Terminal()) {
+		// Intermediate steps leave the stored record alone: its status is
+		// what recovery needs, and the step count is rebuilt from the
+		// checkpoints (see Manager.prepareResume).
 		c.Run = e.run.Clone()
+		e.runChanged = false
 	}
 	if len(e.blobBuf) > 0 {
 		c.Blobs = e.blobBuf
@@ -550,6 +557,7 @@ func (e *execution) applyInput(ctx context.Context, input []Write) error {
 	if e.startStatus != "" {
 		e.run.Status = e.startStatus
 	}
+	e.runChanged = true
 	e.apply(input)
 	e.step++
 	next, err := e.route([]string{Start}, nil)
@@ -645,6 +653,7 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 	}
 	if e.run.Status != StatusRunning {
 		e.run.Status = StatusRunning
+		e.runChanged = true
 		if e.run.StartedAt.IsZero() {
 			e.run.StartedAt = time.Now().UTC()
 		}
@@ -653,7 +662,10 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 			e.event(EventRunResumed, "", map[string]any{"decisions": len(decisions)})
 		}
 	}
-	e.run.Interrupts = nil
+	if e.run.Interrupts != nil {
+		e.run.Interrupts = nil
+		e.runChanged = true
+	}
 	for {
 		if err := context.Cause(ctx); err != nil {
 			return e.stopped(ctx, err)
@@ -942,7 +954,9 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 		e.event(EventNodeCompleted, r.spec.Node, map[string]any{"task": r.spec.ID, "writes": chans, "attempts": r.attempts})
 	}
 	e.event(EventCheckpoint, "", map[string]any{"id": c.ID, "step": c.Step, "next": taskNodes(c.Next)})
-	if e.cfg.Durability != DurabilitySync {
+	if e.cfg.Durability != DurabilitySync || len(e.next) == 0 {
+		// A step that ends the run is committed with the run's final
+		// status, in one transaction (see end).
 		return nil
 	}
 	return e.commit(ctx, &Commit{Checkpoint: c})
@@ -1015,6 +1029,7 @@ func (e *execution) pause(ctx context.Context, results []taskResult, ins []Pendi
 	}
 	e.run.Status = StatusInterrupted
 	e.run.Interrupts = ins
+	e.runChanged = true
 	for _, in := range ins {
 		e.event(EventInterrupt, in.Node, in)
 	}

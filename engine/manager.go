@@ -238,7 +238,7 @@ func (m *Manager) Invoke(ctx context.Context, req RunRequest) (*Run, error) {
 		return nil, err
 	}
 	m.execute(a, e, nil)
-	return m.store.Run(context.WithoutCancel(ctx), a.runID)
+	return e.run.Clone(), nil
 }
 
 func (m *Manager) dequeue() {
@@ -366,7 +366,33 @@ func (m *Manager) prepareResume(ctx context.Context, ag *Agent, run *Run) (*exec
 	if err := e.load(ctx, ""); err != nil {
 		return nil, fmt.Errorf("resume run %s: %w", run.ID, err)
 	}
+	steps, err := countSteps(ctx, m.store, e.head, run.ID)
+	if err != nil {
+		return nil, fmt.Errorf("resume run %s: %w", run.ID, err)
+	}
+	e.run.Steps = steps
 	return e, nil
+}
+
+// countSteps counts the supersteps a run has committed, walking back from
+// the thread's head through the run's own checkpoints. The stored run record
+// is not rewritten at every step, so this is where its step count lives.
+func countSteps(ctx context.Context, store Checkpointer, head *Checkpoint, runID string) (int, error) {
+	n := 0
+	for c := head; c != nil && c.RunID == runID; {
+		if c.Source == SourceLoop {
+			n++
+		}
+		if c.ParentID == "" {
+			break
+		}
+		p, err := store.Checkpoint(ctx, c.Thread, c.NS, c.ParentID)
+		if err != nil {
+			return 0, fmt.Errorf("count steps: %w", err)
+		}
+		c = p
+	}
+	return n, nil
 }
 
 // Cancel stops a run: an executing run stops at its next safe point; a

@@ -64,6 +64,7 @@ func (e *execution) staticInterrupt(ctx context.Context, decisions map[string]De
 			Write: PendingWrite{TaskID: when, Node: hit[0], Kind: WriteKindInterrupt, Data: raw}}}}
 		e.run.Status = StatusInterrupted
 		e.run.Interrupts = []PendingInterrupt{in}
+		e.runChanged = true
 		e.event(EventInterrupt, hit[0], in)
 		return true, e.commit(ctx, c)
 	}

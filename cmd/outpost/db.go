@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/outpost-edge/outpost/store"
+)
+
+func init() {
+	register("db", "check, back up, compact or prune the store", runDB)
+}
+
+const dbUsage = `Usage: outpost db <check|backup|compact|prune> [flags]
+
+  check              verify bbolt's pages, every record's checksum, and that every referenced blob exists
+  backup FILE        write a consistent copy of the store to FILE (works while serve runs)
+  compact            rewrite the store without free pages (stop serve first)
+  prune --older-than D
+                     drop the intermediate checkpoints of finished threads idle for D, then collect blobs
+
+Every subcommand takes --data DIR and --json.
+`
+
+func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(stderr, dbUsage)
+		if len(args) == 0 {
+			return errUsage
+		}
+		return nil
+	}
+	sub, args := args[0], args[1:]
+	fs := newFlags("db "+sub, "db "+sub+" [flags]", stderr)
+	data := dataFlag(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	olderThan := fs.Duration("older-than", 0, "prune: only threads whose newest checkpoint is older than this (e.g. 720h)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	switch sub {
+	case "check":
+		return dbCheck(ctx, *data, *asJSON, stdout)
+	case "backup":
+		if fs.NArg() != 1 {
+			return fmt.Errorf("backup needs the destination file: outpost db backup FILE")
+		}
+		return dbBackup(ctx, *data, fs.Arg(0), *asJSON, stdout)
+	case "compact":
+		return dbCompact(ctx, *data, *asJSON, stdout)
+	case "prune":
+		if *olderThan <= 0 {
+			return fmt.Errorf("prune needs --older-than, a positive duration such as 720h")
+		}
+		return dbPrune(ctx, *data, *olderThan, *asJSON, stdout)
+	}
+	fmt.Fprint(stderr, dbUsage)
+	return fmt.Errorf("unknown db subcommand %q", sub)
+}
+
+// withStore opens the store, or reaches the process that owns it through
+// its control socket.
+func withStore(dir string, local func(*store.DB) error, remote func(*store.Control) error) error {
+	if _, err := os.Stat(filepath.Join(dir, store.FileName)); err != nil {
+		return fmt.Errorf("no store in %s: %w", dir, err)
+	}
+	db, err := store.OpenDir(dir, store.Options{})
+	if errors.Is(err, store.ErrInUse) && remote != nil {
+		c, cerr := store.DialControl(dir)
+		if cerr != nil {
+			return fmt.Errorf("%w, and its owner serves no control socket (%v)", err, cerr)
+		}
+		return remote(c)
+	}
+	if err != nil {
+		_, err = openStore(dir)
+		return err
+	}
+	defer db.Close()
+	return local(db)
+}
+
+func dbCheck(ctx context.Context, dir string, asJSON bool, stdout io.Writer) error {
+	var rep *store.CheckReport
+	err := withStore(dir,
+		func(db *store.DB) (err error) { rep, err = db.Check(ctx); return err },
+		func(c *store.Control) (err error) { rep, err = c.Check(ctx); return err })
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if err := printJSON(stdout, rep); err != nil {
+			return err
+		}
+	} else {
+		total := 0
+		for _, n := range rep.Records {
+			total += n
+		}
+		fmt.Fprintf(stdout, "checked %d records: checkpoints %d, pending writes %d, blobs %d, runs %d, tool calls %d\n",
+			total, rep.Records["checkpoints"], rep.Records["writes"], rep.Records["blobs"], rep.Records["runs"], rep.Records["toolcalls"])
+		for _, p := range rep.Problems {
+			fmt.Fprintf(stdout, "PROBLEM %s\n", p)
+		}
+		if rep.OK() {
+			fmt.Fprintln(stdout, "store is sound")
+		}
+	}
+	if !rep.OK() {
+		return fmt.Errorf("%d problem(s) found", len(rep.Problems))
+	}
+	return nil
+}
+
+func dbBackup(ctx context.Context, dir, dst string, asJSON bool, stdout io.Writer) error {
+	start := time.Now()
+	err := withStore(dir,
+		func(db *store.DB) error { return db.BackupFile(ctx, dst) },
+		func(c *store.Control) error { return c.BackupFile(ctx, dst) })
+	if err != nil {
+		return err
+	}
+	// A backup that does not open is no backup.
+	b, err := store.Open(dst, store.Options{ReadOnly: true})
+	if err != nil {
+		return fmt.Errorf("backup written to %s but it does not open: %w", dst, err)
+	}
+	rep, err := b.Check(ctx)
+	size, _ := b.Size()
+	b.Close()
+	if err != nil {
+		return fmt.Errorf("check backup %s: %w", dst, err)
+	}
+	if !rep.OK() {
+		return fmt.Errorf("backup %s has %d problem(s); first: %s", dst, len(rep.Problems), rep.Problems[0])
+	}
+	if asJSON {
+		return printJSON(stdout, map[string]any{"file": dst, "bytes": size, "seconds": time.Since(start).Seconds(), "checked": true})
+	}
+	fmt.Fprintf(stdout, "backed up %s to %s (%.2f MB, checked) in %s\n", dir, dst, float64(size)/1e6, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+func dbCompact(ctx context.Context, dir string, asJSON bool, stdout io.Writer) error {
+	before, after, err := store.CompactFile(ctx, filepath.Join(dir, store.FileName), store.Options{})
+	if errors.Is(err, store.ErrInUse) {
+		return fmt.Errorf("%w: compact needs the store to itself; stop serve first", err)
+	}
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(stdout, map[string]int64{"bytes_before": before, "bytes_after": after})
+	}
+	fmt.Fprintf(stdout, "compacted %s: %.2f MB -> %.2f MB\n", dir, float64(before)/1e6, float64(after)/1e6)
+	return nil
+}
+
+func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bool, stdout io.Writer) error {
+	var rep *store.PruneReport
+	err := withStore(dir,
+		func(db *store.DB) (err error) { rep, err = db.Prune(ctx, olderThan, time.Now()); return err },
+		func(c *store.Control) (err error) { rep, err = c.Prune(ctx, olderThan); return err })
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(stdout, rep)
+	}
+	fmt.Fprintf(stdout, "pruned %d thread(s): %d checkpoints, %d pending writes, %d blobs (%.2f MB) removed; %d checkpoints rewritten as snapshots\n",
+		rep.Threads, rep.CheckpointsRemoved, rep.WritesRemoved, rep.BlobsRemoved, float64(rep.BlobBytesRemoved)/1e6, rep.Rewritten)
+	for _, p := range rep.Skipped {
+		fmt.Fprintf(stdout, "skipped %s\n", p)
+	}
+	fmt.Fprintln(stdout, "run \"outpost db compact\" to give the freed pages back to the file system")
+	return nil
+}
