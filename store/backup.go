@@ -21,6 +21,9 @@ func (d *DB) Backup(ctx context.Context, w io.Writer) (int64, error) {
 		n, err = tx.WriteTo(ctxWriter{ctx, w})
 		return err
 	})
+	if cerr := ctx.Err(); err != nil && cerr != nil {
+		err = cerr // bbolt flattens the writer's error into text
+	}
 	if err != nil {
 		return n, fmt.Errorf("backup store %s: %w", d.path, err)
 	}

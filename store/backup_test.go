@@ -1,0 +1,130 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+func TestBackupWhileWriting(t *testing.T) {
+	d := openTest(t)
+	for i := 1; i <= 5; i++ {
+		require.NoError(t, d.Commit(bg, stepCommit("base", i)))
+	}
+
+	ctx, stop := context.WithCancel(bg)
+	var wg sync.WaitGroup
+	var written atomic.Int64
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 1; ctx.Err() == nil; i++ {
+				assert.NoError(t, d.Commit(bg, stepCommit(fmt.Sprintf("w%d", w), i)))
+				written.Add(1)
+			}
+		}()
+	}
+	// Back up while the writers run, at least twice with commits between.
+	dir := t.TempDir()
+	var backups []string
+	for i := range 3 {
+		for written.Load() < int64(10*(i+1)) {
+			runtime.Gosched()
+		}
+		path := filepath.Join(dir, fmt.Sprintf("backup-%d.db", i))
+		require.NoError(t, d.BackupFile(bg, path))
+		backups = append(backups, path)
+	}
+	stop()
+	wg.Wait()
+
+	for _, path := range backups {
+		b, err := Open(path, Options{})
+		require.NoError(t, err)
+		rep, err := b.Check(bg)
+		require.NoError(t, err)
+		assert.True(t, rep.OK(), "%s: %v", path, rep.Problems)
+		h, err := b.History(bg, "base", "", "", 0)
+		require.NoError(t, err)
+		assert.Len(t, h, 5)
+		// Each writer's run record points at its newest checkpoint in the
+		// copy: the copy is one transaction's view.
+		for w := range 4 {
+			r, err := b.Run(bg, fmt.Sprintf("run-w%d", w))
+			if err != nil {
+				continue // this writer had not committed yet
+			}
+			c, err := b.Checkpoint(bg, fmt.Sprintf("w%d", w), "", "")
+			require.NoError(t, err)
+			assert.Equal(t, c.ID, r.Checkpoint)
+		}
+		require.NoError(t, b.Close())
+	}
+
+	assert.ErrorIs(t, d.BackupFile(bg, backups[0]), os.ErrExist, "a backup never overwrites")
+	var buf bytes.Buffer
+	n, err := d.Backup(bg, &buf)
+	require.NoError(t, err)
+	assert.Equal(t, int64(buf.Len()), n)
+	cancelled, cancel := context.WithCancel(bg)
+	cancel()
+	_, err = d.Backup(cancelled, &bytes.Buffer{})
+	assert.ErrorIs(t, err, context.Canceled)
+}
+
+func TestCompact(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	for i := 1; i <= 40; i++ {
+		c := stepCommit("t", i)
+		c.Checkpoint.Channels[0].Value = engine.Value{Inline: bytes.Repeat([]byte("x"), 400)}
+		c.Blobs = nil
+		require.NoError(t, d.Commit(bg, c))
+	}
+	require.NoError(t, d.Commit(bg, &engine.Commit{Run: &engine.Run{ID: "run-t", Thread: "t", Status: engine.StatusCompleted}}))
+	rep, err := d.Prune(bg, 0, tc0.AddDate(10, 0, 0))
+	require.NoError(t, err)
+	require.Equal(t, 39, rep.CheckpointsRemoved)
+
+	dst := filepath.Join(dir, "compacted.db")
+	require.NoError(t, d.Compact(bg, dst))
+	assert.ErrorIs(t, d.Compact(bg, dst), os.ErrExist)
+	c, err := Open(dst, Options{})
+	require.NoError(t, err)
+	h, err := c.History(bg, "t", "", "", 0)
+	require.NoError(t, err)
+	assert.Len(t, h, 1)
+	require.NoError(t, c.Close())
+	require.NoError(t, d.Close())
+
+	before, after, err := CompactFile(bg, path, Options{})
+	require.NoError(t, err)
+	assert.LessOrEqual(t, after, before)
+	d, err = Open(path, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	r, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.True(t, r.OK(), "%v", r.Problems)
+	// Sequences survive compaction: new pending writes sort after old ones.
+	require.NoError(t, d.Commit(bg, &engine.Commit{Writes: []engine.CommitWrites{{Thread: "t", CheckpointID: "0040",
+		Write: engine.PendingWrite{TaskID: "later", Kind: engine.WriteKindWrites}}}}))
+	ws, err := d.Writes(bg, "t", "", "0040")
+	require.NoError(t, err)
+	require.Len(t, ws, 2)
+	assert.Equal(t, "later", ws[1].TaskID)
+}
