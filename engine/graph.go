@@ -359,6 +359,10 @@ func (g *Graph) reach(from string, next func(string) []string) map[string]bool {
 func (g *Graph) Mermaid() string {
 	var sb strings.Builder
 	sb.WriteString("flowchart TD\n")
+	ids := make(map[string]string, len(g.nodeOrder))
+	for i, n := range g.nodeOrder {
+		ids[n] = mermaidID(n, i)
+	}
 	id := func(n string) string {
 		switch n {
 		case Start:
@@ -366,14 +370,15 @@ func (g *Graph) Mermaid() string {
 		case End:
 			return "__end__"
 		}
-		return n
+		return ids[n]
 	}
 	sb.WriteString("  __start__([start])\n")
 	for _, n := range g.nodeOrder {
+		label := mermaidLabel(n)
 		if g.nodes[n].subgraph != nil {
-			fmt.Fprintf(&sb, "  %s[[%s]]\n", n, n)
+			fmt.Fprintf(&sb, "  %s[[%s]]\n", id(n), label)
 		} else {
-			fmt.Fprintf(&sb, "  %s[%s]\n", n, n)
+			fmt.Fprintf(&sb, "  %s[%s]\n", id(n), label)
 		}
 	}
 	sb.WriteString("  __end__([end])\n")
@@ -396,4 +401,28 @@ func (g *Graph) Mermaid() string {
 		}
 	}
 	return sb.String()
+}
+
+// mermaidID returns n when Mermaid accepts it as a node id, and a positional
+// id otherwise: node names may hold spaces, punctuation or Mermaid keywords
+// ("end" closes a subgraph), which would break the diagram.
+func mermaidID(n string, i int) string {
+	switch strings.ToLower(n) {
+	case "end", "graph", "flowchart", "subgraph", "direction", "style", "class", "classdef", "click", "linkstyle", "default":
+		return fmt.Sprintf("__n%d", i)
+	}
+	for _, r := range n {
+		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return fmt.Sprintf("__n%d", i)
+		}
+	}
+	return n
+}
+
+// mermaidLabel quotes a node name as a label, escaping the quote character.
+func mermaidLabel(n string) string {
+	if mermaidID(n, 0) == n {
+		return n
+	}
+	return `"` + strings.ReplaceAll(n, `"`, "#quot;") + `"`
 }

@@ -1,0 +1,238 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/stretchr/testify/require"
+)
+
+func drain(s *engine.Subscription) []engine.Event {
+	var out []engine.Event
+	for {
+		select {
+		case e, ok := <-s.C():
+			if !ok {
+				return out
+			}
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
+func TestBusOrderingAndFilter(t *testing.T) {
+	bus := engine.NewBus()
+	all := bus.Subscribe(200, nil)
+	odd := bus.Subscribe(200, func(e engine.Event) bool { return e.Node == "odd" })
+	for i := range 100 {
+		node := "even"
+		if i%2 == 1 {
+			node = "odd"
+		}
+		bus.Publish(engine.Event{Type: "x", Node: node})
+	}
+	got := drain(all)
+	require.Len(t, got, 100)
+	for i, e := range got {
+		require.Equal(t, uint64(i+1), e.Seq)
+		require.False(t, e.Time.IsZero())
+		require.JSONEq(t, `{}`, string(e.Data))
+	}
+	require.Len(t, drain(odd), 50)
+	require.Equal(t, uint64(100), bus.Seq())
+
+	odd.Close()
+	odd.Close() // idempotent
+	_, open := <-odd.C()
+	require.False(t, open)
+	bus.Close()
+	_, open = <-all.C()
+	require.False(t, open)
+	late := bus.Subscribe(1, nil)
+	_, open = <-late.C()
+	require.False(t, open, "subscribing to a closed bus gives a closed subscription")
+}
+
+func TestSlowSubscriberIsToldWhatItLost(t *testing.T) {
+	bus := engine.NewBus()
+	slow := bus.Subscribe(4, nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 20 {
+			bus.Publish(engine.Event{Type: "x"})
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Publish blocked on a slow subscriber")
+	}
+	first := drain(slow)
+	require.Len(t, first, 4)
+	for i, e := range first {
+		require.Equal(t, uint64(i+1), e.Seq)
+	}
+	bus.Publish(engine.Event{Type: "y"})
+	next := drain(slow)
+	require.Len(t, next, 2)
+	require.Equal(t, engine.EventLost, next[0].Type)
+	var lost struct{ Lost int }
+	require.NoError(t, json.Unmarshal(next[0].Data, &lost))
+	require.Equal(t, 16, lost.Lost)
+	require.Equal(t, "y", next[1].Type)
+	require.Equal(t, uint64(21), next[1].Seq)
+}
+
+// committedSink checks, as events arrive, that each committed event was made
+// durable before it was published.
+type committedSink struct {
+	bus       *engine.Bus
+	mu        sync.Mutex
+	committed int // non-live events handed to Commit so far
+	published int // non-live events published so far
+	problems  []string
+}
+
+func (s *committedSink) onCommit(c *engine.Commit) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.published != s.committed {
+		s.problems = append(s.problems, fmt.Sprintf("commit with %d new events: %d events were published before their commit", len(c.Events), s.published-s.committed))
+	}
+	for _, e := range c.Events {
+		if e.Live {
+			s.problems = append(s.problems, "a live event was committed: "+e.Type)
+		}
+	}
+	s.committed += len(c.Events)
+}
+
+func (s *committedSink) Publish(events ...engine.Event) {
+	s.mu.Lock()
+	for _, e := range events {
+		if e.Live {
+			continue
+		}
+		s.published++
+		if s.published > s.committed {
+			s.problems = append(s.problems, "published before commit: "+e.Type)
+		}
+	}
+	s.mu.Unlock()
+	s.bus.Publish(events...)
+}
+
+func TestEventsPublishedOnlyAfterCommit(t *testing.T) {
+	b := engine.NewGraph("ev")
+	msgs := engine.Append[string](b, "messages")
+	b.AddNode("think", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		for _, tok := range []string{"he", "ll", "o"} {
+			engine.Emit(ctx, engine.EventModelToken, map[string]string{"token": tok})
+		}
+		return []engine.Write{engine.Push(msgs, "hello")}, nil
+	})
+	b.AddNode("ask", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		if _, err := engine.Interrupt(ctx, "ok?"); err != nil {
+			return nil, err
+		}
+		return nil, nil
+	})
+	b.AddEdge(engine.Start, "think")
+	b.AddEdge("think", "ask")
+	g := mustCompile(t, b)
+
+	bus := engine.NewBus()
+	sub := bus.Subscribe(1000, nil)
+	sink := &committedSink{bus: bus}
+	store := newRecordingStore()
+	store.onCommit = sink.onCommit
+	ctx := context.Background()
+	cfg := engine.RunConfig{Thread: "t", Store: store, Events: sink}
+	res, err := g.Invoke(ctx, cfg, engine.Push(msgs, "hi"))
+	require.NoError(t, err)
+	cfg.Run = res.Run
+	res, err = g.Resume(ctx, cfg, map[string]engine.Decision{res.Run.Interrupts[0].ID: {Kind: engine.Approve}})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status)
+	require.Empty(t, sink.problems)
+
+	evs := drain(sub)
+	var types []string
+	for i, e := range evs {
+		require.Equal(t, uint64(i+1), e.Seq)
+		require.Equal(t, res.Run.ID, e.Run)
+		require.Equal(t, "t", e.Thread)
+		live := ""
+		if e.Live {
+			live = "~"
+		}
+		types = append(types, live+e.Type+"@"+e.Node)
+	}
+	require.Equal(t, []string{
+		"run.started@",
+		"~node.started@think",
+		"~model.token@think", "~model.token@think", "~model.token@think",
+		"node.completed@think",
+		"checkpoint@",
+		"~node.started@ask",
+		"interrupt@ask",
+		"run.resumed@",
+		"~node.started@ask",
+		"node.completed@ask",
+		"checkpoint@",
+		"run.completed@",
+	}, types)
+	var tok struct{ Token string }
+	require.NoError(t, json.Unmarshal(evs[2].Data, &tok))
+	require.Equal(t, "he", tok.Token)
+}
+
+func TestSlowSubscriberNeverBlocksARun(t *testing.T) {
+	b := engine.NewGraph("chatty")
+	n := engine.Sum[int](b, "n")
+	b.AddNode("spin", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		for i := range 50 {
+			engine.Emit(ctx, "progress", i)
+		}
+		return []engine.Write{n.Set(1)}, nil
+	})
+	b.AddEdge(engine.Start, "spin")
+	b.AddConditionalEdge("spin", func(s engine.State) []string {
+		if n.Get(s) < 10 {
+			return []string{"spin"}
+		}
+		return []string{engine.End}
+	}, "spin", engine.End)
+	g := mustCompile(t, b)
+	bus := engine.NewBus()
+	stuck := bus.Subscribe(1, nil) // never read during the run
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Events: bus})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a slow subscriber blocked the run")
+	}
+	got := drain(stuck)
+	require.Len(t, got, 1)
+	require.Equal(t, engine.EventRunStarted, got[0].Type)
+	bus.Publish(engine.Event{Type: "after"})
+	got = drain(stuck)
+	require.Equal(t, engine.EventLost, got[0].Type)
+	var lost struct{ Lost uint64 }
+	require.NoError(t, json.Unmarshal(got[0].Data, &lost))
+	require.Equal(t, bus.Seq()-2, lost.Lost, "every event but the first and the last was lost, and counted")
+}

@@ -1,0 +1,359 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/stretchr/testify/require"
+)
+
+func resolver(agents ...*engine.Agent) engine.Resolver {
+	return func(name string, _ engine.BundleRef) (*engine.Agent, error) {
+		for _, a := range agents {
+			if a.Name == name {
+				return a, nil
+			}
+		}
+		return nil, fmt.Errorf("%w: %s", engine.ErrUnknownAgent, name)
+	}
+}
+
+func newManager(t *testing.T, store engine.Store, opts engine.ManagerOptions, agents ...*engine.Agent) *engine.Manager {
+	t.Helper()
+	m := engine.NewManager(store, resolver(agents...), opts)
+	t.Cleanup(m.Close)
+	return m
+}
+
+func waitFor(t *testing.T, m *engine.Manager, runID string) *engine.Run {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	run, err := m.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.NoError(t, ctx.Err(), "run %s did not stop in time", runID)
+	return run
+}
+
+// gatedAgent's node waits for the gate (or its context) before finishing.
+func gatedAgent(t *testing.T, name string, gate <-chan struct{}, started chan<- string) *engine.Agent {
+	b := engine.NewGraph(name)
+	out := engine.Replace[string](b, "out")
+	b.AddNode("work", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		info, _ := engine.InfoFrom(ctx)
+		if started != nil {
+			started <- info.Run
+		}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return []engine.Write{out.Set("done " + info.Thread)}, nil
+	})
+	b.AddEdge(engine.Start, "work")
+	return &engine.Agent{Name: name, Graph: mustCompile(t, b), Output: func(s engine.State) json.RawMessage {
+		raw, _ := json.Marshal(out.Get(s))
+		return raw
+	}}
+}
+
+func TestManagerRunsAndOutputs(t *testing.T) {
+	gate := make(chan struct{})
+	close(gate)
+	m := newManager(t, engine.NewMemoryStore(), engine.ManagerOptions{}, gatedAgent(t, "agent", gate, nil))
+	ctx := context.Background()
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "t1", Agent: "agent", CorrelationID: "c-1"})
+	require.NoError(t, err)
+	require.NotEmpty(t, run.ID)
+	require.Equal(t, "c-1", run.CorrelationID)
+	// The run record exists before Start returns.
+	stored, err := m.Store().Run(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, run.ID, stored.ID)
+
+	run = waitFor(t, m, run.ID)
+	require.Equal(t, engine.StatusCompleted, run.Status)
+	require.JSONEq(t, `"done t1"`, string(run.Output))
+
+	_, err = m.Start(ctx, engine.RunRequest{Thread: "t1", Agent: "nobody"})
+	require.ErrorIs(t, err, engine.ErrUnknownAgent)
+	_, err = m.Start(ctx, engine.RunRequest{Agent: "agent"})
+	require.ErrorContains(t, err, "thread is required")
+
+	m.Close()
+	_, err = m.Start(ctx, engine.RunRequest{Thread: "t2", Agent: "agent"})
+	require.ErrorIs(t, err, engine.ErrManagerClosed)
+}
+
+func TestManagerBoundsWorkers(t *testing.T) {
+	var inflight, peak atomic.Int64
+	b := engine.NewGraph("busy")
+	b.AddNode("work", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		n := inflight.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		inflight.Add(-1)
+		return nil, nil
+	})
+	b.AddEdge(engine.Start, "work")
+	m := newManager(t, engine.NewMemoryStore(), engine.ManagerOptions{Workers: 2}, &engine.Agent{Name: "busy", Graph: mustCompile(t, b)})
+	ctx := context.Background()
+	var ids []string
+	for i := range 6 {
+		run, err := m.Start(ctx, engine.RunRequest{Thread: fmt.Sprint("t", i), Agent: "busy"})
+		require.NoError(t, err)
+		ids = append(ids, run.ID)
+	}
+	for _, id := range ids {
+		require.Equal(t, engine.StatusCompleted, waitFor(t, m, id).Status)
+	}
+	require.Equal(t, int64(2), peak.Load())
+	require.Equal(t, 0, m.Active())
+}
+
+func TestManagerOneActiveRunPerThread(t *testing.T) {
+	gate := make(chan struct{})
+	started := make(chan string, 4)
+	m := newManager(t, engine.NewMemoryStore(), engine.ManagerOptions{}, gatedAgent(t, "agent", gate, started))
+	ctx := context.Background()
+	first, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "agent"})
+	require.NoError(t, err)
+	<-started
+
+	_, err = m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "agent"})
+	require.ErrorIs(t, err, engine.ErrThreadBusy)
+	require.ErrorContains(t, err, first.ID)
+
+	// Another thread is not held up.
+	other, err := m.Start(ctx, engine.RunRequest{Thread: "other", Agent: "agent"})
+	require.NoError(t, err)
+	<-started
+
+	second := make(chan *engine.Run, 1)
+	go func() {
+		run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "agent", WaitForThread: true})
+		if err != nil {
+			t.Error(err)
+		}
+		second <- run
+	}()
+	select {
+	case <-second:
+		t.Fatal("the second run started while the first was active")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(gate)
+	var run *engine.Run
+	select {
+	case run = <-second:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting run never started")
+	}
+	<-started
+	done := waitFor(t, m, first.ID)
+	require.Equal(t, engine.StatusCompleted, done.Status)
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, run.ID).Status)
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, other.ID).Status)
+	require.True(t, run.CreatedAt.After(done.EndedAt) || run.CreatedAt.Equal(done.EndedAt), "never interleaved")
+
+	// A waiting Start gives up with its context.
+	gate2 := make(chan struct{})
+	m2 := newManager(t, engine.NewMemoryStore(), engine.ManagerOptions{}, gatedAgent(t, "agent", gate2, nil))
+	_, err = m2.Start(ctx, engine.RunRequest{Thread: "t", Agent: "agent"})
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	_, err = m2.Start(short, engine.RunRequest{Thread: "t", Agent: "agent", WaitForThread: true})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	close(gate2)
+}
+
+func TestManagerCancel(t *testing.T) {
+	started := make(chan string, 1)
+	m := newManager(t, engine.NewMemoryStore(), engine.ManagerOptions{}, gatedAgent(t, "agent", make(chan struct{}), started))
+	ctx := context.Background()
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "agent"})
+	require.NoError(t, err)
+	<-started
+	require.NoError(t, m.Cancel(ctx, run.ID))
+	done := waitFor(t, m, run.ID)
+	require.Equal(t, engine.StatusCancelled, done.Status)
+	require.Contains(t, done.Error, "cancelled")
+	require.Error(t, m.Cancel(ctx, run.ID), "an ended run cannot be cancelled")
+	_, err = m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "agent"})
+	require.NoError(t, err, "the thread is free again")
+}
+
+func approvalAgent(t *testing.T, calls *counter) *engine.Agent {
+	b := engine.NewGraph("approval")
+	out := engine.Replace[string](b, "out")
+	b.AddNode("ask", calls.counted(func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		d, err := engine.Interrupt(ctx, "ship it?")
+		if err != nil {
+			return nil, err
+		}
+		return []engine.Write{out.Set(d.Kind)}, nil
+	}))
+	b.AddEdge(engine.Start, "ask")
+	return &engine.Agent{Name: "approval", Graph: mustCompile(t, b), Output: func(s engine.State) json.RawMessage {
+		raw, _ := json.Marshal(out.Get(s))
+		return raw
+	}}
+}
+
+func TestManagerResume(t *testing.T) {
+	calls := newCounter()
+	m := newManager(t, engine.NewMemoryStore(), engine.ManagerOptions{}, approvalAgent(t, calls))
+	ctx := context.Background()
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "approval"})
+	require.NoError(t, err)
+	paused := waitFor(t, m, run.ID)
+	require.Equal(t, engine.StatusInterrupted, paused.Status)
+	require.Len(t, paused.Interrupts, 1)
+	id := paused.Interrupts[0].ID
+
+	_, err = m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "approval", WaitForThread: true})
+	require.ErrorIs(t, err, engine.ErrThreadBusy, "a paused run holds its thread")
+	_, err = m.Resume(ctx, run.ID, map[string]engine.Decision{"int_nope": {Kind: engine.Approve}})
+	require.ErrorIs(t, err, engine.ErrUnknownInterrupt)
+	_, err = m.Resume(ctx, run.ID, map[string]engine.Decision{id: {Kind: "yes"}})
+	require.ErrorIs(t, err, engine.ErrBadDecision)
+	_, err = m.Resume(ctx, run.ID, nil)
+	require.Error(t, err)
+
+	_, err = m.Resume(ctx, run.ID, map[string]engine.Decision{id: {Kind: engine.Reject, Reason: "not today", By: "ops"}})
+	require.NoError(t, err)
+	done := waitFor(t, m, run.ID)
+	require.Equal(t, engine.StatusCompleted, done.Status)
+	require.JSONEq(t, `"reject"`, string(done.Output))
+	require.Len(t, done.Decisions, 1)
+	require.Equal(t, "ops", done.Decisions[0].By)
+	require.Equal(t, "not today", done.Decisions[0].Reason)
+	require.Equal(t, 2, calls.get("ask"))
+
+	_, err = m.Resume(ctx, run.ID, map[string]engine.Decision{id: {Kind: engine.Approve}})
+	require.ErrorIs(t, err, engine.ErrNotInterrupted)
+}
+
+func TestManagerCancelPausedRun(t *testing.T) {
+	m := newManager(t, engine.NewMemoryStore(), engine.ManagerOptions{}, approvalAgent(t, newCounter()))
+	ctx := context.Background()
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "approval"})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, waitFor(t, m, run.ID).Status)
+	require.NoError(t, m.Cancel(ctx, run.ID))
+	done := waitFor(t, m, run.ID)
+	require.Equal(t, engine.StatusCancelled, done.Status)
+	require.Empty(t, done.Interrupts)
+	_, err = m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "approval"})
+	require.NoError(t, err)
+}
+
+// TestManagerRecover leaves a run mid-step when its manager closes, then has a
+// new manager over the same store finish it: only the unfinished task re-runs.
+func TestManagerRecover(t *testing.T) {
+	calls := newCounter()
+	var block atomic.Bool
+	block.Store(true)
+	blocked := make(chan struct{}, 1)
+	b := engine.NewGraph("recover")
+	got := engine.Merge[string, int](b, "got")
+	b.AddNode("fast", calls.counted(writes(got.Set(map[string]int{"fast": 1}))))
+	b.AddNode("slow", calls.counted(func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		if block.Load() {
+			blocked <- struct{}{}
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return []engine.Write{got.Set(map[string]int{"slow": 1})}, nil
+	}))
+	b.AddNode("join", calls.counted(writes(got.Set(map[string]int{"join": 1}))))
+	b.AddEdge(engine.Start, "fast")
+	b.AddEdge(engine.Start, "slow")
+	b.AddEdge("fast", "join")
+	b.AddEdge("slow", "join")
+	agent := &engine.Agent{Name: "recover", Graph: mustCompile(t, b)}
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+
+	m1 := engine.NewManager(store, resolver(agent), engine.ManagerOptions{})
+	run, err := m1.Start(ctx, engine.RunRequest{Thread: "t", Agent: "recover"})
+	require.NoError(t, err)
+	<-blocked
+	require.Eventually(t, func() bool { return calls.get("fast") == 1 }, 5*time.Second, time.Millisecond)
+	m1.Close()
+
+	stored, err := store.Run(ctx, run.ID)
+	require.NoError(t, err)
+	require.Contains(t, []engine.RunStatus{engine.StatusQueued, engine.StatusRunning}, stored.Status, "a shut-down run is left for recovery")
+	require.Equal(t, 0, calls.get("join"))
+
+	block.Store(false)
+	m2 := newManager(t, store, engine.ManagerOptions{}, agent)
+	n, err := m2.Recover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	done := waitFor(t, m2, run.ID)
+	require.Equal(t, engine.StatusCompleted, done.Status)
+	require.Equal(t, 1, calls.get("fast"), "a task with saved writes is not re-run")
+	require.Equal(t, 2, calls.get("slow"))
+	require.Equal(t, 1, calls.get("join"))
+
+	snap, err := agent.Graph.StateAt(ctx, engine.RunConfig{Thread: "t", Store: store}, "")
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"fast": 1, "slow": 1, "join": 1}, got.Get(snap))
+
+	// Nothing is left to recover.
+	m3 := newManager(t, store, engine.ManagerOptions{}, agent)
+	n, err = m3.Recover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, n)
+}
+
+func TestManagerRecoverRegistersPausedRuns(t *testing.T) {
+	calls := newCounter()
+	agent := approvalAgent(t, calls)
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	m1 := engine.NewManager(store, resolver(agent), engine.ManagerOptions{})
+	run, err := m1.Start(ctx, engine.RunRequest{Thread: "t", Agent: "approval"})
+	require.NoError(t, err)
+	paused := waitFor(t, m1, run.ID)
+	m1.Close()
+
+	m2 := newManager(t, store, engine.ManagerOptions{}, agent)
+	n, err := m2.Recover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, n, "paused runs wait for a person, they are not resumed")
+	_, err = m2.Start(ctx, engine.RunRequest{Thread: "t", Agent: "approval"})
+	require.ErrorIs(t, err, engine.ErrThreadBusy)
+	_, err = m2.Resume(ctx, run.ID, map[string]engine.Decision{paused.Interrupts[0].ID: {Kind: engine.Approve}})
+	require.NoError(t, err)
+	done := waitFor(t, m2, run.ID)
+	require.Equal(t, engine.StatusCompleted, done.Status)
+	require.JSONEq(t, `"approve"`, string(done.Output))
+}
+
+func TestManagerInvoke(t *testing.T) {
+	gate := make(chan struct{})
+	close(gate)
+	m := newManager(t, engine.NewMemoryStore(), engine.ManagerOptions{}, gatedAgent(t, "agent", gate, nil))
+	run, err := m.Invoke(context.Background(), engine.RunRequest{Thread: "t", Agent: "agent"})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, run.Status)
+	stored, err := m.Store().Run(context.Background(), run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, stored.Status)
+	require.JSONEq(t, `"done t"`, string(stored.Output))
+}
