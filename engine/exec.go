@@ -231,6 +231,11 @@ func (g *Graph) Resume(ctx context.Context, cfg RunConfig, decisions map[string]
 	if err := e.load(ctx, ""); err != nil {
 		return e.result(), err
 	}
+	if cfg.Run == nil {
+		if err := e.adoptRun(ctx); err != nil {
+			return e.result(), err
+		}
+	}
 	if len(decisions) > 0 {
 		pending := e.pendingInterrupts()
 		for id, d := range decisions {
@@ -244,6 +249,34 @@ func (g *Graph) Resume(ctx context.Context, cfg RunConfig, decisions map[string]
 	}
 	err = e.loop(ctx, decisions)
 	return e.result(), err
+}
+
+// adoptRun continues the run that left the thread's head unfinished
+// (interrupted, or cut off by a crash) when the caller did not hand a run
+// record back, so that run ends instead of staying open in the store.
+func (e *execution) adoptRun(ctx context.Context) error {
+	rs, ok := e.store.(RunStore)
+	if !ok || e.cfg.ns != "" || e.head == nil || e.head.RunID == "" {
+		return nil
+	}
+	run, err := rs.Run(ctx, e.head.RunID)
+	if errors.Is(err, ErrRunNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load run %s: %w", e.head.RunID, err)
+	}
+	if run.Status.Terminal() {
+		return nil
+	}
+	steps, err := countSteps(ctx, e.store, e.head, run.ID)
+	if err != nil {
+		return err
+	}
+	run.Steps = steps
+	run.Durability = e.cfg.Durability
+	e.run = run
+	return nil
 }
 
 func (e *execution) result() *Result {
@@ -660,6 +693,12 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 		if len(decisions) > 0 && e.cfg.ns == "" {
 			e.recordDecisions(decisions)
 			e.event(EventRunResumed, "", map[string]any{"decisions": len(decisions)})
+			// Put the decisions on record, and announce the resume, before
+			// any node acts on them.
+			e.run.Interrupts = nil
+			if err := e.commit(ctx, &Commit{}); err != nil {
+				return err
+			}
 		}
 	}
 	if e.run.Interrupts != nil {

@@ -297,3 +297,27 @@ func TestStaticInterrupts(t *testing.T) {
 		})
 	}
 }
+
+// TestResumeContinuesTheInterruptedRun resumes without handing the run record
+// back: the run that paused is the one that completes, so no run is left
+// interrupted in the store (a run manager would otherwise hold the thread
+// for it forever).
+func TestResumeContinuesTheInterruptedRun(t *testing.T) {
+	g, outcome := reviewGraph(t, newCounter())
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	cfg := engine.RunConfig{Thread: "t", Store: store}
+	res, err := g.Invoke(ctx, cfg)
+	require.NoError(t, err)
+	paused := res.Run
+
+	res, err = g.Resume(ctx, cfg, map[string]engine.Decision{paused.Interrupts[0].ID: {Kind: engine.Approve}})
+	require.NoError(t, err)
+	require.Equal(t, paused.ID, res.Run.ID)
+	require.Equal(t, "approved", outcome.Get(res.State))
+	runs, err := store.Runs(ctx, engine.RunFilter{Thread: "t"})
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	require.Equal(t, engine.StatusCompleted, runs[0].Status)
+	require.Len(t, runs[0].Decisions, 1)
+}
