@@ -133,7 +133,10 @@ func (b *Bus) Publish(events ...Event) {
 // deliver is called with the bus locked.
 func (s *Subscription) deliver(e Event) {
 	if s.lost > 0 {
-		notice := Event{Seq: e.Seq, Time: e.Time, Type: EventLost, Run: e.Run, Thread: e.Thread,
+		// The notice takes the sequence number just below e's: every lost
+		// event came before e, and no two events a subscriber receives
+		// share a number (clients resume and deduplicate by seq).
+		notice := Event{Seq: e.Seq - 1, Time: e.Time, Type: EventLost, Run: e.Run, Thread: e.Thread,
 			Data: json.RawMessage(`{"lost":` + itoa(s.lost) + `}`)}
 		select {
 		case s.ch <- notice:

@@ -89,6 +89,10 @@ func TestSlowSubscriberIsToldWhatItLost(t *testing.T) {
 	require.Equal(t, 16, lost.Lost)
 	require.Equal(t, "y", next[1].Type)
 	require.Equal(t, uint64(21), next[1].Seq)
+	// The notice's seq is unique in the stream and keeps it increasing: it
+	// marks the end of the lost range (events 5 to 20).
+	require.Equal(t, uint64(20), next[0].Seq)
+	require.Greater(t, next[0].Seq, first[len(first)-1].Seq)
 }
 
 // committedSink checks, as events arrive, that each committed event was made
