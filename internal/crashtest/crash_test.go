@@ -298,7 +298,7 @@ func verify(t *testing.T, dir string, turns int) {
 	f, err := os.Open(filepath.Join(dir, "side.log"))
 	require.NoError(t, err)
 	defer f.Close()
-	sealed := map[string]bool{}   // "ckpt/task" whose result is durable
+	sealed := map[string]bool{}  // "ckpt/task" whose result is durable
 	childOf := map[string]bool{} // checkpoints that have a committed child
 	execs, reruns := 0, 0
 	ran := map[string]int{}
