@@ -146,3 +146,44 @@ func TestParallelReplaceLastInTaskOrderWins(t *testing.T) {
 		require.Equal(t, "b", c.Get(res.State))
 	}
 }
+
+// TestAppendValuesAreNotAliased has nodes append to the lists they read, as Go
+// code naturally does; that must never leak into the state or into each
+// other's views, however the runtime grows its arrays.
+func TestAppendValuesAreNotAliased(t *testing.T) {
+	b := engine.NewGraph("alias")
+	msgs := engine.Append[string](b, "messages")
+	seen := engine.Merge[string, string](b, "seen")
+	for _, name := range []string{"left", "right"} {
+		b.AddNode(name, func(_ context.Context, s engine.State) ([]engine.Write, error) {
+			mine := append(msgs.Get(s), "scribble by "+s.Node())
+			return []engine.Write{engine.Push(msgs, s.Node()), seen.Set(map[string]string{s.Node(): mine[len(mine)-1]})}, nil
+		})
+	}
+	b.AddNode("join", func(_ context.Context, s engine.State) ([]engine.Write, error) {
+		_ = append(msgs.Get(s), "junk")
+		return []engine.Write{engine.Push(msgs, "join")}, nil
+	})
+	b.AddEdge(engine.Start, "left")
+	b.AddEdge(engine.Start, "right")
+	b.AddEdge("left", "join")
+	b.AddEdge("right", "join")
+	g := mustCompile(t, b)
+	ctx := context.Background()
+	cfg := engine.RunConfig{Thread: "t", Store: engine.NewMemoryStore(), Cache: engine.NewStateCache(8)}
+	var prev []string
+	for turn := range 5 {
+		res, err := g.Invoke(ctx, cfg, engine.Push(msgs, "in"))
+		require.NoError(t, err)
+		got := msgs.Get(res.State)
+		want := append(append([]string(nil), prev...), "in", "left", "right", "join")
+		require.Equal(t, want, got, "turn %d", turn)
+		require.Equal(t, map[string]string{"left": "scribble by left", "right": "scribble by right"}, seen.Get(res.State))
+		// The caller scribbles on the result too.
+		_ = append(got, "caller junk")
+		prev = want
+	}
+	snap, err := g.StateAt(ctx, engine.RunConfig{Thread: "t", Store: cfg.Store}, "")
+	require.NoError(t, err)
+	require.Equal(t, prev, msgs.Get(snap))
+}
