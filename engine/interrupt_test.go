@@ -321,3 +321,38 @@ func TestResumeContinuesTheInterruptedRun(t *testing.T) {
 	require.Equal(t, engine.StatusCompleted, runs[0].Status)
 	require.Len(t, runs[0].Decisions, 1)
 }
+
+func TestInterruptWithExitDurability(t *testing.T) {
+	b := engine.NewGraph("exit")
+	log := engine.Append[string](b, "log")
+	b.AddNode("a", writes(engine.Push(log, "a")))
+	b.AddNode("ask", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		d, err := engine.Interrupt(ctx, "go on?")
+		if err != nil {
+			return nil, err
+		}
+		return []engine.Write{engine.Push(log, d.Kind)}, nil
+	})
+	b.AddNode("c", writes(engine.Push(log, "c")))
+	b.AddEdge(engine.Start, "a")
+	b.AddEdge("a", "ask")
+	b.AddEdge("ask", "c")
+	g := mustCompile(t, b)
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	cfg := engine.RunConfig{Thread: "t", Store: store, Durability: engine.DurabilityExit}
+	res, err := g.Invoke(ctx, cfg, engine.Push(log, "in"))
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+	// The pause made the progress so far durable.
+	snap, err := g.StateAt(ctx, cfg, "")
+	require.NoError(t, err)
+	require.Equal(t, []string{"in", "a"}, log.Get(snap))
+
+	res, err = g.Resume(ctx, cfg, map[string]engine.Decision{res.Run.Interrupts[0].ID: {Kind: engine.Approve}})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status)
+	snap, err = g.StateAt(ctx, cfg, "")
+	require.NoError(t, err)
+	require.Equal(t, []string{"in", "a", "approve", "c"}, log.Get(snap))
+}
