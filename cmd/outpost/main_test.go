@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/store"
+)
+
+func outpost(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = execute(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestUnknownCommandAndHelp(t *testing.T) {
+	code, _, stderr := outpost(t, "frobnicate")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, `unknown command "frobnicate"`)
+
+	code, stdout, _ := outpost(t, "help")
+	require.Zero(t, code)
+	for _, c := range []string{"run", "resume", "runs", "db", "bench", "version"} {
+		require.Contains(t, stdout, "  "+c+" ")
+	}
+}
+
+func TestRunThenInspect(t *testing.T) {
+	dir := t.TempDir()
+	code, stdout, stderr := outpost(t, "run", "--data", dir, "--thread", "t1", "I forgot my losartan dose")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "node.completed")
+	require.Contains(t, stdout, ": completed")
+	require.Contains(t, stdout, "[kb-06]", "the answer cites the first losartan document")
+
+	code, stdout, stderr = outpost(t, "runs", "list", "--data", dir, "--json")
+	require.Zero(t, code, stderr)
+	var page struct {
+		Runs []struct{ ID, Thread, Status string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &page))
+	require.Len(t, page.Runs, 1)
+	require.Equal(t, "completed", page.Runs[0].Status)
+
+	code, stdout, _ = outpost(t, "runs", "history", "t1", "--data", dir)
+	require.Zero(t, code)
+	require.Equal(t, 1+7, strings.Count(stdout, "\n"), "header plus input and six steps:\n%s", stdout)
+
+	code, stdout, stderr = outpost(t, "db", "check", "--data", dir)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "store is sound")
+
+	bak := filepath.Join(t.TempDir(), "b.db")
+	code, stdout, stderr = outpost(t, "db", "backup", "--data", dir, bak)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "checked")
+	code, _, stderr = outpost(t, "db", "backup", "--data", dir, bak)
+	require.Equal(t, 1, code, "a backup never overwrites")
+	require.Contains(t, stderr, "exists")
+
+	code, stdout, stderr = outpost(t, "db", "prune", "--data", dir, "--older-than", "1ns", "--json")
+	require.Zero(t, code, stderr)
+	var rep store.PruneReport
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep))
+	require.Equal(t, 1, rep.Threads)
+	require.Equal(t, 6, rep.CheckpointsRemoved)
+
+	code, _, stderr = outpost(t, "db", "compact", "--data", dir)
+	require.Zero(t, code, stderr)
+	code, stdout, _ = outpost(t, "runs", "history", "t1", "--data", dir)
+	require.Zero(t, code)
+	require.Equal(t, 2, strings.Count(stdout, "\n"), "one checkpoint left:\n%s", stdout)
+}
+
+func TestDBCheckReportsCorruptRecord(t *testing.T) {
+	dir := t.TempDir()
+	code, _, stderr := outpost(t, "run", "--data", dir, "--thread", "t1", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+
+	// Flip a byte in the middle of every run record.
+	bdb, err := bbolt.Open(filepath.Join(dir, store.FileName), 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte("runs"))
+		var keys [][]byte
+		_ = b.ForEach(func(k, _ []byte) error { keys = append(keys, append([]byte(nil), k...)); return nil })
+		for _, k := range keys {
+			v := append([]byte(nil), b.Get(k)...)
+			v[len(v)/2] ^= 0xff
+			if err := b.Put(k, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	require.NoError(t, bdb.Close())
+
+	code, stdout, stderr := outpost(t, "db", "check", "--data", dir)
+	require.Equal(t, 1, code)
+	require.Contains(t, stdout, "PROBLEM runs")
+	require.Contains(t, stderr, "problem(s) found")
+
+	code, _, stderr = outpost(t, "runs", "list", "--data", dir)
+	require.Equal(t, 1, code, "a corrupt record is an error, never a panic")
+	require.Contains(t, stderr, "runs")
+}
+
+func TestWrongFormatRefused(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, store.FileName), bytes.Repeat([]byte("not a store "), 1000), 0o600))
+	code, _, stderr := outpost(t, "runs", "list", "--data", dir)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "incompatible outpost version, or is not an outpost store")
+}
+
+func TestBenchReferenceJSON(t *testing.T) {
+	code, stdout, stderr := outpost(t, "bench", "reference", "--threads", "2", "--turns", "5", "--json")
+	require.Zero(t, code, stderr)
+	var res map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res))
+	for _, f := range []string{"impl", "saver", "durability", "threads", "turns", "turns_per_s", "seconds", "finals", "db_bytes", "rss_mb"} {
+		require.Contains(t, res, f)
+	}
+	require.EqualValues(t, 10, res["finals"])
+
+	code, stdout, stderr = outpost(t, "bench", "reference", "--saver", "bbolt", "--threads", "2", "--turns", "3", "--json")
+	require.Zero(t, code, stderr)
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res))
+	require.Greater(t, res["commit_ms"], 0.0)
+	require.Greater(t, res["ceiling_turns_per_s"], 0.0)
+	require.Greater(t, res["db_bytes"], 0.0)
+}
