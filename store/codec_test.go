@@ -204,41 +204,57 @@ func TestWriteSeedCorpus(t *testing.T) {
 	writeSeed(t, "FuzzDecodeCheckpoint", "huge-count", seal([]byte{checkpointVersion, 1, 't', 0, 1, '1', 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}))
 }
 
+// withChecksum returns b as stored, and b taken as version and payload
+// with a valid checksum appended: random bytes almost never pass the CRC,
+// so without the second form the fuzzer would never reach the field
+// decoders.
+func withChecksum(b []byte) [][]byte {
+	return [][]byte{b, seal(bytes.Clone(b))}
+}
+
 func FuzzDecodeCheckpoint(f *testing.F) {
 	for _, c := range sampleCheckpoints() {
-		f.Add(encodeCheckpoint(c))
+		rec := encodeCheckpoint(c)
+		f.Add(rec)
+		f.Add(rec[:len(rec)-4])
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		c, err := decodeCheckpoint(b)
-		if err != nil {
-			return
-		}
-		// What decodes must survive a round trip unchanged.
-		again, err := decodeCheckpoint(encodeCheckpoint(c))
-		if err != nil {
-			t.Fatalf("re-decode: %v", err)
-		}
-		if !assert.ObjectsAreEqual(c, again) {
-			t.Fatalf("round trip changed the checkpoint:\n%#v\n%#v", c, again)
+		for _, rec := range withChecksum(b) {
+			c, err := decodeCheckpoint(rec)
+			if err != nil {
+				continue
+			}
+			// What decodes must survive a round trip unchanged.
+			again, err := decodeCheckpoint(encodeCheckpoint(c))
+			if err != nil {
+				t.Fatalf("re-decode: %v", err)
+			}
+			if !assert.ObjectsAreEqual(c, again) {
+				t.Fatalf("round trip changed the checkpoint:\n%#v\n%#v", c, again)
+			}
 		}
 	})
 }
 
 func FuzzDecodePendingWrite(f *testing.F) {
 	for _, w := range sampleWrites() {
-		f.Add(encodePendingWrite(w))
+		rec := encodePendingWrite(w)
+		f.Add(rec)
+		f.Add(rec[:len(rec)-4])
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		w, err := decodePendingWrite(b)
-		if err != nil {
-			return
-		}
-		again, err := decodePendingWrite(encodePendingWrite(w))
-		if err != nil {
-			t.Fatalf("re-decode: %v", err)
-		}
-		if !assert.ObjectsAreEqual(w, again) {
-			t.Fatalf("round trip changed the write:\n%#v\n%#v", w, again)
+		for _, rec := range withChecksum(b) {
+			w, err := decodePendingWrite(rec)
+			if err != nil {
+				continue
+			}
+			again, err := decodePendingWrite(encodePendingWrite(w))
+			if err != nil {
+				t.Fatalf("re-decode: %v", err)
+			}
+			if !assert.ObjectsAreEqual(w, again) {
+				t.Fatalf("round trip changed the write:\n%#v\n%#v", w, again)
+			}
 		}
 	})
 }
@@ -250,14 +266,17 @@ func FuzzDecodeRun(f *testing.F) {
 			f.Fatal(err)
 		}
 		f.Add(rec)
+		f.Add(rec[:len(rec)-4])
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := decodeRun(b)
-		if err != nil {
-			return
-		}
-		if _, err := encodeRun(r); err != nil {
-			t.Fatalf("a decoded run does not encode: %v", err)
+		for _, rec := range withChecksum(b) {
+			r, err := decodeRun(rec)
+			if err != nil {
+				continue
+			}
+			if _, err := encodeRun(r); err != nil {
+				t.Fatalf("a decoded run does not encode: %v", err)
+			}
 		}
 	})
 }
@@ -269,14 +288,17 @@ func FuzzDecodeToolCall(f *testing.F) {
 			f.Fatal(err)
 		}
 		f.Add(rec)
+		f.Add(rec[:len(rec)-4])
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		tc, err := decodeToolCall(b)
-		if err != nil {
-			return
-		}
-		if _, err := encodeToolCall(tc); err != nil {
-			t.Fatalf("a decoded tool call does not encode: %v", err)
+		for _, rec := range withChecksum(b) {
+			tc, err := decodeToolCall(rec)
+			if err != nil {
+				continue
+			}
+			if _, err := encodeToolCall(tc); err != nil {
+				t.Fatalf("a decoded tool call does not encode: %v", err)
+			}
 		}
 	})
 }

@@ -22,7 +22,8 @@
 // JSON inside the same envelope. A record that fails to decode is reported
 // as a *CorruptError naming its bucket and key; decoding never panics.
 //
-// The tests are the best examples: store_test.go opens, commits and reads;
-// prune_test.go shows retention; the conformance suite in
-// engine/enginetest runs against this store and the engine's memory store.
+// Examples are the best way to understand it: example_test.go opens,
+// commits and reads; prune_test.go shows retention; the conformance suite
+// in engine/enginetest runs against this store and the engine's memory
+// store alike.
 package store
