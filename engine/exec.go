@@ -546,6 +546,11 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 	if err := e.store.Commit(context.WithoutCancel(ctx), c); err != nil {
 		return fmt.Errorf("commit step %d of run %s: %w", e.step, e.run.ID, err)
 	}
+	if fp := failpoints.afterCommitBeforePublish; fp != nil {
+		if err := fp(c); err != nil {
+			return err
+		}
+	}
 	if c.Checkpoint != nil {
 		e.committed = c.Checkpoint.ID
 		e.changed = map[string]int{}
@@ -720,6 +725,11 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 		}
 		results := e.runStep(ctx, decisions)
 		decisions = nil
+		if fp := failpoints.afterStepBeforeCommit; fp != nil {
+			if err := fp(e.step); err != nil {
+				return err
+			}
+		}
 		if err := context.Cause(ctx); err != nil {
 			return e.stopped(ctx, err)
 		}

@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+var errKilled = errors.New("killed at a failpoint")
+
+// failpointGraph is a -> b -> c, counting each node's executions.
+func failpointGraph(t *testing.T, calls map[string]*atomic.Int32) (*Graph, Chan[[]string]) {
+	t.Helper()
+	b := NewGraph("failpoints")
+	trace := Append[string](b, "trace")
+	for _, n := range []string{"a", "b", "c"} {
+		calls[n] = &atomic.Int32{}
+		b.AddNode(n, func(_ context.Context, _ State) ([]Write, error) {
+			calls[n].Add(1)
+			return []Write{Push(trace, n)}, nil
+		})
+	}
+	b.AddEdge(Start, "a").AddEdge("a", "b").AddEdge("b", "c")
+	g, err := b.Compile()
+	require.NoError(t, err)
+	return g, trace
+}
+
+// killThenRecover runs a turn that dies at a failpoint, then recovers it
+// with a new manager over the same store, as a restarted process would.
+func killThenRecover(t *testing.T, arm func(), calls map[string]*atomic.Int32) (*Snapshot, []Event) {
+	t.Helper()
+	g, _ := failpointGraph(t, calls)
+	agent := &Agent{Name: "fp", Graph: g}
+	resolve := func(string, BundleRef) (*Agent, error) { return agent, nil }
+	store := NewMemoryStore()
+	ctx := context.Background()
+
+	bus := NewBus()
+	sub := bus.Subscribe(1000, nil)
+	m := NewManager(store, resolve, ManagerOptions{Events: bus})
+	arm()
+	run, err := m.Invoke(ctx, RunRequest{Thread: "t", Agent: "fp"})
+	require.NoError(t, err)
+	m.Close()
+	failpoints.afterStepBeforeCommit, failpoints.afterCommitBeforePublish = nil, nil
+	bus.Close()
+	var seen []Event
+	for e := range sub.C() {
+		seen = append(seen, e)
+	}
+	stored, err := store.Run(ctx, run.ID)
+	require.NoError(t, err)
+	require.False(t, stored.Status.Terminal(), "the killed run is left unfinished in the store")
+
+	m = NewManager(store, resolve, ManagerOptions{})
+	defer m.Close()
+	n, err := m.Recover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	done, err := m.Wait(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusCompleted, done.Status, done.Error)
+	snap, err := g.StateAt(ctx, RunConfig{Thread: "t", Store: store}, "")
+	require.NoError(t, err)
+	return snap, seen
+}
+
+func TestFailpointAfterStepBeforeCommit(t *testing.T) {
+	calls := map[string]*atomic.Int32{}
+	snap, _ := killThenRecover(t, func() {
+		failpoints.afterStepBeforeCommit = func(step int) error {
+			if calls["b"].Load() == 1 {
+				return errKilled // b ran; its step is not committed
+			}
+			return nil
+		}
+	}, calls)
+	// b's step was lost with the process, so b runs again; a's was
+	// committed and does not. Every write is in the state once.
+	require.Equal(t, int32(1), calls["a"].Load())
+	require.Equal(t, int32(2), calls["b"].Load())
+	require.Equal(t, int32(1), calls["c"].Load())
+	require.Equal(t, []string{"a", "b", "c"}, snap.vals["trace"])
+}
+
+func TestFailpointAfterCommitBeforePublish(t *testing.T) {
+	calls := map[string]*atomic.Int32{}
+	var killedAt string
+	snap, seen := killThenRecover(t, func() {
+		failpoints.afterCommitBeforePublish = func(c *Commit) error {
+			if c.Checkpoint != nil && len(c.Checkpoint.Nodes) == 1 && c.Checkpoint.Nodes[0] == "b" {
+				killedAt = c.Checkpoint.ID
+				return errKilled // b's step is durable; nobody has heard of it
+			}
+			return nil
+		}
+	}, calls)
+	require.NotEmpty(t, killedAt)
+	// The committed step is never executed again.
+	for _, n := range []string{"a", "b", "c"} {
+		require.Equal(t, int32(1), calls[n].Load(), n)
+	}
+	require.Equal(t, []string{"a", "b", "c"}, snap.vals["trace"])
+	// And what the dead process announced stops short of b's commit.
+	for _, e := range seen {
+		require.NotContains(t, string(e.Data), killedAt, "%s event of the unannounced commit", e.Type)
+		if e.Type == EventNodeCompleted {
+			require.NotEqual(t, "b", e.Node)
+		}
+	}
+}
