@@ -113,3 +113,39 @@ func TestFailpointAfterCommitBeforePublish(t *testing.T) {
 		}
 	}
 }
+
+func TestManagerReportsWorkingRunAsRunning(t *testing.T) {
+	b := NewGraph("slow")
+	out := Replace[string](b, "out")
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	b.AddNode("wait", func(ctx context.Context, _ State) ([]Write, error) {
+		close(entered)
+		<-release
+		return []Write{out.Set("done")}, nil
+	})
+	b.AddEdge(Start, "wait")
+	g, err := b.Compile()
+	require.NoError(t, err)
+	agent := &Agent{Name: "slow", Graph: g}
+	store := NewMemoryStore()
+	m := NewManager(store, func(string, BundleRef) (*Agent, error) { return agent, nil }, ManagerOptions{})
+	defer m.Close()
+	ctx := context.Background()
+	run, err := m.Start(ctx, RunRequest{Thread: "t", Agent: "slow"})
+	require.NoError(t, err)
+	<-entered
+	stored, err := store.Run(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusQueued, stored.Status, "the store is not rewritten before the first step commits")
+	live, err := m.Run(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusRunning, live.Status)
+	close(release)
+	done, err := m.Wait(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusCompleted, done.Status)
+	live, err = m.Run(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusCompleted, live.Status)
+}

@@ -72,9 +72,10 @@ type Manager struct {
 }
 
 type active struct {
-	runID  string
-	thread string
-	paused bool // interrupted: waiting for a decision, not running
+	runID   string
+	thread  string
+	paused  bool // interrupted: waiting for a decision, not running
+	working bool // a worker is executing it
 	cancel context.CancelCauseFunc
 	done   chan struct{}
 }
@@ -153,6 +154,7 @@ func (m *Manager) claim(ctx context.Context, thread string, wait bool) (*active,
 func (m *Manager) release(a *active, paused bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	a.working = false
 	if paused {
 		a.paused = true
 		old := a.done
@@ -281,6 +283,9 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 	case <-ctx.Done():
 	}
 	m.dequeue()
+	m.mu.Lock()
+	a.working = true
+	m.mu.Unlock()
 	if ctx.Err() == nil {
 		_ = e.loop(ctx, decisions)
 		<-m.sem
@@ -307,6 +312,23 @@ func (m *Manager) Wait(ctx context.Context, runID string) (*Run, error) {
 		}
 	}
 	return m.store.Run(context.WithoutCancel(ctx), runID)
+}
+
+// Run returns a run's record. The store is not rewritten at every step, so
+// a run that a worker is executing is reported running even while its
+// stored record still says queued.
+func (m *Manager) Run(ctx context.Context, runID string) (*Run, error) {
+	r, err := m.store.Run(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	a := m.runs[runID]
+	if a != nil && a.working && r.Status == StatusQueued {
+		r.Status = StatusRunning
+	}
+	m.mu.Unlock()
+	return r, nil
 }
 
 // Resume answers an interrupted run's pending interrupts and runs it on.
