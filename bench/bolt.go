@@ -25,7 +25,10 @@ func RunBolt(ctx context.Context, o Options, dir string) (*Result, error) {
 		defer os.RemoveAll(tmp)
 		dir = tmp
 	}
-	commit, err := MeasureCommit(ctx, dir, 40)
+	// The disk's fsync latency drifts on shared machines, so the commit cost
+	// is sampled before the workload and again after it, and the median of
+	// all samples is reported.
+	before, err := sampleCommits(ctx, dir, 40)
 	if err != nil {
 		return nil, fmt.Errorf("measure commit cost: %w", err)
 	}
@@ -51,6 +54,11 @@ func RunBolt(ctx context.Context, o Options, dir string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	after, err := sampleCommits(ctx, dir, 40)
+	if err != nil {
+		return nil, fmt.Errorf("measure commit cost: %w", err)
+	}
+	commit := median(append(before, after...))
 	turns := float64(o.Threads * o.Turns)
 	res.DBBytes = st.Size()
 	res.CommitMS = round3(float64(commit) / float64(time.Millisecond))
@@ -66,11 +74,27 @@ func RunBolt(ctx context.Context, o Options, dir string) (*Result, error) {
 // MeasureCommit returns the median cost of one fsynced commit of a small
 // record to a scratch store in dir.
 func MeasureCommit(ctx context.Context, dir string, n int) (time.Duration, error) {
+	ds, err := sampleCommits(ctx, dir, n)
+	if err != nil {
+		return 0, err
+	}
+	return median(ds), nil
+}
+
+func median(ds []time.Duration) time.Duration {
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+// sampleCommits times n fsynced commits of a small record to a scratch
+// store in dir.
+func sampleCommits(ctx context.Context, dir string, n int) ([]time.Duration, error) {
 	path := filepath.Join(dir, "commit-probe.db")
 	defer os.Remove(path)
 	db, err := store.Open(path, store.Options{})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer db.Close()
 	ds := make([]time.Duration, 0, n)
@@ -79,12 +103,11 @@ func MeasureCommit(ctx context.Context, dir string, n int) (time.Duration, error
 			Status: engine.StatusCompleted, CreatedAt: time.Now().UTC()}
 		t := time.Now()
 		if err := db.Commit(ctx, &engine.Commit{Run: run, Sync: true}); err != nil {
-			return 0, err
+			return nil, err
 		}
 		if i >= 5 { // the first commits grow the file
 			ds = append(ds, time.Since(t))
 		}
 	}
-	slices.Sort(ds)
-	return ds[len(ds)/2], nil
+	return ds, nil
 }

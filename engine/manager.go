@@ -76,8 +76,8 @@ type active struct {
 	thread  string
 	paused  bool // interrupted: waiting for a decision, not running
 	working bool // a worker is executing it
-	cancel context.CancelCauseFunc
-	done   chan struct{}
+	cancel  context.CancelCauseFunc
+	done    chan struct{}
 }
 
 var errShutdown = errors.New("run manager shutting down")

@@ -6,68 +6,113 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // MemoryStore keeps checkpoints, pending writes, blobs and runs in memory. It
 // implements Store and is meant for tests, demos and library use; nothing
 // survives the process.
+//
+// Locks are split by concern, and checkpoints are locked per thread, so
+// concurrent runs on different threads do not queue behind one mutex.
 type MemoryStore struct {
-	mu      sync.RWMutex
-	ckpts   map[string][]*Checkpoint // thread|ns -> ascending by ID
-	writes  map[string][]PendingWrite
-	blobs   map[BlobRef][]byte
-	runs    map[string]*Run
-	runIDs  []string // ascending
-	commits int
+	threadsMu sync.RWMutex
+	threads   map[string]*memThread
+
+	blobShards [16]blobShard
+
+	runsMu sync.RWMutex
+	runs   map[string]*Run
+	runIDs []string // ascending
+
+	commits atomic.Int64
+}
+
+type memThread struct {
+	mu     sync.RWMutex
+	ckpts  map[string][]*Checkpoint // ns -> ascending by ID
+	writes map[string][]PendingWrite
+}
+
+type blobShard struct {
+	mu sync.RWMutex
+	m  map[BlobRef][]byte
 }
 
 // NewMemoryStore returns an empty in-memory store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{
-		ckpts:  map[string][]*Checkpoint{},
-		writes: map[string][]PendingWrite{},
-		blobs:  map[BlobRef][]byte{},
-		runs:   map[string]*Run{},
+	m := &MemoryStore{threads: map[string]*memThread{}, runs: map[string]*Run{}}
+	for i := range m.blobShards {
+		m.blobShards[i].m = map[BlobRef][]byte{}
 	}
+	return m
 }
 
 func nsKey(thread, ns string) string           { return thread + "\x00" + ns }
 func writesKey(thread, ns, ckpt string) string { return thread + "\x00" + ns + "\x00" + ckpt }
-func (m *MemoryStore) putBlobLocked(ref BlobRef, data []byte) error {
-	if old, ok := m.blobs[ref]; ok {
-		if !bytes.Equal(old, data) {
-			return fmt.Errorf("put blob %s: %w", ref, ErrBlobCollision)
-		}
-		return nil
+
+func (m *MemoryStore) shard(ref BlobRef) *blobShard { return &m.blobShards[ref.Hash%16] }
+
+// thread returns a thread's data, creating it when create is set.
+func (m *MemoryStore) thread(name string, create bool) *memThread {
+	m.threadsMu.RLock()
+	t := m.threads[name]
+	m.threadsMu.RUnlock()
+	if t != nil || !create {
+		return t
 	}
-	m.blobs[ref] = bytes.Clone(data)
-	return nil
+	m.threadsMu.Lock()
+	defer m.threadsMu.Unlock()
+	if t = m.threads[name]; t == nil {
+		t = &memThread{ckpts: map[string][]*Checkpoint{}, writes: map[string][]PendingWrite{}}
+		m.threads[name] = t
+	}
+	return t
 }
 
-// Commit applies c atomically.
+// Commit applies c. Everything is checked before anything is applied, so a
+// failed commit changes nothing. Blobs go in first, so a reader that sees a
+// checkpoint finds what it refers to.
 func (m *MemoryStore) Commit(_ context.Context, c *Commit) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	// Check first so a failed commit changes nothing.
 	for ref, data := range c.Blobs {
 		if RefOf(data) != ref {
 			return fmt.Errorf("commit: blob %s does not match its bytes", ref)
 		}
-		if old, ok := m.blobs[ref]; ok && !bytes.Equal(old, data) {
+		sh := m.shard(ref)
+		sh.mu.RLock()
+		old, ok := sh.m[ref]
+		sh.mu.RUnlock()
+		if ok && !bytes.Equal(old, data) {
 			return fmt.Errorf("commit: blob %s: %w", ref, ErrBlobCollision)
 		}
 	}
 	for ref, data := range c.Blobs {
-		_ = m.putBlobLocked(ref, data)
+		sh := m.shard(ref)
+		sh.mu.Lock()
+		old, ok := sh.m[ref]
+		if !ok {
+			sh.m[ref] = bytes.Clone(data)
+		}
+		sh.mu.Unlock()
+		if ok && !bytes.Equal(old, data) {
+			// A concurrent commit stored other bytes under this digest
+			// since the check: refuse rather than alias them. Blobs this
+			// commit already stored are harmless, as nothing refers to them.
+			return fmt.Errorf("commit: blob %s: %w", ref, ErrBlobCollision)
+		}
 	}
 	for _, w := range c.Writes {
-		k := writesKey(w.Thread, w.NS, w.CheckpointID)
-		m.writes[k] = append(m.writes[k], w.Write)
+		t := m.thread(w.Thread, true)
+		k := writesKey("", w.NS, w.CheckpointID)
+		t.mu.Lock()
+		t.writes[k] = append(t.writes[k], w.Write)
+		t.mu.Unlock()
 	}
 	if cp := c.Checkpoint; cp != nil {
-		k := nsKey(cp.Thread, cp.NS)
-		list := m.ckpts[k]
+		t := m.thread(cp.Thread, true)
 		cc := *cp
+		t.mu.Lock()
+		list := t.ckpts[cp.NS]
 		i := sort.Search(len(list), func(i int) bool { return list[i].ID >= cp.ID })
 		if i < len(list) && list[i].ID == cp.ID {
 			list[i] = &cc
@@ -76,9 +121,11 @@ func (m *MemoryStore) Commit(_ context.Context, c *Commit) error {
 			copy(list[i+1:], list[i:])
 			list[i] = &cc
 		}
-		m.ckpts[k] = list
+		t.ckpts[cp.NS] = list
+		t.mu.Unlock()
 	}
 	if c.Run != nil {
+		m.runsMu.Lock()
 		if _, ok := m.runs[c.Run.ID]; !ok {
 			i := sort.SearchStrings(m.runIDs, c.Run.ID)
 			m.runIDs = append(m.runIDs, "")
@@ -86,16 +133,21 @@ func (m *MemoryStore) Commit(_ context.Context, c *Commit) error {
 			m.runIDs[i] = c.Run.ID
 		}
 		m.runs[c.Run.ID] = c.Run // Commit owns c: the caller does not touch it again
+		m.runsMu.Unlock()
 	}
-	m.commits++
+	m.commits.Add(1)
 	return nil
 }
 
 // Checkpoint returns one checkpoint, or the newest when id is "".
 func (m *MemoryStore) Checkpoint(_ context.Context, thread, ns, id string) (*Checkpoint, error) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	list := m.ckpts[nsKey(thread, ns)]
+	t := m.thread(thread, false)
+	if t == nil {
+		return nil, fmt.Errorf("thread %q ns %q: %w", thread, ns, ErrCheckpointNotFound)
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	list := t.ckpts[ns]
 	if len(list) == 0 {
 		return nil, fmt.Errorf("thread %q ns %q: %w", thread, ns, ErrCheckpointNotFound)
 	}
@@ -113,9 +165,13 @@ func (m *MemoryStore) Checkpoint(_ context.Context, thread, ns, id string) (*Che
 
 // History lists checkpoints newest first.
 func (m *MemoryStore) History(_ context.Context, thread, ns, before string, limit int) ([]*Checkpoint, error) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	list := m.ckpts[nsKey(thread, ns)]
+	t := m.thread(thread, false)
+	if t == nil {
+		return nil, nil
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	list := t.ckpts[ns]
 	var out []*Checkpoint
 	for i := len(list) - 1; i >= 0; i-- {
 		if before != "" && list[i].ID >= before {
@@ -132,24 +188,37 @@ func (m *MemoryStore) History(_ context.Context, thread, ns, before string, limi
 
 // Writes returns the pending writes of a checkpoint.
 func (m *MemoryStore) Writes(_ context.Context, thread, ns, ckpt string) ([]PendingWrite, error) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	return append([]PendingWrite(nil), m.writes[writesKey(thread, ns, ckpt)]...), nil
+	t := m.thread(thread, false)
+	if t == nil {
+		return nil, nil
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return append([]PendingWrite(nil), t.writes[writesKey("", ns, ckpt)]...), nil
 }
 
 // PutBlob stores data once.
 func (m *MemoryStore) PutBlob(_ context.Context, data []byte) (BlobRef, error) {
 	ref := RefOf(data)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return ref, m.putBlobLocked(ref, data)
+	sh := m.shard(ref)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if old, ok := sh.m[ref]; ok {
+		if !bytes.Equal(old, data) {
+			return ref, fmt.Errorf("put blob %s: %w", ref, ErrBlobCollision)
+		}
+		return ref, nil
+	}
+	sh.m[ref] = bytes.Clone(data)
+	return ref, nil
 }
 
 // Blob returns a blob's bytes.
 func (m *MemoryStore) Blob(_ context.Context, ref BlobRef) ([]byte, error) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	b, ok := m.blobs[ref]
+	sh := m.shard(ref)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	b, ok := sh.m[ref]
 	if !ok {
 		return nil, fmt.Errorf("blob %s: %w", ref, ErrBlobNotFound)
 	}
@@ -158,8 +227,8 @@ func (m *MemoryStore) Blob(_ context.Context, ref BlobRef) ([]byte, error) {
 
 // Run returns one run.
 func (m *MemoryStore) Run(_ context.Context, id string) (*Run, error) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
+	m.runsMu.RLock()
+	defer m.runsMu.RUnlock()
 	r, ok := m.runs[id]
 	if !ok {
 		return nil, fmt.Errorf("run %s: %w", id, ErrRunNotFound)
@@ -169,8 +238,8 @@ func (m *MemoryStore) Run(_ context.Context, id string) (*Run, error) {
 
 // Runs lists runs in ID order (oldest first).
 func (m *MemoryStore) Runs(_ context.Context, f RunFilter) ([]*Run, error) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
+	m.runsMu.RLock()
+	defer m.runsMu.RUnlock()
 	var out []*Run
 	start := 0
 	if f.After != "" {
@@ -198,10 +267,20 @@ func (f RunFilter) Match(r *Run) bool {
 
 // Stats reports counts, for tests and benchmarks.
 func (m *MemoryStore) Stats() (checkpoints, blobs, commits int) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	for _, l := range m.ckpts {
-		checkpoints += len(l)
+	m.threadsMu.RLock()
+	for _, t := range m.threads {
+		t.mu.RLock()
+		for _, l := range t.ckpts {
+			checkpoints += len(l)
+		}
+		t.mu.RUnlock()
 	}
-	return checkpoints, len(m.blobs), m.commits
+	m.threadsMu.RUnlock()
+	for i := range m.blobShards {
+		sh := &m.blobShards[i]
+		sh.mu.RLock()
+		blobs += len(sh.m)
+		sh.mu.RUnlock()
+	}
+	return checkpoints, blobs, int(m.commits.Load())
 }
