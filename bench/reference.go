@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/outpost-edge/outpost/engine"
@@ -148,12 +147,10 @@ func ReferenceGraph() (*engine.Graph, Channels, error) {
 	})
 	b.AddNode("retrieve_context", func(_ context.Context, s engine.State) ([]engine.Write, error) {
 		words := wordSet(c.Input.Get(s))
-		type scored struct {
-			d     Doc
-			score int
-		}
-		var hits []scored
-		for _, d := range kb {
+		type scored struct{ score, i int }
+		var buf [64]scored
+		hits := buf[:0]
+		for i, d := range kb {
 			sc := 0
 			if words[d.med] {
 				sc += 10
@@ -162,18 +159,18 @@ func ReferenceGraph() (*engine.Graph, Channels, error) {
 				sc++
 			}
 			if sc > 0 {
-				hits = append(hits, scored{d, sc})
+				hits = append(hits, scored{sc, i})
 			}
 		}
-		sort.SliceStable(hits, func(i, j int) bool {
-			if hits[i].score != hits[j].score {
-				return hits[i].score > hits[j].score
+		slices.SortStableFunc(hits, func(a, b scored) int {
+			if a.score != b.score {
+				return b.score - a.score
 			}
-			return hits[i].d.ID < hits[j].d.ID
+			return strings.Compare(kb[a.i].ID, kb[b.i].ID)
 		})
 		ctx := make([]Doc, 0, 3)
 		for _, h := range hits[:min(3, len(hits))] {
-			ctx = append(ctx, Doc{ID: h.d.ID, Text: h.d.Text})
+			ctx = append(ctx, Doc{ID: kb[h.i].ID, Text: kb[h.i].Text})
 		}
 		return []engine.Write{c.Context.Set(ctx)}, nil
 	})

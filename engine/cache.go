@@ -9,9 +9,11 @@ import "sync"
 type StateCache struct {
 	mu    sync.Mutex
 	max   int
-	m     map[string]*cachedState
-	order []string // insertion order of keys, for eviction
+	m     map[cacheKey]*cachedState
+	order []cacheKey // insertion order of keys, for eviction
 }
+
+type cacheKey struct{ thread, ns string }
 
 type cachedState struct {
 	id       string
@@ -21,7 +23,7 @@ type cachedState struct {
 
 // NewStateCache returns a cache for at most n threads.
 func NewStateCache(n int) *StateCache {
-	return &StateCache{max: max(n, 1), m: map[string]*cachedState{}}
+	return &StateCache{max: max(n, 1), m: map[cacheKey]*cachedState{}}
 }
 
 func (c *StateCache) get(thread, ns, id string) *cachedState {
@@ -30,7 +32,7 @@ func (c *StateCache) get(thread, ns, id string) *cachedState {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cs := c.m[nsKey(thread, ns)]; cs != nil && cs.id == id {
+	if cs := c.m[cacheKey{thread, ns}]; cs != nil && cs.id == id {
 		return cs
 	}
 	return nil
@@ -40,11 +42,10 @@ func (c *StateCache) put(thread, ns, id string, vals values, versions map[string
 	if c == nil {
 		return
 	}
-	vs := make(map[string]uint64, len(versions))
-	for k, v := range versions {
-		vs[k] = v
-	}
-	k := nsKey(thread, ns)
+	// versions is never modified in place (see bumpVersions), so it is
+	// shared, not copied.
+	vs := versions
+	k := cacheKey{thread, ns}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.m[k]; !ok {

@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -102,19 +103,29 @@ func newID() string {
 		now = idGen.last + 1
 	}
 	idGen.last = now
-	return fmt.Sprintf("%016x", now)
+	return hex16(uint64(now))
+}
+
+// hex16 renders n as 16 lowercase hex digits.
+func hex16(n uint64) string {
+	var b [16]byte
+	for i := 15; i >= 0; i-- {
+		b[i] = hexDigits[n&0xf]
+		n >>= 4
+	}
+	return string(b[:])
 }
 
 // observeID keeps ids increasing past one read from a store, even if the
 // clock went back since it was written.
 func observeID(id string) {
-	var n int64
-	if _, err := fmt.Sscanf(id, "%016x", &n); err != nil {
+	n, err := strconv.ParseUint(id, 16, 64)
+	if err != nil || len(id) != 16 {
 		return
 	}
 	idGen.Lock()
-	if n > idGen.last {
-		idGen.last = n
+	if int64(n) > idGen.last {
+		idGen.last = int64(n)
 	}
 	idGen.Unlock()
 }
@@ -128,7 +139,7 @@ func taskID(ckpt, node string, i int) string {
 	_, _ = h.Write([]byte{0})
 	_, _ = h.WriteString(node)
 	_, _ = h.Write([]byte{0, byte(i), byte(i >> 8), byte(i >> 16)})
-	return fmt.Sprintf("%016x", h.Sum64())
+	return hex16(h.Sum64())
 }
 
 // execution is one Invoke or Resume call in progress.
@@ -363,6 +374,10 @@ func (g *Graph) materialize(ctx context.Context, store Checkpointer, blobs BlobS
 		}
 		c = p
 	}
+	if base != nil && len(chain) == 0 {
+		// Both maps are immutable once built: share them.
+		return base.vals, base.versions, nil
+	}
 	vals, versions := values{}, map[string]uint64{}
 	if base != nil {
 		for k, v := range base.vals {
@@ -464,16 +479,24 @@ func (e *execution) apply(writes []Write) {
 }
 
 func (e *execution) bumpVersions(writes []Write) {
-	if e.versions == nil {
-		e.versions = map[string]uint64{}
+	// Copy on write: the cache and earlier snapshots share the old map.
+	nv := make(map[string]uint64, len(e.versions)+1)
+	for k, v := range e.versions {
+		nv[k] = v
 	}
-	seen := map[string]bool{}
-	for _, w := range writes {
-		if !seen[w.Channel] {
-			seen[w.Channel] = true
-			e.versions[w.Channel]++
+	for i, w := range writes {
+		seen := false
+		for _, p := range writes[:i] {
+			if p.Channel == w.Channel {
+				seen = true
+				break
+			}
+		}
+		if !seen {
+			nv[w.Channel]++
 		}
 	}
+	e.versions = nv
 }
 
 func (e *execution) checkWrites(node string, ws []Write) error {
@@ -554,7 +577,10 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 	if c.Checkpoint != nil {
 		e.committed = c.Checkpoint.ID
 		e.changed = map[string]int{}
-		e.cfg.Cache.put(c.Checkpoint.Thread, c.Checkpoint.NS, c.Checkpoint.ID, e.vals, e.versions)
+		if e.run.Status != StatusRunning && e.run.Status != StatusQueued {
+			// Only the state a run stops at is what the next run loads.
+			e.cfg.Cache.put(c.Checkpoint.Thread, c.Checkpoint.NS, c.Checkpoint.ID, e.vals, e.versions)
+		}
 	}
 	e.blobBuf = map[BlobRef][]byte{}
 	if e.cfg.Events != nil && len(e.events) > 0 {
@@ -564,6 +590,9 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 	return nil
 }
 
+// event queues an event for the next commit. data is a value to marshal, or
+// a func() json.RawMessage, so that callers on the hot path build their
+// JSON only when someone listens.
 func (e *execution) event(typ, node string, data any) {
 	if e.cfg.Events == nil {
 		return
@@ -573,6 +602,8 @@ func (e *execution) event(typ, node string, data any) {
 	case nil:
 	case json.RawMessage:
 		raw = d
+	case func() json.RawMessage:
+		raw = d()
 	default:
 		raw, _ = json.Marshal(d)
 	}
@@ -652,11 +683,10 @@ func (e *execution) route(ran []string, sends []Send) ([]TaskSpec, error) {
 	}
 	// Ordered by node declaration, then sends in order: the same state
 	// always gives the same task list.
-	order := map[string]int{}
-	for i, n := range e.g.nodeOrder {
-		order[n] = i
+	if len(nodes) > 1 {
+		order := e.g.order
+		sort.SliceStable(nodes, func(i, j int) bool { return order[nodes[i]] < order[nodes[j]] })
 	}
-	sort.SliceStable(nodes, func(i, j int) bool { return order[nodes[i]] < order[nodes[j]] })
 	tasks := make([]TaskSpec, 0, len(nodes)+len(sends))
 	for _, n := range nodes {
 		tasks = append(tasks, TaskSpec{Node: n})
@@ -995,20 +1025,53 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 	}
 	e.head = c
 	e.writes = nil
-	for _, r := range results {
-		chans := make([]string, 0, len(r.writes))
-		for _, w := range r.writes {
-			chans = append(chans, w.Channel)
+	if e.cfg.Events != nil {
+		for _, r := range results {
+			e.event(EventNodeCompleted, r.spec.Node, nodeCompletedData(r))
 		}
-		e.event(EventNodeCompleted, r.spec.Node, map[string]any{"task": r.spec.ID, "writes": chans, "attempts": r.attempts})
+		e.event(EventCheckpoint, "", checkpointData(c))
 	}
-	e.event(EventCheckpoint, "", map[string]any{"id": c.ID, "step": c.Step, "next": taskNodes(c.Next)})
 	if e.cfg.Durability != DurabilitySync || len(e.next) == 0 {
 		// A step that ends the run is committed with the run's final
 		// status, in one transaction (see end).
 		return nil
 	}
 	return e.commit(ctx, &Commit{Checkpoint: c})
+}
+
+// nodeCompletedData is {"task","writes","attempts"}, built by hand: it is
+// made for every task of every step.
+func nodeCompletedData(r taskResult) json.RawMessage {
+	b := make([]byte, 0, 96)
+	b = append(b, `{"task":`...)
+	b = appendJSONString(b, r.spec.ID)
+	b = append(b, `,"writes":[`...)
+	for i, w := range r.writes {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, w.Channel)
+	}
+	b = append(b, `],"attempts":`...)
+	b = strconv.AppendInt(b, int64(r.attempts), 10)
+	return append(b, '}')
+}
+
+// checkpointData is {"id","step","next"}.
+func checkpointData(c *Checkpoint) json.RawMessage {
+	b := make([]byte, 0, 96)
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, c.ID)
+	b = append(b, `,"step":`...)
+	b = strconv.AppendInt(b, int64(c.Step), 10)
+	b = append(b, `,"next":[`...)
+	for i, t := range c.Next {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, t.Node)
+	}
+	return append(b, "]}"...)
 }
 
 func taskNodes(ts []TaskSpec) []string {

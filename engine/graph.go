@@ -194,6 +194,7 @@ type Graph struct {
 	fanouts      map[string][]fanoutEdge
 	before       []string
 	after        []string
+	order        map[string]int // node -> declaration index
 }
 
 // Name returns the graph's name.
@@ -216,6 +217,10 @@ func (b *Builder) Compile(opts ...CompileOption) (*Graph, error) {
 	}
 	for _, o := range opts {
 		o(g)
+	}
+	g.order = make(map[string]int, len(b.nodeOrder))
+	for i, n := range b.nodeOrder {
+		g.order[n] = i
 	}
 	problems := slices.Clone(b.problems)
 	known := func(n string) bool { return n == Start || n == End || b.nodes[n] != nil }
