@@ -8,10 +8,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
 
+	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -138,4 +140,58 @@ func TestBenchReferenceJSON(t *testing.T) {
 	require.Greater(t, res["commit_ms"], 0.0)
 	require.Greater(t, res["ceiling_turns_per_s"], 0.0)
 	require.Greater(t, res["db_bytes"], 0.0)
+}
+
+// While another owner holds the store and keeps committing, db backup and
+// db check go through its control socket, and the backup is consistent.
+func TestBackupWhileOwnerWrites(t *testing.T) {
+	dir := t.TempDir()
+	code, _, stderr := outpost(t, "run", "--data", dir, "--thread", "seed", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+
+	db, err := store.OpenDir(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- store.ServeControl(ctx, db, dir) }()
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(filepath.Join(dir, store.ControlSocket))
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond)
+
+	resolve, err := resolver()
+	require.NoError(t, err)
+	m := engine.NewManager(db, resolve, engine.ManagerOptions{})
+	defer m.Close()
+	writing := make(chan struct{})
+	go func() {
+		defer close(writing)
+		for i := 0; ctx.Err() == nil && i < 200; i++ {
+			_, _ = m.Invoke(ctx, engine.RunRequest{Thread: "busy", Agent: "reference", Input: json.RawMessage(`"I forgot my losartan dose"`)})
+		}
+	}()
+
+	bak := filepath.Join(t.TempDir(), "online.db")
+	code, stdout, stderr := outpost(t, "db", "backup", "--data", dir, bak)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "checked")
+	code, stdout, stderr = outpost(t, "db", "check", "--data", dir)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "store is sound")
+	code, _, stderr = outpost(t, "db", "compact", "--data", dir)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "stop serve first")
+	cancel()
+	<-writing
+	require.NoError(t, <-served)
+
+	// The copy opens on its own and holds the seed run.
+	b, err := store.Open(bak, store.Options{ReadOnly: true})
+	require.NoError(t, err)
+	defer b.Close()
+	runs, err := b.Runs(context.Background(), engine.RunFilter{Thread: "seed"})
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
 }

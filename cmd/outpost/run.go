@@ -20,6 +20,7 @@ func init() {
 
 // session is an open store with a run manager and an event printer.
 type session struct {
+	stop context.CancelFunc
 	db   *store.DB
 	bus  *engine.Bus
 	m    *engine.Manager
@@ -37,7 +38,17 @@ func openSession(dir string, durability engine.Durability, out io.Writer, asJSON
 		db.Close()
 		return nil, err
 	}
-	s := &session{db: db, bus: engine.NewBus()}
+	ctx, stop := context.WithCancel(context.Background())
+	s := &session{db: db, bus: engine.NewBus(), stop: stop}
+	// While this process owns the store, db backup and db check reach it
+	// through the control socket.
+	s.done.Add(1)
+	go func() {
+		defer s.done.Done()
+		if err := store.ServeControl(ctx, db, dir); err != nil {
+			fmt.Fprintf(out, "control socket: %v\n", err)
+		}
+	}()
 	s.sub = s.bus.Subscribe(4096, nil)
 	s.m = engine.NewManager(db, resolve, engine.ManagerOptions{Durability: durability, Events: s.bus})
 	s.done.Add(1)
@@ -52,6 +63,7 @@ func openSession(dir string, durability engine.Durability, out io.Writer, asJSON
 
 func (s *session) close() {
 	s.m.Close()
+	s.stop()
 	s.bus.Close()
 	s.done.Wait()
 	s.db.Close()
