@@ -1,0 +1,155 @@
+package ollama
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/ollama/ollama/api"
+
+	"github.com/outpost-edge/outpost/models"
+)
+
+// DefaultURL is where Ollama listens unless told otherwise.
+const DefaultURL = "http://127.0.0.1:11434"
+
+// providerName is Name() and Response.Provider.
+const providerName = "ollama"
+
+// Client is a models.Provider backed by an Ollama server. It is safe for
+// concurrent use.
+type Client struct {
+	base    string // as shown in error messages
+	api     *api.Client
+	baseErr error // a base URL that cannot be parsed fails every call
+}
+
+var _ models.Provider = (*Client)(nil)
+
+// New returns a Client for the Ollama server at baseURL ("host:port" is
+// taken as http). hc may be nil; it must not set an overall Timeout, which
+// would cut long streams short: use Request.Timeout instead.
+func New(baseURL string, hc *http.Client) *Client {
+	if baseURL == "" {
+		baseURL = DefaultURL
+	}
+	if !strings.Contains(baseURL, "://") {
+		baseURL = "http://" + baseURL
+	}
+	baseURL = strings.TrimRight(baseURL, "/")
+	if hc == nil {
+		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
+	c := &Client{base: baseURL}
+	u, err := url.Parse(baseURL)
+	if err == nil && u.Host == "" {
+		err = errors.New("no host")
+	}
+	if err != nil {
+		c.baseErr = fmt.Errorf("invalid Ollama URL %q: %w", baseURL, err)
+		return c
+	}
+	c.api = api.NewClient(u, hc)
+	return c
+}
+
+// Name returns "ollama".
+func (c *Client) Name() string { return providerName }
+
+// URL returns the server's base URL.
+func (c *Client) URL() string { return c.base }
+
+// Chat streams one /api/chat call. See models.Provider.
+func (c *Client) Chat(ctx context.Context, req models.Request, stream func(models.Chunk) error) (*models.Response, error) {
+	if c.baseErr != nil {
+		return nil, c.newError(models.BadRequest, req.Model, c.baseErr)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, c.contextError(ctx, req.Model)
+	}
+	creq, err := chatRequest(req)
+	if err != nil {
+		return nil, c.newError(models.BadRequest, req.Model, err)
+	}
+
+	callCtx := ctx
+	if req.Timeout > 0 {
+		var cancel context.CancelFunc
+		callCtx, cancel = context.WithTimeoutCause(ctx, req.Timeout, errCallTimeout{req.Timeout})
+		defer cancel()
+	}
+
+	start := time.Now()
+	acc := accumulator{model: req.Model}
+	err = c.api.Chat(callCtx, creq, func(r api.ChatResponse) error {
+		chunk := acc.add(r)
+		if stream == nil || (chunk.Content == "" && chunk.Thinking == "" && len(chunk.ToolCalls) == 0) {
+			return nil
+		}
+		if err := stream(chunk); err != nil {
+			return callbackError{err}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, c.classify(callCtx, req.Model, err)
+	}
+	if !acc.done {
+		// api.Client ends a stream without error when the body stops early,
+		// whether the context ran out or the server went away: only the
+		// missing final chunk tells.
+		if callCtx.Err() != nil {
+			return nil, c.contextError(callCtx, req.Model)
+		}
+		return nil, c.newError(models.Stream, req.Model, fmt.Errorf("%w: the stream ended before its final chunk", models.ErrDropped))
+	}
+	resp := acc.response(time.Since(start))
+	resp.RequestHash = models.HashRequest(req)
+	return resp, nil
+}
+
+// Ping checks that the server answers /api/tags.
+func (c *Client) Ping(ctx context.Context) error {
+	_, err := c.list(ctx)
+	return err
+}
+
+// HasModel reports whether the server has the model installed. A name
+// without a tag matches ":latest", as the Ollama CLI does.
+func (c *Client) HasModel(ctx context.Context, name string) (bool, error) {
+	list, err := c.list(ctx)
+	if err != nil {
+		return false, err
+	}
+	want := withTag(name)
+	for _, m := range list.Models {
+		if withTag(m.Name) == want || withTag(m.Model) == want {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func (c *Client) list(ctx context.Context) (*api.ListResponse, error) {
+	if c.baseErr != nil {
+		return nil, c.newError(models.BadRequest, "", c.baseErr)
+	}
+	list, err := c.api.List(ctx)
+	if err != nil {
+		return nil, c.classify(ctx, "", err)
+	}
+	return list, nil
+}
+
+func withTag(name string) string {
+	// A tag follows the last ':' after the last '/', so a registry host's
+	// port ("host:5000/model") is not mistaken for one.
+	if !strings.Contains(name[strings.LastIndex(name, "/")+1:], ":") {
+		return name + ":latest"
+	}
+	return name
+}

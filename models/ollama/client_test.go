@@ -1,0 +1,427 @@
+package ollama
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/models"
+	"github.com/outpost-edge/outpost/models/modelstest"
+)
+
+func TestProviderSuite(t *testing.T) {
+	modelstest.RunProviderSuite(t, func() models.Provider {
+		srv := newFakeOllama(t, replayStream(t, "plain.ndjson"))
+		return New(srv.URL, srv.Client())
+	})
+}
+
+func chatRequestFor(model string) models.Request {
+	return models.Request{
+		Model:    model,
+		Messages: []models.Message{{Role: models.RoleUser, Content: "I forgot my metformin dose"}},
+	}
+}
+
+func TestChatReplaysRecordedStreams(t *testing.T) {
+	for _, tc := range []struct {
+		fixture string
+		model   string
+	}{
+		{"plain.ndjson", "llama3.2"},
+		{"tool_calls.ndjson", "llama3.2"},
+		{"thinking.ndjson", "qwen3:0.6b"},
+	} {
+		t.Run(tc.fixture, func(t *testing.T) {
+			want := expectFixture(t, tc.fixture)
+			srv := newFakeOllama(t, replayStream(t, tc.fixture))
+			c := New(srv.URL, srv.Client())
+
+			var chunks []models.Chunk
+			resp, err := c.Chat(context.Background(), chatRequestFor(tc.model), func(ch models.Chunk) error {
+				chunks = append(chunks, ch)
+				return nil
+			})
+			require.NoError(t, err)
+			require.Equal(t, "ollama", resp.Provider)
+			require.Equal(t, want.model, resp.Model)
+			require.Equal(t, models.RoleAssistant, resp.Message.Role)
+			require.Equal(t, want.content, resp.Message.Content)
+			require.Equal(t, want.thinking, resp.Message.Thinking)
+			require.Equal(t, want.doneReason, resp.DoneReason)
+			require.Equal(t, want.promptTokens, resp.PromptTokens)
+			require.Equal(t, want.completionTokens, resp.CompletionTokens)
+			require.Equal(t, want.totalDuration, resp.Duration)
+			require.Len(t, chunks, want.chunks, "one chunk per line that carries text or calls")
+			require.Len(t, resp.Message.ToolCalls, len(want.toolCalls))
+			for i, w := range want.toolCalls {
+				got := resp.Message.ToolCalls[i]
+				require.Equal(t, w.id, got.ID)
+				require.Equal(t, w.name, got.Name)
+				require.JSONEq(t, string(w.args), string(got.Arguments))
+			}
+		})
+	}
+}
+
+func TestChatFailures(t *testing.T) {
+	partial := fixtureLines(t, "plain.ndjson")[:2]
+
+	for _, tc := range []struct {
+		name      string
+		handler   http.HandlerFunc
+		timeout   time.Duration
+		kind      models.ErrorKind
+		transient bool
+		is        error
+		contains  []string
+		status    int
+		chunks    int // chunks delivered before the failure
+	}{
+		{
+			name:     "error line mid-stream",
+			handler:  replayStream(t, "error_midstream.ndjson"),
+			kind:     models.Stream,
+			contains: []string{"model llama3.2 failed mid-answer", "unexpected EOF"},
+			chunks:   2,
+		},
+		{
+			name: "slow first token",
+			handler: func(w http.ResponseWriter, r *http.Request) {
+				select {
+				case <-r.Context().Done():
+				case <-time.After(5 * time.Second):
+				}
+			},
+			timeout:   100 * time.Millisecond,
+			kind:      models.Timeout,
+			transient: true,
+			is:        models.ErrTimeout,
+			contains:  []string{"model llama3.2 did not answer in time", "100ms"},
+		},
+		{
+			name: "stalls after first tokens",
+			handler: func(w http.ResponseWriter, r *http.Request) {
+				for _, line := range partial {
+					_, _ = w.Write(append(line, '\n'))
+				}
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			},
+			timeout:   150 * time.Millisecond,
+			kind:      models.Timeout,
+			transient: true,
+			is:        context.DeadlineExceeded,
+			chunks:    2,
+		},
+		{
+			name:      "connection dropped mid-stream",
+			handler:   dropAfter(partial),
+			kind:      models.Stream,
+			transient: true,
+			is:        models.ErrDropped,
+			chunks:    2,
+		},
+		{
+			name:      "connection dropped before answering",
+			handler:   dropAfter(nil),
+			kind:      models.Unreachable,
+			transient: true,
+			is:        models.ErrUnreachable,
+		},
+		{
+			name:     "model not pulled",
+			handler:  answerStatus(http.StatusNotFound, string(readFixture(t, "not_found.json"))),
+			kind:     models.NotFound,
+			is:       models.ErrModelNotFound,
+			status:   404,
+			contains: []string{`model llama3.2 is not installed: run "ollama pull llama3.2"`},
+		},
+		{
+			name:     "model cannot use tools",
+			handler:  answerStatus(http.StatusBadRequest, `{"error":"registry.ollama.ai/library/llama3.2 does not support tools"}`),
+			kind:     models.BadRequest,
+			status:   400,
+			contains: []string{"does not support tools"},
+		},
+		{
+			name:      "server error",
+			handler:   answerStatus(http.StatusInternalServerError, `{"error":"llama runner process has terminated: signal: killed"}`),
+			kind:      models.Server,
+			transient: true,
+			status:    500,
+			contains:  []string{"llama runner process has terminated"},
+		},
+		{
+			name:      "busy",
+			handler:   answerStatus(http.StatusServiceUnavailable, `{"error":"server busy, please try again.  maximum pending requests exceeded"}`),
+			kind:      models.Server,
+			transient: true,
+			status:    503,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newFakeOllama(t, tc.handler)
+			c := New(srv.URL, srv.Client())
+			req := chatRequestFor("llama3.2")
+			req.Timeout = tc.timeout
+
+			chunks := 0
+			start := time.Now()
+			resp, err := c.Chat(context.Background(), req, func(models.Chunk) error { chunks++; return nil })
+			require.Nil(t, resp)
+			require.Less(t, time.Since(start), 3*time.Second, "a failure must not wait out the server")
+
+			var me *models.Error
+			require.ErrorAs(t, err, &me)
+			require.Equal(t, tc.kind, me.Kind, "error: %v", err)
+			require.Equal(t, "ollama", me.Provider)
+			require.Equal(t, "llama3.2", me.Model)
+			require.Equal(t, srv.URL, me.URL)
+			require.Equal(t, tc.status, me.Status)
+			require.Equal(t, tc.transient, models.IsTransient(err), "transient? error: %v", err)
+			if tc.is != nil {
+				require.ErrorIs(t, err, tc.is)
+			}
+			for _, s := range tc.contains {
+				require.Contains(t, err.Error(), s)
+			}
+			require.Equal(t, tc.chunks, chunks)
+		})
+	}
+}
+
+// dropAfter writes the given lines as a chunked 200 response, then closes
+// the connection without the terminating chunk, as a crashed server would.
+// With no lines it closes before sending any headers.
+func dropAfter(lines [][]byte) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			panic(err)
+		}
+		defer conn.Close()
+		if lines == nil {
+			return
+		}
+		fmt.Fprint(buf, "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for _, line := range lines {
+			fmt.Fprintf(buf, "%x\r\n%s\n\r\n", len(line)+1, line)
+		}
+		_ = buf.Flush()
+	}
+}
+
+func TestChatConnectionRefused(t *testing.T) {
+	url := refusingURL(t)
+	c := New(url, nil)
+	resp, err := c.Chat(context.Background(), chatRequestFor("llama3.2"), nil)
+	require.Nil(t, resp)
+	require.ErrorIs(t, err, models.ErrUnreachable)
+	require.True(t, models.IsTransient(err))
+	require.True(t, strings.HasPrefix(err.Error(), "Ollama is not reachable at "+url), err.Error())
+	require.Contains(t, err.Error(), "connection refused")
+	require.Contains(t, err.Error(), "ollama serve")
+
+	require.ErrorIs(t, c.Ping(context.Background()), models.ErrUnreachable)
+	_, err = c.HasModel(context.Background(), "llama3.2")
+	require.ErrorIs(t, err, models.ErrUnreachable)
+}
+
+// refusingURL returns the URL of a loopback port that nothing listens on.
+func refusingURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return "http://" + addr
+}
+
+func TestChatStreamCallbackStops(t *testing.T) {
+	srv := newFakeOllama(t, replayStream(t, "plain.ndjson"))
+	c := New(srv.URL, srv.Client())
+	stop := errors.New("client disconnected")
+	seen := 0
+	resp, err := c.Chat(context.Background(), chatRequestFor("llama3.2"), func(ch models.Chunk) error {
+		seen++
+		if seen == 3 {
+			return stop
+		}
+		return nil
+	})
+	require.Nil(t, resp)
+	require.Same(t, stop, err, "the callback's error is returned as is")
+	require.Equal(t, 3, seen)
+}
+
+func TestChatCallerCancel(t *testing.T) {
+	started := make(chan struct{})
+	srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-r.Context().Done()
+	})
+	c := New(srv.URL, srv.Client())
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-started; cancel() }()
+	_, err := c.Chat(ctx, chatRequestFor("llama3.2"), nil)
+	var me *models.Error
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, models.Canceled, me.Kind)
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, models.IsTransient(err))
+}
+
+func TestChatSendsRequestAsOllamaExpects(t *testing.T) {
+	srv := newFakeOllama(t, replayStream(t, "tool_calls.ndjson"))
+	c := New(srv.URL, srv.Client())
+	temp, seed, keep := 0.2, 42, 10*time.Minute
+	req := models.Request{
+		Model: "llama3.2",
+		Messages: []models.Message{
+			{Role: models.RoleSystem, Content: "Answer from the knowledge base."},
+			{Role: models.RoleUser, Content: "I forgot my metformin dose"},
+			{Role: models.RoleAssistant, ToolCalls: []models.ToolCall{{ID: "call_1", Name: "kb_search", Arguments: json.RawMessage(`{"query":"metformin"}`)}}},
+			{Role: models.RoleTool, ToolName: "kb_search", Content: "[doc-7] Take a missed dose with the next meal."},
+		},
+		Tools: []models.ToolDef{{
+			Name:        "kb_search",
+			Description: "Search the knowledge base.",
+			Parameters:  json.RawMessage(`{"type":"object","properties":{"query":{"type":"string","description":"keywords"}},"required":["query"]}`),
+		}},
+		Format:    json.RawMessage(`{"type":"object","properties":{"answer":{"type":"string"}},"required":["answer"]}`),
+		Options:   models.Options{Temperature: &temp, Seed: &seed, NumCtx: 4096},
+		KeepAlive: &keep,
+		Think:     true,
+	}
+	_, err := c.Chat(context.Background(), req, nil)
+	require.NoError(t, err)
+
+	body, err := json.Marshal(srv.lastBody(t))
+	require.NoError(t, err)
+	require.JSONEq(t, `{
+		"model": "llama3.2",
+		"stream": true,
+		"messages": [
+			{"role": "system", "content": "Answer from the knowledge base."},
+			{"role": "user", "content": "I forgot my metformin dose"},
+			{"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "function": {"index": 0, "name": "kb_search", "arguments": {"query": "metformin"}}}]},
+			{"role": "tool", "content": "[doc-7] Take a missed dose with the next meal.", "tool_name": "kb_search"}
+		],
+		"tools": [{"type": "function", "function": {"name": "kb_search", "description": "Search the knowledge base.",
+			"parameters": {"type": "object", "required": ["query"], "properties": {"query": {"type": "string", "description": "keywords"}}}}}],
+		"format": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+		"options": {"temperature": 0.2, "seed": 42, "num_ctx": 4096},
+		"keep_alive": "10m0s",
+		"think": true
+	}`, string(body))
+}
+
+func TestChatFormatAndDefaults(t *testing.T) {
+	srv := newFakeOllama(t, replayStream(t, "plain.ndjson"))
+	c := New(srv.URL, srv.Client())
+	for _, format := range []string{`json`, `"json"`} {
+		req := chatRequestFor("llama3.2")
+		req.Format = json.RawMessage(format)
+		_, err := c.Chat(context.Background(), req, nil)
+		require.NoError(t, err)
+		body := srv.lastBody(t)
+		require.Equal(t, "json", body["format"])
+		require.Nil(t, body["options"], "no options set: the model's defaults apply")
+		require.NotContains(t, body, "think", "think is left to the model unless asked for")
+		require.NotContains(t, body, "keep_alive")
+	}
+}
+
+func TestChatRefusesBadInputBeforeSending(t *testing.T) {
+	srv := newFakeOllama(t, replayStream(t, "plain.ndjson"))
+	c := New(srv.URL, srv.Client())
+	for name, mutate := range map[string]func(*models.Request){
+		"no model":        func(r *models.Request) { r.Model = "" },
+		"format not JSON": func(r *models.Request) { r.Format = json.RawMessage(`{schema`) },
+		"schema not obj":  func(r *models.Request) { r.Tools = []models.ToolDef{{Name: "x", Parameters: json.RawMessage(`[1]`)}} },
+		"args not object": func(r *models.Request) {
+			r.Messages[0].ToolCalls = []models.ToolCall{{Name: "x", Arguments: json.RawMessage(`"q"`)}}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			req := chatRequestFor("llama3.2")
+			mutate(&req)
+			_, err := c.Chat(context.Background(), req, nil)
+			var me *models.Error
+			require.ErrorAs(t, err, &me)
+			require.Equal(t, models.BadRequest, me.Kind)
+			require.False(t, models.IsTransient(err))
+			require.Zero(t, srv.requests())
+		})
+	}
+}
+
+func TestUnparseableBaseURL(t *testing.T) {
+	c := New("http://[::1", nil)
+	_, err := c.Chat(context.Background(), chatRequestFor("llama3.2"), nil)
+	var me *models.Error
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, models.BadRequest, me.Kind)
+	require.Contains(t, err.Error(), "invalid Ollama URL")
+	require.ErrorAs(t, c.Ping(context.Background()), &me)
+}
+
+func TestPingAndHasModel(t *testing.T) {
+	srv := newFakeOllama(t, replayStream(t, "plain.ndjson"))
+	c := New(strings.TrimPrefix(srv.URL, "http://")+"/", srv.Client())
+	require.NoError(t, c.Ping(context.Background()))
+	for name, want := range map[string]bool{
+		"llama3.2":                            true,
+		"llama3.2:latest":                     true,
+		"llama3.2:1b":                         false,
+		"qwen3:0.6b":                          false,
+		"registry.local:5000/team/qwen3:0.6b": true,
+		"registry.local:5000/team/qwen3":      false,
+	} {
+		got, err := c.HasModel(context.Background(), name)
+		require.NoError(t, err)
+		require.Equal(t, want, got, name)
+	}
+}
+
+func TestNewDefaults(t *testing.T) {
+	require.Equal(t, DefaultURL, New("", nil).URL())
+	require.Equal(t, "http://10.0.0.5:11434", New("10.0.0.5:11434", nil).URL())
+	require.Equal(t, "ollama", New("", nil).Name())
+}
+
+// A slow response body must not be mistaken for a finished one: the reader
+// in api.Client ignores read errors, so this pins the "no final chunk" check.
+func TestChatIncompleteStreamWithoutError(t *testing.T) {
+	lines := fixtureLines(t, "plain.ndjson")
+	srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+		bw := bufio.NewWriter(w)
+		for _, l := range lines[:len(lines)-1] {
+			_, _ = bw.Write(append(l, '\n'))
+		}
+		_ = bw.Flush()
+	})
+	c := New(srv.URL, srv.Client())
+	_, err := c.Chat(context.Background(), chatRequestFor("llama3.2"), nil)
+	require.ErrorIs(t, err, models.ErrDropped)
+	require.True(t, models.IsTransient(err))
+}
+
+func TestErrorMessages(t *testing.T) {
+	url := refusingURL(t)
+	_, err := New(url, nil).Chat(context.Background(), chatRequestFor("llama3.2"), nil)
+	t.Log(err)
+	srv := newFakeOllama(t, answerStatus(404, string(readFixture(t, "not_found.json"))))
+	_, err = New(srv.URL, nil).Chat(context.Background(), chatRequestFor("llama3.2"), nil)
+	require.EqualError(t, err, `model llama3.2 is not installed: run "ollama pull llama3.2"`)
+}

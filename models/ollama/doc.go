@@ -1,0 +1,15 @@
+// Package ollama is the models.Provider for a local Ollama server, built on
+// github.com/ollama/ollama/api.
+//
+// [New] returns a [Client] for a base URL (http://127.0.0.1:11434 when
+// empty). [Client.Chat] streams /api/chat with tools, a JSON-schema format,
+// sampling options, keep-alive, thinking and a per-call timeout, and reads the
+// token counts from the final chunk. [Client.Ping] and [Client.HasModel] use
+// /api/tags for health checks.
+//
+// Every failure is a *models.Error: a 404 names the "ollama pull" command, a
+// refused connection names the URL, a timeout or a connection dropped
+// mid-stream is transient. The tests replay Ollama's NDJSON streams recorded
+// under testdata/ollama; run them with -update next to a real Ollama to
+// record fresh ones.
+package ollama
