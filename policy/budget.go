@@ -1,0 +1,185 @@
+package policy
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Budget defaults.
+const (
+	// DefaultToolIterations bounds model → tool → model round trips in one
+	// tool loop: enough for a lookup and a follow-up, short of a model
+	// stuck calling the same tool forever.
+	DefaultToolIterations = 5
+	// DefaultSteps matches LangGraph's default recursion limit.
+	DefaultSteps = 25
+)
+
+// Budget limits one run. Zero Steps and ToolIterations take their defaults;
+// zero Tokens and WallTime mean no limit on that dimension (set them: a
+// run's cost is otherwise bounded only by its steps). Negative values are
+// invalid.
+type Budget struct {
+	Steps          int
+	ToolIterations int
+	Tokens         int
+	WallTime       time.Duration
+}
+
+// WithDefaults fills the zero fields that have defaults.
+func (b Budget) WithDefaults() Budget {
+	if b.Steps == 0 {
+		b.Steps = DefaultSteps
+	}
+	if b.ToolIterations == 0 {
+		b.ToolIterations = DefaultToolIterations
+	}
+	return b
+}
+
+// Validate rejects negative limits.
+func (b Budget) Validate() error {
+	if b.Steps < 0 || b.ToolIterations < 0 || b.Tokens < 0 || b.WallTime < 0 {
+		return fmt.Errorf("%w: budget: limits must not be negative: %+v", ErrBadRule, b)
+	}
+	return nil
+}
+
+// Budget dimensions, as named in BudgetError.Which and budget.exceeded
+// events.
+const (
+	BudgetSteps          = "steps"
+	BudgetToolIterations = "tool_iterations"
+	BudgetTokens         = "tokens"
+	BudgetWallTime       = "wall_time"
+)
+
+// BudgetError says which budget a run exceeded. It wraps ErrBudgetExceeded.
+// For wall time, Limit and Used are in milliseconds.
+type BudgetError struct {
+	Which string
+	Limit int64
+	Used  int64
+}
+
+func (e *BudgetError) Error() string {
+	unit := ""
+	if e.Which == BudgetWallTime {
+		unit = "ms"
+	}
+	return fmt.Sprintf("%s budget exceeded: used %d%s of %d%s", e.Which, e.Used, unit, e.Limit, unit)
+}
+
+func (e *BudgetError) Unwrap() error { return ErrBudgetExceeded }
+
+// Usage is what a run has consumed so far.
+type Usage struct {
+	Steps          int `json:"steps"`
+	ToolIterations int `json:"tool_iterations"`
+	Tokens         int `json:"tokens"`
+}
+
+// Tracker counts a run's consumption against its budget. It is safe for
+// concurrent use (nodes of one superstep report tokens in parallel). Once a
+// budget is exceeded every later call returns the same error, so that a
+// caller that missed it once cannot carry on.
+type Tracker struct {
+	mu       sync.Mutex
+	budget   Budget
+	start    time.Time
+	used     Usage
+	exceeded *BudgetError
+}
+
+// NewTracker starts tracking a run that began at start. Zero limits take
+// their defaults (see Budget).
+func NewTracker(b Budget, start time.Time) *Tracker {
+	return &Tracker{budget: b.WithDefaults(), start: start}
+}
+
+// ResumeTracker continues tracking a run recovered after a restart, from
+// the usage recorded with its last checkpoint. start is the run's original
+// start: wall time keeps counting across the restart.
+func ResumeTracker(b Budget, start time.Time, used Usage) *Tracker {
+	t := NewTracker(b, start)
+	t.used = used
+	t.exceeded = t.overLocked()
+	return t
+}
+
+// Step counts a superstep about to run; call it before the step, so the
+// step after the last allowed one never starts.
+func (t *Tracker) Step() error {
+	return t.add(func(u *Usage) { u.Steps++ })
+}
+
+// AddToolIteration counts a model → tool → model round trip about to start.
+func (t *Tracker) AddToolIteration() error {
+	return t.add(func(u *Usage) { u.ToolIterations++ })
+}
+
+// AddTokens counts tokens a model call used. Tokens are known only after
+// the call, so the error reports the overrun instead of preventing it.
+func (t *Tracker) AddTokens(n int) error {
+	if n < 0 {
+		n = 0
+	}
+	return t.add(func(u *Usage) { u.Tokens += n })
+}
+
+// Check reports whether the run is over any budget at now, wall time
+// included.
+func (t *Tracker) Check(now time.Time) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.exceeded != nil {
+		return t.exceeded
+	}
+	if w := t.budget.WallTime; w > 0 {
+		if used := now.Sub(t.start); used > w {
+			t.exceeded = &BudgetError{Which: BudgetWallTime, Limit: w.Milliseconds(), Used: used.Milliseconds()}
+			return t.exceeded
+		}
+	}
+	return nil
+}
+
+// Usage returns the consumption so far, for the checkpoint and the outcome.
+func (t *Tracker) Usage() Usage {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.used
+}
+
+// Budget returns the budget in force, defaults applied.
+func (t *Tracker) Budget() Budget { return t.budget }
+
+func (t *Tracker) add(f func(*Usage)) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// Usage keeps counting after an overrun, so the record shows the
+	// attempt that was refused.
+	f(&t.used)
+	if t.exceeded != nil {
+		return t.exceeded
+	}
+	t.exceeded = t.overLocked()
+	if t.exceeded != nil {
+		return t.exceeded
+	}
+	return nil
+}
+
+func (t *Tracker) overLocked() *BudgetError {
+	b, u := t.budget, t.used
+	switch {
+	case u.Steps > b.Steps:
+		return &BudgetError{Which: BudgetSteps, Limit: int64(b.Steps), Used: int64(u.Steps)}
+	case u.ToolIterations > b.ToolIterations:
+		return &BudgetError{Which: BudgetToolIterations, Limit: int64(b.ToolIterations), Used: int64(u.ToolIterations)}
+	case b.Tokens > 0 && u.Tokens > b.Tokens:
+		return &BudgetError{Which: BudgetTokens, Limit: int64(b.Tokens), Used: int64(u.Tokens)}
+	}
+	return nil
+}
