@@ -4,6 +4,7 @@ package modelstest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -18,8 +19,8 @@ import (
 const SuiteModel = "llama3.2"
 
 // SuiteInput is the user message the suite sends. A provider under test must
-// answer it with some text: a scripted rule set, a recorded stream or a real
-// model all can.
+// answer it with text or tool calls: a scripted rule set, a recorded stream
+// or a real model all can.
 const SuiteInput = "I forgot my metformin dose"
 
 // SuiteRequest is the request every subtest sends.
@@ -52,7 +53,12 @@ func RunProviderSuite(t *testing.T, newProvider func() models.Provider) {
 		require.NotNil(t, resp)
 		require.Equal(t, p.Name(), resp.Provider, "a response names the provider that gave it")
 		require.Equal(t, models.RoleAssistant, resp.Message.Role)
-		require.NotEmpty(t, strings.TrimSpace(resp.Message.Content))
+		require.True(t, strings.TrimSpace(resp.Message.Content) != "" || len(resp.Message.ToolCalls) > 0,
+			"an answer has text or tool calls")
+		for _, tc := range resp.Message.ToolCalls {
+			require.NotEmpty(t, tc.Name)
+			require.True(t, json.Valid(tc.Arguments), "tool call arguments are JSON: %s", tc.Arguments)
+		}
 		require.NotEmpty(t, resp.Model)
 		require.Positive(t, resp.PromptTokens)
 		require.Positive(t, resp.CompletionTokens)
