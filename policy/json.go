@@ -43,11 +43,8 @@ func parseValue(dec *json.Decoder, depth int) (any, error) {
 	if depth > maxJSONDepth {
 		return nil, fmt.Errorf("nested deeper than %d levels", maxJSONDepth)
 	}
-	tok, err := dec.Token()
+	tok, err := nextToken(dec)
 	if err != nil {
-		if err == io.EOF {
-			return nil, io.ErrUnexpectedEOF
-		}
 		return nil, err
 	}
 	switch t := tok.(type) {
@@ -56,7 +53,7 @@ func parseValue(dec *json.Decoder, depth int) (any, error) {
 		case '{':
 			obj := &object{vals: map[string]any{}}
 			for dec.More() {
-				kt, err := dec.Token()
+				kt, err := nextToken(dec)
 				if err != nil {
 					return nil, err
 				}
@@ -74,7 +71,7 @@ func parseValue(dec *json.Decoder, depth int) (any, error) {
 				obj.keys = append(obj.keys, k)
 				obj.vals[k] = v
 			}
-			if _, err := dec.Token(); err != nil {
+			if _, err := nextToken(dec); err != nil {
 				return nil, err
 			}
 			return obj, nil
@@ -87,7 +84,7 @@ func parseValue(dec *json.Decoder, depth int) (any, error) {
 				}
 				arr = append(arr, v)
 			}
-			if _, err := dec.Token(); err != nil {
+			if _, err := nextToken(dec); err != nil {
 				return nil, err
 			}
 			return arr, nil
@@ -96,6 +93,16 @@ func parseValue(dec *json.Decoder, depth int) (any, error) {
 	default:
 		return t, nil
 	}
+}
+
+// nextToken is dec.Token, where running out of input inside a value is
+// unexpected rather than a clean end.
+func nextToken(dec *json.Decoder) (json.Token, error) {
+	tok, err := dec.Token()
+	if err == io.EOF {
+		return nil, io.ErrUnexpectedEOF
+	}
+	return tok, err
 }
 
 // decodeStrict decodes one JSON document into v the way bundle files must
