@@ -184,10 +184,14 @@ func truncateRunes(s string, max int) (string, bool) {
 	return s, false
 }
 
+var markerWordRE = regexp.MustCompile(`(?i)tool_result`)
+
 // escapeMarkers turns every run of three or more angle brackets into
-// look-alike quotation marks, so no content can draw a marker line, whatever
-// nonce it guesses.
+// look-alike quotation marks and breaks up the marker's keyword, so no
+// content can draw a marker line, or anything a model might take for one,
+// whatever nonce it guesses.
 func escapeMarkers(s string) string {
+	s = markerWordRE.ReplaceAllStringFunc(s, func(m string) string { return strings.Replace(m, "_", " ", 1) })
 	if !strings.Contains(s, "<<<") && !strings.Contains(s, ">>>") {
 		return s
 	}
