@@ -1,0 +1,121 @@
+package policy
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestTracker(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name   string
+		budget Budget
+		run    func(*Tracker) error
+		which  string
+		limit  int64
+		used   int64
+	}{
+		{"steps", Budget{Steps: 2}, func(tr *Tracker) error {
+			if err := tr.Step(); err != nil {
+				return err
+			}
+			if err := tr.Step(); err != nil {
+				return err
+			}
+			return tr.Step()
+		}, BudgetSteps, 2, 3},
+		{"tool iterations default to 5", Budget{}, func(tr *Tracker) error {
+			for i := 0; i < 5; i++ {
+				if err := tr.AddToolIteration(); err != nil {
+					return err
+				}
+			}
+			return tr.AddToolIteration()
+		}, BudgetToolIterations, 5, 6},
+		{"tokens", Budget{Tokens: 100}, func(tr *Tracker) error {
+			if err := tr.AddTokens(60); err != nil {
+				return err
+			}
+			return tr.AddTokens(41)
+		}, BudgetTokens, 100, 101},
+		{"wall time", Budget{WallTime: time.Second}, func(tr *Tracker) error {
+			if err := tr.Check(start.Add(time.Second)); err != nil {
+				return err
+			}
+			return tr.Check(start.Add(1500 * time.Millisecond))
+		}, BudgetWallTime, 1000, 1500},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := NewTracker(tt.budget, start)
+			err := tt.run(tr)
+			require.Error(t, err)
+			assert.ErrorIs(t, err, ErrBudgetExceeded)
+			var be *BudgetError
+			require.True(t, errors.As(err, &be))
+			assert.Equal(t, BudgetError{Which: tt.which, Limit: tt.limit, Used: tt.used}, *be)
+
+			// Sticky: nothing after an overrun passes.
+			assert.ErrorIs(t, tr.Step(), ErrBudgetExceeded)
+			assert.ErrorIs(t, tr.AddTokens(0), ErrBudgetExceeded)
+			assert.ErrorIs(t, tr.Check(start), ErrBudgetExceeded)
+		})
+	}
+}
+
+func TestTrackerUnlimitedDimensionsAndDefaults(t *testing.T) {
+	tr := NewTracker(Budget{}, time.Now())
+	assert.NoError(t, tr.AddTokens(1<<30), "zero Tokens is no limit")
+	assert.NoError(t, tr.Check(time.Now().Add(1000*time.Hour)), "zero WallTime is no limit")
+	assert.Equal(t, DefaultSteps, tr.Budget().Steps)
+	assert.Equal(t, DefaultToolIterations, tr.Budget().ToolIterations)
+	assert.NoError(t, tr.AddTokens(-5), "negative token counts are ignored")
+	assert.Equal(t, Usage{Tokens: 1 << 30}, tr.Usage())
+
+	assert.NoError(t, Budget{}.Validate())
+	assert.ErrorIs(t, Budget{Tokens: -1}.Validate(), ErrBadRule)
+	assert.Equal(t, "tokens budget exceeded: used 101 of 100", (&BudgetError{Which: BudgetTokens, Limit: 100, Used: 101}).Error())
+	assert.Equal(t, "wall_time budget exceeded: used 1500ms of 1000ms", (&BudgetError{Which: BudgetWallTime, Limit: 1000, Used: 1500}).Error())
+}
+
+func TestResumeTracker(t *testing.T) {
+	start := time.Now()
+	tr := ResumeTracker(Budget{Steps: 3}, start, Usage{Steps: 3, Tokens: 10})
+	assert.NoError(t, tr.Check(start))
+	assert.ErrorIs(t, tr.Step(), ErrBudgetExceeded)
+
+	over := ResumeTracker(Budget{Tokens: 5}, start, Usage{Tokens: 10})
+	assert.ErrorIs(t, over.Check(start), ErrBudgetExceeded, "a run recovered over budget stays over budget")
+}
+
+func TestTrackerConcurrent(t *testing.T) {
+	tr := NewTracker(Budget{Tokens: 1000, Steps: 1 << 20, ToolIterations: 1 << 20}, time.Now())
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	failures := 0
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < 200; j++ {
+				err := tr.AddTokens(1)
+				_ = tr.Step()
+				_ = tr.AddToolIteration()
+				_ = tr.Check(time.Now())
+				if err != nil {
+					mu.Lock()
+					failures++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, 1600, tr.Usage().Tokens)
+	assert.Equal(t, 600, failures, "every call past the limit is refused, none silently")
+}
