@@ -191,7 +191,11 @@ var markerWordRE = regexp.MustCompile(`(?i)tool_result`)
 // content can draw a marker line, or anything a model might take for one,
 // whatever nonce it guesses.
 func escapeMarkers(s string) string {
-	s = markerWordRE.ReplaceAllStringFunc(s, func(m string) string { return strings.Replace(m, "_", " ", 1) })
+	// Repeat until stable: breaking one keyword can join its neighbours
+	// into a new one ("tool_resulTool_result").
+	for markerWordRE.MatchString(s) {
+		s = markerWordRE.ReplaceAllStringFunc(s, func(m string) string { return strings.Replace(m, "_", " ", 1) })
+	}
 	if !strings.Contains(s, "<<<") && !strings.Contains(s, ">>>") {
 		return s
 	}
