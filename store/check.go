@@ -3,9 +3,11 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 
 	"go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/outpost-edge/outpost/engine"
 )
@@ -52,10 +54,23 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 		}
 		rep.Problems = append(rep.Problems, p)
 	}
-	err := d.view(func(tx *bbolt.Tx) error {
+	// bbolt's page check reads the freelist that write transactions change
+	// without a lock, so it runs inside a write transaction (rolled back):
+	// commits wait for it, and it never sees a freelist mid-change.
+	errRollback := errors.New("rollback")
+	err := d.db.Update(func(tx *bbolt.Tx) error {
 		for err := range tx.Check() {
 			add("", nil, "bbolt: %v", err)
 		}
+		return errRollback
+	})
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		return nil, ErrClosed
+	}
+	if err != nil && !errors.Is(err, errRollback) {
+		return rep, fmt.Errorf("check store %s: %w", d.path, err)
+	}
+	err = d.view(func(tx *bbolt.Tx) error {
 		for _, name := range dataBuckets {
 			if bucket(tx, name) == nil {
 				add("", nil, "bucket %s is missing", name)

@@ -178,7 +178,7 @@ func TestBackupWhileOwnerWrites(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.Contains(t, stdout, "checked")
 	code, stdout, stderr = outpost(t, "db", "check", "--data", dir)
-	require.Zero(t, code, stderr)
+	require.Zero(t, code, stdout+stderr)
 	require.Contains(t, stdout, "store is sound")
 	code, _, stderr = outpost(t, "db", "compact", "--data", dir)
 	require.Equal(t, 1, code)

@@ -108,26 +108,23 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	defer s.close()
 	if n, err := s.m.Recover(ctx); err != nil {
+		s.close()
 		return err
 	} else if n > 0 {
 		fmt.Fprintf(stderr, "resumed %d run(s) left running by an earlier process\n", n)
 	}
 	run, err := s.m.Invoke(ctx, engine.RunRequest{Thread: *thread, Agent: *agent, Input: input})
+	// Closing waits for every run, including recovered ones, and for the
+	// event printer to drain, so the summary comes last.
+	s.close()
 	if err != nil {
 		return err
 	}
-	return reportRun(s, run, stdout, *asJSON)
+	return reportRun(run, stdout, *asJSON)
 }
 
-func reportRun(s *session, run *engine.Run, stdout io.Writer, asJSON bool) error {
-	// Let the printer drain before the summary.
-	deadline := time.Now().Add(time.Second)
-	for len(s.sub.C()) > 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(5 * time.Millisecond)
+func reportRun(run *engine.Run, stdout io.Writer, asJSON bool) error {
 	if asJSON {
 		b, _ := json.Marshal(run)
 		fmt.Fprintf(stdout, "%s\n", b)
@@ -188,30 +185,32 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	defer s.close()
-	if _, err := s.m.Recover(ctx); err != nil {
+	run, err := resumeOne(ctx, s, fs.Arg(0), *interrupt, d)
+	s.close()
+	if err != nil {
 		return err
 	}
-	runID := fs.Arg(0)
+	return reportRun(run, stdout, *asJSON)
+}
+
+func resumeOne(ctx context.Context, s *session, runID, interrupt string, d engine.Decision) (*engine.Run, error) {
+	if _, err := s.m.Recover(ctx); err != nil {
+		return nil, err
+	}
 	run, err := s.db.Run(ctx, runID)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	id := *interrupt
-	if id == "" {
+	if interrupt == "" {
 		if len(run.Interrupts) != 1 {
-			return fmt.Errorf("run %s has %d pending interrupts: name one with --interrupt", runID, len(run.Interrupts))
+			return nil, fmt.Errorf("run %s has %d pending interrupts: name one with --interrupt", runID, len(run.Interrupts))
 		}
-		id = run.Interrupts[0].ID
+		interrupt = run.Interrupts[0].ID
 	}
-	if _, err := s.m.Resume(ctx, runID, map[string]engine.Decision{id: d}); err != nil {
-		return err
+	if _, err := s.m.Resume(ctx, runID, map[string]engine.Decision{interrupt: d}); err != nil {
+		return nil, err
 	}
-	run, err = s.m.Wait(ctx, runID)
-	if err != nil {
-		return err
-	}
-	return reportRun(s, run, stdout, *asJSON)
+	return s.m.Wait(ctx, runID)
 }
 
 // reorder moves flags before positional arguments, so "resume RUN --decision
