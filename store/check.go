@@ -57,13 +57,21 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 	// bbolt's page check reads the freelist that write transactions change
 	// without a lock, so it runs inside a write transaction (rolled back):
 	// commits wait for it, and it never sees a freelist mid-change.
+	// A read-only handle has no writers to fear (the file lock is shared
+	// with readers only), and cannot start a write transaction.
 	errRollback := errors.New("rollback")
-	err := d.db.Update(func(tx *bbolt.Tx) error {
+	pageCheck := func(tx *bbolt.Tx) error {
 		for err := range tx.Check() {
 			add("", nil, "bbolt: %v", err)
 		}
 		return errRollback
-	})
+	}
+	var err error
+	if d.opts.ReadOnly {
+		err = d.db.View(pageCheck)
+	} else {
+		err = d.db.Update(pageCheck)
+	}
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		return nil, ErrClosed
 	}
