@@ -44,6 +44,10 @@ func RunBolt(ctx context.Context, o Options, dir string) (*Result, error) {
 	o.Saver = "bbolt"
 	res, err := Run(ctx, o)
 	stats := db.Stats()
+	if os.Getenv("OUTPOST_BENCH_DEBUG") != "" {
+		w, wt, pa := db.PageStats()
+		fmt.Fprintf(os.Stderr, "tx %d, page writes %d (%.1f per tx), write time %s, page alloc %.1f MB\n", stats.Transactions, w, float64(w)/float64(stats.Transactions), wt, float64(pa)/1e6)
+	}
 	if cerr := db.Close(); err == nil {
 		err = cerr
 	}

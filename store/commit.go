@@ -323,3 +323,10 @@ func checkBlobCollision(bb *bbolt.Bucket, key, data []byte) error {
 	}
 	return nil
 }
+
+// PageStats reports bbolt's write counters since Open: pages written, time
+// spent writing them, and bytes of pages allocated. For benchmarks.
+func (d *DB) PageStats() (writes int64, writeTime time.Duration, pageAllocBytes int64) {
+	s := d.db.Stats().TxStats
+	return s.GetWrite(), s.GetWriteTime(), s.GetPageAlloc()
+}
