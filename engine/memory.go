@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -108,7 +109,10 @@ func (m *MemoryStore) Commit(_ context.Context, c *Commit) error {
 		t.writes[k] = append(t.writes[k], w.Write)
 		t.mu.Unlock()
 	}
-	if cp := c.Checkpoint; cp != nil {
+	for _, cp := range append(slices.Clip(c.Earlier), c.Checkpoint) {
+		if cp == nil {
+			continue
+		}
 		t := m.thread(cp.Thread, true)
 		cc := *cp
 		t.mu.Lock()

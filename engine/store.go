@@ -237,6 +237,10 @@ func (r *Run) Clone() *Run {
 // the new checkpoint, the blobs it refers to, the run record and the events
 // that describe them. Any field may be empty.
 type Commit struct {
+	// Earlier are checkpoints that go into the same transaction before
+	// Checkpoint, oldest first: a run's input checkpoint when its first
+	// step commits with it.
+	Earlier    []*Checkpoint
 	Checkpoint *Checkpoint
 	Blobs      map[BlobRef][]byte
 	// Writes are pending writes to store with the commit (an interrupt or an
