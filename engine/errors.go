@@ -11,7 +11,10 @@ var (
 	ErrInvalidGraph = errors.New("invalid graph")
 
 	// Running.
-	ErrStepLimit        = errors.New("step limit reached")
+	ErrStepLimit = errors.New("step limit reached")
+	// ErrBudgetExceeded, returned (wrapped) by a node, ends the run as
+	// budget_exceeded instead of failed: tokens, tool-loop iterations.
+	ErrBudgetExceeded   = errors.New("budget exceeded")
 	ErrDeadline         = errors.New("run wall-time budget exceeded")
 	ErrUnknownChannel   = errors.New("write to an undeclared channel")
 	ErrWrongType        = errors.New("value has the wrong type for its channel")

@@ -1137,6 +1137,9 @@ func (e *execution) pause(ctx context.Context, results []taskResult, ins []Pendi
 		c.Writes = append(c.Writes, CommitWrites{Thread: e.cfg.Thread, NS: e.cfg.ns, CheckpointID: e.head.ID, Write: pw})
 	}
 	if failed != nil {
+		if errors.Is(failed.err, ErrBudgetExceeded) {
+			return e.finish(ctx, c, StatusBudgetExceeded, failed.err)
+		}
 		return e.finish(ctx, c, StatusFailed, failed.err)
 	}
 	e.run.Status = StatusInterrupted

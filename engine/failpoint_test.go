@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 
@@ -148,4 +149,31 @@ func TestManagerReportsWorkingRunAsRunning(t *testing.T) {
 	live, err = m.Run(ctx, run.ID)
 	require.NoError(t, err)
 	require.Equal(t, StatusCompleted, live.Status)
+}
+
+func TestNodeBudgetErrorEndsRunAsBudgetExceeded(t *testing.T) {
+	b := NewGraph("budget")
+	out := Replace[string](b, "out")
+	b.AddNode("spend", func(ctx context.Context, _ State) ([]Write, error) {
+		Announce(ctx, EventToolCalled, map[string]string{"tool": "x"})
+		return []Write{out.Set("x")}, fmt.Errorf("tokens: %w (used 1200 of 1000)", ErrBudgetExceeded)
+	})
+	b.AddEdge(Start, "spend")
+	g, err := b.Compile()
+	require.NoError(t, err)
+	bus := NewBus()
+	sub := bus.Subscribe(100, nil)
+	res, err := g.Invoke(context.Background(), RunConfig{Thread: "t", Events: bus})
+	require.ErrorIs(t, err, ErrBudgetExceeded)
+	require.Equal(t, StatusBudgetExceeded, res.Run.Status)
+	bus.Close()
+	var types []string
+	for e := range sub.C() {
+		if e.Type == EventToolCalled {
+			require.False(t, e.Live, "announced events are not live")
+		}
+		types = append(types, e.Type)
+	}
+	require.Contains(t, types, EventToolCalled)
+	require.Contains(t, types, EventRunFailed)
 }

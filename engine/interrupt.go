@@ -127,18 +127,29 @@ func Interrupt(ctx context.Context, payload any) (Decision, error) {
 // Emit publishes a live progress event (a model token, a tool's progress)
 // from inside a running node. Live events are not stored; they are delivered
 // in order with the committed ones.
-func Emit(ctx context.Context, typ string, data any) {
+func Emit(ctx context.Context, typ string, data any) { publish(ctx, typ, data, true) }
+
+// Announce publishes an event about state that the node itself has just
+// made durable outside the checkpoint (a tool call's intent or result in
+// the call log). Unlike Emit's, the event is not marked live: what it
+// describes survives a crash.
+func Announce(ctx context.Context, typ string, data any) { publish(ctx, typ, data, false) }
+
+func publish(ctx context.Context, typ string, data any, live bool) {
 	sp := scratchFrom(ctx)
 	if sp == nil || sp.exec == nil || sp.exec.cfg.Events == nil {
 		return
 	}
-	raw, err := json.Marshal(data)
-	if err != nil {
-		raw = json.RawMessage(`{}`)
+	raw, ok := data.(json.RawMessage)
+	if !ok {
+		var err error
+		if raw, err = json.Marshal(data); err != nil {
+			raw = json.RawMessage(`{}`)
+		}
 	}
 	e := sp.exec
 	e.cfg.Events.Publish(Event{Type: typ, Run: e.run.ID, Thread: e.cfg.Thread,
-		Node: e.cfg.nodePrefix + sp.node, Data: raw, Live: true, Time: time.Now().UTC()})
+		Node: e.cfg.nodePrefix + sp.node, Data: raw, Live: live, Time: time.Now().UTC()})
 }
 
 // RunInfo tells a node which run, thread and task it serves (for idempotency
