@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 
@@ -38,8 +37,7 @@ const (
 )
 
 var (
-	redFlag = regexp.MustCompile(`(?i)chest pain|overdose|can't breathe`)
-	kb      = func() []Doc {
+	kb = func() []Doc {
 		docs := make([]Doc, 64)
 		for i := range docs {
 			med := Meds[i%len(Meds)]
@@ -51,6 +49,12 @@ var (
 		return docs
 	}()
 )
+
+// hasRedFlag is /chest pain|overdose|can't breathe/i.
+func hasRedFlag(s string) bool {
+	s = strings.ToLower(s)
+	return strings.Contains(s, "chest pain") || strings.Contains(s, "overdose") || strings.Contains(s, "can't breathe")
+}
 
 // wordSet splits lowercased s on runs of non-word characters, as
 // s.toLowerCase().split(/\W+/) does in JavaScript (ASCII word characters).
@@ -137,7 +141,7 @@ func ReferenceGraph() (*engine.Graph, Channels, error) {
 	})
 	b.AddNode("guardrail_pre", func(_ context.Context, s engine.State) ([]engine.Write, error) {
 		in := c.Input.Get(s)
-		if redFlag.MatchString(in) {
+		if hasRedFlag(in) {
 			return []engine.Write{c.Flags.Set([]string{"acute"}), c.Draft.Set(emergency)}, nil
 		}
 		if !slices.ContainsFunc(Meds, func(m string) bool { return strings.Contains(in, m) }) {

@@ -58,3 +58,10 @@ func TestWordSetMatchesRegexpSplit(t *testing.T) {
 		require.Equal(t, want, wordSet(s), "%q", s)
 	}
 }
+
+func TestRedFlagMatchesRegexp(t *testing.T) {
+	re := regexp.MustCompile(`(?i)chest pain|overdose|can't breathe`)
+	for _, s := range []string{TurnInput(0, 16), TurnInput(1, 3), "CHEST PAIN", "an Overdose?", "I can't breathe", "cant breathe", "chest  pain", ""} {
+		require.Equal(t, re.MatchString(s), hasRedFlag(s), "%q", s)
+	}
+}

@@ -168,6 +168,9 @@ type execution struct {
 	// runChanged says the run record differs from the stored one in more
 	// than its step count and head.
 	runChanged bool
+	// versionsShared says versions is also held by the cache or a result,
+	// so the next bump must copy it.
+	versionsShared bool
 	// owned marks append channels whose array this execution allocated, so
 	// it may append in place (see channelSpec.extend).
 	owned map[string]bool
@@ -291,6 +294,7 @@ func (e *execution) adoptRun(ctx context.Context) error {
 }
 
 func (e *execution) result() *Result {
+	e.versionsShared = true
 	snap := &Snapshot{vals: e.vals, Checkpoint: e.head, Versions: e.versions}
 	for _, t := range e.next {
 		snap.Next = append(snap.Next, t.Node)
@@ -315,6 +319,7 @@ func (e *execution) load(ctx context.Context, id string) error {
 		return err
 	}
 	e.vals, e.versions, e.head, e.committed = vals, versions, head, head.ID
+	e.versionsShared = true
 	e.step = head.Step
 	e.next = head.Next
 	ws, err := e.store.Writes(ctx, e.cfg.Thread, e.cfg.ns, head.ID)
@@ -479,10 +484,14 @@ func (e *execution) apply(writes []Write) {
 }
 
 func (e *execution) bumpVersions(writes []Write) {
-	// Copy on write: the cache and earlier snapshots share the old map.
-	nv := make(map[string]uint64, len(e.versions)+1)
-	for k, v := range e.versions {
-		nv[k] = v
+	// Copy on write: the cache and results may share the map.
+	nv := e.versions
+	if e.versionsShared || nv == nil {
+		nv = make(map[string]uint64, len(e.versions)+1)
+		for k, v := range e.versions {
+			nv[k] = v
+		}
+		e.versionsShared = false
 	}
 	for i, w := range writes {
 		seen := false
@@ -580,6 +589,7 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 		if e.run.Status != StatusRunning && e.run.Status != StatusQueued {
 			// Only the state a run stops at is what the next run loads.
 			e.cfg.Cache.put(c.Checkpoint.Thread, c.Checkpoint.NS, c.Checkpoint.ID, e.vals, e.versions)
+			e.versionsShared = true
 		}
 	}
 	e.blobBuf = map[BlobRef][]byte{}

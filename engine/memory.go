@@ -92,7 +92,7 @@ func (m *MemoryStore) Commit(_ context.Context, c *Commit) error {
 		sh.mu.Lock()
 		old, ok := sh.m[ref]
 		if !ok {
-			sh.m[ref] = bytes.Clone(data)
+			sh.m[ref] = data // Commit owns c and its blobs
 		}
 		sh.mu.Unlock()
 		if ok && !bytes.Equal(old, data) {
@@ -114,16 +114,16 @@ func (m *MemoryStore) Commit(_ context.Context, c *Commit) error {
 			continue
 		}
 		t := m.thread(cp.Thread, true)
-		cc := *cp
+		cc := cp // Commit owns c: the caller does not touch it again
 		t.mu.Lock()
 		list := t.ckpts[cp.NS]
 		i := sort.Search(len(list), func(i int) bool { return list[i].ID >= cp.ID })
 		if i < len(list) && list[i].ID == cp.ID {
-			list[i] = &cc
+			list[i] = cc
 		} else {
 			list = append(list, nil)
 			copy(list[i+1:], list[i:])
-			list[i] = &cc
+			list[i] = cc
 		}
 		t.ckpts[cp.NS] = list
 		t.mu.Unlock()

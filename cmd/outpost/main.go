@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"sort"
 	"syscall"
 )
@@ -32,6 +33,11 @@ func register(name, summary string, run func(ctx context.Context, args []string,
 var errUsage = errors.New("usage")
 
 func main() {
+	// The heap of an appliance is small (tens of MB): trading a little of it
+	// for half the collection work is worth it. GOGC, when set, wins.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(200)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(execute(ctx, os.Args[1:], os.Stdout, os.Stderr))
