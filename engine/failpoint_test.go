@@ -177,3 +177,27 @@ func TestNodeBudgetErrorEndsRunAsBudgetExceeded(t *testing.T) {
 	require.Contains(t, types, EventToolCalled)
 	require.Contains(t, types, EventRunFailed)
 }
+
+func TestInvokeStopsWhenCallerGoesAway(t *testing.T) {
+	b := NewGraph("slow")
+	out := Replace[string](b, "out")
+	entered := make(chan struct{})
+	b.AddNode("wait", func(ctx context.Context, _ State) ([]Write, error) {
+		close(entered)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	b.AddNode("after", func(context.Context, State) ([]Write, error) { return []Write{out.Set("x")}, nil })
+	b.AddEdge(Start, "wait").AddEdge("wait", "after")
+	g, err := b.Compile()
+	require.NoError(t, err)
+	agent := &Agent{Name: "slow", Graph: g}
+	m := NewManager(NewMemoryStore(), func(string, BundleRef) (*Agent, error) { return agent, nil }, ManagerOptions{})
+	defer m.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-entered; cancel() }()
+	run, err := m.Invoke(ctx, RunRequest{Thread: "t", Agent: "slow"})
+	require.NoError(t, err)
+	require.Equal(t, StatusCancelled, run.Status)
+	require.Contains(t, run.Error, "caller went away")
+}

@@ -232,14 +232,15 @@ func (m *Manager) open(ctx context.Context, req RunRequest) (*active, *execution
 }
 
 // Invoke runs one turn and waits for it to end or pause, executing it on the
-// calling goroutine (it still takes a worker slot, and Cancel still stops
-// it). It saves the hand-off to a worker that Start and Wait pay.
+// calling goroutine (it still takes a worker slot). It saves the hand-off to
+// a worker that Start and Wait pay. Cancel stops it, and so does the end of
+// ctx: the run is then recorded as cancelled.
 func (m *Manager) Invoke(ctx context.Context, req RunRequest) (*Run, error) {
 	a, e, err := m.open(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	m.execute(a, e, nil)
+	m.execute(ctx, a, e, nil)
 	return e.run.Clone(), nil
 }
 
@@ -264,8 +265,10 @@ func (m *Manager) launch(a *active, e *execution, decisions map[string]Decision)
 }
 
 // execute runs e's loop on the calling goroutine.
-func (m *Manager) execute(a *active, e *execution, decisions map[string]Decision) {
+func (m *Manager) execute(caller context.Context, a *active, e *execution, decisions map[string]Decision) {
 	ctx, cancel := context.WithCancelCause(m.ctx)
+	stop := context.AfterFunc(caller, func() { cancel(fmt.Errorf("%w: the caller went away (%v)", ErrCancelled, caller.Err())) })
+	defer stop()
 	m.mu.Lock()
 	a.cancel = cancel
 	a.paused = false
