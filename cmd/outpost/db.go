@@ -28,15 +28,11 @@ Every subcommand takes --data DIR and --json.
 `
 
 func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprint(stderr, dbUsage)
-		if len(args) == 0 {
-			return errUsage
-		}
-		return nil
+	sub, fs, err := subcommand("db", dbUsage, args, stderr)
+	if sub == "" {
+		return err
 	}
-	sub, args := args[0], args[1:]
-	fs := newFlags("db "+sub, "db "+sub+" [flags]", stderr)
+	args = args[1:]
 	data := dataFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
 	olderThan := fs.Duration("older-than", 0, "prune: only threads whose newest checkpoint is older than this (e.g. 720h)")

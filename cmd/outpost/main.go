@@ -106,3 +106,17 @@ func init() {
 		return nil
 	})
 }
+
+// subcommand splits "outpost NAME SUB ..." and returns SUB with a flag set
+// for it; SUB is "" when only usage was asked for (err says how it ended).
+func subcommand(name, usage string, args []string, stderr io.Writer) (string, *flag.FlagSet, error) {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(stderr, usage)
+		if len(args) == 0 {
+			return "", nil, errUsage
+		}
+		return "", nil, nil
+	}
+	sub := args[0]
+	return sub, newFlags(name+" "+sub, name+" "+sub+" [flags]", stderr), nil
+}

@@ -26,15 +26,11 @@ Every subcommand takes --data DIR and --json.
 `
 
 func runRuns(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprint(stderr, runsUsage)
-		if len(args) == 0 {
-			return errUsage
-		}
-		return nil
+	sub, fs, err := subcommand("runs", runsUsage, args, stderr)
+	if sub == "" {
+		return err
 	}
-	sub, args := args[0], args[1:]
-	fs := newFlags("runs "+sub, "runs "+sub+" [flags]", stderr)
+	args = args[1:]
 	data := dataFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
 	status := fs.String("status", "", "list: only runs in this status")
