@@ -1,0 +1,62 @@
+package engine
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+var idGen struct {
+	sync.Mutex
+	last int64
+}
+
+// newID returns a time-ordered, fixed-width, strictly increasing id.
+func newID() string {
+	idGen.Lock()
+	defer idGen.Unlock()
+	now := time.Now().UnixNano()
+	if now <= idGen.last {
+		now = idGen.last + 1
+	}
+	idGen.last = now
+	return hex16(uint64(now))
+}
+
+// hex16 renders n as 16 lowercase hex digits.
+func hex16(n uint64) string {
+	var b [16]byte
+	for i := 15; i >= 0; i-- {
+		b[i] = hexDigits[n&0xf]
+		n >>= 4
+	}
+	return string(b[:])
+}
+
+// observeID keeps ids increasing past one read from a store, even if the
+// clock went back since it was written.
+func observeID(id string) {
+	n, err := strconv.ParseUint(id, 16, 64)
+	if err != nil || len(id) != 16 {
+		return
+	}
+	idGen.Lock()
+	if int64(n) > idGen.last {
+		idGen.last = int64(n)
+	}
+	idGen.Unlock()
+}
+
+// NewRunID returns a new sortable run id.
+func NewRunID() string { return "run_" + newID() }
+
+func taskID(ckpt, node string, i int) string {
+	h := xxhash.New()
+	_, _ = h.WriteString(ckpt)
+	_, _ = h.Write([]byte{0})
+	_, _ = h.WriteString(node)
+	_, _ = h.Write([]byte{0, byte(i), byte(i >> 8), byte(i >> 16)})
+	return hex16(h.Sum64())
+}
