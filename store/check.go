@@ -42,7 +42,8 @@ func (p Problem) String() string {
 // Check verifies the whole store in one read transaction, so it can run
 // while others write: bbolt's own page checks, every record's checksum and
 // decoding, that every key matches its record, that every checkpoint's
-// parent exists, and that every blob that anything refers to exists. It
+// parent exists, that the heads and branches buckets record exactly each
+// namespace's leaves, and that every blob that anything refers to exists. It
 // returns an error only when it could not finish; what it found is in the
 // report.
 func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
@@ -96,6 +97,7 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 				}
 			}
 		}
+		lv := newLeafCheck(tx, add)
 		err := forEach(ctx, tx, bucketCheckpoints, func(k, v []byte) {
 			rep.Records[bucketCheckpoints]++
 			c, err := decodeCheckpoint(v)
@@ -105,6 +107,8 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 			}
 			if !bytes.Equal(k, checkpointKey(c.Thread, c.NS, c.ID)) {
 				add(bucketCheckpoints, k, "key does not match the record (thread %q ns %q id %q)", c.Thread, c.NS, c.ID)
+			} else {
+				lv.checkpoint(c)
 			}
 			if c.ParentID != "" && bucket(tx, bucketCheckpoints).Get(checkpointKey(c.Thread, c.NS, c.ParentID)) == nil {
 				add(bucketCheckpoints, k, "parent checkpoint %s is missing", c.ParentID)
@@ -112,6 +116,9 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 			checkpointRefs(c, refsOf(bucketCheckpoints, k))
 		})
 		if err != nil {
+			return err
+		}
+		if err := lv.finish(ctx, rep); err != nil {
 			return err
 		}
 		err = forEach(ctx, tx, bucketWrites, func(k, v []byte) {
@@ -180,6 +187,113 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 		return rep, fmt.Errorf("check store %s: %w", d.path, err)
 	}
 	return rep, nil
+}
+
+// leafCheck verifies the heads and branches buckets against the
+// checkpoints (see leaves.go): each namespace's leaves are recorded, its
+// newest checkpoint in heads and the others in branches, and nothing else
+// is. A checkpoint that is neither recorded nor the parent of a newer one
+// is one that History never lists.
+type leafCheck struct {
+	tx  *bbolt.Tx
+	add func(bucket string, key []byte, format string, args ...any)
+	// newest is each namespace's greatest checkpoint ID, by heads key.
+	newest map[string]string
+	// inner holds the keys of checkpoints that a newer one names as parent.
+	inner map[string]bool
+	// recorded holds the keys of checkpoints that heads or branches name.
+	recorded map[string]bool
+}
+
+func newLeafCheck(tx *bbolt.Tx, add func(string, []byte, string, ...any)) *leafCheck {
+	return &leafCheck{tx: tx, add: add, newest: map[string]string{}, inner: map[string]bool{}, recorded: map[string]bool{}}
+}
+
+func (l *leafCheck) checkpoint(c *engine.Checkpoint) {
+	ns := string(nsKey(c.Thread, c.NS))
+	if c.ID > l.newest[ns] {
+		l.newest[ns] = c.ID
+	}
+	if c.ParentID != "" && c.ParentID < c.ID {
+		l.inner[string(checkpointKey(c.Thread, c.NS, c.ParentID))] = true
+	}
+}
+
+func (l *leafCheck) finish(ctx context.Context, rep *CheckReport) error {
+	cb := bucket(l.tx, bucketCheckpoints)
+	// leaf reports what is wrong with a heads or branches entry naming id.
+	leaf := func(name string, k []byte, thread, ns, id string) {
+		ck := checkpointKey(thread, ns, id)
+		switch {
+		case cb.Get(ck) == nil:
+			l.add(name, k, "names checkpoint %s, which is missing", id)
+		case l.inner[string(ck)]:
+			l.add(name, k, "names checkpoint %s, which a newer checkpoint names as its parent", id)
+		}
+		l.recorded[string(ck)] = true
+	}
+	heads := map[string]string{}
+	err := forEach(ctx, l.tx, bucketHeads, func(k, v []byte) {
+		rep.Records[bucketHeads]++
+		thread, ns, ok := splitNSKey(k)
+		if !ok {
+			l.add(bucketHeads, k, "malformed key")
+			return
+		}
+		id, err := decodeHead(v)
+		if err != nil {
+			l.add(bucketHeads, k, "%v", err)
+			return
+		}
+		heads[string(k)] = id
+		leaf(bucketHeads, k, thread, ns, id)
+		if newest := l.newest[string(k)]; newest != "" && newest != id {
+			l.add(bucketHeads, k, "names checkpoint %s, but the namespace's newest is %s", id, newest)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	err = forEach(ctx, l.tx, bucketBranches, func(k, v []byte) {
+		rep.Records[bucketBranches]++
+		thread, ns, id, ok := splitBranchKey(k)
+		if !ok || id == "" {
+			l.add(bucketBranches, k, "malformed key")
+			return
+		}
+		if len(v) != 0 {
+			l.add(bucketBranches, k, "holds %d bytes, want none", len(v))
+		}
+		head, ok := heads[string(nsKey(thread, ns))]
+		switch {
+		case !ok:
+			l.add(bucketBranches, k, "its namespace has no heads entry")
+		case id >= head:
+			l.add(bucketBranches, k, "is not older than the namespace's head %s", head)
+		}
+		leaf(bucketBranches, k, thread, ns, id)
+	})
+	if err != nil {
+		return err
+	}
+	for ns, newest := range l.newest {
+		if _, ok := heads[ns]; !ok {
+			l.add(bucketHeads, []byte(ns), "is missing (the namespace's newest checkpoint is %s)", newest)
+		}
+	}
+	return forEach(ctx, l.tx, bucketCheckpoints, func(k, v []byte) {
+		if l.inner[string(k)] || l.recorded[string(k)] {
+			return
+		}
+		if thread, ns, id, ok := splitCheckpointKey(k); ok {
+			if _, ok := heads[string(nsKey(thread, ns))]; !ok {
+				return // reported above
+			}
+			if _, _, err := decodeCheckpointLink(v); err == nil {
+				l.add(bucketCheckpoints, k, "checkpoint %s is neither recorded in heads or branches nor the parent of a newer one: History does not list it", id)
+			}
+		}
+	})
 }
 
 // forEach walks a bucket, stopping early only when ctx ends.

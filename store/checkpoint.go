@@ -18,20 +18,27 @@ func (d *DB) Checkpoint(ctx context.Context, thread, ns, id string) (*engine.Che
 	}
 	var out *engine.Checkpoint
 	err := d.view(func(tx *bbolt.Tx) error {
-		b := bucket(tx, bucketCheckpoints)
-		var k, v []byte
+		key := checkpointKey(thread, ns, id)
 		if id == "" {
-			k, v = lastWithPrefix(b.Cursor(), nsPrefix(thread, ns))
-		} else {
-			k = checkpointKey(thread, ns, id)
-			v = b.Get(k)
+			t, err := openNSTree(tx, thread, ns)
+			if err != nil {
+				return err
+			}
+			if t.head == "" {
+				return engine.ErrCheckpointNotFound
+			}
+			key = t.key(t.head)
 		}
-		if v == nil {
+		v := bucket(tx, bucketCheckpoints).Get(key)
+		switch {
+		case v == nil && id == "":
+			return corrupt(bucketHeads, nsKey(thread, ns), errMissingLeaf)
+		case v == nil:
 			return engine.ErrCheckpointNotFound
 		}
 		c, err := decodeCheckpoint(v)
 		if err != nil {
-			return corrupt(bucketCheckpoints, k, err)
+			return corrupt(bucketCheckpoints, key, err)
 		}
 		out = c
 		return nil
@@ -46,40 +53,43 @@ func (d *DB) Checkpoint(ctx context.Context, thread, ns, id string) (*engine.Che
 }
 
 // History lists a namespace's checkpoints newest first, starting below
-// before ("" for the newest), at most limit (0 for all).
+// before ("" for the newest), at most limit (0 for all). It lists every
+// branch of the namespace, merged by ID, and reads no further down the
+// parent chains than the listing needs.
 func (d *DB) History(ctx context.Context, thread, ns, before string, limit int) ([]*engine.Checkpoint, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list checkpoints: %w", err)
 	}
 	var out []*engine.Checkpoint
 	err := d.view(func(tx *bbolt.Tx) error {
-		prefix := nsPrefix(thread, ns)
-		c := bucket(tx, bucketCheckpoints).Cursor()
-		var k, v []byte
-		if before == "" {
-			k, v = lastWithPrefix(c, prefix)
-		} else {
-			// The first key at or above before, then one step back.
-			if k, _ = c.Seek(append(bytes.Clone(prefix), before...)); k == nil {
-				k, v = c.Last()
-			} else {
-				k, v = c.Prev()
-			}
+		t, err := openNSTree(tx, thread, ns)
+		if err != nil {
+			return err
 		}
-		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
+		w, err := t.walk()
+		if err != nil {
+			return err
+		}
+		for {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			cp, err := decodeCheckpoint(v)
+			id, rec, ok, err := w.next()
+			if err != nil || !ok {
+				return err
+			}
+			if before != "" && id >= before {
+				continue
+			}
+			cp, err := decodeCheckpoint(rec)
 			if err != nil {
-				return corrupt(bucketCheckpoints, k, err)
+				return corrupt(bucketCheckpoints, t.key(id), err)
 			}
 			out = append(out, cp)
 			if limit > 0 && len(out) == limit {
-				break
+				return nil
 			}
 		}
-		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list checkpoints of thread %q ns %q: %w", thread, ns, err)

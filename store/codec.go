@@ -15,6 +15,7 @@ import (
 const (
 	checkpointVersion = 1
 	writeVersion      = 1
+	headVersion       = 1
 )
 
 // Channel value flags.
@@ -90,6 +91,46 @@ func decodeCheckpoint(rec []byte) (*engine.Checkpoint, error) {
 	}
 	c.Step = int(step)
 	return c, nil
+}
+
+// decodeCheckpointLink reads only what a walk along parent links needs: a
+// checkpoint's ID and its parent's. The checksum still covers the whole
+// record.
+func decodeCheckpointLink(rec []byte) (id, parentID string, err error) {
+	payload, err := openRecord(rec, checkpointVersion)
+	if err != nil {
+		return "", "", err
+	}
+	d := &decoder{b: payload}
+	d.raw(d.uvarint()) // thread
+	d.raw(d.uvarint()) // namespace
+	id, parentID = d.string(), d.string()
+	if d.err != nil {
+		return "", "", d.err
+	}
+	return id, parentID, nil
+}
+
+// A heads entry holds the ID of its namespace's newest checkpoint, sealed
+// like every other record.
+func encodeHead(id string) []byte {
+	return seal(appendString(beginRecord(headVersion, len(id)+2), id))
+}
+
+func decodeHead(rec []byte) (string, error) {
+	payload, err := openRecord(rec, headVersion)
+	if err != nil {
+		return "", err
+	}
+	d := &decoder{b: payload}
+	id := d.string()
+	if err := d.finish(); err != nil {
+		return "", err
+	}
+	if id == "" {
+		return "", errors.New("empty checkpoint ID")
+	}
+	return id, nil
 }
 
 func encodePendingWrite(w *engine.PendingWrite) []byte {

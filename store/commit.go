@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -236,13 +237,23 @@ func prepareCommit(c *engine.Commit, now time.Time) (*request, error) {
 		}
 		writes = append(writes, encodedWrite{writesPrefix(w.Thread, w.NS, w.CheckpointID), encodePendingWrite(&w.Write)})
 	}
-	var ckpt, run *encodedKV
-	if cp := c.Checkpoint; cp != nil {
+	// Earlier checkpoints go in first, oldest first, so a step's checkpoint
+	// finds its parent when both commit together.
+	type encodedCheckpoint struct {
+		cp  *engine.Checkpoint
+		rec []byte
+	}
+	ckpts := make([]encodedCheckpoint, 0, len(c.Earlier)+1)
+	for _, cp := range append(slices.Clip(c.Earlier), c.Checkpoint) {
+		if cp == nil {
+			continue
+		}
 		if err := validCheckpointKey(cp.Thread, cp.NS, cp.ID); err != nil {
 			return nil, fmt.Errorf("commit checkpoint: %w", err)
 		}
-		ckpt = &encodedKV{checkpointKey(cp.Thread, cp.NS, cp.ID), encodeCheckpoint(cp)}
+		ckpts = append(ckpts, encodedCheckpoint{cp, encodeCheckpoint(cp)})
 	}
+	var run *encodedKV
 	if c.Run != nil {
 		if err := validKeyPart("run ID", c.Run.ID, true); err != nil {
 			return nil, fmt.Errorf("commit run: %w", err)
@@ -283,9 +294,13 @@ func prepareCommit(c *engine.Commit, now time.Time) (*request, error) {
 					return fmt.Errorf("commit pending write: %w", err)
 				}
 			}
-			if ckpt != nil {
-				if err := bucket(tx, bucketCheckpoints).Put(ckpt.key, ckpt.rec); err != nil {
-					return fmt.Errorf("commit checkpoint %s: %w", c.Checkpoint.ID, err)
+			for _, e := range ckpts {
+				t, err := openNSTree(tx, e.cp.Thread, e.cp.NS)
+				if err == nil {
+					err = t.put(e.cp, e.rec)
+				}
+				if err != nil {
+					return fmt.Errorf("commit checkpoint %s: %w", e.cp.ID, err)
 				}
 			}
 			if run != nil {

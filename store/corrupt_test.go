@@ -108,8 +108,8 @@ func TestCheckFindsDanglingReferences(t *testing.T) {
 		msgs = append(msgs, p.String())
 	}
 	assert.ElementsMatch(t, []string{
-		`checkpoints "t\x00\x000002": parent checkpoint 0001 is missing`,
-		`checkpoints "t\x00\x000002": refers to missing blob ` + missing.String(),
+		`checkpoints "0002\x00t\x00": parent checkpoint 0001 is missing`,
+		`checkpoints "0002\x00t\x00": refers to missing blob ` + missing.String(),
 		`runs "r": refers to missing blob ` + mentioned.String(),
 	}, msgs)
 	assert.Equal(t, 1, rep.Records[bucketCheckpoints])

@@ -21,28 +21,42 @@ const FileName = "outpost.db"
 
 // The format name and version live in the meta bucket. The version changes
 // when a binary could misread an older file; it is checked at every Open.
+//
+// Version 2 keys checkpoints by ID first and adds the heads and branches
+// buckets. Version 1 files are refused: no store of that version was
+// deployed, so there is no migration.
 const (
 	formatName    = "outpost-store"
-	formatVersion = 1
+	formatVersion = 2
 )
 
 // Bucket names. Keys:
 //
-//	checkpoints  thread \x00 ns \x00 checkpointID   (a prefix scan lists a namespace)
+//	checkpoints  checkpointID \x00 thread \x00 ns
+//	heads        thread \x00 ns                    -> the namespace's newest checkpoint ID
+//	branches     thread \x00 ns \x00 checkpointID  -> empty
 //	writes       thread \x00 ns \x00 checkpointID \x00 seq (8 bytes, big endian)
 //	blobs        hash (8 bytes) | length (4 bytes), both big endian
 //	runs         run ID
 //	toolcalls    idempotency key
+//
+// Checkpoint IDs are time-ordered, so keying checkpoints by ID first makes
+// the inserts of concurrent threads land together at the right edge of the
+// B+tree: a group commit of many threads dirties a few leaf pages instead
+// of one per thread. A namespace is then not a key range; it is reached
+// from its heads and branches entries along parent links (see leaves.go).
 const (
 	bucketMeta        = "meta"
 	bucketCheckpoints = "checkpoints"
+	bucketHeads       = "heads"
+	bucketBranches    = "branches"
 	bucketWrites      = "writes"
 	bucketBlobs       = "blobs"
 	bucketRuns        = "runs"
 	bucketToolCalls   = "toolcalls"
 )
 
-var dataBuckets = []string{bucketCheckpoints, bucketWrites, bucketBlobs, bucketRuns, bucketToolCalls}
+var dataBuckets = []string{bucketCheckpoints, bucketHeads, bucketBranches, bucketWrites, bucketBlobs, bucketRuns, bucketToolCalls}
 
 var (
 	metaFormat  = []byte("format")
@@ -134,6 +148,11 @@ func (d *DB) init() error {
 			return false, fmt.Errorf("open store %s: %w: format %q, want %q", d.path, ErrFormat, f, formatName)
 		}
 		v, err := strconv.Atoi(string(meta.Get(metaVersion)))
+		if err == nil && v < formatVersion {
+			return false, fmt.Errorf("open store %s: %w: format version %q, this binary reads version %d; "+
+				"the file was written by an older outpost and cannot be migrated: move it aside and start with an empty data folder",
+				d.path, ErrFormat, meta.Get(metaVersion), formatVersion)
+		}
 		if err != nil || v != formatVersion {
 			return false, fmt.Errorf("open store %s: %w: format version %q, this binary reads version %d",
 				d.path, ErrFormat, meta.Get(metaVersion), formatVersion)
@@ -217,20 +236,34 @@ func bucket(tx *bbolt.Tx, name string) *bbolt.Bucket { return tx.Bucket([]byte(n
 // the parts themselves, so a prefix names exactly one thread, namespace or
 // checkpoint.
 
-func nsPrefix(thread, ns string) []byte {
-	b := make([]byte, 0, len(thread)+len(ns)+2)
+// nsKey names a thread's namespace: the key of its heads entry.
+func nsKey(thread, ns string) []byte {
+	b := make([]byte, 0, len(thread)+len(ns)+1)
 	b = append(b, thread...)
 	b = append(b, 0)
-	b = append(b, ns...)
-	return append(b, 0)
+	return append(b, ns...)
+}
+
+// nsPrefix starts the keys of a namespace's branches and pending writes.
+func nsPrefix(thread, ns string) []byte {
+	return append(nsKey(thread, ns), 0)
 }
 
 func checkpointKey(thread, ns, id string) []byte {
+	b := make([]byte, 0, len(id)+len(thread)+len(ns)+2)
+	b = append(b, id...)
+	b = append(b, 0)
+	b = append(b, thread...)
+	b = append(b, 0)
+	return append(b, ns...)
+}
+
+func branchKey(thread, ns, id string) []byte {
 	return append(nsPrefix(thread, ns), id...)
 }
 
 func writesPrefix(thread, ns, ckpt string) []byte {
-	return append(checkpointKey(thread, ns, ckpt), 0)
+	return append(branchKey(thread, ns, ckpt), 0)
 }
 
 func writeKey(thread, ns, ckpt string, seq uint64) []byte {
@@ -243,10 +276,29 @@ func splitCheckpointKey(k []byte) (thread, ns, id string, ok bool) {
 	if len(parts) != 3 {
 		return "", "", "", false
 	}
+	return string(parts[1]), string(parts[2]), string(parts[0]), true
+}
+
+// splitNSKey returns the thread and namespace of a heads key.
+func splitNSKey(k []byte) (thread, ns string, ok bool) {
+	t, n, ok := bytes.Cut(k, []byte{0})
+	if !ok || bytes.IndexByte(n, 0) >= 0 {
+		return "", "", false
+	}
+	return string(t), string(n), true
+}
+
+// splitBranchKey returns the thread, namespace and ID of a branches key.
+func splitBranchKey(k []byte) (thread, ns, id string, ok bool) {
+	parts := bytes.SplitN(k, []byte{0}, 3)
+	if len(parts) != 3 {
+		return "", "", "", false
+	}
 	return string(parts[0]), string(parts[1]), string(parts[2]), true
 }
 
-// splitWriteKey returns the checkpoint key that a pending write hangs off.
+// splitWriteKey returns thread \x00 ns \x00 checkpointID, the part of a
+// pending write's key that names its checkpoint.
 func splitWriteKey(k []byte) (ckptKey []byte, ok bool) {
 	if len(k) < 9 || k[len(k)-9] != 0 {
 		return nil, false

@@ -2,8 +2,10 @@ package store
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -72,7 +74,10 @@ func TestOpenRefusesOtherFormats(t *testing.T) {
 			return rawBolt(t, func(tx *bbolt.Tx) error { _, err := tx.CreateBucket([]byte("theirs")); return err })
 		}, "no format record"},
 		{"other format", func(t *testing.T) string { return rawBolt(t, meta("something-else", "1")) }, `format "something-else"`},
-		{"newer version", func(t *testing.T) string { return rawBolt(t, meta(formatName, "2")) }, `format version "2"`},
+		{"newer version", func(t *testing.T) string { return rawBolt(t, meta(formatName, strconv.Itoa(formatVersion+1))) },
+			fmt.Sprintf("format version %q, this binary reads version %d", strconv.Itoa(formatVersion+1), formatVersion)},
+		{"version 1 (checkpoints keyed by thread)", func(t *testing.T) string { return rawBolt(t, meta(formatName, "1")) },
+			`format version "1", this binary reads version 2; the file was written by an older outpost and cannot be migrated`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -37,7 +37,8 @@ type PruneReport struct {
 // checkpoint's pending writes. Checkpoints record only changed channels, and
 // append channels only their new items, so before its ancestors go the
 // kept checkpoint is rewritten as a full snapshot (every channel, whole
-// values, no parent): the thread's state is unchanged.
+// values, no parent): the thread's state is unchanged. The namespace's
+// branches go with their checkpoints; its heads entry stays as it was.
 //
 // Then blobs are marked and swept. A blob survives when any checkpoint,
 // pending write, run or tool call names it (in a typed field or as text in
@@ -73,12 +74,6 @@ type pruner struct {
 	cutoff time.Time
 }
 
-// threadInfo gathers what eligibility needs from one pass over checkpoints.
-type threadInfo struct {
-	newest time.Time
-	nss    map[string]int // namespace -> checkpoint count
-}
-
 func (p *pruner) cutHistories() error {
 	busy := map[string]bool{}
 	if err := p.walk(bucketRuns, func(k, v []byte) error {
@@ -93,65 +88,107 @@ func (p *pruner) cutHistories() error {
 	}); err != nil {
 		return err
 	}
-	threads := map[string]*threadInfo{}
+	// Heads keys sort by thread, then namespace: one entry per namespace.
+	nss := map[string][]string{}
 	var order []string
-	if err := p.walk(bucketCheckpoints, func(k, v []byte) error {
-		c, err := decodeCheckpoint(v)
-		if err != nil {
-			return corrupt(bucketCheckpoints, k, err)
+	if err := p.walk(bucketHeads, func(k, _ []byte) error {
+		thread, ns, ok := splitNSKey(k)
+		if !ok {
+			return corrupt(bucketHeads, k, errors.New("malformed key"))
 		}
-		ti := threads[c.Thread]
-		if ti == nil {
-			ti = &threadInfo{nss: map[string]int{}}
-			threads[c.Thread] = ti
-			order = append(order, c.Thread)
+		if _, seen := nss[thread]; !seen {
+			order = append(order, thread)
 		}
-		ti.nss[c.NS]++
-		if c.Created.After(ti.newest) {
-			ti.newest = c.Created
-		}
+		nss[thread] = append(nss[thread], ns)
 		return nil
 	}); err != nil {
 		return err
 	}
 	for _, thread := range order {
-		ti := threads[thread]
-		if busy[thread] || !ti.newest.Before(p.cutoff) {
+		if busy[thread] {
 			continue
 		}
-		// Cut every namespace or none, so a thread is never half pruned.
-		var plans []*nsPlan
-		var skip error
-		for _, ns := range sortedNS(ti.nss) {
-			if ti.nss[ns] < 2 {
-				continue
-			}
-			plan, err := p.planNS(thread, ns)
-			if err != nil {
-				var ce *CorruptError
-				if errors.As(err, &ce) {
-					return err
-				}
-				skip = fmt.Errorf("namespace %q: %w", ns, err)
-				break
-			}
-			plans = append(plans, plan)
+		if err := p.cutThread(thread, nss[thread]); err != nil {
+			return err
 		}
-		if skip != nil {
-			p.rep.Skipped = append(p.rep.Skipped, Problem{Bucket: bucketCheckpoints, Key: thread, Message: skip.Error()})
-			continue
-		}
-		if len(plans) == 0 {
-			continue
-		}
-		for _, plan := range plans {
-			if err := p.apply(plan); err != nil {
-				return err
-			}
-		}
-		p.rep.Threads++
 	}
 	return nil
+}
+
+// cutThread cuts every namespace of a thread or none, so a thread is never
+// half pruned. It loads one thread's history at a time.
+func (p *pruner) cutThread(thread string, nss []string) error {
+	histories := make([][]*engine.Checkpoint, len(nss))
+	var newest time.Time
+	for i, ns := range nss {
+		h, err := p.history(thread, ns)
+		if err != nil {
+			return err
+		}
+		for _, c := range h {
+			if c.Created.After(newest) {
+				newest = c.Created
+			}
+		}
+		histories[i] = h
+	}
+	if !newest.Before(p.cutoff) {
+		return nil
+	}
+	var plans []*nsPlan
+	for i, ns := range nss {
+		if len(histories[i]) < 2 {
+			continue
+		}
+		plan, err := planNS(p, thread, ns, histories[i])
+		if err != nil {
+			var ce *CorruptError
+			if errors.As(err, &ce) {
+				return err
+			}
+			p.rep.Skipped = append(p.rep.Skipped, Problem{Bucket: bucketCheckpoints, Key: thread,
+				Message: fmt.Sprintf("namespace %q: %v", ns, err)})
+			return nil
+		}
+		plans = append(plans, plan)
+	}
+	if len(plans) == 0 {
+		return nil
+	}
+	for _, plan := range plans {
+		if err := p.apply(plan); err != nil {
+			return err
+		}
+	}
+	p.rep.Threads++
+	return nil
+}
+
+// history loads every checkpoint of a namespace, newest first.
+func (p *pruner) history(thread, ns string) ([]*engine.Checkpoint, error) {
+	t, err := openNSTree(p.tx, thread, ns)
+	if err != nil {
+		return nil, err
+	}
+	w, err := t.walk()
+	if err != nil {
+		return nil, err
+	}
+	var out []*engine.Checkpoint
+	for {
+		if err := p.ctx.Err(); err != nil {
+			return nil, err
+		}
+		id, rec, ok, err := w.next()
+		if err != nil || !ok {
+			return out, err
+		}
+		c, err := decodeCheckpoint(rec)
+		if err != nil {
+			return nil, corrupt(bucketCheckpoints, t.key(id), err)
+		}
+		out = append(out, c)
+	}
 }
 
 // nsPlan is the cut of one namespace: the snapshot that replaces its
@@ -163,21 +200,19 @@ type nsPlan struct {
 	drop       []string // checkpoint IDs
 }
 
-func (p *pruner) planNS(thread, ns string) (*nsPlan, error) {
-	prefix := nsPrefix(thread, ns)
-	byID := map[string]*engine.Checkpoint{}
-	var ids []string
-	c := bucket(p.tx, bucketCheckpoints).Cursor()
-	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
-		cp, err := decodeCheckpoint(v)
-		if err != nil {
-			return nil, corrupt(bucketCheckpoints, k, err)
-		}
+// planNS plans the cut of a namespace whose checkpoints, newest first, are
+// history.
+func planNS(p *pruner, thread, ns string, history []*engine.Checkpoint) (*nsPlan, error) {
+	byID := make(map[string]*engine.Checkpoint, len(history))
+	drop := make([]string, 0, len(history)-1)
+	for i, cp := range history {
 		byID[cp.ID] = cp
-		ids = append(ids, cp.ID)
+		if i > 0 {
+			drop = append(drop, cp.ID)
+		}
 	}
-	head := byID[ids[len(ids)-1]]
-	plan := &nsPlan{thread: thread, ns: ns, drop: ids[:len(ids)-1], newBlobs: map[engine.BlobRef][]byte{}}
+	head := history[0]
+	plan := &nsPlan{thread: thread, ns: ns, drop: drop, newBlobs: map[engine.BlobRef][]byte{}}
 	if head.ParentID == "" {
 		return plan, nil
 	}
@@ -191,7 +226,7 @@ func (p *pruner) planNS(thread, ns string) (*nsPlan, error) {
 		if parent == nil {
 			return nil, fmt.Errorf("checkpoint %s: parent %s is missing, so its state cannot be rebuilt", cp.ID, cp.ParentID)
 		}
-		if len(chain) > len(ids) {
+		if len(chain) > len(history) {
 			return nil, fmt.Errorf("checkpoint %s: the parent chain loops", head.ID)
 		}
 		cp = parent
@@ -341,6 +376,19 @@ func (p *pruner) apply(plan *nsPlan) error {
 		}
 		p.rep.Rewritten++
 	}
+	// The head is left alone, the only leaf now: every branch goes.
+	brb := bucket(p.tx, bucketBranches)
+	prefix := nsPrefix(plan.thread, plan.ns)
+	var branches [][]byte
+	bc := brb.Cursor()
+	for k, _ := bc.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = bc.Next() {
+		branches = append(branches, bytes.Clone(k))
+	}
+	for _, k := range branches {
+		if err := brb.Delete(k); err != nil {
+			return fmt.Errorf("drop branch %s: %w", renderKey(bucketBranches, k), err)
+		}
+	}
 	wb := bucket(p.tx, bucketWrites)
 	for _, id := range plan.drop {
 		if err := cb.Delete(checkpointKey(plan.thread, plan.ns, id)); err != nil {
@@ -473,13 +521,4 @@ func (p *pruner) walk(name string, fn func(k, v []byte) error) error {
 		}
 	}
 	return nil
-}
-
-func sortedNS(m map[string]int) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
