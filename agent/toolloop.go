@@ -1,0 +1,472 @@
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/models"
+	"github.com/outpost-edge/outpost/policy"
+)
+
+// Tool is a tool implementation. key is the call's idempotency key: a tool
+// with side effects uses it to make a repeated call harmless (record_note
+// writes a note once per key).
+type Tool interface {
+	Call(ctx context.Context, args json.RawMessage, key string) (json.RawMessage, error)
+}
+
+// ToolFunc adapts a function to Tool.
+type ToolFunc func(ctx context.Context, args json.RawMessage, key string) (json.RawMessage, error)
+
+// Call implements Tool.
+func (f ToolFunc) Call(ctx context.Context, args json.RawMessage, key string) (json.RawMessage, error) {
+	return f(ctx, args, key)
+}
+
+// Interrupt reasons in ToolInterrupt.Reason.
+const (
+	ReasonApproval            = "approval_required"
+	ReasonUncertainSideEffect = "uncertain_side_effect"
+)
+
+// ToolInterrupt is the payload of the interrupts the tool loop raises: a
+// write tool that needs approval, or a call that may or may not have run
+// before a crash. Approve runs the call; edit runs it with Value as its
+// arguments; reject does not run it and tells the model so.
+type ToolInterrupt struct {
+	Reason string          `json:"reason"`
+	Tool   string          `json:"tool"`
+	Args   json.RawMessage `json:"args"`
+	Key    string          `json:"key"`
+	// Detail says why the policy asked.
+	Detail string `json:"detail,omitempty"`
+}
+
+// LoopConfig configures a tool loop node.
+type LoopConfig struct {
+	Provider models.Provider
+	Model    string
+	Lane     policy.Lane
+	// System is the system prompt; policy.SpotlightInstruction is added to
+	// it, so the model knows how tool results are marked.
+	System  string
+	Options models.Options
+	Timeout time.Duration // per model call
+
+	// ActiveTools returns the run's pinned active tool set. The caller
+	// decides where it is pinned (the run record, a channel); it must
+	// return the same set every time the task runs.
+	ActiveTools func(ctx context.Context, s engine.State) (*policy.ActiveSet, error)
+	// Impls implements the tools by name.
+	Impls map[string]Tool
+	Rules []policy.ApprovalRule
+	// Budget bounds the loop's iterations (default 5) and the run's tokens.
+	Budget policy.Budget
+	Log    CallLog
+	Blobs  engine.BlobStore
+	// Now is the clock for approval records; default time.Now.
+	Now func() time.Time
+
+	// Messages is the conversation (an append channel). The loop reads it
+	// whole and appends what it adds: the model's turns and the tool
+	// results, as the model saw them.
+	Messages engine.Chan[[]models.Message]
+	// Answer, when declared (a replace channel), receives the final answer.
+	Answer engine.Chan[string]
+	// Untrusted, when declared (a replace channel), says that untrusted
+	// text has entered the run; the loop reads it and sets it when a tool
+	// result is flagged.
+	Untrusted engine.Chan[bool]
+	// Tokens, when declared (a sum channel), counts the run's tokens; the
+	// token budget applies to it, and the loop adds what it used.
+	Tokens engine.Chan[int]
+}
+
+// loop is one execution of a tool loop node.
+type loop struct {
+	cfg       *LoopConfig
+	info      engine.RunInfo
+	active    *policy.ActiveSet
+	untrusted bool
+	tracker   *policy.Tracker
+}
+
+// ToolLoop returns the node that runs cfg's loop: model → tool calls →
+// policy check → execute → neutralize → re-prompt, until the model answers
+// without calling a tool or the iteration budget runs out.
+//
+// The node may run again from its start (after a crash or an interrupt). It
+// is deterministic on re-runs: model responses and tool results come back
+// from the CallLog by key, and the interrupts it raises come in the same
+// order.
+func ToolLoop(cfg LoopConfig) (engine.NodeFunc, error) {
+	switch {
+	case cfg.Provider == nil:
+		return nil, fmt.Errorf("%w: tool loop: no provider", ErrBadConfig)
+	case cfg.Log == nil || cfg.Blobs == nil:
+		return nil, fmt.Errorf("%w: tool loop: no call log or blob store", ErrBadConfig)
+	case cfg.ActiveTools == nil:
+		return nil, fmt.Errorf("%w: tool loop: no active tool set", ErrBadConfig)
+	case cfg.Messages.Name() == "":
+		return nil, fmt.Errorf("%w: tool loop: no messages channel", ErrBadConfig)
+	}
+	if err := cfg.Budget.Validate(); err != nil {
+		return nil, fmt.Errorf("tool loop: %w", err)
+	}
+	for _, r := range cfg.Rules {
+		if err := r.Validate(); err != nil {
+			return nil, fmt.Errorf("tool loop: %w", err)
+		}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	c := &cfg
+	return func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return c.run(ctx, s)
+	}, nil
+}
+
+func (cfg *LoopConfig) run(ctx context.Context, s engine.State) ([]engine.Write, error) {
+	info, ok := engine.InfoFrom(ctx)
+	if !ok {
+		return nil, fmt.Errorf("%w: tool loop outside a running node", ErrBadConfig)
+	}
+	active, err := cfg.ActiveTools(ctx, s)
+	if err != nil {
+		return nil, fmt.Errorf("tool loop: active tools: %w", err)
+	}
+	if active == nil {
+		return nil, fmt.Errorf("%w: tool loop: no active tool set for run %s", ErrBadConfig, info.Run)
+	}
+	tokens0 := 0
+	if cfg.Tokens.Name() != "" {
+		tokens0 = cfg.Tokens.Get(s)
+	}
+	budget := cfg.Budget
+	budget.WallTime = 0 // the engine's MaxDuration bounds wall time
+	l := &loop{cfg: cfg, info: info, active: active,
+		tracker: policy.ResumeTracker(budget, cfg.Now(), policy.Usage{Tokens: tokens0})}
+	if cfg.Untrusted.Name() != "" {
+		l.untrusted = cfg.Untrusted.Get(s)
+	}
+	untrusted0 := l.untrusted
+	mc := &ModelCall{Provider: cfg.Provider, Lane: &cfg.Lane, Log: cfg.Log, Blobs: cfg.Blobs, Tracker: l.tracker}
+
+	var defs []models.ToolDef
+	for _, t := range active.Tools() {
+		defs = append(defs, models.ToolDef{Name: t.Name, Description: t.Description, Parameters: t.Schema})
+	}
+	system := policy.SpotlightInstruction
+	if cfg.System != "" {
+		system = cfg.System + "\n\n" + system
+	}
+	history := append([]models.Message{{Role: models.RoleSystem, Content: system}}, cfg.Messages.Get(s)...)
+	var added []models.Message
+	answer := ""
+	calls := 0
+	for model := 0; ; model++ {
+		req := models.Request{Model: cfg.Model, Messages: append(history, added...), Tools: defs,
+			Options: cfg.Options, Timeout: cfg.Timeout}
+		resp, err := mc.Call(ctx, req, model)
+		if err != nil {
+			return nil, err
+		}
+		msg := resp.Message
+		msg.Role = models.RoleAssistant
+		added = append(added, msg)
+		if len(msg.ToolCalls) == 0 {
+			answer = msg.Content
+			break
+		}
+		if err := l.tracker.AddToolIteration(); err != nil {
+			return nil, fmt.Errorf("%w: tool loop %s: %w", engine.ErrBudgetExceeded, info.Node, err)
+		}
+		for _, tc := range msg.ToolCalls {
+			out, err := l.call(ctx, tc, calls)
+			if err != nil {
+				return nil, err
+			}
+			calls++
+			added = append(added, models.Message{Role: models.RoleTool, Content: out, ToolName: tc.Name})
+		}
+	}
+
+	ws := []engine.Write{engine.Push(cfg.Messages, added...)}
+	if cfg.Answer.Name() != "" {
+		ws = append(ws, cfg.Answer.Set(answer))
+	}
+	if cfg.Untrusted.Name() != "" && l.untrusted != untrusted0 {
+		ws = append(ws, cfg.Untrusted.Set(l.untrusted))
+	}
+	if cfg.Tokens.Name() != "" {
+		if used := l.tracker.Usage().Tokens - tokens0; used > 0 {
+			ws = append(ws, cfg.Tokens.Set(used))
+		}
+	}
+	return ws, nil
+}
+
+// ToolKey is the idempotency key of a node's call-th tool call.
+func ToolKey(info engine.RunInfo, call int) string {
+	return callBase(info) + ":" + strconv.Itoa(call)
+}
+
+// Texts of the refusals the model reads. They are neutral: they say that
+// the call did not run, not which rule stopped it or how to get around it.
+const (
+	refusedPrefix   = "refused: "
+	toolErrorPrefix = "tool error: "
+	textUnavailable = "refused: tool %q is not available"
+	textInvalidArgs = "refused: the arguments for %q are invalid: %s"
+	textDenied      = "refused: the call to %q was not run"
+	textRejected    = "refused: the call to %q was not run (declined by the operator)"
+	textNotRerun    = "refused: the earlier call to %q may not have completed and was not run again (declined by the operator)"
+	textNoImpl      = "refused: tool %q is not available"
+)
+
+// call handles one tool call and returns the text the model reads.
+func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string, error) {
+	key := ToolKey(l.info, index)
+	args := normalizeArgs(tc.Arguments)
+	rec := CallRecord{Key: key, Run: l.info.Run, Node: l.info.Node, Tool: tc.Name, ArgsHash: HashArgs(args), Args: args}
+
+	chk := l.active.Check(tc.Name, args)
+	if !chk.Allowed {
+		text := fmt.Sprintf(textUnavailable, tc.Name)
+		if chk.Layer == policy.LayerSchema {
+			text = fmt.Sprintf(textInvalidArgs, tc.Name, schemaDetail(chk.Reason))
+		}
+		rec.Decision, rec.DecidedBy, rec.Reason = string(policy.DecisionDeny), "policy:"+chk.Layer, chk.Reason
+		return l.refuse(ctx, rec, text, func() {
+			engine.Announce(ctx, engine.EventToolDenied, map[string]any{"run": l.info.Run, "node": l.info.Node,
+				"tool": tc.Name, "layer": chk.Layer, "reason": chk.Reason, "key": key})
+		})
+	}
+	tool := chk.Tool
+	impl := l.cfg.Impls[tool.Name]
+
+	ar := policy.Decide(l.cfg.Rules, tool, l.untrusted, l.cfg.Now().UTC())
+	rec.Decision, rec.DecidedBy, rec.Reason = string(ar.Decision), ar.By, ar.Reason
+	switch ar.Decision {
+	case policy.DecisionDeny:
+		return l.refuse(ctx, rec, fmt.Sprintf(textDenied, tool.Name), nil)
+	case policy.DecisionAsk:
+		d, err := engine.Interrupt(ctx, ToolInterrupt{Reason: ReasonApproval, Tool: tool.Name, Args: args, Key: key, Detail: ar.Reason})
+		if err != nil {
+			return "", err
+		}
+		rec.Decision, rec.DecidedBy, rec.Reason = d.Kind, operator(d), d.Reason
+		switch d.Kind {
+		case engine.Reject:
+			return l.refuse(ctx, rec, fmt.Sprintf(textRejected, tool.Name), nil)
+		case engine.Edit:
+			args = normalizeArgs(d.Value)
+			rec.Args, rec.ArgsHash = args, HashArgs(args)
+			if chk := l.active.Check(tool.Name, args); !chk.Allowed {
+				rec.Reason = "operator's edit: " + chk.Reason
+				return l.refuse(ctx, rec, fmt.Sprintf(textInvalidArgs, tool.Name, schemaDetail(chk.Reason)), nil)
+			}
+		}
+	}
+	if impl == nil {
+		rec.Decision, rec.DecidedBy, rec.Reason = string(policy.DecisionDeny), "policy:implementation", ErrNoTool.Error()
+		return l.refuse(ctx, rec, fmt.Sprintf(textNoImpl, tool.Name), nil)
+	}
+
+	existing, err := intent(ctx, l.cfg.Log, rec)
+	if err != nil {
+		return "", fmt.Errorf("tool call %s: %w", key, err)
+	}
+	switch {
+	case existing == nil:
+		return l.execute(ctx, impl, rec, key, "")
+	case existing.Done():
+		return l.reply(existing), nil
+	case existing.Decision == engine.Reject || existing.Decision == string(policy.DecisionDeny):
+		// A refusal whose outcome a crash kept from being recorded: nothing ran.
+		return l.refuse(ctx, *existing, fmt.Sprintf(textRejected, tool.Name), nil)
+	case tool.Idempotent:
+		// The tool may or may not have run; running it again with the same
+		// key is harmless by its declaration.
+		return l.execute(ctx, impl, *existing, key, "")
+	}
+	return l.uncertain(ctx, impl, *existing)
+}
+
+// uncertain handles a call of a non-idempotent tool whose intent has no
+// result: it may have run before a crash. A person decides whether it runs
+// again. Each question is marked in the log ("#ask<n>") before it is asked,
+// so that every later execution of the task raises its interrupts in the
+// same order, and each decision is recorded ("#retry<n>") before it is acted
+// on; a re-run that itself leaves no result is asked about again.
+func (l *loop) uncertain(ctx context.Context, impl Tool, rec CallRecord) (string, error) {
+	key := rec.Key
+	for n := 1; ; n++ {
+		askKey := key + "#ask" + strconv.Itoa(n)
+		retryKey := key + "#retry" + strconv.Itoa(n)
+		marker := rec
+		marker.Key, marker.Decision, marker.DecidedBy = askKey, "ask", "policy:"+ReasonUncertainSideEffect
+		marker.Reason = "an intent without a result was found on recovery"
+		m, err := intent(ctx, l.cfg.Log, marker)
+		if err != nil {
+			return "", fmt.Errorf("tool call %s: %w", key, err)
+		}
+		if !m.Done() {
+			// The marker holds no side effect: close it at once, so that
+			// it never reads as an open intent.
+			if err := l.cfg.Log.Done(ctx, askKey, json.RawMessage(`"asked"`), ""); err != nil {
+				return "", fmt.Errorf("tool call %s: %w", askKey, err)
+			}
+		}
+		d, err := engine.Interrupt(ctx, ToolInterrupt{Reason: ReasonUncertainSideEffect, Tool: rec.Tool, Args: rec.Args, Key: key,
+			Detail: "the call may or may not have run before a crash; approve runs it again, reject reports it as not done"})
+		if err != nil {
+			return "", err
+		}
+		retry := rec
+		retry.Key, retry.Decision, retry.DecidedBy, retry.Reason = retryKey, d.Kind, operator(d), d.Reason
+		if d.Kind == engine.Edit {
+			retry.Args = normalizeArgs(d.Value)
+			retry.ArgsHash = HashArgs(retry.Args)
+			if chk := l.active.Check(rec.Tool, retry.Args); !chk.Allowed {
+				retry.Decision, retry.Reason = engine.Reject, "operator's edit: "+chk.Reason
+			}
+		}
+		existing, err := intent(ctx, l.cfg.Log, retry)
+		if err != nil {
+			return "", fmt.Errorf("tool call %s: %w", retryKey, err)
+		}
+		if existing != nil {
+			retry = *existing
+		}
+		switch {
+		case existing.Done():
+			return l.reply(existing), nil
+		case retry.Decision == engine.Reject:
+			return l.refuse(ctx, retry, fmt.Sprintf(textNotRerun, rec.Tool), nil)
+		case existing == nil:
+			return l.execute(ctx, impl, retry, key, key)
+		}
+		// The re-run itself left no result: ask again.
+	}
+}
+
+// refuse records a call that does not run (once) and returns the refusal.
+// announce runs only when the record is new.
+func (l *loop) refuse(ctx context.Context, rec CallRecord, text string, announce func()) (string, error) {
+	existing, err := intent(ctx, l.cfg.Log, rec)
+	if err != nil {
+		return "", fmt.Errorf("tool call %s: %w", rec.Key, err)
+	}
+	if existing.Done() {
+		return l.reply(existing), nil
+	}
+	if err := l.cfg.Log.Done(ctx, rec.Key, nil, text); err != nil {
+		return "", fmt.Errorf("tool call %s: %w", rec.Key, err)
+	}
+	if announce != nil && existing == nil {
+		announce()
+	}
+	return text, nil
+}
+
+// execute runs the tool under an intent already recorded as rec, records
+// its outcome and announces both. toolKey is the key the tool is given
+// (rec.Key unless this is an approved re-run).
+func (l *loop) execute(ctx context.Context, impl Tool, rec CallRecord, toolKey, origKey string) (string, error) {
+	if toolKey == "" {
+		toolKey = rec.Key
+	}
+	called := map[string]any{"key": toolKey, "tool": rec.Tool, "args": rec.Args,
+		"decision": rec.Decision, "decided_by": rec.DecidedBy}
+	if origKey != "" {
+		called["record"] = rec.Key
+	}
+	engine.Announce(ctx, engine.EventToolCalled, called)
+	result, callErr := impl.Call(ctx, rec.Args, toolKey)
+	if ctx.Err() != nil && callErr != nil {
+		// Stopped mid-call (cancel, shutdown): leave the intent open; the
+		// outcome is unknown.
+		return "", fmt.Errorf("tool call %s: %w", rec.Key, callErr)
+	}
+	errText := ""
+	if callErr != nil {
+		result, errText = nil, toolErrorPrefix+callErr.Error()
+	} else if !json.Valid(result) {
+		result, _ = json.Marshal(string(result))
+	}
+	if err := l.cfg.Log.Done(ctx, rec.Key, result, errText); err != nil {
+		return "", fmt.Errorf("tool call %s: %w", rec.Key, err)
+	}
+	done := rec
+	done.Status, done.Result, done.Error = StatusDone, result, errText
+	text, flags := l.neutralize(&done)
+	data := map[string]any{"key": toolKey, "tool": rec.Tool, "bytes": len(result)}
+	if errText != "" {
+		data["error"] = errText
+	}
+	if len(flags) > 0 {
+		data["flags"] = flags
+	}
+	engine.Announce(ctx, engine.EventToolResult, data)
+	return text, nil
+}
+
+// reply turns a recorded outcome into what the model reads.
+func (l *loop) reply(rec *CallRecord) string {
+	text, _ := l.neutralize(rec)
+	return text
+}
+
+// neutralize returns the model's view of a recorded outcome: the loop's own
+// refusals as they are, anything that came from a tool through
+// policy.Neutralize, which marks the run untrusted when it raises flags.
+func (l *loop) neutralize(rec *CallRecord) (string, []string) {
+	raw := string(rec.Result)
+	if rec.Error != "" {
+		if strings.HasPrefix(rec.Error, refusedPrefix) {
+			return rec.Error, nil
+		}
+		raw = rec.Error
+	}
+	sum := sha256.Sum256([]byte(rec.Key + "\x00" + raw))
+	// The nonce is derived from the text it wraps, so a re-run shows the
+	// model the same bytes, and the text cannot contain its own nonce.
+	n := policy.Neutralize(rec.Tool, raw, policy.NeutralizeOptions{
+		Nonce: hex.EncodeToString(sum[:12]), ToolNames: l.active.Names()})
+	if len(n.Flags) > 0 {
+		l.untrusted = true
+	}
+	return n.Text, n.Flags
+}
+
+func normalizeArgs(args json.RawMessage) json.RawMessage {
+	t := strings.TrimSpace(string(args))
+	if t == "" || t == "null" {
+		return json.RawMessage(`{}`)
+	}
+	return args
+}
+
+func operator(d engine.Decision) string {
+	if d.By == "" {
+		return "operator"
+	}
+	return "operator:" + d.By
+}
+
+// schemaDetail keeps the part of a schema refusal the model can act on.
+func schemaDetail(reason string) string {
+	if i := strings.Index(reason, ": "); i >= 0 {
+		return reason[i+2:]
+	}
+	return reason
+}
