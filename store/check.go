@@ -242,6 +242,7 @@ func (l *leafCheck) finish(ctx context.Context, rep *CheckReport) error {
 		}
 		id, err := decodeHead(v)
 		if err != nil {
+			heads[string(k)] = "" // present, but what it names is unknown
 			l.add(bucketHeads, k, "%v", err)
 			return
 		}
@@ -268,7 +269,7 @@ func (l *leafCheck) finish(ctx context.Context, rep *CheckReport) error {
 		switch {
 		case !ok:
 			l.add(bucketBranches, k, "its namespace has no heads entry")
-		case id >= head:
+		case head != "" && id >= head:
 			l.add(bucketBranches, k, "is not older than the namespace's head %s", head)
 		}
 		leaf(bucketBranches, k, thread, ns, id)
@@ -286,8 +287,8 @@ func (l *leafCheck) finish(ctx context.Context, rep *CheckReport) error {
 			return
 		}
 		if thread, ns, id, ok := splitCheckpointKey(k); ok {
-			if _, ok := heads[string(nsKey(thread, ns))]; !ok {
-				return // reported above
+			if head := heads[string(nsKey(thread, ns))]; head == "" {
+				return // the heads entry is missing or corrupt: reported above
 			}
 			if _, _, err := decodeCheckpointLink(v); err == nil {
 				l.add(bucketCheckpoints, k, "checkpoint %s is neither recorded in heads or branches nor the parent of a newer one: History does not list it", id)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,6 +133,7 @@ func decoders(t *testing.T) []struct {
 		{"run", run, func(b []byte) error { _, err := decodeRun(b); return err }},
 		{"toolcall", tool, func(b []byte) error { _, err := decodeToolCall(b); return err }},
 		{"blob", encodeBlob([]byte("payload"), tc0), func(b []byte) error { _, _, err := decodeBlob(b); return err }},
+		{"head", encodeHead("0190f3a2b4c5d6e7"), func(b []byte) error { _, err := decodeHead(b); return err }},
 	}
 }
 
@@ -187,6 +189,7 @@ func TestWriteSeedCorpus(t *testing.T) {
 	fuzzNames := map[string]string{
 		"checkpoint": "FuzzDecodeCheckpoint", "write": "FuzzDecodePendingWrite",
 		"run": "FuzzDecodeRun", "toolcall": "FuzzDecodeToolCall", "blob": "FuzzDecodeBlob",
+		"head": "FuzzDecodeHead",
 	}
 	for _, d := range decoders(t) {
 		fz := fuzzNames[d.name]
@@ -220,9 +223,14 @@ func FuzzDecodeCheckpoint(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, rec := range withChecksum(b) {
+			id, parent, linkErr := decodeCheckpointLink(rec)
 			c, err := decodeCheckpoint(rec)
 			if err != nil {
 				continue
+			}
+			// The walk along parent links reads what a full decode reads.
+			if linkErr != nil || id != c.ID || parent != c.ParentID {
+				t.Fatalf("link decode: %q %q %v, want %q %q", id, parent, linkErr, c.ID, c.ParentID)
 			}
 			// What decodes must survive a round trip unchanged.
 			again, err := decodeCheckpoint(encodeCheckpoint(c))
@@ -231,6 +239,25 @@ func FuzzDecodeCheckpoint(f *testing.F) {
 			}
 			if !assert.ObjectsAreEqual(c, again) {
 				t.Fatalf("round trip changed the checkpoint:\n%#v\n%#v", c, again)
+			}
+		}
+	})
+}
+
+func FuzzDecodeHead(f *testing.F) {
+	for _, id := range []string{"0190f3a2b4c5d6e7", "1", strings.Repeat("9", 300)} {
+		rec := encodeHead(id)
+		f.Add(rec)
+		f.Add(rec[:len(rec)-4])
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, rec := range withChecksum(b) {
+			id, err := decodeHead(rec)
+			if err != nil {
+				continue
+			}
+			if again, err := decodeHead(encodeHead(id)); err != nil || again != id {
+				t.Fatalf("round trip: %q %v, want %q", again, err, id)
 			}
 		}
 	})

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -20,7 +21,22 @@ func openTest(t *testing.T) *DB {
 }
 
 func TestConformance(t *testing.T) {
-	enginetest.RunStoreSuite(t, func(t *testing.T) engine.Store { return openTest(t) })
+	enginetest.RunStoreSuite(t, func(t *testing.T) engine.Store {
+		d := openTest(t)
+		// Whatever a case commits, the store must stay sound: in particular
+		// its heads and branches must record exactly each namespace's leaves.
+		// Cases may name parents they never store, which Check reports.
+		t.Cleanup(func() {
+			rep, err := d.Check(bg)
+			require.NoError(t, err)
+			for _, p := range rep.Problems {
+				if !strings.HasPrefix(p.Message, "parent checkpoint ") || !strings.HasSuffix(p.Message, " is missing") {
+					t.Errorf("check: %v", p)
+				}
+			}
+		})
+		return d
+	})
 }
 
 var bg = context.Background()

@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +31,11 @@ func RunStoreSuite(t *testing.T, open func(t *testing.T) engine.Store) {
 		{"CheckpointOverwrite", testCheckpointOverwrite},
 		{"NamespacesAndThreadsAreSeparate", testNamespacesSeparate},
 		{"History", testHistory},
+		{"HistoryBranches", testHistoryBranches},
+		{"OutOfOrderCommits", testOutOfOrderCommits},
+		{"OverwriteChangesParent", testOverwriteChangesParent},
+		{"CommitEarlier", testCommitEarlier},
+		{"HistoryMatchesModel", testHistoryMatchesModel},
 		{"Writes", testWrites},
 		{"Blobs", testBlobs},
 		{"CommitBlobsWithCheckpoint", testCommitBlobs},
@@ -212,6 +220,183 @@ func testHistory(t *testing.T, s engine.Store) {
 	h, err := s.History(ctx, "nobody", "", "", 0)
 	require.NoError(t, err)
 	assert.Empty(t, h)
+}
+
+// historyCase is one History call and the IDs it must return.
+type historyCase struct {
+	before string
+	limit  int
+	want   []string
+}
+
+func checkHistory(t *testing.T, s engine.Store, thread, ns, latest string, cases []historyCase) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := s.Checkpoint(ctx, thread, ns, "")
+	require.NoError(t, err)
+	assert.Equal(t, latest, c.ID, "latest")
+	for _, tc := range cases {
+		h, err := s.History(ctx, thread, ns, tc.before, tc.limit)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, ids(h), "before %q limit %d", tc.before, tc.limit)
+	}
+}
+
+func testHistoryBranches(t *testing.T, s engine.Store) {
+	// A main line 1..5, a fork from 3 (6, 7), a fork from 5 (8) and a
+	// step on the first fork's head after that (9): History lists every
+	// branch, merged newest first.
+	for _, c := range [][2]string{
+		{"0001", ""}, {"0002", "0001"}, {"0003", "0002"}, {"0004", "0003"}, {"0005", "0004"},
+		{"0006", "0003"}, {"0007", "0006"}, {"0008", "0005"}, {"0009", "0007"},
+	} {
+		commit(t, s, &engine.Commit{Checkpoint: ckpt("t", "", c[0], c[1], 1)})
+	}
+	all := []string{"0009", "0008", "0007", "0006", "0005", "0004", "0003", "0002", "0001"}
+	checkHistory(t, s, "t", "", "0009", []historyCase{
+		{"", 0, all},
+		{"", 1, all[:1]},
+		{"", 3, all[:3]},
+		{"0008", 2, []string{"0007", "0006"}},
+		{"0006", 0, all[4:]},
+		{"0004", 1, []string{"0003"}},
+		{"0001", 0, []string{}},
+	})
+	// A fork from the middle becomes the newest.
+	commit(t, s, &engine.Commit{Checkpoint: ckpt("t", "", "0010", "0002", 10)})
+	checkHistory(t, s, "t", "", "0010", []historyCase{
+		{"", 0, append([]string{"0010"}, all...)},
+		{"", 2, []string{"0010", "0009"}},
+	})
+}
+
+func testOutOfOrderCommits(t *testing.T, s engine.Store) {
+	// Children before their parents, and IDs below the newest.
+	for _, c := range [][2]string{
+		{"0005", "0004"}, {"0003", "0002"}, {"0004", "0003"}, {"0001", ""}, {"0002", "0001"},
+	} {
+		commit(t, s, &engine.Commit{Checkpoint: ckpt("t", "", c[0], c[1], 1)})
+	}
+	checkHistory(t, s, "t", "", "0005", []historyCase{
+		{"", 0, []string{"0005", "0004", "0003", "0002", "0001"}},
+		{"", 2, []string{"0005", "0004"}},
+	})
+	// A lone checkpoint below the newest, whose parent is not stored, and
+	// one whose parent is newer than itself.
+	commit(t, s, &engine.Commit{Checkpoint: ckpt("u", "", "0010", "0009", 1)})
+	commit(t, s, &engine.Commit{Checkpoint: ckpt("u", "", "0002", "", 1)})
+	commit(t, s, &engine.Commit{Checkpoint: ckpt("u", "", "0003", "0010", 1)})
+	checkHistory(t, s, "u", "", "0010", []historyCase{
+		{"", 0, []string{"0010", "0003", "0002"}},
+		{"0010", 1, []string{"0003"}},
+	})
+}
+
+func testOverwriteChangesParent(t *testing.T, s engine.Store) {
+	for _, c := range [][2]string{{"0001", ""}, {"0002", "0001"}, {"0003", "0002"}} {
+		commit(t, s, &engine.Commit{Checkpoint: ckpt("t", "", c[0], c[1], 1)})
+	}
+	// 0003 now hangs off 0001: 0002 loses its only child.
+	commit(t, s, &engine.Commit{Checkpoint: ckpt("t", "", "0003", "0001", 7)})
+	checkHistory(t, s, "t", "", "0003", []historyCase{{"", 0, []string{"0003", "0002", "0001"}}})
+	got, err := s.Checkpoint(context.Background(), "t", "", "0003")
+	require.NoError(t, err)
+	assert.Equal(t, "0001", got.ParentID)
+	assert.Equal(t, 7, got.Step)
+	// And back, and then without a parent.
+	commit(t, s, &engine.Commit{Checkpoint: ckpt("t", "", "0003", "0002", 8)})
+	commit(t, s, &engine.Commit{Checkpoint: ckpt("t", "", "0002", "", 9)})
+	checkHistory(t, s, "t", "", "0003", []historyCase{
+		{"", 0, []string{"0003", "0002", "0001"}},
+		{"0003", 1, []string{"0002"}},
+	})
+}
+
+func testCommitEarlier(t *testing.T, s engine.Store) {
+	ctx := context.Background()
+	commit(t, s, &engine.Commit{Checkpoint: ckpt("t", "", "0001", "", 1)})
+	// A run's input checkpoint commits with its first step.
+	input := ckpt("t", "", "0002", "0001", 2)
+	input.Source = engine.SourceInput
+	commit(t, s, &engine.Commit{
+		Earlier:    []*engine.Checkpoint{input},
+		Checkpoint: ckpt("t", "", "0003", "0002", 3),
+	})
+	checkHistory(t, s, "t", "", "0003", []historyCase{{"", 0, []string{"0003", "0002", "0001"}}})
+	got, err := s.Checkpoint(ctx, "t", "", "0002")
+	require.NoError(t, err)
+	assert.Equal(t, engine.SourceInput, got.Source)
+
+	// Earlier alone, and two of them in other namespaces.
+	commit(t, s, &engine.Commit{Earlier: []*engine.Checkpoint{ckpt("t", "", "0004", "0003", 4)}})
+	commit(t, s, &engine.Commit{Earlier: []*engine.Checkpoint{ckpt("t", "a", "0005", "", 5), ckpt("u", "", "0006", "", 6)}})
+	checkHistory(t, s, "t", "", "0004", []historyCase{{"", 0, []string{"0004", "0003", "0002", "0001"}}})
+	checkHistory(t, s, "t", "a", "0005", []historyCase{{"", 0, []string{"0005"}}})
+	checkHistory(t, s, "u", "", "0006", []historyCase{{"", 0, []string{"0006"}}})
+
+	// A failed commit writes none of its earlier checkpoints.
+	bad := engine.RefOf([]byte("other bytes"))
+	err = s.Commit(ctx, &engine.Commit{
+		Earlier:    []*engine.Checkpoint{ckpt("v", "", "0001", "", 1)},
+		Checkpoint: ckpt("v", "", "0002", "0001", 2),
+		Blobs:      map[engine.BlobRef][]byte{bad: []byte("not those")},
+		Sync:       true,
+	})
+	require.Error(t, err)
+	_, err = s.Checkpoint(ctx, "v", "", "0001")
+	assert.ErrorIs(t, err, engine.ErrCheckpointNotFound)
+}
+
+// testHistoryMatchesModel commits pseudo-random checkpoints (forks,
+// out-of-order IDs, missing parents, rewrites) and compares every
+// namespace's listing with what the definition says: all its checkpoints,
+// newest first.
+func testHistoryMatchesModel(t *testing.T, s engine.Store) {
+	ctx := context.Background()
+	rnd := rand.New(rand.NewPCG(7, 11))
+	model := map[string]map[string]bool{} // ns -> IDs
+	nss := []string{"", "a"}
+	for i := range 300 {
+		ns := nss[rnd.IntN(len(nss))]
+		if model[ns] == nil {
+			model[ns] = map[string]bool{}
+		}
+		var id string
+		if i%10 == 9 || rnd.IntN(4) == 0 {
+			id = fmt.Sprintf("%04d", rnd.IntN(60)) // below the newest, or a rewrite
+		} else {
+			id = fmt.Sprintf("%04d", 60+i)
+		}
+		parent := ""
+		switch r := rnd.IntN(10); {
+		case r < 6 && len(model[ns]) > 0:
+			existing := slices.Sorted(maps.Keys(model[ns]))
+			// Mostly the newest, sometimes an older one (a fork).
+			if r < 4 {
+				parent = existing[len(existing)-1]
+			} else {
+				parent = existing[rnd.IntN(len(existing))]
+			}
+		case r < 8:
+			parent = fmt.Sprintf("%04d", rnd.IntN(400)) // maybe not stored yet, maybe newer
+		}
+		if parent == id {
+			parent = ""
+		}
+		commit(t, s, &engine.Commit{Checkpoint: ckpt("t", ns, id, parent, i)})
+		model[ns][id] = true
+	}
+	for _, ns := range nss {
+		want := slices.Sorted(maps.Keys(model[ns]))
+		slices.Reverse(want)
+		cases := []historyCase{{"", 0, want}, {"", 5, want[:5]}}
+		for _, at := range []int{1, len(want) / 3, len(want) / 2, len(want) - 1} {
+			cases = append(cases, historyCase{want[at], 0, want[at+1:]}, historyCase{want[at], 4, want[at+1 : min(at+5, len(want))]})
+		}
+		checkHistory(t, s, "t", ns, want[0], cases)
+	}
+	_, err := s.Checkpoint(ctx, "t", "b", "")
+	assert.ErrorIs(t, err, engine.ErrCheckpointNotFound)
 }
 
 func testWrites(t *testing.T, s engine.Store) {
