@@ -16,6 +16,13 @@ import (
 	"github.com/outpost-edge/outpost/engine"
 )
 
+// checkpointsFillPercent is how full the commit transaction packs the
+// checkpoints bucket's pages when they split. bbolt's default, one half,
+// suits random inserts; checkpoints arrive in ID order, and packing them
+// saves about two of thirty page writes per group commit of 64 threads.
+// It leaves a little room for the rare rewrite of a checkpoint.
+const checkpointsFillPercent = 0.9
+
 // maxBatch bounds one group commit, so a burst of committers does not build
 // one huge transaction while the next batch waits.
 const maxBatch = 256
@@ -275,6 +282,9 @@ func prepareCommit(c *engine.Commit, now time.Time) (*request, error) {
 			return nil
 		},
 		apply: func(tx *bbolt.Tx) error {
+			// New checkpoints append at the right edge (see db.go), so a
+			// split page is never filled again: split it nearly full.
+			bucket(tx, bucketCheckpoints).FillPercent = checkpointsFillPercent
 			bb := bucket(tx, bucketBlobs)
 			for _, b := range blobs {
 				if bb.Get(b.key) != nil {
