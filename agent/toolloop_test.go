@@ -1,0 +1,297 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/models"
+	"github.com/outpost-edge/outpost/policy"
+)
+
+func TestReadToolRoundTrip(t *testing.T) {
+	e := newEnv(t)
+	res := e.invoke("I forgot my metformin")
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	ans := e.answer.Get(res.State)
+	require.Contains(t, ans, "From the notes:")
+	require.Contains(t, ans, "doc-1")
+	require.Contains(t, ans, "<<<TOOL_RESULT", "the model saw the result inside data markers")
+
+	called, result := e.events.of(engine.EventToolCalled), e.events.of(engine.EventToolResult)
+	require.Len(t, called, 1)
+	require.Equal(t, "kb_search", called[0]["tool"])
+	require.Equal(t, "allow", called[0]["decision"])
+	require.Len(t, result, 1)
+	require.NotEmpty(t, e.events.of(engine.EventModelToken), "tokens streamed as live events")
+
+	recs := e.mem.Records(res.Run.ID)
+	require.Len(t, recs, 1)
+	require.Equal(t, agent.StatusDone, recs[0].Status)
+	require.Equal(t, "rule:default", recs[0].DecidedBy)
+	require.Len(t, e.mem.Records("model:"+res.Run.ID), 2, "both model responses recorded")
+	require.Positive(t, e.tokens.Get(res.State))
+
+	msgs := e.messages.Get(res.State)
+	require.Equal(t, []string{"user", "assistant", "tool", "assistant"}, roles(msgs))
+}
+
+func roles(ms []models.Message) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.Role)
+	}
+	return out
+}
+
+func TestDeniedCalls(t *testing.T) {
+	cases := []struct {
+		name, input string
+		opts        []envOption
+		tool, layer string
+		reply       string
+	}{
+		{name: "unknown tool", input: "unknown tool", tool: "nope", layer: policy.LayerRegistry,
+			reply: `refused: tool "nope" is not available`},
+		{name: "outside the request override", input: "echo please", opts: []envOption{withOverride("kb_search")},
+			tool: "echo", layer: policy.LayerRequest, reply: `refused: tool "echo" is not available`},
+		{name: "schema failure", input: "bad args", tool: "kb_search", layer: policy.LayerSchema,
+			reply: `refused: the arguments for "kb_search" are invalid: $.query: want string, got number`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, tc.opts...)
+			res := e.invoke(tc.input)
+			require.Equal(t, engine.StatusCompleted, res.Run.Status, "the run continues: %s", res.Run.Error)
+			denied := e.events.of(engine.EventToolDenied)
+			require.Len(t, denied, 1)
+			require.Equal(t, tc.tool, denied[0]["tool"])
+			require.Equal(t, tc.layer, denied[0]["layer"])
+			require.Equal(t, res.Run.ID, denied[0]["run"])
+			require.Equal(t, "loop", denied[0]["node"])
+			tm := e.toolMessages(res)
+			require.Len(t, tm, 1)
+			require.Equal(t, tc.reply, tm[0].Content)
+			require.Empty(t, e.events.of(engine.EventToolCalled))
+			for _, c := range e.tools {
+				require.Zero(t, c.n())
+			}
+			recs := e.mem.Records(res.Run.ID)
+			require.Len(t, recs, 1)
+			require.Equal(t, "deny", recs[0].Decision)
+			require.Equal(t, "policy:"+tc.layer, recs[0].DecidedBy)
+		})
+	}
+}
+
+func writeScript() *seqProvider {
+	return &seqProvider{msgs: []models.Message{
+		toolTurn(call("write_x", `{"v":"a"}`)),
+		answerTurn("written"),
+	}}
+}
+
+func TestWriteToolAsks(t *testing.T) {
+	cases := []struct {
+		name     string
+		decision engine.Decision
+		runs     int
+		reply    string
+		recorded string
+	}{
+		{"approve", engine.Decision{Kind: engine.Approve, By: "alice", Reason: "expected"}, 1, "ok", "approve"},
+		{"edit", engine.Decision{Kind: engine.Edit, By: "alice", Value: json.RawMessage(`{"v":"b"}`)}, 1, "ok", "edit"},
+		{"reject", engine.Decision{Kind: engine.Reject, By: "alice", Reason: "not today"}, 0,
+			`refused: the call to "write_x" was not run (declined by the operator)`, "reject"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := writeScript()
+			e := newEnv(t, withProvider(p), withRules(policy.ApprovalRule{Tool: "write_x", Decision: policy.DecisionAsk}))
+			res := e.invoke("please write")
+			ti := interruptOf(t, res)
+			require.Equal(t, agent.ReasonApproval, ti.Reason)
+			require.Equal(t, "write_x", ti.Tool)
+			require.JSONEq(t, `{"v":"a"}`, string(ti.Args))
+			require.Zero(t, e.tools["write_x"].n(), "nothing runs before the decision")
+
+			res = e.resume(res, tc.decision)
+			require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+			require.Equal(t, tc.runs, e.tools["write_x"].n())
+			require.Contains(t, e.toolMessages(res)[0].Content, tc.reply)
+			require.Equal(t, int32(2), p.calls.Load(), "the first model response was reused after the resume")
+
+			recs := e.mem.Records(res.Run.ID)
+			require.Len(t, recs, 1)
+			require.Equal(t, tc.recorded, recs[0].Decision)
+			require.Equal(t, "operator:alice", recs[0].DecidedBy)
+			require.Equal(t, tc.decision.Reason, recs[0].Reason)
+			if tc.name == "edit" {
+				require.JSONEq(t, `{"v":"b"}`, string(recs[0].Args))
+			}
+		})
+	}
+}
+
+func TestUntrustedResultMakesWritesAsk(t *testing.T) {
+	p := &seqProvider{msgs: []models.Message{
+		toolTurn(call("write_x", `{"v":"first"}`)),
+		toolTurn(call("injector", `{}`)),
+		toolTurn(call("write_x", `{"v":"second"}`)),
+		answerTurn("done"),
+	}}
+	e := newEnv(t, withProvider(p), withRules(policy.ApprovalRule{Tool: "write_x", Decision: policy.DecisionAllow}))
+	res := e.invoke("go")
+	ti := interruptOf(t, res)
+	require.Equal(t, agent.ReasonApproval, ti.Reason)
+	require.JSONEq(t, `{"v":"second"}`, string(ti.Args), "the write before the hostile text ran without asking")
+	require.Contains(t, ti.Detail, "untrusted")
+	require.Equal(t, 1, e.tools["write_x"].n())
+	res = e.resume(res, engine.Decision{Kind: engine.Approve, By: "bob"})
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, 2, e.tools["write_x"].n())
+	require.Equal(t, 1, e.tools["injector"].n(), "the recorded result was reused on the re-run")
+	flagged := e.events.of(engine.EventToolResult)
+	require.Len(t, flagged, 3)
+	require.NotEmpty(t, flagged[1]["flags"])
+}
+
+func TestBudgets(t *testing.T) {
+	cases := []struct {
+		name   string
+		input  string
+		budget policy.Budget
+		which  string
+	}{
+		{"iterations (default 5)", "forever", policy.Budget{}, policy.BudgetToolIterations},
+		{"iterations (2)", "forever", policy.Budget{ToolIterations: 2}, policy.BudgetToolIterations},
+		{"tokens", "metformin", policy.Budget{Tokens: 5}, policy.BudgetTokens},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, withBudget(tc.budget))
+			res := e.invoke(tc.input)
+			require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status, res.Run.Error)
+			require.Contains(t, res.Run.Error, tc.which+" budget exceeded")
+			require.Len(t, e.events.of(engine.EventBudgetExceeded), 1)
+			if tc.which == policy.BudgetToolIterations {
+				limit := max(tc.budget.ToolIterations, policy.DefaultToolIterations)
+				if tc.budget.ToolIterations > 0 {
+					limit = tc.budget.ToolIterations
+				}
+				require.Equal(t, limit, e.tools[agent.ToolCurrentTime].n())
+			}
+		})
+	}
+}
+
+func TestLaneViolation(t *testing.T) {
+	p := writeScript()
+	e := newEnv(t, withProvider(p), func(c *agent.LoopConfig, _ *env) { c.Model = "llama3.2:3b" })
+	res := e.invoke("hello")
+	require.Equal(t, engine.StatusFailed, res.Run.Status)
+	require.Contains(t, res.Run.Error, "model call refused")
+	require.Contains(t, res.Run.Error, `may not use model "llama3.2:3b"`)
+	require.Zero(t, p.calls.Load(), "the model is never called")
+	refused := e.events.of(agent.EventModelRefused)
+	require.Len(t, refused, 1)
+	require.Equal(t, "llama3.2:3b", refused[0]["model"])
+}
+
+func TestTransientModelErrorRetried(t *testing.T) {
+	f := &flaky{Provider: writeScript()}
+	f.fails.Store(1)
+	e := newEnv(t, withProvider(f), withRules(policy.ApprovalRule{Tool: "write_x", Decision: policy.DecisionAllow}))
+	res := e.invoke("write")
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, int32(3), f.calls.Load(), "one failure, then two answers")
+	require.Equal(t, 1, e.tools["write_x"].n())
+
+	f2 := &flaky{Provider: writeScript()}
+	f2.fails.Store(10)
+	e = newEnv(t, withProvider(f2))
+	res = e.invoke("write")
+	require.Equal(t, engine.StatusFailed, res.Run.Status)
+	require.Contains(t, res.Run.Error, "after 3 attempts (transient)")
+}
+
+func TestRecoveryOfAnIntentWithoutResult(t *testing.T) {
+	allowAll := withRules(policy.ApprovalRule{Tool: "*", Decision: policy.DecisionAllow})
+
+	t.Run("idempotent tool re-runs with the same key", func(t *testing.T) {
+		p := &seqProvider{msgs: []models.Message{toolTurn(call("echo", `{}`), call("idem_w", `{}`)), answerTurn("ok")}}
+		e := newEnvCrashingOn(t, p, allowAll, "idem_w")
+		res := e.invoke("go")
+		require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+		require.Equal(t, 1, e.tools["echo"].n(), "the recorded result of echo was reused")
+		keys := e.tools["idem_w"].keys
+		require.Len(t, keys, 2)
+		require.Equal(t, keys[0], keys[1], "re-run with the same idempotency key")
+		require.Equal(t, int32(2), p.calls.Load(), "recorded model responses were reused")
+	})
+
+	for _, tc := range []struct {
+		name string
+		d    engine.Decision
+		runs int
+	}{
+		{"non-idempotent tool asks: approve", engine.Decision{Kind: engine.Approve, By: "carol", Reason: "checked"}, 2},
+		{"non-idempotent tool asks: reject", engine.Decision{Kind: engine.Reject, By: "carol"}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := writeScript()
+			e := newEnvCrashingOn(t, p, allowAll, "write_x")
+			res := e.invoke("go")
+			ti := interruptOf(t, res)
+			require.Equal(t, agent.ReasonUncertainSideEffect, ti.Reason)
+			require.Equal(t, "write_x", ti.Tool)
+			require.JSONEq(t, `{"v":"a"}`, string(ti.Args))
+			require.Equal(t, 1, e.tools["write_x"].n())
+			require.Equal(t, ti.Key, e.tools["write_x"].keys[0])
+
+			res = e.resume(res, tc.d)
+			require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+			require.Equal(t, tc.runs, e.tools["write_x"].n())
+			retry, err := e.mem.Get(context.Background(), ti.Key+"#retry1")
+			require.NoError(t, err)
+			require.Equal(t, tc.d.Kind, retry.Decision)
+			require.Equal(t, "operator:carol", retry.DecidedBy)
+			require.True(t, retry.Done())
+			if tc.d.Kind == engine.Reject {
+				require.Contains(t, e.toolMessages(res)[0].Content, "was not run again")
+			}
+		})
+	}
+}
+
+// newEnvCrashingOn is newEnv with a log that fails the first Done of the
+// named tool's call, as if the process died after the tool ran and before
+// its result was recorded. The error is transient, so the node's retry
+// policy re-executes the task in place, as recovery would.
+func newEnvCrashingOn(t *testing.T, p models.Provider, rules envOption, tool string) *env {
+	return newEnv(t, withProvider(p), rules, withLog(func(l agent.CallLog) agent.CallLog {
+		return &crashOnTool{CallLog: l, tool: tool}
+	}))
+}
+
+type crashOnTool struct {
+	agent.CallLog
+	tool    string
+	crashed bool
+}
+
+func (c *crashOnTool) Done(ctx context.Context, key string, result json.RawMessage, errText string) error {
+	if !c.crashed && !strings.HasPrefix(key, "model:") {
+		if rec, err := c.CallLog.Get(ctx, key); err == nil && rec.Tool == c.tool {
+			c.crashed = true
+			return engine.MarkTransient(errors.New("simulated crash before the result was recorded"))
+		}
+	}
+	return c.CallLog.Done(ctx, key, result, errText)
+}
