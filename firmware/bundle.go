@@ -1,0 +1,259 @@
+package firmware
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"path"
+	"strings"
+	"sync"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/policy"
+)
+
+// Bundle is a verified bundle, loaded: its agents compiled to engine graphs
+// and its policy data decoded. It is immutable and safe to share.
+type Bundle struct {
+	Manifest *Manifest
+	// Digest is the bundle's content address ("sha256:" + hex of the
+	// manifest's bytes), recorded on every run pinned to it.
+	Digest string
+
+	Registry  *policy.Registry       // nil when the bundle has no tools file
+	Rules     *policy.Rules          // nil when the bundle has no rules file
+	Lanes     map[string]policy.Lane // by agent
+	Redactor  *policy.Redactor       // nil when the bundle has no redaction file
+	Docs      []Doc                  // the knowledge base, in manifest order
+	Prompts   map[string]string
+	Golden    []Conversation
+	Graphs    map[string]*GraphSpec // by agent, as declared
+	agents    map[string]*engine.Agent
+	indexOnce sync.Once
+	idx       *bm25
+}
+
+// Ref returns the reference a run started on this bundle records.
+func (b *Bundle) Ref() engine.BundleRef {
+	return engine.BundleRef{Name: b.Manifest.Name, Version: b.Manifest.Version, Digest: b.Digest}
+}
+
+// Agent returns one of the bundle's agents, ready for an engine.Manager.
+func (b *Bundle) Agent(name string) (*engine.Agent, error) {
+	a, ok := b.agents[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q is not in bundle %s (agents: %s)", ErrUnknownAgent, name, b.Manifest, strings.Join(b.AgentNames(), ", "))
+	}
+	return a, nil
+}
+
+// AgentNames lists the bundle's agents, sorted.
+func (b *Bundle) AgentNames() []string { return sortedKeys(b.agents) }
+
+// Load verifies the bundle at path (a directory or a .tar) and loads it.
+func Load(p string, keys *Keyring) (*Bundle, error) {
+	files, err := readBundle(p)
+	if err != nil {
+		return nil, err
+	}
+	v, err := verifyContents(files, keys)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", p, err)
+	}
+	b, err := load(v)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", p, err)
+	}
+	return b, nil
+}
+
+// load decodes a verified bundle: policy data first, then documents and
+// prompts, then the graphs, whose nodes refer to all of those.
+func load(v *verified) (*Bundle, error) {
+	m := v.manifest
+	b := &Bundle{Manifest: m, Digest: v.digest, Prompts: map[string]string{}, Lanes: map[string]policy.Lane{},
+		Graphs: map[string]*GraphSpec{}, agents: map[string]*engine.Agent{}}
+	policyErr := func(file string, err error) error {
+		return &FileError{File: file, Err: fmt.Errorf("%w: %w", ErrMalformed, err)}
+	}
+	var err error
+	if m.Tools != "" {
+		if b.Registry, err = policy.DecodeRegistry(v.files[m.Tools]); err != nil {
+			return nil, policyErr(m.Tools, err)
+		}
+	}
+	if m.Rules != "" {
+		if b.Rules, err = policy.DecodeRules(v.files[m.Rules]); err != nil {
+			return nil, policyErr(m.Rules, err)
+		}
+	}
+	if m.Redaction != "" {
+		if b.Redactor, err = policy.DecodeRedactionPolicy(v.files[m.Redaction]); err != nil {
+			return nil, policyErr(m.Redaction, err)
+		}
+	}
+	if m.Lanes != "" {
+		if err := b.loadLanes(m.Lanes, v.files[m.Lanes]); err != nil {
+			return nil, err
+		}
+	}
+	seen := map[string]string{}
+	for _, p := range m.Knowledge {
+		d := parseDoc(p, v.files[p])
+		if other, dup := seen[d.ID]; dup {
+			return nil, &FileError{File: p, Err: fmt.Errorf("%w: document id %q is also the id of %s", ErrMalformed, d.ID, other)}
+		}
+		seen[d.ID] = p
+		b.Docs = append(b.Docs, d)
+	}
+	for name, p := range m.Prompts {
+		b.Prompts[name] = string(v.files[p])
+	}
+	for _, p := range m.Golden {
+		cs, err := DecodeGolden(p, v.files[p])
+		if err != nil {
+			return nil, err
+		}
+		b.Golden = append(b.Golden, cs...)
+	}
+	gc := &graphCompiler{bundle: b, files: v.files, compiled: map[string]*compiledGraph{}}
+	for _, name := range sortedKeys(m.Agents) {
+		file := m.Agents[name]
+		cg, err := gc.compile(file)
+		if err != nil {
+			return nil, err
+		}
+		b.Graphs[name] = cg.spec
+		b.agents[name] = newAgent(name, cg, b.Ref())
+	}
+	return b, nil
+}
+
+// newAgent wraps a compiled graph as an engine agent: the request's input
+// goes to the graph's input channel, the output channel becomes the output.
+func newAgent(name string, cg *compiledGraph, ref engine.BundleRef) *engine.Agent {
+	a := &engine.Agent{Name: name, Graph: cg.graph, Bundle: ref, StepLimit: cg.spec.StepLimit}
+	if in, ok := cg.channels[cg.spec.Input]; ok {
+		a.Input = func(raw json.RawMessage) ([]engine.Write, error) {
+			w, err := in.inputWrite(raw)
+			if err != nil {
+				return nil, err
+			}
+			return []engine.Write{w}, nil
+		}
+	}
+	if out, ok := cg.channels[cg.spec.Output]; ok {
+		a.Output = func(s engine.State) json.RawMessage {
+			v, _ := s.Value(out.Name)
+			raw, err := json.Marshal(v)
+			if err != nil {
+				return nil
+			}
+			return raw
+		}
+	}
+	return a
+}
+
+func (b *Bundle) loadLanes(file string, data []byte) error {
+	var f struct {
+		Lanes []policy.Lane `json:"lanes"`
+	}
+	pos, err := decodeStrict(file, data, &f)
+	if err != nil {
+		return err
+	}
+	for i, l := range f.Lanes {
+		at := fmt.Sprintf("lanes.%d", i)
+		if err := l.Validate(); err != nil {
+			return malformed(file, data, pos.at(at), "", "%v", err)
+		}
+		if _, dup := b.Lanes[l.Agent]; dup {
+			return malformed(file, data, pos.at(at), "", "a second lane for agent %q", l.Agent)
+		}
+		b.Lanes[l.Agent] = l
+	}
+	return nil
+}
+
+// parseDoc reads a knowledge-base document. Its id is the file name
+// without extension; a first line "# Title" is its title.
+func parseDoc(p string, data []byte) Doc {
+	base := path.Base(p)
+	d := Doc{ID: strings.TrimSuffix(base, path.Ext(base)), Text: string(data)}
+	first, rest, _ := strings.Cut(d.Text, "\n")
+	if t, ok := strings.CutPrefix(strings.TrimSpace(first), "# "); ok {
+		d.Title = strings.TrimSpace(t)
+		d.Text = strings.TrimSpace(rest)
+	}
+	return d
+}
+
+// Conversation is one golden conversation: turns on one thread, each with
+// what it must produce (see DESIGN.md, "Golden conversations").
+type Conversation struct {
+	Name  string `json:"name"`
+	Agent string `json:"agent"`
+	Turns []Turn `json:"turns"`
+	File  string `json:"-"`
+	Line  int    `json:"-"`
+}
+
+// Turn is one input of a conversation.
+type Turn struct {
+	Input       json.RawMessage `json:"input"`
+	Expect      *Expect         `json:"expect,omitempty"`
+	Resume      *Resume         `json:"resume,omitempty"`
+	AfterResume *Expect         `json:"after_resume,omitempty"`
+}
+
+// Expect is what a turn must produce. Every field is optional; a nil slice
+// is not checked, an empty one must match exactly.
+type Expect struct {
+	Path          []string `json:"path,omitempty"`
+	Flags         []string `json:"flags"`
+	FinalContains []string `json:"final_contains,omitempty"`
+	FinalRegex    string   `json:"final_regex,omitempty"`
+	Tools         []string `json:"tools"`
+	Status        string   `json:"status,omitempty"`
+	Interrupt     string   `json:"interrupt,omitempty"`
+}
+
+// Resume is the decision a paused turn is resumed with.
+type Resume struct {
+	Decision string          `json:"decision"`
+	Value    json.RawMessage `json:"value,omitempty"`
+	Reason   string          `json:"reason,omitempty"`
+}
+
+// DecodeGolden reads a golden-conversation file: one JSON object a line,
+// blank lines and lines starting with '#' skipped, decoded strictly.
+func DecodeGolden(file string, data []byte) ([]Conversation, error) {
+	var out []Conversation
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 64<<10), maxFileSize)
+	off := 0
+	for line := 1; sc.Scan(); line++ {
+		raw := sc.Bytes()
+		start := off
+		off += len(raw) + 1
+		t := bytes.TrimSpace(raw)
+		if len(t) == 0 || t[0] == '#' {
+			continue
+		}
+		var c Conversation
+		if _, err := decodeStrictAt(file, data, start, raw, &c); err != nil {
+			return nil, err
+		}
+		if c.Name == "" || c.Agent == "" || len(c.Turns) == 0 {
+			return nil, malformed(file, data, start, "", "a conversation needs a name, an agent and turns")
+		}
+		c.File, c.Line = file, line
+		out = append(out, c)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, &FileError{File: file, Err: fmt.Errorf("%w: %v", ErrMalformed, err)}
+	}
+	return out, nil
+}

@@ -1,0 +1,37 @@
+// Package firmware reads, checks, installs and runs firmware bundles: the
+// signed, versioned packages of agent graphs, prompts, knowledge base, tool
+// registry, guardrail rules, model lanes and golden conversations that an
+// appliance runs besides its binary.
+//
+// The entry points:
+//
+//   - Keygen makes an ed25519 key pair; Sign records every file's sha256 in
+//     a bundle directory's manifest.json and signs the manifest's bytes
+//     into manifest.sig.
+//   - Verify checks a bundle (a directory, or a .tar of one) against a
+//     Keyring of trusted keys, in an order that keeps unsigned bytes away
+//     from every parser: the signature over the manifest's exact bytes,
+//     then the manifest, then each listed file's sha256, then files the
+//     manifest does not list. Load verifies, then compiles the bundle into
+//     a *Bundle.
+//   - Installer keeps verified bundles under DATA/firmware/NAME/VERSION/
+//     with a small JSON index: Install (refusing downgrades unless allowed,
+//     and recording them), Activate, Active, List, Open and Remove (which
+//     refuses a version a run still refers to).
+//   - Resolver turns an Installer into an engine.Resolver: new runs get the
+//     active version, resumed runs the exact version (and digest) they
+//     were pinned to at start.
+//   - Graph files are strict JSON, compiled into engine graphs from a fixed
+//     set of node kinds (guardrail, retrieve, router, review, template,
+//     fanout, subgraph; model and tool_loop come with package agent) and
+//     conditions (flag_set, flag_not_set, channel_empty,
+//     channel_not_empty, counter_at_least, default). RegisterKind adds a Go
+//     program's own kinds. README.md documents each kind with an example.
+//
+// Errors wrap the sentinels in errors.go; problems inside a file are
+// *FileError values naming the file, line, column and node.
+//
+// The tests are the best way to understand the package: start with
+// TestPatterns, which runs one agent per execution pattern from the bundle
+// in testdata/bundles/patterns, and TestPinnedRunResumesOnItsVersion.
+package firmware

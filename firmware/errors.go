@@ -1,0 +1,70 @@
+package firmware
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors, grouped by phase. Test for them with errors.Is; the
+// errors returned by this package wrap them with the file, position, node or
+// version concerned.
+var (
+	// Checking a bundle: signature first, then the files it lists.
+	ErrBundleSignature = errors.New("bad bundle signature")
+	ErrUnknownKey      = errors.New("bundle signed by an unknown key")
+	ErrHashMismatch    = errors.New("file does not match its sha256 in the manifest")
+	ErrMissingFile     = errors.New("file listed in the manifest is missing")
+	ErrUnlistedFile    = errors.New("file not listed in the manifest")
+	ErrPathEscape      = errors.New("path escapes the bundle")
+
+	// Reading what a bundle holds: manifest, graphs, rules and the rest.
+	// Malformed errors are *FileError values that carry the line and column.
+	ErrMalformed        = errors.New("malformed bundle file")
+	ErrUnknownNodeKind  = errors.New("unknown node kind")
+	ErrMinVersion       = errors.New("bundle needs a newer appliance")
+	ErrUnknownAgent     = errors.New("unknown agent")
+	ErrDuplicateKind    = errors.New("node kind already registered")
+	ErrKeyFile          = errors.New("bad key file")
+	ErrVersionInstalled = errors.New("bundle version already installed with different contents")
+
+	// Installing and running.
+	ErrDowngrade      = errors.New("bundle version is lower than one already installed")
+	ErrNotInstalled   = errors.New("bundle version not installed")
+	ErrInUse          = errors.New("bundle version is in use")
+	ErrNoActive       = errors.New("no active bundle")
+	ErrPinnedMismatch = errors.New("pinned bundle changed on disk")
+)
+
+// FileError locates a problem in a bundle file: the file, the line and
+// column (1-based, 0 when unknown) and the node it concerns, if any. Err
+// wraps the sentinel (ErrMalformed, ErrUnknownNodeKind, ...).
+type FileError struct {
+	File   string
+	Line   int
+	Column int
+	Node   string
+	Err    error
+}
+
+func (e *FileError) Error() string {
+	s := e.File
+	if e.Line > 0 {
+		s += fmt.Sprintf(":%d:%d", e.Line, e.Column)
+	}
+	if e.Node != "" {
+		s += fmt.Sprintf(": node %q", e.Node)
+	}
+	return s + ": " + e.Err.Error()
+}
+
+func (e *FileError) Unwrap() error { return e.Err }
+
+// malformed returns a FileError wrapping ErrMalformed at a byte offset of
+// data (off < 0 for no position).
+func malformed(file string, data []byte, off int, node, format string, args ...any) *FileError {
+	e := &FileError{File: file, Node: node, Err: fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))}
+	if off >= 0 && data != nil {
+		e.Line, e.Column = lineCol(data, off)
+	}
+	return e
+}

@@ -1,0 +1,407 @@
+package firmware
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// Names of the graph's entry and exit in edge lists.
+const (
+	StartNode = "START"
+	EndNode   = "END"
+)
+
+// DefaultFlagsChannel is the channel conditions and guardrails read flags
+// from when a graph does not name one.
+const DefaultFlagsChannel = "flags"
+
+// GraphSpec is a declarative graph, as a bundle's graph file holds it.
+type GraphSpec struct {
+	Name        string    `json:"name"`
+	Description string    `json:"description,omitempty"`
+	Channels    []Channel `json:"channels"`
+	// Input is the channel a run's JSON input is written to; Output the
+	// channel whose value becomes the run's output.
+	Input  string `json:"input,omitempty"`
+	Output string `json:"output,omitempty"`
+	// Flags is the strings channel that conditions and guardrails use;
+	// "flags" by default.
+	Flags     string     `json:"flags,omitempty"`
+	StepLimit int        `json:"step_limit,omitempty"`
+	Nodes     []NodeSpec `json:"nodes"`
+	Edges     []EdgeSpec `json:"edges"`
+}
+
+// NodeSpec is one node of a graph file: its name, its kind and the kind's
+// own configuration.
+type NodeSpec struct {
+	Name    string          `json:"name"`
+	Kind    string          `json:"kind"`
+	Config  json.RawMessage `json:"config,omitempty"`
+	Timeout string          `json:"timeout,omitempty"` // a Go duration bounding one attempt
+	Retries int             `json:"retries,omitempty"` // extra attempts on transient errors
+}
+
+// EdgeSpec is a static edge, or, with When, one case of a conditional edge.
+// The cases leaving a node are tried in file order; the first that holds
+// picks the next node, and the last case must be {"default": true}.
+type EdgeSpec struct {
+	From string     `json:"from"`
+	To   string     `json:"to"`
+	When *Condition `json:"when,omitempty"`
+}
+
+// Condition is one test from the fixed vocabulary of conditional edges.
+// Exactly one field is set. There is deliberately no expression language:
+// every branch of a bundle's graph can be read off its file.
+type Condition struct {
+	FlagSet         string   `json:"flag_set,omitempty"`
+	FlagNotSet      string   `json:"flag_not_set,omitempty"`
+	ChannelEmpty    string   `json:"channel_empty,omitempty"`
+	ChannelNotEmpty string   `json:"channel_not_empty,omitempty"`
+	CounterAtLeast  *Counter `json:"counter_at_least,omitempty"`
+	Default         bool     `json:"default,omitempty"`
+}
+
+// Counter is the argument of counter_at_least: an int or float channel and
+// the value it must reach.
+type Counter struct {
+	Channel string  `json:"channel"`
+	N       float64 `json:"n"`
+}
+
+var nodeNameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
+
+// graphCompiler compiles the graph files of one bundle. Subgraph files are
+// compiled once each and shared.
+type graphCompiler struct {
+	bundle   *Bundle
+	files    contents
+	compiled map[string]*compiledGraph
+	stack    []string // files being compiled, for cycle detection
+}
+
+type compiledGraph struct {
+	spec     *GraphSpec
+	graph    *engine.Graph
+	channels map[string]Channel
+}
+
+// compile compiles the graph file at path.
+func (gc *graphCompiler) compile(path string) (*compiledGraph, error) {
+	if cg := gc.compiled[path]; cg != nil {
+		return cg, nil
+	}
+	if slices.Contains(gc.stack, path) {
+		return nil, &FileError{File: path, Err: fmt.Errorf("%w: subgraph cycle: %v", ErrMalformed, append(gc.stack, path))}
+	}
+	data, ok := gc.files[path]
+	if !ok {
+		return nil, fmt.Errorf("%w: graph file %s", ErrMissingFile, path)
+	}
+	gc.stack = append(gc.stack, path)
+	defer func() { gc.stack = gc.stack[:len(gc.stack)-1] }()
+	cg, err := gc.build(path, data)
+	if err != nil {
+		return nil, err
+	}
+	gc.compiled[path] = cg
+	return cg, nil
+}
+
+func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error) {
+	var spec GraphSpec
+	pos, err := decodeStrict(file, data, &spec)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(path, node, format string, args ...any) error {
+		return malformed(file, data, pos.at(path), node, format, args...)
+	}
+	if !nodeNameRE.MatchString(spec.Name) {
+		return nil, fail("", "", "name: %q is not a graph name", spec.Name)
+	}
+	if spec.Flags == "" {
+		spec.Flags = DefaultFlagsChannel
+	}
+	b := engine.NewGraph(spec.Name)
+	channels := map[string]Channel{}
+	for i, c := range spec.Channels {
+		at := fmt.Sprintf("channels.%d", i)
+		if !nodeNameRE.MatchString(c.Name) {
+			return nil, fail(at, "", "channel name %q is not allowed", c.Name)
+		}
+		if _, dup := channels[c.Name]; dup {
+			return nil, fail(at, "", "channel %q declared twice", c.Name)
+		}
+		if err := declare(b, c); err != nil {
+			return nil, fail(at, "", "%v", err)
+		}
+		channels[c.Name] = c
+	}
+	if fc, ok := channels[spec.Flags]; ok && fc.Type != TypeStrings {
+		return nil, fail("", "", "flags channel %q must have type strings, not %s", spec.Flags, fc.Type)
+	}
+	for _, io := range []struct{ field, ch string }{{"input", spec.Input}, {"output", spec.Output}} {
+		if io.ch != "" {
+			if _, ok := channels[io.ch]; !ok {
+				return nil, fail(io.field, "", "%s: undeclared channel %q", io.field, io.ch)
+			}
+		}
+	}
+
+	// Nodes.
+	names := map[string]NodeSpec{}
+	fanouts := map[string]*fanoutConfig{}
+	for i, n := range spec.Nodes {
+		at := fmt.Sprintf("nodes.%d", i)
+		switch {
+		case !nodeNameRE.MatchString(n.Name) || n.Name == StartNode || n.Name == EndNode:
+			return nil, fail(at, n.Name, "node name %q is not allowed", n.Name)
+		case names[n.Name].Name != "":
+			return nil, fail(at, n.Name, "node declared twice")
+		}
+		names[n.Name] = n
+		env := &Env{Bundle: gc.bundle, File: file, Graph: spec.Name, Node: n.Name, Flags: spec.Flags,
+			channels: channels, data: data, cfgOff: pos.at(at + ".config"), nodeOff: pos.at(at), gc: gc}
+		var opts []engine.NodeOption
+		if n.Timeout != "" {
+			d, err := time.ParseDuration(n.Timeout)
+			if err != nil || d <= 0 {
+				return nil, fail(at+".timeout", n.Name, "timeout %q is not a positive duration", n.Timeout)
+			}
+			opts = append(opts, engine.WithTimeout(d))
+		}
+		if n.Retries < 0 || n.Retries > 10 {
+			return nil, fail(at, n.Name, "retries must be between 0 and 10")
+		} else if n.Retries > 0 {
+			opts = append(opts, engine.WithRetry(engine.RetryPolicy{MaxAttempts: n.Retries + 1}))
+		}
+		switch n.Kind {
+		case KindSubgraph:
+			var cfg struct {
+				Graph string `json:"graph"`
+			}
+			if err := env.Decode(n.Config, &cfg); err != nil {
+				return nil, err
+			}
+			if _, ok := gc.files[cfg.Graph]; !ok || checkPath(cfg.Graph) != nil {
+				return nil, env.Errorf("subgraph file %q is not in the bundle's files", cfg.Graph)
+			}
+			sub, err := gc.compile(cfg.Graph)
+			if err != nil {
+				return nil, err
+			}
+			b.AddSubgraph(n.Name, sub.graph, opts...)
+			continue
+		case KindFanout:
+			var cfg fanoutConfig
+			if err := env.Decode(n.Config, &cfg); err != nil {
+				return nil, err
+			}
+			c, ok := channels[cfg.Over]
+			if !ok || !c.isList() {
+				return nil, env.Errorf("fanout: over: %q is not a declared list channel", cfg.Over)
+			}
+			if cfg.To == "" || cfg.Join == "" {
+				return nil, env.Errorf("fanout: needs to (the node run per item) and join")
+			}
+			fanouts[n.Name] = &cfg
+		}
+		fn, err := buildNode(n.Kind, n.Config, env)
+		if err != nil {
+			return nil, err
+		}
+		b.AddNode(n.Name, fn, opts...)
+	}
+	nodeKnown := func(n string) bool { return names[n].Name != "" }
+	endpoint := func(n string) string {
+		switch n {
+		case StartNode:
+			return engine.Start
+		case EndNode:
+			return engine.End
+		}
+		return n
+	}
+
+	// Fan-outs: one task per item of the list, each followed by the join.
+	for name, cfg := range fanouts {
+		at := "nodes"
+		for i, n := range spec.Nodes {
+			if n.Name == name {
+				at = fmt.Sprintf("nodes.%d", i)
+			}
+		}
+		for _, t := range []string{cfg.To, cfg.Join} {
+			if !nodeKnown(t) {
+				return nil, fail(at, name, "fanout: unknown node %q", t)
+			}
+		}
+		over, to, join := cfg.Over, cfg.To, cfg.Join
+		b.AddFanout(name, func(s engine.State) []engine.Send {
+			v, _ := s.Value(over)
+			list := items(v)
+			if len(list) == 0 {
+				return []engine.Send{{Node: join}}
+			}
+			sends := make([]engine.Send, len(list))
+			for i, it := range list {
+				sends[i] = engine.Send{Node: to, Input: it}
+			}
+			return sends
+		}, to, join)
+		b.AddEdge(to, join)
+	}
+
+	// Edges: static ones as they are, conditional ones grouped by source.
+	type cases struct {
+		conds   []Condition
+		targets []string
+		at      string
+	}
+	conditional := map[string]*cases{}
+	var condOrder []string
+	static := map[string]bool{}
+	for i, e := range spec.Edges {
+		at := fmt.Sprintf("edges.%d", i)
+		if e.From == EndNode || (e.From != StartNode && !nodeKnown(e.From)) {
+			return nil, fail(at, "", "edge from unknown node %q", e.From)
+		}
+		if e.To == StartNode || (e.To != EndNode && !nodeKnown(e.To)) {
+			return nil, fail(at, "", "edge from %q to unknown node %q", e.From, e.To)
+		}
+		if fanouts[e.From] != nil {
+			return nil, fail(at, e.From, "a fanout node's edges come from its config (to, join); remove this edge")
+		}
+		if e.When == nil {
+			if conditional[e.From] != nil {
+				return nil, fail(at, e.From, "node has both static and conditional edges")
+			}
+			static[e.From] = true
+			b.AddEdge(endpoint(e.From), endpoint(e.To))
+			continue
+		}
+		if static[e.From] {
+			return nil, fail(at, e.From, "node has both static and conditional edges")
+		}
+		if err := checkCondition(*e.When, channels, spec.Flags); err != nil {
+			return nil, fail(at+".when", e.From, "when: %v", err)
+		}
+		c := conditional[e.From]
+		if c == nil {
+			c = &cases{}
+			conditional[e.From] = c
+			condOrder = append(condOrder, e.From)
+		}
+		if n := len(c.conds); n > 0 && c.conds[n-1].Default {
+			return nil, fail(at, e.From, "case after the default case is never taken")
+		}
+		c.conds = append(c.conds, *e.When)
+		c.targets = append(c.targets, endpoint(e.To))
+		c.at = at
+	}
+	for _, from := range condOrder {
+		c := conditional[from]
+		if !c.conds[len(c.conds)-1].Default {
+			return nil, fail(c.at, from, "conditional edges from %q end without a {\"default\": true} case", from)
+		}
+		conds, targets, flags := c.conds, c.targets, spec.Flags
+		var declared []string
+		for _, t := range targets {
+			if !slices.Contains(declared, t) {
+				declared = append(declared, t)
+			}
+		}
+		b.AddConditionalEdge(endpoint(from), func(s engine.State) []string {
+			for i, cond := range conds {
+				if cond.holds(s, flags) {
+					return []string{targets[i]}
+				}
+			}
+			return []string{engine.End} // unreachable: the last case is the default
+		}, append(declared, engine.End)...)
+	}
+
+	g, err := b.Compile()
+	if err != nil {
+		var ce *engine.CompileError
+		if errors.As(err, &ce) {
+			return nil, &FileError{File: file, Err: fmt.Errorf("%w: %v", ErrMalformed, err)}
+		}
+		return nil, &FileError{File: file, Err: err}
+	}
+	return &compiledGraph{spec: &spec, graph: g, channels: channels}, nil
+}
+
+type fanoutConfig struct {
+	Over string `json:"over"`
+	To   string `json:"to"`
+	Join string `json:"join"`
+}
+
+func checkCondition(c Condition, channels map[string]Channel, flags string) error {
+	n := 0
+	var channel string
+	if c.FlagSet != "" {
+		n++
+	}
+	if c.FlagNotSet != "" {
+		n++
+	}
+	if c.ChannelEmpty != "" {
+		n++
+		channel = c.ChannelEmpty
+	}
+	if c.ChannelNotEmpty != "" {
+		n++
+		channel = c.ChannelNotEmpty
+	}
+	if c.CounterAtLeast != nil {
+		n++
+		ch, ok := channels[c.CounterAtLeast.Channel]
+		if !ok || (ch.Type != TypeInt && ch.Type != TypeFloat) {
+			return fmt.Errorf("counter_at_least: %q is not a declared int or float channel", c.CounterAtLeast.Channel)
+		}
+	}
+	if c.Default {
+		n++
+	}
+	if n != 1 {
+		return fmt.Errorf("want exactly one of flag_set, flag_not_set, channel_empty, channel_not_empty, counter_at_least, default; got %d", n)
+	}
+	if (c.FlagSet != "" || c.FlagNotSet != "") && channels[flags].Name == "" {
+		return fmt.Errorf("flag conditions need the flags channel %q to be declared", flags)
+	}
+	if channel != "" && channels[channel].Name == "" {
+		return fmt.Errorf("undeclared channel %q", channel)
+	}
+	return nil
+}
+
+func (c Condition) holds(s engine.State, flags string) bool {
+	switch {
+	case c.Default:
+		return true
+	case c.FlagSet != "":
+		return hasFlag(s, flags, c.FlagSet)
+	case c.FlagNotSet != "":
+		return !hasFlag(s, flags, c.FlagNotSet)
+	case c.ChannelEmpty != "":
+		v, _ := s.Value(c.ChannelEmpty)
+		return isEmpty(v)
+	case c.ChannelNotEmpty != "":
+		v, _ := s.Value(c.ChannelNotEmpty)
+		return !isEmpty(v)
+	case c.CounterAtLeast != nil:
+		v, _ := s.Value(c.CounterAtLeast.Channel)
+		return number(v) >= c.CounterAtLeast.N
+	}
+	return false
+}

@@ -1,0 +1,445 @@
+package firmware
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// indexFile is the installer's record of what is installed and active, in
+// DATA/firmware/. It is small, rewritten whole, atomically.
+const indexFile = "index.json"
+
+// indexFormat is the index encoding this package reads and writes.
+const indexFormat = 1
+
+// Installed describes one installed bundle version.
+type Installed struct {
+	Name        string    `json:"name"`
+	Version     int64     `json:"version"`
+	Digest      string    `json:"digest"`
+	KeyID       string    `json:"key_id"`
+	Created     time.Time `json:"created"`
+	InstalledAt time.Time `json:"installed_at"`
+	InstalledBy string    `json:"installed_by,omitempty"`
+	Reason      string    `json:"reason,omitempty"`
+	// Downgrade is set when the version was installed below the highest
+	// one ever installed for its name, with AllowDowngrade.
+	Downgrade bool `json:"downgrade,omitempty"`
+	Active    bool `json:"active"`
+}
+
+// Ref returns the reference runs pinned to this version record.
+func (i Installed) Ref() engine.BundleRef {
+	return engine.BundleRef{Name: i.Name, Version: i.Version, Digest: i.Digest}
+}
+
+// LogEntry is one change to what is installed or active: the audit trail of
+// installs, activations, downgrades and removals.
+type LogEntry struct {
+	At      time.Time `json:"at"`
+	Action  string    `json:"action"` // install, activate, downgrade, remove
+	Name    string    `json:"name"`
+	Version int64     `json:"version"`
+	Digest  string    `json:"digest,omitempty"`
+	By      string    `json:"by,omitempty"`
+	Reason  string    `json:"reason,omitempty"`
+}
+
+type index struct {
+	Format    int              `json:"format"`
+	Installed []Installed      `json:"installed"`
+	Active    map[string]int64 `json:"active"`
+	// Highest is the highest version ever installed per name. It does not
+	// go down when a version is removed: rollback protection must survive
+	// a removal.
+	Highest map[string]int64 `json:"highest"`
+	Log     []LogEntry       `json:"log"`
+}
+
+// InstallerOptions configures an Installer.
+type InstallerOptions struct {
+	// ApplianceVersion is checked against a bundle's min_appliance_version.
+	// Empty or not a release version ("dev") skips the check.
+	ApplianceVersion string
+	// Now is the clock (time.Now by default).
+	Now func() time.Time
+}
+
+// InstallOptions qualify one install.
+type InstallOptions struct {
+	// AllowDowngrade installs a version lower than the highest installed
+	// for its name. The downgrade is recorded, with By and Reason.
+	AllowDowngrade bool
+	// Activate makes the version active once installed. The first version
+	// installed under a name is always activated.
+	Activate bool
+	By       string
+	Reason   string
+}
+
+// Installer keeps verified bundles under DATA/firmware/NAME/VERSION/ and
+// records in DATA/firmware/index.json which are installed and which one is
+// active per name. Every bundle is verified again, against the installer's
+// keyring, each time it is opened. One process at a time may use a data
+// directory's installer.
+type Installer struct {
+	dir  string
+	keys *Keyring
+	opts InstallerOptions
+
+	mu    sync.Mutex
+	idx   index
+	cache map[string]*Bundle // by name@version
+}
+
+// NewInstaller opens (creating if needed) the firmware directory under
+// dataDir.
+func NewInstaller(dataDir string, keys *Keyring, opts InstallerOptions) (*Installer, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	dir := filepath.Join(dataDir, "firmware")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("firmware installer: %w", err)
+	}
+	in := &Installer{dir: dir, keys: keys, opts: opts, cache: map[string]*Bundle{},
+		idx: index{Format: indexFormat, Active: map[string]int64{}, Highest: map[string]int64{}}}
+	data, err := os.ReadFile(filepath.Join(dir, indexFile))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("firmware installer: %w", err)
+	default:
+		if _, err := decodeStrict(filepath.Join(dir, indexFile), data, &in.idx); err != nil {
+			return nil, fmt.Errorf("firmware installer: %w", err)
+		}
+		if in.idx.Format != indexFormat {
+			return nil, fmt.Errorf("firmware installer: %s: format %d, want %d", indexFile, in.idx.Format, indexFormat)
+		}
+		if in.idx.Active == nil {
+			in.idx.Active = map[string]int64{}
+		}
+		if in.idx.Highest == nil {
+			in.idx.Highest = map[string]int64{}
+		}
+	}
+	return in, nil
+}
+
+// Dir returns the firmware directory.
+func (in *Installer) Dir() string { return in.dir }
+
+// Keys returns the installer's keyring.
+func (in *Installer) Keys() *Keyring { return in.keys }
+
+func (in *Installer) versionDir(name string, version int64) string {
+	return filepath.Join(in.dir, name, strconv.FormatInt(version, 10))
+}
+
+func (in *Installer) find(name string, version int64) int {
+	for i, x := range in.idx.Installed {
+		if x.Name == name && x.Version == version {
+			return i
+		}
+	}
+	return -1
+}
+
+// saveLocked writes the index atomically; on failure the in-memory index
+// is restored from old, so memory never claims what the disk does not.
+func (in *Installer) saveLocked(old index) error {
+	raw, err := json.MarshalIndent(&in.idx, "", "  ")
+	if err == nil {
+		err = writeFileAtomic(filepath.Join(in.dir, indexFile), append(raw, '\n'), 0o644)
+	}
+	if err != nil {
+		in.idx = old
+		return fmt.Errorf("save firmware index: %w", err)
+	}
+	return nil
+}
+
+func (ix index) clone() index {
+	c := ix
+	c.Installed = append([]Installed(nil), ix.Installed...)
+	c.Log = append([]LogEntry(nil), ix.Log...)
+	c.Active = make(map[string]int64, len(ix.Active))
+	for k, v := range ix.Active {
+		c.Active[k] = v
+	}
+	c.Highest = make(map[string]int64, len(ix.Highest))
+	for k, v := range ix.Highest {
+		c.Highest[k] = v
+	}
+	return c
+}
+
+// Install verifies the bundle at path (a directory or a .tar), checks that
+// it loads, and copies it into the firmware directory. It refuses a version
+// lower than the highest installed for the name (ErrDowngrade) unless
+// AllowDowngrade is set. Installing the same version with the same digest
+// again changes nothing; with a different digest it is refused.
+func (in *Installer) Install(path string, o InstallOptions) (*Installed, error) {
+	files, err := readBundle(path)
+	if err != nil {
+		return nil, fmt.Errorf("install: %w", err)
+	}
+	v, err := verifyContents(files, in.keys)
+	if err != nil {
+		return nil, fmt.Errorf("install %s: %w", path, err)
+	}
+	m := v.manifest
+	if err := m.CheckApplianceVersion(in.opts.ApplianceVersion); err != nil {
+		return nil, fmt.Errorf("install %s: %w", path, err)
+	}
+	if _, err := load(v); err != nil {
+		return nil, fmt.Errorf("install %s: %w", path, err)
+	}
+
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if i := in.find(m.Name, m.Version); i >= 0 {
+		cur := in.idx.Installed[i]
+		if cur.Digest != v.digest {
+			return nil, fmt.Errorf("install %s: %w: %s is installed as %s, this is %s", path, ErrVersionInstalled, m, cur.Digest, v.digest)
+		}
+		if o.Activate && !cur.Active {
+			if err := in.activateLocked(m.Name, m.Version, o.By, o.Reason); err != nil {
+				return nil, err
+			}
+			cur = in.idx.Installed[i]
+		}
+		return &cur, nil
+	}
+	highest := in.idx.Highest[m.Name]
+	downgrade := m.Version < highest
+	if downgrade && !o.AllowDowngrade {
+		return nil, fmt.Errorf("install %s: %w: %s is below v%d (allow the downgrade explicitly to install it)", path, ErrDowngrade, m, highest)
+	}
+	if err := in.writeVersion(m.Name, m.Version, v.files); err != nil {
+		return nil, fmt.Errorf("install %s: %w", path, err)
+	}
+	now := in.opts.Now().UTC()
+	rec := Installed{Name: m.Name, Version: m.Version, Digest: v.digest, KeyID: m.KeyID, Created: m.Created,
+		InstalledAt: now, InstalledBy: o.By, Reason: o.Reason, Downgrade: downgrade}
+	old := in.idx.clone()
+	in.idx.Installed = append(in.idx.Installed, rec)
+	sort.Slice(in.idx.Installed, func(a, b int) bool {
+		x, y := in.idx.Installed[a], in.idx.Installed[b]
+		return x.Name < y.Name || x.Name == y.Name && x.Version < y.Version
+	})
+	if m.Version > highest {
+		in.idx.Highest[m.Name] = m.Version
+	}
+	action := "install"
+	if downgrade {
+		action = "downgrade"
+	}
+	in.idx.Log = append(in.idx.Log, LogEntry{At: now, Action: action, Name: m.Name, Version: m.Version,
+		Digest: v.digest, By: o.By, Reason: o.Reason})
+	_, hasActive := in.idx.Active[m.Name]
+	if o.Activate || !hasActive {
+		in.setActive(m.Name, m.Version, now, o.By, o.Reason)
+	}
+	if err := in.saveLocked(old); err != nil {
+		return nil, fmt.Errorf("install %s: %w", path, err)
+	}
+	rec = in.idx.Installed[in.find(m.Name, m.Version)]
+	return &rec, nil
+}
+
+// writeVersion copies a verified bundle's files into NAME/VERSION/ through
+// a temporary directory, syncing every file, so that a crash leaves either
+// no version directory or a complete one.
+func (in *Installer) writeVersion(name string, version int64, files contents) error {
+	parent := filepath.Join(in.dir, name)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return err
+	}
+	final := in.versionDir(name, version)
+	// A directory without an index entry is left over from a crash or a
+	// removal: replace it.
+	if err := os.RemoveAll(final); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(parent, ".install-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	for _, p := range sortedKeys(files) {
+		dst := filepath.Join(tmp, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		if err := writeSynced(dst, files[p]); err != nil {
+			return err
+		}
+	}
+	dirs := map[string]bool{tmp: true}
+	for p := range files {
+		for d := filepath.Dir(filepath.Join(tmp, filepath.FromSlash(p))); len(d) > len(tmp); d = filepath.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	for d := range dirs {
+		if err := syncDir(d); err != nil {
+			return err
+		}
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return err
+	}
+	return syncDir(parent)
+}
+
+func writeSynced(name string, data []byte) error {
+	f, err := os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func (in *Installer) setActive(name string, version int64, at time.Time, by, reason string) {
+	in.idx.Active[name] = version
+	for i := range in.idx.Installed {
+		if in.idx.Installed[i].Name == name {
+			in.idx.Installed[i].Active = in.idx.Installed[i].Version == version
+		}
+	}
+	in.idx.Log = append(in.idx.Log, LogEntry{At: at, Action: "activate", Name: name, Version: version, By: by, Reason: reason})
+}
+
+// Activate makes an installed version the one new runs of its agents use.
+// Runs already started stay on the version they are pinned to.
+func (in *Installer) Activate(name string, version int64) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.activateLocked(name, version, "", "")
+}
+
+func (in *Installer) activateLocked(name string, version int64, by, reason string) error {
+	if in.find(name, version) < 0 {
+		return fmt.Errorf("activate: %w: %s v%d", ErrNotInstalled, name, version)
+	}
+	old := in.idx.clone()
+	in.setActive(name, version, in.opts.Now().UTC(), by, reason)
+	return in.saveLocked(old)
+}
+
+// Active returns the active version of a bundle name.
+func (in *Installer) Active(name string) (*Installed, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	v, ok := in.idx.Active[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrNoActive, name)
+	}
+	rec := in.idx.Installed[in.find(name, v)]
+	return &rec, nil
+}
+
+// List returns every installed version, by name then version.
+func (in *Installer) List() []Installed {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return append([]Installed(nil), in.idx.Installed...)
+}
+
+// Log returns the audit trail of installs, activations, downgrades and
+// removals, oldest first.
+func (in *Installer) Log() []LogEntry {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return append([]LogEntry(nil), in.idx.Log...)
+}
+
+// Open loads an installed version, verifying its signature and hashes
+// again and checking its digest against the one recorded at install.
+// Loaded bundles are cached.
+func (in *Installer) Open(name string, version int64) (*Bundle, error) {
+	in.mu.Lock()
+	i := in.find(name, version)
+	if i < 0 {
+		in.mu.Unlock()
+		return nil, fmt.Errorf("open: %w: %s v%d", ErrNotInstalled, name, version)
+	}
+	rec := in.idx.Installed[i]
+	key := name + "@" + strconv.FormatInt(version, 10)
+	if b := in.cache[key]; b != nil && b.Digest == rec.Digest {
+		in.mu.Unlock()
+		return b, nil
+	}
+	in.mu.Unlock()
+
+	files, err := readDir(in.versionDir(name, version))
+	if err != nil {
+		return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
+	}
+	v, err := verifyContents(files, in.keys)
+	if err != nil {
+		return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
+	}
+	if v.digest != rec.Digest || v.manifest.Name != name || v.manifest.Version != version {
+		return nil, fmt.Errorf("open %s v%d: %w: installed as %s, on disk %s", name, version, ErrPinnedMismatch, rec.Digest, v.digest)
+	}
+	b, err := load(v)
+	if err != nil {
+		return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
+	}
+	in.mu.Lock()
+	in.cache[key] = b
+	in.mu.Unlock()
+	return b, nil
+}
+
+// Remove deletes an installed version. It refuses the active version and
+// any version that inUse reports a run still refers to (ErrInUse); pass
+// a function that asks the run store.
+func (in *Installer) Remove(name string, version int64, inUse func(engine.BundleRef) bool) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	i := in.find(name, version)
+	if i < 0 {
+		return fmt.Errorf("remove: %w: %s v%d", ErrNotInstalled, name, version)
+	}
+	rec := in.idx.Installed[i]
+	if rec.Active {
+		return fmt.Errorf("remove: %w: %s v%d is active", ErrInUse, name, version)
+	}
+	if inUse != nil && inUse(rec.Ref()) {
+		return fmt.Errorf("remove: %w: runs are pinned to %s v%d", ErrInUse, name, version)
+	}
+	old := in.idx.clone()
+	in.idx.Installed = append(in.idx.Installed[:i:i], in.idx.Installed[i+1:]...)
+	in.idx.Log = append(in.idx.Log, LogEntry{At: in.opts.Now().UTC(), Action: "remove", Name: name, Version: version, Digest: rec.Digest})
+	if err := in.saveLocked(old); err != nil {
+		return err
+	}
+	delete(in.cache, name+"@"+strconv.FormatInt(version, 10))
+	// The index no longer lists the version; a failure here leaves files
+	// that the next install of the version replaces.
+	if err := os.RemoveAll(in.versionDir(name, version)); err != nil {
+		return fmt.Errorf("remove %s v%d: %w", name, version, err)
+	}
+	return nil
+}

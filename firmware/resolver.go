@@ -1,0 +1,80 @@
+package firmware
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// Resolver resolves agents for an engine.Manager from an installer. A new
+// run (zero pinned ref) gets the agent from the active version of the
+// bundle that has it; a resumed or recovered run gets it from exactly the
+// version it is pinned to, whose digest must still match, whatever is
+// active now.
+func Resolver(in *Installer) engine.Resolver {
+	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
+		if pinned.Name != "" {
+			b, err := in.Open(pinned.Name, pinned.Version)
+			if err != nil {
+				return nil, fmt.Errorf("pinned bundle: %w", err)
+			}
+			if b.Digest != pinned.Digest {
+				return nil, fmt.Errorf("%w: %s v%d is %s, the run is pinned to %s", ErrPinnedMismatch, pinned.Name, pinned.Version, b.Digest, pinned.Digest)
+			}
+			return agentOf(b, name)
+		}
+		in.mu.Lock()
+		names := make([]string, 0, len(in.idx.Active))
+		for n := range in.idx.Active {
+			names = append(names, n)
+		}
+		active := make(map[string]int64, len(in.idx.Active))
+		for k, v := range in.idx.Active {
+			active[k] = v
+		}
+		in.mu.Unlock()
+		sort.Strings(names)
+		var found []*Bundle
+		for _, n := range names {
+			b, err := in.Open(n, active[n])
+			if err != nil {
+				return nil, err
+			}
+			if _, ok := b.agents[name]; ok {
+				found = append(found, b)
+			}
+		}
+		switch len(found) {
+		case 0:
+			return nil, fmt.Errorf("%w: %w: no active bundle has agent %q (active: %s)", engine.ErrUnknownAgent, ErrUnknownAgent, name, strings.Join(names, ", "))
+		case 1:
+			return agentOf(found[0], name)
+		}
+		var which []string
+		for _, b := range found {
+			which = append(which, b.Manifest.String())
+		}
+		return nil, fmt.Errorf("agent %q is in several active bundles: %s", name, strings.Join(which, ", "))
+	}
+}
+
+// BundleResolver resolves agents from one loaded bundle, such as the
+// embedded reference bundle. A run pinned to another bundle fails.
+func BundleResolver(b *Bundle) engine.Resolver {
+	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
+		if pinned.Name != "" && pinned != b.Ref() {
+			return nil, fmt.Errorf("%w: the run is pinned to %s v%d (%s), this is %s (%s)", ErrPinnedMismatch, pinned.Name, pinned.Version, pinned.Digest, b.Manifest, b.Digest)
+		}
+		return agentOf(b, name)
+	}
+}
+
+func agentOf(b *Bundle, name string) (*engine.Agent, error) {
+	a, err := b.Agent(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", engine.ErrUnknownAgent, err)
+	}
+	return a, nil
+}
