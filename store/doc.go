@@ -17,6 +17,11 @@
 // within Options.Timeout with ErrInUse. A file of another format or
 // version fails with ErrFormat.
 //
+// Checkpoints are keyed by ID first, so that the commits of many threads
+// sharing one transaction write a few pages at the right edge of the tree;
+// each namespace's newest checkpoint and branch heads are recorded beside
+// them, and History merges the parent chains that start there (leaves.go).
+//
 // Every record is a version byte, a payload and a CRC32C. Checkpoints and
 // pending writes use a hand-written binary layout; runs and tool calls use
 // JSON inside the same envelope. A record that fails to decode is reported
