@@ -290,9 +290,11 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 		return l.execute(ctx, impl, rec, key, "")
 	case existing.Done():
 		return l.reply(existing), nil
-	case existing.Decision == engine.Reject || existing.Decision == string(policy.DecisionDeny):
+	case existing.Decision == engine.Reject:
 		// A refusal whose outcome a crash kept from being recorded: nothing ran.
 		return l.refuse(ctx, *existing, fmt.Sprintf(textRejected, tool.Name), nil)
+	case existing.Decision == string(policy.DecisionDeny):
+		return l.refuse(ctx, *existing, fmt.Sprintf(textDenied, tool.Name), nil)
 	case tool.Idempotent:
 		// The tool may or may not have run; running it again with the same
 		// key is harmless by its declaration.
