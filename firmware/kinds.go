@@ -46,7 +46,7 @@ var builtinKinds = map[string]KindBuilder{
 	KindRouter:    buildRouter,
 	KindReview:    buildReview,
 	KindTemplate:  buildTemplate,
-	KindFanout:    buildRouter, // a fan-out node passes through; its edge does the work
+	KindFanout:    buildFanout,
 	KindSubgraph:  nil,         // wired by the compiler
 }
 
@@ -210,6 +210,16 @@ func flagWrites(s engine.State, c Channel, add []string) []engine.Write {
 // pick what runs next.
 func buildRouter(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 	var c struct{}
+	if err := env.Decode(cfg, &c); err != nil {
+		return nil, err
+	}
+	return func(context.Context, engine.State) ([]engine.Write, error) { return nil, nil }, nil
+}
+
+// fanout: passes through; the fan-out edge the compiler adds after it
+// sends one task per item of over to the node to, then runs join.
+func buildFanout(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
+	var c fanoutConfig
 	if err := env.Decode(cfg, &c); err != nil {
 		return nil, err
 	}
