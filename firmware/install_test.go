@@ -1,0 +1,310 @@
+package firmware_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
+)
+
+func newInstaller(t testing.TB, data string) *firmware.Installer {
+	t.Helper()
+	in, err := firmware.NewInstaller(data, testKeyring(t), firmware.InstallerOptions{ApplianceVersion: "1.0.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+// withDraft returns an edit that changes the reviewed agent's draft text,
+// so that versions differ in what they answer.
+func withDraft(text string) func(dir string) {
+	return func(dir string) {
+		p := filepath.Join(dir, "agents", "reviewed.json")
+		data, _ := os.ReadFile(p)
+		os.WriteFile(p, []byte(strings.Replace(string(data), "Version one says: take it with food.", text, 1)), 0o644)
+	}
+}
+
+func TestInstallActivateList(t *testing.T) {
+	data := t.TempDir()
+	in := newInstaller(t, data)
+	v1, err := in.Install(patternsDir, firmware.InstallOptions{By: "ops", Reason: "initial"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !v1.Active || v1.Version != 1 || !strings.HasPrefix(v1.Digest, "sha256:") || v1.InstalledBy != "ops" {
+		t.Fatalf("first install %+v", v1)
+	}
+	if _, err := os.Stat(filepath.Join(data, "firmware", "patterns", "1", "manifest.json")); err != nil {
+		t.Fatal(err)
+	}
+	// Installing the same bytes again changes nothing.
+	if again, err := in.Install(tarOf(t, patternsDir, ""), firmware.InstallOptions{}); err != nil || again.Digest != v1.Digest {
+		t.Fatalf("reinstall: %+v, %v", again, err)
+	}
+	// The same version with other contents is refused.
+	if _, err := in.Install(variant(t, 1, withDraft("other")), firmware.InstallOptions{}); !errors.Is(err, firmware.ErrVersionInstalled) {
+		t.Fatalf("same version, other contents: %v", err)
+	}
+	v2, err := in.Install(variant(t, 2, withDraft("v2")), firmware.InstallOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v2.Active {
+		t.Fatal("a later install activated itself without Activate")
+	}
+	if a, _ := in.Active("patterns"); a.Version != 1 {
+		t.Fatalf("active %d, want 1", a.Version)
+	}
+	if err := in.Activate("patterns", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Activate("patterns", 7); !errors.Is(err, firmware.ErrNotInstalled) {
+		t.Fatalf("activate missing version: %v", err)
+	}
+	if _, err := in.Active("nothing"); !errors.Is(err, firmware.ErrNoActive) {
+		t.Fatalf("active of unknown name: %v", err)
+	}
+
+	// The index survives a restart.
+	in2 := newInstaller(t, data)
+	list := in2.List()
+	if len(list) != 2 || list[0].Version != 1 || list[0].Active || list[1].Version != 2 || !list[1].Active {
+		t.Fatalf("list after reopen: %+v", list)
+	}
+	b, err := in2.Open("patterns", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Digest != v2.Digest || b.Manifest.Version != 2 || len(b.Docs) != 3 || b.Rules == nil || b.Registry == nil ||
+		len(b.Golden) != 2 || b.Prompts["answer"] == "" || b.Lanes["sequential"].Agent != "sequential" || b.Redactor == nil {
+		t.Fatalf("opened bundle incomplete: %+v", b)
+	}
+}
+
+func TestDowngrade(t *testing.T) {
+	data := t.TempDir()
+	in := newInstaller(t, data)
+	if _, err := in.Install(variant(t, 3, nil), firmware.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v2 := variant(t, 2, nil)
+	if _, err := in.Install(v2, firmware.InstallOptions{}); !errors.Is(err, firmware.ErrDowngrade) {
+		t.Fatalf("downgrade without permission: %v", err)
+	}
+	rec, err := in.Install(v2, firmware.InstallOptions{AllowDowngrade: true, Activate: true, By: "alice", Reason: "v3 breaks refills"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rec.Downgrade || !rec.Active || rec.InstalledBy != "alice" || rec.Reason != "v3 breaks refills" {
+		t.Fatalf("downgrade record %+v", rec)
+	}
+	var found bool
+	for _, e := range newInstaller(t, data).Log() {
+		if e.Action == "downgrade" && e.Version == 2 && e.By == "alice" && e.Reason == "v3 breaks refills" && !e.At.IsZero() {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("downgrade not in the log: %+v", in.Log())
+	}
+
+	// Removing v3 does not lower the bar: v1 is still a downgrade.
+	if err := in.Remove("patterns", 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Install(variant(t, 1, nil), firmware.InstallOptions{}); !errors.Is(err, firmware.ErrDowngrade) {
+		t.Fatalf("downgrade after removing the highest: %v", err)
+	}
+}
+
+func TestRemove(t *testing.T) {
+	in := newInstaller(t, t.TempDir())
+	v1, err := in.Install(patternsDir, firmware.InstallOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Install(variant(t, 2, nil), firmware.InstallOptions{Activate: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Remove("patterns", 2, nil); !errors.Is(err, firmware.ErrInUse) {
+		t.Fatalf("remove the active version: %v", err)
+	}
+	pinned := func(ref engine.BundleRef) bool { return ref == v1.Ref() }
+	if err := in.Remove("patterns", 1, pinned); !errors.Is(err, firmware.ErrInUse) {
+		t.Fatalf("remove a version a run is pinned to: %v", err)
+	}
+	if err := in.Remove("patterns", 1, func(engine.BundleRef) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(in.Dir(), "patterns", "1")); !os.IsNotExist(err) {
+		t.Fatalf("version directory still there: %v", err)
+	}
+	if _, err := in.Open("patterns", 1); !errors.Is(err, firmware.ErrNotInstalled) {
+		t.Fatalf("open removed: %v", err)
+	}
+}
+
+// An installed bundle is verified again when opened: a file changed on disk
+// after install is refused.
+func TestOpenReverifies(t *testing.T) {
+	in := newInstaller(t, t.TempDir())
+	if _, err := in.Install(patternsDir, firmware.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(in.Dir(), "patterns", "1"), "rules.json", `{"red_flags": [], "scope": {"keywords": []}}`)
+	if _, err := newInstaller(t, filepath.Dir(in.Dir())).Open("patterns", 1); !errors.Is(err, firmware.ErrHashMismatch) {
+		t.Fatalf("tampered install: %v", err)
+	}
+}
+
+// TestPinnedRunResumesOnItsVersion starts a run on v1 that pauses for
+// review, installs and activates v2, and resumes: the run finishes on v1,
+// while a new run gets v2.
+func TestPinnedRunResumesOnItsVersion(t *testing.T) {
+	in := newInstaller(t, t.TempDir())
+	v1, err := in.Install(patternsDir, firmware.InstallOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolve := firmware.Resolver(in)
+	store := engine.NewMemoryStore()
+	m := engine.NewManager(store, resolve, engine.ManagerOptions{Workers: 2})
+	defer m.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	input := json.RawMessage(`"I missed a dose"`)
+	run, err := m.Invoke(ctx, engine.RunRequest{Thread: "patient-1", Agent: "reviewed", Input: input})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.Status != engine.StatusInterrupted || len(run.Interrupts) != 1 || run.Interrupts[0].Node != "review" {
+		t.Fatalf("run %s: %+v", run.Status, run.Interrupts)
+	}
+	if run.Bundle != v1.Ref() {
+		t.Fatalf("pinned to %+v, want %+v", run.Bundle, v1.Ref())
+	}
+	var req firmware.ReviewRequest
+	if err := json.Unmarshal(run.Interrupts[0].Payload, &req); err != nil || req.Draft != "Version one says: take it with food." || join(req.Reasons) != "cites nothing" {
+		t.Fatalf("review payload %s (%v)", run.Interrupts[0].Payload, err)
+	}
+
+	v2, err := in.Install(variant(t, 2, withDraft("Version two says: see [kb-01].")), firmware.InstallOptions{Activate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Remove("patterns", 1, func(ref engine.BundleRef) bool {
+		runs, _ := store.Runs(ctx, engine.RunFilter{Status: engine.StatusInterrupted})
+		for _, r := range runs {
+			if r.Bundle == ref {
+				return true
+			}
+		}
+		return false
+	}); !errors.Is(err, firmware.ErrInUse) {
+		t.Fatalf("removing the version a paused run is pinned to: %v", err)
+	}
+
+	if _, err := m.Resume(ctx, run.ID, map[string]engine.Decision{run.Interrupts[0].ID: {Kind: engine.Approve, By: "nurse"}}); err != nil {
+		t.Fatal(err)
+	}
+	done, err := m.Wait(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done.Status != engine.StatusCompleted || string(done.Output) != `"Version one says: take it with food. (reviewed)"` || done.Bundle != v1.Ref() {
+		t.Fatalf("resumed run: %s %s %+v (%s)", done.Status, done.Output, done.Bundle, done.Error)
+	}
+	o := observe(t, store, resolve, done)
+	if join(o.path) != "lookup,generate,review,closing" || join(o.strs("flags")) != firmware.FlagReviewApproved {
+		t.Fatalf("path %v flags %v", o.path, o.strs("flags"))
+	}
+
+	// A new run on the same thread gets v2, whose draft cites what it
+	// retrieved and so needs no review.
+	next, err := m.Invoke(ctx, engine.RunRequest{Thread: "patient-1", Agent: "reviewed", Input: input})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Status != engine.StatusCompleted || next.Bundle != v2.Ref() || string(next.Output) != `"Version two says: see [kb-01]. (reviewed)"` {
+		t.Fatalf("new run: %s %+v %s (%s)", next.Status, next.Bundle, next.Output, next.Error)
+	}
+
+	// A run pinned to a digest that is no longer what is installed fails
+	// to resolve rather than running on something else.
+	bad := v1.Ref()
+	bad.Digest = "sha256:0000"
+	if _, err := resolve("reviewed", bad); !errors.Is(err, firmware.ErrPinnedMismatch) {
+		t.Fatalf("changed digest: %v", err)
+	}
+	if _, err := resolve("nobody", engine.BundleRef{}); !errors.Is(err, engine.ErrUnknownAgent) || !errors.Is(err, firmware.ErrUnknownAgent) {
+		t.Fatalf("unknown agent: %v", err)
+	}
+}
+
+func TestReviewDecisions(t *testing.T) {
+	b := loadPatterns(t)
+	for _, c := range []struct {
+		decision engine.Decision
+		output   string
+		flag     string
+	}{
+		{engine.Decision{Kind: engine.Approve}, "Version one says: take it with food. (reviewed)", firmware.FlagReviewApproved},
+		{engine.Decision{Kind: engine.Edit, Value: json.RawMessage(`"Take it with food [kb-03]."`)}, "Take it with food [kb-03]. (reviewed)", firmware.FlagReviewEdited},
+		{engine.Decision{Kind: engine.Reject, Reason: "unsafe"}, "A reviewer withheld this answer. Please contact the clinic directly. (reviewed)", firmware.FlagReviewRejected},
+	} {
+		t.Run(c.decision.Kind, func(t *testing.T) {
+			store := engine.NewMemoryStore()
+			resolve := firmware.BundleResolver(b)
+			m := engine.NewManager(store, resolve, engine.ManagerOptions{Workers: 1})
+			defer m.Close()
+			ctx := context.Background()
+			run, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: "reviewed", Input: json.RawMessage(`"missed dose"`)})
+			if err != nil || run.Status != engine.StatusInterrupted {
+				t.Fatalf("%v %v", run, err)
+			}
+			if _, err := m.Resume(ctx, run.ID, map[string]engine.Decision{run.Interrupts[0].ID: c.decision}); err != nil {
+				t.Fatal(err)
+			}
+			done, _ := m.Wait(ctx, run.ID)
+			want, _ := json.Marshal(c.output)
+			if done.Status != engine.StatusCompleted || string(done.Output) != string(want) {
+				t.Fatalf("%s: %s", done.Status, done.Output)
+			}
+			if o := observe(t, store, resolve, done); join(o.strs("flags")) != c.flag {
+				t.Fatalf("flags %v", o.strs("flags"))
+			}
+		})
+	}
+}
+
+// A draft that proposes a write tool is reviewed even when it cites well.
+func TestReviewWriteTool(t *testing.T) {
+	b := loadPatterns(t)
+	ag, err := b.Agent("reviewed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cfg := engine.RunConfig{Thread: "t", Store: engine.NewMemoryStore()}
+	res, err := ag.Graph.Invoke(ctx, cfg,
+		engine.Write{Channel: "input", Value: "missed dose"},
+		engine.Write{Channel: "proposed", Value: []string{"lookup_schedule", "send_reminder"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req firmware.ReviewRequest
+	json.Unmarshal(res.Run.Interrupts[0].Payload, &req)
+	if join(req.Tools) != "send_reminder" || !strings.Contains(join(req.Reasons), "proposes write tool send_reminder") {
+		t.Fatalf("review request %+v", req)
+	}
+}
