@@ -411,14 +411,20 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 		if e.run.StartedAt.IsZero() {
 			e.run.StartedAt = time.Now().UTC()
 		}
-		if len(decisions) > 0 && e.cfg.ns == "" {
-			e.recordDecisions(decisions)
-			e.event(EventRunResumed, "", map[string]any{"decisions": len(decisions)})
-			// Put the decisions on record, and announce the resume, before
-			// any node acts on them.
-			e.run.Interrupts = nil
-			if err := e.commit(ctx, &Commit{}); err != nil {
-				return err
+		if len(decisions) > 0 {
+			// Put the decisions on record, as the answers their tasks will
+			// be given, and announce the resume, before any node acts on
+			// them: a crash from here on does not ask the person again.
+			c := &Commit{Writes: e.resumeWrites(decisions)}
+			if e.cfg.ns == "" {
+				e.recordDecisions(decisions)
+				e.event(EventRunResumed, "", map[string]any{"decisions": len(decisions)})
+				e.run.Interrupts = nil
+			}
+			if e.cfg.ns == "" || len(c.Writes) > 0 {
+				if err := e.commit(ctx, c); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -623,6 +629,37 @@ func (e *execution) pause(ctx context.Context, results []taskResult, ins []Pendi
 		return err
 	}
 	return nil
+}
+
+// resumeWrites turns the decisions that answer this namespace's pending
+// interrupts into resume writes of their tasks (the answers so far plus the
+// new one), and adds them to the head's pending writes.
+func (e *execution) resumeWrites(decisions map[string]Decision) []CommitWrites {
+	var out []CommitWrites
+	for _, in := range e.pendingInterrupts() {
+		d, ok := decisions[in.ID]
+		if !ok || in.NS != e.cfg.ns || in.TaskID == staticBefore || in.TaskID == staticAfter {
+			continue
+		}
+		var answers []Decision
+		for _, w := range e.writes[in.TaskID] {
+			if w.Kind == WriteKindResume {
+				answers = nil
+				_ = json.Unmarshal(w.Data, &answers)
+			}
+		}
+		if in.Index != len(answers) {
+			continue // answered out of order: the task asks again
+		}
+		raw, err := json.Marshal(append(answers, d))
+		if err != nil {
+			continue
+		}
+		pw := PendingWrite{TaskID: in.TaskID, Node: in.Node, Kind: WriteKindResume, Data: raw}
+		e.writes[in.TaskID] = append(e.writes[in.TaskID], pw)
+		out = append(out, CommitWrites{Thread: e.cfg.Thread, NS: e.cfg.ns, CheckpointID: e.head.ID, Write: pw})
+	}
+	return out
 }
 
 func (e *execution) recordDecisions(decisions map[string]Decision) {

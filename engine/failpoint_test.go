@@ -201,3 +201,64 @@ func TestInvokeStopsWhenCallerGoesAway(t *testing.T) {
 	require.Equal(t, StatusCancelled, run.Status)
 	require.Contains(t, run.Error, "caller went away")
 }
+
+// A decision is on record before the node acts on it: if the process dies
+// after the resume but before the node's step commits, recovery gives the
+// node the same decision instead of asking the person again.
+func TestDecisionSurvivesCrashAfterResume(t *testing.T) {
+	b := NewGraph("ask")
+	out := Replace[string](b, "out")
+	var asked, ran atomic.Int32
+	b.AddNode("ask", func(ctx context.Context, _ State) ([]Write, error) {
+		ran.Add(1)
+		d, err := Interrupt(ctx, "ok?")
+		if err != nil {
+			asked.Add(1)
+			return nil, err
+		}
+		return []Write{out.Set(d.Kind)}, nil
+	})
+	b.AddEdge(Start, "ask")
+	g, err := b.Compile()
+	require.NoError(t, err)
+	agent := &Agent{Name: "ask", Graph: g}
+	resolve := func(string, BundleRef) (*Agent, error) { return agent, nil }
+	store := NewMemoryStore()
+	ctx := context.Background()
+
+	m := NewManager(store, resolve, ManagerOptions{})
+	run, err := m.Invoke(ctx, RunRequest{Thread: "t", Agent: "ask"})
+	require.NoError(t, err)
+	require.Equal(t, StatusInterrupted, run.Status)
+	failpoints.afterStepBeforeCommit = func(int) error { return errKilled }
+	_, err = m.Resume(ctx, run.ID, map[string]Decision{run.Interrupts[0].ID: {Kind: Approve, By: "nurse"}})
+	require.NoError(t, err)
+	_, _ = m.Wait(ctx, run.ID)
+	m.Close()
+	failpoints.afterStepBeforeCommit = nil
+
+	m = NewManager(store, resolve, ManagerOptions{})
+	defer m.Close()
+	n, err := m.Recover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the resumed run was running when it died")
+	done, err := m.Wait(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusCompleted, done.Status, done.Error)
+	require.JSONEq(t, `"approve"`, mustJSON(t, out, store))
+	require.Equal(t, int32(1), asked.Load(), "the person was asked once")
+	require.Equal(t, int32(3), ran.Load(), "first run, resumed run that died, recovered run")
+}
+
+func mustJSON(t *testing.T, c Chan[string], store *MemoryStore) string {
+	t.Helper()
+	cp, err := store.Checkpoint(context.Background(), "t", "", "")
+	require.NoError(t, err)
+	for _, cv := range cp.Channels {
+		if cv.Channel == c.Name() {
+			return string(cv.Value.Inline)
+		}
+	}
+	t.Fatalf("channel %s not in the head checkpoint", c.Name())
+	return ""
+}
