@@ -3,7 +3,6 @@ package firmware
 import (
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -267,13 +266,7 @@ func render(v any) string {
 	case float64:
 		return strconv.FormatFloat(x, 'g', -1, 64)
 	case map[string]any:
-		// Decoded JSON objects: keep keys stable.
-		keys := make([]string, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		raw, _ := json.Marshal(x)
+		raw, _ := json.Marshal(x) // sorts the keys
 		return string(raw)
 	}
 	raw, err := json.Marshal(v)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -198,5 +197,3 @@ func observe(t testing.TB, store *engine.MemoryStore, resolve engine.Resolver, r
 }
 
 func join(s []string) string { return strings.Join(s, ",") }
-
-var _ = fmt.Sprint

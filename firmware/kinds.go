@@ -47,7 +47,7 @@ var builtinKinds = map[string]KindBuilder{
 	KindReview:    buildReview,
 	KindTemplate:  buildTemplate,
 	KindFanout:    buildFanout,
-	KindSubgraph:  nil,         // wired by the compiler
+	KindSubgraph:  nil, // wired by the compiler
 }
 
 // RegisterKind makes a node kind of a Go program's own available to the

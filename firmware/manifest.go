@@ -52,7 +52,7 @@ type Manifest struct {
 	Files map[string]string `json:"files"`
 }
 
-// Ref returns the manifest's name and version.
+// String returns the manifest's name and version ("patterns v3").
 func (m *Manifest) String() string { return fmt.Sprintf("%s v%d", m.Name, m.Version) }
 
 var (

@@ -4,7 +4,6 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 )
@@ -62,5 +61,3 @@ func signManifest(dir string, manifest []byte, id string, priv ed25519.PrivateKe
 	}
 	return nil
 }
-
-var _ = os.ReadFile

@@ -3,7 +3,6 @@ package firmware
 import (
 	"archive/tar"
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -130,6 +129,13 @@ func readTar(r io.Reader) (contents, error) {
 		if err := checkPath(name); err != nil {
 			return nil, fmt.Errorf("read bundle tar: %w", err)
 		}
+		for k := range h.PAXRecords {
+			// A sparse entry is mostly holes: a few bytes of archive
+			// could claim the whole size limit in zeros.
+			if strings.HasPrefix(k, "GNU.sparse.") {
+				return nil, fmt.Errorf("read bundle tar: %w: %s is a sparse file", ErrMalformed, name)
+			}
+		}
 		if _, dup := files[name]; dup {
 			return nil, fmt.Errorf("read bundle tar: %w: %s appears twice", ErrMalformed, name)
 		}
@@ -192,5 +198,3 @@ func WriteTar(dir string, w io.Writer) error {
 	}
 	return tw.Close()
 }
-
-var errNotFound = errors.New("not found")

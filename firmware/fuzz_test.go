@@ -1,0 +1,100 @@
+package firmware
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+const fuzzBundle = "../testdata/bundles/patterns"
+
+func FuzzDecodeManifest(f *testing.F) {
+	if data, err := os.ReadFile(filepath.Join(fuzzBundle, ManifestFile)); err == nil {
+		f.Add(data)
+	}
+	f.Add([]byte(`{"format": 1, "name": "x", "version": 1, "created": "2025-01-01T00:00:00Z", "key_id": "k", "agents": {"a": "a.json"}, "files": {"a.json": "` + sha256Hex(nil) + `"}}`))
+	f.Add([]byte(`{"files": {"../x": ""}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := DecodeManifest(data)
+		if err != nil {
+			var fe *FileError
+			if errors.As(err, &fe) && !errors.Is(err, ErrMalformed) {
+				t.Fatalf("FileError without ErrMalformed: %v", err)
+			}
+			return
+		}
+		for p := range m.Files {
+			if checkPath(p) != nil {
+				t.Fatalf("accepted escaping path %q", p)
+			}
+		}
+		for _, r := range m.references() {
+			if _, ok := m.Files[r.path]; !ok {
+				t.Fatalf("accepted unlisted reference %q", r.path)
+			}
+		}
+	})
+}
+
+func FuzzReadTar(f *testing.F) {
+	var buf bytes.Buffer
+	if err := WriteTar(fuzzBundle, &buf); err == nil {
+		f.Add(buf.Bytes())
+	}
+	for _, h := range []tar.Header{
+		{Name: "../x", Typeflag: tar.TypeReg, Size: 1},
+		{Name: "a", Typeflag: tar.TypeSymlink, Linkname: "/etc"},
+		{Name: "d/", Typeflag: tar.TypeDir},
+	} {
+		var b bytes.Buffer
+		tw := tar.NewWriter(&b)
+		tw.WriteHeader(&h)
+		if h.Size > 0 {
+			tw.Write([]byte("x"))
+		}
+		tw.Close()
+		f.Add(b.Bytes())
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		files, err := readTar(bytes.NewReader(data))
+		if err != nil {
+			return
+		}
+		for p := range files {
+			if checkPath(p) != nil {
+				t.Fatalf("accepted escaping path %q", p)
+			}
+		}
+	})
+}
+
+func FuzzCompileGraph(f *testing.F) {
+	matches, _ := filepath.Glob(filepath.Join(fuzzBundle, "agents", "*.json"))
+	for _, m := range matches {
+		if data, err := os.ReadFile(m); err == nil {
+			f.Add(data)
+		}
+	}
+	f.Add([]byte(`{"name": "x", "channels": [], "nodes": [{"name": "a", "kind": "router"}], "edges": [{"from": "START", "to": "a"}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b := &Bundle{Manifest: &Manifest{Name: "fuzz", Version: 1}, Prompts: map[string]string{}}
+		gc := &graphCompiler{bundle: b, files: contents{"g.json": data}, compiled: map[string]*compiledGraph{}}
+		_, err := gc.compile("g.json")
+		var fe *FileError
+		if err != nil && !errors.As(err, &fe) && !errors.Is(err, ErrMissingFile) {
+			t.Fatalf("error without a file position: %v", err)
+		}
+	})
+}
+
+func FuzzDecodeGolden(f *testing.F) {
+	if data, err := os.ReadFile(filepath.Join(fuzzBundle, "golden", "patterns.jsonl")); err == nil {
+		f.Add(data)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, _ = DecodeGolden("g.jsonl", data)
+	})
+}
