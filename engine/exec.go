@@ -406,8 +406,11 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 		defer cancel()
 	}
 	if e.run.Status != StatusRunning {
+		// From queued, the stored record is left as it is: recovery treats
+		// queued and running alike, and Manager.Run reports a run a worker
+		// holds as running. That saves a record rewrite per run.
+		e.runChanged = e.runChanged || e.run.Status != StatusQueued
 		e.run.Status = StatusRunning
-		e.runChanged = true
 		if e.run.StartedAt.IsZero() {
 			e.run.StartedAt = time.Now().UTC()
 		}
