@@ -138,7 +138,7 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 		}
 		err = forEach(ctx, tx, bucketRuns, func(k, v []byte) {
 			rep.Records[bucketRuns]++
-			r, err := decodeRun(v)
+			r, rb, err := decodeRun(v)
 			if err != nil {
 				add(bucketRuns, k, "%v", err)
 				return
@@ -147,6 +147,7 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 				add(bucketRuns, k, "key does not match run ID %q", r.ID)
 			}
 			runRefs(r, refsOf(bucketRuns, k))
+			rb.each(refsOf(bucketRuns, k))
 		})
 		if err != nil {
 			return err

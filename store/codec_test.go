@@ -94,10 +94,20 @@ func TestCodecRoundTrip(t *testing.T) {
 	}
 	for i, r := range sampleRuns() {
 		t.Run(fmt.Sprintf("run %d", i), func(t *testing.T) {
-			rec, err := encodeRun(r)
+			rec, blobs, err := encodeRun(r)
 			require.NoError(t, err)
-			got, err := decodeRun(rec)
+			got, rb, err := decodeRun(rec)
 			require.NoError(t, err)
+			// A large input or output is named, not held, by the record.
+			rb.each(func(ref engine.BlobRef) {
+				data, ok := blobs[ref]
+				require.True(t, ok, "blob %s not handed to the commit", ref)
+				if ref == rb.input {
+					got.Input = data
+				} else {
+					got.Output = data
+				}
+			})
 			assert.Equal(t, r, got)
 		})
 	}
@@ -119,7 +129,7 @@ func decoders(t *testing.T) []struct {
 	valid  []byte
 	decode func([]byte) error
 } {
-	run, err := encodeRun(sampleRuns()[1])
+	run, _, err := encodeRun(sampleRuns()[1])
 	require.NoError(t, err)
 	tool, err := encodeToolCall(sampleToolCalls()[1])
 	require.NoError(t, err)
@@ -130,7 +140,7 @@ func decoders(t *testing.T) []struct {
 	}{
 		{"checkpoint", encodeCheckpoint(sampleCheckpoints()[1]), func(b []byte) error { _, err := decodeCheckpoint(b); return err }},
 		{"write", encodePendingWrite(sampleWrites()[1]), func(b []byte) error { _, err := decodePendingWrite(b); return err }},
-		{"run", run, func(b []byte) error { _, err := decodeRun(b); return err }},
+		{"run", run, func(b []byte) error { _, _, err := decodeRun(b); return err }},
 		{"toolcall", tool, func(b []byte) error { _, err := decodeToolCall(b); return err }},
 		{"blob", encodeBlob([]byte("payload"), tc0), func(b []byte) error { _, _, err := decodeBlob(b); return err }},
 		{"head", encodeHead("0190f3a2b4c5d6e7"), func(b []byte) error { _, err := decodeHead(b); return err }},
@@ -288,7 +298,7 @@ func FuzzDecodePendingWrite(f *testing.F) {
 
 func FuzzDecodeRun(f *testing.F) {
 	for _, r := range sampleRuns() {
-		rec, err := encodeRun(r)
+		rec, _, err := encodeRun(r)
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -297,11 +307,11 @@ func FuzzDecodeRun(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, rec := range withChecksum(b) {
-			r, err := decodeRun(rec)
+			r, _, err := decodeRun(rec)
 			if err != nil {
 				continue
 			}
-			if _, err := encodeRun(r); err != nil {
+			if _, _, err := encodeRun(r); err != nil {
 				t.Fatalf("a decoded run does not encode: %v", err)
 			}
 		}

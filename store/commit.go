@@ -265,11 +265,16 @@ func prepareCommit(c *engine.Commit, now time.Time) (*request, error) {
 		if err := validKeyPart("run ID", c.Run.ID, true); err != nil {
 			return nil, fmt.Errorf("commit run: %w", err)
 		}
-		rec, err := encodeRun(c.Run)
+		rec, extra, err := encodeRun(c.Run)
 		if err != nil {
 			return nil, fmt.Errorf("commit run %s: %w", c.Run.ID, err)
 		}
 		run = &encodedKV{[]byte(c.Run.ID), rec}
+		for ref, data := range extra {
+			if _, dup := c.Blobs[ref]; !dup {
+				blobs = append(blobs, encodedBlob{key: blobKey(ref), data: data, rec: encodeBlob(data, now)})
+			}
+		}
 	}
 	return &request{
 		validate: func(tx *bbolt.Tx) error {

@@ -77,7 +77,7 @@ type pruner struct {
 func (p *pruner) cutHistories() error {
 	busy := map[string]bool{}
 	if err := p.walk(bucketRuns, func(k, v []byte) error {
-		r, err := decodeRun(v)
+		r, _, err := decodeRun(v)
 		if err != nil {
 			return corrupt(bucketRuns, k, err)
 		}
@@ -443,11 +443,12 @@ func (p *pruner) collectBlobs() error {
 		return err
 	}
 	if err := p.walk(bucketRuns, func(k, v []byte) error {
-		r, err := decodeRun(v)
+		r, rb, err := decodeRun(v)
 		if err != nil {
 			return corrupt(bucketRuns, k, err)
 		}
 		runRefs(r, mark)
+		rb.each(mark)
 		return nil
 	}); err != nil {
 		return err

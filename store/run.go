@@ -29,6 +29,8 @@ type runRecord struct {
 	CorrelationID string            `json:"correlation_id"`
 	Input         []byte            `json:"input"`
 	Output        []byte            `json:"output"`
+	InputRef      string            `json:"input_ref,omitempty"`
+	OutputRef     string            `json:"output_ref,omitempty"`
 	Error         string            `json:"error"`
 	Interrupts    []interruptRecord `json:"interrupts"`
 	Decisions     []decisionRecord  `json:"decisions"`
@@ -59,13 +61,41 @@ type decisionRecord struct {
 	At        time.Time `json:"at"`
 }
 
-func encodeRun(r *engine.Run) ([]byte, error) {
+// runBlobs names the blobs that hold a stored run's large input and output:
+// like any value above engine.BlobThreshold, they are kept out of line (and
+// an output equal to the final state's value shares its blob).
+type runBlobs struct{ input, output engine.BlobRef }
+
+func (rb runBlobs) each(fn func(engine.BlobRef)) {
+	for _, ref := range []engine.BlobRef{rb.input, rb.output} {
+		if !ref.IsZero() {
+			fn(ref)
+		}
+	}
+}
+
+// encodeRun encodes r, returning the blobs that must be stored with it.
+func encodeRun(r *engine.Run) ([]byte, map[engine.BlobRef][]byte, error) {
 	rec := runRecord{
 		ID: r.ID, Thread: r.Thread, Agent: r.Agent, Status: r.Status, Bundle: r.Bundle,
 		CorrelationID: r.CorrelationID, Input: r.Input, Output: r.Output, Error: r.Error,
 		Checkpoint: r.Checkpoint, Steps: r.Steps, Durability: r.Durability, Meta: r.Meta,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, EndedAt: r.EndedAt,
 	}
+	var blobs map[engine.BlobRef][]byte
+	outOfLine := func(v []byte, field *[]byte, ref *string) {
+		if len(v) <= engine.BlobThreshold {
+			return
+		}
+		if blobs == nil {
+			blobs = map[engine.BlobRef][]byte{}
+		}
+		r := engine.RefOf(v)
+		blobs[r] = v
+		*field, *ref = nil, r.String()
+	}
+	outOfLine(r.Input, &rec.Input, &rec.InputRef)
+	outOfLine(r.Output, &rec.Output, &rec.OutputRef)
 	for _, in := range r.Interrupts {
 		rec.Interrupts = append(rec.Interrupts, interruptRecord{
 			ID: in.ID, Node: in.Node, NS: in.NS, TaskID: in.TaskID, Index: in.Index, Payload: in.Payload})
@@ -74,13 +104,30 @@ func encodeRun(r *engine.Run) ([]byte, error) {
 		rec.Decisions = append(rec.Decisions, decisionRecord{
 			Interrupt: dr.Interrupt, Decision: dr.Decision, Value: dr.Value, Reason: dr.Reason, By: dr.By, At: dr.At})
 	}
-	return encodeJSONRecord(runVersion, &rec)
+	b, err := encodeJSONRecord(runVersion, &rec)
+	return b, blobs, err
 }
 
-func decodeRun(b []byte) (*engine.Run, error) {
+// decodeRun decodes a run record. A large input or output comes back empty,
+// named by the returned runBlobs: resolveRun fills it in.
+func decodeRun(b []byte) (*engine.Run, runBlobs, error) {
 	var rec runRecord
+	var rb runBlobs
 	if err := decodeJSONRecord(b, runVersion, &rec); err != nil {
-		return nil, err
+		return nil, rb, err
+	}
+	for _, f := range []struct {
+		s   string
+		ref *engine.BlobRef
+	}{{rec.InputRef, &rb.input}, {rec.OutputRef, &rb.output}} {
+		if f.s == "" {
+			continue
+		}
+		ref, err := engine.ParseBlobRef(f.s)
+		if err != nil {
+			return nil, rb, err
+		}
+		*f.ref = ref
 	}
 	r := &engine.Run{
 		ID: rec.ID, Thread: rec.Thread, Agent: rec.Agent, Status: rec.Status, Bundle: rec.Bundle,
@@ -96,7 +143,29 @@ func decodeRun(b []byte) (*engine.Run, error) {
 		r.Decisions = append(r.Decisions, engine.DecisionRecord{
 			Interrupt: dr.Interrupt, Decision: dr.Decision, Value: dr.Value, Reason: dr.Reason, By: dr.By, At: dr.At})
 	}
-	return r, nil
+	return r, rb, nil
+}
+
+// resolveRun reads a run's out-of-line input and output from blobs.
+func resolveRun(r *engine.Run, rb runBlobs, blobs *bbolt.Bucket) error {
+	for _, f := range []struct {
+		ref engine.BlobRef
+		dst *json.RawMessage
+	}{{rb.input, &r.Input}, {rb.output, &r.Output}} {
+		if f.ref.IsZero() {
+			continue
+		}
+		v := blobs.Get(blobKey(f.ref))
+		if v == nil {
+			return fmt.Errorf("run %s: blob %s: %w", r.ID, f.ref, engine.ErrBlobNotFound)
+		}
+		data, _, err := decodeBlob(v)
+		if err != nil {
+			return corrupt(bucketBlobs, blobKey(f.ref), err)
+		}
+		*f.dst = bytes.Clone(data)
+	}
+	return nil
 }
 
 func encodeJSONRecord(version byte, v any) ([]byte, error) {
@@ -140,9 +209,12 @@ func (d *DB) Run(ctx context.Context, id string) (*engine.Run, error) {
 		if v == nil {
 			return engine.ErrRunNotFound
 		}
-		r, err := decodeRun(v)
+		r, rb, err := decodeRun(v)
 		if err != nil {
 			return corrupt(bucketRuns, []byte(id), err)
+		}
+		if err := resolveRun(r, rb, bucket(tx, bucketBlobs)); err != nil {
+			return err
 		}
 		out = r
 		return nil
@@ -172,12 +244,15 @@ func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			r, err := decodeRun(v)
+			r, rb, err := decodeRun(v)
 			if err != nil {
 				return corrupt(bucketRuns, k, err)
 			}
 			if !f.Match(r) {
 				continue
+			}
+			if err := resolveRun(r, rb, bucket(tx, bucketBlobs)); err != nil {
+				return err
 			}
 			out = append(out, r)
 			if f.Limit > 0 && len(out) == f.Limit {
