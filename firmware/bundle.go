@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/models"
 	"github.com/outpost-edge/outpost/policy"
 )
 
@@ -32,7 +33,14 @@ type Bundle struct {
 	agents    map[string]*engine.Agent
 	indexOnce sync.Once
 	idx       *bm25
+
+	runtime     *Runtime // nil: the scripted rules, calls recorded in memory
+	runtimeInit sync.Once
+	defaultRT   *Runtime
 }
+
+// Runtime returns the runtime the bundle was loaded with, or nil.
+func (b *Bundle) Runtime() *Runtime { return b.runtime }
 
 // Ref returns the reference a run started on this bundle records.
 func (b *Bundle) Ref() engine.BundleRef {
@@ -51,8 +59,15 @@ func (b *Bundle) Agent(name string) (*engine.Agent, error) {
 // AgentNames lists the bundle's agents, sorted.
 func (b *Bundle) AgentNames() []string { return sortedKeys(b.agents) }
 
-// Load verifies the bundle at path (a directory or a .tar) and loads it.
+// Load verifies the bundle at path (a directory or a .tar) and loads it
+// without a Runtime: its model nodes answer from the bundle's scripted
+// rules. LoadWithRuntime gives them the appliance's model and call log.
 func Load(p string, keys *Keyring) (*Bundle, error) {
+	return LoadWithRuntime(p, keys, nil)
+}
+
+// LoadWithRuntime verifies the bundle at path and loads it for rt.
+func LoadWithRuntime(p string, keys *Keyring, rt *Runtime) (*Bundle, error) {
 	files, err := readBundle(p)
 	if err != nil {
 		return nil, err
@@ -61,7 +76,7 @@ func Load(p string, keys *Keyring) (*Bundle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", p, err)
 	}
-	b, err := load(v)
+	b, err := load(v, rt)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", p, err)
 	}
@@ -70,9 +85,9 @@ func Load(p string, keys *Keyring) (*Bundle, error) {
 
 // load decodes a verified bundle: policy data first, then documents and
 // prompts, then the graphs, whose nodes refer to all of those.
-func load(v *verified) (*Bundle, error) {
+func load(v *verified, rt *Runtime) (*Bundle, error) {
 	m := v.manifest
-	b := &Bundle{Manifest: m, Digest: v.digest, Prompts: map[string]string{}, Lanes: map[string]policy.Lane{},
+	b := &Bundle{Manifest: m, Digest: v.digest, runtime: rt, Prompts: map[string]string{}, Lanes: map[string]policy.Lane{},
 		Graphs: map[string]*GraphSpec{}, agents: map[string]*engine.Agent{}}
 	policyErr := func(file string, err error) error {
 		return &FileError{File: file, Err: fmt.Errorf("%w: %w", ErrMalformed, err)}
@@ -134,13 +149,30 @@ func load(v *verified) (*Bundle, error) {
 // goes to the graph's input channel, the output channel becomes the output.
 func newAgent(name string, cg *compiledGraph, ref engine.BundleRef) *engine.Agent {
 	a := &engine.Agent{Name: name, Graph: cg.graph, Bundle: ref, StepLimit: cg.spec.StepLimit}
-	if in, ok := cg.channels[cg.spec.Input]; ok {
+	var turn []engine.Write
+	for _, r := range cg.spec.Reset {
+		w, _ := cg.channels[r].zeroWrite() // checked at compile time
+		turn = append(turn, w)
+	}
+	in, hasIn := cg.channels[cg.spec.Input]
+	hist, hasHist := cg.channels[cg.spec.History]
+	if hasIn || hasHist {
 		a.Input = func(raw json.RawMessage) ([]engine.Write, error) {
-			w, err := in.inputWrite(raw)
-			if err != nil {
-				return nil, err
+			ws := append([]engine.Write(nil), turn...)
+			if hasIn {
+				w, err := in.inputWrite(raw)
+				if err != nil {
+					return nil, err
+				}
+				ws = append(ws, w)
 			}
-			return []engine.Write{w}, nil
+			if hasHist && hist.Name != in.Name {
+				var text string
+				if err := json.Unmarshal(raw, &text); err == nil {
+					ws = append(ws, engine.Write{Channel: hist.Name, Value: []models.Message{{Role: models.RoleUser, Content: text}}})
+				}
+			}
+			return ws, nil
 		}
 	}
 	if out, ok := cg.channels[cg.spec.Output]; ok {

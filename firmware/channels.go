@@ -36,41 +36,67 @@ type Doc struct {
 	Score float64 `json:"score,omitempty"`
 }
 
-// declare adds c to b with the Go type its type and reducer call for.
-func declare(b *engine.Builder, c Channel) error {
+// declare adds c to b with the Go type its type and reducer call for, and
+// returns the typed handle (an engine.Chan) that nodes built on package
+// agent need.
+func declare(b *engine.Builder, c Channel) (any, error) {
 	switch c.Type + "/" + c.Reducer {
 	case "string/replace":
-		engine.Replace[string](b, c.Name)
+		return engine.Replace[string](b, c.Name), nil
 	case "strings/replace":
-		engine.Replace[[]string](b, c.Name)
+		return engine.Replace[[]string](b, c.Name), nil
 	case "strings/append":
-		engine.Append[string](b, c.Name)
+		return engine.Append[string](b, c.Name), nil
 	case "messages/replace":
-		engine.Replace[[]models.Message](b, c.Name)
+		return engine.Replace[[]models.Message](b, c.Name), nil
 	case "messages/append":
-		engine.Append[models.Message](b, c.Name)
+		return engine.Append[models.Message](b, c.Name), nil
 	case "docs/replace":
-		engine.Replace[[]Doc](b, c.Name)
+		return engine.Replace[[]Doc](b, c.Name), nil
 	case "docs/append":
-		engine.Append[Doc](b, c.Name)
+		return engine.Append[Doc](b, c.Name), nil
 	case "json/replace":
-		engine.Replace[any](b, c.Name)
+		return engine.Replace[any](b, c.Name), nil
 	case "json/append":
-		engine.Append[any](b, c.Name)
+		return engine.Append[any](b, c.Name), nil
 	case "json/merge":
-		engine.Merge[string, any](b, c.Name)
+		return engine.Merge[string, any](b, c.Name), nil
 	case "int/replace":
-		engine.Replace[int](b, c.Name)
+		return engine.Replace[int](b, c.Name), nil
 	case "int/sum":
-		engine.Sum[int](b, c.Name)
+		return engine.Sum[int](b, c.Name), nil
 	case "float/replace":
-		engine.Replace[float64](b, c.Name)
+		return engine.Replace[float64](b, c.Name), nil
 	case "float/sum":
-		engine.Sum[float64](b, c.Name)
-	default:
-		return fmt.Errorf("channel %q: type %q with reducer %q is not supported (types: string, strings, messages, docs, json, int, float; reducers: replace, append for lists, merge for json, sum for numbers)", c.Name, c.Type, c.Reducer)
+		return engine.Sum[float64](b, c.Name), nil
 	}
-	return nil
+	return nil, fmt.Errorf("channel %q: type %q with reducer %q is not supported (types: string, strings, messages, docs, json, int, float; reducers: replace, append for lists, merge for json, sum for numbers)", c.Name, c.Type, c.Reducer)
+}
+
+// zeroWrite returns the write that empties a replace channel at the start
+// of a turn.
+func (c Channel) zeroWrite() (engine.Write, error) {
+	if c.Reducer != engine.KindReplace {
+		return engine.Write{}, fmt.Errorf("channel %q has reducer %s: only replace channels can be reset", c.Name, c.Reducer)
+	}
+	w := engine.Write{Channel: c.Name}
+	switch c.Type {
+	case TypeString:
+		w.Value = ""
+	case TypeStrings:
+		w.Value = []string{}
+	case TypeMessages:
+		w.Value = []models.Message{}
+	case TypeDocs:
+		w.Value = []Doc{}
+	case TypeJSON:
+		w.Value = nil
+	case TypeInt:
+		w.Value = 0
+	case TypeFloat:
+		w.Value = 0.0
+	}
+	return w, nil
 }
 
 // isList reports whether values of c are lists that a fan-out can iterate.

@@ -32,7 +32,14 @@ type GraphSpec struct {
 	Output string `json:"output,omitempty"`
 	// Flags is the strings channel that conditions and guardrails use;
 	// "flags" by default.
-	Flags     string     `json:"flags,omitempty"`
+	Flags string `json:"flags,omitempty"`
+	// Reset names replace channels emptied at the start of every run, so
+	// that per-turn state (flags, retrieved documents, the draft) does not
+	// carry over from the thread's previous turn.
+	Reset []string `json:"reset,omitempty"`
+	// History, when set, is a messages channel that receives each run's
+	// input as a user message (the conversation across turns).
+	History   string     `json:"history,omitempty"`
 	StepLimit int        `json:"step_limit,omitempty"`
 	Nodes     []NodeSpec `json:"nodes"`
 	Edges     []EdgeSpec `json:"edges"`
@@ -91,6 +98,7 @@ type compiledGraph struct {
 	spec     *GraphSpec
 	graph    *engine.Graph
 	channels map[string]Channel
+	handles  map[string]any // typed engine.Chan handles by channel name
 }
 
 // compile compiles the graph file at path.
@@ -132,6 +140,7 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 	}
 	b := engine.NewGraph(spec.Name)
 	channels := map[string]Channel{}
+	handles := map[string]any{}
 	for i, c := range spec.Channels {
 		at := fmt.Sprintf("channels.%d", i)
 		if !nodeNameRE.MatchString(c.Name) {
@@ -140,10 +149,12 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		if _, dup := channels[c.Name]; dup {
 			return nil, fail(at, "", "channel %q declared twice", c.Name)
 		}
-		if err := declare(b, c); err != nil {
+		h, err := declare(b, c)
+		if err != nil {
 			return nil, fail(at, "", "%v", err)
 		}
 		channels[c.Name] = c
+		handles[c.Name] = h
 	}
 	if fc, ok := channels[spec.Flags]; ok && fc.Type != TypeStrings {
 		return nil, fail("", "", "flags channel %q must have type strings, not %s", spec.Flags, fc.Type)
@@ -153,6 +164,21 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 			if _, ok := channels[io.ch]; !ok {
 				return nil, fail(io.field, "", "%s: undeclared channel %q", io.field, io.ch)
 			}
+		}
+	}
+
+	for i, name := range spec.Reset {
+		c, ok := channels[name]
+		if !ok {
+			return nil, fail(fmt.Sprintf("reset.%d", i), "", "reset: undeclared channel %q", name)
+		}
+		if _, err := c.zeroWrite(); err != nil {
+			return nil, fail(fmt.Sprintf("reset.%d", i), "", "reset: %v", err)
+		}
+	}
+	if spec.History != "" {
+		if c, ok := channels[spec.History]; !ok || c.Type != TypeMessages {
+			return nil, fail("history", "", "history: %q is not a declared messages channel", spec.History)
 		}
 	}
 
@@ -169,7 +195,7 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		}
 		names[n.Name] = n
 		env := &Env{Bundle: gc.bundle, File: file, Graph: spec.Name, Node: n.Name, Flags: spec.Flags,
-			channels: channels, data: data, cfgOff: pos.at(at + ".config"), nodeOff: pos.at(at), gc: gc}
+			channels: channels, handles: handles, data: data, cfgOff: pos.at(at + ".config"), nodeOff: pos.at(at), gc: gc}
 		var opts []engine.NodeOption
 		if n.Timeout != "" {
 			d, err := time.ParseDuration(n.Timeout)
@@ -337,7 +363,7 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		}
 		return nil, &FileError{File: file, Err: err}
 	}
-	return &compiledGraph{spec: &spec, graph: g, channels: channels}, nil
+	return &compiledGraph{spec: &spec, graph: g, channels: channels, handles: handles}, nil
 }
 
 type fanoutConfig struct {

@@ -73,6 +73,9 @@ type InstallerOptions struct {
 	ApplianceVersion string
 	// Now is the clock (time.Now by default).
 	Now func() time.Time
+	// Runtime is what opened bundles' model and tool_loop nodes run with;
+	// nil means the bundles' scripted rules, with calls kept in memory.
+	Runtime *Runtime
 }
 
 // InstallOptions qualify one install.
@@ -202,7 +205,7 @@ func (in *Installer) Install(path string, o InstallOptions) (*Installed, error) 
 	if err := m.CheckApplianceVersion(in.opts.ApplianceVersion); err != nil {
 		return nil, fmt.Errorf("install %s: %w", path, err)
 	}
-	if _, err := load(v); err != nil {
+	if _, err := load(v, nil); err != nil {
 		return nil, fmt.Errorf("install %s: %w", path, err)
 	}
 
@@ -402,7 +405,7 @@ func (in *Installer) Open(name string, version int64) (*Bundle, error) {
 	if v.digest != rec.Digest || v.manifest.Name != name || v.manifest.Version != version {
 		return nil, fmt.Errorf("open %s v%d: %w: installed as %s, on disk %s", name, version, ErrPinnedMismatch, rec.Digest, v.digest)
 	}
-	b, err := load(v)
+	b, err := load(v, in.opts.Runtime)
 	if err != nil {
 		return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
 	}

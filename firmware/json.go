@@ -208,6 +208,14 @@ func structFields(t reflect.Type) map[string]reflect.Type {
 	fields := map[string]reflect.Type{}
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
+		if _, tagged := f.Tag.Lookup("json"); f.Anonymous && !tagged && f.Type.Kind() == reflect.Struct {
+			// An embedded struct's fields are promoted, as encoding/json
+			// does.
+			for k, v := range structFields(f.Type) {
+				fields[k] = v
+			}
+			continue
+		}
 		if !f.IsExported() {
 			continue
 		}

@@ -39,8 +39,8 @@ var (
 )
 
 var builtinKinds = map[string]KindBuilder{
-	KindModel:     needsAgent(KindModel),
-	KindToolLoop:  needsAgent(KindToolLoop),
+	KindModel:     buildModel,
+	KindToolLoop:  buildToolLoop,
 	KindGuardrail: buildGuardrail,
 	KindRetrieve:  buildRetrieve,
 	KindRouter:    buildRouter,
@@ -100,17 +100,9 @@ func buildNode(kind string, cfg json.RawMessage, env *Env) (engine.NodeFunc, err
 	return fn, nil
 }
 
-// needsAgent stands in for the kinds that call models: they are built on
-// package agent, which this package does not use yet.
-func needsAgent(kind string) KindBuilder {
-	return func(json.RawMessage, *Env) (engine.NodeFunc, error) {
-		return nil, fmt.Errorf("%w: node kind %s needs package agent, which this build does not include yet", ErrUnknownNodeKind, kind)
-	}
-}
-
 // Env is what a node kind's builder may use: the bundle being loaded (its
-// rules, registry, documents and prompts), the graph's channels, and where
-// the node is declared, for errors.
+// rules, registry, documents, prompts and the Runtime it was loaded with),
+// the graph's channels, and where the node is declared, for errors.
 type Env struct {
 	Bundle *Bundle
 	File   string // the graph file
@@ -119,6 +111,7 @@ type Env struct {
 	Flags  string // the graph's flags channel
 
 	channels map[string]Channel
+	handles  map[string]any // typed engine.Chan handles by channel name
 	data     []byte // the graph file's bytes
 	cfgOff   int    // where the node's config starts in data, or -1
 	nodeOff  int

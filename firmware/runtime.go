@@ -1,0 +1,492 @@
+package firmware
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/models"
+	"github.com/outpost-edge/outpost/models/scripted"
+	"github.com/outpost-edge/outpost/policy"
+)
+
+// MetaTools is the key of engine.RunRequest.Meta (and engine.Run.Meta) that
+// holds a request's instance override of the active tool set: tool names
+// separated by commas ("" for no tools at all). Absent means the request
+// does not narrow the set.
+const MetaTools = "tools"
+
+// ScriptedModel is the model name the scripted provider answers as, and the
+// name a lane lists to allow it.
+const ScriptedModel = scripted.Name
+
+// Runtime is what the model and tool_loop node kinds need from the
+// appliance: the model to call, where calls are recorded, and the limits.
+// Bundles loaded without one (Load, Reference) still compile, and their
+// model nodes answer with the bundle's scripted rules, recording calls in
+// memory only.
+type Runtime struct {
+	// Provider serves model calls; nil means the scripted provider built
+	// from the node's scripted_rules file in the bundle.
+	Provider models.Provider
+	// Model is the model asked for (and checked against the agent's
+	// lane). Empty means the node's own model, or "scripted" when the
+	// scripted provider serves.
+	Model string
+	// Log records each model call and tool call (intent, then result), so
+	// that a re-executed task reuses them. Nil keeps them in memory.
+	Log agent.CallLog
+	// Blobs stores model responses. Nil keeps them in memory.
+	Blobs engine.BlobStore
+	// Budget bounds tool-loop iterations (default 5) and tokens per run.
+	Budget policy.Budget
+	// Runs reads a run's record for its Meta[MetaTools] override. Nil
+	// means no request narrows the tool set.
+	Runs engine.RunStore
+	// Tools is the appliance's runtime restriction of the tool set; nil
+	// means no restriction at this layer.
+	Tools []string
+	// Notes and Followups back the record_note and schedule_followup
+	// tools; a tool whose backing is nil is refused as unavailable.
+	Notes     agent.Notes
+	Followups agent.Followups
+	// Impls adds or replaces tool implementations by name.
+	Impls map[string]agent.Tool
+
+	initOnce sync.Once
+	pinned   sync.Map // run id -> *policy.ActiveSet
+}
+
+func (rt *Runtime) init() {
+	rt.initOnce.Do(func() {
+		if rt.Log == nil {
+			rt.Log = agent.NewMemoryCallLog()
+		}
+		if rt.Blobs == nil {
+			rt.Blobs = engine.NewMemoryStore()
+		}
+	})
+}
+
+// provider picks who answers a node: the runtime's provider, or the
+// bundle's scripted rules for the node.
+func (rt *Runtime) provider(script *scripted.Provider, nodeModel string) (models.Provider, string, error) {
+	if rt.Provider != nil {
+		model := rt.Model
+		if model == "" {
+			model = nodeModel
+		}
+		if model == "" {
+			return nil, "", fmt.Errorf("%w: no model named by the appliance or the node", agent.ErrBadConfig)
+		}
+		return rt.Provider, model, nil
+	}
+	if script == nil {
+		return nil, "", fmt.Errorf("%w: the appliance has no model provider and the node has no scripted_rules", agent.ErrBadConfig)
+	}
+	model := rt.Model
+	if model == "" {
+		model = ScriptedModel
+	}
+	return script, model, nil
+}
+
+// ActiveTools returns the run's active tool set: the bundle's registry,
+// narrowed by the appliance's restriction (Tools), narrowed by the
+// request's override (the run's Meta[MetaTools]). It is resolved once per
+// run and pinned for the life of the process; after a restart it is
+// resolved again from the same inputs (the run record is immutable and the
+// run is pinned to its bundle version).
+func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run string) (*policy.ActiveSet, error) {
+	if v, ok := rt.pinned.Load(run); ok {
+		return v.(*policy.ActiveSet), nil
+	}
+	if reg == nil {
+		reg, _ = policy.NewRegistry(nil)
+	}
+	var override []string
+	if rt.Runs != nil && run != "" {
+		r, err := rt.Runs.Run(ctx, run)
+		if err != nil && !errors.Is(err, engine.ErrRunNotFound) {
+			return nil, fmt.Errorf("read run %s for its tool override: %w", run, err)
+		}
+		if r != nil {
+			if v, ok := r.Meta[MetaTools]; ok {
+				override = ParseToolList(v)
+			}
+		}
+	}
+	set, err := policy.Resolve(reg, rt.Tools, override)
+	if err != nil {
+		return nil, err
+	}
+	actual, _ := rt.pinned.LoadOrStore(run, set)
+	return actual.(*policy.ActiveSet), nil
+}
+
+// ParseToolList reads a comma-separated list of tool names; "" is the
+// empty (non-nil) list, meaning "no tools".
+func ParseToolList(s string) []string {
+	out := []string{}
+	for _, n := range strings.Split(s, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// impls returns the tool implementations a bundle's tool loop can call.
+func (rt *Runtime) impls(b *Bundle) map[string]agent.Tool {
+	docs := make([]agent.Document, len(b.Docs))
+	for i, d := range b.Docs {
+		docs[i] = agent.Document{ID: d.ID, Title: d.Title, Text: d.Text}
+	}
+	m := map[string]agent.Tool{
+		agent.ToolKBSearch:    agent.NewKBSearch(docs),
+		agent.ToolCurrentTime: agent.CurrentTime{},
+	}
+	if rt.Notes != nil {
+		m[agent.ToolRecordNote] = agent.RecordNote{Notes: rt.Notes}
+	}
+	if rt.Followups != nil {
+		m[agent.ToolScheduleFollowup] = agent.ScheduleFollowup{Followups: rt.Followups}
+	}
+	for k, v := range rt.Impls {
+		m[k] = v
+	}
+	return m
+}
+
+// runtimeOf returns the bundle's runtime, or a default one: the scripted
+// rules, with calls recorded in memory.
+func (b *Bundle) runtimeOf() *Runtime {
+	if b.runtime == nil {
+		b.runtimeInit.Do(func() { b.defaultRT = &Runtime{} })
+		b.defaultRT.init()
+		return b.defaultRT
+	}
+	b.runtime.init()
+	return b.runtime
+}
+
+// modelCommon is the configuration model and tool_loop nodes share.
+type modelCommon struct {
+	// Model is the model the node asks for when the appliance names none.
+	Model string `json:"model,omitempty"`
+	// Lane is the agent whose lane applies; default the graph's name.
+	Lane string `json:"lane,omitempty"`
+	// System names a prompt of the bundle used as the system prompt.
+	System string `json:"system,omitempty"`
+	// ScriptedRules is a bundle file of models/scripted rules, used when
+	// the appliance has no model provider (demos, tests, offline eval).
+	ScriptedRules string   `json:"scripted_rules,omitempty"`
+	Temperature   *float64 `json:"temperature,omitempty"`
+	Seed          *int     `json:"seed,omitempty"`
+	NumCtx        int      `json:"num_ctx,omitempty"`
+}
+
+func (c *modelCommon) prepare(env *Env) (system string, script *scripted.Provider, err error) {
+	if c.Lane == "" {
+		c.Lane = env.Graph
+	}
+	if c.System != "" {
+		p, ok := env.Bundle.Prompts[c.System]
+		if !ok {
+			return "", nil, env.Errorf("system: unknown prompt %q", c.System)
+		}
+		system = p
+	}
+	if c.ScriptedRules != "" {
+		data, ok := env.gc.files[c.ScriptedRules]
+		if !ok || checkPath(c.ScriptedRules) != nil {
+			return "", nil, env.Errorf("scripted_rules: %q is not a file of the bundle", c.ScriptedRules)
+		}
+		script, err = scripted.Load(data)
+		if err != nil {
+			return "", nil, env.Errorf("scripted_rules: %s: %v", c.ScriptedRules, err)
+		}
+	}
+	return system, script, nil
+}
+
+func (c *modelCommon) options() models.Options {
+	return models.Options{Temperature: c.Temperature, Seed: c.Seed, NumCtx: c.NumCtx}
+}
+
+// lane returns the lane of the node's agent, or nil (which refuses every
+// model: fail closed).
+func (c *modelCommon) lane(b *Bundle) *policy.Lane {
+	if l, ok := b.Lanes[c.Lane]; ok {
+		return &l
+	}
+	return nil
+}
+
+// model: one model call. It sends the system prompt, the retrieved
+// documents (and a "Context:" line listing their ids and titles, which the
+// scripted provider's {{context}} fills in), and the conversation, and
+// writes the answer to out and the names of the tools it proposes to
+// tool_calls. It does not run tools; tool_loop does.
+type modelConfig struct {
+	modelCommon
+	// Messages is the conversation (a messages channel), of which the
+	// last History messages (default 8) are sent.
+	Messages string `json:"messages,omitempty"`
+	History  int    `json:"history,omitempty"`
+	// Input is sent as the user's message when there is no Messages.
+	Input string `json:"input,omitempty"`
+	// Context is a docs channel of retrieved documents.
+	Context   string `json:"context,omitempty"`
+	Out       string `json:"out"`
+	ToolCalls string `json:"tool_calls,omitempty"`
+	// Tokens, an int sum channel, counts the run's tokens; the runtime's
+	// token budget applies to it.
+	Tokens string `json:"tokens,omitempty"`
+}
+
+func buildModel(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
+	var c modelConfig
+	if err := env.Decode(cfg, &c); err != nil {
+		return nil, err
+	}
+	system, script, err := c.prepare(env)
+	if err != nil {
+		return nil, err
+	}
+	if c.History <= 0 {
+		c.History = 8
+	}
+	var msgs, input, ctxCh, tools, tokens Channel
+	if c.Messages != "" {
+		if msgs, err = env.need("messages", c.Messages, TypeMessages); err != nil {
+			return nil, err
+		}
+	}
+	if c.Input != "" {
+		if input, err = env.need("input", c.Input); err != nil {
+			return nil, err
+		}
+	}
+	if msgs.Name == "" && input.Name == "" {
+		return nil, env.Errorf("model: needs messages or input")
+	}
+	if c.Context != "" {
+		if ctxCh, err = env.need("context", c.Context, TypeDocs); err != nil {
+			return nil, err
+		}
+	}
+	out, err := env.need("out", c.Out)
+	if err != nil {
+		return nil, err
+	}
+	if err := out.canHoldText(); err != nil {
+		return nil, env.Errorf("out: %v", err)
+	}
+	if c.ToolCalls != "" {
+		if tools, err = env.need("tool_calls", c.ToolCalls, TypeStrings); err != nil {
+			return nil, err
+		}
+	}
+	if c.Tokens != "" {
+		if tokens, err = env.need("tokens", c.Tokens, TypeInt); err != nil {
+			return nil, err
+		}
+		if tokens.Reducer != engine.KindSum {
+			return nil, env.Errorf("tokens: channel %q must have reducer sum", c.Tokens)
+		}
+	}
+	b := env.Bundle
+	return func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		rt := b.runtimeOf()
+		p, model, err := rt.provider(script, c.Model)
+		if err != nil {
+			return nil, engine.MarkPermanent(err)
+		}
+		var conv []models.Message
+		if system != "" {
+			conv = append(conv, models.Message{Role: models.RoleSystem, Content: system})
+		}
+		if ctxCh.Name != "" {
+			v, _ := s.Value(ctxCh.Name)
+			if docs, _ := v.([]Doc); len(docs) > 0 {
+				conv = append(conv, contextMessages(docs)...)
+			}
+		}
+		if msgs.Name != "" {
+			v, _ := s.Value(msgs.Name)
+			h, _ := v.([]models.Message)
+			conv = append(conv, h[max(0, len(h)-c.History):]...)
+		} else {
+			v, _ := s.Value(input.Name)
+			conv = append(conv, models.Message{Role: models.RoleUser, Content: render(v)})
+		}
+		used := 0
+		if tokens.Name != "" {
+			v, _ := s.Value(tokens.Name)
+			used, _ = v.(int)
+		}
+		budget := rt.Budget
+		budget.WallTime = 0
+		tracker := policy.ResumeTracker(budget, time.Now(), policy.Usage{Tokens: used})
+		mc := &agent.ModelCall{Provider: p, Lane: c.lane(b), Log: rt.Log, Blobs: rt.Blobs, Tracker: tracker}
+		resp, err := mc.Call(ctx, models.Request{Model: model, Messages: conv, Options: c.options()}, 0)
+		if err != nil {
+			return nil, err
+		}
+		w, err := out.textWrite(resp.Message.Content)
+		if err != nil {
+			return nil, err
+		}
+		ws := []engine.Write{w}
+		if tools.Name != "" {
+			names := []string{}
+			for _, tc := range resp.Message.ToolCalls {
+				names = append(names, tc.Name)
+			}
+			ws = append(ws, engine.Write{Channel: tools.Name, Value: names})
+		}
+		if tokens.Name != "" {
+			if n := tracker.Usage().Tokens - used; n > 0 {
+				ws = append(ws, engine.Write{Channel: tokens.Name, Value: n})
+			}
+		}
+		return ws, nil
+	}, nil
+}
+
+// contextMessages renders retrieved documents for a model: their text, for
+// a real model to read, then one "Context:" line of ids and titles, the
+// ones the answer may cite.
+func contextMessages(docs []Doc) []models.Message {
+	var full, index strings.Builder
+	full.WriteString("Documents (cite them by their [id]):\n")
+	for i, d := range docs {
+		fmt.Fprintf(&full, "\n[%s] %s\n%s\n", d.ID, d.Title, strings.TrimSpace(d.Text))
+		if i > 0 {
+			index.WriteString("; ")
+		}
+		index.WriteString("[" + d.ID + "]")
+		if d.Title != "" {
+			index.WriteString(" " + d.Title)
+		}
+	}
+	return []models.Message{
+		{Role: models.RoleSystem, Content: full.String()},
+		{Role: models.RoleSystem, Content: scripted.ContextPrefix + " " + index.String()},
+	}
+}
+
+// tool_loop: agent.ToolLoop over the bundle's registry and the run's pinned
+// active tool set: model → tool calls → policy check → execute →
+// neutralize → re-prompt, until the model answers without a tool call or
+// the iteration budget runs out. Write tools ask an operator (an
+// interrupt) unless the bundle's rules hold a standing approval.
+type toolLoopConfig struct {
+	modelCommon
+	Messages string `json:"messages"`
+	Answer   string `json:"answer,omitempty"`
+	Tokens   string `json:"tokens,omitempty"`
+	// MaxIterations overrides the runtime's tool-iteration budget.
+	MaxIterations int `json:"max_iterations,omitempty"`
+}
+
+func buildToolLoop(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
+	var c toolLoopConfig
+	if err := env.Decode(cfg, &c); err != nil {
+		return nil, err
+	}
+	system, script, err := c.prepare(env)
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := env.need("messages", c.Messages, TypeMessages)
+	if err != nil {
+		return nil, err
+	}
+	if msgs.Reducer != engine.KindAppend {
+		return nil, env.Errorf("messages: channel %q must have reducer append", c.Messages)
+	}
+	var answer engine.Chan[string]
+	if c.Answer != "" {
+		if _, err := env.need("answer", c.Answer, TypeString); err != nil {
+			return nil, err
+		}
+		answer = env.handles[c.Answer].(engine.Chan[string])
+	}
+	var tokens engine.Chan[int]
+	if c.Tokens != "" {
+		tc, err := env.need("tokens", c.Tokens, TypeInt)
+		if err != nil {
+			return nil, err
+		}
+		if tc.Reducer != engine.KindSum {
+			return nil, env.Errorf("tokens: channel %q must have reducer sum", c.Tokens)
+		}
+		tokens = env.handles[c.Tokens].(engine.Chan[int])
+	}
+	if c.MaxIterations < 0 {
+		return nil, env.Errorf("max_iterations must not be negative")
+	}
+	if env.Bundle.Registry == nil {
+		return nil, env.Errorf("tool_loop: the bundle has no tools file")
+	}
+	messages := env.handles[c.Messages].(engine.Chan[[]models.Message])
+	b := env.Bundle
+	var rules []policy.ApprovalRule
+	if b.Rules != nil {
+		rules = b.Rules.Approvals
+	}
+	var (
+		mu    sync.Mutex
+		built = map[*Runtime]engine.NodeFunc{}
+	)
+	// The loop is built on first use for each runtime, since the provider
+	// and the call log are the appliance's, not the bundle's.
+	loopFor := func(rt *Runtime) (engine.NodeFunc, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if fn := built[rt]; fn != nil {
+			return fn, nil
+		}
+		p, model, err := rt.provider(script, c.Model)
+		if err != nil {
+			return nil, err
+		}
+		lane := policy.Lane{Agent: c.Lane}
+		if l := c.lane(b); l != nil {
+			lane = *l
+		}
+		budget := rt.Budget
+		if c.MaxIterations > 0 {
+			budget.ToolIterations = c.MaxIterations
+		}
+		fn, err := agent.ToolLoop(agent.LoopConfig{
+			Provider: p, Model: model, Lane: lane, System: system, Options: c.options(),
+			ActiveTools: func(ctx context.Context, _ engine.State) (*policy.ActiveSet, error) {
+				info, _ := engine.InfoFrom(ctx)
+				return rt.ActiveTools(ctx, b.Registry, info.Run)
+			},
+			Impls: rt.impls(b), Rules: rules, Budget: budget.WithDefaults(), Log: rt.Log, Blobs: rt.Blobs,
+			Messages: messages, Answer: answer, Tokens: tokens,
+		})
+		if err != nil {
+			return nil, err
+		}
+		built[rt] = fn
+		return fn, nil
+	}
+	return func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		fn, err := loopFor(b.runtimeOf())
+		if err != nil {
+			return nil, engine.MarkPermanent(err)
+		}
+		return fn(ctx, s)
+	}, nil
+}
