@@ -112,8 +112,8 @@ type Env struct {
 
 	channels map[string]Channel
 	handles  map[string]any // typed engine.Chan handles by channel name
-	data     []byte // the graph file's bytes
-	cfgOff   int    // where the node's config starts in data, or -1
+	data     []byte         // the graph file's bytes
+	cfgOff   int            // where the node's config starts in data, or -1
 	nodeOff  int
 	gc       *graphCompiler
 }
