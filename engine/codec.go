@@ -233,7 +233,7 @@ func (e *execution) checkWrites(node string, ws []Write) error {
 // channels are encoded once, when the run commits (see uncommitted).
 func (e *execution) newCheckpoint(source string, nodes []string) (*Checkpoint, error) {
 	c := &Checkpoint{
-		Thread: e.cfg.Thread, NS: e.cfg.ns, ID: newID(), ParentID: e.committed, RunID: e.run.ID,
+		Thread: e.cfg.Thread, NS: e.cfg.ns, ID: e.newCheckpointID(), ParentID: e.committed, RunID: e.run.ID,
 		Step: e.step, Source: source, Nodes: nodes, Next: e.next, Created: time.Now().UTC(),
 	}
 	if e.cfg.Durability != DurabilitySync {
@@ -262,4 +262,11 @@ func (e *execution) encodeChanges(c *Checkpoint) error {
 		c.Channels = append(c.Channels, ChannelValue{Channel: ch, Version: e.versions[ch], Delta: delta, Value: enc})
 	}
 	return nil
+}
+
+func (e *execution) newCheckpointID() string {
+	if e.cfg.IDs != nil && e.cfg.ns == "" {
+		return e.cfg.IDs()
+	}
+	return newID()
 }

@@ -34,6 +34,10 @@ type RunConfig struct {
 	Cache       *StateCache
 	// Output derives the run record's output from the final state.
 	Output func(State) json.RawMessage
+	// IDs, when set, supplies the ids of new checkpoints (an audit replay
+	// re-executes a run under its original ids, so that its task ids and
+	// idempotency keys are the original ones). Ids must keep increasing.
+	IDs func() string
 
 	ns         string
 	nodePrefix string

@@ -1,0 +1,311 @@
+// Package audit re-executes past runs to check that they are reproducible:
+// Replay runs a finished run again, on a scratch copy of its thread, with
+// every model response and tool result served from what the original run
+// recorded, and says exactly where the two part, if they do.
+//
+// The entry points are Replay and ReplayLog; the graph to replay must be
+// built with a ReplayLog and a model provider that fails (NoModel), so that
+// nothing outside the record can enter the replay.
+package audit
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/models"
+)
+
+// ErrDiverged is wrapped by the errors of a replay that left the record: a
+// call the original did not make, an interrupt it was not asked.
+var ErrDiverged = errors.New("replay diverged from the original run")
+
+// Report is the outcome of a replay.
+type Report struct {
+	Run   string `json:"run"`
+	Steps int    `json:"steps"`
+	// Same is true when every checkpoint of the replay equals the
+	// original's, channel by channel, and the run ends the same way.
+	Same bool        `json:"same"`
+	Diff *Difference `json:"difference,omitempty"`
+}
+
+// Difference is the first place where replay and original part.
+type Difference struct {
+	Step       int      `json:"step"`
+	Checkpoint string   `json:"checkpoint,omitempty"`
+	Nodes      []string `json:"nodes,omitempty"`
+	Channel    string   `json:"channel,omitempty"`
+	Original   string   `json:"original"`
+	Replayed   string   `json:"replayed"`
+	Detail     string   `json:"detail"`
+}
+
+func (d *Difference) String() string {
+	return fmt.Sprintf("step %d %v: %s", d.Step, d.Nodes, d.Detail)
+}
+
+// Replay re-executes run (which must have ended or paused) with graph g,
+// which must be the graph of the run's pinned bundle, built over a
+// ReplayLog. src is the store that holds the original.
+func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.Run) (*Report, error) {
+	if !run.Status.Terminal() && run.Status != engine.StatusInterrupted {
+		return nil, fmt.Errorf("replay run %s: it is %s; only a run that ended or paused can be replayed", run.ID, run.Status)
+	}
+	if run.Durability == engine.DurabilityExit {
+		return nil, fmt.Errorf("replay run %s: it ran with exit durability, which keeps no per-step checkpoints to compare", run.ID)
+	}
+	hist, err := src.History(ctx, run.Thread, "", "", 0)
+	if err != nil {
+		return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
+	}
+	var mine []*engine.Checkpoint
+	for _, c := range hist {
+		if c.RunID == run.ID {
+			mine = append(mine, c)
+		}
+	}
+	sort.Slice(mine, func(i, j int) bool { return mine[i].ID < mine[j].ID })
+	if len(mine) == 0 || mine[0].Source != engine.SourceInput {
+		return nil, fmt.Errorf("replay run %s: its input checkpoint is gone (pruned?)", run.ID)
+	}
+	input, steps := mine[0], mine[1:]
+
+	scratch := engine.NewMemoryStore()
+	if err := copyChain(ctx, src, scratch, input); err != nil {
+		return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
+	}
+	next := 0
+	ids := func() string {
+		if next < len(steps) {
+			next++
+			return steps[next-1].ID
+		}
+		next++
+		// More steps than the original: ids past its last one.
+		return fmt.Sprintf("%s%04x", steps[len(steps)-1].ID[:12], next)
+	}
+	replayed := &engine.Run{ID: run.ID, Thread: run.Thread, Agent: run.Agent, Status: engine.StatusRunning,
+		Bundle: run.Bundle, CorrelationID: run.CorrelationID, Input: run.Input, CreatedAt: run.CreatedAt}
+	cfg := engine.RunConfig{Thread: run.Thread, Store: scratch, Run: replayed, IDs: ids, StepLimit: 1 << 20}
+	res, err := g.Resume(ctx, cfg, nil)
+	// Interrupts are answered with the decisions the original recorded.
+	for err == nil && res.Run.Status == engine.StatusInterrupted {
+		ds := map[string]engine.Decision{}
+		for _, in := range res.Run.Interrupts {
+			i := slices.IndexFunc(run.Decisions, func(d engine.DecisionRecord) bool { return d.Interrupt == in.ID })
+			if i < 0 {
+				break
+			}
+			d := run.Decisions[i]
+			ds[in.ID] = engine.Decision{Kind: d.Decision, Value: d.Value, Reason: d.Reason, By: d.By, At: d.At}
+		}
+		if len(ds) < len(res.Run.Interrupts) {
+			break // the original paused here too, or diverged: compared below
+		}
+		cfg.Run = res.Run
+		res, err = g.Resume(ctx, cfg, ds)
+	}
+	rep := &Report{Run: run.ID, Steps: len(steps)}
+	got, herr := scratch.History(ctx, run.Thread, "", "", 0)
+	if herr != nil {
+		return nil, herr
+	}
+	var theirs []*engine.Checkpoint
+	for _, c := range got {
+		if c.RunID == run.ID && c.Source != engine.SourceInput {
+			theirs = append(theirs, c)
+		}
+	}
+	sort.Slice(theirs, func(i, j int) bool { return theirs[i].ID < theirs[j].ID })
+	if d, derr := compare(ctx, src, scratch, steps, theirs); derr != nil {
+		return nil, derr
+	} else if d != nil {
+		if why := replayError(res, err); why != "" && d.Replayed == "" {
+			d.Detail += ", because " + why
+		}
+		rep.Diff = d
+		return rep, nil
+	}
+	status := engine.RunStatus("")
+	if res != nil {
+		status = res.Run.Status
+	}
+	if err != nil && !errors.Is(err, ErrDiverged) && status == "" {
+		return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
+	}
+	if status != run.Status {
+		detail := fmt.Sprintf("the run ends %s, the original %s", status, run.Status)
+		if err != nil {
+			detail += ": " + err.Error()
+		}
+		rep.Diff = &Difference{Step: len(steps), Original: string(run.Status), Replayed: string(status), Detail: detail}
+		return rep, nil
+	}
+	rep.Same = true
+	return rep, nil
+}
+
+// copyChain copies c and its ancestors, with the blobs they name, into dst.
+func copyChain(ctx context.Context, src engine.Store, dst *engine.MemoryStore, c *engine.Checkpoint) error {
+	var chain []*engine.Checkpoint
+	for cur := c; ; {
+		chain = append(chain, cur)
+		if cur.ParentID == "" {
+			break
+		}
+		p, err := src.Checkpoint(ctx, cur.Thread, cur.NS, cur.ParentID)
+		if err != nil {
+			return err
+		}
+		cur = p
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		cp := *chain[i]
+		blobs := map[engine.BlobRef][]byte{}
+		for _, cv := range cp.Channels {
+			if !cv.Value.Blob.IsZero() {
+				b, err := src.Blob(ctx, cv.Value.Blob)
+				if err != nil {
+					return err
+				}
+				blobs[cv.Value.Blob] = b
+			}
+		}
+		if err := dst.Commit(ctx, &engine.Commit{Checkpoint: &cp, Blobs: blobs, Sync: true}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// compare returns the first difference between two runs' checkpoints.
+func compare(ctx context.Context, src, dst engine.Store, want, got []*engine.Checkpoint) (*Difference, error) {
+	for i := 0; i < max(len(want), len(got)); i++ {
+		if i >= len(got) {
+			w := want[i]
+			return &Difference{Step: w.Step, Checkpoint: w.ID, Nodes: w.Nodes, Original: fmt.Sprint(w.Nodes),
+				Detail: fmt.Sprintf("the replay stopped before the original's step %d (%v)", w.Step, w.Nodes)}, nil
+		}
+		if i >= len(want) {
+			g := got[i]
+			return &Difference{Step: g.Step, Checkpoint: g.ID, Nodes: g.Nodes, Replayed: fmt.Sprint(g.Nodes),
+				Detail: fmt.Sprintf("the replay went on past the original's end, with step %d (%v)", g.Step, g.Nodes)}, nil
+		}
+		w, g := want[i], got[i]
+		if !slices.Equal(w.Nodes, g.Nodes) {
+			return &Difference{Step: w.Step, Checkpoint: w.ID, Nodes: w.Nodes, Original: fmt.Sprint(w.Nodes), Replayed: fmt.Sprint(g.Nodes),
+				Detail: fmt.Sprintf("different nodes ran: original %v, replay %v", w.Nodes, g.Nodes)}, nil
+		}
+		wv, err := channelBytes(ctx, src, w)
+		if err != nil {
+			return nil, err
+		}
+		gv, err := channelBytes(ctx, dst, g)
+		if err != nil {
+			return nil, err
+		}
+		names := map[string]bool{}
+		for k := range wv {
+			names[k] = true
+		}
+		for k := range gv {
+			names[k] = true
+		}
+		keys := make([]string, 0, len(names))
+		for k := range names {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, ch := range keys {
+			if !bytes.Equal(wv[ch], gv[ch]) {
+				return &Difference{Step: w.Step, Checkpoint: w.ID, Nodes: w.Nodes, Channel: ch,
+					Original: clip(wv[ch]), Replayed: clip(gv[ch]),
+					Detail: fmt.Sprintf("channel %q differs after %v", ch, w.Nodes)}, nil
+			}
+		}
+	}
+	return nil, nil
+}
+
+func channelBytes(ctx context.Context, s engine.Store, c *engine.Checkpoint) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	for _, cv := range c.Channels {
+		b := cv.Value.Inline
+		if !cv.Value.Blob.IsZero() {
+			var err error
+			if b, err = s.Blob(ctx, cv.Value.Blob); err != nil {
+				return nil, fmt.Errorf("checkpoint %s channel %s: %w", c.ID, cv.Channel, err)
+			}
+		}
+		out[cv.Channel] = b
+	}
+	return out, nil
+}
+
+func clip(b []byte) string {
+	if len(b) > 200 {
+		return string(b[:197]) + "..."
+	}
+	return string(b)
+}
+
+// ReplayLog answers a replay's calls from the original run's records. A
+// call the original did not complete is refused with ErrDiverged: a replay
+// never runs a tool or asks a model.
+type ReplayLog struct{ Original agent.CallLog }
+
+// Get returns the original record.
+func (l ReplayLog) Get(ctx context.Context, key string) (*agent.CallRecord, error) {
+	return l.Original.Get(ctx, key)
+}
+
+// Intent returns the original record, which must hold the call's outcome.
+func (l ReplayLog) Intent(ctx context.Context, rec agent.CallRecord) (*agent.CallRecord, error) {
+	orig, err := l.Original.Get(ctx, rec.Key)
+	if err != nil {
+		return nil, fmt.Errorf("%w: call %s (%s) was not made by the original run", ErrDiverged, rec.Key, rec.Tool)
+	}
+	if !orig.Done() {
+		return nil, fmt.Errorf("%w: call %s (%s) has no recorded outcome", ErrDiverged, rec.Key, rec.Tool)
+	}
+	return orig, nil
+}
+
+// Done accepts only the outcome the original recorded.
+func (l ReplayLog) Done(ctx context.Context, key string, result json.RawMessage, errText string) error {
+	orig, err := l.Original.Get(ctx, key)
+	if err != nil || !orig.Done() {
+		return fmt.Errorf("%w: call %s has no recorded outcome", ErrDiverged, key)
+	}
+	return nil
+}
+
+// NoModel is the model provider of a replay: every model call must be
+// answered from the record, so reaching it means the replay diverged.
+type NoModel struct{}
+
+// Name implements models.Provider.
+func (NoModel) Name() string { return "replay" }
+
+// Chat implements models.Provider.
+func (NoModel) Chat(_ context.Context, req models.Request, _ func(models.Chunk) error) (*models.Response, error) {
+	return nil, fmt.Errorf("%w: a model call to %s that the original run did not make", ErrDiverged, req.Model)
+}
+
+// replayError is why a replay ended early, if it did.
+func replayError(res *engine.Result, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	if res != nil && res.Run.Error != "" {
+		return res.Run.Error
+	}
+	return ""
+}
