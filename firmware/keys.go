@@ -59,11 +59,15 @@ func Keygen(dir string) (string, error) {
 }
 
 func readKeyFile(file string, wantPrivate bool) (keyFile, ed25519.PublicKey, ed25519.PrivateKey, error) {
-	var kf keyFile
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return kf, nil, nil, fmt.Errorf("%w: %v", ErrKeyFile, err)
+		return keyFile{}, nil, nil, fmt.Errorf("%w: %v", ErrKeyFile, err)
 	}
+	return parseKeyFile(file, data, wantPrivate)
+}
+
+func parseKeyFile(file string, data []byte, wantPrivate bool) (keyFile, ed25519.PublicKey, ed25519.PrivateKey, error) {
+	var kf keyFile
 	if _, err := decodeStrict(filepath.Base(file), data, &kf); err != nil {
 		return kf, nil, nil, fmt.Errorf("%w: %v", ErrKeyFile, err)
 	}

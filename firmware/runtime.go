@@ -249,7 +249,17 @@ type modelConfig struct {
 	// Tokens, an int sum channel, counts the run's tokens; the runtime's
 	// token budget applies to it.
 	Tokens string `json:"tokens,omitempty"`
+	// FlagRisks raises, on the graph's flags channel, what makes the
+	// answer high-risk, so that conditional edges can send it to review:
+	// "uncited" (it cites nothing), "foreign_citation" (it cites an id
+	// not in context) and "write_tool" (it proposes a write tool, or a
+	// tool the registry does not know).
+	FlagRisks bool `json:"flag_risks,omitempty"`
 }
+
+// FlagWriteTool is raised by a model node with flag_risks when its answer
+// proposes a write tool.
+const FlagWriteTool = "write_tool"
 
 func buildModel(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 	var c modelConfig
@@ -302,6 +312,15 @@ func buildModel(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 			return nil, env.Errorf("tokens: channel %q must have reducer sum", c.Tokens)
 		}
 	}
+	var flags Channel
+	if c.FlagRisks {
+		if env.Bundle.Rules == nil {
+			return nil, env.Errorf("flag_risks: the bundle has no rules file")
+		}
+		if flags, err = env.need("flags", env.Flags, TypeStrings); err != nil {
+			return nil, err
+		}
+	}
 	b := env.Bundle
 	return func(ctx context.Context, s engine.State) ([]engine.Write, error) {
 		rt := b.runtimeOf()
@@ -345,12 +364,15 @@ func buildModel(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 			return nil, err
 		}
 		ws := []engine.Write{w}
+		names := []string{}
+		for _, tc := range resp.Message.ToolCalls {
+			names = append(names, tc.Name)
+		}
 		if tools.Name != "" {
-			names := []string{}
-			for _, tc := range resp.Message.ToolCalls {
-				names = append(names, tc.Name)
-			}
 			ws = append(ws, engine.Write{Channel: tools.Name, Value: names})
+		}
+		if flags.Name != "" {
+			ws = append(ws, flagWrites(s, flags, b.risks(s, ctxCh, resp.Message.Content, names))...)
 		}
 		if tokens.Name != "" {
 			if n := tracker.Usage().Tokens - used; n > 0 {
@@ -359,6 +381,34 @@ func buildModel(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 		}
 		return ws, nil
 	}, nil
+}
+
+// risks lists the flags that make an answer high-risk (see FlagRisks).
+func (b *Bundle) risks(s engine.State, ctxCh Channel, answer string, tools []string) []string {
+	var retrieved []string
+	if ctxCh.Name != "" {
+		v, _ := s.Value(ctxCh.Name)
+		retrieved = docIDs(v)
+	}
+	var out []string
+	_, uncited, foreign := b.Rules.Citations(answer, retrieved)
+	if uncited {
+		out = append(out, FlagUncited)
+	}
+	if len(foreign) > 0 {
+		out = append(out, FlagForeignCitation)
+	}
+	for _, name := range tools {
+		t, known := policy.Tool{}, false
+		if b.Registry != nil {
+			t, known = b.Registry.Lookup(name)
+		}
+		if !known || t.Kind != policy.KindRead {
+			out = append(out, FlagWriteTool)
+			break
+		}
+	}
+	return out
 }
 
 // contextMessages renders retrieved documents for a model: their text, for

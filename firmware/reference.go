@@ -1,0 +1,126 @@
+package firmware
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+)
+
+// The reference bundle: the medication-adherence assistant on synthetic
+// data, signed with the development key that ships in the repository
+// (testdata/keys/dev.key). Re-sign it after an edit with
+// go test ./firmware -run TestUpdateReference -update.
+//
+//go:embed all:reference/bundle
+var referenceFS embed.FS
+
+//go:embed reference/dev.pub
+var devPub []byte
+
+// Names of the reference bundle and its agents.
+const (
+	ReferenceName       = "medication-adherence"
+	ReferenceAgent      = "medication-adherence"
+	ReferenceToolsAgent = "medication-adherence-tools"
+	referenceRoot       = "reference/bundle"
+)
+
+// ReferenceNotice is what an appliance says when it runs the embedded
+// bundle: its key is public, so its signature proves nothing about who
+// made it.
+const ReferenceNotice = "running the development-signed reference bundle (synthetic data; its signing key is public: not for production)"
+
+var (
+	referenceOnce  sync.Once
+	referenceFiles contents
+	referenceErr   error
+)
+
+func referenceContents() (contents, error) {
+	referenceOnce.Do(func() {
+		files := contents{}
+		referenceErr = fs.WalkDir(referenceFS, referenceRoot, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			data, err := referenceFS.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			rel := p[len(referenceRoot)+1:]
+			if err := checkPath(rel); err != nil {
+				return err
+			}
+			files[rel] = data
+			return nil
+		})
+		referenceFiles = files
+	})
+	return referenceFiles, referenceErr
+}
+
+// DevKeyring trusts only the development key the reference bundle is
+// signed with.
+func DevKeyring() (*Keyring, error) {
+	_, pub, _, err := parseKeyFile("reference/dev.pub", devPub, false)
+	if err != nil {
+		return nil, err
+	}
+	return NewKeyring(pub), nil
+}
+
+// DevPublicKey returns the development public key file's bytes, to install
+// as trusted on a development appliance.
+func DevPublicKey() []byte { return append([]byte(nil), devPub...) }
+
+// Reference loads the embedded reference bundle, verifying its signature
+// with the embedded development public key, without a Runtime (its model
+// nodes answer from the bundle's scripted rules).
+func Reference() (*Bundle, error) { return ReferenceWithRuntime(nil) }
+
+// ReferenceWithRuntime loads the embedded reference bundle for rt.
+func ReferenceWithRuntime(rt *Runtime) (*Bundle, error) {
+	files, err := referenceContents()
+	if err != nil {
+		return nil, fmt.Errorf("reference bundle: %w", err)
+	}
+	keys, err := DevKeyring()
+	if err != nil {
+		return nil, fmt.Errorf("reference bundle: %w", err)
+	}
+	v, err := verifyContents(files, keys)
+	if err != nil {
+		return nil, fmt.Errorf("reference bundle: %w", err)
+	}
+	b, err := load(v, rt)
+	if err != nil {
+		return nil, fmt.Errorf("reference bundle: %w", err)
+	}
+	return b, nil
+}
+
+// Export writes the embedded reference bundle (signed, as embedded) into
+// dir, which must not exist or be empty, as a starting point for one's
+// own bundle: edit it, then Sign it with one's own key.
+func Export(dir string) error {
+	files, err := referenceContents()
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
+		return fmt.Errorf("export: %s is not empty", dir)
+	}
+	for _, p := range sortedKeys(files) {
+		dst := filepath.Join(dir, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return fmt.Errorf("export: %w", err)
+		}
+		if err := os.WriteFile(dst, files[p], 0o644); err != nil {
+			return fmt.Errorf("export: %w", err)
+		}
+	}
+	return nil
+}

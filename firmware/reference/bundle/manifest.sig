@@ -1,0 +1,1 @@
+outpost-ed25519-v1 ed25519-34d1faf7f4b3cd18 F0CUvtCWpI+YsuHjXXnsDgcUcNRBc5s6OVVuX2icddpOgq/DhaGEvuR3Lqo4YBJGy7sfuc1sACgBPLlS+/p4AA==
