@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"runtime"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/eval"
+	"github.com/outpost-edge/outpost/firmware"
+)
+
+func init() {
+	register("eval", "replay golden conversations and report where an agent departs from them", runEval)
+}
+
+const evalSynopsis = "eval [--bundle PATH [--keys DIR]] [--json] [--parallel N] FILE.jsonl..."
+
+func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("eval", evalSynopsis, stderr)
+	bundle := fs.String("bundle", "", "resolve agents from this bundle (a directory or .tar) instead of the embedded reference bundle")
+	keys := fs.String("keys", "", "trusted public keys for --bundle: a folder of .pub files, or one file (default: the development key)")
+	asJSON := fs.Bool("json", false, "write the report as JSON on stdout")
+	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "conversations replayed at once")
+	flagsCh := fs.String("flags-channel", "flags", "the channel that a turn's expected flags are checked against")
+	finalCh := fs.String("final-channel", "final", "the channel holding the final answer (the run's output when the agent has none)")
+	timeout := fs.Duration("timeout", time.Minute, "the longest one conversation may take")
+	files, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(files) == 0 {
+		fs.Usage()
+		return errUsage
+	}
+	if *parallel < 1 {
+		return fmt.Errorf("--parallel must be at least 1")
+	}
+	convs, err := eval.Load(files...)
+	if err != nil {
+		return err
+	}
+	resolve, err := evalResolver(*bundle, *keys)
+	if err != nil {
+		return err
+	}
+	opts := eval.Options{Resolver: resolve, Parallel: *parallel, FlagsChannel: *flagsCh, FinalChannel: *finalCh, Timeout: *timeout}
+	if isTerminal(stderr) {
+		opts.Progress = eval.TerminalProgress(stderr)
+	}
+	rep, err := eval.Run(ctx, convs, opts)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		err = rep.WriteJSON(stdout)
+	} else {
+		err = rep.WriteTable(stdout)
+	}
+	if err != nil {
+		return err
+	}
+	return rep.Err()
+}
+
+// parseInterspersed parses flags given before, between or after the file
+// arguments ("outpost eval a.jsonl --json"), and returns the files.
+func parseInterspersed(fs interface {
+	Parse([]string) error
+	Args() []string
+}, args []string) ([]string, error) {
+	var files []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, errUsage
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return files, nil
+		}
+		if rest[0] == "--" {
+			return append(files, rest[1:]...), nil
+		}
+		files = append(files, rest[0])
+		args = rest[1:]
+	}
+}
+
+// evalResolver resolves agents from the bundle at path, verified against
+// the keys in keyDir, or from the embedded reference bundle when path is "".
+func evalResolver(path, keyDir string) (engine.Resolver, error) {
+	if path == "" {
+		if keyDir != "" {
+			return nil, fmt.Errorf("--keys applies to --bundle only (the embedded bundle is checked at build time)")
+		}
+		return resolver()
+	}
+	ring, err := evalKeyring(keyDir)
+	if err != nil {
+		return nil, err
+	}
+	b, err := firmware.Load(path, ring)
+	if err != nil {
+		return nil, err
+	}
+	return firmware.BundleResolver(b), nil
+}
+
+func evalKeyring(dir string) (*firmware.Keyring, error) {
+	if dir == "" {
+		return nil, fmt.Errorf("--bundle needs --keys DIR (the trusted public keys)")
+	}
+	return firmware.LoadKeyring(dir)
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/eval"
+	"github.com/outpost-edge/outpost/firmware"
+)
+
+// TestGoldenReference replays every conversation under testdata/golden
+// against the embedded reference bundle, as "outpost eval" does without
+// --bundle; "make test" runs it.
+func TestGoldenReference(t *testing.T) {
+	files, err := filepath.Glob("../../testdata/golden/*.jsonl")
+	require.NoError(t, err)
+	if len(files) == 0 {
+		t.Skip("SKIPPED: no golden conversations under testdata/golden")
+	}
+	convs, err := eval.Load(files...)
+	require.NoError(t, err)
+	resolve, err := resolver()
+	require.NoError(t, err)
+	for _, name := range agentsOf(convs) {
+		if _, err := resolve(name, engine.BundleRef{}); errors.Is(err, engine.ErrUnknownAgent) {
+			t.Skipf("SKIPPED: the golden conversations are for agent %q, which this binary does not embed yet: %v", name, err)
+		}
+	}
+	rep, err := eval.Run(t.Context(), convs, eval.Options{Resolver: resolve})
+	require.NoError(t, err)
+	for _, c := range rep.Cases {
+		if !c.Passed {
+			t.Errorf("%s (%s:%d): %s", c.Name, filepath.Base(c.File), c.Line, c.Failure)
+		}
+	}
+	t.Logf("%d golden conversations from %d files: %d passed, %d failed in %s", len(rep.Cases), len(files), rep.Passed, rep.Failed, rep.Duration)
+}
+
+func agentsOf(convs []eval.Conversation) []string {
+	var names []string
+	seen := map[string]bool{}
+	for _, c := range convs {
+		if !seen[c.Agent] {
+			seen[c.Agent] = true
+			names = append(names, c.Agent)
+		}
+	}
+	return names
+}
+
+func TestEvalCommand(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "g.jsonl")
+	ref, err := resolver()
+	require.NoError(t, err)
+	// The embedded agent, whatever its name: a turn with no expectations
+	// passes as long as the run can be made.
+	name := embeddedAgent(t, ref)
+	require.NoError(t, os.WriteFile(file, []byte(
+		`{"name": "runs", "agent": "`+name+`", "turns": [{"input": "I forgot my metformin dose", "expect": {"final_contains": []}}]}`+"\n"+
+			`{"name": "differs", "agent": "`+name+`", "turns": [{"input": "I forgot my metformin dose", "expect": {"path": ["nowhere"]}}]}`+"\n"), 0o644))
+
+	code, stdout, stderr := outpost(t, "eval", file)
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stdout, "runs")
+	require.Contains(t, stdout, "FAIL differs (")
+	require.Contains(t, stdout, "turn 1: path differs at index 0: want nowhere, got ")
+	require.Contains(t, stdout, "2 conversations: 1 passed, 1 failed")
+	require.Contains(t, stderr, "golden conversations failed: 1 of 2")
+
+	// Flags after the files, and a JSON report.
+	code, stdout, _ = outpost(t, "eval", file, "--json", "--parallel", "1")
+	require.Equal(t, 1, code)
+	var rep struct {
+		Passed, Failed int
+		Cases          []struct {
+			Name    string
+			Passed  bool
+			Failure string
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+	require.Equal(t, 1, rep.Passed)
+	require.Equal(t, 1, rep.Failed)
+	require.True(t, rep.Cases[0].Passed)
+	require.True(t, strings.HasPrefix(rep.Cases[1].Failure, "turn 1: path differs at index 0"), rep.Cases[1].Failure)
+
+	ok := filepath.Join(dir, "ok.jsonl")
+	require.NoError(t, os.WriteFile(ok, []byte(`{"name": "runs", "agent": "`+name+`", "turns": [{"input": "hi"}]}`+"\n"), 0o644))
+	code, stdout, stderr = outpost(t, "eval", ok)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "1 conversations: 1 passed, 0 failed")
+
+	bad := filepath.Join(dir, "bad.jsonl")
+	require.NoError(t, os.WriteFile(bad, []byte("# comment\n"+`{"name": "x", "agent": "a", "turns": [{"input": "hi", "expect": {"flag": []}}]}`+"\n"), 0o644))
+	code, _, stderr = outpost(t, "eval", bad)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "bad.jsonl:2:")
+	require.Contains(t, stderr, `unknown field "turns.0.expect.flag"`)
+
+	code, _, stderr = outpost(t, "eval")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "Usage: outpost eval")
+
+	code, _, stderr = outpost(t, "eval", "--parallel", "0", ok)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "--parallel must be at least 1")
+}
+
+func embeddedAgent(t *testing.T, resolve engine.Resolver) string {
+	t.Helper()
+	_, err := resolve("\x00no such agent", engine.BundleRef{})
+	require.ErrorIs(t, err, engine.ErrUnknownAgent)
+	// The error lists what is available: "(available: NAME, ...)".
+	_, list, found := strings.Cut(err.Error(), "(available: ")
+	require.True(t, found, err.Error())
+	name, _, _ := strings.Cut(strings.TrimSuffix(list, ")"), ",")
+	return strings.TrimSpace(name)
+}
+
+// TestEvalBundle replays a bundle's own golden conversations with --bundle:
+// the patterns test bundle, without the two agents whose node kinds only
+// firmware's tests register, re-signed with the test key.
+func TestEvalBundle(t *testing.T) {
+	src := "../../testdata/bundles/patterns"
+	dir := filepath.Join(t.TempDir(), "patterns")
+	require.NoError(t, os.CopyFS(dir, os.DirFS(src)))
+	for _, f := range []string{"manifest.sig", "agents/iterative.json", "agents/consensus.json"} {
+		require.NoError(t, os.Remove(filepath.Join(dir, f)))
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(raw, &m))
+	delete(m, "files")
+	agents := m["agents"].(map[string]any)
+	delete(agents, "iterative")
+	delete(agents, "consensus")
+	raw, err = json.MarshalIndent(m, "", "  ")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "manifest.json"), raw, 0o644))
+	require.NoError(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			err = os.Chmod(p, 0o644)
+		}
+		return err
+	}))
+	require.NoError(t, firmware.Sign(dir, "../../testdata/keys/firmware-test.key"))
+	golden := filepath.Join(dir, "golden", "patterns.jsonl")
+
+	code, stdout, stderr := outpost(t, "eval", "--bundle", dir, "--keys", "../../testdata/keys/firmware-test.pub", golden)
+	require.Zero(t, code, stdout+stderr)
+	require.Contains(t, stdout, "sequential-missed-dose")
+	require.Contains(t, stdout, "0 failed")
+
+	// A key the bundle was not signed with is refused before any replay.
+	other := t.TempDir()
+	_, err = firmware.Keygen(other)
+	require.NoError(t, err)
+	code, _, stderr = outpost(t, "eval", "--bundle", dir, "--keys", other, golden)
+	require.Equal(t, 1, code)
+	require.ErrorIs(t, errorFrom(stderr), firmware.ErrUnknownKey)
+
+	code, _, stderr = outpost(t, "eval", "--bundle", dir, golden)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "--keys")
+}
+
+// errorFrom maps a printed error back to the sentinel it names, for
+// ErrorIs checks on a command's stderr.
+func errorFrom(stderr string) error {
+	for _, e := range []error{firmware.ErrUnknownKey, firmware.ErrBundleSignature} {
+		if strings.Contains(stderr, e.Error()) {
+			return e
+		}
+	}
+	return errors.New(stderr)
+}
