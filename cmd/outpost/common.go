@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/outpost-edge/outpost/bench"
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -37,18 +40,109 @@ func openStore(dir string) (*store.DB, error) {
 	return db, err
 }
 
-// resolver returns the agents this binary can run.
+// resolver returns the agents this binary can run without a store: the
+// embedded reference bundle's agents (medication-adherence and
+// medication-adherence-tools, answering from the bundle's scripted rules,
+// with model calls recorded in memory) and the bench workload's agent
+// "reference".
 func resolver() (engine.Resolver, error) {
+	b, err := firmware.Reference()
+	if err != nil {
+		return nil, err
+	}
+	return withBench(firmware.BundleResolver(b), b.AgentNames())
+}
+
+// withBench adds the bench workload's agent, "reference", to resolve.
+func withBench(resolve engine.Resolver, names []string) (engine.Resolver, error) {
 	ref, err := bench.ReferenceAgent()
 	if err != nil {
 		return nil, err
 	}
-	return func(name string, _ engine.BundleRef) (*engine.Agent, error) {
-		if name == ref.Name {
+	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
+		if name == ref.Name && pinned.Name == "" {
 			return ref, nil
 		}
-		return nil, fmt.Errorf("%w %q (available: %s)", engine.ErrUnknownAgent, name, ref.Name)
+		a, err := resolve(name, pinned)
+		if err != nil && errors.Is(err, engine.ErrUnknownAgent) && pinned.Name == "" {
+			return nil, fmt.Errorf("%w %q (available: %s)", engine.ErrUnknownAgent, name, strings.Join(append(append([]string{}, names...), ref.Name), ", "))
+		}
+		return a, err
 	}, nil
+}
+
+// applianceResolver resolves agents for a store-backed session. When
+// bundles are installed under dir, new runs get the active bundles' agents
+// and resumed runs the exact version they are pinned to; otherwise (and for
+// runs pinned to it) the embedded reference bundle serves, and notice is
+// told so. Model nodes run with rt.
+func applianceResolver(dir string, rt *firmware.Runtime, notice func(string)) (engine.Resolver, error) {
+	ref, err := firmware.ReferenceWithRuntime(rt)
+	if err != nil {
+		return nil, err
+	}
+	embedded := firmware.BundleResolver(ref)
+	in, installed, err := openInstaller(dir, rt)
+	if err != nil {
+		return nil, err
+	}
+	told := false
+	tell := func() {
+		if !told && notice != nil {
+			told = true
+			notice(firmware.ReferenceNotice)
+		}
+	}
+	names := ref.AgentNames()
+	if !installed {
+		return withBench(func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
+			a, err := embedded(name, pinned)
+			if err == nil {
+				tell()
+			}
+			return a, err
+		}, names)
+	}
+	fromInstaller := firmware.Resolver(in)
+	return withBench(func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
+		if pinned.Name != "" && pinned == ref.Ref() {
+			tell()
+			return embedded(name, pinned)
+		}
+		return fromInstaller(name, pinned)
+	}, names)
+}
+
+// keysDir is where an appliance keeps the public keys it trusts.
+func keysDir(dataDir string) string { return filepath.Join(dataDir, "keys") }
+
+// trustedKeys is the keyring of DATA/keys/*.pub plus extra key files or
+// folders.
+func trustedKeys(dataDir string, extra ...string) (*firmware.Keyring, error) {
+	var paths []string
+	if fi, err := os.Stat(keysDir(dataDir)); err == nil && fi.IsDir() {
+		paths = append(paths, keysDir(dataDir))
+	}
+	for _, p := range extra {
+		if p != "" {
+			paths = append(paths, p)
+		}
+	}
+	return firmware.LoadKeyring(paths...)
+}
+
+// openInstaller opens the firmware installer of dir and reports whether any
+// bundle is installed.
+func openInstaller(dir string, rt *firmware.Runtime) (*firmware.Installer, bool, error) {
+	keys, err := trustedKeys(dir)
+	if err != nil {
+		return nil, false, err
+	}
+	in, err := firmware.NewInstaller(dir, keys, firmware.InstallerOptions{ApplianceVersion: version, Runtime: rt})
+	if err != nil {
+		return nil, false, err
+	}
+	return in, len(in.List()) > 0, nil
 }
 
 func printJSON(w io.Writer, v any) error {

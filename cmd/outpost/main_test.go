@@ -38,7 +38,7 @@ func TestUnknownCommandAndHelp(t *testing.T) {
 
 func TestRunThenInspect(t *testing.T) {
 	dir := t.TempDir()
-	code, stdout, stderr := outpost(t, "run", "--data", dir, "--thread", "t1", "I forgot my losartan dose")
+	code, stdout, stderr := outpost(t, "run", "--data", dir, "--agent", "reference", "--thread", "t1", "I forgot my losartan dose")
 	require.Zero(t, code, stderr)
 	require.Contains(t, stdout, "node.completed")
 	require.Contains(t, stdout, ": completed")

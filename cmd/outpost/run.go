@@ -3,13 +3,22 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/internal/wiring"
+	"github.com/outpost-edge/outpost/models"
+	"github.com/outpost-edge/outpost/models/ollama"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -28,12 +37,83 @@ type session struct {
 	done sync.WaitGroup
 }
 
-func openSession(dir string, durability engine.Durability, out io.Writer, asJSON bool) (*session, error) {
+// modelChoice is what --model and --ollama select.
+type modelChoice struct {
+	model  string // "scripted" or "ollama:NAME"
+	ollama string // the Ollama server's URL
+}
+
+func modelFlags(fs *flag.FlagSet) *modelChoice {
+	mc := &modelChoice{}
+	fs.StringVar(&mc.model, "model", "scripted", "model: scripted (the bundle's deterministic rules) or ollama:NAME (a local model in the agent's lane)")
+	fs.StringVar(&mc.ollama, "ollama", ollama.DefaultURL, "Ollama server URL, for --model ollama:NAME")
+	return mc
+}
+
+// provider returns the model provider and model name chosen, or nil for the
+// scripted rules. An Ollama that does not answer is not an error: the
+// command says plainly that it falls back to the scripted model.
+func (mc *modelChoice) provider(ctx context.Context, stderr io.Writer) (models.Provider, string, error) {
+	if mc == nil || mc.model == "" || mc.model == "scripted" {
+		return nil, "", nil
+	}
+	name, ok := strings.CutPrefix(mc.model, "ollama:")
+	if !ok || name == "" {
+		return nil, "", fmt.Errorf("--model %q: want scripted or ollama:NAME (such as ollama:llama3.2:3b)", mc.model)
+	}
+	client := ollama.New(mc.ollama, nil)
+	if err := ollamaReachable(ctx, client.URL()); err != nil {
+		fmt.Fprintf(stderr, "Ollama is not reachable at %s (%v): falling back to the scripted model\n", client.URL(), err)
+		return nil, "", nil
+	}
+	return client, name, nil
+}
+
+// ollamaReachable asks the server for its version, briefly.
+func ollamaReachable(ctx context.Context, base string) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/version", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return errors.Unwrap(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET /api/version: %s", resp.Status)
+	}
+	return nil
+}
+
+// runtimeFor is what model nodes run with in a store-backed session: calls
+// recorded in the store, notes and follow-ups in files beside it.
+func runtimeFor(db *store.DB, dir string, p models.Provider, model string) (*firmware.Runtime, error) {
+	notes, err := agent.OpenFileNotes(filepath.Join(dir, "notes.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	return &firmware.Runtime{Provider: p, Model: model, Log: wiring.CallLog(db, db), Blobs: db, Runs: db,
+		Notes: notes, Followups: &agent.FileFollowups{Path: filepath.Join(dir, "followups.jsonl")}}, nil
+}
+
+func openSession(ctx context.Context, dir string, durability engine.Durability, out, stderr io.Writer, asJSON bool, mc *modelChoice) (*session, error) {
+	p, model, err := mc.provider(ctx, stderr)
+	if err != nil {
+		return nil, err
+	}
 	db, err := openStore(dir)
 	if err != nil {
 		return nil, err
 	}
-	resolve, err := resolver()
+	rt, err := runtimeFor(db, dir, p, model)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	resolve, err := applianceResolver(dir, rt, func(notice string) { fmt.Fprintf(stderr, "%s\n", notice) })
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -90,9 +170,11 @@ func printEvent(w io.Writer, e engine.Event, asJSON bool) {
 }
 
 func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("run", "run [--data DIR] [--agent NAME] [--thread ID] [--json] INPUT", stderr)
+	fs := newFlags("run", "run [--data DIR] [--agent NAME] [--thread ID] [--model scripted|ollama:NAME] [--ollama URL] [--tools a,b] [--json] INPUT", stderr)
 	data := dataFlag(fs)
-	agent := fs.String("agent", "reference", "agent to run")
+	agentName := fs.String("agent", firmware.ReferenceAgent, "agent to run (the bench workload's agent is \"reference\")")
+	mc := modelFlags(fs)
+	tools := fs.String("tools", "-", "narrow the run's tools to these (comma-separated; \"\" for none; default: no narrowing)")
 	thread := fs.String("thread", "default", "thread (conversation) to run the turn on")
 	durability := fs.String("durability", "sync", "sync or exit")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
@@ -104,9 +186,13 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("no input given")
 	}
 	input, _ := json.Marshal(strings.Join(fs.Args(), " "))
-	s, err := openSession(*data, engine.Durability(*durability), stdout, *asJSON)
+	s, err := openSession(ctx, *data, engine.Durability(*durability), stdout, stderr, *asJSON, mc)
 	if err != nil {
 		return err
+	}
+	var meta map[string]string
+	if *tools != "-" {
+		meta = map[string]string{firmware.MetaTools: *tools}
 	}
 	if n, err := s.m.Recover(ctx); err != nil {
 		s.close()
@@ -114,7 +200,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	} else if n > 0 {
 		fmt.Fprintf(stderr, "resumed %d run(s) left running by an earlier process\n", n)
 	}
-	run, err := s.m.Invoke(ctx, engine.RunRequest{Thread: *thread, Agent: *agent, Input: input})
+	run, err := s.m.Invoke(ctx, engine.RunRequest{Thread: *thread, Agent: *agentName, Input: input, Meta: meta})
 	// Closing waits for every run, including recovered ones, and for the
 	// event printer to drain, so the summary comes last.
 	s.close()
@@ -164,6 +250,7 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	reason := fs.String("reason", "", "why (recorded with the decision)")
 	by := fs.String("by", "cli", "who decides (recorded with the decision)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
+	mc := modelFlags(fs)
 	if err := parse(fs, reorder(args)); err != nil {
 		return err
 	}
@@ -181,7 +268,7 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := d.Validate(); err != nil {
 		return err
 	}
-	s, err := openSession(*data, engine.DurabilitySync, stdout, *asJSON)
+	s, err := openSession(ctx, *data, engine.DurabilitySync, stdout, stderr, *asJSON, mc)
 	if err != nil {
 		return err
 	}
