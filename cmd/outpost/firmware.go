@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/outpost-edge/outpost/firmware"
+)
+
+func init() {
+	register("firmware", "make keys, sign, verify, install, list, activate and export firmware bundles", runFirmware)
+}
+
+const firmwareUsage = `Usage: outpost firmware <command> [flags]
+
+Commands:
+  keygen  [--out DIR]                        make an ed25519 key pair (KEYID.key, mode 0600, and KEYID.pub)
+  sign    --key FILE DIR                     record every file's sha256 in DIR/manifest.json and sign it
+  verify  [--keys PATH] [--trust-dev-key] BUNDLE
+                                             check a bundle (a folder or a .tar) without installing it
+  install [--data DIR] [--keys PATH] [--trust-dev-key] [--activate]
+          [--allow-downgrade --by NAME --reason TEXT] BUNDLE
+                                             verify and install a bundle; the first version of a name becomes active
+  list    [--data DIR] [--json]              installed bundles, and which version is active
+  activate [--data DIR] NAME VERSION
+                                             make an installed version the one new runs use
+  export  DIR                                write the embedded reference bundle out, as a starting point
+
+Trusted keys are the *.pub files in DATA/keys plus --keys (a .pub file or a folder of them); install
+copies the key that verified a bundle into DATA/keys, so that the appliance can check it again on
+every start. --trust-dev-key trusts the development key of the reference bundle: it is public, so
+never use it on a production appliance.
+`
+
+func runFirmware(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	sub, fs, err := subcommand("firmware", firmwareUsage, args, stderr)
+	if sub == "" {
+		return err
+	}
+	rest := args[1:]
+	switch sub {
+	case "keygen":
+		return firmwareKeygen(fs, rest, stdout)
+	case "sign":
+		return firmwareSign(fs, rest, stdout)
+	case "verify":
+		return firmwareVerify(fs, rest, stdout)
+	case "install":
+		return firmwareInstall(fs, rest, stdout)
+	case "list":
+		return firmwareList(fs, rest, stdout)
+	case "activate":
+		return firmwareActivate(fs, rest, stdout)
+	case "export":
+		return firmwareExport(fs, rest, stdout)
+	}
+	fmt.Fprint(stderr, firmwareUsage)
+	return fmt.Errorf("unknown firmware command %q", sub)
+}
+
+// explain adds what to do to the firmware library's errors.
+func explain(err error) error {
+	var hint string
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, firmware.ErrUnknownKey):
+		hint = "the bundle is signed by a key this appliance does not trust: pass its .pub with --keys, or put it in DATA/keys"
+	case errors.Is(err, firmware.ErrBundleSignature):
+		hint = "the signature does not match manifest.json: the bundle was changed after it was signed, or damaged; do not install it"
+	case errors.Is(err, firmware.ErrHashMismatch):
+		hint = "a file differs from the sha256 the signed manifest gives: the bundle was changed after it was signed; re-sign it or get a fresh copy"
+	case errors.Is(err, firmware.ErrMissingFile):
+		hint = "the signed manifest lists a file the bundle lacks: get a complete copy"
+	case errors.Is(err, firmware.ErrUnlistedFile):
+		hint = "the bundle holds a file the signed manifest does not list: remove it, or re-sign"
+	case errors.Is(err, firmware.ErrDowngrade):
+		hint = "to install an older version on purpose, add --allow-downgrade --by NAME --reason TEXT (it is recorded)"
+	case errors.Is(err, firmware.ErrUnknownNodeKind):
+		hint = "known node kinds: " + fmt.Sprint(firmware.Kinds())
+	case errors.Is(err, firmware.ErrMalformed):
+		hint = "fix the file at the line and column given, then sign the bundle again"
+	case errors.Is(err, firmware.ErrNotInstalled):
+		hint = "see what is installed with outpost firmware list"
+	case errors.Is(err, os.ErrNotExist):
+		hint = "no such file or folder"
+	}
+	if hint == "" {
+		return err
+	}
+	return fmt.Errorf("%w\n(%s)", err, hint)
+}
+
+func keyFlags(fs *flag.FlagSet) (keys *string, dev *bool) {
+	keys = fs.String("keys", "", "trust this public key file, or the *.pub files of this folder")
+	dev = fs.Bool("trust-dev-key", false, "trust the development key of the reference bundle (never in production)")
+	return keys, dev
+}
+
+func keyring(dataDir, keys string, dev bool) (*firmware.Keyring, error) {
+	ring, err := trustedKeys(dataDir, keys)
+	if err != nil {
+		return nil, err
+	}
+	if dev {
+		d, err := firmware.DevKeyring()
+		if err != nil {
+			return nil, err
+		}
+		for _, id := range d.IDs() {
+			pub, _ := d.Key(id)
+			ring.Add(pub)
+		}
+	}
+	if len(ring.IDs()) == 0 {
+		return nil, fmt.Errorf("no trusted keys: pass --keys PATH (a .pub file or folder), put keys in %s, or --trust-dev-key for the reference bundle", keysDir(dataDir))
+	}
+	return ring, nil
+}
+
+func firmwareKeygen(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	out := fs.String("out", ".", "folder for the key pair")
+	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+		return err
+	}
+	id, err := firmware.Keygen(*out)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "key %s\n  private: %s (keep it secret; sign with it)\n  public:  %s (trust it on appliances)\n",
+		id, filepath.Join(*out, id+".key"), filepath.Join(*out, id+".pub"))
+	return nil
+}
+
+func firmwareSign(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	key := fs.String("key", "", "private key file (from firmware keygen)")
+	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+		return err
+	}
+	if *key == "" || fs.NArg() != 1 {
+		fs.Usage()
+		return fmt.Errorf("sign needs --key FILE and one bundle folder")
+	}
+	if err := firmware.Sign(fs.Arg(0), *key); err != nil {
+		return explain(err)
+	}
+	id, _, _ := firmware.LoadPrivateKey(*key)
+	fmt.Fprintf(stdout, "signed %s with %s\n", fs.Arg(0), id)
+	return nil
+}
+
+func firmwareVerify(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	data := dataFlag(fs)
+	keys, dev := keyFlags(fs)
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return fmt.Errorf("verify needs one bundle (a folder or a .tar)")
+	}
+	ring, err := keyring(*data, *keys, *dev)
+	if err != nil {
+		return err
+	}
+	// Load, not only Verify: a bundle whose graphs do not compile is as
+	// unusable as one with a bad signature.
+	b, err := firmware.Load(fs.Arg(0), ring)
+	if err != nil {
+		return explain(err)
+	}
+	if *asJSON {
+		return printJSON(stdout, map[string]any{"ok": true, "name": b.Manifest.Name, "version": b.Manifest.Version,
+			"digest": b.Digest, "key_id": b.Manifest.KeyID, "agents": b.AgentNames()})
+	}
+	fmt.Fprintf(stdout, "ok: %s (%s), signed by %s, agents: %v\n", b.Manifest, b.Digest, b.Manifest.KeyID, b.AgentNames())
+	return nil
+}
+
+func firmwareInstall(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	data := dataFlag(fs)
+	keys, dev := keyFlags(fs)
+	activate := fs.Bool("activate", false, "make this version active (the first version of a name always is)")
+	downgrade := fs.Bool("allow-downgrade", false, "install a version lower than one installed before (recorded, with --by and --reason)")
+	by := fs.String("by", "", "who installs (recorded)")
+	reason := fs.String("reason", "", "why (recorded)")
+	asJSON := fs.Bool("json", false, "print the installed version as JSON")
+	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return fmt.Errorf("install needs one bundle (a folder or a .tar)")
+	}
+	if *downgrade && (*by == "" || *reason == "") {
+		return fmt.Errorf("--allow-downgrade needs --by NAME and --reason TEXT, which are recorded")
+	}
+	ring, err := keyring(*data, *keys, *dev)
+	if err != nil {
+		return err
+	}
+	// Compile it first: an installer only checks signatures and hashes.
+	b, err := firmware.Load(fs.Arg(0), ring)
+	if err != nil {
+		return explain(err)
+	}
+	in, err := firmware.NewInstaller(*data, ring, firmware.InstallerOptions{ApplianceVersion: version})
+	if err != nil {
+		return err
+	}
+	rec, err := in.Install(fs.Arg(0), firmware.InstallOptions{AllowDowngrade: *downgrade, Activate: *activate, By: *by, Reason: *reason})
+	if err != nil {
+		return explain(err)
+	}
+	if err := trustKey(*data, ring, b.Manifest.KeyID); err != nil {
+		return fmt.Errorf("installed, but the signing key could not be kept in %s: %w", keysDir(*data), err)
+	}
+	if *asJSON {
+		return printJSON(stdout, rec)
+	}
+	state := "installed"
+	if rec.Active {
+		state += " and active"
+	}
+	if rec.Downgrade {
+		state += " (a downgrade, recorded)"
+	}
+	fmt.Fprintf(stdout, "%s v%d %s: %s, signed by %s\n", rec.Name, rec.Version, state, rec.Digest, rec.KeyID)
+	return nil
+}
+
+// trustKey writes the public key id into DATA/keys, so that the installed
+// bundle verifies on every later open.
+func trustKey(dataDir string, ring *firmware.Keyring, id string) error {
+	pub, ok := ring.Key(id)
+	if !ok {
+		return fmt.Errorf("key %s is not in the keyring", id)
+	}
+	dst := filepath.Join(keysDir(dataDir), id+".pub")
+	if _, err := os.Stat(dst); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(keysDir(dataDir), 0o755); err != nil {
+		return err
+	}
+	raw, _ := json.MarshalIndent(map[string]string{"algorithm": "ed25519", "key_id": id,
+		"public_key": base64.StdEncoding.EncodeToString(pub)}, "", "  ")
+	return os.WriteFile(dst, append(raw, '\n'), 0o644)
+}
+
+func firmwareList(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	data := dataFlag(fs)
+	asJSON := fs.Bool("json", false, "print the list as JSON")
+	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+		return err
+	}
+	in, _, err := openInstaller(*data, nil)
+	if err != nil {
+		return err
+	}
+	list := in.List()
+	if *asJSON {
+		return printJSON(stdout, map[string]any{"installed": list, "log": in.Log()})
+	}
+	if len(list) == 0 {
+		fmt.Fprintf(stdout, "no bundles installed: new runs use the embedded reference bundle (%s)\n", firmware.ReferenceName)
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tVERSION\tACTIVE\tKEY\tINSTALLED\tDIGEST")
+	for _, i := range list {
+		active := ""
+		if i.Active {
+			active = "active"
+		}
+		if i.Downgrade {
+			active += " (downgrade)"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", i.Name, i.Version, active, i.KeyID, i.InstalledAt.Local().Format("2006-01-02 15:04"), i.Digest)
+	}
+	return tw.Flush()
+}
+
+func firmwareActivate(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	data := dataFlag(fs)
+	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		fs.Usage()
+		return fmt.Errorf("activate needs a bundle name and a version")
+	}
+	v, err := strconv.ParseInt(fs.Arg(1), 10, 64)
+	if err != nil || v <= 0 {
+		return fmt.Errorf("version %q is not a positive integer", fs.Arg(1))
+	}
+	in, _, err := openInstaller(*data, nil)
+	if err != nil {
+		return err
+	}
+	if _, err := in.Open(fs.Arg(0), v); err != nil {
+		return explain(err)
+	}
+	if err := in.Activate(fs.Arg(0), v); err != nil {
+		return explain(err)
+	}
+	fmt.Fprintf(stdout, "%s v%d is active: new runs use it; runs already started stay on their version\n", fs.Arg(0), v)
+	return nil
+}
+
+func firmwareExport(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return fmt.Errorf("export needs a folder")
+	}
+	if err := firmware.Export(fs.Arg(0)); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote the reference bundle (%s, signed with the public development key) to %s\n"+
+		"edit it, then sign it with your own key: outpost firmware keygen --out KEYS && outpost firmware sign --key KEYS/ID.key %s\n",
+		firmware.ReferenceName, fs.Arg(0), fs.Arg(0))
+	return nil
+}
+
+// flagsFirst moves flags before positional arguments, so "install BUNDLE
+// --activate" parses like "install --activate BUNDLE". Unlike reorder, it
+// knows which flags are booleans and take no value.
+func flagsFirst(fs *flag.FlagSet, args []string) []string {
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i+1:]...)
+			break
+		}
+		if len(a) < 2 || a[0] != '-' {
+			pos = append(pos, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue // parse reports it
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		if i+1 < len(args) {
+			flags = append(flags, args[i+1])
+			i++
+		}
+	}
+	return append(flags, pos...)
+}

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestFirmwareExportVerifyInstallListActivate(t *testing.T) {
+	data := t.TempDir()
+	ref := filepath.Join(t.TempDir(), "ref")
+	code, stdout, stderr := outpost(t, "firmware", "export", ref)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "wrote the reference bundle")
+
+	code, _, stderr = outpost(t, "firmware", "verify", "--data", data, ref)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "no trusted keys")
+	code, stdout, stderr = outpost(t, "firmware", "verify", "--data", data, ref, "--trust-dev-key")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "ok: medication-adherence v1")
+
+	// A bundle signed by a key we do not trust, then our own key.
+	keys := t.TempDir()
+	code, stdout, stderr = outpost(t, "firmware", "keygen", "--out", keys)
+	require.Zero(t, code, stderr)
+	id := strings.Fields(stdout)[1]
+	code, _, stderr = outpost(t, "firmware", "verify", "--data", data, "--keys", filepath.Join(keys, id+".pub"), ref)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "unknown key")
+	require.Contains(t, stderr, "pass its .pub with --keys")
+
+	// Edit, re-sign as v2 with our key; a tampered file is a hash mismatch.
+	mf := filepath.Join(ref, "manifest.json")
+	raw, err := os.ReadFile(mf)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(mf, []byte(strings.Replace(string(raw), `"version": 1`, `"version": 2`, 1)), 0o644))
+	code, _, stderr = outpost(t, "firmware", "verify", "--data", data, "--trust-dev-key", ref)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "bad bundle signature")
+	code, _, stderr = outpost(t, "firmware", "sign", "--key", filepath.Join(keys, id+".key"), ref)
+	require.Zero(t, code, stderr)
+	kb := filepath.Join(ref, "kb", "kb-01.md")
+	orig, _ := os.ReadFile(kb)
+	require.NoError(t, os.WriteFile(kb, []byte("tampered"), 0o644))
+	code, _, stderr = outpost(t, "firmware", "verify", "--keys", keys, ref)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "does not match its sha256")
+	require.NoError(t, os.Remove(kb))
+	code, _, stderr = outpost(t, "firmware", "verify", "--keys", keys, ref)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "missing")
+	require.NoError(t, os.WriteFile(kb, orig, 0o644))
+
+	// Install v2 (ours), then the dev-signed v1 is a downgrade.
+	code, stdout, stderr = outpost(t, "firmware", "install", "--data", data, "--keys", keys, ref)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "medication-adherence v2 installed and active")
+	v1 := filepath.Join(t.TempDir(), "v1")
+	code, _, stderr = outpost(t, "firmware", "export", v1)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", v1)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "--allow-downgrade")
+	code, stdout, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", "--allow-downgrade", "--by", "ops", "--reason", "rollback test", v1)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "downgrade")
+
+	code, stdout, stderr = outpost(t, "firmware", "list", "--data", data, "--json")
+	require.Zero(t, code, stderr)
+	var list struct {
+		Installed []struct {
+			Version int64
+			Active  bool
+		}
+		Log []struct{ Action, By, Reason string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &list))
+	require.Len(t, list.Installed, 2)
+	require.Contains(t, stdout, `"rollback test"`)
+
+	// New runs use the active bundle (v2), and the appliance no longer
+	// says it runs the embedded one.
+	code, stdout, stderr = outpost(t, "run", "--data", data, "--thread", "a", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	require.NotContains(t, stderr, "development-signed reference bundle")
+	require.Contains(t, stdout, "If you missed a dose of metformin")
+	code, stdout, stderr = outpost(t, "firmware", "activate", "--data", data, "medication-adherence", "1")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "v1 is active")
+	code, stdout, _ = outpost(t, "firmware", "list", "--data", data)
+	require.Regexp(t, `medication-adherence\s+1\s+active`, stdout)
+	code, _, stderr = outpost(t, "firmware", "activate", "--data", data, "medication-adherence", "7")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "not installed")
+}
+
+func TestFirmwareErrors(t *testing.T) {
+	ref := filepath.Join(t.TempDir(), "ref")
+	code, _, stderr := outpost(t, "firmware", "export", ref)
+	require.Zero(t, code, stderr)
+	keys := t.TempDir()
+	code, stdout, _ := outpost(t, "firmware", "keygen", "--out", keys)
+	require.Zero(t, code)
+	key := filepath.Join(keys, strings.Fields(stdout)[1]+".key")
+	graph := filepath.Join(ref, "agents", "medication-adherence.json")
+	raw, err := os.ReadFile(graph)
+	require.NoError(t, err)
+
+	// Malformed JSON, with its line and column.
+	require.NoError(t, os.WriteFile(graph, []byte(strings.Replace(string(raw), `"name": "intake",`, `"name": "intake" "x",`, 1)), 0o644))
+	code, _, stderr = outpost(t, "firmware", "sign", "--key", key, ref)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpost(t, "firmware", "verify", "--keys", keys, ref)
+	require.Equal(t, 1, code)
+	require.Regexp(t, `agents/medication-adherence.json:\d+:\d+`, stderr)
+
+	// An unknown node kind.
+	require.NoError(t, os.WriteFile(graph, []byte(strings.Replace(string(raw), `"kind": "router"`, `"kind": "teleport"`, 1)), 0o644))
+	code, _, stderr = outpost(t, "firmware", "sign", "--key", key, ref)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpost(t, "firmware", "verify", "--keys", keys, ref)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, `unknown node kind "teleport"`)
+	require.Contains(t, stderr, `node "intake"`)
+
+	code, _, stderr = outpost(t, "firmware", "verify", "--keys", keys, filepath.Join(t.TempDir(), "nope"))
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "no such file")
+	code, _, stderr = outpost(t, "firmware", "frob")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, `unknown firmware command "frob"`)
+}
+
+// With --model ollama:NAME and nothing listening, run says so and answers
+// with the scripted model; the embedded bundle is announced.
+func TestRunOllamaFallback(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close()) // now nothing listens there
+
+	dir := t.TempDir()
+	code, stdout, stderr := outpost(t, "run", "--data", dir, "--model", "ollama:llama3.2", "--ollama", "http://"+addr, "When should I take levothyroxine?")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stderr, "Ollama is not reachable at http://"+addr)
+	require.Contains(t, stderr, "falling back to the scripted model")
+	require.Contains(t, stderr, "running the development-signed reference bundle")
+	require.Contains(t, stdout, "Take levothyroxine as your prescription label says")
+	require.Contains(t, stdout, ": completed")
+
+	code, _, stderr = outpost(t, "run", "--data", dir, "--model", "gpt", "hello")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "want scripted or ollama:NAME")
+}
+
+// The default agent is the reference medication-adherence assistant; a
+// high-risk draft waits for an operator, and resume finishes it.
+func TestRunReviewThenResume(t *testing.T) {
+	dir := t.TempDir()
+	code, stdout, stderr := outpost(t, "run", "--data", dir, "--json", "Can I stop taking lisinopril?")
+	require.Zero(t, code, stderr)
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	var run struct {
+		ID, Status string
+		Interrupts []struct{ ID, Node string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &run))
+	require.Equal(t, "interrupted", run.Status)
+	require.Equal(t, "review_response", run.Interrupts[0].Node)
+	code, stdout, stderr = outpost(t, "resume", "--data", dir, run.ID, "--decision", "reject", "--reason", "unsafe")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "A clinician reviewed this answer and withheld it.")
+	require.Contains(t, stdout, ": completed")
+}
