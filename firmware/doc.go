@@ -22,11 +22,16 @@
 //     active version, resumed runs the exact version (and digest) they
 //     were pinned to at start.
 //   - Graph files are strict JSON, compiled into engine graphs from a fixed
-//     set of node kinds (guardrail, retrieve, router, review, template,
-//     fanout, subgraph; model and tool_loop come with package agent) and
+//     set of node kinds (model, tool_loop, guardrail, retrieve, router,
+//     review, template, fanout, subgraph) and
 //     conditions (flag_set, flag_not_set, channel_empty,
 //     channel_not_empty, counter_at_least, default). RegisterKind adds a Go
 //     program's own kinds. README.md documents each kind with an example.
+//   - Runtime is what model and tool_loop nodes run with (provider, model,
+//     call log, blobs, budgets, the run's pinned active tool set);
+//     LoadWithRuntime and InstallerOptions.Runtime pass it in.
+//   - Reference loads the embedded, development-signed medication-adherence
+//     bundle; Export writes it out.
 //
 // Errors wrap the sentinels in errors.go; problems inside a file are
 // *FileError values naming the file, line, column and node.
