@@ -56,6 +56,7 @@ func TestRunPassesAndFails(t *testing.T) {
 		{"flags are a set", `{"input": "weather today", "expect": {"flags": ["out_of_scope", "out_of_scope"]}}`, ""},
 		{"tools", `{"input": "take a note", "expect": {"tools": ["record_note", "kb_search"]}}`,
 			"turn 1: tools differ at index 0: want record_note, got kb_search; got [kb_search record_note]"},
+		{"a denied tool is not a call", `{"input": "delete my note", "expect": {"tools": ["kb_search", "record_note"]}}`, ""},
 		{"tools none expected", `{"input": "fine dose", "expect": {"tools": []}}`,
 			"turn 1: tools differ at index 0: want nothing (ends), got kb_search; got [kb_search]"},
 		{"final contains", `{"input": "fine dose", "expect": {"final_contains": ["About", "aspirin"]}}`,
@@ -96,6 +97,9 @@ func TestRunPassesAndFails(t *testing.T) {
 		if c.fail != "" {
 			failed++
 		}
+	}
+	if d := rep.Cases[13].Results[0].Observed.Denied; len(d) != 1 || d[0] != "delete_record" {
+		t.Fatalf("denied %v, want [delete_record]", d)
 	}
 	if rep.Failed != failed || rep.Passed != len(cases)-failed || !errors.Is(rep.Err(), eval.ErrFailed) {
 		t.Fatalf("report counts %d passed, %d failed (err %v), want %d, %d", rep.Passed, rep.Failed, rep.Err(), len(cases)-failed, failed)
@@ -336,4 +340,30 @@ func TestUnknownAgentFails(t *testing.T) {
 	if rep.Cases[0].Passed || !strings.Contains(rep.Cases[0].Failure, `turn 1: start run: unknown agent "nobody"`) || strings.Contains(rep.Cases[0].Failure, "start run: start run") {
 		t.Fatalf("failure %q", rep.Cases[0].Failure)
 	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte(conv("a", `{"input": "hi", "expect": {"path": ["x"], "flags": [], "tools": [], "final_regex": "a+", "status": "completed"}}`)))
+	f.Add([]byte(conv("b", `{"input": "risky", "expect": {"status": "interrupted", "interrupt": "review"}, "resume": {"decision": "edit", "value": "x"}, "after_resume": {"status": "completed"}}`)))
+	f.Add([]byte("# only a comment\n\n"))
+	f.Add([]byte(`{"name": "x", "agent": "a", "turns": [{"input": 1, "expect": {"final_regex": "("}}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		convs, err := eval.Decode("fuzz.jsonl", data)
+		if err != nil {
+			if !errors.Is(err, eval.ErrGolden) {
+				t.Fatalf("error %v is not ErrGolden", err)
+			}
+			return
+		}
+		for _, c := range convs {
+			if c.Name == "" || c.Agent == "" || len(c.Turns) == 0 || c.Line < 1 {
+				t.Fatalf("decoded an incomplete conversation: %+v", c)
+			}
+			for _, turn := range c.Turns {
+				if len(turn.Input) == 0 || (turn.AfterResume != nil && turn.Resume == nil) {
+					t.Fatalf("decoded a turn Decode should refuse: %+v", turn)
+				}
+			}
+		}
+	})
 }

@@ -59,14 +59,17 @@ func newTriage(t testing.TB) *triage {
 		return []string{"lookup"}
 	}, "lookup", engine.End)
 	b.AddNode("lookup", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
-		if n := tr.gauge.Add(1); n > tr.peak.Load() {
-			tr.peak.Store(n) // a lost race only lowers the peak seen
+		n := tr.gauge.Add(1)
+		for p := tr.peak.Load(); n > p && !tr.peak.CompareAndSwap(p, n); p = tr.peak.Load() {
 		}
 		time.Sleep(tr.hold)
 		tr.gauge.Add(-1)
 		engine.Announce(ctx, engine.EventToolCalled, map[string]any{"tool": "kb_search"})
 		if strings.Contains(input.Get(s), "note") {
 			engine.Announce(ctx, engine.EventToolCalled, map[string]any{"tool": "record_note"})
+		}
+		if strings.Contains(input.Get(s), "delete") {
+			engine.Announce(ctx, engine.EventToolDenied, map[string]any{"tool": "delete_record", "layer": "registry"})
 		}
 		return nil, nil
 	})

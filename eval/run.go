@@ -109,6 +109,9 @@ type Observed struct {
 	// Tools are the tool.called events' tool names, in order (the whole
 	// run's after a resume).
 	Tools []string `json:"tools"`
+	// Denied are the tools refused by policy (tool.unauthorized events),
+	// in order. No expectation reads them; they explain a report.
+	Denied []string `json:"denied,omitempty"`
 	// Interrupt is the node of the pending interrupt (several are joined
 	// with commas), empty when none is pending.
 	Interrupt string `json:"interrupt,omitempty"`
@@ -245,14 +248,18 @@ func (cv *conversation) observe(ctx context.Context, run *engine.Run) (*Observed
 			if !strings.Contains(e.Node, "/") {
 				o.Path = append(o.Path, e.Node)
 			}
-		case engine.EventToolCalled:
+		case engine.EventToolCalled, engine.EventToolDenied:
 			var d struct {
 				Tool string `json:"tool"`
 			}
 			if err := json.Unmarshal(e.Data, &d); err != nil {
-				return nil, fmt.Errorf("tool.called event %d: %w", e.Seq, err)
+				return nil, fmt.Errorf("%s event %d: %w", e.Type, e.Seq, err)
 			}
-			o.Tools = append(o.Tools, d.Tool)
+			if e.Type == engine.EventToolCalled {
+				o.Tools = append(o.Tools, d.Tool)
+			} else {
+				o.Denied = append(o.Denied, d.Tool)
+			}
 		}
 	}
 	var nodes []string

@@ -175,6 +175,26 @@ func TestEvalBundle(t *testing.T) {
 	require.ErrorIs(t, errorFrom(stderr), firmware.ErrUnknownKey)
 }
 
+// TestEvalExportedReference replays the golden set against the reference
+// bundle written out by firmware export, loaded with --bundle and verified
+// with the default keyring (the development key): the same conversations
+// pass on the bundle as a file as on the embedded one.
+func TestEvalExportedReference(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "reference")
+	require.NoError(t, firmware.Export(dir))
+	files, err := filepath.Glob("../../testdata/golden/*.jsonl")
+	require.NoError(t, err)
+	if len(files) == 0 {
+		t.Skip("SKIPPED: no golden conversations under testdata/golden")
+	}
+	code, stdout, stderr := outpost(t, append([]string{"eval", "--bundle", dir, "--json"}, files...)...)
+	require.Zero(t, code, stderr+stdout)
+	var rep struct{ Passed, Failed int }
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep))
+	require.Zero(t, rep.Failed)
+	require.GreaterOrEqual(t, rep.Passed, 40)
+}
+
 // errorFrom maps a printed error back to the sentinel it names, for
 // ErrorIs checks on a command's stderr.
 func errorFrom(stderr string) error {
