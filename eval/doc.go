@@ -26,7 +26,7 @@
 //     guardrail_post"); WriteTable prints it for people and WriteJSON for
 //     machines.
 //
-// The tests are the best way to understand the package: start with
-// TestRunPassesAndFails, which replays conversations against a small graph
-// built in Go.
+// The examples and tests are the best way to understand the package: start
+// with ExampleRun, then TestRunPassesAndFails, which shows the message for
+// every kind of difference against a small graph built in Go.
 package eval
