@@ -21,6 +21,8 @@ const runsUsage = `Usage: outpost runs <list|show|history|fork> [flags]
   show RUN
   history THREAD [--limit N]        checkpoints, newest first
   fork THREAD --checkpoint ID       start a new branch at an earlier checkpoint
+  replay RUN                        re-execute a past run from its records, for an audit,
+                                    and say where it parts from the original
 
 Every subcommand takes --data DIR and --json.
 `
@@ -121,6 +123,11 @@ func runRuns(ctx context.Context, args []string, stdout, stderr io.Writer) error
 				strings.Join(channelNames(c), ","), strings.Join(taskNodes(c.Next), ","), c.RunID)
 		}
 		return tw.Flush()
+	case "replay":
+		if fs.NArg() != 1 {
+			return fmt.Errorf("replay needs a run id")
+		}
+		return replayRun(ctx, db, *data, fs.Arg(0), *asJSON, stdout)
 	case "fork":
 		if fs.NArg() != 1 || *checkpoint == "" {
 			return fmt.Errorf("fork needs a thread and --checkpoint ID")
