@@ -4,6 +4,7 @@ go 1.26
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/coder/websocket v1.8.15
 	github.com/ollama/ollama v0.17.4
 	github.com/stretchr/testify v1.12.1
 )

@@ -1,0 +1,560 @@
+package console
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
+)
+
+// runView is a run as the API shows it (DESIGN.md "HTTP API"), plus the
+// run's input and the decisions recorded on it (who, when, what value).
+type runView struct {
+	ID            string                  `json:"id"`
+	Thread        string                  `json:"thread"`
+	Agent         string                  `json:"agent"`
+	Status        engine.RunStatus        `json:"status"`
+	Bundle        engine.BundleRef        `json:"bundle"`
+	CorrelationID string                  `json:"correlation_id"`
+	CreatedAt     time.Time               `json:"created_at"`
+	EndedAt       *time.Time              `json:"ended_at,omitempty"`
+	Input         json.RawMessage         `json:"input,omitempty"`
+	Output        json.RawMessage         `json:"output,omitempty"`
+	Interrupts    []interruptView         `json:"interrupts,omitempty"`
+	Decisions     []engine.DecisionRecord `json:"decisions,omitempty"`
+	Error         string                  `json:"error,omitempty"`
+}
+
+type interruptView struct {
+	ID      string          `json:"id"`
+	Node    string          `json:"node"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+func viewRun(r *engine.Run) runView {
+	v := runView{ID: r.ID, Thread: r.Thread, Agent: r.Agent, Status: r.Status, Bundle: r.Bundle,
+		CorrelationID: r.CorrelationID, CreatedAt: r.CreatedAt, Input: r.Input, Output: r.Output,
+		Decisions: r.Decisions, Error: r.Error}
+	if !r.EndedAt.IsZero() {
+		t := r.EndedAt
+		v.EndedAt = &t
+	}
+	for _, in := range r.Interrupts {
+		p := in.Payload
+		if len(p) == 0 {
+			p = json.RawMessage("null")
+		}
+		v.Interrupts = append(v.Interrupts, interruptView{ID: in.ID, Node: in.Node, Payload: p})
+	}
+	return v
+}
+
+// decode reads a JSON body strictly: a size limit, no unknown fields, one
+// value only.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return errorf(http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the body is over %d bytes", tooBig.Limit))
+		}
+		return errorf(http.StatusBadRequest, "bad_body", "read body: "+err.Error())
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return errorf(http.StatusBadRequest, "bad_json", "malformed JSON body: "+err.Error())
+	}
+	if dec.More() {
+		return errorf(http.StatusBadRequest, "bad_json", "malformed JSON body: more than one value")
+	}
+	return nil
+}
+
+// parseWait accepts a Go duration ("30s") or a number of seconds.
+func (s *Server) parseWait(raw json.RawMessage) (time.Duration, *apiError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, nil
+	}
+	var d time.Duration
+	var str string
+	var secs float64
+	switch {
+	case json.Unmarshal(raw, &str) == nil:
+		var err error
+		if d, err = time.ParseDuration(str); err != nil {
+			return 0, errorf(http.StatusBadRequest, "bad_wait", "wait: "+err.Error())
+		}
+	case json.Unmarshal(raw, &secs) == nil:
+		d = time.Duration(secs * float64(time.Second))
+	default:
+		return 0, errorf(http.StatusBadRequest, "bad_wait", `wait is a duration ("30s") or a number of seconds`)
+	}
+	if d < 0 {
+		return 0, errorf(http.StatusBadRequest, "bad_wait", "wait is negative")
+	}
+	return min(d, s.cfg.MaxWait), nil
+}
+
+func validThread(t string) *apiError {
+	if t == "" || len(t) > 200 || strings.ContainsFunc(t, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+		return errorf(http.StatusBadRequest, "bad_thread", "a thread id is 1 to 200 printable characters")
+	}
+	return nil
+}
+
+type startRequest struct {
+	Agent         string          `json:"agent"`
+	Input         json.RawMessage `json:"input"`
+	CorrelationID string          `json:"correlation_id"`
+	Tools         *[]string       `json:"tools"`
+	Wait          json.RawMessage `json:"wait"`
+}
+
+func (s *Server) startRun(w http.ResponseWriter, r *http.Request) *apiError {
+	thread := r.PathValue("thread")
+	if e := validThread(thread); e != nil {
+		return e
+	}
+	var req startRequest
+	if e := s.decode(w, r, &req); e != nil {
+		return e
+	}
+	wait, e := s.parseWait(req.Wait)
+	if e != nil {
+		return e
+	}
+	if req.Agent == "" {
+		return errorf(http.StatusUnprocessableEntity, "agent_required", `"agent" is required`)
+	}
+	// Resolving and checking the input first refuses a bad request before
+	// the manager claims the thread or writes anything.
+	ag, err := s.cfg.Resolve(req.Agent, engine.BundleRef{})
+	if err != nil {
+		if errors.Is(err, engine.ErrUnknownAgent) {
+			return errorf(http.StatusUnprocessableEntity, "unknown_agent", err.Error())
+		}
+		return errorf(http.StatusInternalServerError, "resolve_failed", err.Error())
+	}
+	if len(req.Input) > 0 && ag.Input != nil {
+		if _, err := ag.Input(req.Input); err != nil {
+			return errorf(http.StatusUnprocessableEntity, "bad_input", err.Error())
+		}
+	}
+	rr := engine.RunRequest{Thread: thread, Agent: req.Agent, Input: req.Input, CorrelationID: req.CorrelationID}
+	if req.Tools != nil {
+		for _, t := range *req.Tools {
+			if t == "" || strings.ContainsAny(t, ", ") {
+				return errorf(http.StatusBadRequest, "bad_tools", fmt.Sprintf("tool name %q is not valid", t))
+			}
+		}
+		rr.Meta = map[string]string{firmware.MetaTools: strings.Join(*req.Tools, ",")}
+	}
+	run, err := s.cfg.Manager.Start(r.Context(), rr)
+	if err != nil {
+		return startError(err)
+	}
+	return s.respondRun(w, r, run.ID, wait, http.StatusCreated)
+}
+
+func startError(err error) *apiError {
+	switch {
+	case errors.Is(err, engine.ErrThreadBusy):
+		return errorf(http.StatusConflict, "thread_busy", err.Error())
+	case errors.Is(err, engine.ErrUnknownAgent):
+		return errorf(http.StatusUnprocessableEntity, "unknown_agent", err.Error())
+	case errors.Is(err, engine.ErrManagerClosed):
+		return errorf(http.StatusServiceUnavailable, "shutting_down", err.Error())
+	case strings.Contains(err.Error(), "queue is full"):
+		return errorf(http.StatusServiceUnavailable, "queue_full", err.Error())
+	}
+	return errorf(http.StatusInternalServerError, "start_failed", err.Error())
+}
+
+// respondRun waits (when asked) for the run to stop executing, then answers
+// with its live record: status on a run that has ended, 202 on one that
+// has not (still queued or running, or waiting at an interrupt), since the
+// client is to poll or decide.
+func (s *Server) respondRun(w http.ResponseWriter, r *http.Request, id string, wait time.Duration, status int) *apiError {
+	if wait > 0 {
+		ctx, cancel := context.WithTimeout(r.Context(), wait)
+		_, err := s.cfg.Manager.Wait(ctx, id)
+		cancel()
+		if err != nil {
+			return errorf(http.StatusInternalServerError, "read_failed", err.Error())
+		}
+	}
+	run, err := s.cfg.Manager.Run(context.WithoutCancel(r.Context()), id)
+	if err != nil {
+		return errorf(http.StatusInternalServerError, "read_failed", err.Error())
+	}
+	if wait > 0 && !run.Status.Terminal() {
+		status = http.StatusAccepted
+	}
+	writeJSON(w, status, viewRun(run))
+	return nil
+}
+
+func (s *Server) getRun(w http.ResponseWriter, r *http.Request) *apiError {
+	run, e := s.lookup(r.Context(), r.PathValue("id"))
+	if e != nil {
+		return e
+	}
+	writeJSON(w, http.StatusOK, viewRun(run))
+	return nil
+}
+
+func (s *Server) lookup(ctx context.Context, id string) (*engine.Run, *apiError) {
+	run, err := s.cfg.Manager.Run(ctx, id)
+	switch {
+	case errors.Is(err, engine.ErrRunNotFound):
+		return nil, errorf(http.StatusNotFound, "run_not_found", fmt.Sprintf("no run %s", quote(id)))
+	case err != nil:
+		return nil, errorf(http.StatusInternalServerError, "read_failed", err.Error())
+	}
+	return run, nil
+}
+
+var statuses = map[engine.RunStatus]bool{engine.StatusQueued: true, engine.StatusRunning: true,
+	engine.StatusInterrupted: true, engine.StatusCompleted: true, engine.StatusFailed: true,
+	engine.StatusCancelled: true, engine.StatusBudgetExceeded: true}
+
+func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
+	q := r.URL.Query()
+	status := engine.RunStatus(q.Get("status"))
+	if status != "" && !statuses[status] {
+		return errorf(http.StatusBadRequest, "bad_status", fmt.Sprintf("unknown status %s", quote(string(status))))
+	}
+	limit, e := intParam(q.Get("limit"), 100, 1000)
+	if e != nil {
+		return e
+	}
+	f := engine.RunFilter{Agent: q.Get("agent"), Thread: q.Get("thread"), After: q.Get("after")}
+	// The store keeps a run "queued" until it ends or pauses (a worker's
+	// progress is not rewritten at every step), so live status comes from
+	// the manager, and "queued" and "running" are both read from the
+	// stored "queued" and "running" runs.
+	want := func(run *engine.Run) bool { return status == "" || run.Status == status }
+	var stored []engine.RunStatus
+	switch status {
+	case engine.StatusQueued, engine.StatusRunning:
+		stored = []engine.RunStatus{engine.StatusQueued, engine.StatusRunning}
+	default:
+		stored = []engine.RunStatus{status}
+	}
+	var out []*engine.Run
+	more := false
+	for len(out) <= limit {
+		var page []*engine.Run
+		for _, st := range stored {
+			f.Status, f.Limit = st, limit+1
+			runs, err := s.cfg.Manager.Store().Runs(r.Context(), f)
+			if err != nil {
+				return errorf(http.StatusInternalServerError, "read_failed", err.Error())
+			}
+			page = append(page, runs...)
+		}
+		sort.Slice(page, func(i, j int) bool { return page[i].ID < page[j].ID })
+		if len(page) > limit+1 {
+			page = page[:limit+1]
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, run := range page {
+			if run.Status == engine.StatusQueued {
+				if live, err := s.cfg.Manager.Run(r.Context(), run.ID); err == nil {
+					run = live
+				}
+			}
+			if want(run) {
+				out = append(out, run)
+			}
+		}
+		f.After = page[len(page)-1].ID
+		if len(page) <= limit {
+			break
+		}
+	}
+	if len(out) > limit {
+		out, more = out[:limit], true
+	}
+	views := make([]runView, len(out))
+	for i, run := range out {
+		views[i] = viewRun(run)
+	}
+	resp := map[string]any{"runs": views}
+	if more {
+		resp["next"] = out[len(out)-1].ID
+	}
+	writeJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+func intParam(s string, def, max int) (int, *apiError) {
+	if s == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, errorf(http.StatusBadRequest, "bad_limit", "limit is a positive integer")
+	}
+	return min(n, max), nil
+}
+
+type resumeRequest struct {
+	Decision  string          `json:"decision"`
+	Value     json.RawMessage `json:"value"`
+	Reason    string          `json:"reason"`
+	Interrupt string          `json:"interrupt"`
+	Wait      json.RawMessage `json:"wait"`
+}
+
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) *apiError {
+	id := r.PathValue("id")
+	var req resumeRequest
+	if e := s.decode(w, r, &req); e != nil {
+		return e
+	}
+	wait, e := s.parseWait(req.Wait)
+	if e != nil {
+		return e
+	}
+	d := engine.Decision{Kind: req.Decision, Value: req.Value, Reason: req.Reason, By: operator(r), At: time.Now().UTC()}
+	if string(d.Value) == "null" {
+		d.Value = nil
+	}
+	if err := d.Validate(); err != nil {
+		return errorf(http.StatusUnprocessableEntity, "bad_decision", err.Error())
+	}
+	run, e := s.lookup(r.Context(), id)
+	if e != nil {
+		return e
+	}
+	if run.Status != engine.StatusInterrupted {
+		return errorf(http.StatusConflict, "not_interrupted", fmt.Sprintf("run %s is %s, not interrupted", id, run.Status))
+	}
+	target := req.Interrupt
+	if target == "" {
+		if len(run.Interrupts) != 1 {
+			return errorf(http.StatusUnprocessableEntity, "interrupt_required",
+				fmt.Sprintf("run %s waits on %d interrupts: name one with \"interrupt\"", id, len(run.Interrupts)))
+		}
+		target = run.Interrupts[0].ID
+	}
+	_, err := s.cfg.Manager.Resume(r.Context(), id, map[string]engine.Decision{target: d})
+	switch {
+	case errors.Is(err, engine.ErrNotInterrupted):
+		return errorf(http.StatusConflict, "not_interrupted", err.Error())
+	case errors.Is(err, engine.ErrUnknownInterrupt):
+		return errorf(http.StatusUnprocessableEntity, "unknown_interrupt", err.Error())
+	case errors.Is(err, engine.ErrBadDecision):
+		return errorf(http.StatusUnprocessableEntity, "bad_decision", err.Error())
+	case errors.Is(err, engine.ErrManagerClosed):
+		return errorf(http.StatusServiceUnavailable, "shutting_down", err.Error())
+	case err != nil:
+		return errorf(http.StatusInternalServerError, "resume_failed", err.Error())
+	}
+	return s.respondRun(w, r, id, wait, http.StatusOK)
+}
+
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request) *apiError {
+	id := r.PathValue("id")
+	if r.ContentLength > 0 {
+		var empty struct{}
+		if e := s.decode(w, r, &empty); e != nil {
+			return e
+		}
+	}
+	run, e := s.lookup(r.Context(), id)
+	if e != nil {
+		return e
+	}
+	if run.Status.Terminal() {
+		return errorf(http.StatusConflict, "run_ended", fmt.Sprintf("run %s has already ended (%s)", id, run.Status))
+	}
+	if err := s.cfg.Manager.Cancel(r.Context(), id); err != nil {
+		if errors.Is(err, engine.ErrRunNotFound) {
+			return errorf(http.StatusNotFound, "run_not_found", err.Error())
+		}
+		return errorf(http.StatusConflict, "cancel_failed", err.Error())
+	}
+	// An executing run stops at its next safe point: wait briefly for it.
+	return s.respondRun(w, r, id, 5*time.Second, http.StatusOK)
+}
+
+type checkpointView struct {
+	ID        string    `json:"id"`
+	ParentID  string    `json:"parent_id,omitempty"`
+	Run       string    `json:"run"`
+	Step      int       `json:"step"`
+	Source    string    `json:"source"`
+	Nodes     []string  `json:"nodes"`
+	Next      []string  `json:"next"`
+	Channels  []string  `json:"channels"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+type decisionView struct {
+	Run string `json:"run"`
+	engine.DecisionRecord
+}
+
+func (s *Server) history(w http.ResponseWriter, r *http.Request) *apiError {
+	thread := r.PathValue("thread")
+	if e := validThread(thread); e != nil {
+		return e
+	}
+	q := r.URL.Query()
+	limit, e := intParam(q.Get("limit"), 100, 1000)
+	if e != nil {
+		return e
+	}
+	before := q.Get("before")
+	cps, err := s.cfg.Manager.Store().History(r.Context(), thread, "", before, limit+1)
+	if err != nil {
+		return errorf(http.StatusInternalServerError, "read_failed", err.Error())
+	}
+	if len(cps) == 0 && before == "" {
+		return errorf(http.StatusNotFound, "thread_not_found", fmt.Sprintf("thread %s has no checkpoints", quote(thread)))
+	}
+	resp := map[string]any{}
+	if len(cps) > limit {
+		cps = cps[:limit]
+		resp["next"] = cps[len(cps)-1].ID
+	}
+	views := make([]checkpointView, len(cps))
+	var runIDs []string
+	seen := map[string]bool{}
+	for i, c := range cps {
+		v := checkpointView{ID: c.ID, ParentID: c.ParentID, Run: c.RunID, Step: c.Step, Source: c.Source,
+			Nodes: c.Nodes, Next: make([]string, len(c.Next)), Channels: make([]string, len(c.Channels)), CreatedAt: c.Created}
+		if v.Nodes == nil {
+			v.Nodes = []string{}
+		}
+		for j, t := range c.Next {
+			v.Next[j] = t.Node
+		}
+		for j, ch := range c.Channels {
+			v.Channels[j] = ch.Channel
+		}
+		views[i] = v
+		if c.RunID != "" && !seen[c.RunID] {
+			seen[c.RunID] = true
+			runIDs = append(runIDs, c.RunID)
+		}
+	}
+	// Who decided what, when: the decisions of the runs in this page.
+	decisions := []decisionView{}
+	for _, id := range runIDs {
+		run, err := s.cfg.Manager.Store().Run(r.Context(), id)
+		if err != nil {
+			continue // a fork's checkpoint may name a run never stored
+		}
+		for _, d := range run.Decisions {
+			decisions = append(decisions, decisionView{Run: id, DecisionRecord: d})
+		}
+	}
+	resp["checkpoints"] = views
+	resp["decisions"] = decisions
+	writeJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+type forkRequest struct {
+	Checkpoint string `json:"checkpoint"`
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) *apiError {
+	thread := r.PathValue("thread")
+	if e := validThread(thread); e != nil {
+		return e
+	}
+	var req forkRequest
+	if e := s.decode(w, r, &req); e != nil {
+		return e
+	}
+	if req.Checkpoint == "" {
+		return errorf(http.StatusUnprocessableEntity, "checkpoint_required", `"checkpoint" is required`)
+	}
+	runs, err := s.cfg.Manager.Store().Runs(r.Context(), engine.RunFilter{Thread: thread})
+	if err != nil {
+		return errorf(http.StatusInternalServerError, "read_failed", err.Error())
+	}
+	if len(runs) == 0 {
+		return errorf(http.StatusNotFound, "thread_not_found", fmt.Sprintf("thread %s has no runs", quote(thread)))
+	}
+	last := runs[len(runs)-1]
+	if !last.Status.Terminal() {
+		return errorf(http.StatusConflict, "thread_busy", fmt.Sprintf("run %s on the thread is %s: cancel or finish it before forking", last.ID, last.Status))
+	}
+	ag, err := s.cfg.Resolve(last.Agent, last.Bundle)
+	if err != nil {
+		return errorf(http.StatusInternalServerError, "resolve_failed", err.Error())
+	}
+	c, err := ag.Graph.Fork(r.Context(), engine.RunConfig{Thread: thread, Store: s.cfg.Manager.Store()}, req.Checkpoint)
+	if err != nil {
+		if errors.Is(err, engine.ErrCheckpointNotFound) {
+			return errorf(http.StatusNotFound, "checkpoint_not_found", err.Error())
+		}
+		return errorf(http.StatusInternalServerError, "fork_failed", err.Error())
+	}
+	writeJSON(w, http.StatusCreated, map[string]string{"thread": thread, "checkpoint": c.ID, "parent": c.ParentID})
+	return nil
+}
+
+func (s *Server) agents(w http.ResponseWriter, r *http.Request) *apiError {
+	names := append([]string{}, s.cfg.Agents...)
+	writeJSON(w, http.StatusOK, map[string]any{"agents": names})
+	return nil
+}
+
+func (s *Server) graph(w http.ResponseWriter, r *http.Request) *apiError {
+	name := r.PathValue("agent")
+	ag, err := s.cfg.Resolve(name, engine.BundleRef{})
+	if err != nil {
+		if errors.Is(err, engine.ErrUnknownAgent) {
+			return errorf(http.StatusNotFound, "unknown_agent", err.Error())
+		}
+		return errorf(http.StatusInternalServerError, "resolve_failed", err.Error())
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"agent": ag.Name, "bundle": ag.Bundle,
+		"nodes": ag.Graph.Nodes(), "mermaid": ag.Graph.Mermaid()})
+	return nil
+}
+
+func (s *Server) firmware(w http.ResponseWriter, r *http.Request) *apiError {
+	bundles := []BundleInfo{}
+	if s.cfg.Bundles != nil {
+		bundles = append(bundles, s.cfg.Bundles()...)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"bundles": bundles})
+	return nil
+}
+
+func (s *Server) uplinkStatus(ctx context.Context) (*UplinkStatus, error) {
+	if s.cfg.Uplink == nil {
+		return &UplinkStatus{Configured: false,
+			Note: "no uplink is configured in this build: outcome records stay on this appliance"}, nil
+	}
+	return s.cfg.Uplink(ctx)
+}
+
+func (s *Server) uplink(w http.ResponseWriter, r *http.Request) *apiError {
+	st, err := s.uplinkStatus(r.Context())
+	if err != nil {
+		return errorf(http.StatusInternalServerError, "uplink_failed", err.Error())
+	}
+	writeJSON(w, http.StatusOK, st)
+	return nil
+}

@@ -1,0 +1,31 @@
+// Package console is the appliance's operator surface: the HTTP API of
+// DESIGN.md ("HTTP API"), the event stream (a websocket, or Server-Sent
+// Events on the same path), the embedded web page, and the bearer-token,
+// Host and Origin checks in front of them.
+//
+// The entry points:
+//
+//   - New builds a *Server from a Config: the run manager, its store and
+//     event bus, the token, the allowed host names, and what the appliance
+//     knows about its bundles, model and uplink. Server.Handler serves
+//     everything; Server.Close ends the event stream.
+//   - LoadOrCreateToken makes the bearer token at first start (mode 0600
+//     in the data folder) and ReadToken reads it for "outpost token".
+//   - CheckListen refuses a non-loopback address without TLS.
+//   - InstrumentStore wraps an engine.Store to time commits and count blob
+//     bytes for /metrics.
+//
+// The event stream speaks JSON messages. A websocket client authenticates
+// with its first message, {"type":"auth","token":"..."}, or with the
+// subprotocol "outpost.bearer.<token>" (never in the URL); it then sends
+// {"type":"subscribe","thread"?,"run"?} and, to catch up after a
+// reconnect, {"type":"resume","seq":N}. The server sends the events of
+// DESIGN.md ("Events") as they are, and control messages whose types have
+// no dot: "ready", "subscribed", "resumed", "window_exceeded", "error". A
+// client that falls behind by more than its queue is dropped with close
+// code 1008 and a reason; the runtime never waits for it.
+//
+// The tests are the best way to understand the package: api_test.go drives
+// every route, events_test.go the stream, browser_test.go the page in a
+// headless Chromium.
+package console

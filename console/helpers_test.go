@@ -1,0 +1,288 @@
+package console_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outpost-edge/outpost/console"
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/store"
+)
+
+// testAgent is "review-test": draft streams its words as model tokens;
+// an input holding "review" pauses at review for a person; "deny" records
+// a refused tool call; "block" holds the run until the test releases it.
+const testAgent = "review-test"
+
+type env struct {
+	t       *testing.T
+	srv     *httptest.Server
+	url     string
+	token   string
+	db      *store.DB
+	bus     *engine.Bus
+	mgr     *engine.Manager
+	console *console.Server
+	release chan struct{}
+	once    sync.Once
+}
+
+func (e *env) unblock() { e.once.Do(func() { close(e.release) }) }
+
+func testGraph(release <-chan struct{}) (*engine.Agent, error) {
+	b := engine.NewGraph(testAgent)
+	input := engine.Replace[string](b, "input")
+	draft := engine.Replace[string](b, "draft")
+	final := engine.Replace[string](b, "final")
+	b.AddNode("draft", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		in := input.Get(s)
+		if strings.Contains(in, "block") {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		if strings.Contains(in, "deny") {
+			engine.Announce(ctx, engine.EventToolDenied, map[string]any{"tool": "delete_records", "reason": "not in the active tool set"})
+		}
+		words := []string{"Take", "your", "dose", "now."}
+		for _, w := range words {
+			engine.Emit(ctx, engine.EventModelToken, map[string]any{"content": w + " "})
+		}
+		return []engine.Write{draft.Set(strings.Join(words, " ") + " (" + in + ")")}, nil
+	})
+	b.AddNode("review", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		text := draft.Get(s)
+		if !strings.Contains(input.Get(s), "review") {
+			return []engine.Write{final.Set(text)}, nil
+		}
+		d, err := engine.Interrupt(ctx, map[string]any{"draft": text, "reason": "uncited"})
+		if err != nil {
+			return nil, err
+		}
+		switch d.Kind {
+		case engine.Edit:
+			var v string
+			if err := json.Unmarshal(d.Value, &v); err != nil {
+				return nil, err
+			}
+			text = v
+		case engine.Reject:
+			text = "withheld by a reviewer"
+		}
+		return []engine.Write{final.Set(text)}, nil
+	})
+	b.AddNode("closing", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{final.Set(final.Get(s) + " Goodbye.")}, nil
+	})
+	b.AddEdge(engine.Start, "draft")
+	b.AddEdge("draft", "review")
+	b.AddEdge("review", "closing")
+	b.AddEdge("closing", engine.End)
+	g, err := b.Compile()
+	if err != nil {
+		return nil, err
+	}
+	return &engine.Agent{Name: testAgent, Graph: g,
+		Bundle: engine.BundleRef{Name: "test-bundle", Version: 3, Digest: "sha256:test"},
+		Input: func(raw json.RawMessage) ([]engine.Write, error) {
+			var s string
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return nil, fmt.Errorf("input must be a JSON string: %w", err)
+			}
+			return []engine.Write{input.Set(s)}, nil
+		},
+		Output: func(s engine.State) json.RawMessage {
+			b, _ := json.Marshal(final.Get(s))
+			return b
+		}}, nil
+}
+
+func newEnv(t *testing.T, mod func(*console.Config)) *env {
+	t.Helper()
+	dir := t.TempDir()
+	db, err := store.OpenDir(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, db: db, bus: engine.NewBus(), release: make(chan struct{})}
+	ag, err := testGraph(e.release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolve := func(name string, _ engine.BundleRef) (*engine.Agent, error) {
+		if name == testAgent {
+			return ag, nil
+		}
+		return nil, fmt.Errorf("%w %q", engine.ErrUnknownAgent, name)
+	}
+	metrics := console.NewMetrics()
+	e.mgr = engine.NewManager(console.InstrumentStore(db, metrics), resolve, engine.ManagerOptions{Workers: 4, Events: e.bus})
+	tok, _, err := console.LoadOrCreateToken(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.token = tok
+	cfg := console.Config{Manager: e.mgr, Bus: e.bus, Resolve: resolve, Agents: []string{testAgent}, Token: tok,
+		Metrics: metrics, StoreSize: db.Size, Logf: t.Logf,
+		Bundles: func() []console.BundleInfo {
+			return []console.BundleInfo{{Name: "test-bundle", Version: 3, Digest: "sha256:test", Agents: []string{testAgent}, Active: true, Source: "embedded"}}
+		}}
+	if mod != nil {
+		mod(&cfg)
+	}
+	e.console = console.New(cfg)
+	e.srv = httptest.NewServer(e.console.Handler())
+	e.url = e.srv.URL
+	t.Cleanup(func() {
+		e.unblock()
+		e.srv.CloseClientConnections()
+		e.srv.Close()
+		e.console.Close()
+		e.mgr.Close()
+		e.bus.Close()
+		db.Close()
+	})
+	return e
+}
+
+type resp struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r resp) json(t *testing.T) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(r.body, &m); err != nil {
+		t.Fatalf("response %d is not JSON: %v\n%s", r.status, err, r.body)
+	}
+	return m
+}
+
+func (r resp) errCode(t *testing.T) string {
+	t.Helper()
+	m := r.json(t)
+	e, ok := m["error"].(map[string]any)
+	if !ok {
+		t.Fatalf("response %d has no error object: %s", r.status, r.body)
+	}
+	if e["message"] == "" {
+		t.Fatalf("error without message: %s", r.body)
+	}
+	return e["code"].(string)
+}
+
+// do sends a request with the env's token unless headers override it.
+func (e *env) do(method, path string, body any, headers ...string) resp {
+	e.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		raw, err := json.Marshal(b)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequest(method, e.url+path, rd)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+e.token)
+	if rd != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		if headers[i] == "Host" {
+			req.Host = headers[i+1]
+			continue
+		}
+		if headers[i+1] == "" {
+			req.Header.Del(headers[i])
+			continue
+		}
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := http.DefaultClient.Do(req.WithContext(ctx))
+	if err != nil {
+		e.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp{status: res.StatusCode, header: res.Header, body: b}
+}
+
+// startRun starts a turn and returns the run's JSON.
+func (e *env) startRun(thread, input string, wait string) (int, map[string]any) {
+	e.t.Helper()
+	body := map[string]any{"agent": testAgent, "input": input}
+	if wait != "" {
+		body["wait"] = wait
+	}
+	r := e.do("POST", "/api/v1/threads/"+thread+"/runs", body)
+	if r.status != http.StatusCreated && r.status != http.StatusAccepted {
+		e.t.Fatalf("start run: %d %s", r.status, r.body)
+	}
+	return r.status, r.json(e.t)
+}
+
+// waitStatus polls the run until it has status want.
+func (e *env) waitStatus(id string, want string) map[string]any {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := e.do("GET", "/api/v1/runs/"+id, nil)
+		m := r.json(e.t)
+		if m["status"] == want {
+			return m
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("run %s is %v, want %s: %s", id, m["status"], want, r.body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// snapshot is everything a refused request must leave as it was.
+func (e *env) snapshot() string {
+	e.t.Helper()
+	runs, err := e.db.Runs(context.Background(), engine.RunFilter{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, r := range runs {
+		fmt.Fprintf(&b, "%s %s %s %d %d|", r.ID, r.Thread, r.Status, len(r.Decisions), len(r.Interrupts))
+		hist, err := e.db.History(context.Background(), r.Thread, "", "", 0)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		for _, c := range hist {
+			b.WriteString(c.ID + ",")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}

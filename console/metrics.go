@@ -1,0 +1,218 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// Metrics collects what /metrics reports that the store and manager do not
+// count themselves: step and commit latencies, blob bytes written, denied
+// tool calls and the event stream's clients.
+type Metrics struct {
+	step   histogram // superstep latency, from the events
+	commit histogram // store commit latency, from InstrumentStore
+
+	blobBytes   atomic.Uint64
+	denied      atomic.Uint64
+	events      atomic.Uint64
+	wsClients   atomic.Int64
+	dropped     atomic.Uint64
+	windowMiss  atomic.Uint64
+	commitFails atomic.Uint64
+
+	mu       sync.Mutex
+	lastStep map[string]time.Time // run -> its last step boundary
+
+	runsMu     sync.Mutex
+	runsAt     time.Time
+	runsByStat map[engine.RunStatus]int
+}
+
+var latencyBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+
+// NewMetrics returns empty metrics.
+func NewMetrics() *Metrics {
+	return &Metrics{step: newHistogram(latencyBuckets), commit: newHistogram(latencyBuckets), lastStep: map[string]time.Time{}}
+}
+
+type histogram struct {
+	mu     sync.Mutex
+	bounds []float64
+	counts []uint64
+	sum    float64
+	n      uint64
+}
+
+func newHistogram(bounds []float64) histogram {
+	return histogram{bounds: bounds, counts: make([]uint64, len(bounds))}
+}
+
+func (h *histogram) observe(d time.Duration) {
+	v := d.Seconds()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, b := range h.bounds {
+		if v <= b {
+			h.counts[i]++
+		}
+	}
+	h.sum += v
+	h.n++
+}
+
+func (h *histogram) write(b *strings.Builder, name, help string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name)
+	for i, bound := range h.bounds {
+		fmt.Fprintf(b, "%s_bucket{le=\"%g\"} %d\n", name, bound, h.counts[i])
+	}
+	fmt.Fprintf(b, "%s_bucket{le=\"+Inf\"} %d\n%s_sum %g\n%s_count %d\n", name, h.n, name, h.sum, name, h.n)
+}
+
+// observeEvent derives the step latency (between a run's step boundaries:
+// its start or resume, then each checkpoint) and counts denials.
+func (m *Metrics) observeEvent(e engine.Event) {
+	m.events.Add(1)
+	switch e.Type {
+	case engine.EventToolDenied:
+		m.denied.Add(1)
+	case engine.EventRunStarted, engine.EventRunResumed:
+		m.mu.Lock()
+		m.lastStep[e.Run] = e.Time
+		m.mu.Unlock()
+	case engine.EventCheckpoint:
+		m.mu.Lock()
+		if t, ok := m.lastStep[e.Run]; ok && !e.Time.Before(t) {
+			m.step.observe(e.Time.Sub(t))
+		}
+		m.lastStep[e.Run] = e.Time
+		m.mu.Unlock()
+	case engine.EventInterrupt, engine.EventRunCompleted, engine.EventRunFailed, engine.EventBudgetExceeded:
+		m.mu.Lock()
+		delete(m.lastStep, e.Run)
+		m.mu.Unlock()
+	}
+}
+
+// InstrumentStore wraps s so that m times its commits and counts the blob
+// bytes written through it.
+func InstrumentStore(s engine.Store, m *Metrics) engine.Store { return &instrumented{Store: s, m: m} }
+
+type instrumented struct {
+	engine.Store
+	m *Metrics
+}
+
+func (s *instrumented) Commit(ctx context.Context, c *engine.Commit) error {
+	var n uint64
+	for _, b := range c.Blobs {
+		n += uint64(len(b))
+	}
+	start := time.Now()
+	err := s.Store.Commit(ctx, c)
+	if err != nil {
+		s.m.commitFails.Add(1)
+		return err
+	}
+	s.m.commit.observe(time.Since(start))
+	s.m.blobBytes.Add(n)
+	return nil
+}
+
+func (s *instrumented) PutBlob(ctx context.Context, data []byte) (engine.BlobRef, error) {
+	ref, err := s.Store.PutBlob(ctx, data)
+	if err == nil {
+		s.m.blobBytes.Add(uint64(len(data)))
+	}
+	return ref, err
+}
+
+// runCounts counts stored runs by status, at most every few seconds: it
+// reads every run record.
+func (s *Server) runCounts(ctx context.Context) (map[engine.RunStatus]int, error) {
+	m := s.metrics
+	m.runsMu.Lock()
+	defer m.runsMu.Unlock()
+	if m.runsByStat != nil && time.Since(m.runsAt) < 5*time.Second {
+		return m.runsByStat, nil
+	}
+	counts := map[engine.RunStatus]int{}
+	for st := range statuses {
+		counts[st] = 0
+	}
+	after := ""
+	for {
+		runs, err := s.cfg.Manager.Store().Runs(ctx, engine.RunFilter{After: after, Limit: 1000})
+		if err != nil {
+			return nil, err
+		}
+		if len(runs) == 0 {
+			break
+		}
+		for _, r := range runs {
+			counts[r.Status]++
+		}
+		after = runs[len(runs)-1].ID
+	}
+	// Stored "queued" covers runs a worker is executing; the manager
+	// knows how many are live.
+	active := s.cfg.Manager.Active()
+	moved := min(active, counts[engine.StatusQueued])
+	counts[engine.StatusQueued] -= moved
+	counts[engine.StatusRunning] += moved
+	m.runsByStat, m.runsAt = counts, time.Now()
+	return counts, nil
+}
+
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	var b strings.Builder
+	m := s.metrics
+	counts, err := s.runCounts(r.Context())
+	if err != nil {
+		writeError(w, errorf(http.StatusInternalServerError, "read_failed", err.Error()))
+		return
+	}
+	b.WriteString("# HELP outpost_runs Runs in the store by status.\n# TYPE outpost_runs gauge\n")
+	keys := make([]string, 0, len(counts))
+	for st := range counts {
+		keys = append(keys, string(st))
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "outpost_runs{status=%q} %d\n", k, counts[engine.RunStatus(k)])
+	}
+	fmt.Fprintf(&b, "# HELP outpost_runs_active Runs executing or queued for a worker.\n# TYPE outpost_runs_active gauge\noutpost_runs_active %d\n", s.cfg.Manager.Active())
+	m.step.write(&b, "outpost_step_duration_seconds", "Superstep latency: from a run's start or previous checkpoint to its next checkpoint.")
+	m.commit.write(&b, "outpost_commit_duration_seconds", "Store commit latency (one fsynced transaction, shared by concurrent commits).")
+	fmt.Fprintf(&b, "# HELP outpost_commit_failures_total Commits the store refused.\n# TYPE outpost_commit_failures_total counter\noutpost_commit_failures_total %d\n", m.commitFails.Load())
+	fmt.Fprintf(&b, "# HELP outpost_blob_bytes_written_total Bytes of blobs handed to the store since start (a blob already stored is counted again).\n# TYPE outpost_blob_bytes_written_total counter\noutpost_blob_bytes_written_total %d\n", m.blobBytes.Load())
+	if s.cfg.StoreSize != nil {
+		if n, err := s.cfg.StoreSize(); err == nil {
+			fmt.Fprintf(&b, "# HELP outpost_store_bytes Size of the store file.\n# TYPE outpost_store_bytes gauge\noutpost_store_bytes %d\n", n)
+		}
+	}
+	var backlog uint64
+	configured := 0
+	if st, err := s.uplinkStatus(r.Context()); err == nil && st.Configured {
+		backlog, configured = st.Backlog, 1
+	}
+	fmt.Fprintf(&b, "# HELP outpost_uplink_configured Whether an uplink is configured.\n# TYPE outpost_uplink_configured gauge\noutpost_uplink_configured %d\n", configured)
+	fmt.Fprintf(&b, "# HELP outpost_uplink_backlog Outcome records not yet acknowledged upstream.\n# TYPE outpost_uplink_backlog gauge\noutpost_uplink_backlog %d\n", backlog)
+	fmt.Fprintf(&b, "# HELP outpost_tool_denied_total Tool calls refused (tool.unauthorized events).\n# TYPE outpost_tool_denied_total counter\noutpost_tool_denied_total %d\n", m.denied.Load())
+	fmt.Fprintf(&b, "# HELP outpost_events_total Events published since start.\n# TYPE outpost_events_total counter\noutpost_events_total %d\n", m.events.Load())
+	fmt.Fprintf(&b, "# HELP outpost_stream_clients Event stream clients connected.\n# TYPE outpost_stream_clients gauge\noutpost_stream_clients %d\n", m.wsClients.Load())
+	fmt.Fprintf(&b, "# HELP outpost_stream_dropped_total Stream clients dropped for falling behind.\n# TYPE outpost_stream_dropped_total counter\noutpost_stream_dropped_total %d\n", m.dropped.Load())
+	fmt.Fprintf(&b, "# HELP outpost_stream_window_exceeded_total Resumes from a seq older than the replay window.\n# TYPE outpost_stream_window_exceeded_total counter\noutpost_stream_window_exceeded_total %d\n", m.windowMiss.Load())
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Write([]byte(b.String()))
+}

@@ -1,0 +1,185 @@
+package console
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// Config is what a Server serves.
+type Config struct {
+	Manager *engine.Manager
+	// Bus is the bus the manager publishes on; the server subscribes to it
+	// for the event stream and the metrics.
+	Bus *engine.Bus
+	// Resolve finds agents (with a zero BundleRef for new runs), as the
+	// manager does.
+	Resolve engine.Resolver
+	// Agents lists the agent names offered to new runs.
+	Agents []string
+	// Token is the bearer token every API and stream request must carry.
+	Token string
+	// AllowHosts adds Host names to the loopback ones.
+	AllowHosts []string
+	// Bundles reports the bundles the appliance runs, for /api/v1/firmware
+	// and /healthz. Nil reports none.
+	Bundles func() []BundleInfo
+	// Health adds checks to /healthz besides the store's (the model
+	// provider, typically).
+	Health []HealthCheck
+	// Uplink reports the uplink's state; nil means no uplink is configured.
+	Uplink func(ctx context.Context) (*UplinkStatus, error)
+	// Metrics, when the store was wrapped with InstrumentStore, is the same
+	// *Metrics; nil makes a fresh one.
+	Metrics *Metrics
+	// StoreSize reports the store file's size for /metrics; optional.
+	StoreSize func() (int64, error)
+
+	Events EventOptions
+	// MaxBody bounds a request body (default 1 MiB).
+	MaxBody int64
+	// MaxWait bounds a request's "wait" (default 5 minutes).
+	MaxWait time.Duration
+	// Logf reports problems no client sees; nil discards them.
+	Logf func(format string, args ...any)
+}
+
+// BundleInfo describes a bundle the appliance runs.
+type BundleInfo struct {
+	Name    string   `json:"name"`
+	Version int64    `json:"version"`
+	Digest  string   `json:"digest"`
+	Agents  []string `json:"agents"`
+	Active  bool     `json:"active"`
+	// Source is "embedded" for the reference bundle built into the binary,
+	// "installed" for one installed from a file.
+	Source string `json:"source"`
+	Notice string `json:"notice,omitempty"`
+}
+
+// UplinkStatus is GET /api/v1/uplink.
+type UplinkStatus struct {
+	Configured    bool       `json:"configured"`
+	AckedSeq      uint64     `json:"acked_seq"`
+	LastSeq       uint64     `json:"last_seq"`
+	Backlog       uint64     `json:"backlog"`
+	LastError     string     `json:"last_error,omitempty"`
+	LastSuccessAt *time.Time `json:"last_success_at,omitempty"`
+	Note          string     `json:"note,omitempty"`
+}
+
+// Server serves the API, the event stream and the page.
+type Server struct {
+	cfg     Config
+	hosts   hostPolicy
+	hub     *hub
+	metrics *Metrics
+	mux     *http.ServeMux
+	ctx     context.Context
+	stop    context.CancelFunc
+}
+
+// New returns a server for cfg. It starts following cfg.Bus at once, so
+// the replay window holds events from now on; call Close to stop.
+func New(cfg Config) *Server {
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = 1 << 20
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = 5 * time.Minute
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics()
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	s := &Server{cfg: cfg, hosts: newHostPolicy(cfg.AllowHosts), metrics: cfg.Metrics, ctx: ctx, stop: stop}
+	s.hub = newHub(cfg.Bus, cfg.Events, s.metrics)
+	s.routes()
+	return s
+}
+
+// Close stops following the bus and drops every stream client.
+func (s *Server) Close() {
+	s.stop()
+	s.hub.close()
+}
+
+// Handler serves the page, /healthz, /metrics and /api/v1.
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serve) }
+
+func (s *Server) routes() {
+	m := http.NewServeMux()
+	api := func(pattern string, h func(http.ResponseWriter, *http.Request) *apiError) {
+		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			if e := h(w, r); e != nil {
+				writeError(w, e)
+			}
+		})
+	}
+	api("POST /api/v1/threads/{thread}/runs", s.startRun)
+	api("GET /api/v1/threads/{thread}/history", s.history)
+	api("POST /api/v1/threads/{thread}/fork", s.fork)
+	api("GET /api/v1/runs", s.listRuns)
+	api("GET /api/v1/runs/{id}", s.getRun)
+	api("POST /api/v1/runs/{id}/resume", s.resume)
+	api("POST /api/v1/runs/{id}/cancel", s.cancel)
+	api("GET /api/v1/agents", s.agents)
+	api("GET /api/v1/agents/{agent}/graph", s.graph)
+	api("GET /api/v1/firmware", s.firmware)
+	api("GET /api/v1/uplink", s.uplink)
+	api("/api/", func(http.ResponseWriter, *http.Request) *apiError {
+		return errorf(http.StatusNotFound, "not_found", "no such API route")
+	})
+	m.HandleFunc("GET /api/v1/events", s.events)
+	m.HandleFunc("GET /healthz", s.healthz)
+	m.HandleFunc("GET /metrics", s.serveMetrics)
+	m.Handle("/", pageHandler())
+	s.mux = m
+}
+
+// serve applies the checks every request passes before its handler.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	if !s.hosts.host(r) {
+		writeError(w, errorf(http.StatusMisdirectedRequest, "bad_host",
+			"Host "+quote(r.Host)+" is not a name this appliance answers to (start it with --allow-host to add one)"))
+		return
+	}
+	protected := strings.HasPrefix(r.URL.Path, "/api/") || r.URL.Path == "/healthz" || r.URL.Path == "/metrics"
+	if protected {
+		if !s.hosts.origin(r) {
+			writeError(w, errorf(http.StatusForbidden, "bad_origin", "Origin "+quote(r.Header.Get("Origin"))+" is not allowed"))
+			return
+		}
+		// A websocket may authenticate with its first message or a
+		// subprotocol instead of a header: the events handler checks.
+		streamAuth := r.URL.Path == "/api/v1/events" && isWebsocket(r)
+		if !streamAuth && !tokenEqual(bearer(r), s.cfg.Token) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="outpost"`)
+			writeError(w, errorf(http.StatusUnauthorized, "unauthorized", "a valid bearer token is required (outpost token --data DIR prints it)"))
+			return
+		}
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+func isWebsocket(r *http.Request) bool {
+	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+}
+
+func quote(s string) string {
+	if len(s) > 80 {
+		s = s[:80] + "..."
+	}
+	return `"` + strings.Map(func(c rune) rune {
+		if c < 0x20 || c == '"' {
+			return '?'
+		}
+		return c
+	}, s) + `"`
+}
