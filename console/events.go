@@ -283,11 +283,15 @@ func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	if !authed {
-		actx, acancel := context.WithTimeout(ctx, s.hub.opts.AuthTimeout)
-		_, data, err := conn.Read(actx)
-		acancel()
+		// Not a context deadline: its expiry would cut the connection
+		// without saying why.
+		timer := time.AfterFunc(s.hub.opts.AuthTimeout, func() {
+			conn.Close(websocket.StatusPolicyViolation, "unauthorized: no auth message in time")
+		})
+		_, data, err := conn.Read(ctx)
+		timer.Stop()
 		if err != nil {
-			conn.Close(websocket.StatusPolicyViolation, "unauthorized: send {\"type\":\"auth\",\"token\":...} first")
+			conn.Close(websocket.StatusPolicyViolation, "unauthorized")
 			return
 		}
 		var m clientMessage

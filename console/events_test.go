@@ -1,0 +1,395 @@
+package console_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/outpost-edge/outpost/console"
+	"github.com/outpost-edge/outpost/engine"
+)
+
+type wsClient struct {
+	t    *testing.T
+	conn *websocket.Conn
+}
+
+func (e *env) dial(ctx context.Context, opts *websocket.DialOptions) (*websocket.Conn, *http.Response, error) {
+	return websocket.Dial(ctx, "ws"+strings.TrimPrefix(e.url, "http")+"/api/v1/events", opts)
+}
+
+// connect dials and authenticates with the first message.
+func (e *env) connect(ctx context.Context) *wsClient {
+	e.t.Helper()
+	conn, _, err := e.dial(ctx, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { conn.CloseNow() })
+	c := &wsClient{t: e.t, conn: conn}
+	c.send(ctx, map[string]any{"type": "auth", "token": e.token})
+	if m := c.next(ctx); m["type"] != "ready" {
+		e.t.Fatalf("want ready, got %v", m)
+	}
+	return c
+}
+
+func (c *wsClient) send(ctx context.Context, v any) {
+	c.t.Helper()
+	b, _ := json.Marshal(v)
+	if err := c.conn.Write(ctx, websocket.MessageText, b); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *wsClient) next(ctx context.Context) map[string]any {
+	c.t.Helper()
+	_, b, err := c.conn.Read(ctx)
+	if err != nil {
+		c.t.Fatalf("read: %v", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		c.t.Fatal(err)
+	}
+	return m
+}
+
+// until reads messages until one satisfies stop, returning all read.
+func (c *wsClient) until(ctx context.Context, stop func(map[string]any) bool) []map[string]any {
+	c.t.Helper()
+	var out []map[string]any
+	for {
+		m := c.next(ctx)
+		out = append(out, m)
+		if stop(m) {
+			return out
+		}
+	}
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestWebsocketAuth(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := testCtx(t)
+	e.connect(ctx) // first-message auth
+
+	conn, _, err := e.dial(ctx, &websocket.DialOptions{Subprotocols: []string{"outpost.bearer." + e.token}})
+	if err != nil {
+		t.Fatalf("subprotocol auth: %v", err)
+	}
+	if conn.Subprotocol() != "outpost.bearer."+e.token {
+		t.Fatalf("subprotocol not echoed: %q", conn.Subprotocol())
+	}
+	c := &wsClient{t: t, conn: conn}
+	if m := c.next(ctx); m["type"] != "ready" {
+		t.Fatalf("ready: %v", m)
+	}
+	conn.Close(websocket.StatusNormalClosure, "")
+
+	_, res, err := e.dial(ctx, &websocket.DialOptions{Subprotocols: []string{"outpost.bearer.wrong"}})
+	if err == nil || res == nil || res.StatusCode != 401 {
+		t.Fatalf("bad subprotocol token: %v %v", err, res)
+	}
+	_, res, err = e.dial(ctx, &websocket.DialOptions{HTTPHeader: http.Header{"Origin": {"http://evil.example"}}})
+	if err == nil || res == nil || res.StatusCode != 403 {
+		t.Fatalf("bad origin: %v %v", err, res)
+	}
+	_, res, err = e.dial(ctx, &websocket.DialOptions{Host: "evil.example"})
+	if err == nil || res == nil || res.StatusCode != 421 {
+		t.Fatalf("bad host: %v %v", err, res)
+	}
+
+	// A wrong token in the first message: closed with 1008.
+	conn, _, err = e.dial(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Write(ctx, websocket.MessageText, []byte(`{"type":"auth","token":"wrong"}`))
+	_, _, err = conn.Read(ctx)
+	if websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
+		t.Fatalf("bad first-message token: %v", err)
+	}
+	// No auth message at all within the time allowed: closed too.
+	e2 := newEnv(t, func(c *console.Config) { c.Events.AuthTimeout = 200 * time.Millisecond })
+	conn, _, err = e2.dial(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = conn.Read(ctx)
+	if websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
+		t.Fatalf("silent client: %v", err)
+	}
+}
+
+func TestWebsocketSubscribeAndResume(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := testCtx(t)
+	c := e.connect(ctx)
+	c.send(ctx, map[string]any{"type": "subscribe", "thread": "mine"})
+	if m := c.next(ctx); m["type"] != "subscribed" || m["thread"] != "mine" {
+		t.Fatalf("subscribed: %v", m)
+	}
+	e.startRun("theirs", "hello", "20s")
+	_, run := e.startRun("mine", "hello", "20s")
+	evs := c.until(ctx, func(m map[string]any) bool { return m["type"] == "run.completed" })
+	var types []string
+	var seqs []float64
+	tokens := 0
+	for _, m := range evs {
+		if m["thread"] != "mine" || m["run"] != run["id"] {
+			t.Fatalf("event of another thread: %v", m)
+		}
+		if m["type"] == engine.EventModelToken {
+			tokens++
+			if m["node"] != "draft" {
+				t.Errorf("token from %v", m["node"])
+			}
+		}
+		types = append(types, m["type"].(string))
+		seqs = append(seqs, m["seq"].(float64))
+	}
+	if tokens != 4 {
+		t.Errorf("model tokens streamed: %d, want 4 (%v)", tokens, types)
+	}
+	if types[0] != engine.EventRunStarted {
+		t.Errorf("first event %s", types[0])
+	}
+	for i := 1; i < len(seqs); i++ {
+		if seqs[i] <= seqs[i-1] {
+			t.Fatalf("seqs not increasing: %v", seqs)
+		}
+	}
+	// Tokens stream while the node runs: before its node.completed.
+	firstToken, draftDone := -1, -1
+	for i, m := range evs {
+		if m["type"] == engine.EventModelToken && firstToken < 0 {
+			firstToken = i
+		}
+		if m["type"] == engine.EventNodeCompleted && m["node"] == "draft" {
+			draftDone = i
+		}
+	}
+	if firstToken < 0 || draftDone < firstToken {
+		t.Errorf("tokens at %d, draft completed at %d", firstToken, draftDone)
+	}
+
+	// A new connection resumes after the third event: it gets the rest of
+	// the thread's events, in order, once each, then live ones.
+	c2 := e.connect(ctx)
+	from := seqs[2]
+	c2.send(ctx, map[string]any{"type": "resume", "seq": from, "thread": "mine"})
+	replayed := c2.until(ctx, func(m map[string]any) bool { return m["type"] == "resumed" })
+	replayed = replayed[:len(replayed)-1]
+	if len(replayed) != len(evs)-3 {
+		t.Fatalf("replayed %d events, want %d", len(replayed), len(evs)-3)
+	}
+	for i, m := range replayed {
+		if m["seq"] != seqs[i+3] {
+			t.Fatalf("replay %d: seq %v, want %v", i, m["seq"], seqs[i+3])
+		}
+	}
+	_, run2 := e.startRun("mine", "again", "20s")
+	live := c2.until(ctx, func(m map[string]any) bool { return m["type"] == "run.completed" })
+	if live[0]["run"] != run2["id"] || live[0]["type"] != engine.EventRunStarted {
+		t.Fatalf("live after resume: %v", live[0])
+	}
+	// Subscribing to one run only.
+	c3 := e.connect(ctx)
+	_, run3 := e.startRun("mine", "review", "20s")
+	c3.send(ctx, map[string]any{"type": "resume", "seq": 0, "run": run3["id"]})
+	got := c3.until(ctx, func(m map[string]any) bool { return m["type"] == "resumed" })
+	if got[len(got)-2]["type"] != engine.EventInterrupt {
+		t.Fatalf("run filter replay ends with %v", got[len(got)-2])
+	}
+	for _, m := range got[:len(got)-1] {
+		if m["run"] != run3["id"] {
+			t.Fatalf("event of another run: %v", m)
+		}
+	}
+}
+
+func TestWebsocketWindowExceeded(t *testing.T) {
+	e := newEnv(t, func(c *console.Config) { c.Events.Window = 8 })
+	ctx := testCtx(t)
+	for i := 0; i < 20; i++ {
+		e.bus.Publish(engine.Event{Type: engine.EventCheckpoint, Run: "run_x", Thread: "x", Data: json.RawMessage(`{}`)})
+	}
+	c := e.connect(ctx)
+	// Wait until the hub has seen all 20.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.send(ctx, map[string]any{"type": "resume", "seq": 19})
+		msgs := c.until(ctx, func(m map[string]any) bool { return m["type"] == "resumed" })
+		if len(msgs) == 2 && msgs[0]["seq"] == 20.0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hub never caught up: %v", msgs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.send(ctx, map[string]any{"type": "resume", "seq": 2})
+	msgs := c.until(ctx, func(m map[string]any) bool { return m["type"] == "resumed" })
+	if msgs[0]["type"] != "window_exceeded" || msgs[0]["oldest"] != 13.0 || msgs[0]["requested"] != 2.0 {
+		t.Fatalf("want window_exceeded from 13: %v", msgs[0])
+	}
+	if len(msgs) != 1+8+1 || msgs[1]["seq"] != 13.0 {
+		t.Fatalf("after window_exceeded, the window: %d messages, %v", len(msgs), msgs[1])
+	}
+	// A seq from the future (an earlier life of the stream) is refused too.
+	c.send(ctx, map[string]any{"type": "resume", "seq": 5000})
+	if m := c.next(ctx); m["type"] != "window_exceeded" {
+		t.Fatalf("future seq: %v", m)
+	}
+	c.send(ctx, map[string]any{"type": "hello"})
+	for {
+		m := c.next(ctx)
+		if m["type"] == "error" {
+			break
+		}
+	}
+}
+
+func TestSlowClientIsDropped(t *testing.T) {
+	e := newEnv(t, func(c *console.Config) {
+		c.Events.ClientQueue = 32
+		c.Events.Window = 64
+		c.Events.WriteTimeout = 20 * time.Second
+	})
+	ctx := testCtx(t)
+	slow := e.connect(ctx)
+	slow.send(ctx, map[string]any{"type": "subscribe"})
+	if m := slow.next(ctx); m["type"] != "subscribed" {
+		t.Fatal(m)
+	}
+	// The slow client now reads nothing while a flood is published: the
+	// runtime must not wait for it.
+	payload := json.RawMessage(`{"content":"` + strings.Repeat("x", 16<<10) + `"}`)
+	start := time.Now()
+	for i := 0; i < 3000; i++ {
+		e.bus.Publish(engine.Event{Type: engine.EventModelToken, Run: "run_flood", Thread: "flood", Data: payload, Live: true})
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("publishing took %v: the bus waited for the slow client", d)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(string(e.do("GET", "/metrics", nil).body), "outpost_stream_dropped_total 1\n") {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow client was never dropped")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Runs go on meanwhile.
+	if status, run := e.startRun("after-flood", "hello", "20s"); status != 201 || run["status"] != "completed" {
+		t.Fatalf("run after the flood: %d %v", status, run)
+	}
+	// Reading now, the client drains what was in flight, then learns why
+	// it was dropped.
+	var err error
+	for err == nil {
+		_, _, err = slow.conn.Read(ctx)
+	}
+	var ce websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.StatusPolicyViolation || !strings.Contains(ce.Reason, "slow client") {
+		t.Fatalf("want close 1008 with a reason, got %v", err)
+	}
+}
+
+func TestServerSentEvents(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := testCtx(t)
+	open := func(lastID string, query string) (*bufio.Reader, func()) {
+		req, _ := http.NewRequestWithContext(ctx, "GET", e.url+"/api/v1/events"+query, nil)
+		req.Header.Set("Accept", "text/event-stream")
+		req.Header.Set("Authorization", "Bearer "+e.token)
+		if lastID != "" {
+			req.Header.Set("Last-Event-ID", lastID)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.StatusCode != 200 || res.Header.Get("Content-Type") != "text/event-stream" {
+			t.Fatalf("SSE: %d %s", res.StatusCode, res.Header.Get("Content-Type"))
+		}
+		return bufio.NewReader(res.Body), func() { res.Body.Close() }
+	}
+	type sse struct{ id, event, data string }
+	read := func(r *bufio.Reader) sse {
+		var ev sse
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				t.Fatalf("SSE read: %v", err)
+			}
+			line = strings.TrimRight(line, "\n")
+			switch {
+			case line == "" && ev.event != "":
+				return ev
+			case strings.HasPrefix(line, "id: "):
+				ev.id = line[4:]
+			case strings.HasPrefix(line, "event: "):
+				ev.event = line[7:]
+			case strings.HasPrefix(line, "data: "):
+				ev.data = line[6:]
+			}
+		}
+	}
+	r, done := open("", "?thread=sse")
+	defer done()
+	if ev := read(r); ev.event != "ready" {
+		t.Fatalf("ready: %v", ev)
+	}
+	if ev := read(r); ev.event != "subscribed" {
+		t.Fatalf("subscribed: %v", ev)
+	}
+	e.startRun("other", "hi", "20s")
+	e.startRun("sse", "hi", "20s")
+	var ids []string
+	for {
+		ev := read(r)
+		var m map[string]any
+		json.Unmarshal([]byte(ev.data), &m)
+		if m["thread"] != "sse" || ev.id != strconv.Itoa(int(m["seq"].(float64))) {
+			t.Fatalf("SSE event: %v", ev)
+		}
+		ids = append(ids, ev.id)
+		if ev.event == "run.completed" {
+			break
+		}
+	}
+	// Last-Event-ID resumes after the second event.
+	r2, done2 := open(ids[1], "?thread=sse")
+	defer done2()
+	read(r2) // ready
+	for _, want := range ids[2:] {
+		if ev := read(r2); ev.id != want {
+			t.Fatalf("resumed SSE: id %s, want %s", ev.id, want)
+		}
+	}
+	if ev := read(r2); ev.event != "resumed" {
+		t.Fatalf("want resumed, got %v", ev)
+	}
+	// No token: 401, as for every API request.
+	req, _ := http.NewRequestWithContext(ctx, "GET", e.url+"/api/v1/events", nil)
+	req.Header.Set("Accept", "text/event-stream")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil || res.StatusCode != 401 {
+		t.Fatalf("SSE without token: %v %v", err, res)
+	}
+	res.Body.Close()
+}
