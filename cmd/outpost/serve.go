@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outpost-edge/outpost/console"
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/models"
+	"github.com/outpost-edge/outpost/models/ollama"
+	"github.com/outpost-edge/outpost/store"
+)
+
+func init() {
+	register("serve", "serve the HTTP API, the event stream and the operator console", runServe)
+}
+
+// hostList collects repeated --allow-host flags.
+type hostList []string
+
+func (h *hostList) String() string { return strings.Join(*h, ",") }
+func (h *hostList) Set(s string) error {
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*h = append(*h, p)
+		}
+	}
+	return nil
+}
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--tls-cert FILE --tls-key FILE] [--allow-host NAME]", stderr)
+	data := dataFlag(fs)
+	listen := fs.String("listen", "127.0.0.1:7070", "address to serve on; beyond loopback it needs --tls-cert and --tls-key")
+	mc := modelFlags(fs)
+	cert := fs.String("tls-cert", "", "TLS certificate file (PEM)")
+	key := fs.String("tls-key", "", "TLS private key file (PEM)")
+	var hosts hostList
+	fs.Var(&hosts, "allow-host", "a Host name the console answers to besides the loopback ones (repeatable)")
+	workers := fs.Int("workers", 8, "runs executing at once")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if (*cert == "") != (*key == "") {
+		return fmt.Errorf("--tls-cert and --tls-key go together")
+	}
+	if err := console.CheckListen(*listen, *cert != ""); err != nil {
+		return err
+	}
+
+	p, model, err := mc.provider(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	db, err := openStore(*data)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rt, err := runtimeFor(db, *data, p, model)
+	if err != nil {
+		return err
+	}
+	// The bundle is announced below, once; the resolver's own notice
+	// would repeat it at the first run.
+	resolve, err := applianceResolver(*data, rt, nil)
+	if err != nil {
+		return err
+	}
+	bundles, err := bundleInfo(*data, rt)
+	if err != nil {
+		return err
+	}
+	var agents []string
+	for _, b := range bundles {
+		if b.Active {
+			fmt.Fprintf(stdout, "bundle: %s v%d (%s)\n", b.Name, b.Version, b.Digest)
+			if b.Notice != "" {
+				fmt.Fprintf(stdout, "  %s\n", b.Notice)
+			}
+			agents = append(agents, b.Agents...)
+		}
+	}
+	modelHealth := modelCheck(ctx, mc, p, model, stdout)
+
+	tok, created, err := console.LoadOrCreateToken(*data)
+	if err != nil {
+		return err
+	}
+	metrics := console.NewMetrics()
+	bus := engine.NewBus()
+	m := engine.NewManager(console.InstrumentStore(db, metrics), resolve, engine.ManagerOptions{Workers: *workers, Events: bus})
+	srv := console.New(console.Config{Manager: m, Bus: bus, Resolve: resolve, Agents: agents, Token: tok,
+		AllowHosts: hosts, Bundles: func() []console.BundleInfo { return bundles }, Metrics: metrics,
+		Health: []console.HealthCheck{{Name: "model", Check: modelHealth}}, StoreSize: db.Size,
+		Logf: func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }})
+
+	ctl, stopCtl := context.WithCancel(context.Background())
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		if err := store.ServeControl(ctl, db, *data); err != nil {
+			fmt.Fprintf(stderr, "control socket: %v\n", err)
+		}
+	}()
+	shutdown := func() {
+		srv.Close()
+		m.Close() // running steps finish or stop at a checkpoint; runs stay recoverable
+		stopCtl()
+		bus.Close()
+		bg.Wait()
+	}
+	n, err := m.Recover(ctx)
+	if err != nil {
+		shutdown()
+		return err
+	}
+	if n > 0 {
+		fmt.Fprintf(stdout, "resumed %d run(s) left running by an earlier process\n", n)
+	}
+
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		shutdown()
+		return err
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	served := make(chan error, 1)
+	go func() {
+		if *cert != "" {
+			served <- hs.ServeTLS(l, *cert, *key)
+		} else {
+			served <- hs.Serve(l)
+		}
+	}()
+	scheme := "http"
+	if *cert != "" {
+		scheme = "https"
+	}
+	fmt.Fprintf(stdout, "console: %s://%s/\n", scheme, l.Addr())
+	if created {
+		fmt.Fprintf(stdout, "  a bearer token was made for this appliance (%s/%s, mode 0600)\n", *data, console.TokenFile)
+	}
+	fmt.Fprintf(stdout, "  paste the token into the page: outpost token --data %s\n", *data)
+	fmt.Fprintf(stdout, "  Ctrl-C stops serving; unfinished runs resume at the next start\n")
+
+	select {
+	case <-ctx.Done():
+		fmt.Fprintf(stdout, "\nshutting down: waiting for running steps to reach a checkpoint\n")
+	case err = <-served:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	srv.Close() // drops stream clients, whose connections Shutdown does not track
+	serr := hs.Shutdown(sctx)
+	shutdown()
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("shutdown: %w", serr)
+	}
+	fmt.Fprintf(stdout, "stopped; the store is closed\n")
+	return nil
+}
+
+// bundleInfo lists the bundles new runs use: the installed ones, or the
+// embedded reference bundle when none is installed.
+func bundleInfo(dir string, rt *firmware.Runtime) ([]console.BundleInfo, error) {
+	in, installed, err := openInstaller(dir, rt)
+	if err != nil {
+		return nil, err
+	}
+	if !installed {
+		ref, err := firmware.ReferenceWithRuntime(rt)
+		if err != nil {
+			return nil, err
+		}
+		r := ref.Ref()
+		return []console.BundleInfo{{Name: r.Name, Version: r.Version, Digest: r.Digest, Agents: ref.AgentNames(),
+			Active: true, Source: "embedded", Notice: firmware.ReferenceNotice}}, nil
+	}
+	var out []console.BundleInfo
+	for _, rec := range in.List() {
+		bi := console.BundleInfo{Name: rec.Name, Version: rec.Version, Digest: rec.Digest, Active: rec.Active, Source: "installed"}
+		if rec.Active {
+			b, err := in.Open(rec.Name, rec.Version)
+			if err != nil {
+				return nil, err
+			}
+			bi.Agents = b.AgentNames()
+		}
+		out = append(out, bi)
+	}
+	return out, nil
+}
+
+// modelCheck says which model serves and returns its health check: an
+// Ollama that answers and has the model is ok; the scripted model standing
+// in for an unreachable Ollama is degraded.
+func modelCheck(ctx context.Context, mc *modelChoice, p models.Provider, model string, stdout io.Writer) func(context.Context) console.Health {
+	client := ollama.New(mc.ollama, nil)
+	if oc, ok := p.(*ollama.Client); ok {
+		client = oc
+	}
+	asked, wantOllama := strings.CutPrefix(mc.model, "ollama:")
+	switch {
+	case p != nil:
+		fmt.Fprintf(stdout, "model: %s on Ollama at %s\n", model, client.URL())
+	case wantOllama:
+		fmt.Fprintf(stdout, "model: no Ollama reachable at %s: using the scripted model\n", client.URL())
+	default:
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if client.Ping(pctx) == nil {
+			fmt.Fprintf(stdout, "model: scripted (an Ollama answers at %s: start with --model ollama:NAME to use it)\n", client.URL())
+		} else {
+			fmt.Fprintf(stdout, "model: scripted (the bundle's deterministic rules; no Ollama reachable at %s)\n", client.URL())
+		}
+	}
+	return func(ctx context.Context) console.Health {
+		info := map[string]any{"url": client.URL()}
+		switch {
+		case p != nil:
+			info["model"] = model
+			has, err := client.HasModel(ctx, model)
+			switch {
+			case err != nil:
+				return console.Health{State: console.StateDown, Detail: fmt.Sprintf("Ollama at %s does not answer: %v", client.URL(), err), Info: info}
+			case !has:
+				return console.Health{State: console.StateDegraded, Detail: fmt.Sprintf("Ollama answers but has no model %s (ollama pull %s)", model, model), Info: info}
+			}
+			return console.Health{State: console.StateOK, Detail: "ollama:" + model, Info: info}
+		case wantOllama:
+			info["model"] = firmware.ScriptedModel
+			info["asked"] = asked
+			detail := fmt.Sprintf("no Ollama reachable at %s at start: using the scripted model", client.URL())
+			if client.Ping(ctx) == nil {
+				detail = fmt.Sprintf("Ollama at %s answers now, but this process uses the scripted model: restart to use ollama:%s", client.URL(), asked)
+			}
+			return console.Health{State: console.StateDegraded, Detail: detail, Info: info}
+		}
+		info["model"] = firmware.ScriptedModel
+		return console.Health{State: console.StateOK, Detail: "scripted model (chosen with --model scripted)", Info: info}
+	}
+}
