@@ -43,7 +43,9 @@ func (p Problem) String() string {
 // while others write: bbolt's own page checks, every record's checksum and
 // decoding, that every key matches its record, that every checkpoint's
 // parent exists, that the heads and branches buckets record exactly each
-// namespace's leaves, and that every blob that anything refers to exists. It
+// namespace's leaves, that every blob that anything refers to exists, and
+// that the outcome ledger's hash chain is whole (the first broken link is
+// named by bucket and seq, with "broken chain" in its message). It
 // returns an error only when it could not finish; what it found is in the
 // report.
 func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
@@ -165,6 +167,9 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 			toolCallRefs(tc, refsOf(bucketToolCalls, k))
 		})
 		if err != nil {
+			return err
+		}
+		if err := checkLedger(ctx, tx, rep, add); err != nil {
 			return err
 		}
 		return forEach(ctx, tx, bucketBlobs, func(k, v []byte) {

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -209,11 +210,19 @@ func (d *DB) Commit(ctx context.Context, c *engine.Commit) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
-	r, err := prepareCommit(c, time.Now())
+	now := time.Now()
+	r, appended, err := prepareCommit(c, now, d.ApplianceID())
 	if err != nil {
 		return err
 	}
-	return d.q.do(r)
+	if err := d.q.do(r); err != nil {
+		return err
+	}
+	if o := *appended; o != nil && d.opts.Events != nil {
+		data, _ := json.Marshal(map[string]any{"seq": o.Seq, "outcome_id": o.OutcomeID, "status": o.Status, "hash": o.Hash})
+		d.opts.Events.Publish(engine.Event{Time: now.UTC(), Type: engine.EventOutcomeAppended, Run: o.Run, Thread: o.Thread, Data: data})
+	}
+	return nil
 }
 
 type encodedBlob struct {
@@ -226,11 +235,15 @@ type encodedKV struct {
 
 // prepareCommit checks c and encodes its records outside the transaction,
 // so concurrent committers encode in parallel and the leader only writes.
-func prepareCommit(c *engine.Commit, now time.Time) (*request, error) {
+// When c ends the run (or pauses it at an interrupt), the run's outcome is
+// appended to the ledger in the same transaction; *appended then holds it
+// once the request has committed.
+func prepareCommit(c *engine.Commit, now time.Time, appliance string) (_ *request, appended **Outcome, _ error) {
+	appended = new(*Outcome)
 	var blobs []encodedBlob
 	for ref, data := range c.Blobs {
 		if engine.RefOf(data) != ref {
-			return nil, fmt.Errorf("commit: blob %s: %w", ref, ErrBlobMismatch)
+			return nil, nil, fmt.Errorf("commit: blob %s: %w", ref, ErrBlobMismatch)
 		}
 		blobs = append(blobs, encodedBlob{key: blobKey(ref), data: data, rec: encodeBlob(data, now)})
 	}
@@ -240,7 +253,7 @@ func prepareCommit(c *engine.Commit, now time.Time) (*request, error) {
 	writes := make([]encodedWrite, 0, len(c.Writes))
 	for _, w := range c.Writes {
 		if err := validCheckpointKey(w.Thread, w.NS, w.CheckpointID); err != nil {
-			return nil, fmt.Errorf("commit pending write: %w", err)
+			return nil, nil, fmt.Errorf("commit pending write: %w", err)
 		}
 		writes = append(writes, encodedWrite{writesPrefix(w.Thread, w.NS, w.CheckpointID), encodePendingWrite(&w.Write)})
 	}
@@ -256,18 +269,22 @@ func prepareCommit(c *engine.Commit, now time.Time) (*request, error) {
 			continue
 		}
 		if err := validCheckpointKey(cp.Thread, cp.NS, cp.ID); err != nil {
-			return nil, fmt.Errorf("commit checkpoint: %w", err)
+			return nil, nil, fmt.Errorf("commit checkpoint: %w", err)
 		}
 		ckpts = append(ckpts, encodedCheckpoint{cp, encodeCheckpoint(cp)})
 	}
 	var run *encodedKV
+	var outcome *pendingOutcome
 	if c.Run != nil {
 		if err := validKeyPart("run ID", c.Run.ID, true); err != nil {
-			return nil, fmt.Errorf("commit run: %w", err)
+			return nil, nil, fmt.Errorf("commit run: %w", err)
 		}
 		rec, extra, err := encodeRun(c.Run)
 		if err != nil {
-			return nil, fmt.Errorf("commit run %s: %w", c.Run.ID, err)
+			return nil, nil, fmt.Errorf("commit run %s: %w", c.Run.ID, err)
+		}
+		if leavesOutcome(c.Run.Status) {
+			outcome = newPendingOutcome(c.Run)
 		}
 		run = &encodedKV{[]byte(c.Run.ID), rec}
 		for ref, data := range extra {
@@ -323,9 +340,19 @@ func prepareCommit(c *engine.Commit, now time.Time) (*request, error) {
 					return fmt.Errorf("commit run %s: %w", c.Run.ID, err)
 				}
 			}
+			*appended = nil
+			if outcome != nil {
+				// Last, so the run's final checkpoint is in place for its
+				// flags.
+				o, err := appendOutcome(tx, outcome, appliance, now)
+				if err != nil {
+					return fmt.Errorf("commit run %s: %w", c.Run.ID, err)
+				}
+				*appended = o
+			}
 			return nil
 		},
-	}, nil
+	}, appended, nil
 }
 
 func validCheckpointKey(thread, ns, id string) error {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -54,9 +55,15 @@ const (
 	bucketBlobs       = "blobs"
 	bucketRuns        = "runs"
 	bucketToolCalls   = "toolcalls"
+	// The outcome ledger (ledger.go): outcomes by seq (8 bytes, big
+	// endian), each run's latest outcome by run ID, and the uplink cursor.
+	bucketOutcomes    = "outcomes"
+	bucketOutcomeRuns = "outcomeruns"
+	bucketUplink      = "uplink"
 )
 
-var dataBuckets = []string{bucketCheckpoints, bucketHeads, bucketBranches, bucketWrites, bucketBlobs, bucketRuns, bucketToolCalls}
+var dataBuckets = []string{bucketCheckpoints, bucketHeads, bucketBranches, bucketWrites, bucketBlobs, bucketRuns, bucketToolCalls,
+	bucketOutcomes, bucketOutcomeRuns, bucketUplink}
 
 var (
 	metaFormat  = []byte("format")
@@ -75,6 +82,13 @@ type Options struct {
 	// InitialMmapSize avoids remapping while a store grows; zero leaves
 	// bbolt's default.
 	InitialMmapSize int
+	// ApplianceID is the id the ledger's outcomes carry. Empty keeps the
+	// one recorded at first start (minted then when none was given). It
+	// can change only while the ledger is empty (ErrApplianceID).
+	ApplianceID string
+	// Events, when set, is told of each outcome appended
+	// (engine.EventOutcomeAppended), after its commit.
+	Events engine.EventSink
 }
 
 // DB is an Outpost store in one bbolt file. It implements engine.Store and
@@ -84,6 +98,9 @@ type DB struct {
 	path string
 	opts Options
 	q    committer
+
+	applianceMu sync.RWMutex
+	appliance   string
 }
 
 var _ engine.Store = (*DB)(nil)
@@ -165,6 +182,9 @@ func (d *DB) init() error {
 			if err == nil && fresh {
 				err = fmt.Errorf("open store %s: %w: the file is empty", d.path, ErrFormat)
 			}
+			if err == nil {
+				d.appliance = string(bucket(tx, bucketMeta).Get(metaAppliance))
+			}
 			return err
 		})
 	}
@@ -192,7 +212,8 @@ func (d *DB) init() error {
 				return fmt.Errorf("create bucket %s: %w", name, err)
 			}
 		}
-		return nil
+		d.appliance, err = initApplianceID(tx, d.opts.ApplianceID)
+		return err
 	})
 	if err != nil && !errors.Is(err, ErrFormat) {
 		return fmt.Errorf("initialize store %s: %w", d.path, err)

@@ -1,6 +1,7 @@
 // Package store keeps an Outpost appliance's durable state in one bbolt
 // file: runs, checkpoints, pending writes (which carry interrupts and
-// resume values), content-addressed blobs and tool-call records.
+// resume values), content-addressed blobs, tool-call records, and the
+// outcome ledger with its uplink cursor.
 //
 // Entry points:
 //
@@ -10,6 +11,12 @@
 //     Concurrent commits share transactions (group commit, see Stats).
 //   - DB.PutToolIntent, DB.PutToolResult and DB.ToolCall record side
 //     effects so that recovery never silently repeats one.
+//   - The outcome ledger (ledger.go): a commit that ends a run, or pauses
+//     it at an interrupt, appends the run's Outcome in the same
+//     transaction, hash-chained to the one before. DB.Outcomes reads it in
+//     seq order, DB.Ledger reports its head and the uplink cursor, and
+//     DB.AckOutcomes advances that cursor. Nothing edits or deletes an
+//     outcome; Check verifies the chain and names the first broken link.
 //   - DB.Check, DB.Backup, DB.Compact (and CompactFile) and DB.Prune are
 //     the operations behind "outpost db".
 //

@@ -42,6 +42,15 @@ var (
 	// tool again.
 	ErrToolCallDone = errors.New("tool call already has a result")
 
+	// The outcome ledger.
+
+	// ErrApplianceID means an appliance id was refused: the ledger already
+	// holds outcomes chained under another one.
+	ErrApplianceID = errors.New("appliance id cannot change")
+	// ErrCursorAhead means the uplink cursor was asked to move past the
+	// ledger's last outcome.
+	ErrCursorAhead = errors.New("uplink cursor past the last outcome")
+
 	// Reading.
 
 	// ErrCorrupt is matched by every *CorruptError.
@@ -77,6 +86,10 @@ func renderKey(bucket string, key []byte) string {
 	case bucketBlobs:
 		if ref, ok := parseBlobKey(key); ok {
 			return ref.String()
+		}
+	case bucketOutcomes:
+		if len(key) == 8 {
+			return "seq " + strconv.FormatUint(beUint64(key), 10)
 		}
 	case bucketWrites:
 		if len(key) > 8 {

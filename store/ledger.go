@@ -1,0 +1,632 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// The outcome ledger is the outbox of finished runs: one record per run
+// that ended (or paused at an interrupt), appended in the same transaction
+// as the run's final commit, so a run either has its outcome or is not
+// finished. Records are keyed by a dense sequence number from 1 and each
+// holds the hash of the one before it. Nothing in this package edits or
+// deletes one; Check verifies the chain, and the uplink drains it up to the
+// cursor the collector has acknowledged.
+const (
+	outcomeVersion    = 1
+	outcomeRunVersion = 1
+	cursorVersion     = 1
+)
+
+// GenesisHash is the prev_hash of an appliance's first outcome.
+var GenesisHash = strings.Repeat("0", 64)
+
+// Outcome is the envelope a run leaves when it ends. Its JSON field names
+// are the wire names the uplink sends and the names a bundle's redaction
+// policy selects (see OutcomeFields).
+type Outcome struct {
+	ApplianceID   string           `json:"appliance_id"`
+	Seq           uint64           `json:"seq"`
+	OutcomeID     string           `json:"outcome_id"`
+	CorrelationID string           `json:"correlation_id"`
+	CausationID   string           `json:"causation_id"`
+	Thread        string           `json:"thread"`
+	Run           string           `json:"run"`
+	Agent         string           `json:"agent"`
+	Bundle        engine.BundleRef `json:"bundle"`
+	Status        engine.RunStatus `json:"status"`
+	StartedAt     time.Time        `json:"started_at"`
+	EndedAt       time.Time        `json:"ended_at"`
+	Steps         int              `json:"steps"`
+	Tokens        int              `json:"tokens"`
+	ModelCalls    int              `json:"model_calls"`
+	Tools         []OutcomeTool    `json:"tools"`
+	Flags         []string         `json:"flags"`
+	// Output is the run's result (completed runs), as JSON; Error is its
+	// error. The ledger holds them unredacted: redaction happens on the way
+	// out (see package uplink).
+	Output   json.RawMessage `json:"output"`
+	Error    string          `json:"error"`
+	PrevHash string          `json:"prev_hash"`
+	Hash     string          `json:"hash"`
+}
+
+// OutcomeTool is one tool call of a run, as the ledger keeps it: never its
+// arguments, only their hash.
+type OutcomeTool struct {
+	Name     string `json:"name"`
+	Decision string `json:"decision"`
+	ArgsHash string `json:"args_hash"`
+}
+
+// OutcomeFields lists, in hashing order, the fields an outcome's hash
+// covers besides prev_hash. The hash is
+//
+//	sha256("outpost-outcome/1\n" + "prev_hash=" + prev_hash + "\n" +
+//	       for each field f: f + "=" + hex(sha256(json(f's value))) + "\n")
+//
+// where json is encoding/json's encoding of the field's typed value. Hashing
+// a digest per field (a commitment) rather than the whole record lets a
+// receiver that gets some fields only as digests, because the redaction
+// policy kept them home, still recompute the hash and verify the chain.
+var OutcomeFields = []string{
+	"appliance_id", "seq", "outcome_id", "correlation_id", "causation_id", "thread", "run", "agent",
+	"bundle", "status", "started_at", "ended_at", "steps", "tokens", "model_calls", "tools", "flags",
+	"output", "error",
+}
+
+// FieldValues returns the canonical JSON of each of OutcomeFields.
+func (o *Outcome) FieldValues() (map[string][]byte, error) {
+	vals := map[string]any{
+		"appliance_id": o.ApplianceID, "seq": o.Seq, "outcome_id": o.OutcomeID,
+		"correlation_id": o.CorrelationID, "causation_id": o.CausationID, "thread": o.Thread,
+		"run": o.Run, "agent": o.Agent, "bundle": o.Bundle, "status": o.Status,
+		"started_at": o.StartedAt, "ended_at": o.EndedAt, "steps": o.Steps, "tokens": o.Tokens,
+		"model_calls": o.ModelCalls, "tools": o.Tools, "flags": o.Flags, "output": o.Output,
+		"error": o.Error,
+	}
+	out := make(map[string][]byte, len(vals))
+	for k, v := range vals {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("outcome field %s: %w", k, err)
+		}
+		out[k] = b
+	}
+	return out, nil
+}
+
+// FieldDigest is the hex sha256 of a field's canonical JSON.
+func FieldDigest(canonical []byte) string {
+	s := sha256.Sum256(canonical)
+	return hex.EncodeToString(s[:])
+}
+
+// Digests returns the digest of each of OutcomeFields.
+func (o *Outcome) Digests() (map[string]string, error) {
+	vals, err := o.FieldValues()
+	if err != nil {
+		return nil, err
+	}
+	d := make(map[string]string, len(vals))
+	for k, v := range vals {
+		d[k] = FieldDigest(v)
+	}
+	return d, nil
+}
+
+// ComputeHash returns the hash o should carry, given its PrevHash.
+func (o *Outcome) ComputeHash() (string, error) {
+	d, err := o.Digests()
+	if err != nil {
+		return "", err
+	}
+	return OutcomeHash(o.PrevHash, d)
+}
+
+// OutcomeHash chains field digests to prevHash (see OutcomeFields). Every
+// field must have a digest.
+func OutcomeHash(prevHash string, digests map[string]string) (string, error) {
+	h := sha256.New()
+	h.Write([]byte("outpost-outcome/1\nprev_hash=" + prevHash + "\n"))
+	for _, f := range OutcomeFields {
+		d, ok := digests[f]
+		if !ok {
+			return "", fmt.Errorf("outcome hash: no digest for field %s", f)
+		}
+		h.Write([]byte(f + "=" + d + "\n"))
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func encodeOutcome(o *Outcome) ([]byte, error) { return encodeJSONRecord(outcomeVersion, o) }
+
+func decodeOutcome(b []byte) (*Outcome, error) {
+	var o Outcome
+	if err := decodeJSONRecord(b, outcomeVersion, &o); err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+// DecodeOutcomeRecord decodes one stored ledger record (version byte, JSON,
+// checksum). It is exported for fuzzing and tools; it never panics.
+func DecodeOutcomeRecord(b []byte) (*Outcome, error) { return decodeOutcome(b) }
+
+func seqKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
+
+// outcomeRun is the per-run index entry: the run's latest outcome, so a
+// run committed twice in the same state appends once, and a resumed run's
+// next outcome names the one before as its cause.
+type outcomeRun struct {
+	Seq        uint64           `json:"seq"`
+	OutcomeID  string           `json:"outcome_id"`
+	Status     engine.RunStatus `json:"status"`
+	Checkpoint string           `json:"checkpoint"`
+}
+
+// leavesOutcome reports whether a run in this state has ended or paused:
+// the states that leave an outcome.
+func leavesOutcome(s engine.RunStatus) bool {
+	return s.Terminal() || s == engine.StatusInterrupted
+}
+
+// pendingOutcome is what prepareCommit knows of a run's outcome outside the
+// transaction; appendOutcome completes it inside.
+type pendingOutcome struct {
+	run       *engine.Run
+	outcomeID string
+}
+
+func newPendingOutcome(r *engine.Run) *pendingOutcome {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return &pendingOutcome{run: r, outcomeID: "oc_" + hex.EncodeToString(b[:])}
+}
+
+// appendOutcome appends the run's outcome to the ledger in tx, unless its
+// latest outcome already records this state. It returns the appended
+// record, or nil.
+func appendOutcome(tx *bbolt.Tx, p *pendingOutcome, appliance string, now time.Time) (*Outcome, error) {
+	r := p.run
+	rb := bucket(tx, bucketOutcomeRuns)
+	var prev *outcomeRun
+	if v := rb.Get([]byte(r.ID)); v != nil {
+		prev = &outcomeRun{}
+		if err := decodeJSONRecord(v, outcomeRunVersion, prev); err != nil {
+			return nil, corrupt(bucketOutcomeRuns, []byte(r.ID), err)
+		}
+		if prev.Status == r.Status && (r.Status.Terminal() || prev.Checkpoint == r.Checkpoint) {
+			return nil, nil
+		}
+	}
+	o := &Outcome{
+		ApplianceID: appliance, OutcomeID: p.outcomeID, CorrelationID: r.CorrelationID,
+		CausationID: r.Meta["causation_id"], Thread: r.Thread, Run: r.ID, Agent: r.Agent,
+		Bundle: r.Bundle, Status: r.Status, StartedAt: r.StartedAt.UTC(), EndedAt: r.EndedAt.UTC(),
+		Steps: r.Steps, Error: r.Error, Tools: []OutcomeTool{}, Flags: []string{},
+	}
+	if o.CorrelationID == "" {
+		o.CorrelationID = r.ID // stable across the run's outcomes
+	}
+	if o.CausationID == "" && prev != nil {
+		o.CausationID = prev.OutcomeID
+	}
+	if o.StartedAt.IsZero() {
+		o.StartedAt = r.CreatedAt.UTC()
+	}
+	if o.EndedAt.IsZero() {
+		o.EndedAt = now.UTC()
+	}
+	if len(r.Output) > 0 {
+		if json.Valid(r.Output) {
+			var buf bytes.Buffer
+			if err := json.Compact(&buf, r.Output); err != nil {
+				return nil, err
+			}
+			o.Output = buf.Bytes()
+		} else {
+			o.Output, _ = json.Marshal(string(r.Output))
+		}
+	}
+	if err := summarizeCalls(tx, o); err != nil {
+		return nil, err
+	}
+	o.Flags = finalFlags(tx, r)
+
+	ob := bucket(tx, bucketOutcomes)
+	o.PrevHash = GenesisHash
+	if k, v := ob.Cursor().Last(); k != nil {
+		last, err := decodeOutcome(v)
+		if err != nil {
+			return nil, fmt.Errorf("append outcome: the ledger's last record: %w", corrupt(bucketOutcomes, k, err))
+		}
+		o.Seq, o.PrevHash = last.Seq, last.Hash
+	}
+	o.Seq++
+	h, err := o.ComputeHash()
+	if err != nil {
+		return nil, err
+	}
+	o.Hash = h
+	rec, err := encodeOutcome(o)
+	if err != nil {
+		return nil, fmt.Errorf("append outcome: %w", err)
+	}
+	if err := ob.Put(seqKey(o.Seq), rec); err != nil {
+		return nil, fmt.Errorf("append outcome %d: %w", o.Seq, err)
+	}
+	idx, err := encodeJSONRecord(outcomeRunVersion, &outcomeRun{Seq: o.Seq, OutcomeID: o.OutcomeID, Status: r.Status, Checkpoint: r.Checkpoint})
+	if err != nil {
+		return nil, err
+	}
+	if err := rb.Put([]byte(r.ID), idx); err != nil {
+		return nil, fmt.Errorf("append outcome %d: %w", o.Seq, err)
+	}
+	return o, nil
+}
+
+// summarizeCalls fills in the run's tool calls (keys "<run>:...") and model
+// calls (keys "model:<run>:...") from the tool-call records.
+func summarizeCalls(tx *bbolt.Tx, o *Outcome) error {
+	tb := bucket(tx, bucketToolCalls)
+	blobs := bucket(tx, bucketBlobs)
+	valueBytes := func(v engine.Value) []byte {
+		if v.Blob.IsZero() {
+			return v.Inline
+		}
+		if rec := blobs.Get(blobKey(v.Blob)); rec != nil {
+			if data, _, err := decodeBlob(rec); err == nil {
+				return data
+			}
+		}
+		return nil
+	}
+	scan := func(prefix string, fn func(tc *ToolCall)) error {
+		c := tb.Cursor()
+		p := []byte(prefix)
+		for k, v := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, v = c.Next() {
+			tc, err := decodeToolCall(v)
+			if err != nil {
+				return corrupt(bucketToolCalls, k, err)
+			}
+			fn(tc)
+		}
+		return nil
+	}
+	err := scan(o.Run+":", func(tc *ToolCall) {
+		// The call log keeps the policy decision beside the arguments
+		// (internal/wiring's envelope); a record without one was allowed.
+		var env struct {
+			Decision string `json:"decision"`
+		}
+		_ = json.Unmarshal(valueBytes(tc.Args), &env)
+		if env.Decision == "" {
+			env.Decision = "allow"
+		}
+		o.Tools = append(o.Tools, OutcomeTool{Name: tc.Tool, Decision: env.Decision, ArgsHash: tc.ArgsHash})
+	})
+	if err != nil {
+		return err
+	}
+	return scan("model:"+o.Run+":", func(tc *ToolCall) {
+		o.ModelCalls++
+		var ref struct {
+			Tokens int `json:"tokens"`
+		}
+		if tc.Status == ToolCallDone && json.Unmarshal(valueBytes(tc.Result), &ref) == nil && ref.Tokens > 0 {
+			o.Tokens += ref.Tokens
+		}
+	})
+}
+
+// FlagsChannel is the state channel whose final value an outcome records
+// as its flags.
+const FlagsChannel = "flags"
+
+// maxFlagWalk bounds the walk up a run's checkpoints for its flags.
+const maxFlagWalk = 1024
+
+// finalFlags reads the flags channel of the state the run stopped at, from
+// its last checkpoint back along parent links (checkpoints hold changed
+// channels only). A missing or unreadable channel yields no flags.
+func finalFlags(tx *bbolt.Tx, r *engine.Run) []string {
+	flags := []string{}
+	if r.Checkpoint == "" {
+		return flags
+	}
+	cb, blobs := bucket(tx, bucketCheckpoints), bucket(tx, bucketBlobs)
+	var tail []string // items of append deltas seen so far, newest first
+	id := r.Checkpoint
+	for range maxFlagWalk {
+		v := cb.Get(checkpointKey(r.Thread, "", id))
+		if v == nil {
+			break
+		}
+		c, err := decodeCheckpoint(v)
+		if err != nil {
+			break
+		}
+		for _, cv := range c.Channels {
+			if cv.Channel != FlagsChannel {
+				continue
+			}
+			raw := cv.Value.Inline
+			if !cv.Value.Blob.IsZero() {
+				raw = nil
+				if rec := blobs.Get(blobKey(cv.Value.Blob)); rec != nil {
+					raw, _, _ = decodeBlob(rec)
+				}
+			}
+			var items []string
+			if json.Unmarshal(raw, &items) != nil {
+				return flags
+			}
+			if cv.Delta {
+				tail = append(items, tail...)
+				continue
+			}
+			return append(append(flags, items...), tail...)
+		}
+		if c.ParentID == "" || c.ParentID >= id {
+			break
+		}
+		id = c.ParentID
+	}
+	return append(flags, tail...)
+}
+
+// Outcomes returns up to limit ledger records with seq greater than
+// afterSeq, in order (limit 0: all).
+func (d *DB) Outcomes(ctx context.Context, afterSeq uint64, limit int) ([]*Outcome, error) {
+	var out []*Outcome
+	err := d.view(func(tx *bbolt.Tx) error {
+		c := bucket(tx, bucketOutcomes).Cursor()
+		for k, v := c.Seek(seqKey(afterSeq + 1)); k != nil; k, v = c.Next() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			o, err := decodeOutcome(v)
+			if err != nil {
+				return corrupt(bucketOutcomes, k, err)
+			}
+			out = append(out, o)
+			if limit > 0 && len(out) == limit {
+				break
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read outcomes after %d: %w", afterSeq, err)
+	}
+	return out, nil
+}
+
+// LedgerState is where the ledger and its uplink cursor stand.
+type LedgerState struct {
+	ApplianceID string `json:"appliance_id"`
+	// LastSeq is the newest outcome's seq (0: none yet); Head its hash.
+	LastSeq uint64 `json:"last_seq"`
+	Head    string `json:"head"`
+	// AckedSeq is the uplink cursor: the collector has acknowledged every
+	// outcome up to it.
+	AckedSeq uint64 `json:"acked_seq"`
+}
+
+// Backlog is the number of outcomes not yet acknowledged upstream.
+func (s LedgerState) Backlog() uint64 {
+	if s.LastSeq < s.AckedSeq {
+		return 0
+	}
+	return s.LastSeq - s.AckedSeq
+}
+
+// Ledger reports the ledger's head and the uplink cursor.
+func (d *DB) Ledger(ctx context.Context) (LedgerState, error) {
+	st := LedgerState{ApplianceID: d.ApplianceID(), Head: GenesisHash}
+	if err := ctx.Err(); err != nil {
+		return st, err
+	}
+	err := d.view(func(tx *bbolt.Tx) error {
+		if k, v := bucket(tx, bucketOutcomes).Cursor().Last(); k != nil {
+			o, err := decodeOutcome(v)
+			if err != nil {
+				return corrupt(bucketOutcomes, k, err)
+			}
+			st.LastSeq, st.Head = o.Seq, o.Hash
+		}
+		acked, err := loadCursor(tx)
+		st.AckedSeq = acked
+		return err
+	})
+	if err != nil {
+		return st, fmt.Errorf("read ledger state: %w", err)
+	}
+	return st, nil
+}
+
+var cursorKey = []byte("acked_seq")
+
+func loadCursor(tx *bbolt.Tx) (uint64, error) {
+	v := bucket(tx, bucketUplink).Get(cursorKey)
+	if v == nil {
+		return 0, nil
+	}
+	payload, err := openRecord(v, cursorVersion)
+	if err == nil && len(payload) != 8 {
+		err = errTruncated
+	}
+	if err != nil {
+		return 0, corrupt(bucketUplink, cursorKey, err)
+	}
+	return binary.BigEndian.Uint64(payload), nil
+}
+
+// AckOutcomes advances the uplink cursor to seq: the collector has stored
+// every outcome up to it. The cursor never moves back (a smaller seq is a
+// no-op) and never past the ledger's last record (ErrCursorAhead).
+func (d *DB) AckOutcomes(ctx context.Context, seq uint64) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("advance uplink cursor: %w", err)
+	}
+	err := d.q.do(&request{
+		validate: func(tx *bbolt.Tx) error {
+			k, _ := bucket(tx, bucketOutcomes).Cursor().Last()
+			if k == nil || beUint64(k) < seq {
+				return fmt.Errorf("%w: %d", ErrCursorAhead, seq)
+			}
+			return nil
+		},
+		apply: func(tx *bbolt.Tx) error {
+			cur, err := loadCursor(tx)
+			if err != nil || seq <= cur {
+				return err
+			}
+			b := beginRecord(cursorVersion, 8)
+			return bucket(tx, bucketUplink).Put(cursorKey, seal(binary.BigEndian.AppendUint64(b, seq)))
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("advance uplink cursor to %d: %w", seq, err)
+	}
+	return nil
+}
+
+// checkLedger verifies every outcome: its record decodes, its key is its
+// seq, seqs are dense from 1, each prev_hash is the hash before, and each
+// hash is the record's own. The first broken link is reported with its
+// bucket and seq; later records are still decoded.
+func checkLedger(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(string, []byte, string, ...any)) error {
+	want, prevHash := uint64(1), GenesisHash
+	chainBroken := false
+	brk := func(k []byte, format string, args ...any) {
+		if !chainBroken {
+			chainBroken = true
+			format = "broken chain: " + format
+		}
+		add(bucketOutcomes, k, format, args...)
+	}
+	err := forEach(ctx, tx, bucketOutcomes, func(k, v []byte) {
+		rep.Records[bucketOutcomes]++
+		o, err := decodeOutcome(v)
+		if err != nil {
+			brk(k, "%v", err)
+			prevHash = ""
+			want++
+			return
+		}
+		switch {
+		case len(k) != 8 || beUint64(k) != o.Seq:
+			brk(k, "key does not match seq %d", o.Seq)
+		case o.Seq != want:
+			brk(k, "seq %d follows %d: the ledger has a gap", o.Seq, want-1)
+		case prevHash != "" && o.PrevHash != prevHash:
+			brk(k, "prev_hash %.12s… does not match the hash %.12s… of seq %d", o.PrevHash, prevHash, o.Seq-1)
+		}
+		if h, err := o.ComputeHash(); err != nil || h != o.Hash {
+			brk(k, "the record does not match its hash %.12s… (it was altered)", o.Hash)
+		}
+		want, prevHash = o.Seq+1, o.Hash
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := loadCursor(tx); err != nil {
+		add(bucketUplink, cursorKey, "%v", err)
+	}
+	return forEach(ctx, tx, bucketOutcomeRuns, func(k, v []byte) {
+		rep.Records[bucketOutcomeRuns]++
+		var r outcomeRun
+		if err := decodeJSONRecord(v, outcomeRunVersion, &r); err != nil {
+			add(bucketOutcomeRuns, k, "%v", err)
+		}
+	})
+}
+
+// ApplianceID is the id this store's outcomes carry.
+func (d *DB) ApplianceID() string {
+	d.applianceMu.RLock()
+	defer d.applianceMu.RUnlock()
+	return d.appliance
+}
+
+// SetApplianceID changes the id new outcomes carry. It is allowed only
+// while the ledger is empty: records already chained under one id cannot
+// move to another (ErrApplianceID).
+func (d *DB) SetApplianceID(ctx context.Context, id string) error {
+	if id == d.ApplianceID() {
+		return nil
+	}
+	if err := validApplianceID(id); err != nil {
+		return err
+	}
+	err := d.q.do(&request{
+		validate: func(tx *bbolt.Tx) error { return nil },
+		apply: func(tx *bbolt.Tx) error {
+			return setApplianceID(tx, id)
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("set appliance id: %w", err)
+	}
+	d.applianceMu.Lock()
+	d.appliance = id
+	d.applianceMu.Unlock()
+	return nil
+}
+
+var metaAppliance = []byte("appliance_id")
+
+func validApplianceID(id string) error {
+	if id == "" || strings.ContainsAny(id, " \t\r\n:") {
+		return fmt.Errorf("%w: appliance id %q must be non-empty, without spaces or colons", ErrInvalidKey, id)
+	}
+	return nil
+}
+
+// setApplianceID records id in meta, refusing a change once outcomes exist.
+func setApplianceID(tx *bbolt.Tx, id string) error {
+	meta := bucket(tx, bucketMeta)
+	old := string(meta.Get(metaAppliance))
+	if old == id {
+		return nil
+	}
+	if old != "" {
+		if k, _ := bucket(tx, bucketOutcomes).Cursor().Last(); k != nil {
+			return fmt.Errorf("%w: the ledger holds %d outcomes of appliance %q; it cannot become %q (use --appliance-id %s, or start an empty data folder)",
+				ErrApplianceID, beUint64(k), old, id, old)
+		}
+	}
+	return meta.Put(metaAppliance, []byte(id))
+}
+
+// initApplianceID runs at Open: the id given in Options, else the one
+// recorded, else a new one minted now.
+func initApplianceID(tx *bbolt.Tx, want string) (string, error) {
+	if want != "" {
+		if err := validApplianceID(want); err != nil {
+			return "", err
+		}
+		return want, setApplianceID(tx, want)
+	}
+	if old := bucket(tx, bucketMeta).Get(metaAppliance); len(old) > 0 {
+		return string(old), nil
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	id := "outpost-" + hex.EncodeToString(b[:])
+	return id, setApplianceID(tx, id)
+}

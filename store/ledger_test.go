@@ -1,0 +1,311 @@
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// finalCommit ends run id on thread with status, committing its last
+// checkpoint (which sets the flags channel when flags is not nil).
+func finalCommit(thread, id string, status engine.RunStatus, ckpt string, flags []string) *engine.Commit {
+	cp := &engine.Checkpoint{Thread: thread, ID: ckpt, RunID: id, Created: tc0}
+	if flags != nil {
+		raw, _ := json.Marshal(flags)
+		cp.Channels = []engine.ChannelValue{{Channel: FlagsChannel, Version: 1, Value: engine.Value{Inline: raw}}}
+	}
+	r := &engine.Run{ID: id, Thread: thread, Agent: "med", Status: status, CorrelationID: "corr-" + id,
+		Bundle: engine.BundleRef{Name: "ref", Version: 3, Digest: "sha256:ab"}, Checkpoint: ckpt, Steps: 4,
+		CreatedAt: tc0, StartedAt: tc0, EndedAt: tc0.Add(time.Second)}
+	if status == engine.StatusCompleted {
+		r.Output = json.RawMessage(`{"answer": "take it now"}`)
+	}
+	if status == engine.StatusFailed {
+		r.Error = "boom"
+	}
+	return &engine.Commit{Checkpoint: cp, Run: r, Sync: true}
+}
+
+type eventLog struct {
+	mu sync.Mutex
+	ev []engine.Event
+}
+
+func (l *eventLog) Publish(evs ...engine.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ev = append(l.ev, evs...)
+}
+
+func TestLedgerAppendsWithTheFinalCommit(t *testing.T) {
+	events := &eventLog{}
+	d, err := Open(filepath.Join(t.TempDir(), FileName), Options{ApplianceID: "clinic-7", Events: events})
+	require.NoError(t, err)
+	defer d.Close()
+
+	// A tool call and a model call of the run, recorded as the call log does.
+	require.NoError(t, d.PutToolIntent(bg, "r1:1:task:0", ToolCall{RunID: "r1", Tool: "lookup", ArgsHash: "h1",
+		Args: engine.Value{Inline: []byte(`{"args":{"q":"x"},"decision":"allow"}`)}}))
+	require.NoError(t, d.PutToolIntent(bg, "r1:2:task:0", ToolCall{RunID: "r1", Tool: "send_sms", ArgsHash: "h2",
+		Args: engine.Value{Inline: []byte(`{"decision":"deny"}`)}}))
+	require.NoError(t, d.PutToolIntent(bg, "model:r1:1:task:0", ToolCall{RunID: "r1", Tool: "model:m", ArgsHash: "h3"}))
+	require.NoError(t, d.PutToolResult(bg, "model:r1:1:task:0", ToolCall{Result: engine.Value{Inline: []byte(`{"tokens":42}`)}}))
+	// Another run's calls stay out, even one whose ID extends r1's.
+	require.NoError(t, d.PutToolIntent(bg, "r10:1:task:0", ToolCall{RunID: "r10", Tool: "other", ArgsHash: "h"}))
+
+	running := stepCommit("t1", 1)
+	running.Run.ID = "r1"
+	require.NoError(t, d.Commit(bg, running))
+	got, err := d.Outcomes(bg, 0, 0)
+	require.NoError(t, err)
+	require.Empty(t, got, "a running step leaves no outcome")
+
+	require.NoError(t, d.Commit(bg, finalCommit("t1", "r1", engine.StatusCompleted, "0002", []string{"acute"})))
+	got, err = d.Outcomes(bg, 0, 0)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	o := got[0]
+	assert.Equal(t, "clinic-7", o.ApplianceID)
+	assert.Equal(t, uint64(1), o.Seq)
+	assert.Equal(t, GenesisHash, o.PrevHash)
+	assert.Equal(t, "corr-r1", o.CorrelationID)
+	assert.Equal(t, engine.StatusCompleted, o.Status)
+	assert.Equal(t, []string{"acute"}, o.Flags)
+	assert.Equal(t, 42, o.Tokens)
+	assert.Equal(t, 1, o.ModelCalls)
+	assert.Equal(t, []OutcomeTool{{"lookup", "allow", "h1"}, {"send_sms", "deny", "h2"}}, o.Tools)
+	assert.JSONEq(t, `{"answer":"take it now"}`, string(o.Output))
+	h, err := o.ComputeHash()
+	require.NoError(t, err)
+	assert.Equal(t, h, o.Hash)
+	require.Len(t, events.ev, 1)
+	assert.Equal(t, engine.EventOutcomeAppended, events.ev[0].Type)
+
+	// The same final state committed again appends nothing.
+	require.NoError(t, d.Commit(bg, finalCommit("t1", "r1", engine.StatusCompleted, "0002", []string{"acute"})))
+
+	// An interrupted run leaves one outcome per pause, then its end; the
+	// correlation id stays and each outcome names the one before.
+	require.NoError(t, d.Commit(bg, finalCommit("t2", "r2", engine.StatusInterrupted, "0003", nil)))
+	require.NoError(t, d.Commit(bg, finalCommit("t2", "r2", engine.StatusInterrupted, "0003", nil)))
+	require.NoError(t, d.Commit(bg, finalCommit("t2", "r2", engine.StatusCompleted, "0004", nil)))
+	got, err = d.Outcomes(bg, 1, 0)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	assert.Equal(t, engine.StatusInterrupted, got[0].Status)
+	assert.Equal(t, got[0].OutcomeID, got[1].CausationID)
+	assert.Equal(t, got[0].CorrelationID, got[1].CorrelationID)
+	assert.Equal(t, o.Hash, got[0].PrevHash)
+	assert.Equal(t, got[0].Hash, got[1].PrevHash)
+	assert.Equal(t, []string{}, got[1].Flags)
+
+	st, err := d.Ledger(bg)
+	require.NoError(t, err)
+	assert.Equal(t, LedgerState{ApplianceID: "clinic-7", LastSeq: 3, Head: got[1].Hash}, st)
+	assert.Equal(t, uint64(3), st.Backlog())
+
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Problems)
+	assert.Equal(t, 3, rep.Records[bucketOutcomes])
+}
+
+func TestLedgerFailingCommitAppendsNothing(t *testing.T) {
+	d := openTest(t)
+	boom := errors.New("disk on fire")
+	for name, set := range map[string]func(){
+		"before the transaction": func() { failpoint.beforeCommitTx = func(int) error { return boom } },
+		"inside the transaction": func() { failpoint.midGroupCommit = func(int) error { return boom } },
+		"applying the request":   func() { failpoint.applyRequest = func(int) error { return boom } },
+	} {
+		t.Run(name, func(t *testing.T) {
+			setFailpoints(t, set)
+			err := d.Commit(bg, finalCommit("t", "r-"+name, engine.StatusCompleted, "0001", nil))
+			require.ErrorIs(t, err, boom)
+			got, err := d.Outcomes(bg, 0, 0)
+			require.NoError(t, err)
+			assert.Empty(t, got)
+			_, err = d.Run(bg, "r-"+name)
+			assert.ErrorIs(t, err, engine.ErrRunNotFound, "the run and its outcome go together")
+		})
+	}
+	// The ledger stays dense: the next outcome is seq 1.
+	require.NoError(t, d.Commit(bg, finalCommit("t", "ok", engine.StatusFailed, "0001", nil)))
+	got, err := d.Outcomes(bg, 0, 0)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	assert.Equal(t, uint64(1), got[0].Seq)
+	assert.Equal(t, "boom", got[0].Error)
+}
+
+func TestLedgerConcurrentCommitsStayDense(t *testing.T) {
+	d := openTest(t)
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.NoError(t, d.Commit(bg, finalCommit(fmt.Sprintf("t%d", i), fmt.Sprintf("r%d", i), engine.StatusCompleted, "0001", nil)))
+		}()
+	}
+	wg.Wait()
+	got, err := d.Outcomes(bg, 0, 0)
+	require.NoError(t, err)
+	require.Len(t, got, 200)
+	prev := GenesisHash
+	for i, o := range got {
+		require.Equal(t, uint64(i+1), o.Seq)
+		require.Equal(t, prev, o.PrevHash)
+		prev = o.Hash
+	}
+	page, err := d.Outcomes(bg, 50, 10)
+	require.NoError(t, err)
+	require.Len(t, page, 10)
+	assert.Equal(t, uint64(51), page[0].Seq)
+}
+
+// tamper rewrites the stored outcome seq in the file at path, re-sealing its
+// envelope so only the chain can tell; rehash also fixes its own hash.
+func tamper(t *testing.T, path string, seq uint64, rehash bool) {
+	t.Helper()
+	bdb, err := bbolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	defer bdb.Close()
+	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte(bucketOutcomes))
+		o, err := decodeOutcome(b.Get(seqKey(seq)))
+		require.NoError(t, err)
+		o.Status = engine.StatusCompleted
+		o.Error = ""
+		o.Output = json.RawMessage(`"all fine"`)
+		if rehash {
+			o.Hash, err = o.ComputeHash()
+			require.NoError(t, err)
+		}
+		rec, err := encodeOutcome(o)
+		require.NoError(t, err)
+		return b.Put(seqKey(seq), rec)
+	}))
+}
+
+func TestCheckNamesTheFirstBrokenLink(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	for i := range 5 {
+		require.NoError(t, d.Commit(bg, finalCommit("t", fmt.Sprintf("r%d", i), engine.StatusFailed, fmt.Sprintf("%04d", i+1), nil)))
+	}
+	require.NoError(t, d.Close())
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name   string
+		rehash bool
+		want   string
+	}{
+		{"altered record", false, "seq 3"},
+		{"altered and rehashed", true, "seq 4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp := filepath.Join(t.TempDir(), FileName)
+			require.NoError(t, os.WriteFile(cp, raw, 0o600))
+			tamper(t, cp, 3, tc.rehash)
+			d, err := Open(cp, Options{})
+			require.NoError(t, err)
+			defer d.Close()
+			rep, err := d.Check(bg)
+			require.NoError(t, err)
+			require.NotEmpty(t, rep.Problems)
+			first := rep.Problems[0]
+			assert.Equal(t, bucketOutcomes, first.Bucket)
+			assert.Equal(t, tc.want, first.Key)
+			assert.Contains(t, first.Message, "broken chain")
+		})
+	}
+}
+
+func TestAckOutcomes(t *testing.T) {
+	d := openTest(t)
+	require.ErrorIs(t, d.AckOutcomes(bg, 1), ErrCursorAhead)
+	for i := range 3 {
+		require.NoError(t, d.Commit(bg, finalCommit("t", fmt.Sprintf("r%d", i), engine.StatusCancelled, fmt.Sprintf("%04d", i+1), nil)))
+	}
+	require.NoError(t, d.AckOutcomes(bg, 2))
+	require.NoError(t, d.AckOutcomes(bg, 1)) // never moves back
+	st, err := d.Ledger(bg)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), st.AckedSeq)
+	assert.Equal(t, uint64(1), st.Backlog())
+	require.ErrorIs(t, d.AckOutcomes(bg, 4), ErrCursorAhead)
+}
+
+func TestApplianceID(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	minted := d.ApplianceID()
+	require.True(t, strings.HasPrefix(minted, "outpost-"), minted)
+	require.NoError(t, d.Close())
+
+	d, err = Open(path, Options{})
+	require.NoError(t, err)
+	assert.Equal(t, minted, d.ApplianceID(), "kept across restarts")
+	require.NoError(t, d.SetApplianceID(bg, "site-1"), "free to change while the ledger is empty")
+	require.NoError(t, d.Commit(bg, finalCommit("t", "r", engine.StatusCompleted, "0001", nil)))
+	require.ErrorIs(t, d.SetApplianceID(bg, "site-2"), ErrApplianceID)
+	require.NoError(t, d.Close())
+
+	_, err = Open(path, Options{ApplianceID: "site-2"})
+	require.ErrorIs(t, err, ErrApplianceID)
+	d, err = Open(path, Options{ReadOnly: true})
+	require.NoError(t, err)
+	assert.Equal(t, "site-1", d.ApplianceID())
+	require.NoError(t, d.Close())
+}
+
+func FuzzDecodeOutcome(f *testing.F) {
+	o := &Outcome{ApplianceID: "a", Seq: 1, OutcomeID: "oc", Status: engine.StatusCompleted,
+		Tools: []OutcomeTool{{"t", "allow", "h"}}, Flags: []string{"x"}, Output: json.RawMessage(`{"a":1}`)}
+	rec, err := encodeOutcome(o)
+	require.NoError(f, err)
+	f.Add(rec)
+	f.Add([]byte{outcomeVersion})
+	f.Add(withChecksum([]byte{outcomeVersion, '{', '}'})[0])
+	f.Fuzz(func(t *testing.T, in []byte) {
+		for _, b := range withChecksum(in) {
+			fuzzOutcome(t, b)
+		}
+	})
+}
+
+func fuzzOutcome(t *testing.T, b []byte) {
+	{
+		o, err := decodeOutcome(b)
+		if err != nil {
+			return
+		}
+		// Whatever decodes encodes again and decodes to the same record.
+		rec, err := encodeOutcome(o)
+		require.NoError(t, err)
+		o2, err := decodeOutcome(rec)
+		require.NoError(t, err)
+		h1, err1 := o.ComputeHash()
+		h2, err2 := o2.ComputeHash()
+		require.Equal(t, err1 == nil, err2 == nil)
+		require.Equal(t, h1, h2)
+	}
+}
