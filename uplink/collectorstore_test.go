@@ -1,0 +1,191 @@
+package uplink
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/store"
+)
+
+// synthChain makes records 1..n of a chain whose hashes are made up: the
+// stores only compare them.
+func synthChain(appliance string, n int, salt string) []*Record {
+	out := make([]*Record, n)
+	prev := store.GenesisHash
+	for i := range out {
+		s := sha256.Sum256([]byte(fmt.Sprintf("%s/%s/%d", appliance, salt, i+1)))
+		h := hex.EncodeToString(s[:])
+		out[i] = &Record{ApplianceID: appliance, Seq: uint64(i + 1), PrevHash: prev, Hash: h,
+			Line: []byte(fmt.Sprintf(`{"seq":%d}`, i+1))}
+		prev = h
+	}
+	return out
+}
+
+// runCollectorStoreSuite is the conformance suite of CollectorStore: every
+// implementation passes it (litestream's shared replica-client tests are
+// the model).
+func runCollectorStoreSuite(t *testing.T, open func(t *testing.T) CollectorStore) {
+	now := time.Date(2025, 5, 1, 10, 0, 0, 0, time.UTC)
+	chain := synthChain("ap-1", 10, "")
+
+	t.Run("AppendAndRead", func(t *testing.T) {
+		s := open(t)
+		h, err := s.Append(bg, "ap-1", chain[:4], now)
+		require.NoError(t, err)
+		assert.Equal(t, Head{4, chain[3].Hash}, h)
+		got, err := s.Records(bg, "ap-1", 0, 0)
+		require.NoError(t, err)
+		require.Len(t, got, 4)
+		for i, r := range got {
+			assert.Equal(t, chain[i].Seq, r.Seq)
+			assert.Equal(t, chain[i].Hash, r.Hash)
+			assert.Equal(t, chain[i].PrevHash, r.PrevHash)
+			assert.Equal(t, string(chain[i].Line), string(r.Line))
+		}
+		got, err = s.Records(bg, "ap-1", 2, 1)
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+		assert.Equal(t, uint64(3), got[0].Seq)
+		list, err := s.Appliances(bg)
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+		assert.Equal(t, ApplianceStatus{ApplianceID: "ap-1", LastSeq: 4, LastSeen: now, Chain: "ok"}, list[0])
+	})
+
+	t.Run("RepeatedAndOverlappingBatchesStoreOnce", func(t *testing.T) {
+		s := open(t)
+		_, err := s.Append(bg, "ap-1", chain[:4], now)
+		require.NoError(t, err)
+		h, err := s.Append(bg, "ap-1", chain[:4], now)
+		require.NoError(t, err)
+		assert.Equal(t, uint64(4), h.LastSeq)
+		h, err = s.Append(bg, "ap-1", chain[2:7], now)
+		require.NoError(t, err)
+		assert.Equal(t, uint64(7), h.LastSeq)
+		got, err := s.Records(bg, "ap-1", 0, 0)
+		require.NoError(t, err)
+		assert.Len(t, got, 7)
+	})
+
+	t.Run("RefusesGapForkAndBadLink", func(t *testing.T) {
+		s := open(t)
+		_, err := s.Append(bg, "ap-1", chain[:3], now)
+		require.NoError(t, err)
+		var ce *ChainError
+
+		_, err = s.Append(bg, "ap-1", chain[4:6], now)
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, CodeGap, ce.Code)
+		assert.Equal(t, uint64(4), ce.Expected)
+
+		other := synthChain("ap-1", 5, "forked")
+		_, err = s.Append(bg, "ap-1", other[1:4], now)
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, CodeFork, ce.Code)
+
+		bad := *chain[3]
+		bad.PrevHash = strings.Repeat("e", 64)
+		_, err = s.Append(bg, "ap-1", []*Record{&bad}, now)
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, CodeBadLink, ce.Code)
+
+		got, err := s.Records(bg, "ap-1", 0, 0)
+		require.NoError(t, err)
+		assert.Len(t, got, 3, "a refused batch stores nothing")
+
+		require.NoError(t, s.MarkBroken(bg, "ap-1", ce, now))
+		list, err := s.Appliances(bg)
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+		assert.Equal(t, "broken", list[0].Chain)
+		assert.Equal(t, uint64(4), list[0].BrokenAtSeq)
+		assert.Equal(t, uint64(3), list[0].LastSeq)
+
+		// The chain growing past the refused seq heals the status.
+		_, err = s.Append(bg, "ap-1", chain[3:5], now)
+		require.NoError(t, err)
+		list, err = s.Appliances(bg)
+		require.NoError(t, err)
+		assert.Equal(t, "ok", list[0].Chain)
+		assert.Equal(t, uint64(5), list[0].LastSeq)
+	})
+
+	t.Run("AppliancesAreSeparate", func(t *testing.T) {
+		s := open(t)
+		b := synthChain("ap-2", 2, "")
+		_, err := s.Append(bg, "ap-1", chain[:1], now)
+		require.NoError(t, err)
+		_, err = s.Append(bg, "ap-2", b, now)
+		require.NoError(t, err)
+		list, err := s.Appliances(bg)
+		require.NoError(t, err)
+		require.Len(t, list, 2)
+		assert.Equal(t, "ap-1", list[0].ApplianceID)
+		assert.Equal(t, uint64(2), list[1].LastSeq)
+	})
+
+	t.Run("ConcurrentDuplicatesStoreOnce", func(t *testing.T) {
+		s := open(t)
+		var wg sync.WaitGroup
+		for i := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Batches overlap and race: each either extends the chain,
+				// finds it already extended, or (arriving before its
+				// predecessor) is refused as a gap, as over the network.
+				batch := chain[:5]
+				if i%2 == 1 {
+					batch = chain[:10]
+				}
+				_, err := s.Append(bg, "ap-1", batch, now)
+				var ce *ChainError
+				if err != nil && !(errors.As(err, &ce) && ce.Code == CodeGap) {
+					t.Errorf("append: %v", err)
+				}
+			}()
+		}
+		wg.Wait()
+		got, err := s.Records(bg, "ap-1", 0, 0)
+		require.NoError(t, err)
+		require.Len(t, got, 10)
+		for i, r := range got {
+			require.Equal(t, uint64(i+1), r.Seq)
+		}
+	})
+}
+
+func TestBoltCollectorStore(t *testing.T) {
+	runCollectorStoreSuite(t, func(t *testing.T) CollectorStore {
+		s, err := OpenBoltStore(t.TempDir())
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
+func TestPostgresCollectorStore(t *testing.T) {
+	dsn := pgDSN(t)
+	n := 0
+	runCollectorStoreSuite(t, func(t *testing.T) CollectorStore {
+		n++
+		schema := fmt.Sprintf("outpost_test_%d_%d", time.Now().UnixNano(), n)
+		s, err := OpenPostgresStore(bg, dsn, schema)
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, _ = s.pool.Exec(bg, "DROP SCHEMA "+s.schema+" CASCADE")
+			s.Close()
+		})
+		return s
+	})
+}
