@@ -1,0 +1,357 @@
+package uplink
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"context"
+	"hash/crc32"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/policy"
+	"github.com/outpost-edge/outpost/store"
+)
+
+// newCollector serves a bbolt collector in dir that knows appliance id.
+func newCollector(t *testing.T, dir, id string) (*httptest.Server, *BoltStore) {
+	t.Helper()
+	st, err := OpenBoltStore(dir)
+	require.NoError(t, err)
+	srv := httptest.NewServer(NewCollector(st, CollectorOptions{Secrets: map[string][]byte{id: testSecret}}))
+	t.Cleanup(func() { srv.Close(); st.Close() })
+	return srv, st
+}
+
+func fastConfig(url string) Config {
+	return Config{URL: url, Secret: testSecret, Redactor: keepAll{}, MinBackoff: time.Millisecond,
+		MaxBackoff: 20 * time.Millisecond, Timeout: 2 * time.Second, Poll: 5 * time.Millisecond}
+}
+
+func TestWireRedactionStillVerifies(t *testing.T) {
+	db := openAppliance(t, t.TempDir(), "clinic-1")
+	defer db.Close()
+	makeOutcomes(t, db, 5)
+	outs, err := db.Outcomes(bg, 0, 0)
+	require.NoError(t, err)
+	ref, err := policy.NewRedactor(policy.RedactionPolicy{Fields: []string{"status", "bundle", "output", "tools", "tokens"}})
+	require.NoError(t, err)
+	for _, r := range []Redactor{nil, keepAll{}, ref} {
+		for _, o := range outs {
+			line, err := EncodeRecord(o, r)
+			require.NoError(t, err)
+			rec, err := DecodeRecord(line)
+			require.NoError(t, err, "%s", line)
+			assert.Equal(t, o.Hash, rec.Hash)
+			assert.Equal(t, o.PrevHash, rec.PrevHash)
+			var m map[string]json.RawMessage
+			require.NoError(t, json.Unmarshal(line, &m))
+			switch r.(type) {
+			case nil:
+				assert.NotContains(t, m, "status", "nothing governed leaves without a policy")
+				assert.NotContains(t, string(line), "555-123-4567")
+			case keepAll:
+				assert.NotContains(t, m, "redacted")
+			default:
+				assert.Contains(t, m, "status")
+				assert.NotContains(t, m, "thread", "dropped by the policy")
+				assert.NotContains(t, string(line), "555-123-4567", "masked by the detectors")
+				if o.Status == engine.StatusCompleted {
+					assert.Contains(t, string(m["redacted"]), `"output":{"digest"`)
+					assert.Contains(t, string(m["redacted"]), "[REDACTED:phone]")
+				}
+			}
+			// Altering a clear field, or a digest, breaks the hash.
+			bad := bytes.Replace(line, []byte(`"seq":`), []byte(`"seq":1`), 1)
+			_, err = DecodeRecord(bad)
+			assert.Error(t, err)
+		}
+	}
+}
+
+func TestUplinkDrainsAndIsIdempotent(t *testing.T) {
+	srv, cst := newCollector(t, t.TempDir(), "clinic-1")
+	db := openAppliance(t, t.TempDir(), "clinic-1")
+	defer db.Close()
+	events := &sink{}
+	cfg := fastConfig(srv.URL)
+	cfg.MaxRecords, cfg.Events = 7, events
+	u, err := New(db, cfg)
+	require.NoError(t, err)
+	st := u.Status()
+	assert.True(t, st.Configured)
+	assert.Zero(t, st.Backlog)
+
+	makeOutcomes(t, db, 30)
+	assert.Equal(t, uint64(30), u.Status().Backlog, "offline is normal: the backlog shows")
+	require.NoError(t, u.Flush(bg))
+	st = u.Status()
+	assert.Equal(t, uint64(30), st.AckedSeq)
+	assert.Zero(t, st.Backlog)
+	assert.NotNil(t, st.LastSuccessAt)
+	assert.Len(t, events.all(), 5, "30 records in batches of 7")
+	assert.Equal(t, engine.EventUplinkSent, events.all()[0].Type)
+
+	got, err := cst.Records(bg, "clinic-1", 0, 0)
+	require.NoError(t, err)
+	require.Len(t, got, 30)
+
+	// A batch sent again is answered the same way and stored once.
+	outs, err := db.Outcomes(bg, 0, 7)
+	require.NoError(t, err)
+	for range 2 {
+		resp := post(t, srv.URL, "clinic-1", outs, testSecret)
+		assert.Equal(t, http.StatusOK, resp.code)
+		assert.JSONEq(t, `{"acked_seq":7}`, resp.body)
+	}
+	got, err = cst.Records(bg, "clinic-1", 0, 0)
+	require.NoError(t, err)
+	assert.Len(t, got, 30)
+
+	// GET /v1/appliances.
+	r, err := http.Get(srv.URL + AppliancesPath)
+	require.NoError(t, err)
+	defer r.Body.Close()
+	var list struct{ Appliances []ApplianceStatus }
+	require.NoError(t, json.NewDecoder(r.Body).Decode(&list))
+	require.Len(t, list.Appliances, 1)
+	assert.Equal(t, "ok", list.Appliances[0].Chain)
+	assert.Equal(t, uint64(30), list.Appliances[0].LastSeq)
+}
+
+type sink struct {
+	mu sync.Mutex
+	ev []engine.Event
+}
+
+func (s *sink) Publish(evs ...engine.Event) {
+	s.mu.Lock()
+	s.ev = append(s.ev, evs...)
+	s.mu.Unlock()
+}
+
+func (s *sink) all() []engine.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]engine.Event(nil), s.ev...)
+}
+
+type answer struct {
+	code int
+	body string
+}
+
+func post(t *testing.T, url, appliance string, outs []*store.Outcome, secret []byte) answer {
+	t.Helper()
+	var body bytes.Buffer
+	for _, o := range outs {
+		line, err := EncodeRecord(o, keepAll{})
+		require.NoError(t, err)
+		body.Write(line)
+		body.WriteByte('\n')
+	}
+	req, err := http.NewRequest(http.MethodPost, url+OutcomesPath, bytes.NewReader(body.Bytes()))
+	require.NoError(t, err)
+	req.Header.Set(HeaderIdempotencyKey, IdempotencyKey(appliance, outs[0].Seq, outs[len(outs)-1].Seq))
+	req.Header.Set(HeaderSignature, Sign(secret, body.Bytes()))
+	req.Header.Set(HeaderChainHead, outs[len(outs)-1].Hash)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return answer{resp.StatusCode, string(b)}
+}
+
+func TestCollectorRefusesBadBatches(t *testing.T) {
+	srv, _ := newCollector(t, t.TempDir(), "clinic-1")
+	db := openAppliance(t, t.TempDir(), "clinic-1")
+	defer db.Close()
+	makeOutcomes(t, db, 6)
+	outs, err := db.Outcomes(bg, 0, 0)
+	require.NoError(t, err)
+
+	a := post(t, srv.URL, "clinic-1", outs[:2], []byte("wrong"))
+	assert.Equal(t, http.StatusUnauthorized, a.code)
+	assert.Contains(t, a.body, "bad_signature")
+	a = post(t, srv.URL, "clinic-9", outs[:2], testSecret)
+	assert.Equal(t, http.StatusUnauthorized, a.code)
+	assert.Contains(t, a.body, "unknown_appliance")
+	a = post(t, srv.URL, "clinic-1", outs[3:5], testSecret)
+	assert.Equal(t, http.StatusConflict, a.code)
+	assert.Contains(t, a.body, `"code":"gap"`)
+	assert.Contains(t, a.body, `"expected_seq":1`)
+	a = post(t, srv.URL, "clinic-1", []*store.Outcome{outs[0], outs[2]}, testSecret)
+	assert.Equal(t, http.StatusBadRequest, a.code)
+	a = post(t, srv.URL, "clinic-1", outs[:3], testSecret)
+	assert.Equal(t, http.StatusOK, a.code)
+}
+
+func TestRetriesAndParking(t *testing.T) {
+	srv, _ := newCollector(t, t.TempDir(), "clinic-1")
+	var calls atomic.Int64
+	var mode atomic.Value
+	mode.Store("ok")
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		switch mode.Load().(string) {
+		case "503":
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		case "429":
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			mode.Store("ok")
+			return
+		case "403":
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = w.Write([]byte(`{"error":{"code":"forbidden","message":"no"}}`))
+			return
+		}
+		proxyTo(srv.URL, w, r)
+	}))
+	defer front.Close()
+	db := openAppliance(t, t.TempDir(), "clinic-1")
+	defer db.Close()
+	makeOutcomes(t, db, 3)
+	u, err := New(db, fastConfig(front.URL))
+	require.NoError(t, err)
+
+	// 5xx: retried with backoff until ctx ends, nothing dropped.
+	mode.Store("503")
+	ctx, cancel := contextWithTimeout(200 * time.Millisecond)
+	err = u.Flush(ctx)
+	cancel()
+	require.Error(t, err)
+	assert.Greater(t, calls.Load(), int64(2))
+	st := u.Status()
+	assert.Contains(t, st.LastError, "503")
+	assert.Equal(t, uint64(3), st.Backlog)
+
+	// 429 with Retry-After: waited out.
+	mode.Store("429")
+	start := time.Now()
+	require.NoError(t, u.Flush(bg))
+	assert.GreaterOrEqual(t, time.Since(start), 900*time.Millisecond)
+	assert.Zero(t, u.Status().Backlog)
+
+	// Another 4xx parks the batch: kept, and shown.
+	makeOutcomes(t, db, 2)
+	mode.Store("403")
+	err = u.Flush(bg)
+	require.ErrorIs(t, err, ErrParked)
+	st = u.Status()
+	require.NotNil(t, st.Parked)
+	assert.Equal(t, uint64(4), st.Parked.FirstSeq)
+	assert.Equal(t, http.StatusForbidden, st.Parked.StatusCode)
+	assert.Equal(t, uint64(2), st.Backlog)
+	mode.Store("ok")
+	require.NoError(t, u.Flush(bg))
+	st = u.Status()
+	assert.Nil(t, st.Parked)
+	assert.Zero(t, st.Backlog)
+}
+
+// proxyTo forwards r to base and copies the answer.
+func proxyTo(base string, w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	req, _ := http.NewRequestWithContext(r.Context(), r.Method, base+r.URL.Path, bytes.NewReader(body))
+	req.Header = r.Header.Clone()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		w.WriteHeader(http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(b)
+}
+
+// tamperOutcome rewrites outcome seq in a stopped appliance's store file,
+// with a valid envelope checksum, as someone editing the file would.
+func tamperOutcome(t *testing.T, path string, seq uint64) {
+	t.Helper()
+	bdb, err := bbolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	defer bdb.Close()
+	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte("outcomes"))
+		k := binary.BigEndian.AppendUint64(nil, seq)
+		v := b.Get(k)
+		payload := bytes.Replace(v[1:len(v)-4], []byte(`"status":"failed"`), []byte(`"status":"completed"`), 1)
+		require.NotEqual(t, v[1:len(v)-4], payload, "seq %d should have failed", seq)
+		rec := append([]byte{v[0]}, payload...)
+		rec = binary.LittleEndian.AppendUint32(rec, crc32.Checksum(rec, crc32.MakeTable(crc32.Castagnoli)))
+		return b.Put(k, rec)
+	}))
+}
+
+func TestTamperedOutcomeIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	db := openAppliance(t, dir, "clinic-1")
+	makeOutcomes(t, db, 10)
+	outs, err := db.Outcomes(bg, 0, 0)
+	require.NoError(t, err)
+	var victim uint64
+	for _, o := range outs {
+		if o.Status == engine.StatusFailed && o.Seq > 3 {
+			victim = o.Seq
+			break
+		}
+	}
+	require.NotZero(t, victim)
+	require.NoError(t, db.Close())
+
+	// A copy of the database, altered.
+	cp := t.TempDir()
+	raw, err := os.ReadFile(filepath.Join(dir, store.FileName))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(cp, store.FileName), raw, 0o600))
+	tamperOutcome(t, filepath.Join(cp, store.FileName), victim)
+
+	db = openAppliance(t, cp, "clinic-1")
+	defer db.Close()
+	rep, err := db.Check(bg)
+	require.NoError(t, err)
+	require.NotEmpty(t, rep.Problems)
+	assert.Equal(t, "outcomes", rep.Problems[0].Bucket)
+	assert.Equal(t, "seq "+itoa(victim), rep.Problems[0].Key)
+
+	srv, cst := newCollector(t, t.TempDir(), "clinic-1")
+	cfg := fastConfig(srv.URL)
+	cfg.MaxRecords = 3
+	u, err := New(db, cfg)
+	require.NoError(t, err)
+	err = u.Flush(bg)
+	require.ErrorIs(t, err, ErrParked)
+	st := u.Status()
+	require.NotNil(t, st.Parked)
+	assert.Equal(t, http.StatusUnprocessableEntity, st.Parked.StatusCode)
+	assert.Equal(t, CodeBadHash, st.Parked.Code)
+	assert.LessOrEqual(t, st.Parked.FirstSeq, victim)
+	assert.GreaterOrEqual(t, st.Parked.LastSeq, victim)
+	assert.Equal(t, st.Parked.FirstSeq-1, st.AckedSeq, "everything before the altered batch went")
+	list, err := cst.Appliances(bg)
+	require.NoError(t, err)
+	assert.Equal(t, "broken", list[0].Chain)
+	assert.Equal(t, victim, list[0].BrokenAtSeq)
+}
+
+func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
+
+func contextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(bg, d)
+}
