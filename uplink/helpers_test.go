@@ -141,7 +141,9 @@ func bootPostgres() (string, error) {
 		if err := os.Chown(dir, uid, gid); err != nil {
 			return "", err
 		}
-		run = func(args ...string) *exec.Cmd { return exec.Command("runuser", append([]string{"-u", "postgres", "--"}, args...)...) }
+		run = func(args ...string) *exec.Cmd {
+			return exec.Command("runuser", append([]string{"-u", "postgres", "--"}, args...)...)
+		}
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -2,9 +2,9 @@ package uplink
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
-	"context"
 	"hash/crc32"
 	"io"
 	"net/http"
