@@ -20,8 +20,9 @@
 // subprotocol "outpost.bearer.<token>" (never in the URL); it then sends
 // {"type":"subscribe","thread"?,"run"?} and, to catch up after a
 // reconnect, {"type":"resume","seq":N}. The server sends the events of
-// DESIGN.md ("Events") as they are, and control messages whose types have
-// no dot: "ready", "subscribed", "resumed", "window_exceeded", "error". A
+// DESIGN.md ("Events") as they are, and control messages of the types
+// "ready", "subscribed", "resumed", "window_exceeded" and "error" (no event
+// type is one of these). A
 // client that falls behind by more than its queue is dropped with close
 // code 1008 and a reason; the runtime never waits for it.
 //

@@ -30,7 +30,7 @@ type EventOptions struct {
 	AuthTimeout time.Duration
 }
 
-// Control message types (events' types all hold a dot; these do not).
+// Control message types (none is an event type).
 const (
 	msgAuth           = "auth"
 	msgSubscribe      = "subscribe"

@@ -1,0 +1,404 @@
+// Outpost console: plain JavaScript, no dependencies, nothing loaded from
+// elsewhere. The token lives in sessionStorage and goes in the Authorization
+// header and in the websocket's first message, never in a URL.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+// The stream's control messages; every other message is an event.
+const CONTROL = new Set(["ready", "subscribed", "resumed", "window_exceeded", "error", "dropped"]);
+const state = {
+  token: sessionStorage.getItem("outpost.token") || "",
+  operator: sessionStorage.getItem("outpost.operator") || "",
+  runs: new Map(),       // id -> run
+  selected: "",
+  graphs: new Map(),     // agent -> {nodes}
+  current: new Map(),    // run id -> node to highlight
+  lastSeq: 0,
+  ws: null,
+  streams: new Map(),    // run id + node -> <span> collecting tokens
+  log: new Map(),        // run id -> its events seen by this page, to redraw a transcript
+};
+
+async function api(method, path, body) {
+  const headers = { "Authorization": "Bearer " + state.token };
+  if (state.operator) headers["X-Operator"] = state.operator;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  let data = null;
+  try { data = await res.json(); } catch (e) { data = null; }
+  if (!res.ok && res.status !== 202) {
+    const err = new Error(data && data.error ? data.error.message : res.statusText);
+    err.status = res.status;
+    err.code = data && data.error ? data.error.code : "";
+    throw err;
+  }
+  return data;
+}
+
+function show(el, on) { el.hidden = !on; }
+function text(el, s) { el.textContent = s; }
+function el(tag, cls, s) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (s !== undefined) e.textContent = s;
+  return e;
+}
+function short(v, n) {
+  const s = typeof v === "string" ? v : JSON.stringify(v);
+  return s.length > n ? s.slice(0, n - 1) + "…" : s;
+}
+
+// ---- sign in ----
+$("login-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  state.token = $("token").value.trim();
+  state.operator = $("operator").value.trim();
+  await signIn();
+});
+$("logout").addEventListener("click", () => {
+  sessionStorage.removeItem("outpost.token");
+  location.reload();
+});
+
+async function signIn() {
+  show($("login-error"), false);
+  try {
+    await api("GET", "/api/v1/runs?limit=1");
+  } catch (e) {
+    text($("login-error"), e.status === 401 ? "That token is not valid." : "Cannot reach the appliance: " + e.message);
+    show($("login-error"), true);
+    show($("login"), true);
+    show($("main"), false);
+    return;
+  }
+  sessionStorage.setItem("outpost.token", state.token);
+  sessionStorage.setItem("outpost.operator", state.operator);
+  show($("login"), false);
+  show($("main"), true);
+  await loadAgents();
+  await loadRuns();
+  refreshStatus();
+  setInterval(refreshStatus, 10000);
+  connect();
+}
+
+// ---- status bar ----
+async function refreshStatus() {
+  try {
+    const [h, up] = await Promise.all([api("GET", "/healthz"), api("GET", "/api/v1/uplink")]);
+    const b = h.components.bundle || {}, m = h.components.model || {};
+    const bi = b.info || {};
+    pill("bundle", b.state, "bundle: " + (bi.name ? bi.name + " v" + bi.version + (bi.source === "embedded" ? " (embedded, dev-signed)" : "") : b.detail || "none"), b.detail);
+    pill("model", m.state || "ok", "model: " + ((m.info && m.info.model) || "?") + (m.state === "degraded" ? " (degraded)" : ""), m.detail);
+    pill("uplink", up.configured ? (up.last_error ? "degraded" : "ok") : "", up.configured ? "uplink backlog: " + up.backlog : "uplink: not configured", up.note || up.last_error || "");
+  } catch (e) {
+    pill("model", "down", "appliance unreachable", e.message);
+  }
+}
+function pill(id, st, label, title) {
+  const p = $(id);
+  p.className = "pill " + (st || "");
+  text(p, label);
+  p.title = title || "";
+}
+
+// ---- runs ----
+async function loadAgents() {
+  const { agents } = await api("GET", "/api/v1/agents");
+  const sel = $("agent");
+  sel.replaceChildren();
+  for (const a of agents) {
+    const o = el("option", "", a);
+    o.value = a;
+    sel.append(o);
+  }
+}
+
+async function loadRuns() {
+  let after = "", all = [];
+  for (let i = 0; i < 20; i++) {
+    const page = await api("GET", "/api/v1/runs?limit=1000" + (after ? "&after=" + encodeURIComponent(after) : ""));
+    all = all.concat(page.runs);
+    if (!page.next) break;
+    after = page.next;
+  }
+  state.runs.clear();
+  for (const r of all.slice(-500)) state.runs.set(r.id, r);
+  renderRuns();
+}
+
+function renderRuns() {
+  const onlyReview = $("filter-review").checked;
+  const ul = $("runs");
+  ul.replaceChildren();
+  const runs = [...state.runs.values()].sort((a, b) => (a.id < b.id ? 1 : -1));
+  for (const r of runs) {
+    if (onlyReview && r.status !== "interrupted") continue;
+    const li = el("li");
+    li.dataset.run = r.id;
+    if (r.id === state.selected) li.classList.add("selected");
+    const left = el("div");
+    left.append(el("div", "", short(r.input === undefined ? r.agent : r.input, 60)), el("div", "thread", r.thread + " · " + r.agent));
+    li.append(left, el("span", "status " + r.status, r.status === "interrupted" ? "waiting for review" : r.status));
+    li.addEventListener("click", () => select(r.id));
+    ul.append(li);
+  }
+}
+$("filter-review").addEventListener("change", renderRuns);
+
+$("start-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  show($("start-error"), false);
+  const thread = $("thread").value.trim() || "console";
+  try {
+    const run = await api("POST", "/api/v1/threads/" + encodeURIComponent(thread) + "/runs",
+      { agent: $("agent").value, input: $("input").value });
+    state.runs.set(run.id, run);
+    $("input").value = "";
+    renderRuns();
+    select(run.id);
+  } catch (e) {
+    text($("start-error"), e.message);
+    show($("start-error"), true);
+  }
+});
+
+async function refreshRun(id) {
+  try {
+    const run = await api("GET", "/api/v1/runs/" + encodeURIComponent(id));
+    state.runs.set(id, run);
+    renderRuns();
+    if (id === state.selected) renderDetail(run);
+  } catch (e) { /* a run listed by an event may be gone after a restart */ }
+}
+
+// ---- one run ----
+async function select(id) {
+  state.selected = id;
+  renderRuns();
+  $("transcript").replaceChildren();
+  state.streams.clear();
+  show($("detail"), true);
+  const run = state.runs.get(id);
+  if (!run) return;
+  renderDetail(run);
+  const seen = state.log.get(id);
+  if (seen && seen.length && seen[0].type === "run.started") {
+    // This page saw the run from its start: its own events tell it all,
+    // streamed tokens included.
+    for (const e of seen) renderEvent(e);
+    await drawGraph(run);
+    return;
+  }
+  // The past of the run, node by node, from its thread's checkpoints.
+  try {
+    const h = await api("GET", "/api/v1/threads/" + encodeURIComponent(run.thread) + "/history?limit=1000");
+    const mine = h.checkpoints.filter((c) => c.run === id).reverse();
+    if (state.selected !== id) return;
+    for (const c of mine) {
+      for (const n of c.nodes) line("node", "✓ " + n + (c.channels.length ? "  (wrote " + c.channels.join(", ") + ")" : ""));
+    }
+  } catch (e) { /* history is best effort */ }
+  await drawGraph(run);
+}
+
+function renderDetail(run) {
+  text($("run-id"), run.id);
+  const st = $("run-status");
+  st.className = "status " + run.status;
+  text(st, run.status === "interrupted" ? "waiting for review" : run.status);
+  st.dataset.status = run.status;
+  text($("run-meta"), "thread " + run.thread + " · agent " + run.agent + " · bundle " + run.bundle.name + " v" + run.bundle.version +
+    " · started " + new Date(run.created_at).toLocaleTimeString() + (run.ended_at ? " · ended " + new Date(run.ended_at).toLocaleTimeString() : ""));
+  const out = run.output === undefined ? "" : (typeof run.output === "string" ? run.output : JSON.stringify(run.output, null, 2));
+  text($("output"), out + (run.error ? "\nerror: " + run.error : ""));
+  show($("output-box"), out !== "" || !!run.error);
+  const ds = $("decisions");
+  ds.replaceChildren();
+  for (const d of run.decisions || []) {
+    ds.append(el("li", "", d.decision + " by " + (d.by || "?") + " at " + new Date(d.at).toLocaleString() +
+      (d.value !== undefined ? " · value " + short(d.value, 80) : "") + (d.reason ? " · " + d.reason : "")));
+  }
+  show($("decisions-box"), (run.decisions || []).length > 0);
+  const pending = run.status === "interrupted" && run.interrupts && run.interrupts.length > 0;
+  show($("interrupt"), pending);
+  if (pending) {
+    const i = run.interrupts[0];
+    text($("interrupt-node"), i.node);
+    text($("interrupt-payload"), JSON.stringify(i.payload, null, 2));
+    if (!$("edit-value").value && i.payload && typeof i.payload.draft === "string") $("edit-value").value = i.payload.draft;
+    state.current.set(run.id, i.node);
+  }
+  if (run.status === "completed" || run.status === "failed" || run.status === "cancelled") state.current.set(run.id, "");
+  highlight(run);
+}
+
+async function drawGraph(run) {
+  let g = state.graphs.get(run.agent);
+  if (!g) {
+    try { g = await api("GET", "/api/v1/agents/" + encodeURIComponent(run.agent) + "/graph"); } catch (e) { return; }
+    state.graphs.set(run.agent, g);
+  }
+  const ns = "http://www.w3.org/2000/svg";
+  const w = 200, h = 30, gap = 16;
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("width", w + 20);
+  svg.setAttribute("height", g.nodes.length * (h + gap) + 10);
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", "graph of " + run.agent);
+  g.nodes.forEach((n, i) => {
+    const y = 5 + i * (h + gap);
+    if (i > 0) {
+      const a = document.createElementNS(ns, "line");
+      a.setAttribute("x1", 10 + w / 2); a.setAttribute("x2", 10 + w / 2);
+      a.setAttribute("y1", y - gap); a.setAttribute("y2", y);
+      a.setAttribute("stroke", "#8a96a0");
+      svg.append(a);
+    }
+    const r = document.createElementNS(ns, "rect");
+    r.setAttribute("x", 10); r.setAttribute("y", y); r.setAttribute("width", w); r.setAttribute("height", h);
+    r.setAttribute("rx", 5); r.setAttribute("fill", "#eef2f5"); r.setAttribute("stroke", "#8a96a0");
+    r.dataset.node = n;
+    const t = document.createElementNS(ns, "text");
+    t.setAttribute("x", 10 + w / 2); t.setAttribute("y", y + h / 2 + 4); t.setAttribute("text-anchor", "middle");
+    t.textContent = n;
+    svg.append(r, t);
+  });
+  const title = document.createElementNS(ns, "desc");
+  title.textContent = g.mermaid;
+  svg.append(title);
+  $("graph").replaceChildren(svg);
+  highlight(run);
+}
+
+function highlight(run) {
+  const cur = state.current.get(run.id) || "";
+  for (const r of $("graph").querySelectorAll("rect")) {
+    const on = r.dataset.node === cur;
+    r.setAttribute("fill", on ? "#ffd166" : "#eef2f5");
+    r.setAttribute("stroke-width", on ? 3 : 1);
+    r.classList.toggle("current", on);
+  }
+}
+
+function line(cls, s) {
+  const li = el("li", cls, s);
+  $("transcript").append(li);
+  li.scrollIntoView({ block: "nearest" });
+  return li;
+}
+
+for (const [id, kind] of [["approve", "approve"], ["edit", "edit"], ["reject", "reject"]]) {
+  $(id).addEventListener("click", () => decide(kind));
+}
+
+async function decide(kind) {
+  const run = state.runs.get(state.selected);
+  if (!run) return;
+  show($("decide-error"), false);
+  const body = { decision: kind };
+  if ($("reason").value.trim()) body.reason = $("reason").value.trim();
+  if (kind === "edit") {
+    const raw = $("edit-value").value;
+    try { body.value = JSON.parse(raw); } catch (e) { body.value = raw; }
+  }
+  for (const b of ["approve", "edit", "reject"]) $(b).disabled = true;
+  try {
+    const r = await api("POST", "/api/v1/runs/" + encodeURIComponent(run.id) + "/resume", body);
+    state.runs.set(r.id, r);
+    $("edit-value").value = "";
+    $("reason").value = "";
+    renderRuns();
+    renderDetail(r);
+  } catch (e) {
+    text($("decide-error"), e.message);
+    show($("decide-error"), true);
+  } finally {
+    for (const b of ["approve", "edit", "reject"]) $(b).disabled = false;
+  }
+}
+
+// ---- live events ----
+function connect() {
+  const proto = location.protocol === "https:" ? "wss:" : "ws:";
+  const ws = new WebSocket(proto + "//" + location.host + "/api/v1/events");
+  state.ws = ws;
+  ws.onopen = () => ws.send(JSON.stringify({ type: "auth", token: state.token }));
+  ws.onmessage = (m) => {
+    let msg;
+    try { msg = JSON.parse(m.data); } catch (e) { return; }
+    if (msg.type === "ready") {
+      pill("stream", "ok", "stream: live", "");
+      ws.send(JSON.stringify(state.lastSeq > 0 ? { type: "resume", seq: state.lastSeq } : { type: "subscribe" }));
+      return;
+    }
+    if (msg.type === "window_exceeded") { loadRuns(); return; }
+    if (CONTROL.has(msg.type)) return; // other control messages
+    if (msg.seq > state.lastSeq) state.lastSeq = msg.seq;
+    onEvent(msg);
+  };
+  ws.onclose = (ev) => {
+    pill("stream", "degraded", "stream: reconnecting", ev.reason || "");
+    setTimeout(connect, 1000);
+  };
+}
+
+function onEvent(e) {
+  switch (e.type) {
+    case "run.started": case "run.resumed": case "interrupt": case "run.completed": case "run.failed": case "budget.exceeded":
+      refreshRun(e.run);
+      break;
+  }
+  if (e.type === "checkpoint" && e.data && e.data.next) {
+    state.current.set(e.run, e.data.next[0] || "");
+    const r = state.runs.get(e.run);
+    if (r) highlight(r);
+  }
+  let seen = state.log.get(e.run);
+  if (!seen) {
+    seen = [];
+    state.log.set(e.run, seen);
+    if (state.log.size > 200) state.log.delete(state.log.keys().next().value);
+  }
+  if (seen.length < 5000) seen.push(e);
+  if (e.run === state.selected) renderEvent(e);
+}
+
+function renderEvent(e) {
+  const d = e.data || {};
+  switch (e.type) {
+    case "model.token": {
+      const key = e.run + "/" + e.node;
+      let span = state.streams.get(key);
+      if (!span) {
+        const li = line("", e.node + ": ");
+        span = el("span", "tokens");
+        li.append(span);
+        state.streams.set(key, span);
+      }
+      span.textContent += d.content || "";
+      break;
+    }
+    case "node.completed":
+      state.streams.delete(e.run + "/" + e.node);
+      line("node", "✓ " + e.node + (d.writes && d.writes.length ? "  (wrote " + d.writes.join(", ") + ")" : ""));
+      if (d.writes && d.writes.indexOf("flags") >= 0) line("flag", "⚑ guardrail flags set by " + e.node);
+      break;
+    case "tool.called": line("tool", "→ tool " + (d.tool || d.name || "") + " " + short(d.args || "", 80)); break;
+    case "tool.result": line("tool", "← " + (d.tool || d.name || "") + " " + short(d.result || d.status || "", 80)); break;
+    case "tool.unauthorized": line("denied", "✗ denied: " + (d.tool || d.name || "") + " " + (d.reason || "")); break;
+    case "interrupt": line("flag", "⏸ waiting for review at " + e.node + (d.payload && d.payload.reason ? " (" + d.payload.reason + ")" : "")); break;
+    case "run.resumed": line("node", "▶ resumed"); break;
+    case "run.completed": line("node", "■ completed"); break;
+    case "run.failed": line("denied", "■ " + (d.status || "failed") + (d.error ? ": " + d.error : "")); break;
+    case "budget.exceeded": line("denied", "■ budget exceeded"); break;
+    case "events.lost": line("flag", "(" + (d.lost || "some") + " events missed)"); break;
+  }
+}
+
+// ---- start ----
+if (state.token) {
+  $("token").value = state.token;
+  $("operator").value = state.operator;
+  signIn();
+}

@@ -1,0 +1,277 @@
+package console_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// findChromium returns Debian's chromium, or another Chromium-like browser.
+func findChromium() string {
+	if p := os.Getenv("OUTPOST_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// cdp is a minimal DevTools protocol client over one page target.
+type cdp struct {
+	t      *testing.T
+	conn   *websocket.Conn
+	nextID atomic.Int64
+	mu     sync.Mutex
+	wait   map[int64]chan cdpReply
+}
+
+type cdpReply struct {
+	Result json.RawMessage `json:"result"`
+	Error  *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func (c *cdp) readLoop(ctx context.Context) {
+	for {
+		_, b, err := c.conn.Read(ctx)
+		if err != nil {
+			return
+		}
+		var m struct {
+			ID int64 `json:"id"`
+			cdpReply
+		}
+		if json.Unmarshal(b, &m) != nil || m.ID == 0 {
+			continue // an event
+		}
+		c.mu.Lock()
+		ch := c.wait[m.ID]
+		delete(c.wait, m.ID)
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- m.cdpReply
+		}
+	}
+}
+
+func (c *cdp) call(ctx context.Context, method string, params any, out any) {
+	c.t.Helper()
+	id := c.nextID.Add(1)
+	ch := make(chan cdpReply, 1)
+	c.mu.Lock()
+	c.wait[id] = ch
+	c.mu.Unlock()
+	b, _ := json.Marshal(map[string]any{"id": id, "method": method, "params": params})
+	if err := c.conn.Write(ctx, websocket.MessageText, b); err != nil {
+		c.t.Fatalf("cdp %s: %v", method, err)
+	}
+	select {
+	case r := <-ch:
+		if r.Error != nil {
+			c.t.Fatalf("cdp %s: %s", method, r.Error.Message)
+		}
+		if out != nil {
+			if err := json.Unmarshal(r.Result, out); err != nil {
+				c.t.Fatalf("cdp %s: %v", method, err)
+			}
+		}
+	case <-ctx.Done():
+		c.t.Fatalf("cdp %s: %v", method, ctx.Err())
+	}
+}
+
+// eval runs JavaScript in the page and returns its value.
+func (c *cdp) eval(ctx context.Context, js string) any {
+	c.t.Helper()
+	var r struct {
+		Result struct {
+			Value any `json:"value"`
+		} `json:"result"`
+		ExceptionDetails *struct {
+			Text      string `json:"text"`
+			Exception struct {
+				Description string `json:"description"`
+			} `json:"exception"`
+		} `json:"exceptionDetails"`
+	}
+	c.call(ctx, "Runtime.evaluate", map[string]any{"expression": js, "returnByValue": true, "awaitPromise": true}, &r)
+	if r.ExceptionDetails != nil {
+		c.t.Fatalf("page threw: %s %s\nin: %s", r.ExceptionDetails.Text, r.ExceptionDetails.Exception.Description, js)
+	}
+	return r.Result.Value
+}
+
+// until polls a JavaScript condition until it is true.
+func (c *cdp) until(ctx context.Context, what, js string, shot func(string)) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if v, _ := c.eval(ctx, "!!("+js+")").(bool); v {
+			return
+		}
+		if time.Now().After(deadline) {
+			shot("timeout-" + strings.ReplaceAll(what, " ", "-"))
+			body, _ := c.eval(ctx, "document.body.innerText").(string)
+			dbg, _ := c.eval(ctx, "JSON.stringify([...state.log.values()].map(l => l.map(e => e.seq + ':' + e.type)))").(string)
+			c.t.Logf("events seen by the page: %s", dbg)
+			c.t.Fatalf("page never showed %s; it shows:\n%s", what, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestConsoleInChromium(t *testing.T) {
+	bin := findChromium()
+	if bin == "" {
+		t.Skip("SKIPPING THE BROWSER TEST: no chromium found (apt-get install -y chromium; .ci/run installs it)")
+	}
+	e := newEnv(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	profile := t.TempDir()
+	cmd := exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+		"--remote-debugging-port=0", "--user-data-dir="+profile, "--no-first-run", "--disable-background-networking",
+		"--disable-component-update", "--disable-sync", "--window-size=1280,960", "about:blank")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	wsURL := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if u, ok := strings.CutPrefix(sc.Text(), "DevTools listening on "); ok {
+				wsURL <- u
+			}
+		}
+	}()
+	var browserURL string
+	select {
+	case browserURL = <-wsURL:
+	case <-time.After(30 * time.Second):
+		t.Fatal("chromium did not print its DevTools address")
+	}
+	// The page target's own endpoint, from the browser's HTTP listing.
+	hostport := strings.SplitN(strings.TrimPrefix(browserURL, "ws://"), "/", 2)[0]
+	var pageURL string
+	for deadline := time.Now().Add(20 * time.Second); pageURL == ""; {
+		res, err := http.Get("http://" + hostport + "/json/list")
+		if err == nil {
+			var targets []struct{ Type, WebSocketDebuggerURL string }
+			json.NewDecoder(res.Body).Decode(&targets)
+			res.Body.Close()
+			for _, tg := range targets {
+				if tg.Type == "page" {
+					pageURL = tg.WebSocketDebuggerURL
+				}
+			}
+		}
+		if pageURL == "" {
+			if time.Now().After(deadline) {
+				t.Fatal("no page target in chromium")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	conn, _, err := websocket.Dial(ctx, pageURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadLimit(64 << 20)
+	defer conn.CloseNow()
+	c := &cdp{t: t, conn: conn, wait: map[int64]chan cdpReply{}}
+	go c.readLoop(ctx)
+
+	dirs := []string{t.TempDir()}
+	if d := os.Getenv("OUTPOST_ARTIFACTS"); d != "" {
+		dirs = append(dirs, d)
+	}
+	shot := func(name string) {
+		var r struct{ Data string }
+		c.call(ctx, "Page.captureScreenshot", map[string]any{"format": "png"}, &r)
+		png, err := base64.StdEncoding.DecodeString(r.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range dirs {
+			os.MkdirAll(d, 0o755)
+			p := filepath.Join(d, "console-"+name+".png")
+			if err := os.WriteFile(p, png, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("screenshot %s", p)
+		}
+	}
+
+	shot0 := shot
+	shot = func(name string) {
+		shot0(name)
+		if strings.HasPrefix(name, "timeout") {
+			t.Logf("the API says: %s", e.do("GET", "/api/v1/runs?thread=browser", nil).body)
+		}
+	}
+	c.call(ctx, "Page.enable", nil, nil)
+	c.call(ctx, "Page.navigate", map[string]any{"url": e.url + "/"}, nil)
+	c.until(ctx, "the sign-in form", `document.readyState === "complete" && document.getElementById("token")`, shot)
+	shot("1-sign-in")
+
+	js := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s;
+		document.getElementById("operator").value = "Dr Test";
+		document.getElementById("login-btn").click(); true`, js(e.token)))
+	c.until(ctx, "the console", `!document.getElementById("main").hidden && document.getElementById("stream").textContent.includes("live")`, shot)
+	c.until(ctx, "the bundle and model", `document.getElementById("bundle").textContent.includes("test-bundle v3") && document.getElementById("uplink").textContent.includes("not configured")`, shot)
+	shot("2-signed-in")
+
+	c.eval(ctx, `document.getElementById("thread").value = "browser";
+		document.getElementById("input").value = "please review my dose";
+		document.getElementById("start").click(); true`)
+	c.until(ctx, "the run waiting for review",
+		`document.getElementById("run-status").dataset.status === "interrupted" && !document.getElementById("interrupt").hidden`, shot)
+	c.until(ctx, "the streamed tokens", `document.getElementById("transcript").textContent.includes("Take your dose now.")`, shot)
+	c.until(ctx, "the review node highlighted", `(document.querySelector("#graph rect.current") || {dataset: {}}).dataset.node === "review"`, shot)
+	c.eval(ctx, `document.getElementById("filter-review").click(); true`)
+	c.until(ctx, "the review filter", `document.querySelectorAll("#runs li").length === 1 && document.querySelector("#runs li .status").textContent === "waiting for review"`, shot)
+	shot("3-waiting-for-review")
+
+	c.eval(ctx, `document.getElementById("reason").value = "cited correctly"; document.getElementById("approve").click(); true`)
+	c.until(ctx, "the run completed", `document.getElementById("run-status").dataset.status === "completed" &&
+		document.getElementById("decisions").textContent.includes("approve by Dr Test") &&
+		document.getElementById("output").textContent.includes("Goodbye")`, shot)
+	c.eval(ctx, `document.getElementById("filter-review").click(); true`)
+	c.until(ctx, "the completed run in the list", `[...document.querySelectorAll("#runs li .status")].some(s => s.textContent === "completed")`, shot)
+	shot("4-approved-completed")
+
+	// The API agrees: completed, decided by the person who clicked.
+	runs := e.do("GET", "/api/v1/runs?thread=browser", nil).json(t)["runs"].([]any)
+	run := runs[0].(map[string]any)
+	d := run["decisions"].([]any)[0].(map[string]any)
+	if run["status"] != "completed" || d["by"] != "Dr Test (console-token)" || d["decision"] != "approve" || d["reason"] != "cited correctly" {
+		t.Fatalf("run after the click: %v", run)
+	}
+}
