@@ -14,8 +14,8 @@ help: ## list the targets
 build: ## build the static binary bin/outpost
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/outpost ./cmd/outpost
 
-run: build ## build, then run one turn of the embedded reference agent in $(DATA)
-	./bin/outpost run --data $(DATA) "I forgot my metformin dose this morning, what should I do?"
+run: build ## build, then serve the API and console on 127.0.0.1:7070 with the embedded reference bundle, in $(DATA)
+	./bin/outpost serve --data $(DATA)
 
 test: ## go vet, then every test with the race detector
 	$(GO) vet ./...
