@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -146,10 +147,16 @@ func TestConsoleInChromium(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
-	profile := t.TempDir()
+	// Not t.TempDir: chromium's helper processes may still write to the
+	// profile as the test ends, and its removal must not fail the test.
+	profile, err := os.MkdirTemp("", "outpost-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
 		"--remote-debugging-port=0", "--user-data-dir="+profile, "--no-first-run", "--disable-background-networking",
 		"--disable-component-update", "--disable-sync", "--window-size=1280,960", "about:blank")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -158,8 +165,12 @@ func TestConsoleInChromium(t *testing.T) {
 		t.Fatalf("start %s: %v", bin, err)
 	}
 	t.Cleanup(func() {
-		cmd.Process.Kill()
+		// The browser and its helpers share the process group we gave it.
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		cmd.Wait()
+		for i := 0; i < 20 && os.RemoveAll(profile) != nil; i++ {
+			time.Sleep(100 * time.Millisecond)
+		}
 	})
 	wsURL := make(chan string, 1)
 	go func() {

@@ -210,6 +210,9 @@ func TestWebsocketSubscribeAndResume(t *testing.T) {
 	// Subscribing to one run only.
 	c3 := e.connect(ctx)
 	_, run3 := e.startRun("mine", "review", "20s")
+	// The hub follows the bus on its own goroutine: once the first client
+	// has the interrupt, the replay window holds it too.
+	c.until(ctx, func(m map[string]any) bool { return m["type"] == engine.EventInterrupt })
 	c3.send(ctx, map[string]any{"type": "resume", "seq": 0, "run": run3["id"]})
 	got := c3.until(ctx, func(m map[string]any) bool { return m["type"] == "resumed" })
 	if got[len(got)-2]["type"] != engine.EventInterrupt {

@@ -21,7 +21,9 @@
 //   - Resolver turns an Installer into an engine.Resolver: new runs get the
 //     active version, resumed runs the exact version (and digest) they
 //     were pinned to at start.
-//   - Graph files are strict JSON, compiled into engine graphs from a fixed
+//   - Graph files are strict JSON or YAML (.yaml, .yml: a plain subset,
+//     converted to JSON and decoded by the same strict decoder, errors at
+//     the YAML's line and column), compiled into engine graphs from a fixed
 //     set of node kinds (model, tool_loop, guardrail, retrieve, router,
 //     review, template, fanout, subgraph) and
 //     conditions (flag_set, flag_not_set, channel_empty,

@@ -3,6 +3,7 @@ package firmware
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -96,5 +97,47 @@ func FuzzDecodeGolden(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _ = DecodeGolden("g.jsonl", data)
+	})
+}
+
+func FuzzCompileYAMLGraph(f *testing.F) {
+	matches, _ := filepath.Glob(filepath.Join(fuzzBundle, "agents", "*.yaml"))
+	for _, m := range matches {
+		if data, err := os.ReadFile(m); err == nil {
+			f.Add(data)
+		}
+	}
+	f.Add([]byte("name: x\nchannels: []\nnodes: [{name: a, kind: router}]\nedges: [{from: START, to: a}]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		compile := func(file string, data []byte) error {
+			b := &Bundle{Manifest: &Manifest{Name: "fuzz", Version: 1}, Prompts: map[string]string{}}
+			gc := &graphCompiler{bundle: b, files: contents{file: data}, compiled: map[string]*compiledGraph{}}
+			_, err := gc.compile(file)
+			return err
+		}
+		err := compile("g.yaml", data)
+		var fe *FileError
+		if err != nil && !errors.As(err, &fe) && !errors.Is(err, ErrMissingFile) {
+			t.Fatalf("error without a file position: %v", err)
+		}
+		if fe != nil && fe.File == "g.yaml" {
+			if lines := 1 + bytes.Count(data, []byte{'\n'}); fe.Line < 0 || fe.Line > lines || fe.Column < 0 {
+				t.Fatalf("position %d:%d outside a file of %d lines: %v", fe.Line, fe.Column, lines, err)
+			}
+		}
+		// The YAML decodes exactly as the JSON it converts to.
+		js, _, yerr := yamlToJSON("g.yaml", data)
+		if yerr != nil {
+			if err == nil {
+				t.Fatalf("conversion failed (%v) but the graph compiled", yerr)
+			}
+			return
+		}
+		if !json.Valid(js) {
+			t.Fatalf("converted to invalid JSON: %s", js)
+		}
+		if jerr := compile("g.json", js); (jerr == nil) != (err == nil) {
+			t.Fatalf("YAML: %v; its JSON: %v", err, jerr)
+		}
 	})
 }

@@ -115,8 +115,19 @@ func (gc *graphCompiler) compile(path string) (*compiledGraph, error) {
 	}
 	gc.stack = append(gc.stack, path)
 	defer func() { gc.stack = gc.stack[:len(gc.stack)-1] }()
-	cg, err := gc.build(path, data)
-	if err != nil {
+	var cg *compiledGraph
+	var err error
+	if isYAML(path) {
+		// YAML is converted to JSON and compiled as such; positions are
+		// mapped back to the YAML.
+		js, m, yerr := yamlToJSON(path, data)
+		if yerr != nil {
+			return nil, yerr
+		}
+		if cg, err = gc.build(path, js); err != nil {
+			return nil, m.relocate(path, err)
+		}
+	} else if cg, err = gc.build(path, data); err != nil {
 		return nil, err
 	}
 	gc.compiled[path] = cg

@@ -28,9 +28,9 @@ const (
 )
 
 // KindBuilder builds a node of a registered kind from its config (the
-// node's "config" object, verbatim). Decode it with env.Decode so that
-// unknown fields are refused with a line and column, and report problems
-// with env.Errorf.
+// node's "config" object, verbatim; from a YAML graph file, as JSON).
+// Decode it with env.Decode so that unknown fields are refused with a line
+// and column, and report problems with env.Errorf.
 type KindBuilder func(cfg json.RawMessage, env *Env) (engine.NodeFunc, error)
 
 var (

@@ -124,6 +124,14 @@ func TestPatterns(t *testing.T) {
 				}
 			}},
 	}
+	// The YAML forms of some agents (agents/*.yaml) run the same cases.
+	for _, tt := range tests {
+		switch tt.agent {
+		case "sequential", "conditional", "hierarchical":
+			tt.name, tt.agent = "yaml/"+tt.name, tt.agent+"_yaml"
+			tests = append(tests, tt)
+		}
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o := invoke(t, resolve, tt.agent, tt.input)

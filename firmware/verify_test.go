@@ -198,7 +198,7 @@ func TestVerify(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if m.Name != "patterns" || m.Version != 1 || len(m.Agents) != 8 {
+				if m.Name != "patterns" || m.Version != 1 || len(m.Agents) != 11 {
 					t.Fatalf("manifest %+v", m)
 				}
 				return
