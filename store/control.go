@@ -53,6 +53,10 @@ func ServeControl(ctx context.Context, db *DB, dir string) error {
 		rep, err := db.Check(r.Context())
 		writeControl(w, rep, err)
 	})
+	mux.HandleFunc("GET /ledger", func(w http.ResponseWriter, r *http.Request) {
+		st, err := db.Ledger(r.Context())
+		writeControl(w, st, err)
+	})
 	mux.HandleFunc("POST /prune", func(w http.ResponseWriter, r *http.Request) {
 		d, err := time.ParseDuration(r.URL.Query().Get("older_than"))
 		if err != nil {
@@ -129,6 +133,12 @@ func (c *Control) do(ctx context.Context, method, path string, out any) error {
 func (c *Control) Check(ctx context.Context) (*CheckReport, error) {
 	var rep CheckReport
 	return &rep, c.do(ctx, http.MethodGet, "/check", &rep)
+}
+
+// Ledger reads the outcome ledger's state in the owning process.
+func (c *Control) Ledger(ctx context.Context) (LedgerState, error) {
+	var st LedgerState
+	return st, c.do(ctx, http.MethodGet, "/ledger", &st)
 }
 
 // Prune runs Prune in the owning process.

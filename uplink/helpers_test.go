@@ -38,7 +38,7 @@ var runCounter atomic.Int64
 // that they share group commits (and fsyncs).
 func makeOutcomes(t testing.TB, db *store.DB, n int) {
 	t.Helper()
-	const workers = 64
+	const workers = 256
 	var wg sync.WaitGroup
 	var next atomic.Int64
 	errs := make(chan error, workers)

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/outpost-edge/outpost/uplink"
+)
+
+func init() {
+	register("collector", "receive appliances' outcomes (the uplink's upstream end)", runCollector)
+}
+
+func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("collector", "collector --listen ADDR --data DIR --secrets FILE [--postgres DSN]", stderr)
+	listen := fs.String("listen", "127.0.0.1:7080", "address to listen on")
+	data := fs.String("data", "./collector-data", "data folder of the embedded (bbolt) store")
+	secrets := fs.String("secrets", "", "file of \"appliance_id secret\" lines, one per appliance")
+	pg := fs.String("postgres", "", "store into PostgreSQL at this DSN instead of bbolt (several collectors may share it)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *secrets == "" {
+		return fmt.Errorf("--secrets FILE is required: one \"appliance_id secret\" line per appliance")
+	}
+	keys, err := uplink.LoadSecrets(*secrets)
+	if err != nil {
+		return err
+	}
+	var st uplink.CollectorStore
+	where := *data
+	if *pg != "" {
+		st, err = uplink.OpenPostgresStore(ctx, *pg, "")
+		where = "postgres"
+	} else {
+		st, err = uplink.OpenBoltStore(*data)
+	}
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	srv := &http.Server{Handler: uplink.NewCollector(st, uplink.CollectorOptions{Secrets: keys, Logger: log}),
+		ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 2 * time.Minute}
+	fmt.Fprintf(stdout, "collector listening on http://%s (%d appliances, store: %s)\n", l.Addr(), len(keys), where)
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

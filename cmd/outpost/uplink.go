@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/store"
+	"github.com/outpost-edge/outpost/uplink"
+)
+
+func init() {
+	register("uplink", "show or flush the outcome uplink to the collector", runUplink)
+}
+
+const uplinkUsage = `Usage: outpost uplink <status|flush> [flags]
+
+  status   the ledger's last seq, the acknowledged cursor and the backlog
+  flush    send the backlog to the collector now and wait (--url and --secret-file)
+
+Flags: --data DIR, --url URL, --appliance-id ID, --secret-file FILE, --timeout D, --json.
+While serve runs, it owns the uplink: status reads the ledger through its
+control socket, and flush is serve's job (GET /api/v1/uplink shows it).
+`
+
+func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	sub, fs, err := subcommand("uplink", uplinkUsage, args, stderr)
+	if sub == "" {
+		return err
+	}
+	data := dataFlag(fs)
+	url := fs.String("url", "", "the collector's base URL (flush)")
+	appliance := fs.String("appliance-id", "", "this appliance's id upstream (default: the store's)")
+	secretFile := fs.String("secret-file", "", "file holding this appliance's uplink secret (flush)")
+	timeout := fs.Duration("timeout", time.Minute, "flush: give up after this long")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	switch sub {
+	case "status":
+		return uplinkStatus(ctx, *data, *url, *asJSON, stdout)
+	case "flush":
+		if *url == "" || *secretFile == "" {
+			return fmt.Errorf("flush needs --url and --secret-file")
+		}
+		secret, err := uplink.LoadSecret(*secretFile)
+		if err != nil {
+			return err
+		}
+		return uplinkFlush(ctx, *data, uplink.Config{URL: *url, ApplianceID: *appliance, Secret: secret}, *timeout, *asJSON, stdout)
+	}
+	fmt.Fprint(stderr, uplinkUsage)
+	return fmt.Errorf("unknown uplink subcommand %q", sub)
+}
+
+func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.Writer) error {
+	var st uplink.Status
+	err := withStore(dir,
+		func(db *store.DB) error {
+			u, err := uplink.New(db, uplink.Config{URL: url})
+			if err != nil {
+				return err
+			}
+			st = u.Status()
+			return nil
+		},
+		func(c *store.Control) error {
+			ls, err := c.Ledger(ctx)
+			st = uplink.Status{ApplianceID: ls.ApplianceID, AckedSeq: ls.AckedSeq, LastSeq: ls.LastSeq, Backlog: ls.Backlog()}
+			return err
+		})
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(stdout, st)
+	}
+	printUplinkStatus(stdout, st)
+	return nil
+}
+
+func printUplinkStatus(w io.Writer, st uplink.Status) {
+	fmt.Fprintf(w, "appliance %s: %d outcomes, %d acknowledged upstream, backlog %d\n", st.ApplianceID, st.LastSeq, st.AckedSeq, st.Backlog)
+	if st.LastSuccessAt != nil {
+		fmt.Fprintf(w, "last success %s\n", st.LastSuccessAt.Format(time.RFC3339))
+	}
+	if st.Parked != nil {
+		fmt.Fprintf(w, "PARKED outcomes %d-%d: the collector answered %d %s: %s\n", st.Parked.FirstSeq, st.Parked.LastSeq,
+			st.Parked.StatusCode, st.Parked.Code, st.Parked.Message)
+	}
+	if st.LastError != "" {
+		fmt.Fprintf(w, "last error: %s\n", st.LastError)
+	}
+}
+
+func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout time.Duration, asJSON bool, stdout io.Writer) error {
+	if _, err := os.Stat(filepath.Join(dir, store.FileName)); err != nil {
+		return fmt.Errorf("no store in %s: %w", dir, err)
+	}
+	db, err := openStore(dir)
+	if errors.Is(err, store.ErrInUse) {
+		return fmt.Errorf("%w\n(serve owns this store and drains the uplink itself; see GET /api/v1/uplink)", err)
+	}
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	cfg.RedactorFor = bundleRedactors(dir)
+	u, err := uplink.New(db, cfg)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	ferr := u.Flush(ctx)
+	st := u.Status()
+	if asJSON {
+		if err := printJSON(stdout, st); err != nil {
+			return err
+		}
+	} else {
+		printUplinkStatus(stdout, st)
+	}
+	return ferr
+}
+
+// bundleRedactors returns each outcome's redaction policy: its bundle's,
+// from the embedded reference or the bundles installed in dir. An outcome
+// whose bundle is unknown, or has no policy, leaves with its identity
+// fields only (uplink.Config's fail-closed default).
+func bundleRedactors(dir string) func(engine.BundleRef) uplink.Redactor {
+	var mu sync.Mutex
+	cache := map[engine.BundleRef]uplink.Redactor{}
+	ref, _ := firmware.Reference()
+	in, _, _ := openInstaller(dir, nil)
+	return func(r engine.BundleRef) uplink.Redactor {
+		mu.Lock()
+		defer mu.Unlock()
+		if red, ok := cache[r]; ok {
+			return red
+		}
+		var b *firmware.Bundle
+		if ref != nil && ref.Ref() == r {
+			b = ref
+		} else if in != nil {
+			if ib, err := in.Open(r.Name, r.Version); err == nil && ib.Ref() == r {
+				b = ib
+			}
+		}
+		var red uplink.Redactor
+		if b != nil && b.Redactor != nil {
+			red = b.Redactor // never a typed nil
+		}
+		cache[r] = red
+		return red
+	}
+}
