@@ -9,9 +9,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outpost-edge/outpost/engine"
@@ -263,6 +265,7 @@ func (u *Uplink) Flush(ctx context.Context) error {
 		return ErrNotConfigured
 	}
 	attempt := 0
+	var lastErr error
 	for {
 		n, err := u.sendBatch(ctx)
 		switch {
@@ -271,9 +274,15 @@ func (u *Uplink) Flush(ctx context.Context) error {
 		case err == nil:
 			attempt = 0
 			continue
-		case errors.Is(err, ErrParked), ctx.Err() != nil:
+		case errors.Is(err, ErrParked):
 			return err
+		case ctx.Err() != nil:
+			if lastErr == nil {
+				return err
+			}
+			return fmt.Errorf("flush: %w (last error: %v)", ctx.Err(), lastErr)
 		}
+		lastErr = err
 		if !sleep(ctx, u.backoff(attempt, err)) {
 			return fmt.Errorf("flush: %w (last error: %v)", ctx.Err(), err)
 		}
@@ -297,17 +306,27 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, u.failed(err)
 	}
-	var body bytes.Buffer
-	n := 0
-	for _, o := range recs {
+	// Redaction dominates the cost of a batch: encode its records on every
+	// core.
+	lines := make([][]byte, len(recs))
+	err = parallel(len(recs), func(i int) error {
 		r := u.cfg.Redactor
 		if u.cfg.RedactorFor != nil {
-			r = u.cfg.RedactorFor(o.Bundle)
+			r = u.cfg.RedactorFor(recs[i].Bundle)
 		}
-		line, err := EncodeRecord(o, r)
+		line, err := EncodeRecord(recs[i], r)
 		if err != nil {
-			return 0, u.failed(fmt.Errorf("encode outcome %d: %w", o.Seq, err))
+			return fmt.Errorf("encode outcome %d: %w", recs[i].Seq, err)
 		}
+		lines[i] = line
+		return nil
+	})
+	if err != nil {
+		return 0, u.failed(err)
+	}
+	var body bytes.Buffer
+	n := 0
+	for _, line := range lines {
 		if n > 0 && body.Len()+len(line)+1 > u.cfg.MaxBytes {
 			break
 		}
@@ -327,6 +346,10 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	req.Header.Set(HeaderSignature, Sign(u.cfg.Secret, body.Bytes()))
 	req.Header.Set(HeaderChainHead, recs[n-1].Hash)
 	resp, err := u.cfg.Client.Do(req)
+	if err != nil && ctx.Err() != nil {
+		// Given up by the caller: not the link's failure.
+		return 0, fmt.Errorf("send outcomes %d-%d: %w", first, last, ctx.Err())
+	}
 	if err != nil {
 		return 0, u.failed(fmt.Errorf("send outcomes %d-%d: %w", first, last, err))
 	}
@@ -379,6 +402,37 @@ func (u *Uplink) failed(err error) error {
 	u.st.LastError = err.Error()
 	u.mu.Unlock()
 	return err
+}
+
+// parallel runs fn(0..n-1) on up to GOMAXPROCS goroutines and returns the
+// first error.
+func parallel(n int, fn func(i int) error) error {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	if workers <= 1 {
+		for i := range n {
+			if err := fn(i); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var next atomic.Int64
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				if err := fn(i); err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // parseRetryAfter reads seconds or an HTTP date; 0 when absent or bad.

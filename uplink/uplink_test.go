@@ -202,8 +202,9 @@ func TestCollectorRefusesBadBatches(t *testing.T) {
 func TestRetriesAndParking(t *testing.T) {
 	srv, _ := newCollector(t, t.TempDir(), "clinic-1")
 	var calls atomic.Int64
-	var mode atomic.Value
+	var mode, busyUntil atomic.Value
 	mode.Store("ok")
+	busyUntil.Store(time.Time{})
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		switch mode.Load().(string) {
@@ -211,10 +212,13 @@ func TestRetriesAndParking(t *testing.T) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return
 		case "429":
-			w.Header().Set("Retry-After", "1")
-			w.WriteHeader(http.StatusTooManyRequests)
-			mode.Store("ok")
-			return
+			// Busy for a moment (by the clock, so a straggling request of
+			// an earlier phase cannot use it up).
+			if time.Now().Before(busyUntil.Load().(time.Time)) {
+				w.Header().Set("Retry-After", "1")
+				w.WriteHeader(http.StatusTooManyRequests)
+				return
+			}
 		case "403":
 			w.WriteHeader(http.StatusForbidden)
 			_, _ = w.Write([]byte(`{"error":{"code":"forbidden","message":"no"}}`))
@@ -241,6 +245,7 @@ func TestRetriesAndParking(t *testing.T) {
 	assert.Equal(t, uint64(3), st.Backlog)
 
 	// 429 with Retry-After: waited out.
+	busyUntil.Store(time.Now().Add(300 * time.Millisecond))
 	mode.Store("429")
 	start := time.Now()
 	require.NoError(t, u.Flush(bg))
