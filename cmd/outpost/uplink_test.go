@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/uplink"
+)
+
+// syncBuffer is a writer that the collector command and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.b = append(s.b, p...)
+	return len(p), nil
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return string(s.b)
+}
+
+func TestUplinkFlushToCollector(t *testing.T) {
+	app, coll := t.TempDir(), t.TempDir()
+	code, out, errs := outpost(t, "uplink", "status", "--data", app, "--json")
+	// No store yet: status says so.
+	require.Equal(t, 1, code, out)
+	assert.Contains(t, errs, "no store")
+
+	code, _, errs = outpost(t, "run", "--data", app, "I forgot my metformin dose this morning")
+	require.Equal(t, 0, code, errs)
+	code, out, errs = outpost(t, "uplink", "status", "--data", app, "--json")
+	require.Equal(t, 0, code, errs)
+	var st uplink.Status
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	assert.Equal(t, uint64(1), st.Backlog)
+	assert.False(t, st.Configured)
+
+	secrets := filepath.Join(coll, "secrets")
+	require.NoError(t, os.WriteFile(secrets, []byte(st.ApplianceID+" hunter2-but-longer\n"), 0o600))
+	mine := filepath.Join(app, "uplink-secret")
+	require.NoError(t, os.WriteFile(mine, []byte("hunter2-but-longer\n"), 0o600))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cout := &syncBuffer{}
+	done := make(chan int)
+	go func() {
+		done <- execute(ctx, []string{"collector", "--listen", "127.0.0.1:0", "--data", coll, "--secrets", secrets}, cout, io.Discard)
+	}()
+	addr := regexp.MustCompile(`http://\S+`)
+	deadline := time.Now().Add(10 * time.Second)
+	for addr.FindString(cout.String()) == "" {
+		require.True(t, time.Now().Before(deadline), "collector did not start: %s", cout.String())
+		time.Sleep(10 * time.Millisecond)
+	}
+	url := addr.FindString(cout.String())
+
+	code, out, errs = outpost(t, "uplink", "flush", "--data", app, "--url", url, "--secret-file", mine)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "backlog 0")
+
+	code, out, errs = outpost(t, "db", "check", "--data", app)
+	require.Equal(t, 0, code, out+errs)
+
+	cancel()
+	require.Equal(t, 0, <-done)
+	st2, err := uplink.OpenBoltStore(coll)
+	require.NoError(t, err)
+	defer st2.Close()
+	list, err := st2.Appliances(context.Background())
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	assert.Equal(t, st.ApplianceID, list[0].ApplianceID)
+	assert.Equal(t, uint64(1), list[0].LastSeq)
+	assert.Equal(t, "ok", list[0].Chain)
+	recs, err := st2.Records(context.Background(), st.ApplianceID, 0, 0)
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	// The reference bundle's policy keeps the status and sends the run id
+	// as a digest only.
+	assert.Contains(t, string(recs[0].Line), `"status":"completed"`)
+	assert.Contains(t, string(recs[0].Line), `"run":{"digest":`)
+}
