@@ -17,6 +17,7 @@ import (
 	"github.com/outpost-edge/outpost/models"
 	"github.com/outpost-edge/outpost/models/ollama"
 	"github.com/outpost-edge/outpost/store"
+	"github.com/outpost-edge/outpost/uplink"
 )
 
 func init() {
@@ -36,6 +37,24 @@ func (h *hostList) Set(s string) error {
 	return nil
 }
 
+// consoleUplink reports the uplink for GET /api/v1/uplink; with none
+// configured it still reports the ledger's backlog.
+func consoleUplink(db *store.DB, up *uplink.Uplink) func(context.Context) (*console.UplinkStatus, error) {
+	return func(ctx context.Context) (*console.UplinkStatus, error) {
+		if up == nil {
+			ls, err := db.Ledger(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return &console.UplinkStatus{AckedSeq: ls.AckedSeq, LastSeq: ls.LastSeq, Backlog: ls.Backlog(),
+				Note: "no uplink configured: outcomes stay on the appliance"}, nil
+		}
+		st := up.Status()
+		return &console.UplinkStatus{Configured: st.Configured, AckedSeq: st.AckedSeq, LastSeq: st.LastSeq,
+			Backlog: st.Backlog, LastError: st.LastError, LastSuccessAt: st.LastSuccessAt}, nil
+	}
+}
+
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--tls-cert FILE --tls-key FILE] [--allow-host NAME]", stderr)
 	data := dataFlag(fs)
@@ -46,8 +65,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var hosts hostList
 	fs.Var(&hosts, "allow-host", "a Host name the console answers to besides the loopback ones (repeatable)")
 	workers := fs.Int("workers", 8, "runs executing at once")
+	upURL := fs.String("uplink", "", "collector URL to send the outcome ledger to (e.g. https://collector.site:8443)")
+	applianceID := fs.String("appliance-id", "", "this appliance's id upstream (default: the store's)")
+	upSecret := fs.String("uplink-secret", "", "file holding the HMAC secret shared with the collector")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if (*upURL == "") != (*upSecret == "") {
+		return fmt.Errorf("--uplink and --uplink-secret go together")
 	}
 	if (*cert == "") != (*key == "") {
 		return fmt.Errorf("--tls-cert and --tls-key go together")
@@ -97,11 +122,27 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	metrics := console.NewMetrics()
 	bus := engine.NewBus()
+	var up *uplink.Uplink
+	if *upURL != "" {
+		secret, err := uplink.LoadSecret(*upSecret)
+		if err != nil {
+			return err
+		}
+		up, err = uplink.New(db, uplink.Config{URL: *upURL, ApplianceID: *applianceID, Secret: secret,
+			RedactorFor: bundleRedactors(*data), Events: bus})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "uplink: sending outcomes to %s as %s\n", *upURL, db.ApplianceID())
+	} else {
+		fmt.Fprintf(stdout, "uplink: none configured (--uplink URL --uplink-secret FILE); outcomes stay on the appliance\n")
+	}
 	m := engine.NewManager(console.InstrumentStore(db, metrics), resolve, engine.ManagerOptions{Workers: *workers, Events: bus})
 	srv := console.New(console.Config{Manager: m, Bus: bus, Resolve: resolve, Agents: agents, Token: tok,
 		AllowHosts: hosts, Bundles: func() []console.BundleInfo { return bundles }, Metrics: metrics,
 		Health: []console.HealthCheck{{Name: "model", Check: modelHealth}}, StoreSize: db.Size,
-		Logf: func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }})
+		Uplink: consoleUplink(db, up),
+		Logf:   func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }})
 
 	ctl, stopCtl := context.WithCancel(context.Background())
 	var bg sync.WaitGroup
@@ -112,9 +153,20 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Fprintf(stderr, "control socket: %v\n", err)
 		}
 	}()
+	upCtx, stopUp := context.WithCancel(context.Background())
+	if up != nil {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			// A batch cut short by the stop is sent again at the next
+			// start: the collector answers a repeated batch the same way.
+			_ = up.Run(upCtx)
+		}()
+	}
 	shutdown := func() {
 		srv.Close()
 		m.Close() // running steps finish or stop at a checkpoint; runs stay recoverable
+		stopUp()
 		stopCtl()
 		bus.Close()
 		bg.Wait()
