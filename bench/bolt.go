@@ -103,8 +103,10 @@ func sampleCommits(ctx context.Context, dir string, n int) ([]time.Duration, err
 	defer db.Close()
 	ds := make([]time.Duration, 0, n)
 	for i := 0; i < n+5; i++ {
+		// A queued run: the smallest record a run commits, and one that
+		// leaves no outcome in the ledger.
 		run := &engine.Run{ID: fmt.Sprintf("run_probe_%04d", i), Thread: "probe", Agent: "probe",
-			Status: engine.StatusCompleted, CreatedAt: time.Now().UTC()}
+			Status: engine.StatusQueued, CreatedAt: time.Now().UTC()}
 		t := time.Now()
 		if err := db.Commit(ctx, &engine.Commit{Run: run, Sync: true}); err != nil {
 			return nil, err

@@ -152,6 +152,7 @@ func (q *committer) run(batch []*request) {
 		failed := -1
 		var failErr error
 		err := q.db.Update(func(tx *bbolt.Tx) error {
+			defer heads.forget(tx)
 			for i, r := range pending {
 				r.err = nil
 				if err := r.validate(tx); err != nil {

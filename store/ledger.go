@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -247,15 +248,11 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome, appliance string, now time.T
 	o.Flags = finalFlags(tx, r)
 
 	ob := bucket(tx, bucketOutcomes)
-	o.PrevHash = GenesisHash
-	if k, v := ob.Cursor().Last(); k != nil {
-		last, err := decodeOutcome(v)
-		if err != nil {
-			return nil, fmt.Errorf("append outcome: the ledger's last record: %w", corrupt(bucketOutcomes, k, err))
-		}
-		o.Seq, o.PrevHash = last.Seq, last.Hash
+	head, err := heads.get(tx, ob)
+	if err != nil {
+		return nil, err
 	}
-	o.Seq++
+	o.Seq, o.PrevHash = head.seq+1, head.hash
 	h, err := o.ComputeHash()
 	if err != nil {
 		return nil, err
@@ -268,6 +265,7 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome, appliance string, now time.T
 	if err := ob.Put(seqKey(o.Seq), rec); err != nil {
 		return nil, fmt.Errorf("append outcome %d: %w", o.Seq, err)
 	}
+	head.seq, head.hash = o.Seq, o.Hash
 	idx, err := encodeJSONRecord(outcomeRunVersion, &outcomeRun{Seq: o.Seq, OutcomeID: o.OutcomeID, Status: r.Status, Checkpoint: r.Checkpoint})
 	if err != nil {
 		return nil, err
@@ -629,4 +627,46 @@ func initApplianceID(tx *bbolt.Tx, want string) (string, error) {
 	_, _ = rand.Read(b[:])
 	id := "outpost-" + hex.EncodeToString(b[:])
 	return id, setApplianceID(tx, id)
+}
+
+// ledgerHead is the newest outcome's seq and hash within one write
+// transaction. A group commit appends many outcomes in one transaction, and
+// decoding the last record for each of them was most of the append's cost.
+type ledgerHead struct {
+	seq  uint64
+	hash string
+}
+
+// txHeads caches each open write transaction's ledger head. The committer
+// forgets a transaction's entry when its Update callback returns, so an
+// entry never outlives its transaction, committed or rolled back.
+type txHeads struct {
+	mu sync.Mutex
+	m  map[*bbolt.Tx]*ledgerHead
+}
+
+var heads = &txHeads{m: map[*bbolt.Tx]*ledgerHead{}}
+
+func (h *txHeads) get(tx *bbolt.Tx, ob *bbolt.Bucket) (*ledgerHead, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if lh := h.m[tx]; lh != nil {
+		return lh, nil
+	}
+	lh := &ledgerHead{hash: GenesisHash}
+	if k, v := ob.Cursor().Last(); k != nil {
+		last, err := decodeOutcome(v)
+		if err != nil {
+			return nil, fmt.Errorf("append outcome: the ledger's last record: %w", corrupt(bucketOutcomes, k, err))
+		}
+		lh.seq, lh.hash = last.Seq, last.Hash
+	}
+	h.m[tx] = lh
+	return lh, nil
+}
+
+func (h *txHeads) forget(tx *bbolt.Tx) {
+	h.mu.Lock()
+	delete(h.m, tx)
+	h.mu.Unlock()
 }
