@@ -21,6 +21,11 @@ type Agent struct {
 	Output func(State) json.RawMessage
 	// StepLimit overrides the manager's default when positive.
 	StepLimit int
+	// Pin, when set, is called once as a run opens, before its record is
+	// first committed: what it puts in run.Meta (the resolved active tool
+	// set, say) is stored with the run and holds for its whole life,
+	// across restarts. An error refuses the run.
+	Pin func(run *Run) error
 }
 
 // Resolver finds an agent by name. pinned is the zero BundleRef for a new run
@@ -209,6 +214,22 @@ func (m *Manager) open(ctx context.Context, req RunRequest) (*active, *execution
 		CorrelationID: req.CorrelationID, Input: req.Input, Meta: req.Meta, CreatedAt: now}
 	if run.CorrelationID == "" {
 		run.CorrelationID = "corr_" + run.ID[len("run_"):]
+	}
+	if ag.Pin != nil {
+		if run.Meta == nil {
+			run.Meta = map[string]string{}
+		} else {
+			meta := make(map[string]string, len(run.Meta))
+			for k, v := range run.Meta {
+				meta[k] = v
+			}
+			run.Meta = meta
+		}
+		if err := ag.Pin(run); err != nil {
+			m.dequeue()
+			m.release(a, false)
+			return nil, nil, fmt.Errorf("start run: %w", err)
+		}
 	}
 	a.runID = run.ID
 	m.mu.Lock()

@@ -140,7 +140,9 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 			return nil, err
 		}
 		b.Graphs[name] = cg.spec
-		b.agents[name] = newAgent(name, cg, b.Ref())
+		a := newAgent(name, cg, b.Ref())
+		a.Pin = b.pinTools
+		b.agents[name] = a
 	}
 	return b, nil
 }

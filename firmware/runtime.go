@@ -97,12 +97,47 @@ func (rt *Runtime) provider(script *scripted.Provider, nodeModel string) (models
 	return script, model, nil
 }
 
-// ActiveTools returns the run's active tool set: the bundle's registry,
-// narrowed by the appliance's restriction (Tools), narrowed by the
-// request's override (the run's Meta[MetaTools]). It is resolved once per
-// run and pinned for the life of the process; after a restart it is
-// resolved again from the same inputs (the run record is immutable and the
-// run is pinned to its bundle version).
+// MetaActiveTools is the key of engine.Run.Meta that holds the run's active
+// tool set, resolved and pinned when the run opened (policy.ActiveSet's
+// JSON form).
+const MetaActiveTools = "active_tools"
+
+// pinTools is the agents' engine.Agent.Pin: it resolves the run's active
+// tool set (the bundle's registry, narrowed by the appliance's restriction,
+// narrowed by the request's override in Meta[MetaTools]) as the run opens,
+// and stores it on the run, so the run keeps it across restarts even if the
+// appliance's restriction changes meanwhile.
+func (b *Bundle) pinTools(run *engine.Run) error {
+	reg := b.Registry
+	if reg == nil {
+		reg, _ = policy.NewRegistry(nil)
+	}
+	var restrict []string
+	if b.runtime != nil {
+		restrict = b.runtime.Tools
+	}
+	var override []string
+	if v, ok := run.Meta[MetaTools]; ok {
+		override = ParseToolList(v)
+	}
+	set, err := policy.Resolve(reg, restrict, override)
+	if err != nil {
+		return fmt.Errorf("resolve the active tool set: %w", err)
+	}
+	raw, err := set.MarshalJSON()
+	if err != nil {
+		return err
+	}
+	run.Meta[MetaActiveTools] = string(raw)
+	return nil
+}
+
+// ActiveTools returns the run's active tool set: the one pinned on the run
+// when it opened (Meta[MetaActiveTools]). A run opened without the pin (a
+// graph invoked directly, not through the run manager) gets it resolved
+// here: the bundle's registry, narrowed by the appliance's restriction
+// (Tools), narrowed by the request's override (Meta[MetaTools]). Either way
+// it is kept for the life of the process.
 func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run string) (*policy.ActiveSet, error) {
 	if v, ok := rt.pinned.Load(run); ok {
 		return v.(*policy.ActiveSet), nil
@@ -111,20 +146,27 @@ func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run st
 		reg, _ = policy.NewRegistry(nil)
 	}
 	var override []string
+	var set *policy.ActiveSet
 	if rt.Runs != nil && run != "" {
 		r, err := rt.Runs.Run(ctx, run)
 		if err != nil && !errors.Is(err, engine.ErrRunNotFound) {
-			return nil, fmt.Errorf("read run %s for its tool override: %w", run, err)
+			return nil, fmt.Errorf("read run %s for its tool set: %w", run, err)
 		}
 		if r != nil {
-			if v, ok := r.Meta[MetaTools]; ok {
+			if v, ok := r.Meta[MetaActiveTools]; ok {
+				if set, err = policy.DecodeActiveSet([]byte(v)); err != nil {
+					return nil, fmt.Errorf("run %s: its pinned tool set: %w", run, err)
+				}
+			} else if v, ok := r.Meta[MetaTools]; ok {
 				override = ParseToolList(v)
 			}
 		}
 	}
-	set, err := policy.Resolve(reg, rt.Tools, override)
-	if err != nil {
-		return nil, err
+	if set == nil {
+		var err error
+		if set, err = policy.Resolve(reg, rt.Tools, override); err != nil {
+			return nil, err
+		}
 	}
 	actual, _ := rt.pinned.LoadOrStore(run, set)
 	return actual.(*policy.ActiveSet), nil

@@ -1,0 +1,82 @@
+package firmware_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"testing"
+
+	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/internal/wiring"
+	"github.com/outpost-edge/outpost/store"
+)
+
+// The active tool set is resolved as a run opens and stored on it: a run
+// paused before a restart keeps its set even when the appliance's tool
+// restriction changes meanwhile, and new runs get the new one.
+func TestActiveToolSetIsPinnedAcrossRestart(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	open := func(restrict []string) (*store.DB, *engine.Manager, *agent.MemoryFollowups) {
+		db, err := store.OpenDir(dir, store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fu := &agent.MemoryFollowups{}
+		notes, err := agent.OpenFileNotes(filepath.Join(dir, "notes.jsonl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt := &firmware.Runtime{Tools: restrict, Log: wiring.CallLog(db, db), Blobs: db, Runs: db, Notes: notes, Followups: fu}
+		b, err := firmware.ReferenceWithRuntime(rt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := engine.NewManager(db, firmware.BundleResolver(b), engine.ManagerOptions{})
+		if _, err := m.Recover(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return db, m, fu
+	}
+	ask, _ := json.Marshal("Can someone call me back to schedule a medication review for my losartan?")
+
+	db, m, _ := open(nil) // every tool of the bundle
+	r, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: firmware.ReferenceToolsAgent, Input: ask})
+	if err != nil || r.Status != engine.StatusInterrupted {
+		t.Fatalf("first run: %v %s %s", err, r.Status, r.Error)
+	}
+	pinned := r.Meta[firmware.MetaActiveTools]
+	if pinned == "" {
+		t.Fatal("the run record carries no pinned tool set")
+	}
+	m.Close()
+	db.Close()
+
+	// The appliance now allows kb_search only.
+	db, m, fu := open([]string{"kb_search"})
+	defer db.Close()
+	defer m.Close()
+	if _, err := m.Resume(ctx, r.ID, map[string]engine.Decision{r.Interrupts[0].ID: {Kind: engine.Approve, By: "nurse"}}); err != nil {
+		t.Fatal(err)
+	}
+	done, err := m.Wait(ctx, r.ID)
+	if err != nil || done.Status != engine.StatusCompleted {
+		t.Fatalf("resumed run: %v %s %s", err, done.Status, done.Error)
+	}
+	if n := len(fu.List()); n != 1 {
+		t.Fatalf("the pinned set allowed schedule_followup, yet %d follow-ups were made", n)
+	}
+	if done.Meta[firmware.MetaActiveTools] != pinned {
+		t.Fatal("the pinned set changed")
+	}
+	// A new run gets the narrowed set: the follow-up tool is refused.
+	r2, err := m.Invoke(ctx, engine.RunRequest{Thread: "u", Agent: firmware.ReferenceToolsAgent, Input: ask})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r2.Status == engine.StatusInterrupted || len(fu.List()) != 1 {
+		t.Fatalf("a new run under the narrowed set: %s, %d follow-ups", r2.Status, len(fu.List()))
+	}
+}
