@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/outpost-edge/outpost/firmware"
@@ -334,39 +333,4 @@ func firmwareExport(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 		"edit it, then sign it with your own key: outpost firmware keygen --out KEYS && outpost firmware sign --key KEYS/ID.key %s\n",
 		firmware.ReferenceName, fs.Arg(0), fs.Arg(0))
 	return nil
-}
-
-// flagsFirst moves flags before positional arguments, so "install BUNDLE
-// --activate" parses like "install --activate BUNDLE". Unlike reorder, it
-// knows which flags are booleans and take no value.
-func flagsFirst(fs *flag.FlagSet, args []string) []string {
-	var flags, pos []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			pos = append(pos, args[i+1:]...)
-			break
-		}
-		if len(a) < 2 || a[0] != '-' {
-			pos = append(pos, a)
-			continue
-		}
-		flags = append(flags, a)
-		name := strings.TrimLeft(a, "-")
-		if strings.Contains(name, "=") {
-			continue
-		}
-		f := fs.Lookup(name)
-		if f == nil {
-			continue // parse reports it
-		}
-		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
-			continue
-		}
-		if i+1 < len(args) {
-			flags = append(flags, args[i+1])
-			i++
-		}
-	}
-	return append(flags, pos...)
 }

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"sort"
+	"strings"
 	"syscall"
 )
 
@@ -119,4 +120,39 @@ func subcommand(name, usage string, args []string, stderr io.Writer) (string, *f
 	}
 	sub := args[0]
 	return sub, newFlags(name+" "+sub, name+" "+sub+" [flags]", stderr), nil
+}
+
+// flagsFirst moves flags before positional arguments, so "install BUNDLE
+// --activate" parses like "install --activate BUNDLE". It asks fs which
+// flags are booleans, which take no value.
+func flagsFirst(fs *flag.FlagSet, args []string) []string {
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i+1:]...)
+			break
+		}
+		if len(a) < 2 || a[0] != '-' {
+			pos = append(pos, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue // parse reports it
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		if i+1 < len(args) {
+			flags = append(flags, args[i+1])
+			i++
+		}
+	}
+	return append(flags, pos...)
 }

@@ -251,7 +251,7 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	by := fs.String("by", "cli", "who decides (recorded with the decision)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
 	mc := modelFlags(fs)
-	if err := parse(fs, reorder(args)); err != nil {
+	if err := parse(fs, flagsFirst(fs, args)); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
@@ -298,23 +298,4 @@ func resumeOne(ctx context.Context, s *session, runID, interrupt string, d engin
 		return nil, err
 	}
 	return s.m.Wait(ctx, runID)
-}
-
-// reorder moves flags before positional arguments, so "resume RUN --decision
-// approve" parses like "resume --decision approve RUN".
-func reorder(args []string) []string {
-	var flags, pos []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if strings.HasPrefix(a, "-") {
-			flags = append(flags, a)
-			if !strings.Contains(a, "=") && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") && a != "--json" && a != "-json" {
-				flags = append(flags, args[i+1])
-				i++
-			}
-			continue
-		}
-		pos = append(pos, a)
-	}
-	return append(flags, pos...)
 }
