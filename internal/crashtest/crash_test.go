@@ -227,17 +227,37 @@ func kills(t *testing.T) int {
 
 func TestCrashKill9(t *testing.T) {
 	dir := t.TempDir()
-	self, err := os.Executable()
-	require.NoError(t, err)
 	n := kills(t)
 	nturns := 4 + n/2
-	start := func() *exec.Cmd {
+	start := childStarter(t, "OUTPOST_CRASH_CHILD="+dir, "OUTPOST_CRASH_TURNS="+strconv.Itoa(nturns))
+	if k := killAtRandom(t, start, n); k < n {
+		t.Fatalf("the work finished after %d of %d kills: give the child more work", k, n)
+	}
+	// Let it finish.
+	cmd := start()
+	require.NoError(t, cmd.Wait(), "final child failed")
+
+	verify(t, dir, nturns)
+}
+
+// childStarter returns a function that starts this test binary again as a
+// child with env added.
+func childStarter(t *testing.T, env ...string) func() *exec.Cmd {
+	self, err := os.Executable()
+	require.NoError(t, err)
+	return func() *exec.Cmd {
 		cmd := exec.Command(self, "-test.run=^$")
-		cmd.Env = append(os.Environ(), "OUTPOST_CRASH_CHILD="+dir, "OUTPOST_CRASH_TURNS="+strconv.Itoa(nturns))
+		cmd.Env = append(os.Environ(), env...)
 		cmd.Stderr = os.Stderr
 		require.NoError(t, cmd.Start())
 		return cmd
 	}
+}
+
+// killAtRandom starts a child n times and SIGKILLs it 30 to 150 ms later. It
+// returns the number of kills that landed before a child finished its work
+// by itself (n when every one did); a child that fails fails the test.
+func killAtRandom(t *testing.T, start func() *exec.Cmd, n int) int {
 	for killed := 0; killed < n; killed++ {
 		cmd := start()
 		exited := make(chan error, 1)
@@ -245,17 +265,13 @@ func TestCrashKill9(t *testing.T) {
 		select {
 		case err := <-exited:
 			require.NoError(t, err, "child failed")
-			t.Fatalf("the work finished after %d of %d kills: give the child more work", killed, n)
+			return killed
 		case <-time.After(time.Duration(30+rand.IntN(120)) * time.Millisecond):
 		}
 		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 		<-exited
 	}
-	// Let it finish.
-	cmd := start()
-	require.NoError(t, cmd.Wait(), "final child failed")
-
-	verify(t, dir, nturns)
+	return n
 }
 
 func verify(t *testing.T, dir string, turns int) {

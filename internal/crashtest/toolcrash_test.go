@@ -15,12 +15,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -211,37 +209,18 @@ func toolChild(dir string) error {
 
 func TestToolCrashKill9(t *testing.T) {
 	dir := t.TempDir()
-	self, err := os.Executable()
-	require.NoError(t, err)
 	n := 30
 	if s := os.Getenv("OUTPOST_CRASH_KILLS"); s != "" {
+		var err error
 		n, err = strconv.Atoi(s)
 		require.NoError(t, err)
 	}
 	nturns := 4 + n/2
-	start := func() *exec.Cmd {
-		cmd := exec.Command(self, "-test.run=^$")
-		cmd.Env = append(os.Environ(), "OUTPOST_TOOLCRASH_CHILD="+dir, "OUTPOST_CRASH_TURNS="+strconv.Itoa(nturns))
-		cmd.Stderr = os.Stderr
-		require.NoError(t, cmd.Start())
-		return cmd
-	}
-	for killed := 0; killed < n; killed++ {
-		cmd := start()
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		select {
-		case err := <-exited:
-			require.NoError(t, err, "child failed")
-			// Every thread is done or waits for a person: nothing left to
-			// interrupt.
-			t.Logf("the child finished after %d of %d kills", killed, n)
-			killed = n
-			continue
-		case <-time.After(time.Duration(30+rand.IntN(120)) * time.Millisecond):
-		}
-		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-		<-exited
+	start := childStarter(t, "OUTPOST_TOOLCRASH_CHILD="+dir, "OUTPOST_CRASH_TURNS="+strconv.Itoa(nturns))
+	if k := killAtRandom(t, start, n); k < n {
+		// Every thread is done or waits for a person: nothing left to
+		// interrupt.
+		t.Logf("the child finished after %d of %d kills", k, n)
 	}
 	cmd := start()
 	require.NoError(t, cmd.Wait(), "final child failed")
