@@ -169,7 +169,7 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 		if err != nil {
 			return err
 		}
-		if err := checkLedger(ctx, tx, rep, add); err != nil {
+		if err := checkLedger(ctx, tx, rep, add, refsOf); err != nil {
 			return err
 		}
 		return forEach(ctx, tx, bucketBlobs, func(k, v []byte) {

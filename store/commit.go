@@ -284,10 +284,19 @@ func prepareCommit(c *engine.Commit, now time.Time, appliance string) (_ *reques
 		if err != nil {
 			return nil, nil, fmt.Errorf("commit run %s: %w", c.Run.ID, err)
 		}
-		if leavesOutcome(c.Run.Status) {
-			outcome = newPendingOutcome(c.Run)
-		}
 		run = &encodedKV{[]byte(c.Run.ID), rec}
+		if leavesOutcome(c.Run.Status) {
+			var data []byte
+			if outcome, data, err = newPendingOutcome(c.Run, appliance, now); err != nil {
+				return nil, nil, fmt.Errorf("commit run %s: outcome: %w", c.Run.ID, err)
+			}
+			if data != nil {
+				if extra == nil {
+					extra = map[engine.BlobRef][]byte{}
+				}
+				extra[outcome.outputBlob] = data
+			}
+		}
 		for ref, data := range extra {
 			if _, dup := c.Blobs[ref]; !dup {
 				blobs = append(blobs, encodedBlob{key: blobKey(ref), data: data, rec: encodeBlob(data, now)})
@@ -345,7 +354,7 @@ func prepareCommit(c *engine.Commit, now time.Time, appliance string) (_ *reques
 			if outcome != nil {
 				// Last, so the run's final checkpoint is in place for its
 				// flags.
-				o, err := appendOutcome(tx, outcome, appliance, now)
+				o, err := appendOutcome(tx, outcome)
 				if err != nil {
 					return fmt.Errorf("commit run %s: %w", c.Run.ID, err)
 				}

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -152,19 +153,59 @@ func OutcomeHash(prevHash string, digests map[string]string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-func encodeOutcome(o *Outcome) ([]byte, error) { return encodeJSONRecord(outcomeVersion, o) }
-
-func decodeOutcome(b []byte) (*Outcome, error) {
-	var o Outcome
-	if err := decodeJSONRecord(b, outcomeVersion, &o); err != nil {
-		return nil, err
+// encodeOutcome encodes o for the ledger; with a non-zero outputBlob the
+// record names that blob instead of holding the output.
+func encodeOutcome(o *Outcome, outputBlob engine.BlobRef) ([]byte, error) {
+	stored := outcomeRecord{Outcome: *o}
+	if !outputBlob.IsZero() {
+		stored.Output, stored.OutputBlob = nil, outputBlob.String()
 	}
-	return &o, nil
+	return encodeJSONRecord(outcomeVersion, &stored)
+}
+
+// decodeOutcome decodes a ledger record. An output kept out of line comes
+// back empty, named by the returned reference: resolveOutcome fills it in.
+func decodeOutcome(b []byte) (*Outcome, engine.BlobRef, error) {
+	var rec outcomeRecord
+	if err := decodeJSONRecord(b, outcomeVersion, &rec); err != nil {
+		return nil, engine.BlobRef{}, err
+	}
+	var ref engine.BlobRef
+	if rec.OutputBlob != "" {
+		if len(rec.Output) > 0 && string(rec.Output) != "null" {
+			return nil, ref, fmt.Errorf("outcome %d holds its output both inline and as blob %s", rec.Seq, rec.OutputBlob)
+		}
+		var err error
+		if ref, err = engine.ParseBlobRef(rec.OutputBlob); err != nil {
+			return nil, ref, err
+		}
+		rec.Output = nil
+	}
+	return &rec.Outcome, ref, nil
+}
+
+// resolveOutcome reads an outcome's out-of-line output from blobs.
+func resolveOutcome(o *Outcome, ref engine.BlobRef, blobs *bbolt.Bucket) error {
+	if ref.IsZero() {
+		return nil
+	}
+	v := blobs.Get(blobKey(ref))
+	if v == nil {
+		return fmt.Errorf("outcome %d: output blob %s: %w", o.Seq, ref, engine.ErrBlobNotFound)
+	}
+	data, _, err := decodeBlob(v)
+	if err != nil {
+		return corrupt(bucketBlobs, blobKey(ref), err)
+	}
+	o.Output = bytes.Clone(data)
+	return nil
 }
 
 // DecodeOutcomeRecord decodes one stored ledger record (version byte, JSON,
-// checksum). It is exported for fuzzing and tools; it never panics.
-func DecodeOutcomeRecord(b []byte) (*Outcome, error) { return decodeOutcome(b) }
+// checksum). An output kept out of line is not read: the record names its
+// blob, returned as the second value. It is exported for fuzzing and tools;
+// it never panics.
+func DecodeOutcomeRecord(b []byte) (*Outcome, engine.BlobRef, error) { return decodeOutcome(b) }
 
 func seqKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
 
@@ -184,23 +225,78 @@ func leavesOutcome(s engine.RunStatus) bool {
 	return s.Terminal() || s == engine.StatusInterrupted
 }
 
-// pendingOutcome is what prepareCommit knows of a run's outcome outside the
-// transaction; appendOutcome completes it inside.
+// pendingOutcome is an outcome as prepareCommit builds it outside the
+// transaction: every field the run alone determines, with its digest, and
+// the output's blob when it is kept out of line. appendOutcome completes it
+// inside the transaction with what only the store knows (the ledger head,
+// the run's tool calls and flags) and rehashes only those fields. A batch
+// may apply a request twice (see committer.run), so appendOutcome never
+// changes a pendingOutcome.
 type pendingOutcome struct {
-	run       *engine.Run
-	outcomeID string
+	run     *engine.Run
+	o       Outcome
+	digests map[string]string
+	// outputBlob names the blob that holds o.Output when it is above
+	// engine.BlobThreshold; the stored record then carries only the
+	// reference.
+	outputBlob engine.BlobRef
 }
 
-func newPendingOutcome(r *engine.Run) *pendingOutcome {
+// newPendingOutcome prepares r's outcome, as of now. It returns the output
+// blob's bytes when the output goes out of line.
+func newPendingOutcome(r *engine.Run, appliance string, now time.Time) (*pendingOutcome, []byte, error) {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
-	return &pendingOutcome{run: r, outcomeID: "oc_" + hex.EncodeToString(b[:])}
+	o := Outcome{
+		ApplianceID: appliance, OutcomeID: "oc_" + hex.EncodeToString(b[:]), CorrelationID: r.CorrelationID,
+		CausationID: r.Meta["causation_id"], Thread: r.Thread, Run: r.ID, Agent: r.Agent,
+		Bundle: r.Bundle, Status: r.Status, StartedAt: r.StartedAt.UTC(), EndedAt: r.EndedAt.UTC(),
+		Steps: r.Steps, Error: r.Error, Tools: []OutcomeTool{}, Flags: []string{},
+	}
+	if o.CorrelationID == "" {
+		o.CorrelationID = r.ID // stable across the run's outcomes
+	}
+	if o.StartedAt.IsZero() {
+		o.StartedAt = r.CreatedAt.UTC()
+	}
+	if o.EndedAt.IsZero() {
+		o.EndedAt = now.UTC()
+	}
+	if len(r.Output) > 0 {
+		if json.Valid(r.Output) {
+			var buf bytes.Buffer
+			if err := json.Compact(&buf, r.Output); err != nil {
+				return nil, nil, err
+			}
+			o.Output = buf.Bytes()
+		} else {
+			o.Output, _ = json.Marshal(string(r.Output))
+		}
+	}
+	d, err := o.Digests()
+	if err != nil {
+		return nil, nil, err
+	}
+	p := &pendingOutcome{run: r, o: o, digests: d}
+	var blob []byte
+	if len(o.Output) > engine.BlobThreshold {
+		p.outputBlob, blob = engine.RefOf(o.Output), o.Output
+	}
+	return p, blob, nil
+}
+
+// outcomeRecord is an outcome as the ledger stores it: an output above
+// engine.BlobThreshold is a blob, named by OutputBlob, like any large value
+// (and it shares the run's own output blob when the two are equal).
+type outcomeRecord struct {
+	Outcome
+	OutputBlob string `json:"output_blob,omitempty"`
 }
 
 // appendOutcome appends the run's outcome to the ledger in tx, unless its
 // latest outcome already records this state. It returns the appended
 // record, or nil.
-func appendOutcome(tx *bbolt.Tx, p *pendingOutcome, appliance string, now time.Time) (*Outcome, error) {
+func appendOutcome(tx *bbolt.Tx, p *pendingOutcome) (*Outcome, error) {
 	r := p.run
 	rb := bucket(tx, bucketOutcomeRuns)
 	var prev *outcomeRun
@@ -213,36 +309,16 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome, appliance string, now time.T
 			return nil, nil
 		}
 	}
-	o := &Outcome{
-		ApplianceID: appliance, OutcomeID: p.outcomeID, CorrelationID: r.CorrelationID,
-		CausationID: r.Meta["causation_id"], Thread: r.Thread, Run: r.ID, Agent: r.Agent,
-		Bundle: r.Bundle, Status: r.Status, StartedAt: r.StartedAt.UTC(), EndedAt: r.EndedAt.UTC(),
-		Steps: r.Steps, Error: r.Error, Tools: []OutcomeTool{}, Flags: []string{},
-	}
-	if o.CorrelationID == "" {
-		o.CorrelationID = r.ID // stable across the run's outcomes
-	}
+	o := p.o
+	o.Tools, o.Flags = []OutcomeTool{}, nil
+	d := maps.Clone(p.digests)
 	if o.CausationID == "" && prev != nil {
 		o.CausationID = prev.OutcomeID
-	}
-	if o.StartedAt.IsZero() {
-		o.StartedAt = r.CreatedAt.UTC()
-	}
-	if o.EndedAt.IsZero() {
-		o.EndedAt = now.UTC()
-	}
-	if len(r.Output) > 0 {
-		if json.Valid(r.Output) {
-			var buf bytes.Buffer
-			if err := json.Compact(&buf, r.Output); err != nil {
-				return nil, err
-			}
-			o.Output = buf.Bytes()
-		} else {
-			o.Output, _ = json.Marshal(string(r.Output))
+		if err := setDigest(d, "causation_id", o.CausationID); err != nil {
+			return nil, err
 		}
 	}
-	if err := summarizeCalls(tx, o); err != nil {
+	if err := summarizeCalls(tx, &o); err != nil {
 		return nil, err
 	}
 	o.Flags = finalFlags(tx, r)
@@ -253,12 +329,15 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome, appliance string, now time.T
 		return nil, err
 	}
 	o.Seq, o.PrevHash = head.seq+1, head.hash
-	h, err := o.ComputeHash()
-	if err != nil {
+	for f, v := range map[string]any{"seq": o.Seq, "tools": o.Tools, "flags": o.Flags, "model_calls": o.ModelCalls, "tokens": o.Tokens} {
+		if err := setDigest(d, f, v); err != nil {
+			return nil, err
+		}
+	}
+	if o.Hash, err = OutcomeHash(o.PrevHash, d); err != nil {
 		return nil, err
 	}
-	o.Hash = h
-	rec, err := encodeOutcome(o)
+	rec, err := encodeOutcome(&o, p.outputBlob)
 	if err != nil {
 		return nil, fmt.Errorf("append outcome: %w", err)
 	}
@@ -273,7 +352,18 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome, appliance string, now time.T
 	if err := rb.Put([]byte(r.ID), idx); err != nil {
 		return nil, fmt.Errorf("append outcome %d: %w", o.Seq, err)
 	}
-	return o, nil
+	return &o, nil
+}
+
+// setDigest sets d[field] to the digest of v's canonical JSON, as
+// FieldValues encodes it.
+func setDigest(d map[string]string, field string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("outcome field %s: %w", field, err)
+	}
+	d[field] = FieldDigest(b)
+	return nil
 }
 
 // summarizeCalls fills in the run's tool calls (keys "<run>:...") and model
@@ -391,14 +481,17 @@ func finalFlags(tx *bbolt.Tx, r *engine.Run) []string {
 func (d *DB) Outcomes(ctx context.Context, afterSeq uint64, limit int) ([]*Outcome, error) {
 	var out []*Outcome
 	err := d.view(func(tx *bbolt.Tx) error {
-		c := bucket(tx, bucketOutcomes).Cursor()
+		c, blobs := bucket(tx, bucketOutcomes).Cursor(), bucket(tx, bucketBlobs)
 		for k, v := c.Seek(seqKey(afterSeq + 1)); k != nil; k, v = c.Next() {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			o, err := decodeOutcome(v)
+			o, ref, err := decodeOutcome(v)
 			if err != nil {
 				return corrupt(bucketOutcomes, k, err)
+			}
+			if err := resolveOutcome(o, ref, blobs); err != nil {
+				return err
 			}
 			out = append(out, o)
 			if limit > 0 && len(out) == limit {
@@ -440,7 +533,7 @@ func (d *DB) Ledger(ctx context.Context) (LedgerState, error) {
 	}
 	err := d.view(func(tx *bbolt.Tx) error {
 		if k, v := bucket(tx, bucketOutcomes).Cursor().Last(); k != nil {
-			o, err := decodeOutcome(v)
+			o, _, err := decodeOutcome(v)
 			if err != nil {
 				return corrupt(bucketOutcomes, k, err)
 			}
@@ -506,8 +599,11 @@ func (d *DB) AckOutcomes(ctx context.Context, seq uint64) error {
 // checkLedger verifies every outcome: its record decodes, its key is its
 // seq, seqs are dense from 1, each prev_hash is the hash before, and each
 // hash is the record's own. The first broken link is reported with its
-// bucket and seq; later records are still decoded.
-func checkLedger(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(string, []byte, string, ...any)) error {
+// bucket and seq; later records are still decoded. An output kept out of
+// line must exist (refs reports a missing blob), and is part of the hash.
+func checkLedger(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(string, []byte, string, ...any),
+	refs func(bucket string, key []byte) func(engine.BlobRef)) error {
+	blobs := bucket(tx, bucketBlobs)
 	want, prevHash := uint64(1), GenesisHash
 	chainBroken := false
 	brk := func(k []byte, format string, args ...any) {
@@ -519,12 +615,17 @@ func checkLedger(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(s
 	}
 	err := forEach(ctx, tx, bucketOutcomes, func(k, v []byte) {
 		rep.Records[bucketOutcomes]++
-		o, err := decodeOutcome(v)
+		o, ref, err := decodeOutcome(v)
 		if err != nil {
 			brk(k, "%v", err)
 			prevHash = ""
 			want++
 			return
+		}
+		verifiable := true
+		if !ref.IsZero() {
+			refs(bucketOutcomes, k)(ref)
+			verifiable = resolveOutcome(o, ref, blobs) == nil
 		}
 		switch {
 		case len(k) != 8 || beUint64(k) != o.Seq:
@@ -534,7 +635,7 @@ func checkLedger(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(s
 		case prevHash != "" && o.PrevHash != prevHash:
 			brk(k, "prev_hash %.12s… does not match the hash %.12s… of seq %d", o.PrevHash, prevHash, o.Seq-1)
 		}
-		if h, err := o.ComputeHash(); err != nil || h != o.Hash {
+		if h, err := o.ComputeHash(); verifiable && (err != nil || h != o.Hash) {
 			brk(k, "the record does not match its hash %.12s… (it was altered)", o.Hash)
 		}
 		want, prevHash = o.Seq+1, o.Hash
@@ -655,7 +756,7 @@ func (h *txHeads) get(tx *bbolt.Tx, ob *bbolt.Bucket) (*ledgerHead, error) {
 	}
 	lh := &ledgerHead{hash: GenesisHash}
 	if k, v := ob.Cursor().Last(); k != nil {
-		last, err := decodeOutcome(v)
+		last, _, err := decodeOutcome(v)
 		if err != nil {
 			return nil, fmt.Errorf("append outcome: the ledger's last record: %w", corrupt(bucketOutcomes, k, err))
 		}

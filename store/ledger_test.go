@@ -122,6 +122,64 @@ func TestLedgerAppendsWithTheFinalCommit(t *testing.T) {
 	assert.Equal(t, 3, rep.Records[bucketOutcomes])
 }
 
+// A large output is kept out of line: the ledger record names its blob
+// (the run's own output blob when the bytes are equal), the uplink reads
+// it back whole, the hash covers it, and Check reports the blob missing.
+func TestLedgerKeepsALargeOutputAsABlob(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{ApplianceID: "clinic-7"})
+	require.NoError(t, err)
+	output := `{"answer":` + big(strings.Repeat("long", 300)) + `}`
+	c := finalCommit("t1", "r1", engine.StatusCompleted, "0001", nil)
+	c.Run.Output = json.RawMessage(output)
+	require.NoError(t, d.Commit(bg, c))
+
+	got, err := d.Outcomes(bg, 0, 0)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	assert.Equal(t, output, string(got[0].Output))
+	h, err := got[0].ComputeHash()
+	require.NoError(t, err)
+	assert.Equal(t, h, got[0].Hash)
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	require.Empty(t, rep.Problems)
+	require.NoError(t, d.Close())
+
+	ref := engine.RefOf([]byte(output))
+	bdb, err := bbolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error {
+		rec := tx.Bucket([]byte(bucketOutcomes)).Get(seqKey(1))
+		o, stored, err := decodeOutcome(rec)
+		require.NoError(t, err)
+		assert.Equal(t, ref, stored, "the record names the output's blob")
+		assert.Empty(t, o.Output, "and does not hold the output")
+		assert.Less(t, len(rec), len(output), "the record is smaller than the output alone")
+		run, rb, err := decodeRun(tx.Bucket([]byte(bucketRuns)).Get([]byte("r1")))
+		require.NoError(t, err)
+		assert.Equal(t, ref, rb.output, "the run's output shares the blob")
+		assert.Empty(t, run.Output)
+		return tx.Bucket([]byte(bucketBlobs)).Delete(blobKey(ref))
+	}))
+	require.NoError(t, bdb.Close())
+
+	d, err = Open(path, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	rep, err = d.Check(bg)
+	require.NoError(t, err)
+	var msgs []string
+	for _, p := range rep.Problems {
+		if p.Bucket == bucketOutcomes {
+			msgs = append(msgs, p.Message)
+		}
+	}
+	assert.Equal(t, []string{"refers to missing blob " + ref.String()}, msgs)
+	_, err = d.Outcomes(bg, 0, 0)
+	assert.ErrorIs(t, err, engine.ErrBlobNotFound)
+}
+
 func TestLedgerFailingCommitAppendsNothing(t *testing.T) {
 	d := openTest(t)
 	boom := errors.New("disk on fire")
@@ -185,8 +243,9 @@ func tamper(t *testing.T, path string, seq uint64, rehash bool) {
 	defer bdb.Close()
 	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket([]byte(bucketOutcomes))
-		o, err := decodeOutcome(b.Get(seqKey(seq)))
+		o, ref, err := decodeOutcome(b.Get(seqKey(seq)))
 		require.NoError(t, err)
+		require.True(t, ref.IsZero(), "tamper edits inline outputs only")
 		o.Status = engine.StatusCompleted
 		o.Error = ""
 		o.Output = json.RawMessage(`"all fine"`)
@@ -194,7 +253,7 @@ func tamper(t *testing.T, path string, seq uint64, rehash bool) {
 			o.Hash, err = o.ComputeHash()
 			require.NoError(t, err)
 		}
-		rec, err := encodeOutcome(o)
+		rec, err := encodeOutcome(o, engine.BlobRef{})
 		require.NoError(t, err)
 		return b.Put(seqKey(seq), rec)
 	}))
@@ -280,7 +339,11 @@ func TestApplianceID(t *testing.T) {
 func FuzzDecodeOutcome(f *testing.F) {
 	o := &Outcome{ApplianceID: "a", Seq: 1, OutcomeID: "oc", Status: engine.StatusCompleted,
 		Tools: []OutcomeTool{{"t", "allow", "h"}}, Flags: []string{"x"}, Output: json.RawMessage(`{"a":1}`)}
-	rec, err := encodeOutcome(o)
+	rec, err := encodeOutcome(o, engine.BlobRef{})
+	require.NoError(f, err)
+	f.Add(rec)
+	o.Output = nil
+	rec, err = encodeOutcome(o, engine.RefOf([]byte(`"a long output"`)))
 	require.NoError(f, err)
 	f.Add(rec)
 	f.Add([]byte{outcomeVersion})
@@ -294,15 +357,16 @@ func FuzzDecodeOutcome(f *testing.F) {
 
 func fuzzOutcome(t *testing.T, b []byte) {
 	{
-		o, err := decodeOutcome(b)
+		o, ref, err := decodeOutcome(b)
 		if err != nil {
 			return
 		}
 		// Whatever decodes encodes again and decodes to the same record.
-		rec, err := encodeOutcome(o)
+		rec, err := encodeOutcome(o, ref)
 		require.NoError(t, err)
-		o2, err := decodeOutcome(rec)
+		o2, ref2, err := decodeOutcome(rec)
 		require.NoError(t, err)
+		require.Equal(t, ref, ref2)
 		h1, err1 := o.ComputeHash()
 		h2, err2 := o2.ComputeHash()
 		require.Equal(t, err1 == nil, err2 == nil)

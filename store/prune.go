@@ -453,6 +453,18 @@ func (p *pruner) collectBlobs() error {
 	}); err != nil {
 		return err
 	}
+	if err := p.walk(bucketOutcomes, func(k, v []byte) error {
+		_, ref, err := decodeOutcome(v)
+		if err != nil {
+			return corrupt(bucketOutcomes, k, err)
+		}
+		if !ref.IsZero() {
+			mark(ref)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
 	if err := p.walk(bucketToolCalls, func(k, v []byte) error {
 		tc, err := decodeToolCall(v)
 		if err != nil {

@@ -125,6 +125,13 @@ func TestPrune(t *testing.T) {
 	f.ckpt("old", "sub", "0003", "0002", 3, cv("inner", 2, true, inline(`[2,3]`)))
 	f.run("run-old-1", "old", engine.StatusCompleted, `{"answer":"`+inRunOutput.String()+`"}`)
 	f.run("run-old-2", "old", engine.StatusFailed, `null`)
+	// The ledger keeps a large output compacted, so this outcome's blob is
+	// not the run's (whose bytes keep their spaces): only the outcome names
+	// it.
+	f.run("run-old-3", "old", engine.StatusCompleted, `{ "long": `+big("outcome")+` }`)
+	inOutcome := engine.RefOf([]byte(`{"long":` + big("outcome") + `}`))
+	_, err := d.Blob(bg, inOutcome)
+	require.NoError(t, err, "the outcome's output is a blob of its own")
 	require.NoError(t, d.PutToolIntent(bg, "run-old-1/1/task/0", ToolCall{RunID: "run-old-1", Tool: "t", Args: blobV(inToolCall)}))
 
 	// Thread "busy" is as old but its run is interrupted; "recent" is
@@ -209,6 +216,7 @@ func TestPrune(t *testing.T) {
 		{"delta of an off-chain checkpoint", offChain, false},
 		{"never referenced", unreferenced, false},
 		{"named in a run's output", inRunOutput, true},
+		{"a ledger outcome's output", inOutcome, true},
 		{"named by a tool call", inToolCall, true},
 		{"named from a live blob", nested, true},
 		{"the live blob", outer, true},
