@@ -8,8 +8,10 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -27,9 +29,15 @@ import (
 // deletes one; Check verifies the chain, and the uplink drains it up to the
 // cursor the collector has acknowledged.
 const (
-	outcomeVersion    = 1
-	outcomeRunVersion = 1
-	cursorVersion     = 1
+	// outcomeVersion records keep seq, prev_hash and hash in a fixed
+	// header (8 bytes big-endian, then 32 and 32 raw bytes) and the rest as
+	// JSON, so the transaction that appends one only fills in the header.
+	// outcomeVersionJSON records, the first format, are JSON throughout;
+	// they are still read.
+	outcomeVersion     = 2
+	outcomeVersionJSON = 1
+	outcomeRunVersion  = 1
+	cursorVersion      = 1
 )
 
 // GenesisHash is the prev_hash of an appliance's first outcome.
@@ -141,33 +149,126 @@ func (o *Outcome) ComputeHash() (string, error) {
 // OutcomeHash chains field digests to prevHash (see OutcomeFields). Every
 // field must have a digest.
 func OutcomeHash(prevHash string, digests map[string]string) (string, error) {
-	h := sha256.New()
-	h.Write([]byte("outpost-outcome/1\nprev_hash=" + prevHash + "\n"))
+	b := make([]byte, 0, 2048)
+	b = append(append(append(b, "outpost-outcome/1\nprev_hash="...), prevHash...), '\n')
 	for _, f := range OutcomeFields {
 		d, ok := digests[f]
 		if !ok {
 			return "", fmt.Errorf("outcome hash: no digest for field %s", f)
 		}
-		h.Write([]byte(f + "=" + d + "\n"))
+		b = append(append(append(append(b, f...), '='), d...), '\n')
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
 }
 
 // encodeOutcome encodes o for the ledger; with a non-zero outputBlob the
 // record names that blob instead of holding the output.
 func encodeOutcome(o *Outcome, outputBlob engine.BlobRef) ([]byte, error) {
+	body, err := encodeOutcomeBody(o, outputBlob)
+	if err != nil {
+		return nil, err
+	}
+	return sealOutcome(o.Seq, o.PrevHash, o.Hash, body)
+}
+
+// encodeOutcomeBody encodes what follows the header: o without its seq and
+// hashes (left zero in the JSON).
+func encodeOutcomeBody(o *Outcome, outputBlob engine.BlobRef) ([]byte, error) {
 	stored := outcomeRecord{Outcome: *o}
+	stored.Seq, stored.PrevHash, stored.Hash = 0, "", ""
 	if !outputBlob.IsZero() {
 		stored.Output, stored.OutputBlob = nil, outputBlob.String()
 	}
-	return encodeJSONRecord(outcomeVersion, &stored)
+	return json.Marshal(&stored)
+}
+
+const outcomeHeaderLen = 8 + 32 + 32
+
+// sealOutcome puts the header before body and seals the record.
+func sealOutcome(seq uint64, prevHash, hash string, body []byte) ([]byte, error) {
+	b := beginRecord(outcomeVersion, outcomeHeaderLen+len(body))
+	b = binary.BigEndian.AppendUint64(b, seq)
+	for _, h := range []string{prevHash, hash} {
+		if len(h) != 64 {
+			return nil, fmt.Errorf("outcome %d: hash %q is not 64 hex digits", seq, h)
+		}
+		var err error
+		if b, err = hex.AppendDecode(b, []byte(h)); err != nil {
+			return nil, fmt.Errorf("outcome %d: hash %q: %w", seq, h, err)
+		}
+	}
+	return seal(append(b, body...)), nil
+}
+
+// openOutcome checks a ledger record's checksum and returns its version
+// and payload.
+func openOutcome(b []byte) (byte, []byte, error) {
+	if len(b) < envelopeOverhead {
+		return 0, nil, errTruncated
+	}
+	v := b[0]
+	if v != outcomeVersion && v != outcomeVersionJSON {
+		v = outcomeVersion // openRecord names the version it wants
+	}
+	payload, err := openRecord(b, v)
+	if err == nil && v == outcomeVersion && len(payload) < outcomeHeaderLen {
+		err = errTruncated
+	}
+	return v, payload, err
+}
+
+// outcomeHead reads only a ledger record's seq and hash.
+func outcomeHead(b []byte) (uint64, string, error) {
+	v, payload, err := openOutcome(b)
+	if err != nil {
+		return 0, "", err
+	}
+	if v == outcomeVersionJSON {
+		o, _, err := decodeOutcome(b)
+		if err != nil {
+			return 0, "", err
+		}
+		return o.Seq, o.Hash, nil
+	}
+	return binary.BigEndian.Uint64(payload), hex.EncodeToString(payload[40:72]), nil
+}
+
+// isHash reports whether s is a hex sha256, as the ledger writes them.
+func isHash(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // decodeOutcome decodes a ledger record. An output kept out of line comes
 // back empty, named by the returned reference: resolveOutcome fills it in.
 func decodeOutcome(b []byte) (*Outcome, engine.BlobRef, error) {
 	var rec outcomeRecord
-	if err := decodeJSONRecord(b, outcomeVersion, &rec); err != nil {
+	v, payload, err := openOutcome(b)
+	if err != nil {
+		return nil, engine.BlobRef{}, err
+	}
+	if v == outcomeVersionJSON {
+		err = decodeJSONPayload(payload, &rec)
+		if err == nil && (!isHash(rec.PrevHash) || !isHash(rec.Hash)) {
+			err = errors.New("prev_hash and hash must be 64 lowercase hex digits")
+		}
+	} else {
+		err = decodeJSONPayload(payload[outcomeHeaderLen:], &rec)
+		if err == nil && (rec.Seq != 0 || rec.PrevHash != "" || rec.Hash != "") {
+			err = errors.New("the record's body repeats its header's seq or hashes")
+		}
+		rec.Seq = binary.BigEndian.Uint64(payload)
+		rec.PrevHash, rec.Hash = hex.EncodeToString(payload[8:40]), hex.EncodeToString(payload[40:72])
+	}
+	if err != nil {
 		return nil, engine.BlobRef{}, err
 	}
 	var ref engine.BlobRef
@@ -175,7 +276,6 @@ func decodeOutcome(b []byte) (*Outcome, engine.BlobRef, error) {
 		if len(rec.Output) > 0 && string(rec.Output) != "null" {
 			return nil, ref, fmt.Errorf("outcome %d holds its output both inline and as blob %s", rec.Seq, rec.OutputBlob)
 		}
-		var err error
 		if ref, err = engine.ParseBlobRef(rec.OutputBlob); err != nil {
 			return nil, ref, err
 		}
@@ -236,15 +336,25 @@ type pendingOutcome struct {
 	run     *engine.Run
 	o       Outcome
 	digests map[string]string
+	// flags are the run's final flags when the commit alone tells them
+	// (nil: appendOutcome reads them from the store).
+	flags []string
+	// body is the record's body as appendOutcome writes it when the store
+	// adds nothing to o: no earlier outcome of the run, no tool or model
+	// calls, flags known from the commit. Otherwise it encodes anew.
+	body []byte
 	// outputBlob names the blob that holds o.Output when it is above
 	// engine.BlobThreshold; the stored record then carries only the
 	// reference.
 	outputBlob engine.BlobRef
 }
 
-// newPendingOutcome prepares r's outcome, as of now. It returns the output
-// blob's bytes when the output goes out of line.
-func newPendingOutcome(r *engine.Run, appliance string, now time.Time) (*pendingOutcome, []byte, error) {
+// newPendingOutcome prepares the outcome of c's run, as of now, reading
+// what it needs of the run's earlier commits through view (nil: it leaves
+// that to appendOutcome). It returns the output blob's bytes when the
+// output goes out of line.
+func newPendingOutcome(c *engine.Commit, appliance string, now time.Time, view func(func(*bbolt.Tx) error) error) (*pendingOutcome, []byte, error) {
+	r := c.Run
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	o := Outcome{
@@ -263,24 +373,44 @@ func newPendingOutcome(r *engine.Run, appliance string, now time.Time) (*pending
 		o.EndedAt = now.UTC()
 	}
 	if len(r.Output) > 0 {
-		if json.Valid(r.Output) {
-			var buf bytes.Buffer
-			if err := json.Compact(&buf, r.Output); err != nil {
-				return nil, nil, err
-			}
-			o.Output = buf.Bytes()
-		} else {
+		// The output's canonical JSON, in one pass: compacted and escaped
+		// as FieldValues encodes it (so it is its own canonical form), or a
+		// JSON string when the output is not JSON.
+		var err error
+		if o.Output, err = json.Marshal(json.RawMessage(r.Output)); err != nil {
 			o.Output, _ = json.Marshal(string(r.Output))
 		}
 	}
-	d, err := o.Digests()
+	rest := o
+	rest.Output = nil
+	d, err := rest.Digests()
 	if err != nil {
 		return nil, nil, err
+	}
+	d["output"] = FieldDigest(o.Output)
+	if o.Output == nil {
+		d["output"] = FieldDigest([]byte("null"))
 	}
 	p := &pendingOutcome{run: r, o: o, digests: d}
 	var blob []byte
 	if len(o.Output) > engine.BlobThreshold {
 		p.outputBlob, blob = engine.RefOf(o.Output), o.Output
+	}
+	flags, ok := commitFlags(c, nil)
+	if !ok && view != nil {
+		_ = view(func(tx *bbolt.Tx) error {
+			flags, ok = commitFlags(c, tx)
+			return nil
+		})
+	}
+	if ok {
+		p.flags, p.o.Flags = flags, flags
+		if err := setDigest(d, "flags", flags); err != nil {
+			return nil, nil, err
+		}
+		if p.body, err = encodeOutcomeBody(&p.o, p.outputBlob); err != nil {
+			return nil, nil, err
+		}
 	}
 	return p, blob, nil
 }
@@ -310,18 +440,32 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome) (*Outcome, error) {
 		}
 	}
 	o := p.o
-	o.Tools, o.Flags = []OutcomeTool{}, nil
+	o.Tools = []OutcomeTool{}
+	if err := summarizeCalls(tx, &o); err != nil {
+		return nil, err
+	}
+	body := p.body
 	d := maps.Clone(p.digests)
 	if o.CausationID == "" && prev != nil {
-		o.CausationID = prev.OutcomeID
+		o.CausationID, body = prev.OutcomeID, nil
 		if err := setDigest(d, "causation_id", o.CausationID); err != nil {
 			return nil, err
 		}
 	}
-	if err := summarizeCalls(tx, &o); err != nil {
-		return nil, err
+	if len(o.Tools) > 0 || o.ModelCalls > 0 || o.Tokens > 0 {
+		body = nil
+		for f, v := range map[string]any{"tools": o.Tools, "model_calls": o.ModelCalls, "tokens": o.Tokens} {
+			if err := setDigest(d, f, v); err != nil {
+				return nil, err
+			}
+		}
 	}
-	o.Flags = finalFlags(tx, r)
+	if p.flags == nil {
+		o.Flags, body = finalFlags(tx, r), nil
+		if err := setDigest(d, "flags", o.Flags); err != nil {
+			return nil, err
+		}
+	}
 
 	ob := bucket(tx, bucketOutcomes)
 	head, err := heads.get(tx, ob)
@@ -329,15 +473,18 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome) (*Outcome, error) {
 		return nil, err
 	}
 	o.Seq, o.PrevHash = head.seq+1, head.hash
-	for f, v := range map[string]any{"seq": o.Seq, "tools": o.Tools, "flags": o.Flags, "model_calls": o.ModelCalls, "tokens": o.Tokens} {
-		if err := setDigest(d, f, v); err != nil {
-			return nil, err
-		}
+	if err := setDigest(d, "seq", o.Seq); err != nil {
+		return nil, err
 	}
 	if o.Hash, err = OutcomeHash(o.PrevHash, d); err != nil {
 		return nil, err
 	}
-	rec, err := encodeOutcome(&o, p.outputBlob)
+	if body == nil {
+		if body, err = encodeOutcomeBody(&o, p.outputBlob); err != nil {
+			return nil, fmt.Errorf("append outcome: %w", err)
+		}
+	}
+	rec, err := sealOutcome(o.Seq, o.PrevHash, o.Hash, body)
 	if err != nil {
 		return nil, fmt.Errorf("append outcome: %w", err)
 	}
@@ -431,20 +578,84 @@ const maxFlagWalk = 1024
 // its last checkpoint back along parent links (checkpoints hold changed
 // channels only). A missing or unreadable channel yields no flags.
 func finalFlags(tx *bbolt.Tx, r *engine.Run) []string {
+	cb, blobs := bucket(tx, bucketCheckpoints), bucket(tx, bucketBlobs)
+	flags, _ := walkFlags(r,
+		func(id string) (*engine.Checkpoint, bool) { return storedCheckpoint(cb, r.Thread, id), true },
+		func(ref engine.BlobRef) []byte { return storedBlob(blobs, ref) })
+	return flags
+}
+
+// commitFlags is finalFlags answered outside the write transaction: from
+// the checkpoints of the commit that ends the run, and then, when tx is not
+// nil, from those the run committed before (a read transaction sees them,
+// since a run's commits follow one another). ok is false when the walk
+// needs a checkpoint it cannot read.
+func commitFlags(c *engine.Commit, tx *bbolt.Tx) (flags []string, ok bool) {
+	r := c.Run
+	var cb, blobs *bbolt.Bucket
+	if tx != nil {
+		cb, blobs = bucket(tx, bucketCheckpoints), bucket(tx, bucketBlobs)
+	}
+	return walkFlags(r,
+		func(id string) (*engine.Checkpoint, bool) {
+			for _, cp := range append(slices.Clip(c.Earlier), c.Checkpoint) {
+				if cp != nil && cp.ID == id && cp.Thread == r.Thread && cp.NS == "" {
+					return cp, true
+				}
+			}
+			if cb == nil {
+				return nil, false
+			}
+			return storedCheckpoint(cb, r.Thread, id), true
+		},
+		func(ref engine.BlobRef) []byte {
+			if data, ok := c.Blobs[ref]; ok || blobs == nil {
+				return data
+			}
+			return storedBlob(blobs, ref)
+		})
+}
+
+// storedCheckpoint reads a checkpoint of the root namespace; nil when it is
+// missing or unreadable.
+func storedCheckpoint(cb *bbolt.Bucket, thread, id string) *engine.Checkpoint {
+	v := cb.Get(checkpointKey(thread, "", id))
+	if v == nil {
+		return nil
+	}
+	c, err := decodeCheckpoint(v)
+	if err != nil {
+		return nil
+	}
+	return c
+}
+
+// storedBlob reads a blob's bytes; nil when it is missing or unreadable.
+func storedBlob(blobs *bbolt.Bucket, ref engine.BlobRef) []byte {
+	if rec := blobs.Get(blobKey(ref)); rec != nil {
+		data, _, _ := decodeBlob(rec)
+		return data
+	}
+	return nil
+}
+
+// walkFlags walks from r's last checkpoint up its parents until the flags
+// channel's value is known. load returns a checkpoint (nil: there is none,
+// or it is unreadable), or false when it cannot tell; walkFlags then
+// returns false.
+func walkFlags(r *engine.Run, load func(id string) (*engine.Checkpoint, bool), blob func(engine.BlobRef) []byte) ([]string, bool) {
 	flags := []string{}
 	if r.Checkpoint == "" {
-		return flags
+		return flags, true
 	}
-	cb, blobs := bucket(tx, bucketCheckpoints), bucket(tx, bucketBlobs)
 	var tail []string // items of append deltas seen so far, newest first
 	id := r.Checkpoint
 	for range maxFlagWalk {
-		v := cb.Get(checkpointKey(r.Thread, "", id))
-		if v == nil {
-			break
+		c, known := load(id)
+		if !known {
+			return nil, false
 		}
-		c, err := decodeCheckpoint(v)
-		if err != nil {
+		if c == nil {
 			break
 		}
 		for _, cv := range c.Channels {
@@ -453,27 +664,24 @@ func finalFlags(tx *bbolt.Tx, r *engine.Run) []string {
 			}
 			raw := cv.Value.Inline
 			if !cv.Value.Blob.IsZero() {
-				raw = nil
-				if rec := blobs.Get(blobKey(cv.Value.Blob)); rec != nil {
-					raw, _, _ = decodeBlob(rec)
-				}
+				raw = blob(cv.Value.Blob)
 			}
 			var items []string
 			if json.Unmarshal(raw, &items) != nil {
-				return flags
+				return flags, true
 			}
 			if cv.Delta {
 				tail = append(items, tail...)
 				continue
 			}
-			return append(append(flags, items...), tail...)
+			return append(append(flags, items...), tail...), true
 		}
 		if c.ParentID == "" || c.ParentID >= id {
 			break
 		}
 		id = c.ParentID
 	}
-	return append(flags, tail...)
+	return append(flags, tail...), true
 }
 
 // Outcomes returns up to limit ledger records with seq greater than
@@ -533,11 +741,11 @@ func (d *DB) Ledger(ctx context.Context) (LedgerState, error) {
 	}
 	err := d.view(func(tx *bbolt.Tx) error {
 		if k, v := bucket(tx, bucketOutcomes).Cursor().Last(); k != nil {
-			o, _, err := decodeOutcome(v)
+			seq, hash, err := outcomeHead(v)
 			if err != nil {
 				return corrupt(bucketOutcomes, k, err)
 			}
-			st.LastSeq, st.Head = o.Seq, o.Hash
+			st.LastSeq, st.Head = seq, hash
 		}
 		acked, err := loadCursor(tx)
 		st.AckedSeq = acked
@@ -756,11 +964,11 @@ func (h *txHeads) get(tx *bbolt.Tx, ob *bbolt.Bucket) (*ledgerHead, error) {
 	}
 	lh := &ledgerHead{hash: GenesisHash}
 	if k, v := ob.Cursor().Last(); k != nil {
-		last, _, err := decodeOutcome(v)
+		seq, hash, err := outcomeHead(v)
 		if err != nil {
 			return nil, fmt.Errorf("append outcome: the ledger's last record: %w", corrupt(bucketOutcomes, k, err))
 		}
-		lh.seq, lh.hash = last.Seq, last.Hash
+		lh.seq, lh.hash = seq, hash
 	}
 	h.m[tx] = lh
 	return lh, nil

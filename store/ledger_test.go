@@ -30,7 +30,7 @@ func finalCommit(thread, id string, status engine.RunStatus, ckpt string, flags 
 		Bundle: engine.BundleRef{Name: "ref", Version: 3, Digest: "sha256:ab"}, Checkpoint: ckpt, Steps: 4,
 		CreatedAt: tc0, StartedAt: tc0, EndedAt: tc0.Add(time.Second)}
 	if status == engine.StatusCompleted {
-		r.Output = json.RawMessage(`{"answer": "take it now"}`)
+		r.Output = json.RawMessage(`{"answer": "take it <now> & later"}`)
 	}
 	if status == engine.StatusFailed {
 		r.Error = "boom"
@@ -86,7 +86,7 @@ func TestLedgerAppendsWithTheFinalCommit(t *testing.T) {
 	assert.Equal(t, 42, o.Tokens)
 	assert.Equal(t, 1, o.ModelCalls)
 	assert.Equal(t, []OutcomeTool{{"lookup", "allow", "h1"}, {"send_sms", "deny", "h2"}}, o.Tools)
-	assert.JSONEq(t, `{"answer":"take it now"}`, string(o.Output))
+	assert.JSONEq(t, `{"answer":"take it <now> & later"}`, string(o.Output))
 	h, err := o.ComputeHash()
 	require.NoError(t, err)
 	assert.Equal(t, h, o.Hash)
@@ -338,7 +338,12 @@ func TestApplianceID(t *testing.T) {
 
 func FuzzDecodeOutcome(f *testing.F) {
 	o := &Outcome{ApplianceID: "a", Seq: 1, OutcomeID: "oc", Status: engine.StatusCompleted,
-		Tools: []OutcomeTool{{"t", "allow", "h"}}, Flags: []string{"x"}, Output: json.RawMessage(`{"a":1}`)}
+		Tools: []OutcomeTool{{"t", "allow", "h"}}, Flags: []string{"x"}, Output: json.RawMessage(`{"a":1}`),
+		PrevHash: GenesisHash, Hash: strings.Repeat("ab", 32)}
+	// The first format, JSON throughout, is still read.
+	v1, err := encodeJSONRecord(outcomeVersionJSON, o)
+	require.NoError(f, err)
+	f.Add(v1)
 	rec, err := encodeOutcome(o, engine.BlobRef{})
 	require.NoError(f, err)
 	f.Add(rec)
@@ -372,4 +377,112 @@ func fuzzOutcome(t *testing.T, b []byte) {
 		require.Equal(t, err1 == nil, err2 == nil)
 		require.Equal(t, h1, h2)
 	}
+}
+
+// The final flags are read from the commit that ends the run when it holds
+// them, and from the stored checkpoints otherwise; both give the same
+// answer. Each case is a chain of checkpoints 0001..000n whose last ends
+// the run; split says how many of them are stored before the final commit
+// (the rest go into it, as Earlier and Checkpoint).
+func TestFinalFlagsFromTheCommitOrTheStore(t *testing.T) {
+	flagsCV := func(delta bool, v string) engine.ChannelValue {
+		return engine.ChannelValue{Channel: FlagsChannel, Version: 1, Delta: delta, Value: engine.Value{Inline: []byte(v)}}
+	}
+	other := engine.ChannelValue{Channel: "draft", Version: 1, Value: engine.Value{Inline: []byte(`"x"`)}}
+	bigFlags := `["` + strings.Repeat("f", engine.BlobThreshold) + `"]`
+	cases := []struct {
+		name  string
+		chain [][]engine.ChannelValue
+		want  []string
+	}{
+		{"set in the last step", [][]engine.ChannelValue{{flagsCV(false, `["old"]`)}, {flagsCV(false, `["acute"]`)}}, []string{"acute"}},
+		{"set earlier", [][]engine.ChannelValue{{flagsCV(false, `["acute"]`)}, {other}, {other}}, []string{"acute"}},
+		{"deltas on a value", [][]engine.ChannelValue{{flagsCV(false, `["a"]`)}, {flagsCV(true, `["b"]`)}, {other}, {flagsCV(true, `["c"]`)}}, []string{"a", "b", "c"}},
+		{"never set", [][]engine.ChannelValue{{other}, {other}}, []string{}},
+		{"unreadable", [][]engine.ChannelValue{{flagsCV(false, `["a"]`)}, {flagsCV(false, `{"not":"a list"}`)}}, []string{}},
+		{"a blob", [][]engine.ChannelValue{{{Channel: FlagsChannel, Version: 1, Value: engine.Value{Blob: engine.RefOf([]byte(bigFlags))}}}, {other}},
+			[]string{strings.Repeat("f", engine.BlobThreshold)}},
+	}
+	for _, tc := range cases {
+		for split := 0; split < len(tc.chain); split++ {
+			t.Run(fmt.Sprintf("%s/%d stored first", tc.name, split), func(t *testing.T) {
+				d := openTest(t)
+				blobs := map[engine.BlobRef][]byte{engine.RefOf([]byte(bigFlags)): []byte(bigFlags)}
+				var cps []*engine.Checkpoint
+				for i, cvs := range tc.chain {
+					cp := &engine.Checkpoint{Thread: "t", ID: fmt.Sprintf("%04d", i+1), Step: i, Created: tc0, Channels: cvs}
+					if i > 0 {
+						cp.ParentID = cps[i-1].ID
+					}
+					cps = append(cps, cp)
+				}
+				for _, cp := range cps[:split] {
+					require.NoError(t, d.Commit(bg, &engine.Commit{Checkpoint: cp, Blobs: blobs}))
+				}
+				last := cps[len(cps)-1]
+				c := &engine.Commit{Earlier: cps[split : len(cps)-1], Checkpoint: last, Blobs: blobs,
+					Run: &engine.Run{ID: "r", Thread: "t", Status: engine.StatusCompleted, Checkpoint: last.ID, CreatedAt: tc0}}
+				fromCommit, ok := commitFlags(c, nil)
+				assert.Equal(t, split == 0 || tc.name == "set in the last step" || tc.name == "unreadable", ok,
+					"the commit alone tells when it holds the chain down to a value")
+				if ok {
+					assert.Equal(t, tc.want, fromCommit)
+				}
+				require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
+					withStored, ok := commitFlags(c, tx)
+					assert.True(t, ok, "the commit and the checkpoints stored before it tell")
+					assert.Equal(t, tc.want, withStored)
+					return nil
+				}))
+				require.NoError(t, d.Commit(bg, c))
+				require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
+					assert.Equal(t, tc.want, finalFlags(tx, c.Run), "read from the store")
+					return nil
+				}))
+				got, err := d.Outcomes(bg, 0, 0)
+				require.NoError(t, err)
+				require.Len(t, got, 1)
+				assert.Equal(t, tc.want, got[0].Flags)
+			})
+		}
+	}
+}
+
+// A ledger written in the first record format (JSON throughout) reads and
+// chains on: new outcomes follow its last hash, and Check verifies both.
+func TestLedgerReadsTheFirstRecordFormat(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{ApplianceID: "clinic-7"})
+	require.NoError(t, err)
+	require.NoError(t, d.Commit(bg, finalCommit("t1", "r1", engine.StatusCompleted, "0001", []string{"acute"})))
+	require.NoError(t, d.Close())
+	bdb, err := bbolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte(bucketOutcomes))
+		o, ref, err := decodeOutcome(b.Get(seqKey(1)))
+		require.NoError(t, err)
+		require.True(t, ref.IsZero())
+		v1, err := encodeJSONRecord(outcomeVersionJSON, o)
+		require.NoError(t, err)
+		return b.Put(seqKey(1), v1)
+	}))
+	require.NoError(t, bdb.Close())
+
+	d, err = Open(path, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	require.NoError(t, d.Commit(bg, finalCommit("t2", "r2", engine.StatusFailed, "0002", nil)))
+	got, err := d.Outcomes(bg, 0, 0)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	assert.Equal(t, []string{"acute"}, got[0].Flags)
+	assert.Equal(t, got[0].Hash, got[1].PrevHash)
+	assert.Equal(t, uint64(2), got[1].Seq)
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Problems)
+	st, err := d.Ledger(bg)
+	require.NoError(t, err)
+	assert.Equal(t, got[1].Hash, st.Head)
 }

@@ -184,6 +184,11 @@ func decodeJSONRecord(b []byte, version byte, v any) error {
 	if err != nil {
 		return err
 	}
+	return decodeJSONPayload(payload, v)
+}
+
+// decodeJSONPayload decodes a record's JSON payload as strictly.
+func decodeJSONPayload(payload []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
