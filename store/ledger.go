@@ -99,23 +99,61 @@ var OutcomeFields = []string{
 
 // FieldValues returns the canonical JSON of each of OutcomeFields.
 func (o *Outcome) FieldValues() (map[string][]byte, error) {
-	vals := map[string]any{
-		"appliance_id": o.ApplianceID, "seq": o.Seq, "outcome_id": o.OutcomeID,
-		"correlation_id": o.CorrelationID, "causation_id": o.CausationID, "thread": o.Thread,
-		"run": o.Run, "agent": o.Agent, "bundle": o.Bundle, "status": o.Status,
-		"started_at": o.StartedAt, "ended_at": o.EndedAt, "steps": o.Steps, "tokens": o.Tokens,
-		"model_calls": o.ModelCalls, "tools": o.Tools, "flags": o.Flags, "output": o.Output,
-		"error": o.Error,
+	vals, err := o.fieldJSON(false)
+	if err != nil {
+		return nil, err
 	}
 	out := make(map[string][]byte, len(vals))
-	for k, v := range vals {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return nil, fmt.Errorf("outcome field %s: %w", k, err)
-		}
-		out[k] = b
+	for i, f := range OutcomeFields {
+		out[f] = vals[i]
 	}
 	return out, nil
+}
+
+// fieldJSON returns the canonical JSON of each of OutcomeFields, in that
+// order. With canonicalOutput, o.Output is taken as already canonical (as
+// newPendingOutcome makes it), which saves a pass over a large output.
+func (o *Outcome) fieldJSON(canonicalOutput bool) ([][]byte, error) {
+	vals := [...]any{
+		o.ApplianceID, o.Seq, o.OutcomeID, o.CorrelationID, o.CausationID, o.Thread, o.Run, o.Agent,
+		o.Bundle, o.Status, o.StartedAt, o.EndedAt, o.Steps, o.Tokens, o.ModelCalls, o.Tools, o.Flags,
+		o.Output, o.Error,
+	}
+	out := make([][]byte, len(vals))
+	for i, v := range vals {
+		if i == outputField && canonicalOutput {
+			out[i] = o.Output
+			if out[i] == nil {
+				out[i] = []byte("null")
+			}
+			continue
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("outcome field %s: %w", OutcomeFields[i], err)
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+// Positions in OutcomeFields (and fieldJSON) that the ledger sets itself.
+var seqField, flagsField, outputField = fieldIndex("seq"), fieldIndex("flags"), fieldIndex("output")
+
+func fieldIndex(name string) int {
+	i := slices.Index(OutcomeFields, name)
+	if i < 0 {
+		panic("store: no outcome field " + name)
+	}
+	return i
+}
+
+func digestsOf(vals [][]byte) map[string]string {
+	d := make(map[string]string, len(vals))
+	for i, f := range OutcomeFields {
+		d[f] = FieldDigest(vals[i])
+	}
+	return d
 }
 
 // FieldDigest is the hex sha256 of a field's canonical JSON.
@@ -126,15 +164,11 @@ func FieldDigest(canonical []byte) string {
 
 // Digests returns the digest of each of OutcomeFields.
 func (o *Outcome) Digests() (map[string]string, error) {
-	vals, err := o.FieldValues()
+	vals, err := o.fieldJSON(false)
 	if err != nil {
 		return nil, err
 	}
-	d := make(map[string]string, len(vals))
-	for k, v := range vals {
-		d[k] = FieldDigest(v)
-	}
-	return d, nil
+	return digestsOf(vals), nil
 }
 
 // ComputeHash returns the hash o should carry, given its PrevHash.
@@ -173,14 +207,42 @@ func encodeOutcome(o *Outcome, outputBlob engine.BlobRef) ([]byte, error) {
 }
 
 // encodeOutcomeBody encodes what follows the header: o without its seq and
-// hashes (left zero in the JSON).
+// hashes.
 func encodeOutcomeBody(o *Outcome, outputBlob engine.BlobRef) ([]byte, error) {
-	stored := outcomeRecord{Outcome: *o}
-	stored.Seq, stored.PrevHash, stored.Hash = 0, "", ""
-	if !outputBlob.IsZero() {
-		stored.Output, stored.OutputBlob = nil, outputBlob.String()
+	vals, err := o.fieldJSON(false)
+	if err != nil {
+		return nil, err
 	}
-	return json.Marshal(&stored)
+	return outcomeBody(vals, outputBlob), nil
+}
+
+// outcomeBody assembles a record's body, a JSON object, from the canonical
+// JSON of each field (see fieldJSON): every field but seq, and, when
+// outputBlob is set, a null output and the blob's reference.
+func outcomeBody(vals [][]byte, outputBlob engine.BlobRef) []byte {
+	n := 64
+	for _, v := range vals {
+		n += len(v) + 20
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	for i, f := range OutcomeFields {
+		if i == seqField {
+			continue
+		}
+		v := vals[i]
+		if i == outputField && !outputBlob.IsZero() {
+			v = []byte("null")
+		}
+		if len(b) > 1 {
+			b = append(b, ',')
+		}
+		b = append(append(append(append(b, '"'), f...), '"', ':'), v...)
+	}
+	if !outputBlob.IsZero() {
+		b = append(append(append(b, `,"output_blob":"`...), outputBlob.String()...), '"')
+	}
+	return append(b, '}')
 }
 
 const outcomeHeaderLen = 8 + 32 + 32
@@ -381,17 +443,7 @@ func newPendingOutcome(c *engine.Commit, appliance string, now time.Time, view f
 			o.Output, _ = json.Marshal(string(r.Output))
 		}
 	}
-	rest := o
-	rest.Output = nil
-	d, err := rest.Digests()
-	if err != nil {
-		return nil, nil, err
-	}
-	d["output"] = FieldDigest(o.Output)
-	if o.Output == nil {
-		d["output"] = FieldDigest([]byte("null"))
-	}
-	p := &pendingOutcome{run: r, o: o, digests: d}
+	p := &pendingOutcome{run: r, o: o}
 	var blob []byte
 	if len(o.Output) > engine.BlobThreshold {
 		p.outputBlob, blob = engine.RefOf(o.Output), o.Output
@@ -405,12 +457,14 @@ func newPendingOutcome(c *engine.Commit, appliance string, now time.Time, view f
 	}
 	if ok {
 		p.flags, p.o.Flags = flags, flags
-		if err := setDigest(d, "flags", flags); err != nil {
-			return nil, nil, err
-		}
-		if p.body, err = encodeOutcomeBody(&p.o, p.outputBlob); err != nil {
-			return nil, nil, err
-		}
+	}
+	vals, err := p.o.fieldJSON(true)
+	if err != nil {
+		return nil, nil, err
+	}
+	p.digests = digestsOf(vals)
+	if ok {
+		p.body = outcomeBody(vals, p.outputBlob)
 	}
 	return p, blob, nil
 }

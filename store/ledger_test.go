@@ -486,3 +486,41 @@ func TestLedgerReadsTheFirstRecordFormat(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, got[1].Hash, st.Head)
 }
+
+// The ledger builds each field's canonical JSON (for digests and record
+// bodies) field by field. Checked here against encoding/json's encoding of
+// the whole struct, whose tags name the fields, and against the record
+// body's decoding.
+func TestOutcomeFieldJSONMatchesTheStruct(t *testing.T) {
+	o := &Outcome{ApplianceID: "clinic <7>", Seq: 42, OutcomeID: "oc_1", CorrelationID: "corr & co", CausationID: "oc_0",
+		Thread: "t\u2028", Run: "r1", Agent: "med", Bundle: engine.BundleRef{Name: "ref", Version: 3, Digest: "sha256:ab"},
+		Status: engine.StatusCompleted, StartedAt: tc0, EndedAt: tc0.Add(time.Second), Steps: 6, Tokens: 7, ModelCalls: 2,
+		Tools: []OutcomeTool{{"lookup", "allow", "h"}}, Flags: []string{"acute"}, Output: json.RawMessage(`{"a": "<b>"}`),
+		Error: "boom", PrevHash: GenesisHash, Hash: strings.Repeat("cd", 32)}
+	whole, err := json.Marshal(o)
+	require.NoError(t, err)
+	var byName map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(whole, &byName))
+	vals, err := o.FieldValues()
+	require.NoError(t, err)
+	require.Len(t, vals, len(OutcomeFields))
+	for _, f := range OutcomeFields {
+		assert.Equal(t, string(byName[f]), string(vals[f]), f)
+	}
+
+	for _, ref := range []engine.BlobRef{{}, engine.RefOf([]byte(`"out of line"`))} {
+		body, err := encodeOutcomeBody(o, ref)
+		require.NoError(t, err)
+		var rec outcomeRecord
+		require.NoError(t, decodeJSONPayload(body, &rec))
+		want := *o
+		want.Seq, want.PrevHash, want.Hash = 0, "", ""
+		if !ref.IsZero() {
+			want.Output = json.RawMessage("null")
+			assert.Equal(t, ref.String(), rec.OutputBlob)
+		} else {
+			want.Output = json.RawMessage(byName["output"])
+		}
+		assert.Equal(t, want, rec.Outcome)
+	}
+}
