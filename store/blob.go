@@ -1,8 +1,10 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -40,6 +42,8 @@ func decodeBlob(rec []byte) ([]byte, time.Time, error) {
 	return payload[8:], time.Unix(0, int64(binary.BigEndian.Uint64(payload))).UTC(), nil
 }
 
+var errMalformedKey = errors.New("malformed key")
+
 // PutBlob stores data once and returns its reference. Storing the same
 // bytes again costs a read; other bytes under the same reference fail with
 // engine.ErrBlobCollision.
@@ -48,15 +52,14 @@ func (d *DB) PutBlob(ctx context.Context, data []byte) (engine.BlobRef, error) {
 	if err := ctx.Err(); err != nil {
 		return ref, fmt.Errorf("put blob %s: %w", ref, err)
 	}
-	key := blobKey(ref)
 	now := time.Now()
 	fresh := false
 	err := d.view(func(tx *bbolt.Tx) error {
-		bb := bucket(tx, bucketBlobs)
-		if err := checkBlobCollision(bb, key, data); err != nil {
+		b := openBlobs(tx, &d.tail, nil)
+		if err := checkBlobCollision(b, ref, data); err != nil {
 			return err
 		}
-		if old := bb.Get(key); old != nil {
+		if old := b.get(ref); old != nil {
 			_, created, _ := decodeBlob(old) // checkBlobCollision decoded it
 			fresh = now.Sub(created) < blobTouchAfter
 		}
@@ -70,13 +73,29 @@ func (d *DB) PutBlob(ctx context.Context, data []byte) (engine.BlobRef, error) {
 	}
 	rec := encodeBlob(data, now)
 	err = d.q.do(&request{
-		validate: func(tx *bbolt.Tx) error { return checkBlobCollision(bucket(tx, bucketBlobs), key, data) },
-		apply:    func(tx *bbolt.Tx) error { return bucket(tx, bucketBlobs).Put(key, rec) },
+		validate: func(tx *bbolt.Tx) error { return checkBlobCollision(writeBlobs(tx), ref, data) },
+		apply:    func(tx *bbolt.Tx) error { return writeBlobs(tx).put(ref, rec) },
 	})
 	if err != nil {
 		return ref, fmt.Errorf("put blob: %w", err)
 	}
 	return ref, nil
+}
+
+// checkBlobCollision fails when ref is stored with other bytes than data.
+func checkBlobCollision(b *blobs, ref engine.BlobRef, data []byte) error {
+	k := b.locate(ref)
+	if k == nil {
+		return nil
+	}
+	stored, _, err := decodeBlob(b.log.Get(k))
+	if err != nil {
+		return fmt.Errorf("blob %s: %w", ref, corrupt(bucketBlobLog, k, err))
+	}
+	if !bytes.Equal(stored, data) {
+		return fmt.Errorf("blob %s: %w", ref, engine.ErrBlobCollision)
+	}
+	return nil
 }
 
 // Blob returns a blob's bytes, or engine.ErrBlobNotFound.
@@ -86,23 +105,29 @@ func (d *DB) Blob(ctx context.Context, ref engine.BlobRef) ([]byte, error) {
 	}
 	var out []byte
 	err := d.view(func(tx *bbolt.Tx) error {
-		key := blobKey(ref)
-		rec := bucket(tx, bucketBlobs).Get(key)
-		if rec == nil {
-			return engine.ErrBlobNotFound
-		}
-		data, _, err := decodeBlob(rec)
-		if err == nil && uint32(len(data)) != ref.Len {
-			err = fmt.Errorf("blob holds %d bytes, its key says %d", len(data), ref.Len)
-		}
-		if err != nil {
-			return corrupt(bucketBlobs, key, err)
-		}
-		out = append(make([]byte, 0, len(data)), data...)
-		return nil
+		data, err := openBlobs(tx, &d.tail, nil).load(ref)
+		out = bytes.Clone(data)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("load blob %s: %w", ref, err)
 	}
 	return out, nil
+}
+
+// load returns a blob's bytes (valid for the transaction), or
+// engine.ErrBlobNotFound, or an error naming the corrupt record.
+func (b *blobs) load(ref engine.BlobRef) ([]byte, error) {
+	k := b.locate(ref)
+	if k == nil {
+		return nil, engine.ErrBlobNotFound
+	}
+	data, _, err := decodeBlob(b.log.Get(k))
+	if err == nil && uint32(len(data)) != ref.Len {
+		err = fmt.Errorf("blob holds %d bytes, its key says %d", len(data), ref.Len)
+	}
+	if err != nil {
+		return nil, corrupt(bucketBlobLog, k, err)
+	}
+	return data, nil
 }

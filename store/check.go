@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -90,17 +91,20 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 		if len(rep.Problems) > 0 {
 			return nil // the B+trees are not safe to walk
 		}
-		blobs := bucket(tx, bucketBlobs)
+		stored, err := checkBlobs(ctx, tx, rep, add)
+		if err != nil {
+			return err
+		}
 		// refsOf checks that every blob a record names exists.
 		refsOf := func(bucketName string, key []byte) func(engine.BlobRef) {
 			return func(ref engine.BlobRef) {
-				if blobs.Get(blobKey(ref)) == nil {
+				if _, ok := stored[ref]; !ok {
 					add(bucketName, key, "refers to missing blob %s", ref)
 				}
 			}
 		}
 		lv := newLeafCheck(tx, add)
-		err := forEach(ctx, tx, bucketCheckpoints, func(k, v []byte) {
+		err = forEach(ctx, tx, bucketCheckpoints, func(k, v []byte) {
 			rep.Records[bucketCheckpoints]++
 			c, err := decodeCheckpoint(v)
 			if err != nil {
@@ -169,25 +173,7 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 		if err != nil {
 			return err
 		}
-		if err := checkLedger(ctx, tx, rep, add, refsOf); err != nil {
-			return err
-		}
-		return forEach(ctx, tx, bucketBlobs, func(k, v []byte) {
-			rep.Records[bucketBlobs]++
-			ref, ok := parseBlobKey(k)
-			if !ok {
-				add(bucketBlobs, k, "malformed key")
-				return
-			}
-			data, _, err := decodeBlob(v)
-			if err != nil {
-				add(bucketBlobs, k, "%v", err)
-				return
-			}
-			if got := engine.RefOf(data); got != ref {
-				add(bucketBlobs, k, "content hashes to %s", got)
-			}
-		})
+		return checkLedger(ctx, tx, rep, add, refsOf, openBlobs(tx, &d.tail, nil))
 	})
 	if err != nil {
 		return rep, fmt.Errorf("check store %s: %w", d.path, err)
@@ -313,4 +299,63 @@ func forEach(ctx context.Context, tx *bbolt.Tx, name string, fn func(k, v []byte
 		fn(k, v)
 	}
 	return nil
+}
+
+// checkBlobs verifies the blob log and its index: every record decodes and
+// hashes to its key's reference, no reference is stored twice, every blob
+// up to the indexed mark is indexed under its own sequence number, and
+// every index entry names a stored blob. It returns each stored blob's
+// sequence number.
+func checkBlobs(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(string, []byte, string, ...any)) (map[engine.BlobRef]uint64, error) {
+	mark, err := indexedMark(tx)
+	if err != nil {
+		add(bucketMeta, metaBlobIndexed, "%v", err)
+	}
+	stored := map[engine.BlobRef]uint64{}
+	err = forEach(ctx, tx, bucketBlobLog, func(k, v []byte) {
+		rep.Records[bucketBlobLog]++
+		seq, ref, ok := parseBlobLogKey(k)
+		if !ok {
+			add(bucketBlobLog, k, "malformed key")
+			return
+		}
+		if first, dup := stored[ref]; dup {
+			add(bucketBlobLog, k, "stores blob %s again (first as #%d)", ref, first)
+		} else {
+			stored[ref] = seq
+		}
+		data, _, err := decodeBlob(v)
+		if err != nil {
+			add(bucketBlobLog, k, "%v", err)
+			return
+		}
+		if got := engine.RefOf(data); got != ref {
+			add(bucketBlobLog, k, "content hashes to %s", got)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	indexed := map[engine.BlobRef]bool{}
+	err = forEach(ctx, tx, bucketBlobIndex, func(k, v []byte) {
+		rep.Records[bucketBlobIndex]++
+		ref, ok := parseBlobKey(k)
+		if !ok || len(v) != 8 {
+			add(bucketBlobIndex, k, "malformed entry")
+			return
+		}
+		indexed[ref] = true
+		if seq, ok := stored[ref]; !ok || seq != binary.BigEndian.Uint64(v) {
+			add(bucketBlobIndex, k, "names #%d, which does not hold blob %s", binary.BigEndian.Uint64(v), ref)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	for ref, seq := range stored {
+		if seq <= mark && !indexed[ref] {
+			add(bucketBlobLog, blobLogKey(seq, ref), "blob %s is below the indexed mark #%d but not indexed", ref, mark)
+		}
+	}
+	return stored, nil
 }

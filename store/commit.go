@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,11 +20,11 @@ import (
 // when they split. bbolt's default, one half, suits random inserts. Keys
 // that arrive in order are packed: checkpoints (by ID), runs and the
 // ledger's run index (by run ID, time-ordered) nearly full, leaving a
-// little room for a record rewritten larger; ledger records, which are
-// never rewritten, full. With 64 threads that saves about a fifth of the
+// little room for a record rewritten larger; ledger records and the blob
+// log, whose records are never rewritten larger, full. With 64 threads that saves about a fifth of the
 // page writes of a group commit.
 var fillPercent = map[string]float64{
-	bucketCheckpoints: 0.9, bucketRuns: 0.9, bucketOutcomeRuns: 0.9, bucketOutcomes: 1,
+	bucketCheckpoints: 0.9, bucketRuns: 0.9, bucketOutcomeRuns: 0.9, bucketOutcomes: 1, bucketBlobLog: 1,
 }
 
 // maxBatch bounds one group commit, so a burst of committers does not build
@@ -51,7 +50,10 @@ type request struct {
 // first request that queued meanwhile. A lone committer therefore pays no
 // added delay, and many concurrent ones share transactions.
 type committer struct {
-	db      *bbolt.DB
+	db *bbolt.DB
+	// tail is the blob log's unindexed end, brought up to date after each
+	// committed transaction.
+	tail    *blobTail
 	mu      sync.Mutex
 	queue   []*request
 	leading bool
@@ -155,8 +157,10 @@ func (q *committer) run(batch []*request) {
 		}
 		failed := -1
 		var failErr error
+		var changes *blobChanges
 		err := q.db.Update(func(tx *bbolt.Tx) error {
-			defer heads.forget(tx)
+			st := beginTxState(tx, q.tail)
+			defer endTxState(tx)
 			for i, r := range pending {
 				r.err = nil
 				if err := r.validate(tx); err != nil {
@@ -177,9 +181,14 @@ func (q *committer) run(batch []*request) {
 					}
 				}
 			}
+			if err := st.blobs.flush(false); err != nil {
+				return err
+			}
+			changes = st.blobs.ch
 			return nil
 		})
 		if err == nil {
+			q.tail.apply(changes)
 			q.txs.Add(1)
 			q.syncs.Add(1)
 			if fp := failpoint.afterCommitTx; fp != nil {
@@ -216,7 +225,7 @@ func (d *DB) Commit(ctx context.Context, c *engine.Commit) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	now := time.Now()
-	r, appended, err := prepareCommit(c, now, d.ApplianceID(), d.view)
+	r, appended, err := prepareCommit(c, now, d.ApplianceID(), d.viewBlobs)
 	if err != nil {
 		return err
 	}
@@ -231,7 +240,8 @@ func (d *DB) Commit(ctx context.Context, c *engine.Commit) error {
 }
 
 type encodedBlob struct {
-	key, data, rec []byte
+	ref       engine.BlobRef
+	data, rec []byte
 }
 
 type encodedKV struct {
@@ -243,14 +253,14 @@ type encodedKV struct {
 // When c ends the run (or pauses it at an interrupt), the run's outcome is
 // appended to the ledger in the same transaction; *appended then holds it
 // once the request has committed.
-func prepareCommit(c *engine.Commit, now time.Time, appliance string, view func(func(*bbolt.Tx) error) error) (_ *request, appended **Outcome, _ error) {
+func prepareCommit(c *engine.Commit, now time.Time, appliance string, view func(func(*blobs) error) error) (_ *request, appended **Outcome, _ error) {
 	appended = new(*Outcome)
 	var blobs []encodedBlob
 	for ref, data := range c.Blobs {
 		if engine.RefOf(data) != ref {
 			return nil, nil, fmt.Errorf("commit: blob %s: %w", ref, ErrBlobMismatch)
 		}
-		blobs = append(blobs, encodedBlob{key: blobKey(ref), data: data, rec: encodeBlob(data, now)})
+		blobs = append(blobs, encodedBlob{ref: ref, data: data, rec: encodeBlob(data, now)})
 	}
 	type encodedWrite struct {
 		prefix, rec []byte
@@ -303,15 +313,15 @@ func prepareCommit(c *engine.Commit, now time.Time, appliance string, view func(
 		}
 		for ref, data := range extra {
 			if _, dup := c.Blobs[ref]; !dup {
-				blobs = append(blobs, encodedBlob{key: blobKey(ref), data: data, rec: encodeBlob(data, now)})
+				blobs = append(blobs, encodedBlob{ref: ref, data: data, rec: encodeBlob(data, now)})
 			}
 		}
 	}
 	return &request{
 		validate: func(tx *bbolt.Tx) error {
-			bb := bucket(tx, bucketBlobs)
+			bb := writeBlobs(tx)
 			for _, b := range blobs {
-				if err := checkBlobCollision(bb, b.key, b.data); err != nil {
+				if err := checkBlobCollision(bb, b.ref, b.data); err != nil {
 					return fmt.Errorf("commit: %w", err)
 				}
 			}
@@ -323,12 +333,12 @@ func prepareCommit(c *engine.Commit, now time.Time, appliance string, view func(
 			for name, fill := range fillPercent {
 				bucket(tx, name).FillPercent = fill
 			}
-			bb := bucket(tx, bucketBlobs)
+			bb := writeBlobs(tx)
 			for _, b := range blobs {
-				if bb.Get(b.key) != nil {
+				if bb.locate(b.ref) != nil {
 					continue // deduplicated; validate compared the bytes
 				}
-				if err := bb.Put(b.key, b.rec); err != nil {
+				if err := bb.put(b.ref, b.rec); err != nil {
 					return fmt.Errorf("commit blob: %w", err)
 				}
 			}
@@ -379,22 +389,6 @@ func validCheckpointKey(thread, ns, id string) error {
 		return err
 	}
 	return validKeyPart("checkpoint ID", id, true)
-}
-
-// checkBlobCollision fails when key already holds other bytes than data.
-func checkBlobCollision(bb *bbolt.Bucket, key, data []byte) error {
-	old := bb.Get(key)
-	if old == nil {
-		return nil
-	}
-	stored, _, err := decodeBlob(old)
-	if err != nil {
-		return fmt.Errorf("blob %s: %w", renderKey(bucketBlobs, key), corrupt(bucketBlobs, key, err))
-	}
-	if !bytes.Equal(stored, data) {
-		return fmt.Errorf("blob %s: %w", renderKey(bucketBlobs, key), engine.ErrBlobCollision)
-	}
-	return nil
 }
 
 // PageStats reports bbolt's write counters since Open: pages written, time

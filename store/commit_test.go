@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/engine"
 )
@@ -149,9 +148,7 @@ func TestOneBadCommitFailsOnlyItself(t *testing.T) {
 	// A blob collision (other bytes already stored under a reference).
 	collide := stepCommit("collide", 1)
 	for ref := range collide.Blobs {
-		require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
-			return bucket(tx, bucketBlobs).Put(blobKey(ref), encodeBlob([]byte("other"), tc0))
-		}))
+		plantBlob(t, d.db, ref, encodeBlob([]byte("other"), tc0))
 	}
 	cs := []*engine.Commit{stepCommit("a", 1), collide, stepCommit("b", 1), stepCommit("c", 1)}
 	holdFirstBatch(t, d, len(cs))

@@ -39,10 +39,11 @@ func TestCorruptRecordsAreReported(t *testing.T) {
 			Write: engine.PendingWrite{TaskID: "x", Kind: engine.WriteKindError, Data: json.RawMessage(`{}`)}}},
 	}))
 	require.NoError(t, d.PutToolIntent(bg, "k", ToolCall{Tool: "x"}))
-	var writeKey []byte
+	var writeKey, blobLogKey []byte
 	require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
 		k, _ := bucket(tx, bucketWrites).Cursor().First()
 		writeKey = append([]byte(nil), k...)
+		blobLogKey = blobLogKeyOf(t, tx, ref)
 		return nil
 	}))
 
@@ -57,7 +58,7 @@ func TestCorruptRecordsAreReported(t *testing.T) {
 		{bucketWrites, writeKey, func() error { _, err := d.Writes(bg, "t", "", "0001"); return err }},
 		{bucketRuns, []byte("r1"), func() error { _, err := d.Run(bg, "r1"); return err }},
 		{bucketRuns, []byte("r1"), func() error { _, err := d.Runs(bg, engine.RunFilter{}); return err }},
-		{bucketBlobs, blobKey(ref), func() error { _, err := d.Blob(bg, ref); return err }},
+		{bucketBlobLog, blobLogKey, func() error { _, err := d.Blob(bg, ref); return err }},
 		{bucketToolCalls, []byte("k"), func() error { _, err := d.ToolCall(bg, "k"); return err }},
 	}
 	for i, tc := range tests {
@@ -121,9 +122,7 @@ func TestBlobCollision(t *testing.T) {
 	ref := engine.RefOf(data)
 	// No two payloads with one xxhash64 and length are at hand, so store
 	// other bytes under data's key, as a collision would.
-	require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
-		return bucket(tx, bucketBlobs).Put(blobKey(ref), encodeBlob([]byte("other bytes, same ref"), tc0))
-	}))
+	plantBlob(t, d.db, ref, encodeBlob([]byte("other bytes, same ref"), tc0))
 	_, err := d.PutBlob(bg, data)
 	assert.ErrorIs(t, err, engine.ErrBlobCollision)
 

@@ -24,11 +24,13 @@ const FileName = "outpost.db"
 // when a binary could misread an older file; it is checked at every Open.
 //
 // Version 2 keys checkpoints by ID first and adds the heads and branches
-// buckets. Version 1 files are refused: no store of that version was
-// deployed, so there is no migration.
+// buckets. Version 3 stores blobs as a log with an index (bloblog.go);
+// a version 2 file is migrated when it is first opened for writing. Version
+// 1 files are refused: no store of that version was deployed, so there is
+// no migration.
 const (
 	formatName    = "outpost-store"
-	formatVersion = 2
+	formatVersion = 3
 )
 
 // Bucket names. Keys:
@@ -37,7 +39,8 @@ const (
 //	heads        thread \x00 ns                    -> the namespace's newest checkpoint ID
 //	branches     thread \x00 ns \x00 checkpointID  -> empty
 //	writes       thread \x00 ns \x00 checkpointID \x00 seq (8 bytes, big endian)
-//	blobs        hash (8 bytes) | length (4 bytes), both big endian
+//	bloblog      seq (8 bytes) | hash (8 bytes) | length (4 bytes), big endian
+//	blobindex    hash (8 bytes) | length (4 bytes)  -> seq (8 bytes)
 //	runs         run ID
 //	toolcalls    idempotency key
 //
@@ -52,7 +55,8 @@ const (
 	bucketHeads       = "heads"
 	bucketBranches    = "branches"
 	bucketWrites      = "writes"
-	bucketBlobs       = "blobs"
+	bucketBlobLog     = "bloblog"
+	bucketBlobIndex   = "blobindex"
 	bucketRuns        = "runs"
 	bucketToolCalls   = "toolcalls"
 	// The outcome ledger (ledger.go): outcomes by seq (8 bytes, big
@@ -62,7 +66,7 @@ const (
 	bucketUplink      = "uplink"
 )
 
-var dataBuckets = []string{bucketCheckpoints, bucketHeads, bucketBranches, bucketWrites, bucketBlobs, bucketRuns, bucketToolCalls,
+var dataBuckets = []string{bucketCheckpoints, bucketHeads, bucketBranches, bucketWrites, bucketBlobLog, bucketBlobIndex, bucketRuns, bucketToolCalls,
 	bucketOutcomes, bucketOutcomeRuns, bucketUplink}
 
 var (
@@ -98,6 +102,7 @@ type DB struct {
 	path string
 	opts Options
 	q    committer
+	tail blobTail
 
 	applianceMu sync.RWMutex
 	appliance   string
@@ -142,9 +147,12 @@ func Open(path string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	d := &DB{db: bdb, path: path, opts: opts}
-	d.q.db = bdb
+	d.q.db, d.q.tail = bdb, &d.tail
 	if err := d.init(); err != nil {
 		return nil, errors.Join(err, bdb.Close())
+	}
+	if err := d.view(d.tail.load); err != nil {
+		return nil, errors.Join(fmt.Errorf("open store %s: read the blob log: %w", path, err), bdb.Close())
 	}
 	return d, nil
 }
@@ -165,6 +173,13 @@ func (d *DB) init() error {
 			return false, fmt.Errorf("open store %s: %w: format %q, want %q", d.path, ErrFormat, f, formatName)
 		}
 		v, err := strconv.Atoi(string(meta.Get(metaVersion)))
+		if err == nil && v == 2 {
+			if !tx.Writable() {
+				return false, fmt.Errorf("open store %s: %w: format version 2 is upgraded to version %d the first time it is opened "+
+					"for writing (outpost serve, run or db check do that), not read-only", d.path, ErrFormat, formatVersion)
+			}
+			return false, migrateBlobs(tx)
+		}
 		if err == nil && v < formatVersion {
 			return false, fmt.Errorf("open store %s: %w: format version %q, this binary reads version %d; "+
 				"the file was written by an older outpost and cannot be migrated: move it aside and start with an empty data folder",
@@ -249,6 +264,12 @@ func (d *DB) view(fn func(tx *bbolt.Tx) error) error {
 		return ErrClosed
 	}
 	return err
+}
+
+// viewBlobs runs fn in a read transaction, with the blob store as it sees
+// it.
+func (d *DB) viewBlobs(fn func(b *blobs) error) error {
+	return d.view(func(tx *bbolt.Tx) error { return fn(openBlobs(tx, &d.tail, nil)) })
 }
 
 func bucket(tx *bbolt.Tx, name string) *bbolt.Bucket { return tx.Bucket([]byte(name)) }

@@ -77,7 +77,7 @@ func TestOpenRefusesOtherFormats(t *testing.T) {
 		{"newer version", func(t *testing.T) string { return rawBolt(t, meta(formatName, strconv.Itoa(formatVersion+1))) },
 			fmt.Sprintf("format version %q, this binary reads version %d", strconv.Itoa(formatVersion+1), formatVersion)},
 		{"version 1 (checkpoints keyed by thread)", func(t *testing.T) string { return rawBolt(t, meta(formatName, "1")) },
-			`format version "1", this binary reads version 2; the file was written by an older outpost and cannot be migrated`},
+			`format version "1", this binary reads version 3; the file was written by an older outpost and cannot be migrated`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

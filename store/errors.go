@@ -83,7 +83,11 @@ func corrupt(bucket string, key []byte, err error) *CorruptError {
 // sequence numbers as numbers, and the rest quoted so NUL separators show.
 func renderKey(bucket string, key []byte) string {
 	switch bucket {
-	case bucketBlobs:
+	case bucketBlobLog:
+		if seq, ref, ok := parseBlobLogKey(key); ok {
+			return ref.String() + " #" + strconv.FormatUint(seq, 10)
+		}
+	case bucketBlobIndex:
 		if ref, ok := parseBlobKey(key); ok {
 			return ref.String()
 		}

@@ -13,7 +13,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -347,17 +346,13 @@ func decodeOutcome(b []byte) (*Outcome, engine.BlobRef, error) {
 }
 
 // resolveOutcome reads an outcome's out-of-line output from blobs.
-func resolveOutcome(o *Outcome, ref engine.BlobRef, blobs *bbolt.Bucket) error {
+func resolveOutcome(o *Outcome, ref engine.BlobRef, b *blobs) error {
 	if ref.IsZero() {
 		return nil
 	}
-	v := blobs.Get(blobKey(ref))
-	if v == nil {
-		return fmt.Errorf("outcome %d: output blob %s: %w", o.Seq, ref, engine.ErrBlobNotFound)
-	}
-	data, _, err := decodeBlob(v)
+	data, err := b.load(ref)
 	if err != nil {
-		return corrupt(bucketBlobs, blobKey(ref), err)
+		return fmt.Errorf("outcome %d: output blob %s: %w", o.Seq, ref, err)
 	}
 	o.Output = bytes.Clone(data)
 	return nil
@@ -415,7 +410,7 @@ type pendingOutcome struct {
 // what it needs of the run's earlier commits through view (nil: it leaves
 // that to appendOutcome). It returns the output blob's bytes when the
 // output goes out of line.
-func newPendingOutcome(c *engine.Commit, appliance string, now time.Time, view func(func(*bbolt.Tx) error) error) (*pendingOutcome, []byte, error) {
+func newPendingOutcome(c *engine.Commit, appliance string, now time.Time, view func(func(*blobs) error) error) (*pendingOutcome, []byte, error) {
 	r := c.Run
 	var b [12]byte
 	_, _ = rand.Read(b[:])
@@ -450,8 +445,8 @@ func newPendingOutcome(c *engine.Commit, appliance string, now time.Time, view f
 	}
 	flags, ok := commitFlags(c, nil)
 	if !ok && view != nil {
-		_ = view(func(tx *bbolt.Tx) error {
-			flags, ok = commitFlags(c, tx)
+		_ = view(func(b *blobs) error {
+			flags, ok = commitFlags(c, b)
 			return nil
 		})
 	}
@@ -515,14 +510,14 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome) (*Outcome, error) {
 		}
 	}
 	if p.flags == nil {
-		o.Flags, body = finalFlags(tx, r), nil
+		o.Flags, body = finalFlags(writeBlobs(tx), r), nil
 		if err := setDigest(d, "flags", o.Flags); err != nil {
 			return nil, err
 		}
 	}
 
 	ob := bucket(tx, bucketOutcomes)
-	head, err := heads.get(tx, ob)
+	head, err := ledgerHeadOf(tx, ob)
 	if err != nil {
 		return nil, err
 	}
@@ -571,17 +566,12 @@ func setDigest(d map[string]string, field string, v any) error {
 // calls (keys "model:<run>:...") from the tool-call records.
 func summarizeCalls(tx *bbolt.Tx, o *Outcome) error {
 	tb := bucket(tx, bucketToolCalls)
-	blobs := bucket(tx, bucketBlobs)
+	blobs := writeBlobs(tx)
 	valueBytes := func(v engine.Value) []byte {
 		if v.Blob.IsZero() {
 			return v.Inline
 		}
-		if rec := blobs.Get(blobKey(v.Blob)); rec != nil {
-			if data, _, err := decodeBlob(rec); err == nil {
-				return data
-			}
-		}
-		return nil
+		return blobs.data(v.Blob)
 	}
 	scan := func(prefix string, fn func(tc *ToolCall)) error {
 		c := tb.Cursor()
@@ -631,24 +621,24 @@ const maxFlagWalk = 1024
 // finalFlags reads the flags channel of the state the run stopped at, from
 // its last checkpoint back along parent links (checkpoints hold changed
 // channels only). A missing or unreadable channel yields no flags.
-func finalFlags(tx *bbolt.Tx, r *engine.Run) []string {
-	cb, blobs := bucket(tx, bucketCheckpoints), bucket(tx, bucketBlobs)
+func finalFlags(blobs *blobs, r *engine.Run) []string {
+	cb := bucket(blobs.tx, bucketCheckpoints)
 	flags, _ := walkFlags(r,
 		func(id string) (*engine.Checkpoint, bool) { return storedCheckpoint(cb, r.Thread, id), true },
-		func(ref engine.BlobRef) []byte { return storedBlob(blobs, ref) })
+		blobs.data)
 	return flags
 }
 
 // commitFlags is finalFlags answered outside the write transaction: from
-// the checkpoints of the commit that ends the run, and then, when tx is not
-// nil, from those the run committed before (a read transaction sees them,
-// since a run's commits follow one another). ok is false when the walk
-// needs a checkpoint it cannot read.
-func commitFlags(c *engine.Commit, tx *bbolt.Tx) (flags []string, ok bool) {
+// the checkpoints of the commit that ends the run, and then, when blobs is
+// not nil, from those the run committed before (blobs' read transaction
+// sees them, since a run's commits follow one another). ok is false when
+// the walk needs a checkpoint it cannot read.
+func commitFlags(c *engine.Commit, blobs *blobs) (flags []string, ok bool) {
 	r := c.Run
-	var cb, blobs *bbolt.Bucket
-	if tx != nil {
-		cb, blobs = bucket(tx, bucketCheckpoints), bucket(tx, bucketBlobs)
+	var cb *bbolt.Bucket
+	if blobs != nil {
+		cb = bucket(blobs.tx, bucketCheckpoints)
 	}
 	return walkFlags(r,
 		func(id string) (*engine.Checkpoint, bool) {
@@ -666,7 +656,7 @@ func commitFlags(c *engine.Commit, tx *bbolt.Tx) (flags []string, ok bool) {
 			if data, ok := c.Blobs[ref]; ok || blobs == nil {
 				return data
 			}
-			return storedBlob(blobs, ref)
+			return blobs.data(ref)
 		})
 }
 
@@ -682,15 +672,6 @@ func storedCheckpoint(cb *bbolt.Bucket, thread, id string) *engine.Checkpoint {
 		return nil
 	}
 	return c
-}
-
-// storedBlob reads a blob's bytes; nil when it is missing or unreadable.
-func storedBlob(blobs *bbolt.Bucket, ref engine.BlobRef) []byte {
-	if rec := blobs.Get(blobKey(ref)); rec != nil {
-		data, _, _ := decodeBlob(rec)
-		return data
-	}
-	return nil
 }
 
 // walkFlags walks from r's last checkpoint up its parents until the flags
@@ -743,7 +724,7 @@ func walkFlags(r *engine.Run, load func(id string) (*engine.Checkpoint, bool), b
 func (d *DB) Outcomes(ctx context.Context, afterSeq uint64, limit int) ([]*Outcome, error) {
 	var out []*Outcome
 	err := d.view(func(tx *bbolt.Tx) error {
-		c, blobs := bucket(tx, bucketOutcomes).Cursor(), bucket(tx, bucketBlobs)
+		c, blobs := bucket(tx, bucketOutcomes).Cursor(), openBlobs(tx, &d.tail, nil)
 		for k, v := c.Seek(seqKey(afterSeq + 1)); k != nil; k, v = c.Next() {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -864,8 +845,7 @@ func (d *DB) AckOutcomes(ctx context.Context, seq uint64) error {
 // bucket and seq; later records are still decoded. An output kept out of
 // line must exist (refs reports a missing blob), and is part of the hash.
 func checkLedger(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(string, []byte, string, ...any),
-	refs func(bucket string, key []byte) func(engine.BlobRef)) error {
-	blobs := bucket(tx, bucketBlobs)
+	refs func(bucket string, key []byte) func(engine.BlobRef), blobs *blobs) error {
 	want, prevHash := uint64(1), GenesisHash
 	chainBroken := false
 	brk := func(k []byte, format string, args ...any) {
@@ -1000,21 +980,12 @@ type ledgerHead struct {
 	hash string
 }
 
-// txHeads caches each open write transaction's ledger head. The committer
-// forgets a transaction's entry when its Update callback returns, so an
-// entry never outlives its transaction, committed or rolled back.
-type txHeads struct {
-	mu sync.Mutex
-	m  map[*bbolt.Tx]*ledgerHead
-}
-
-var heads = &txHeads{m: map[*bbolt.Tx]*ledgerHead{}}
-
-func (h *txHeads) get(tx *bbolt.Tx, ob *bbolt.Bucket) (*ledgerHead, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if lh := h.m[tx]; lh != nil {
-		return lh, nil
+// ledgerHeadOf returns the ledger head of a commit-queue transaction,
+// reading it from the ledger the first time.
+func ledgerHeadOf(tx *bbolt.Tx, ob *bbolt.Bucket) (*ledgerHead, error) {
+	st := stateOf(tx)
+	if st.head != nil {
+		return st.head, nil
 	}
 	lh := &ledgerHead{hash: GenesisHash}
 	if k, v := ob.Cursor().Last(); k != nil {
@@ -1024,12 +995,6 @@ func (h *txHeads) get(tx *bbolt.Tx, ob *bbolt.Bucket) (*ledgerHead, error) {
 		}
 		lh.seq, lh.hash = seq, hash
 	}
-	h.m[tx] = lh
+	st.head = lh
 	return lh, nil
-}
-
-func (h *txHeads) forget(tx *bbolt.Tx) {
-	h.mu.Lock()
-	delete(h.m, tx)
-	h.mu.Unlock()
 }

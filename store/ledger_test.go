@@ -160,7 +160,7 @@ func TestLedgerKeepsALargeOutputAsABlob(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, ref, rb.output, "the run's output shares the blob")
 		assert.Empty(t, run.Output)
-		return tx.Bucket([]byte(bucketBlobs)).Delete(blobKey(ref))
+		return dropBlob(t, tx, ref)
 	}))
 	require.NoError(t, bdb.Close())
 
@@ -429,14 +429,14 @@ func TestFinalFlagsFromTheCommitOrTheStore(t *testing.T) {
 					assert.Equal(t, tc.want, fromCommit)
 				}
 				require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
-					withStored, ok := commitFlags(c, tx)
+					withStored, ok := commitFlags(c, openBlobs(tx, &d.tail, nil))
 					assert.True(t, ok, "the commit and the checkpoints stored before it tell")
 					assert.Equal(t, tc.want, withStored)
 					return nil
 				}))
 				require.NoError(t, d.Commit(bg, c))
 				require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
-					assert.Equal(t, tc.want, finalFlags(tx, c.Run), "read from the store")
+					assert.Equal(t, tc.want, finalFlags(openBlobs(tx, &d.tail, nil), c.Run), "read from the store")
 					return nil
 				}))
 				got, err := d.Outcomes(bg, 0, 0)

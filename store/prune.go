@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/outpost-edge/outpost/engine"
 )
@@ -50,17 +49,20 @@ type PruneReport struct {
 // since the collector cannot know what it names.
 func (d *DB) Prune(ctx context.Context, olderThan time.Duration, now time.Time) (*PruneReport, error) {
 	cutoff := now.Add(-olderThan)
-	rep := &PruneReport{}
-	err := d.db.Update(func(tx *bbolt.Tx) error {
-		p := &pruner{ctx: ctx, tx: tx, rep: rep, cutoff: cutoff}
-		if err := p.cutHistories(); err != nil {
-			return err
-		}
-		return p.collectBlobs()
+	var rep *PruneReport
+	// It takes its turn in the commit queue, which keeps the blob log's
+	// tail in step (see bloblog.go).
+	err := d.q.do(&request{
+		validate: func(*bbolt.Tx) error { return nil },
+		apply: func(tx *bbolt.Tx) error {
+			rep = &PruneReport{} // a batch may apply a request twice
+			p := &pruner{ctx: ctx, tx: tx, blobs: writeBlobs(tx), rep: rep, cutoff: cutoff}
+			if err := p.cutHistories(); err != nil {
+				return err
+			}
+			return p.collectBlobs()
+		},
 	})
-	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
-		err = ErrClosed
-	}
 	if err != nil {
 		return nil, fmt.Errorf("prune store %s: %w", d.path, err)
 	}
@@ -70,6 +72,7 @@ func (d *DB) Prune(ctx context.Context, olderThan time.Duration, now time.Time) 
 type pruner struct {
 	ctx    context.Context
 	tx     *bbolt.Tx
+	blobs  *blobs
 	rep    *PruneReport
 	cutoff time.Time
 }
@@ -314,14 +317,9 @@ func (p *pruner) resolve(v engine.Value) ([]byte, error) {
 	if v.Blob.IsZero() {
 		return v.Inline, nil
 	}
-	key := blobKey(v.Blob)
-	rec := bucket(p.tx, bucketBlobs).Get(key)
-	if rec == nil {
-		return nil, fmt.Errorf("blob %s: %w", v.Blob, engine.ErrBlobNotFound)
-	}
-	data, _, err := decodeBlob(rec)
+	data, err := p.blobs.load(v.Blob)
 	if err != nil {
-		return nil, corrupt(bucketBlobs, key, err)
+		return nil, fmt.Errorf("blob %s: %w", v.Blob, err)
 	}
 	return data, nil
 }
@@ -356,15 +354,14 @@ func arrayItems(b []byte) ([]byte, error) {
 }
 
 func (p *pruner) apply(plan *nsPlan) error {
-	bb := bucket(p.tx, bucketBlobs)
+	bb := p.blobs
 	now := time.Now()
 	for ref, data := range plan.newBlobs {
-		key := blobKey(ref)
-		if err := checkBlobCollision(bb, key, data); err != nil {
+		if err := checkBlobCollision(bb, ref, data); err != nil {
 			return err
 		}
-		if bb.Get(key) == nil {
-			if err := bb.Put(key, encodeBlob(data, now)); err != nil {
+		if bb.locate(ref) == nil {
+			if err := bb.put(ref, encodeBlob(data, now)); err != nil {
 				return fmt.Errorf("store snapshot blob: %w", err)
 			}
 		}
@@ -475,47 +472,45 @@ func (p *pruner) collectBlobs() error {
 	}); err != nil {
 		return err
 	}
-	bb := bucket(p.tx, bucketBlobs)
+	bb := p.blobs
 	// A blob's bytes may name other blobs (a large list of messages that
 	// point at model responses), so marking follows them.
 	for len(work) > 0 {
 		ref := work[len(work)-1]
 		work = work[:len(work)-1]
-		key := blobKey(ref)
-		rec := bb.Get(key)
-		if rec == nil {
+		data, err := bb.load(ref)
+		if errors.Is(err, engine.ErrBlobNotFound) {
 			continue // dangling: Check reports it
 		}
-		data, _, err := decodeBlob(rec)
 		if err != nil {
-			return corrupt(bucketBlobs, key, err)
+			return err
 		}
 		scanRefs(data, mark)
 	}
-	var sweep [][]byte
-	if err := p.walk(bucketBlobs, func(k, v []byte) error {
-		ref, ok := parseBlobKey(k)
+	var sweep []engine.BlobRef
+	if err := p.walk(bucketBlobLog, func(k, v []byte) error {
+		_, ref, ok := parseBlobLogKey(k)
 		if !ok {
-			return corrupt(bucketBlobs, k, errors.New("malformed key"))
+			return corrupt(bucketBlobLog, k, errMalformedKey)
 		}
 		if marked[ref] {
 			return nil
 		}
 		_, created, err := decodeBlob(v)
 		if err != nil {
-			return corrupt(bucketBlobs, k, err)
+			return corrupt(bucketBlobLog, k, err)
 		}
 		if created.Before(p.cutoff) {
-			sweep = append(sweep, bytes.Clone(k))
+			sweep = append(sweep, ref)
 			p.rep.BlobBytesRemoved += int64(ref.Len)
 		}
 		return nil
 	}); err != nil {
 		return err
 	}
-	for _, k := range sweep {
-		if err := bb.Delete(k); err != nil {
-			return fmt.Errorf("remove blob %s: %w", renderKey(bucketBlobs, k), err)
+	for _, ref := range sweep {
+		if err := bb.remove(ref); err != nil {
+			return fmt.Errorf("remove blob %s: %w", ref, err)
 		}
 	}
 	p.rep.BlobsRemoved = len(sweep)

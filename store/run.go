@@ -147,7 +147,7 @@ func decodeRun(b []byte) (*engine.Run, runBlobs, error) {
 }
 
 // resolveRun reads a run's out-of-line input and output from blobs.
-func resolveRun(r *engine.Run, rb runBlobs, blobs *bbolt.Bucket) error {
+func resolveRun(r *engine.Run, rb runBlobs, blobs *blobs) error {
 	for _, f := range []struct {
 		ref engine.BlobRef
 		dst *json.RawMessage
@@ -155,13 +155,9 @@ func resolveRun(r *engine.Run, rb runBlobs, blobs *bbolt.Bucket) error {
 		if f.ref.IsZero() {
 			continue
 		}
-		v := blobs.Get(blobKey(f.ref))
-		if v == nil {
-			return fmt.Errorf("run %s: blob %s: %w", r.ID, f.ref, engine.ErrBlobNotFound)
-		}
-		data, _, err := decodeBlob(v)
+		data, err := blobs.load(f.ref)
 		if err != nil {
-			return corrupt(bucketBlobs, blobKey(f.ref), err)
+			return fmt.Errorf("run %s: blob %s: %w", r.ID, f.ref, err)
 		}
 		*f.dst = bytes.Clone(data)
 	}
@@ -218,7 +214,7 @@ func (d *DB) Run(ctx context.Context, id string) (*engine.Run, error) {
 		if err != nil {
 			return corrupt(bucketRuns, []byte(id), err)
 		}
-		if err := resolveRun(r, rb, bucket(tx, bucketBlobs)); err != nil {
+		if err := resolveRun(r, rb, openBlobs(tx, &d.tail, nil)); err != nil {
 			return err
 		}
 		out = r
@@ -256,7 +252,7 @@ func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error
 			if !f.Match(r) {
 				continue
 			}
-			if err := resolveRun(r, rb, bucket(tx, bucketBlobs)); err != nil {
+			if err := resolveRun(r, rb, openBlobs(tx, &d.tail, nil)); err != nil {
 				return err
 			}
 			out = append(out, r)

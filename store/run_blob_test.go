@@ -72,7 +72,7 @@ func TestRunOutputOutOfLine(t *testing.T) {
 func (d *DB) blobCount(t *testing.T) int {
 	n := 0
 	require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
-		n = bucket(tx, bucketBlobs).Stats().KeyN
+		n = bucket(tx, bucketBlobLog).Stats().KeyN
 		return nil
 	}))
 	return n

@@ -220,7 +220,7 @@ func loadToolCall(tx *bbolt.Tx, k []byte) (*ToolCall, error) {
 // dangling reference would only show up when the record is needed.
 func requireBlobs(tx *bbolt.Tx, vs ...engine.Value) error {
 	for _, v := range vs {
-		if !v.Blob.IsZero() && bucket(tx, bucketBlobs).Get(blobKey(v.Blob)) == nil {
+		if !v.Blob.IsZero() && writeBlobs(tx).locate(v.Blob) == nil {
 			return fmt.Errorf("blob %s: %w", v.Blob, engine.ErrBlobNotFound)
 		}
 	}

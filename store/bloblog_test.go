@@ -1,0 +1,267 @@
+package store
+
+import (
+	"fmt"
+	"maps"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// commitBlobs commits n new blobs named by tag, referenced by one
+// checkpoint, and returns their references.
+func commitBlobs(t *testing.T, d *DB, tag string, n int) []engine.BlobRef {
+	t.Helper()
+	c := &engine.Commit{Blobs: map[engine.BlobRef][]byte{},
+		Checkpoint: &engine.Checkpoint{Thread: "t-" + tag, ID: "0001", Created: tc0}}
+	var refs []engine.BlobRef
+	for i := range n {
+		data := []byte(fmt.Sprintf("blob %s/%d", tag, i))
+		ref := engine.RefOf(data)
+		c.Blobs[ref] = data
+		c.Checkpoint.Channels = append(c.Checkpoint.Channels, engine.ChannelValue{Channel: "c" + strconv.Itoa(i), Value: engine.Value{Blob: ref}})
+		refs = append(refs, ref)
+	}
+	require.NoError(t, d.Commit(bg, c))
+	return refs
+}
+
+func indexCount(t *testing.T, d *DB) (n int, mark uint64) {
+	t.Helper()
+	require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
+		n = bucket(tx, bucketBlobIndex).Stats().KeyN
+		var err error
+		mark, err = indexedMark(tx)
+		return err
+	}))
+	return n, mark
+}
+
+// freshTail reads the tail back from the file, as Open does.
+func freshTail(t *testing.T, d *DB) map[engine.BlobRef]uint64 {
+	t.Helper()
+	var tail blobTail
+	require.NoError(t, d.db.View(tail.load))
+	return tail.seqs
+}
+
+// New blobs are appended to the log and found through the tail in memory
+// until there are blobFlushAt of them; then one transaction indexes them
+// all. The tail read back from the file always matches the one in memory,
+// and every blob reads back, before and after a reopen.
+func TestBlobTailFlushesIntoTheIndex(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+
+	refs := commitBlobs(t, d, "a", 600)
+	n, mark := indexCount(t, d)
+	assert.Equal(t, 0, n, "below blobFlushAt nothing is indexed")
+	assert.Equal(t, uint64(0), mark)
+	assert.Equal(t, 600, d.tail.size())
+	assert.Equal(t, freshTail(t, d), d.tail.seqs)
+
+	refs = append(refs, commitBlobs(t, d, "b", 600)...)
+	n, mark = indexCount(t, d)
+	assert.Equal(t, 1200, n, "the commit that reached blobFlushAt indexed the tail and its own blobs")
+	assert.Equal(t, uint64(1200), mark)
+	assert.Equal(t, 0, d.tail.size())
+	assert.Equal(t, freshTail(t, d), d.tail.seqs)
+
+	refs = append(refs, commitBlobs(t, d, "c", 10)...)
+	assert.Equal(t, 10, d.tail.size())
+	for _, ref := range refs {
+		_, err := d.Blob(bg, ref)
+		require.NoError(t, err, "blob %s", ref)
+	}
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	require.Empty(t, rep.Problems)
+	assert.Equal(t, 1210, rep.Records[bucketBlobLog])
+	assert.Equal(t, 1200, rep.Records[bucketBlobIndex])
+	require.NoError(t, d.Close())
+
+	d, err = Open(path, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	assert.Equal(t, 10, d.tail.size(), "the tail is read back at open")
+	for _, ref := range refs {
+		_, err := d.Blob(bg, ref)
+		require.NoError(t, err, "blob %s after reopening", ref)
+	}
+	// A blob already stored is not appended again, indexed or not.
+	again := commitBlobs(t, d, "a", 3)
+	again = append(again, commitBlobs(t, d, "c", 3)...)
+	rep, err = d.Check(bg)
+	require.NoError(t, err)
+	require.Empty(t, rep.Problems, "no blob is stored twice")
+	assert.Equal(t, 1210, rep.Records[bucketBlobLog], "%v were deduplicated", again)
+}
+
+// A reader's snapshot keeps finding the blobs it holds after a flush has
+// moved them from the tail in memory into an index the snapshot cannot see.
+func TestBlobReaderSnapshotOutlivesAFlush(t *testing.T) {
+	// No remap while the reader holds the file's map.
+	d, err := Open(filepath.Join(t.TempDir(), FileName), Options{InitialMmapSize: 64 << 20})
+	require.NoError(t, err)
+	defer d.Close()
+	early := commitBlobs(t, d, "early", 10)
+
+	old, err := d.db.Begin(false)
+	require.NoError(t, err)
+	defer old.Rollback()
+	commitBlobs(t, d, "flood", blobFlushAt)
+	require.Equal(t, 0, d.tail.size(), "the flood flushed the tail")
+	late := commitBlobs(t, d, "late", 1)
+
+	b := openBlobs(old, &d.tail, nil)
+	for _, ref := range early {
+		data, err := b.load(ref)
+		require.NoError(t, err, "blob %s in the old snapshot", ref)
+		assert.Equal(t, ref, engine.RefOf(data))
+	}
+	_, err = b.load(late[0])
+	assert.ErrorIs(t, err, engine.ErrBlobNotFound, "a blob newer than the snapshot is not in it")
+}
+
+// Prune removes unreferenced blobs from the log, from the index when they
+// were indexed, and from the tail in memory.
+func TestPruneRemovesIndexedAndTailBlobs(t *testing.T) {
+	d := openTest(t)
+	kept := commitBlobs(t, d, "kept", 2)
+	var loose []engine.BlobRef
+	for i := range 4 {
+		ref, err := d.PutBlob(bg, []byte(fmt.Sprintf("nobody names me %d", i)))
+		require.NoError(t, err)
+		loose = append(loose, ref)
+		if i == 1 {
+			// Index what is there so far.
+			require.NoError(t, d.q.do(&request{
+				validate: func(*bbolt.Tx) error { return nil },
+				apply:    func(tx *bbolt.Tx) error { return writeBlobs(tx).flush(true) },
+			}))
+			n, _ := indexCount(t, d)
+			require.Equal(t, 4, n)
+		}
+	}
+	require.Equal(t, 2, d.tail.size())
+
+	rep, err := d.Prune(bg, time.Hour, time.Now().Add(2*time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, 4, rep.BlobsRemoved)
+	for _, ref := range loose {
+		_, err := d.Blob(bg, ref)
+		assert.ErrorIs(t, err, engine.ErrBlobNotFound, "pruned %s", ref)
+	}
+	for _, ref := range kept {
+		_, err := d.Blob(bg, ref)
+		assert.NoError(t, err)
+	}
+	n, _ := indexCount(t, d)
+	assert.Equal(t, 2, n, "the pruned indexed blobs left the index")
+	assert.Equal(t, 0, d.tail.size())
+	assert.Equal(t, freshTail(t, d), d.tail.seqs)
+	check, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.Empty(t, check.Problems)
+	// A pruned blob offered again is stored anew.
+	ref, err := d.PutBlob(bg, []byte("nobody names me 0"))
+	require.NoError(t, err)
+	assert.Equal(t, loose[0], ref)
+	_, err = d.Blob(bg, ref)
+	assert.NoError(t, err)
+}
+
+// A format 2 file, whose blobs bucket is keyed by reference, is upgraded
+// when it is first opened for writing; a read-only open refuses it.
+func TestOpenUpgradesFormat2(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	refs := commitBlobs(t, d, "old", 5)
+	want := maps.Clone(freshTail(t, d))
+	require.NoError(t, d.Close())
+
+	// Rewrite the file as format 2 wrote it.
+	bdb, err := bbolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error {
+		old, err := tx.CreateBucket([]byte("blobs"))
+		require.NoError(t, err)
+		c := tx.Bucket([]byte(bucketBlobLog)).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			_, ref, ok := parseBlobLogKey(k)
+			require.True(t, ok)
+			require.NoError(t, old.Put(blobKey(ref), append([]byte(nil), v...)))
+		}
+		require.NoError(t, tx.DeleteBucket([]byte(bucketBlobLog)))
+		require.NoError(t, tx.DeleteBucket([]byte(bucketBlobIndex)))
+		meta := tx.Bucket([]byte(bucketMeta))
+		require.NoError(t, meta.Delete(metaBlobIndexed))
+		return meta.Put(metaVersion, []byte("2"))
+	}))
+	require.NoError(t, bdb.Close())
+
+	_, err = Open(path, Options{ReadOnly: true})
+	require.ErrorIs(t, err, ErrFormat)
+	assert.Contains(t, err.Error(), "format version 2 is upgraded to version 3 the first time it is opened for writing")
+
+	d, err = Open(path, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	for _, ref := range refs {
+		_, err := d.Blob(bg, ref)
+		require.NoError(t, err, "blob %s after the upgrade", ref)
+	}
+	n, mark := indexCount(t, d)
+	assert.Equal(t, len(want), n, "the upgrade indexes every blob")
+	assert.Equal(t, uint64(len(want)), mark)
+	require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
+		assert.Equal(t, "3", string(bucket(tx, bucketMeta).Get(metaVersion)))
+		assert.Nil(t, tx.Bucket([]byte("blobs")))
+		return nil
+	}))
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Problems)
+}
+
+// Check reports a blob stored twice, an index entry that names the wrong
+// record, and a blob below the indexed mark that is not indexed.
+func TestCheckVerifiesTheBlobIndex(t *testing.T) {
+	d := openTest(t)
+	refs := commitBlobs(t, d, "x", 3)
+	require.NoError(t, d.q.do(&request{
+		validate: func(*bbolt.Tx) error { return nil },
+		apply:    func(tx *bbolt.Tx) error { return writeBlobs(tx).flush(true) },
+	}))
+	seqOf := map[engine.BlobRef]uint64{}
+	require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
+		for _, ref := range refs {
+			seqOf[ref], _, _ = parseBlobLogKey(blobLogKeyOf(t, tx, ref))
+		}
+		return nil
+	}))
+	plantBlob(t, d.db, refs[0], encodeBlob([]byte("blob x/0"), tc0)) // stored again as #4, index moved
+	require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
+		return tx.Bucket([]byte(bucketBlobIndex)).Delete(blobKey(refs[1]))
+	}))
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	var msgs []string
+	for _, p := range rep.Problems {
+		msgs = append(msgs, p.Bucket+": "+p.Key+": "+p.Message)
+	}
+	assert.ElementsMatch(t, []string{
+		fmt.Sprintf("%s: %s #4: stores blob %[2]s again (first as #%d)", bucketBlobLog, refs[0], seqOf[refs[0]]),
+		fmt.Sprintf("%s: %s: names #4, which does not hold blob %[2]s", bucketBlobIndex, refs[0]),
+		fmt.Sprintf("%s: %s #%d: blob %[2]s is below the indexed mark #3 but not indexed", bucketBlobLog, refs[1], seqOf[refs[1]]),
+	}, msgs)
+}
