@@ -98,8 +98,9 @@ func dbCheck(ctx context.Context, dir string, asJSON bool, stdout io.Writer) err
 		for _, n := range rep.Records {
 			total += n
 		}
-		fmt.Fprintf(stdout, "checked %d records: checkpoints %d, pending writes %d, blobs %d, runs %d, tool calls %d\n",
-			total, rep.Records["checkpoints"], rep.Records["writes"], rep.Records["blobs"], rep.Records["runs"], rep.Records["toolcalls"])
+		fmt.Fprintf(stdout, "checked %d records: checkpoints %d, pending writes %d, blobs %d (%d indexed), runs %d, tool calls %d, outcomes %d\n",
+			total, rep.Records["checkpoints"], rep.Records["writes"], rep.Records["bloblog"], rep.Records["blobindex"],
+			rep.Records["runs"], rep.Records["toolcalls"], rep.Records["outcomes"])
 		for _, p := range rep.Problems {
 			fmt.Fprintf(stdout, "PROBLEM %s\n", p)
 		}

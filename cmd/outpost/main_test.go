@@ -60,6 +60,8 @@ func TestRunThenInspect(t *testing.T) {
 	code, stdout, stderr = outpost(t, "db", "check", "--data", dir)
 	require.Zero(t, code, stderr)
 	require.Contains(t, stdout, "store is sound")
+	require.Regexp(t, `checkpoints 7, pending writes \d+, blobs [1-9]\d* \(0 indexed\), runs 1, tool calls \d+, outcomes 1\n`, stdout,
+		"the answer and its message are blobs, still in the log's unindexed tail")
 
 	bak := filepath.Join(t.TempDir(), "b.db")
 	code, stdout, stderr = outpost(t, "db", "backup", "--data", dir, bak)
