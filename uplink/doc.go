@@ -7,8 +7,11 @@
 // HMAC-SHA256 signature of the body and the chain head (see wire.go), and
 // advances the store's cursor only on 200 {"acked_seq"}. Connection errors,
 // timeouts, 408, 429 and 5xx are retried with capped, fully jittered
-// exponential backoff (Retry-After is honoured); any other 4xx parks the
-// batch, which stays in the ledger. Flush sends now and waits; Status shows
+// exponential backoff (Retry-After is honoured). A 409 gap that starts
+// below the cursor means the collector lost records it had acknowledged
+// (restored from a backup): the uplink sends again from the seq it
+// expects, at once. Any other 4xx parks the batch, which stays in the
+// ledger. Flush sends now and waits; Status shows
 // the cursor, the backlog, the last error and a parked batch. Redaction
 // happens on the way out (EncodeRecord), per the bundle's policy, in a way
 // that still lets the collector verify the hash chain.

@@ -16,6 +16,9 @@ var (
 	// than 408 and 429): the batch is kept, and sending stops until the
 	// cause is fixed and Flush is called (or the parked retry comes round).
 	ErrParked = errors.New("batch parked: the collector refused it")
+	// errResend: the collector answered a gap before the cursor; the next
+	// batch goes from its expected seq, at once.
+	errResend = errors.New("the collector lost acknowledged outcomes; resending them")
 
 	// Receiving.
 

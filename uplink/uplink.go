@@ -99,6 +99,10 @@ type Status struct {
 	Parked *Parked `json:"parked,omitempty"`
 	// NextAttemptAt is when a failed send is retried.
 	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+	// ResendingFrom is set while the uplink sends again records the
+	// collector had acknowledged and then lost (it answered a gap): from
+	// that seq up to the cursor.
+	ResendingFrom uint64 `json:"resending_from,omitempty"`
 }
 
 // Parked describes a refused batch. It stays in the ledger.
@@ -119,9 +123,12 @@ type Uplink struct {
 	cfg Config
 
 	send sync.Mutex // one batch in flight
-	wake chan struct{}
-	mu   sync.Mutex
-	st   Status // LastError, LastSuccessAt, Parked, NextAttemptAt
+	// resendFrom, when not 0, is where sending resumes below the cursor: the
+	// collector lost records it had acknowledged (guarded by send).
+	resendFrom uint64
+	wake       chan struct{}
+	mu         sync.Mutex
+	st         Status // LastError, LastSuccessAt, Parked, NextAttemptAt
 }
 
 // New returns an uplink for db. Nothing is sent until Run or Flush.
@@ -196,6 +203,8 @@ func (u *Uplink) Run(ctx context.Context) error {
 		case errors.Is(err, ErrParked):
 			attempt = 0
 			wait = u.cfg.ParkedRetry
+		case errors.Is(err, errResend):
+			continue
 		default:
 			wait = u.backoff(attempt, err)
 			attempt++
@@ -276,6 +285,8 @@ func (u *Uplink) Flush(ctx context.Context) error {
 			continue
 		case errors.Is(err, ErrParked):
 			return err
+		case errors.Is(err, errResend):
+			continue
 		case ctx.Err() != nil:
 			if lastErr == nil {
 				return err
@@ -299,10 +310,14 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, u.failed(err)
 	}
-	if ls.Backlog() == 0 {
+	after := ls.AckedSeq
+	if u.resendFrom > 0 && u.resendFrom <= after {
+		after = u.resendFrom - 1
+	}
+	if ls.LastSeq <= after {
 		return 0, nil
 	}
-	recs, err := u.db.Outcomes(ctx, ls.AckedSeq, u.cfg.MaxRecords)
+	recs, err := u.db.Outcomes(ctx, after, u.cfg.MaxRecords)
 	if err != nil {
 		return 0, u.failed(err)
 	}
@@ -361,7 +376,10 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	if resp.StatusCode != http.StatusOK {
 		se := &StatusError{StatusCode: resp.StatusCode, Message: strings.TrimSpace(string(answer))}
 		var e struct {
-			Error struct{ Code, Message string }
+			Error struct {
+				Code, Message string
+				ExpectedSeq   uint64 `json:"expected_seq"`
+			}
 		}
 		if json.Unmarshal(answer, &e) == nil && e.Error.Message != "" {
 			se.Code, se.Message = e.Error.Code, e.Error.Message
@@ -369,6 +387,17 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 		err := fmt.Errorf("send outcomes %d-%d: %w", first, last, se)
 		if retriable(resp.StatusCode) {
 			return 0, u.failed(&retryAfterError{err, parseRetryAfter(resp.Header.Get("Retry-After"))})
+		}
+		if want := e.Error.ExpectedSeq; resp.StatusCode == http.StatusConflict && se.Code == CodeGap && want >= 1 && want < first {
+			// The collector holds less than it acknowledged (restored
+			// from a backup, say). The ledger still has every record:
+			// send again from where the collector stands. A second gap
+			// from there would park the batch.
+			u.resendFrom = want
+			u.mu.Lock()
+			u.st.ResendingFrom = want
+			u.mu.Unlock()
+			return 0, u.failed(fmt.Errorf("%w: %w", errResend, err))
 		}
 		now := time.Now().UTC()
 		u.mu.Lock()
@@ -385,9 +414,16 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	if err := u.db.AckOutcomes(ctx, *ack.AckedSeq); err != nil {
 		return 0, u.failed(err)
 	}
+	if u.resendFrom > 0 {
+		u.resendFrom = *ack.AckedSeq + 1
+		if u.resendFrom > ls.AckedSeq {
+			u.resendFrom = 0 // caught up with the cursor
+		}
+	}
 	now := time.Now().UTC()
 	u.mu.Lock()
 	u.st.LastError, u.st.LastSuccessAt, u.st.Parked, u.st.NextAttemptAt = "", &now, nil, nil
+	u.st.ResendingFrom = u.resendFrom
 	u.mu.Unlock()
 	if u.cfg.Events != nil {
 		ev := sentEvent(appliance, first, last, *ack.AckedSeq, n, body.Len())

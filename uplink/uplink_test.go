@@ -360,3 +360,65 @@ func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
 func contextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(bg, d)
 }
+
+// A collector that lost records it had acknowledged (restored from an older
+// backup) answers the next batch with a gap. The appliance sends again from
+// the seq the collector expects, up to its cursor and on, and the collector
+// ends with the whole chain, no longer broken.
+func TestUplinkResendsWhatTheCollectorLost(t *testing.T) {
+	collectorDir := t.TempDir()
+	st, err := OpenBoltStore(collectorDir)
+	require.NoError(t, err)
+	var handler atomic.Pointer[http.Handler]
+	serve := func(st CollectorStore) {
+		var h http.Handler = NewCollector(st, CollectorOptions{Secrets: map[string][]byte{"clinic-1": testSecret}})
+		handler.Store(&h)
+	}
+	serve(st)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*handler.Load()).ServeHTTP(w, r) }))
+	defer srv.Close()
+
+	db := openAppliance(t, t.TempDir(), "clinic-1")
+	defer db.Close()
+	cfg := fastConfig(srv.URL)
+	cfg.MaxRecords = 4
+	u, err := New(db, cfg)
+	require.NoError(t, err)
+	makeOutcomes(t, db, 6)
+	require.NoError(t, u.Flush(bg))
+
+	// The collector comes back from a backup that holds seqs 1-3 only.
+	recs, err := st.Records(bg, "clinic-1", 0, 0)
+	require.NoError(t, err)
+	require.Len(t, recs, 6)
+	require.NoError(t, st.Close())
+	restored, err := OpenBoltStore(t.TempDir())
+	require.NoError(t, err)
+	defer restored.Close()
+	outs, err := db.Outcomes(bg, 0, 3)
+	require.NoError(t, err)
+	serve(restored)
+	resp := post(t, srv.URL, "clinic-1", outs, testSecret)
+	require.Equal(t, http.StatusOK, resp.code, resp.body)
+
+	makeOutcomes(t, db, 5)
+	require.NoError(t, u.Flush(bg))
+	got, err := restored.Records(bg, "clinic-1", 0, 0)
+	require.NoError(t, err)
+	require.Len(t, got, 11, "seqs 4-6 were sent again, then 7-11")
+	for i, r := range got {
+		assert.Equal(t, uint64(i+1), r.Seq)
+	}
+	status := u.Status()
+	assert.Equal(t, uint64(11), status.AckedSeq)
+	assert.Zero(t, status.ResendingFrom, "caught up")
+	assert.Nil(t, status.Parked)
+
+	r, err := http.Get(srv.URL + AppliancesPath)
+	require.NoError(t, err)
+	defer r.Body.Close()
+	var list struct{ Appliances []ApplianceStatus }
+	require.NoError(t, json.NewDecoder(r.Body).Decode(&list))
+	require.Len(t, list.Appliances, 1)
+	assert.Equal(t, "ok", list.Appliances[0].Chain, "the chain healed once the collector held past the gap")
+}
