@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/console"
+)
+
+// buildOutpost builds the binary the way make build does (static), once per
+// test binary.
+func buildOutpost(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "outpost")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return bin
+}
+
+// serving is an `outpost serve` process.
+type serving struct {
+	cmd    *exec.Cmd
+	url    string
+	token  string
+	stdout *bytes.Buffer // what it printed after the console line
+	lines  chan string
+	done   chan error
+}
+
+var consoleLine = regexp.MustCompile(`^console: (http://127\.0\.0\.1:\d+)/$`)
+
+func startServe(t *testing.T, bin, data string) *serving {
+	t.Helper()
+	cmd := exec.Command(bin, "serve", "--data", data, "--listen", "127.0.0.1:0", "--model", "ollama:llama3.2",
+		"--ollama", "http://127.0.0.1:1")
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	s := &serving{cmd: cmd, stdout: &bytes.Buffer{}, lines: make(chan string, 100), done: make(chan error, 1)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			s.lines <- sc.Text()
+		}
+		close(s.lines)
+		s.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	deadline := time.After(20 * time.Second)
+	var head []string
+	for s.url == "" {
+		select {
+		case line, ok := <-s.lines:
+			require.True(t, ok, "serve exited early:\n%s\nstderr:\n%s", strings.Join(head, "\n"), stderr.String())
+			head = append(head, line)
+			if m := consoleLine.FindStringSubmatch(line); m != nil {
+				s.url = m[1]
+			}
+		case <-deadline:
+			t.Fatalf("serve printed no console line in 20s:\n%s\nstderr:\n%s", strings.Join(head, "\n"), stderr.String())
+		}
+	}
+	assert.Contains(t, stderr.String(), "falling back to the scripted model", "no Ollama: it says so plainly")
+	assert.Contains(t, strings.Join(head, "\n"), "bundle: medication-adherence")
+	tok, err := os.ReadFile(filepath.Join(data, console.TokenFile))
+	require.NoError(t, err)
+	s.token = strings.TrimSpace(string(tok))
+	return s
+}
+
+func (s *serving) call(t *testing.T, method, path, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, s.url+path, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, b
+}
+
+// stop interrupts the process, as Ctrl-C does, and waits for a clean exit.
+func (s *serving) stop(t *testing.T) string {
+	t.Helper()
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGINT))
+	var rest []string
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case line, ok := <-s.lines:
+			if !ok {
+				select {
+				case err := <-s.done:
+					require.NoError(t, err, "serve exits 0 on an interrupt")
+				case <-timeout:
+					t.Fatal("serve did not exit")
+				}
+				return strings.Join(rest, "\n")
+			}
+			rest = append(rest, line)
+		case <-timeout:
+			t.Fatalf("serve did not stop in 20s: %s", strings.Join(rest, "\n"))
+		}
+	}
+}
+
+// `outpost serve` as a process, the way the README starts it: it falls
+// back to the scripted model when no Ollama answers and says so, serves a
+// turn over HTTP, lets `outpost db check` in through its control socket,
+// stops cleanly on Ctrl-C, and finds its runs again at the next start.
+func TestServeAsAProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildOutpost(t)
+	data := t.TempDir()
+	s := startServe(t, bin, data)
+
+	code, body := s.call(t, http.MethodGet, "/healthz", "")
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	code, _ = (&serving{url: s.url, token: "wrong"}).call(t, http.MethodGet, "/api/v1/runs", "")
+	assert.Equal(t, http.StatusUnauthorized, code)
+
+	code, body = s.call(t, http.MethodPost, "/api/v1/threads/t1/runs",
+		`{"agent": "medication-adherence", "input": "I forgot my metformin dose this morning, what should I do?", "wait": "20s"}`)
+	require.Equal(t, http.StatusCreated, code, "%s", body)
+	var run struct {
+		ID, Status string
+		Output     json.RawMessage
+	}
+	require.NoError(t, json.Unmarshal(body, &run))
+	assert.Equal(t, "completed", run.Status, "%s", body)
+	assert.Contains(t, string(run.Output), "[kb-01] Metformin: missed dose", "the scripted answer cites the missed-dose guide")
+
+	check := exec.Command(bin, "db", "check", "--data", data)
+	out, err := check.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "store is sound", "db check reaches the running appliance through its control socket")
+
+	assert.Contains(t, s.stop(t), "shutting down")
+
+	s = startServe(t, bin, data)
+	code, body = s.call(t, http.MethodGet, "/api/v1/runs/"+run.ID, "")
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	assert.Contains(t, string(body), `"status":"completed"`)
+	s.stop(t)
+}
