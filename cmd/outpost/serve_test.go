@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -35,12 +36,30 @@ func buildOutpost(t *testing.T) string {
 
 // serving is an `outpost serve` process.
 type serving struct {
-	cmd    *exec.Cmd
-	url    string
-	token  string
-	stdout *bytes.Buffer // what it printed after the console line
-	lines  chan string
-	done   chan error
+	cmd   *exec.Cmd
+	url   string
+	token string
+	lines chan string // its standard output
+	done  chan error
+}
+
+// lockedBuffer is a bytes.Buffer that a process may write while a test
+// reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 var consoleLine = regexp.MustCompile(`^console: (http://127\.0\.0\.1:\d+)/$`)
@@ -51,10 +70,10 @@ func startServe(t *testing.T, bin, data string) *serving {
 		"--ollama", "http://127.0.0.1:1")
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	var stderr bytes.Buffer
+	var stderr lockedBuffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
-	s := &serving{cmd: cmd, stdout: &bytes.Buffer{}, lines: make(chan string, 100), done: make(chan error, 1)}
+	s := &serving{cmd: cmd, lines: make(chan string, 100), done: make(chan error, 1)}
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
