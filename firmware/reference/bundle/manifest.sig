@@ -1,1 +1,1 @@
-outpost-ed25519-v1 ed25519-34d1faf7f4b3cd18 F0CUvtCWpI+YsuHjXXnsDgcUcNRBc5s6OVVuX2icddpOgq/DhaGEvuR3Lqo4YBJGy7sfuc1sACgBPLlS+/p4AA==
+outpost-ed25519-v1 ed25519-34d1faf7f4b3cd18 i7wXxtnOGas2Zi4Sfpo/Dh/tFeB9x88f33zOFUCg+ZLpXKGc3xz2G7wyuccqM/qZ1Z7kOIG0mSPzGFeCW2n/Bg==
