@@ -345,6 +345,9 @@ func TestReferenceToolLoop(t *testing.T) {
 	if r.Status != engine.StatusCompleted {
 		t.Fatalf("narrow: %s %s", r.Status, r.Error)
 	}
+	if out := string(r.Output); strings.Contains(out, "I left a note") || !strings.Contains(out, "could not leave a note") {
+		t.Fatalf("narrow: the answer must not claim the refused note: %s", out)
+	}
 	if strings.Count(string(data), "\n") != 1 {
 		t.Fatalf("notes: %s", data)
 	}

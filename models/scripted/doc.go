@@ -7,11 +7,14 @@
 //
 //	[{"match": "(?i)metformin", "when_no_tool_result": true,
 //	  "tool_calls": [{"name": "kb_search", "arguments": {"query": "{{input}}"}}]},
+//	 {"match": "(?i)metformin", "tool_result": "^refused: ",
+//	  "respond": "I could not search the guide: {{context}}"},
 //	 {"match": "(?i)metformin", "when_tool_result": true,
 //	  "respond": "Here is what I found: {{context}}"}]
 //
 // The first rule whose pattern matches the last user message (and whose
-// tool-result condition holds) answers; when none does, the fallback answer
+// tool-result conditions hold: when_tool_result, when_no_tool_result, or a
+// tool_result pattern the turn's tool results must match) answers; when none does, the fallback answer
 // [FallbackAnswer] says so plainly. Templates may use {{input}} (the last
 // user message), {{context}} (the tool results of this turn, or else the last
 // system message starting with [ContextPrefix]), {{match}} and {{1}}..{{9}}

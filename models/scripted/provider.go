@@ -178,6 +178,9 @@ func (p *Provider) pick(t turn) (*compiled, []string) {
 		if r.WhenToolResult && !t.hasToolResults || r.WhenNoToolResult && t.hasToolResults {
 			continue
 		}
+		if r.toolRe != nil && (!t.hasToolResults || !r.toolRe.MatchString(t.context)) {
+			continue
+		}
 		if r.re == nil {
 			return r, nil
 		}

@@ -24,6 +24,11 @@ type Rule struct {
 	// they script the tool loop: call a tool first, then answer from it.
 	WhenToolResult   bool `json:"when_tool_result,omitempty"`
 	WhenNoToolResult bool `json:"when_no_tool_result,omitempty"`
+	// ToolResult is an RE2 pattern searched in the turn's tool results;
+	// a rule with one applies only when they match it (it implies
+	// when_tool_result). It lets an answer tell a refused call from one
+	// that ran.
+	ToolResult string `json:"tool_result,omitempty"`
 	// Respond is the answer's template.
 	Respond string `json:"respond,omitempty"`
 	// Thinking is a template streamed as thinking before the answer.
@@ -104,6 +109,7 @@ func ruleName(r Rule) string {
 type compiled struct {
 	Rule
 	re       *regexp.Regexp
+	toolRe   *regexp.Regexp
 	failKind models.ErrorKind
 	args     []any // decoded arguments of each tool call
 }
@@ -122,6 +128,19 @@ func compileRule(r Rule) (*compiled, error) {
 	}
 	if r.WhenToolResult && r.WhenNoToolResult {
 		return nil, errors.New("when_tool_result and when_no_tool_result exclude each other")
+	}
+	if r.ToolResult != "" {
+		if r.WhenNoToolResult {
+			return nil, errors.New("tool_result and when_no_tool_result exclude each other")
+		}
+		if len(r.ToolResult) > maxPattern {
+			return nil, fmt.Errorf("tool_result pattern longer than %d bytes", maxPattern)
+		}
+		re, err := regexp.Compile(r.ToolResult)
+		if err != nil {
+			return nil, fmt.Errorf("tool_result pattern: %v", err)
+		}
+		c.toolRe = re
 	}
 	if r.Fail != "" {
 		kind, ok := models.ParseErrorKind(r.Fail)

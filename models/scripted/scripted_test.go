@@ -17,6 +17,8 @@ const medicationRules = `[
   {"name": "search-first", "match": "(?i)(metformin|insulin)", "when_no_tool_result": true,
    "thinking": "The user asks about {{1}}; search first.",
    "tool_calls": [{"name": "kb_search", "arguments": {"query": "{{input}}", "drug": "{{1}}", "limit": 3}}]},
+  {"name": "refused", "match": "(?i)(metformin|insulin)", "tool_result": "^refused: ",
+   "respond": "I could not look up {{1}} ({{context}})."},
   {"name": "answer", "match": "(?i)(metformin|insulin)", "when_tool_result": true,
    "respond": "About {{1}}: {{context}}"},
   {"name": "chest-pain", "match": "(?i)chest pain", "respond": "This may be an emergency: call 911 now."},
@@ -68,6 +70,15 @@ func TestRules(t *testing.T) {
 				toolResult("kb_search", "[doc-9] Do not double up.\n"),
 			},
 			content: "About metformin: [doc-7] Take it with the next meal.\n\n[doc-9] Do not double up.",
+		},
+		{
+			name: "a refused call is answered by the rule that matches its result",
+			msgs: []models.Message{
+				user("I forgot my metformin dose"),
+				{Role: models.RoleAssistant, ToolCalls: []models.ToolCall{{Name: "kb_search", Arguments: json.RawMessage(`{}`)}}},
+				toolResult("kb_search", `refused: tool "kb_search" is not available`),
+			},
+			content: `I could not look up metformin (refused: tool "kb_search" is not available).`,
 		},
 		{
 			name: "tool results of an earlier turn do not count",
@@ -177,6 +188,8 @@ func TestParseRulesRejects(t *testing.T) {
 		"unknown field":       `[{"match": "x", "reply": "y"}]`,
 		"bad pattern":         `[{"match": "(", "respond": "y"}]`,
 		"both conditions":     `[{"respond": "y", "when_tool_result": true, "when_no_tool_result": true}]`,
+		"result without one":  `[{"respond": "y", "tool_result": "x", "when_no_tool_result": true}]`,
+		"bad result pattern":  `[{"respond": "y", "tool_result": "("}]`,
 		"answers nothing":     `[{"match": "x"}]`,
 		"unknown placeholder": `[{"respond": "{{contxt}}"}]`,
 		"placeholder in args": `[{"tool_calls": [{"name": "t", "arguments": {"q": ["{{query}}"]}}]}]`,

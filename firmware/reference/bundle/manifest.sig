@@ -1,1 +1,1 @@
-outpost-ed25519-v1 ed25519-34d1faf7f4b3cd18 i7wXxtnOGas2Zi4Sfpo/Dh/tFeB9x88f33zOFUCg+ZLpXKGc3xz2G7wyuccqM/qZ1Z7kOIG0mSPzGFeCW2n/Bg==
+outpost-ed25519-v1 ed25519-34d1faf7f4b3cd18 kDYLD3XtS0UW5RlTWjhYxF8w4c19kV1mmZ/JYSii27wklZEdginJrKbOYymV7soP8g8SmRoqB22IVUj4QhZaBg==
