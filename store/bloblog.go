@@ -108,6 +108,10 @@ type blobChanges struct {
 	indexed uint64
 }
 
+func newBlobChanges() *blobChanges {
+	return &blobChanges{added: map[engine.BlobRef]uint64{}, removed: map[engine.BlobRef]bool{}}
+}
+
 // apply brings the tail up to date with a committed transaction.
 func (t *blobTail) apply(ch *blobChanges) {
 	if ch == nil {
@@ -226,9 +230,6 @@ func (b *blobs) put(ref engine.BlobRef, rec []byte) error {
 	if err := b.log.Put(blobLogKey(seq, ref), rec); err != nil {
 		return err
 	}
-	if b.ch.added == nil {
-		b.ch.added = map[engine.BlobRef]uint64{}
-	}
 	b.ch.added[ref] = seq
 	delete(b.ch.removed, ref)
 	return nil
@@ -245,9 +246,6 @@ func (b *blobs) remove(ref engine.BlobRef) error {
 	}
 	if err := b.index.Delete(blobKey(ref)); err != nil {
 		return err
-	}
-	if b.ch.removed == nil {
-		b.ch.removed = map[engine.BlobRef]bool{}
 	}
 	b.ch.removed[ref] = true
 	delete(b.ch.added, ref)

@@ -22,7 +22,7 @@ var txStates = struct {
 }{m: map[*bbolt.Tx]*txState{}}
 
 func beginTxState(tx *bbolt.Tx, tail *blobTail) *txState {
-	st := &txState{blobs: openBlobs(tx, tail, &blobChanges{})}
+	st := &txState{blobs: openBlobs(tx, tail, newBlobChanges())}
 	txStates.mu.Lock()
 	txStates.m[tx] = st
 	txStates.mu.Unlock()

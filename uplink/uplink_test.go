@@ -121,15 +121,10 @@ func TestUplinkDrainsAndIsIdempotent(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, got, 30)
 
-	// GET /v1/appliances.
-	r, err := http.Get(srv.URL + AppliancesPath)
-	require.NoError(t, err)
-	defer r.Body.Close()
-	var list struct{ Appliances []ApplianceStatus }
-	require.NoError(t, json.NewDecoder(r.Body).Decode(&list))
-	require.Len(t, list.Appliances, 1)
-	assert.Equal(t, "ok", list.Appliances[0].Chain)
-	assert.Equal(t, uint64(30), list.Appliances[0].LastSeq)
+	list := appliances(t, srv.URL)
+	require.Len(t, list, 1)
+	assert.Equal(t, "ok", list[0].Chain)
+	assert.Equal(t, uint64(30), list[0].LastSeq)
 }
 
 type sink struct {
@@ -414,11 +409,19 @@ func TestUplinkResendsWhatTheCollectorLost(t *testing.T) {
 	assert.Zero(t, status.ResendingFrom, "caught up")
 	assert.Nil(t, status.Parked)
 
-	r, err := http.Get(srv.URL + AppliancesPath)
+	list := appliances(t, srv.URL)
+	require.Len(t, list, 1)
+	assert.Equal(t, "ok", list[0].Chain, "the chain healed once the collector held past the gap")
+}
+
+// appliances reads a collector's GET /v1/appliances.
+func appliances(t *testing.T, url string) []ApplianceStatus {
+	t.Helper()
+	r, err := http.Get(url + AppliancesPath)
 	require.NoError(t, err)
 	defer r.Body.Close()
+	require.Equal(t, http.StatusOK, r.StatusCode)
 	var list struct{ Appliances []ApplianceStatus }
 	require.NoError(t, json.NewDecoder(r.Body).Decode(&list))
-	require.Len(t, list.Appliances, 1)
-	assert.Equal(t, "ok", list.Appliances[0].Chain, "the chain healed once the collector held past the gap")
+	return list.Appliances
 }
