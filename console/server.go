@@ -68,7 +68,10 @@ type UplinkStatus struct {
 	Backlog       uint64     `json:"backlog"`
 	LastError     string     `json:"last_error,omitempty"`
 	LastSuccessAt *time.Time `json:"last_success_at,omitempty"`
-	Note          string     `json:"note,omitempty"`
+	// ResendingFrom is set while outcomes the collector lost are sent
+	// again (see package uplink).
+	ResendingFrom uint64 `json:"resending_from,omitempty"`
+	Note          string `json:"note,omitempty"`
 }
 
 // Server serves the API, the event stream and the page.

@@ -51,7 +51,7 @@ func consoleUplink(db *store.DB, up *uplink.Uplink) func(context.Context) (*cons
 		}
 		st := up.Status()
 		return &console.UplinkStatus{Configured: st.Configured, AckedSeq: st.AckedSeq, LastSeq: st.LastSeq,
-			Backlog: st.Backlog, LastError: st.LastError, LastSuccessAt: st.LastSuccessAt}, nil
+			Backlog: st.Backlog, LastError: st.LastError, LastSuccessAt: st.LastSuccessAt, ResendingFrom: st.ResendingFrom}, nil
 	}
 }
 
