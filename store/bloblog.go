@@ -35,8 +35,9 @@ import (
 // is brought up to date after each write transaction, before the next one
 // starts (see committer.run), and prune takes its turn in the same queue.
 
-// blobFlushAt is how many blobs the tail holds before they are indexed.
-const blobFlushAt = 1024
+// blobFlushAt is how many blobs the tail holds before they are indexed
+// (a variable so that tests can flush often).
+var blobFlushAt = 1024
 
 var metaBlobIndexed = []byte("blob_indexed")
 
@@ -278,11 +279,6 @@ func (b *blobs) flush(force bool) error {
 			return fmt.Errorf("index blob %s: %w", ref, err)
 		}
 		mark = max(mark, seq)
-	}
-	if last := b.log.Sequence(); mark < last {
-		// Every sequence number up to the last one handed out is either
-		// indexed now or was removed.
-		mark = last
 	}
 	if mark == 0 {
 		return nil

@@ -1,8 +1,10 @@
 package store
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -264,4 +266,105 @@ func TestCheckVerifiesTheBlobIndex(t *testing.T) {
 		fmt.Sprintf("%s: %s: names #4, which does not hold blob %[2]s", bucketBlobIndex, refs[0]),
 		fmt.Sprintf("%s: %s #%d: blob %[2]s is below the indexed mark #3 but not indexed", bucketBlobLog, refs[1], seqOf[refs[1]]),
 	}, msgs)
+}
+
+// A random mix of commits (new blobs and ones already stored), loose puts,
+// prunes, flushes of a small tail, reopenings and reads from a snapshot
+// taken earlier keeps every referenced blob readable with its bytes, the
+// tail in memory equal to the one read back from the file, and Check clean.
+func TestBlobLogRandomHistory(t *testing.T) {
+	defer func(n int) { blobFlushAt = n }(blobFlushAt)
+	blobFlushAt = 7
+	rng := rand.New(rand.NewPCG(3, 7))
+	path := filepath.Join(t.TempDir(), FileName)
+	open := func() *DB {
+		d, err := Open(path, Options{InitialMmapSize: 64 << 20})
+		require.NoError(t, err)
+		return d
+	}
+	d := open()
+	defer func() { d.Close() }()
+
+	referenced := map[engine.BlobRef][]byte{} // named by a checkpoint
+	loose := map[engine.BlobRef][]byte{}      // put, named by nothing
+	thread := 0
+	for step := range 300 {
+		switch op := rng.IntN(10); {
+		case op < 5: // a commit of a few blobs, some of them known already
+			c := &engine.Commit{Blobs: map[engine.BlobRef][]byte{},
+				Checkpoint: &engine.Checkpoint{Thread: fmt.Sprintf("t%d", thread), ID: "0001", Created: tc0}}
+			thread++
+			for i := range 1 + rng.IntN(5) {
+				data := []byte(fmt.Sprintf("blob %d", rng.IntN(400)))
+				ref := engine.RefOf(data)
+				c.Blobs[ref] = data
+				c.Checkpoint.Channels = append(c.Checkpoint.Channels,
+					engine.ChannelValue{Channel: fmt.Sprintf("c%d", i), Value: engine.Value{Blob: ref}})
+				referenced[ref] = data
+				delete(loose, ref)
+			}
+			require.NoError(t, d.Commit(bg, c))
+		case op < 7: // a loose blob
+			data := []byte(fmt.Sprintf("loose %d", rng.IntN(100)))
+			ref, err := d.PutBlob(bg, data)
+			require.NoError(t, err)
+			if _, named := referenced[ref]; !named {
+				loose[ref] = data
+			}
+		case op < 8: // prune everything unreferenced
+			_, err := d.Prune(bg, time.Hour, time.Now().Add(2*time.Hour))
+			require.NoError(t, err)
+			clear(loose)
+		case op < 9: // reopen
+			require.NoError(t, d.Close())
+			d = open()
+		default: // a reader that began before more commits and a flush
+			snap, err := d.db.Begin(false)
+			require.NoError(t, err)
+			commitBlobs(t, d, fmt.Sprintf("flood%d", step), blobFlushAt)
+			b := openBlobs(snap, &d.tail, nil)
+			for ref, data := range referenced {
+				got, err := b.load(ref)
+				require.NoError(t, err, "step %d: blob %s in an older snapshot", step, ref)
+				require.Equal(t, data, got)
+			}
+			require.NoError(t, snap.Rollback())
+			// The flood's blobs are referenced too (commitBlobs names them).
+			require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
+				return tx.Bucket([]byte(bucketBlobLog)).ForEach(func(k, v []byte) error {
+					_, ref, _ := parseBlobLogKey(k)
+					if _, ok := referenced[ref]; !ok {
+						if _, ok := loose[ref]; !ok {
+							data, _, err := decodeBlob(v)
+							require.NoError(t, err)
+							referenced[ref] = bytes.Clone(data)
+						}
+					}
+					return nil
+				})
+			}))
+		}
+		for ref, data := range referenced {
+			got, err := d.Blob(bg, ref)
+			require.NoError(t, err, "step %d: blob %s", step, ref)
+			require.Equal(t, data, got)
+		}
+		for ref, data := range loose {
+			got, err := d.Blob(bg, ref)
+			require.NoError(t, err, "step %d: loose blob %s", step, ref)
+			require.Equal(t, data, got)
+		}
+		require.Equal(t, freshTail(t, d), d.tail.seqs, "step %d: the tail in memory", step)
+		if step%25 == 0 {
+			rep, err := d.Check(bg)
+			require.NoError(t, err)
+			require.Empty(t, rep.Problems, "step %d", step)
+		}
+	}
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	require.Empty(t, rep.Problems)
+	n, mark := indexCount(t, d)
+	t.Logf("%d blobs named, %d indexed, mark #%d, tail %d", len(referenced), n, mark, d.tail.size())
+	assert.Positive(t, n, "the small tail was flushed")
 }
