@@ -78,20 +78,20 @@ func (t *blobTail) size() int {
 	return len(t.seqs)
 }
 
-// load reads the tail back from the log.
+// load reads the tail back from the log. It never fails: a store whose
+// mark or keys are damaged still opens, so that Check can name them; an
+// unreadable mark makes the whole log the tail.
 func (t *blobTail) load(tx *bbolt.Tx) error {
 	mark, err := indexedMark(tx)
 	if err != nil {
-		return err
+		mark = 0
 	}
 	seqs := map[engine.BlobRef]uint64{}
 	c := bucket(tx, bucketBlobLog).Cursor()
 	for k, _ := c.Seek(seqKey(mark + 1)); k != nil; k, _ = c.Next() {
-		seq, ref, ok := parseBlobLogKey(k)
-		if !ok {
-			return corrupt(bucketBlobLog, k, errMalformedKey)
+		if seq, ref, ok := parseBlobLogKey(k); ok {
+			seqs[ref] = seq
 		}
-		seqs[ref] = seq
 	}
 	t.mu.Lock()
 	t.seqs, t.mark = seqs, mark

@@ -368,3 +368,36 @@ func TestBlobLogRandomHistory(t *testing.T) {
 	t.Logf("%d blobs named, %d indexed, mark #%d, tail %d", len(referenced), n, mark, d.tail.size())
 	assert.Positive(t, n, "the small tail was flushed")
 }
+
+// A store whose blob log holds a malformed key, or whose indexed mark is
+// damaged, still opens, and Check names the damage.
+func TestDamagedBlobLogStillOpens(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	refs := commitBlobs(t, d, "x", 3)
+	require.NoError(t, d.Close())
+	bdb, err := bbolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error {
+		require.NoError(t, tx.Bucket([]byte(bucketBlobLog)).Put([]byte("short"), []byte("x")))
+		return tx.Bucket([]byte(bucketMeta)).Put(metaBlobIndexed, []byte{1, 2, 3})
+	}))
+	require.NoError(t, bdb.Close())
+
+	d, err = Open(path, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	for _, ref := range refs {
+		_, err := d.Blob(bg, ref)
+		assert.NoError(t, err)
+	}
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	var msgs []string
+	for _, p := range rep.Problems {
+		msgs = append(msgs, p.Bucket+": "+p.Message)
+	}
+	assert.Contains(t, msgs, bucketBlobLog+": malformed key")
+	assert.Contains(t, msgs, bucketMeta+": the blob index's mark is not an 8-byte sequence number")
+}

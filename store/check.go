@@ -309,7 +309,7 @@ func forEach(ctx context.Context, tx *bbolt.Tx, name string, fn func(k, v []byte
 func checkBlobs(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(string, []byte, string, ...any)) (map[engine.BlobRef]uint64, error) {
 	mark, err := indexedMark(tx)
 	if err != nil {
-		add(bucketMeta, metaBlobIndexed, "%v", err)
+		add(bucketMeta, metaBlobIndexed, "the blob index's mark is not an 8-byte sequence number")
 	}
 	stored := map[engine.BlobRef]uint64{}
 	err = forEach(ctx, tx, bucketBlobLog, func(k, v []byte) {
