@@ -28,6 +28,11 @@
 // sharing one transaction write a few pages at the right edge of the tree;
 // each namespace's newest checkpoint and branch heads are recorded beside
 // them, and History merges the parent chains that start there (leaves.go).
+// Blobs are appended to a log, so a group commit's new blobs also land
+// together, and found through an index written in batches; the newest,
+// unindexed blobs are kept in memory and read back at open (bloblog.go).
+// An outcome is prepared outside the transaction that appends it, which
+// only chains it (ledger.go).
 //
 // Every record is a version byte, a payload and a CRC32C. Checkpoints and
 // pending writes use a hand-written binary layout; runs and tool calls use
