@@ -201,10 +201,10 @@ func (b *Bundle) loadLanes(file string, data []byte) error {
 	for i, l := range f.Lanes {
 		at := fmt.Sprintf("lanes.%d", i)
 		if err := l.Validate(); err != nil {
-			return malformed(file, data, pos.at(at), "", "%v", err)
+			return malformed(file, data, pos.At(at), "", "%v", err)
 		}
 		if _, dup := b.Lanes[l.Agent]; dup {
-			return malformed(file, data, pos.at(at), "", "a second lane for agent %q", l.Agent)
+			return malformed(file, data, pos.At(at), "", "a second lane for agent %q", l.Agent)
 		}
 		b.Lanes[l.Agent] = l
 	}

@@ -141,7 +141,7 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		return nil, err
 	}
 	fail := func(path, node, format string, args ...any) error {
-		return malformed(file, data, pos.at(path), node, format, args...)
+		return malformed(file, data, pos.At(path), node, format, args...)
 	}
 	if !nodeNameRE.MatchString(spec.Name) {
 		return nil, fail("", "", "name: %q is not a graph name", spec.Name)
@@ -206,7 +206,7 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		}
 		names[n.Name] = n
 		env := &Env{Bundle: gc.bundle, File: file, Graph: spec.Name, Node: n.Name, Flags: spec.Flags,
-			channels: channels, handles: handles, data: data, cfgOff: pos.at(at + ".config"), nodeOff: pos.at(at), gc: gc}
+			channels: channels, handles: handles, data: data, cfgOff: pos.At(at + ".config"), nodeOff: pos.At(at), gc: gc}
 		var opts []engine.NodeOption
 		if n.Timeout != "" {
 			d, err := time.ParseDuration(n.Timeout)

@@ -71,7 +71,7 @@ func DecodeManifest(data []byte) (*Manifest, error) {
 		return nil, err
 	}
 	bad := func(field, format string, args ...any) error {
-		return malformed(ManifestFile, data, pos.at(field), "", "%s: %s", field, fmt.Sprintf(format, args...))
+		return malformed(ManifestFile, data, pos.At(field), "", "%s: %s", field, fmt.Sprintf(format, args...))
 	}
 	switch {
 	case m.Format != ManifestFormat:

@@ -52,9 +52,9 @@ func TestDecodeRegistryErrors(t *testing.T) {
 		name, file, want string
 	}{
 		{"unknown top-level field", "{\n  \"tools\": [],\n  \"tool\": []\n}", `line 3, column 3: unknown field "tool"`},
-		{"unknown tool field", "{\"tools\": [\n {\"name\": \"a\", \"kind\": \"read\",\n  \"idempotnet\": true}]}", `line 3, column 3: unknown field "tools.idempotnet"`},
-		{"field in wrong case", `{"tools": [{"Name": "a", "kind": "read"}]}`, `line 1, column 13: unknown field "tools.Name"`},
-		{"duplicate key", `{"tools": [{"name": "a", "name": "b", "kind": "read"}]}`, `duplicate key "tools.name"`},
+		{"unknown tool field", "{\"tools\": [\n {\"name\": \"a\", \"kind\": \"read\",\n  \"idempotnet\": true}]}", `line 3, column 3: unknown field "tools.0.idempotnet"`},
+		{"field in wrong case", `{"tools": [{"Name": "a", "kind": "read"}]}`, `line 1, column 13: unknown field "tools.0.Name"`},
+		{"duplicate key", `{"tools": [{"name": "a", "name": "b", "kind": "read"}]}`, `duplicate key "tools.0.name"`},
 		{"syntax error", "{\"tools\": [\n{\"name\": }]}", "line 2"},
 		{"wrong type", "{\"tools\": [{\"name\": \"a\",\n \"kind\": \"read\", \"idempotent\": \"yes\"}]}", "line 2, column"},
 		{"trailing data", `{"tools": []} x`, "unexpected data after the JSON value"},
