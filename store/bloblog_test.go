@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -235,8 +236,9 @@ func TestOpenUpgradesFormat2(t *testing.T) {
 	assert.Empty(t, rep.Problems)
 }
 
-// Check reports a blob stored twice, an index entry that names the wrong
-// record, and a blob below the indexed mark that is not indexed.
+// Check reports a blob stored twice (its index entry names the other copy),
+// a blob below the indexed mark that is not indexed, and an index entry
+// that names no record.
 func TestCheckVerifiesTheBlobIndex(t *testing.T) {
 	d := openTest(t)
 	refs := commitBlobs(t, d, "x", 3)
@@ -255,6 +257,9 @@ func TestCheckVerifiesTheBlobIndex(t *testing.T) {
 	require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
 		return tx.Bucket([]byte(bucketBlobIndex)).Delete(blobKey(refs[1]))
 	}))
+	require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
+		return tx.Bucket([]byte(bucketBlobIndex)).Put(blobKey(refs[2]), binary.BigEndian.AppendUint64(nil, 99))
+	}))
 	rep, err := d.Check(bg)
 	require.NoError(t, err)
 	var msgs []string
@@ -262,9 +267,13 @@ func TestCheckVerifiesTheBlobIndex(t *testing.T) {
 		msgs = append(msgs, p.Bucket+": "+p.Key+": "+p.Message)
 	}
 	assert.ElementsMatch(t, []string{
-		fmt.Sprintf("%s: %s #4: stores blob %[2]s again (first as #%d)", bucketBlobLog, refs[0], seqOf[refs[0]]),
-		fmt.Sprintf("%s: %s: names #4, which does not hold blob %[2]s", bucketBlobIndex, refs[0]),
+		fmt.Sprintf("%s: %s #%d: stores blob %[2]s again (the index names #99)", bucketBlobLog, refs[2], seqOf[refs[2]]),
+		fmt.Sprintf("%s: %s: names #99, which does not hold blob %[2]s", bucketBlobIndex, refs[2]),
+		fmt.Sprintf("%s: %s #%d: stores blob %[2]s again (the index names #4)", bucketBlobLog, refs[0], seqOf[refs[0]]),
 		fmt.Sprintf("%s: %s #%d: blob %[2]s is below the indexed mark #3 but not indexed", bucketBlobLog, refs[1], seqOf[refs[1]]),
+		// Lookups, which go through the index, do not find either.
+		fmt.Sprintf(`%s: "0001\x00t-x\x00": refers to missing blob %s`, bucketCheckpoints, refs[1]),
+		fmt.Sprintf(`%s: "0001\x00t-x\x00": refers to missing blob %s`, bucketCheckpoints, refs[2]),
 	}, msgs)
 }
 

@@ -3,7 +3,6 @@ package store
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -91,14 +90,14 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 		if len(rep.Problems) > 0 {
 			return nil // the B+trees are not safe to walk
 		}
-		stored, err := checkBlobs(ctx, tx, rep, add)
-		if err != nil {
+		if err := checkBlobs(ctx, tx, rep, add); err != nil {
 			return err
 		}
+		blobs := openBlobs(tx, &d.tail, nil)
 		// refsOf checks that every blob a record names exists.
 		refsOf := func(bucketName string, key []byte) func(engine.BlobRef) {
 			return func(ref engine.BlobRef) {
-				if _, ok := stored[ref]; !ok {
+				if blobs.get(ref) == nil {
 					add(bucketName, key, "refers to missing blob %s", ref)
 				}
 			}
@@ -173,7 +172,7 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 		if err != nil {
 			return err
 		}
-		return checkLedger(ctx, tx, rep, add, refsOf, openBlobs(tx, &d.tail, nil))
+		return checkLedger(ctx, tx, rep, add, refsOf, blobs)
 	})
 	if err != nil {
 		return rep, fmt.Errorf("check store %s: %w", d.path, err)
@@ -302,16 +301,17 @@ func forEach(ctx context.Context, tx *bbolt.Tx, name string, fn func(k, v []byte
 }
 
 // checkBlobs verifies the blob log and its index: every record decodes and
-// hashes to its key's reference, no reference is stored twice, every blob
-// up to the indexed mark is indexed under its own sequence number, and
-// every index entry names a stored blob. It returns each stored blob's
-// sequence number.
-func checkBlobs(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(string, []byte, string, ...any)) (map[engine.BlobRef]uint64, error) {
+// hashes to its key's reference, every blob up to the indexed mark is
+// indexed under its own sequence number, no reference is stored twice, and
+// every index entry names a stored blob. It holds in memory only the log's
+// tail above the mark, so it runs in bounded memory on a large store.
+func checkBlobs(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(string, []byte, string, ...any)) error {
 	mark, err := indexedMark(tx)
 	if err != nil {
 		add(bucketMeta, metaBlobIndexed, "the blob index's mark is not an 8-byte sequence number")
 	}
-	stored := map[engine.BlobRef]uint64{}
+	index, log := bucket(tx, bucketBlobIndex), bucket(tx, bucketBlobLog)
+	tail := map[engine.BlobRef]uint64{}
 	err = forEach(ctx, tx, bucketBlobLog, func(k, v []byte) {
 		rep.Records[bucketBlobLog]++
 		seq, ref, ok := parseBlobLogKey(k)
@@ -319,43 +319,38 @@ func checkBlobs(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(st
 			add(bucketBlobLog, k, "malformed key")
 			return
 		}
-		if first, dup := stored[ref]; dup {
-			add(bucketBlobLog, k, "stores blob %s again (first as #%d)", ref, first)
-		} else {
-			stored[ref] = seq
-		}
 		data, _, err := decodeBlob(v)
 		if err != nil {
 			add(bucketBlobLog, k, "%v", err)
-			return
-		}
-		if got := engine.RefOf(data); got != ref {
+		} else if got := engine.RefOf(data); got != ref {
 			add(bucketBlobLog, k, "content hashes to %s", got)
+		}
+		iv := index.Get(blobKey(ref))
+		switch {
+		case len(iv) == 8 && beUint64(iv) != seq:
+			add(bucketBlobLog, k, "stores blob %s again (the index names #%d)", ref, beUint64(iv))
+		case seq <= mark && iv == nil:
+			add(bucketBlobLog, k, "blob %s is below the indexed mark #%d but not indexed", ref, mark)
+		case seq > mark:
+			if first, dup := tail[ref]; dup {
+				add(bucketBlobLog, k, "stores blob %s again (first as #%d)", ref, first)
+			} else {
+				tail[ref] = seq
+			}
 		}
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	indexed := map[engine.BlobRef]bool{}
-	err = forEach(ctx, tx, bucketBlobIndex, func(k, v []byte) {
+	return forEach(ctx, tx, bucketBlobIndex, func(k, v []byte) {
 		rep.Records[bucketBlobIndex]++
 		ref, ok := parseBlobKey(k)
 		if !ok || len(v) != 8 {
 			add(bucketBlobIndex, k, "malformed entry")
 			return
 		}
-		indexed[ref] = true
-		if seq, ok := stored[ref]; !ok || seq != binary.BigEndian.Uint64(v) {
-			add(bucketBlobIndex, k, "names #%d, which does not hold blob %s", binary.BigEndian.Uint64(v), ref)
+		if log.Get(blobLogKey(beUint64(v), ref)) == nil {
+			add(bucketBlobIndex, k, "names #%d, which does not hold blob %s", beUint64(v), ref)
 		}
 	})
-	if err != nil {
-		return nil, err
-	}
-	for ref, seq := range stored {
-		if seq <= mark && !indexed[ref] {
-			add(bucketBlobLog, blobLogKey(seq, ref), "blob %s is below the indexed mark #%d but not indexed", ref, mark)
-		}
-	}
-	return stored, nil
 }
