@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,8 +27,13 @@ import (
 // test binary.
 func buildOutpost(t *testing.T) string {
 	t.Helper()
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		// go test runs with the toolchain's go, which may not be on PATH.
+		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
 	bin := filepath.Join(t.TempDir(), "outpost")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd := exec.Command(gobin, "build", "-o", bin, ".")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
