@@ -74,7 +74,7 @@ func (d *DB) PutBlob(ctx context.Context, data []byte) (engine.BlobRef, error) {
 	rec := encodeBlob(data, now)
 	err = d.q.do(&request{
 		validate: func(tx *bbolt.Tx) error { return checkBlobCollision(writeBlobs(tx), ref, data) },
-		apply:    func(tx *bbolt.Tx) error { return writeBlobs(tx).put(ref, rec) },
+		apply:    func(tx *bbolt.Tx) error { return writeBlobs(tx).put(ref, rec, true) },
 	})
 	if err != nil {
 		return ref, fmt.Errorf("put blob: %w", err)

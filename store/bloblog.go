@@ -62,7 +62,6 @@ func parseBlobLogKey(k []byte) (uint64, engine.BlobRef, bool) {
 type blobTail struct {
 	mu   sync.RWMutex
 	seqs map[engine.BlobRef]uint64
-	mark uint64
 }
 
 func (t *blobTail) lookup(ref engine.BlobRef) (uint64, bool) {
@@ -70,12 +69,6 @@ func (t *blobTail) lookup(ref engine.BlobRef) (uint64, bool) {
 	defer t.mu.RUnlock()
 	seq, ok := t.seqs[ref]
 	return seq, ok
-}
-
-func (t *blobTail) size() int {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return len(t.seqs)
 }
 
 // load reads the tail back from the log. It never fails: a store whose
@@ -94,7 +87,7 @@ func (t *blobTail) load(tx *bbolt.Tx) error {
 		}
 	}
 	t.mu.Lock()
-	t.seqs, t.mark = seqs, mark
+	t.seqs = seqs
 	t.mu.Unlock()
 	return nil
 }
@@ -126,13 +119,12 @@ func (t *blobTail) apply(ch *blobChanges) {
 				delete(t.seqs, ref)
 			}
 		}
-		t.mark = ch.indexed
 	}
 	for ref := range ch.removed {
 		delete(t.seqs, ref)
 	}
 	for ref, seq := range ch.added {
-		if seq > t.mark {
+		if seq > ch.indexed { // indexed by this transaction otherwise
 			t.seqs[ref] = seq
 		}
 	}
@@ -218,10 +210,13 @@ func (b *blobs) data(ref engine.BlobRef) []byte {
 	return nil
 }
 
-// put stores rec for ref: in place when the blob is stored, else appended
-// to the log.
-func (b *blobs) put(ref engine.BlobRef, rec []byte) error {
+// put appends rec for ref to the log. When the blob is stored already, it
+// is left as it is, or with overwrite its record is replaced in place.
+func (b *blobs) put(ref engine.BlobRef, rec []byte, overwrite bool) error {
 	if k := b.locate(ref); k != nil {
+		if !overwrite {
+			return nil
+		}
 		return b.log.Put(k, rec)
 	}
 	seq, err := b.log.NextSequence()

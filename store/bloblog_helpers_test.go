@@ -45,3 +45,9 @@ func dropBlob(t *testing.T, tx *bbolt.Tx, ref engine.BlobRef) error {
 	}
 	return tx.Bucket([]byte(bucketBlobIndex)).Delete(blobKey(ref))
 }
+
+func (t *blobTail) size() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.seqs)
+}

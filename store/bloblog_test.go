@@ -147,8 +147,7 @@ func TestPruneRemovesIndexedAndTailBlobs(t *testing.T) {
 		if i == 1 {
 			// Index what is there so far.
 			require.NoError(t, d.q.do(&request{
-				validate: func(*bbolt.Tx) error { return nil },
-				apply:    func(tx *bbolt.Tx) error { return writeBlobs(tx).flush(true) },
+				apply: func(tx *bbolt.Tx) error { return writeBlobs(tx).flush(true) },
 			}))
 			n, _ := indexCount(t, d)
 			require.Equal(t, 4, n)
@@ -243,8 +242,7 @@ func TestCheckVerifiesTheBlobIndex(t *testing.T) {
 	d := openTest(t)
 	refs := commitBlobs(t, d, "x", 3)
 	require.NoError(t, d.q.do(&request{
-		validate: func(*bbolt.Tx) error { return nil },
-		apply:    func(tx *bbolt.Tx) error { return writeBlobs(tx).flush(true) },
+		apply: func(tx *bbolt.Tx) error { return writeBlobs(tx).flush(true) },
 	}))
 	seqOf := map[engine.BlobRef]uint64{}
 	require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {

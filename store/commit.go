@@ -16,13 +16,14 @@ import (
 	"github.com/outpost-edge/outpost/engine"
 )
 
-// fillPercent is how full the commit transaction packs a bucket's pages
-// when they split. bbolt's default, one half, suits random inserts. Keys
-// that arrive in order are packed: checkpoints (by ID), runs and the
+// fillPercent is how full a write transaction packs a bucket's pages when
+// they split. bbolt's default, one half, suits random inserts. Keys that
+// arrive in order append at the right edge, where a split page is never
+// filled again, so they are packed: checkpoints (by ID), runs and the
 // ledger's run index (by run ID, time-ordered) nearly full, leaving a
 // little room for a record rewritten larger; ledger records and the blob
-// log, whose records are never rewritten larger, full. With 64 threads that saves about a fifth of the
-// page writes of a group commit.
+// log, whose records are never rewritten larger, full. With 64 threads
+// that saved about a tenth of the page writes of a group commit.
 var fillPercent = map[string]float64{
 	bucketCheckpoints: 0.9, bucketRuns: 0.9, bucketOutcomeRuns: 0.9, bucketOutcomes: 1, bucketBlobLog: 1,
 }
@@ -33,8 +34,9 @@ const maxBatch = 256
 
 // request is one caller's write, queued for a group commit.
 type request struct {
-	// validate checks the request against the batch's transaction before
-	// anything of it is written; its error fails only this request.
+	// validate, when set, checks the request against the batch's
+	// transaction before anything of it is written; its error fails only
+	// this request.
 	validate func(tx *bbolt.Tx) error
 	// apply writes the request. An error here may leave partial writes in
 	// the transaction, so the batch is rolled back and retried without it.
@@ -161,11 +163,15 @@ func (q *committer) run(batch []*request) {
 		err := q.db.Update(func(tx *bbolt.Tx) error {
 			st := beginTxState(tx, q.tail)
 			defer endTxState(tx)
+			for name, fill := range fillPercent {
+				bucket(tx, name).FillPercent = fill
+			}
 			for i, r := range pending {
 				r.err = nil
-				if err := r.validate(tx); err != nil {
-					r.err = err
-					continue
+				if r.validate != nil {
+					if r.err = r.validate(tx); r.err != nil {
+						continue
+					}
 				}
 				err := r.apply(tx)
 				if fp := failpoint.applyRequest; err == nil && fp != nil {
@@ -328,17 +334,11 @@ func prepareCommit(c *engine.Commit, now time.Time, appliance string, view func(
 			return nil
 		},
 		apply: func(tx *bbolt.Tx) error {
-			// Ordered keys append at the right edge (see db.go), so a
-			// split page is never filled again: split it (nearly) full.
-			for name, fill := range fillPercent {
-				bucket(tx, name).FillPercent = fill
-			}
 			bb := writeBlobs(tx)
 			for _, b := range blobs {
-				if bb.locate(b.ref) != nil {
-					continue // deduplicated; validate compared the bytes
-				}
-				if err := bb.put(b.ref, b.rec); err != nil {
+				// A stored blob is left as it is: validate compared the
+				// bytes.
+				if err := bb.put(b.ref, b.rec, false); err != nil {
 					return fmt.Errorf("commit blob: %w", err)
 				}
 			}

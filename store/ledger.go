@@ -358,12 +358,6 @@ func resolveOutcome(o *Outcome, ref engine.BlobRef, b *blobs) error {
 	return nil
 }
 
-// DecodeOutcomeRecord decodes one stored ledger record (version byte, JSON,
-// checksum). An output kept out of line is not read: the record names its
-// blob, returned as the second value. It is exported for fuzzing and tools;
-// it never panics.
-func DecodeOutcomeRecord(b []byte) (*Outcome, engine.BlobRef, error) { return decodeOutcome(b) }
-
 func seqKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
 
 // outcomeRun is the per-run index entry: the run's latest outcome, so a
@@ -393,9 +387,9 @@ type pendingOutcome struct {
 	run     *engine.Run
 	o       Outcome
 	digests map[string]string
-	// flags are the run's final flags when the commit alone tells them
-	// (nil: appendOutcome reads them from the store).
-	flags []string
+	// flagsKnown says o.Flags holds the run's final flags, read outside
+	// the transaction; otherwise appendOutcome reads them from the store.
+	flagsKnown bool
 	// body is the record's body as appendOutcome writes it when the store
 	// adds nothing to o: no earlier outcome of the run, no tool or model
 	// calls, flags known from the commit. Otherwise it encodes anew.
@@ -451,7 +445,7 @@ func newPendingOutcome(c *engine.Commit, appliance string, now time.Time, view f
 		})
 	}
 	if ok {
-		p.flags, p.o.Flags = flags, flags
+		p.flagsKnown, p.o.Flags = true, flags
 	}
 	vals, err := p.o.fieldJSON(true)
 	if err != nil {
@@ -509,7 +503,7 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome) (*Outcome, error) {
 			}
 		}
 	}
-	if p.flags == nil {
+	if !p.flagsKnown {
 		o.Flags, body = finalFlags(writeBlobs(tx), r), nil
 		if err := setDigest(d, "flags", o.Flags); err != nil {
 			return nil, err
@@ -915,7 +909,6 @@ func (d *DB) SetApplianceID(ctx context.Context, id string) error {
 		return err
 	}
 	err := d.q.do(&request{
-		validate: func(tx *bbolt.Tx) error { return nil },
 		apply: func(tx *bbolt.Tx) error {
 			return setApplianceID(tx, id)
 		},

@@ -53,7 +53,6 @@ func (d *DB) Prune(ctx context.Context, olderThan time.Duration, now time.Time) 
 	// It takes its turn in the commit queue, which keeps the blob log's
 	// tail in step (see bloblog.go).
 	err := d.q.do(&request{
-		validate: func(*bbolt.Tx) error { return nil },
 		apply: func(tx *bbolt.Tx) error {
 			rep = &PruneReport{} // a batch may apply a request twice
 			p := &pruner{ctx: ctx, tx: tx, blobs: writeBlobs(tx), rep: rep, cutoff: cutoff}
@@ -360,10 +359,8 @@ func (p *pruner) apply(plan *nsPlan) error {
 		if err := checkBlobCollision(bb, ref, data); err != nil {
 			return err
 		}
-		if bb.locate(ref) == nil {
-			if err := bb.put(ref, encodeBlob(data, now)); err != nil {
-				return fmt.Errorf("store snapshot blob: %w", err)
-			}
+		if err := bb.put(ref, encodeBlob(data, now), false); err != nil {
+			return fmt.Errorf("store snapshot blob: %w", err)
 		}
 	}
 	cb := bucket(p.tx, bucketCheckpoints)
