@@ -35,8 +35,9 @@
 // only chains it (ledger.go).
 //
 // Every record is a version byte, a payload and a CRC32C. Checkpoints and
-// pending writes use a hand-written binary layout; runs and tool calls use
-// JSON inside the same envelope. A record that fails to decode is reported
+// pending writes, and runs since record version 2, use a hand-written binary
+// layout; tool calls use JSON inside the same envelope (so did runs at
+// version 1, which are still read). A record that fails to decode is reported
 // as a *CorruptError naming its bucket and key; decoding never panics.
 //
 // Examples are the best way to understand it: example_test.go opens,
