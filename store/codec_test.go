@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/engine"
 )
@@ -446,4 +447,42 @@ func TestDecodeRunRejectsUnorderedMeta(t *testing.T) {
 
 	_, _, err = decodeRun(rec)
 	require.NoError(t, err)
+}
+
+// A store written before run records were binary holds version 1 records:
+// they read, list and check as before, and the run's next commit rewrites
+// its record as version 2.
+func TestStoreReadsVersion1Runs(t *testing.T) {
+	d, err := Open(filepath.Join(t.TempDir(), FileName), Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	run := &engine.Run{ID: "run_old", Thread: "t1", Agent: "a", Status: engine.StatusRunning,
+		Input: json.RawMessage(`"hello"`), CreatedAt: tc0, StartedAt: tc0}
+	v1, err := encodeJSONRecord(runVersionJSON, &runRecord{ID: run.ID, Thread: run.Thread, Agent: run.Agent,
+		Status: run.Status, Input: run.Input, CreatedAt: run.CreatedAt, StartedAt: run.StartedAt})
+	require.NoError(t, err)
+	require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
+		return bucket(tx, bucketRuns).Put([]byte(run.ID), v1)
+	}))
+
+	got, err := d.Run(bg, run.ID)
+	require.NoError(t, err)
+	assert.Equal(t, run, got)
+	list, err := d.Runs(bg, engine.RunFilter{})
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	assert.Equal(t, run, list[0])
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Problems)
+
+	run.Steps = 1
+	require.NoError(t, d.Commit(bg, &engine.Commit{Run: run, Sync: true}))
+	require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
+		assert.Equal(t, byte(runVersion), bucket(tx, bucketRuns).Get([]byte(run.ID))[0])
+		return nil
+	}))
+	got, err = d.Run(bg, run.ID)
+	require.NoError(t, err)
+	assert.Equal(t, run, got)
 }
