@@ -13,7 +13,7 @@ import (
 	"github.com/outpost-edge/outpost/engine"
 )
 
-// Blobs are stored as a log with a lazily written index (format 3).
+// Blobs are stored as a log with a lazily written index (since format 3).
 //
 // A blob's record is appended to the blob log (bucket bloblog) under its
 // sequence number and reference, so the new blobs of a group commit land
@@ -285,7 +285,7 @@ func (b *blobs) flush(force bool) error {
 	return nil
 }
 
-// migrateBlobs upgrades a format 2 file to format 3: the blobs bucket,
+// migrateBlobs upgrades a format 2 file to the current format: the blobs bucket,
 // keyed by reference, moves into the log and the index, all of it indexed.
 func migrateBlobs(tx *bbolt.Tx) error {
 	log, err := tx.CreateBucketIfNotExists([]byte(bucketBlobLog))

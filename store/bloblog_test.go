@@ -213,7 +213,7 @@ func TestOpenUpgradesFormat2(t *testing.T) {
 
 	_, err = Open(path, Options{ReadOnly: true})
 	require.ErrorIs(t, err, ErrFormat)
-	assert.Contains(t, err.Error(), "format version 2 is upgraded to version 3 the first time it is opened for writing")
+	assert.Contains(t, err.Error(), fmt.Sprintf("format version 2 is upgraded to version %d the first time it is opened for writing", formatVersion))
 
 	d, err = Open(path, Options{})
 	require.NoError(t, err)
@@ -226,7 +226,7 @@ func TestOpenUpgradesFormat2(t *testing.T) {
 	assert.Equal(t, len(want), n, "the upgrade indexes every blob")
 	assert.Equal(t, uint64(len(want)), mark)
 	require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
-		assert.Equal(t, "3", string(bucket(tx, bucketMeta).Get(metaVersion)))
+		assert.Equal(t, strconv.Itoa(formatVersion), string(bucket(tx, bucketMeta).Get(metaVersion)))
 		assert.Nil(t, tx.Bucket([]byte("blobs")))
 		return nil
 	}))

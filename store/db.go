@@ -25,12 +25,16 @@ const FileName = "outpost.db"
 //
 // Version 2 keys checkpoints by ID first and adds the heads and branches
 // buckets. Version 3 stores blobs as a log with an index (bloblog.go);
-// a version 2 file is migrated when it is first opened for writing. Version
-// 1 files are refused: no store of that version was deployed, so there is
-// no migration.
+// a version 2 file is migrated when it is first opened for writing.
+// Version 4 writes run records in a binary layout (run.go). This binary
+// reads a version 3 file as it is, and stamps it version 4 when it first
+// opens it for writing: from then on it may hold records that a version 3
+// binary would report as corrupt, and that binary refuses it instead.
+// Version 1 files are refused: no store of that version was deployed, so
+// there is no migration.
 const (
 	formatName    = "outpost-store"
-	formatVersion = 3
+	formatVersion = 4
 )
 
 // Bucket names. Keys:
@@ -179,6 +183,12 @@ func (d *DB) init() error {
 					"for writing (outpost serve, run or db check do that), not read-only", d.path, ErrFormat, formatVersion)
 			}
 			return false, migrateBlobs(tx)
+		}
+		if err == nil && v == 3 {
+			if !tx.Writable() {
+				return false, nil // its records are all of versions this binary reads
+			}
+			return false, meta.Put(metaVersion, []byte(strconv.Itoa(formatVersion)))
 		}
 		if err == nil && v < formatVersion {
 			return false, fmt.Errorf("open store %s: %w: format version %q, this binary reads version %d; "+

@@ -77,7 +77,7 @@ func TestOpenRefusesOtherFormats(t *testing.T) {
 		{"newer version", func(t *testing.T) string { return rawBolt(t, meta(formatName, strconv.Itoa(formatVersion+1))) },
 			fmt.Sprintf("format version %q, this binary reads version %d", strconv.Itoa(formatVersion+1), formatVersion)},
 		{"version 1 (checkpoints keyed by thread)", func(t *testing.T) string { return rawBolt(t, meta(formatName, "1")) },
-			`format version "1", this binary reads version 3; the file was written by an older outpost and cannot be migrated`},
+			fmt.Sprintf(`format version "1", this binary reads version %d; the file was written by an older outpost and cannot be migrated`, formatVersion)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -183,4 +183,38 @@ func TestSize(t *testing.T) {
 	require.NoError(t, err)
 	assert.Positive(t, n)
 	assert.Equal(t, FileName, filepath.Base(d.Path()))
+}
+
+// A format 3 file (JSON run records) is read as it is, read-only too, and
+// stamped with the current version when first opened for writing, so that
+// a binary of format 3 refuses the run records it could not read.
+func TestOpenStampsFormat3(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	require.NoError(t, d.Commit(bg, &engine.Commit{Run: &engine.Run{ID: "r1", Thread: "t", Status: engine.StatusQueued}, Sync: true}))
+	require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
+		return bucket(tx, bucketMeta).Put(metaVersion, []byte("3"))
+	}))
+	require.NoError(t, d.Close())
+	version := func(d *DB) (v string) {
+		require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
+			v = string(bucket(tx, bucketMeta).Get(metaVersion))
+			return nil
+		}))
+		return v
+	}
+
+	ro, err := Open(path, Options{ReadOnly: true})
+	require.NoError(t, err)
+	r, err := ro.Run(bg, "r1")
+	require.NoError(t, err)
+	assert.Equal(t, engine.StatusQueued, r.Status)
+	assert.Equal(t, "3", version(ro), "a read-only open changes nothing")
+	require.NoError(t, ro.Close())
+
+	d, err = Open(path, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	assert.Equal(t, strconv.Itoa(formatVersion), version(d))
 }
