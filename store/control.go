@@ -40,14 +40,20 @@ func ServeControl(ctx context.Context, db *DB, dir string) error {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /backup", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/octet-stream")
 		// The status is gone with the first byte, so the length is sent
-		// first: a short body is how the client learns of a failure.
-		_ = db.view(func(tx *bbolt.Tx) error {
+		// first: a short body is how the client learns of a later failure.
+		// One before the copy starts (a store closing) is an error answer.
+		started := false
+		err := db.view(func(tx *bbolt.Tx) error {
+			w.Header().Set("Content-Type", "application/octet-stream")
 			w.Header().Set("Content-Length", strconv.FormatInt(tx.Size(), 10))
+			started = true
 			_, err := tx.WriteTo(ctxWriter{r.Context(), w})
 			return err
 		})
+		if err != nil && !started {
+			writeControl(w, nil, fmt.Errorf("backup: %w", err))
+		}
 	})
 	mux.HandleFunc("GET /check", func(w http.ResponseWriter, r *http.Request) {
 		rep, err := db.Check(r.Context())
@@ -112,21 +118,35 @@ func DialControl(dir string) (*Control, error) {
 }
 
 func (c *Control) do(ctx context.Context, method, path string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, "http://outpost"+path, nil)
+	resp, err := c.send(ctx, method, path)
 	if err != nil {
 		return err
 	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// send makes a request and returns the owner's answer when it is 200 OK,
+// or the error it names.
+func (c *Control) send(ctx context.Context, method, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://outpost"+path, nil)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := c.c.Do(req)
 	if err != nil {
-		return fmt.Errorf("control socket in %s: %w", c.dir, err)
+		return nil, fmt.Errorf("control socket in %s: %w", c.dir, err)
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
 		var e struct{ Error string }
 		_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&e)
-		return fmt.Errorf("store owner: %s", e.Error)
+		if e.Error == "" {
+			e.Error = "answered " + resp.Status
+		}
+		return nil, fmt.Errorf("store owner: %s", e.Error)
 	}
-	return json.NewDecoder(resp.Body).Decode(out)
+	return resp, nil
 }
 
 // Check runs Check in the owning process.
@@ -150,25 +170,22 @@ func (c *Control) Prune(ctx context.Context, olderThan time.Duration) (*PruneRep
 // BackupFile writes a consistent copy of the store, taken by the owning
 // process, to path (atomically: a partial copy never appears there).
 func (c *Control) BackupFile(ctx context.Context, path string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://outpost/backup", nil)
+	resp, err := c.send(ctx, http.MethodGet, "/backup")
 	if err != nil {
-		return err
-	}
-	resp, err := c.c.Do(req)
-	if err != nil {
-		return fmt.Errorf("control socket in %s: %w", c.dir, err)
+		return fmt.Errorf("backup: %w", err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("backup: store owner answered %s", resp.Status)
+	// The length is how a copy cut short is told from a whole one.
+	want := resp.ContentLength
+	if want <= 0 {
+		return fmt.Errorf("backup: the store owner sent no length")
 	}
-	want, _ := strconv.ParseInt(resp.Header.Get("Content-Length"), 10, 64)
 	return writeNewFile(path, func(f *os.File) error {
 		n, err := io.Copy(f, resp.Body)
 		if err != nil {
 			return fmt.Errorf("backup: %w", err)
 		}
-		if want > 0 && n != want {
+		if n != want {
 			return fmt.Errorf("backup: got %d of %d bytes", n, want)
 		}
 		return nil
