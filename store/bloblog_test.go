@@ -155,7 +155,7 @@ func TestPruneRemovesIndexedAndTailBlobs(t *testing.T) {
 	}
 	require.Equal(t, 2, d.tail.size())
 
-	rep, err := d.Prune(bg, time.Hour, time.Now().Add(2*time.Hour))
+	rep, err := d.Prune(bg, time.Hour, time.Now().Add(2*blobGrace))
 	require.NoError(t, err)
 	assert.Equal(t, 4, rep.BlobsRemoved)
 	for _, ref := range loose {
@@ -319,7 +319,7 @@ func TestBlobLogRandomHistory(t *testing.T) {
 				loose[ref] = data
 			}
 		case op < 8: // prune everything unreferenced
-			_, err := d.Prune(bg, time.Hour, time.Now().Add(2*time.Hour))
+			_, err := d.Prune(bg, time.Hour, time.Now().Add(2*blobGrace))
 			require.NoError(t, err)
 			clear(loose)
 		case op < 9: // reopen

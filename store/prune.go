@@ -41,21 +41,27 @@ type PruneReport struct {
 //
 // Then blobs are marked and swept. A blob survives when any checkpoint,
 // pending write, run or tool call names it (in a typed field or as text in
-// a value), when a surviving blob names it, or when it was stored after the
-// cutoff, since a node may have put it for a step that has not committed.
+// a value), when a surviving blob names it, or when it is young: stored
+// after the cutoff, or within blobGrace of now whatever the cutoff, since a
+// node may have put it for a step that has not committed yet (a model
+// answer is stored before the step that asked for it commits).
 //
 // Everything happens in one transaction: a crash or an error leaves the
 // store as it was. A corrupt record aborts the prune (run Check first),
 // since the collector cannot know what it names.
 func (d *DB) Prune(ctx context.Context, olderThan time.Duration, now time.Time) (*PruneReport, error) {
 	cutoff := now.Add(-olderThan)
+	blobCutoff := cutoff
+	if grace := now.Add(-blobGrace); grace.Before(blobCutoff) {
+		blobCutoff = grace
+	}
 	var rep *PruneReport
 	// It takes its turn in the commit queue, which keeps the blob log's
 	// tail in step (see bloblog.go).
 	err := d.q.do(&request{
 		apply: func(tx *bbolt.Tx) error {
 			rep = &PruneReport{} // a batch may apply a request twice
-			p := &pruner{ctx: ctx, tx: tx, blobs: writeBlobs(tx), rep: rep, cutoff: cutoff}
+			p := &pruner{ctx: ctx, tx: tx, blobs: writeBlobs(tx), rep: rep, cutoff: cutoff, blobCutoff: blobCutoff}
 			if err := p.cutHistories(); err != nil {
 				return err
 			}
@@ -68,12 +74,19 @@ func (d *DB) Prune(ctx context.Context, olderThan time.Duration, now time.Time) 
 	return rep, nil
 }
 
+// blobGrace is how long an unreferenced blob is kept at least, however
+// short the prune's --older-than: long enough for any step to commit that
+// stored a blob before it did.
+const blobGrace = 24 * time.Hour
+
 type pruner struct {
 	ctx    context.Context
 	tx     *bbolt.Tx
 	blobs  *blobs
 	rep    *PruneReport
 	cutoff time.Time
+	// blobCutoff: an unreferenced blob stored before it is swept.
+	blobCutoff time.Time
 }
 
 func (p *pruner) cutHistories() error {
@@ -406,7 +419,7 @@ func (p *pruner) apply(plan *nsPlan) error {
 }
 
 // collectBlobs marks every blob reachable from a record and sweeps the
-// rest that are older than the cutoff.
+// rest that are older than the blob cutoff.
 func (p *pruner) collectBlobs() error {
 	marked := map[engine.BlobRef]bool{}
 	var work []engine.BlobRef
@@ -497,7 +510,7 @@ func (p *pruner) collectBlobs() error {
 		if err != nil {
 			return corrupt(bucketBlobLog, k, err)
 		}
-		if created.Before(p.cutoff) {
+		if created.Before(p.blobCutoff) {
 			sweep = append(sweep, ref)
 			p.rep.BlobBytesRemoved += int64(ref.Len)
 		}

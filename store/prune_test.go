@@ -293,3 +293,24 @@ func TestJoinArrays(t *testing.T) {
 		})
 	}
 }
+
+// A short --older-than does not reach the blobs a running step may have
+// stored and not yet referenced: an unreferenced blob younger than
+// blobGrace stays, one older than both the grace and the cutoff goes.
+func TestPruneKeepsYoungBlobsWhateverTheCutoff(t *testing.T) {
+	d := openTest(t)
+	young, err := d.PutBlob(bg, []byte("a model answer whose step has not committed"))
+	require.NoError(t, err)
+
+	rep, err := d.Prune(bg, time.Minute, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	assert.Zero(t, rep.BlobsRemoved)
+	_, err = d.Blob(bg, young)
+	require.NoError(t, err, "a blob an hour old went with a one-minute cutoff")
+
+	rep, err = d.Prune(bg, time.Minute, time.Now().Add(blobGrace+time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.BlobsRemoved)
+	_, err = d.Blob(bg, young)
+	require.ErrorIs(t, err, engine.ErrBlobNotFound)
+}

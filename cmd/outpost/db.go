@@ -22,7 +22,8 @@ const dbUsage = `Usage: outpost db <check|backup|compact|prune> [flags]
   backup FILE        write a consistent copy of the store to FILE (works while serve runs)
   compact            rewrite the store without free pages (stop serve first)
   prune --older-than D
-                     drop the intermediate checkpoints of finished threads idle for D, then collect blobs
+                     drop the intermediate checkpoints of finished threads idle for D, then collect
+                     the blobs nothing names (a blob is kept for at least 24h, whatever D)
 
 Every subcommand takes --data DIR and --json.
 `
