@@ -42,9 +42,10 @@ type PruneReport struct {
 // Then blobs are marked and swept. A blob survives when any checkpoint,
 // pending write, run or tool call names it (in a typed field or as text in
 // a value), when a surviving blob names it, or when it is young: stored
-// after the cutoff, or within blobGrace of now whatever the cutoff, since a
-// node may have put it for a step that has not committed yet (a model
-// answer is stored before the step that asked for it commits).
+// after the cutoff, or within blobGrace of now whatever the cutoff. A blob
+// is stored before the record that names it commits (a model answer before
+// its call record), and PutBlob of bytes stored less than blobTouchAfter
+// ago keeps their old time.
 //
 // Everything happens in one transaction: a crash or an error leaves the
 // store as it was. A corrupt record aborts the prune (run Check first),
