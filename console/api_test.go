@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -434,4 +435,31 @@ func toStrings(v any) []string {
 		out = append(out, x.(string))
 	}
 	return out
+}
+
+// A store that takes no more writes is down in /healthz, whatever its
+// reads say.
+func TestHealthReportsAStoreThatTakesNoWrites(t *testing.T) {
+	var writeErr atomic.Pointer[error]
+	e := newEnv(t, func(c *console.Config) {
+		c.StoreWrites = func() error {
+			if p := writeErr.Load(); p != nil {
+				return *p
+			}
+			return nil
+		}
+	})
+	hz := e.do("GET", "/healthz", nil)
+	if hz.status != 200 {
+		t.Fatalf("healthz: %d %s", hz.status, hz.body)
+	}
+	eio := errors.New("a write to the store file failed; the store takes no more writes until outpost restarts: fdatasync: input/output error")
+	writeErr.Store(&eio)
+	hz = e.do("GET", "/healthz", nil)
+	m := hz.json(t)
+	store := m["components"].(map[string]any)["store"].(map[string]any)
+	if hz.status != http.StatusServiceUnavailable || m["status"] != "down" || store["state"] != "down" ||
+		!strings.Contains(store["detail"].(string), "input/output error") || !strings.Contains(store["detail"].(string), "restart") {
+		t.Fatalf("healthz: %d %s", hz.status, hz.body)
+	}
 }

@@ -76,6 +76,11 @@ func (s *Server) storeHealth(ctx context.Context) Health {
 	if _, err := s.cfg.Manager.Store().Runs(ctx, engine.RunFilter{Limit: 1}); err != nil {
 		return Health{State: StateDown, Detail: err.Error()}
 	}
+	if s.cfg.StoreWrites != nil {
+		if err := s.cfg.StoreWrites(); err != nil {
+			return Health{State: StateDown, Detail: err.Error() + "; restart outpost once the disk is sound"}
+		}
+	}
 	h := Health{State: StateOK}
 	if s.cfg.StoreSize != nil {
 		if n, err := s.cfg.StoreSize(); err == nil {

@@ -37,6 +37,10 @@ type Config struct {
 	Metrics *Metrics
 	// StoreSize reports the store file's size for /metrics; optional.
 	StoreSize func() (int64, error)
+	// StoreWrites reports why the store takes no more writes (a failed
+	// write or fsync), or nil while it does; /healthz then reports the
+	// store down. Optional.
+	StoreWrites func() error
 
 	Events EventOptions
 	// MaxBody bounds a request body (default 1 MiB).

@@ -59,6 +59,9 @@ type committer struct {
 	mu      sync.Mutex
 	queue   []*request
 	leading bool
+	// broken, once set, fails every write: a transaction's write or fsync
+	// failed (see ErrWriteFailed).
+	broken error
 
 	commits, failed, txs, syncs, retries, maxBatch atomic.Uint64
 }
@@ -80,6 +83,14 @@ type Stats struct {
 	MaxBatch uint64
 }
 
+// WriteErr reports why the store takes no more writes (ErrWriteFailed,
+// with the failure), or nil while it does.
+func (d *DB) WriteErr() error {
+	d.q.mu.Lock()
+	defer d.q.mu.Unlock()
+	return d.q.broken
+}
+
 // Stats reports the write counters.
 func (d *DB) Stats() Stats {
 	q := &d.q
@@ -94,6 +105,10 @@ func (d *DB) Stats() Stats {
 func (q *committer) do(r *request) error {
 	r.wake = make(chan bool, 1)
 	q.mu.Lock()
+	if err := q.broken; err != nil {
+		q.mu.Unlock()
+		return err
+	}
 	q.queue = append(q.queue, r)
 	if q.leading {
 		q.mu.Unlock()
@@ -151,6 +166,13 @@ func (q *committer) run(batch []*request) {
 	}
 	pending := batch
 	for len(pending) > 0 {
+		q.mu.Lock()
+		broken := q.broken
+		q.mu.Unlock()
+		if broken != nil { // requests queued before it broke
+			failAll(pending, broken)
+			return
+		}
 		if fp := failpoint.beforeCommitTx; fp != nil {
 			if err := fp(len(pending)); err != nil {
 				failAll(pending, fmt.Errorf("group commit: %w", err))
@@ -160,6 +182,7 @@ func (q *committer) run(batch []*request) {
 		failed := -1
 		var failErr error
 		var changes *blobChanges
+		applied := false // from here on, an error is bbolt's commit failing
 		err := q.db.Update(func(tx *bbolt.Tx) error {
 			st := beginTxState(tx, q.tail)
 			defer endTxState(tx)
@@ -191,8 +214,16 @@ func (q *committer) run(batch []*request) {
 				return err
 			}
 			changes = st.blobs.ch
+			applied = true
 			return nil
 		})
+		if fp := failpoint.commitWrite; err == nil && fp != nil {
+			err = fp()
+		}
+		if err != nil && applied && !errors.Is(err, berrors.ErrDatabaseNotOpen) {
+			failAll(pending, q.breakDown(fmt.Errorf("%w: %v", ErrWriteFailed, err)))
+			return
+		}
 		if err == nil {
 			q.tail.apply(changes)
 			q.txs.Add(1)
@@ -213,6 +244,21 @@ func (q *committer) run(batch []*request) {
 		pending = append(pending[:failed:failed], pending[failed+1:]...)
 		q.retries.Add(1)
 	}
+}
+
+// breakDown makes every later write fail with err, and returns the error
+// they fail with. After a failed write or
+// fsync, what the transaction wrote may or may not be on disk, and bbolt's
+// view of its free pages may disagree with the file (its meta page may
+// already name the transaction it rolled back), so writing on could
+// overwrite live pages. Restarting reads the file as it is.
+func (q *committer) breakDown(err error) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.broken == nil {
+		q.broken = err
+	}
+	return q.broken
 }
 
 func failAll(rs []*request, err error) {

@@ -1,8 +1,10 @@
 package store
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +25,7 @@ func setFailpoints(t *testing.T, set func()) {
 		failpoint.midGroupCommit = nil
 		failpoint.applyRequest = nil
 		failpoint.afterCommitTx = nil
+		failpoint.commitWrite = nil
 	})
 }
 
@@ -271,4 +274,52 @@ func TestAfterCommitTxRunsBeforeWake(t *testing.T) {
 	})
 	require.NoError(t, d.Commit(bg, stepCommit("a", 1)))
 	assert.Equal(t, []string{"<nil>"}, seen)
+}
+
+// A failed write or fsync stops the store's writes for good: what the
+// transaction wrote may or may not be on disk, and bbolt's free-page list
+// may disagree with the file. Reads go on; reopening the file writes again.
+func TestWriteFailureStopsWrites(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	require.NoError(t, d.Commit(bg, stepCommit("t", 1)))
+	require.NoError(t, d.WriteErr())
+
+	eio := errors.New("fdatasync: input/output error")
+	setFailpoints(t, func() { failpoint.commitWrite = func() error { return eio } })
+	err = d.Commit(bg, stepCommit("t", 2))
+	require.ErrorIs(t, err, ErrWriteFailed)
+	assert.ErrorContains(t, err, "input/output error")
+	failpoint.commitWrite = nil
+	require.ErrorIs(t, d.WriteErr(), ErrWriteFailed)
+
+	// Later writes fail at once, however they come.
+	require.ErrorIs(t, d.Commit(bg, stepCommit("t", 3)), ErrWriteFailed)
+	_, err = d.PutBlob(bg, bytes.Repeat([]byte("b"), 600))
+	require.ErrorIs(t, err, ErrWriteFailed)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.ErrorIs(t, d.Commit(bg, stepCommit(fmt.Sprintf("c%d", i), 1)), ErrWriteFailed)
+		}()
+	}
+	wg.Wait()
+
+	// Reads go on.
+	h, err := d.History(bg, "t", "", "", 0)
+	require.NoError(t, err)
+	assert.NotEmpty(t, h)
+	require.NoError(t, d.Close())
+
+	d, err = Open(path, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	require.NoError(t, d.WriteErr())
+	require.NoError(t, d.Commit(bg, stepCommit("t", 3)), "a reopened store writes again")
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
 }

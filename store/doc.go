@@ -22,7 +22,10 @@
 //
 // Only one process may open a store for writing: a second Open fails
 // within Options.Timeout with ErrInUse. A file of another format or
-// version fails with ErrFormat.
+// version fails with ErrFormat. When writing or fsyncing a transaction
+// fails, the store takes no more writes (ErrWriteFailed, DB.WriteErr) and
+// reads go on: what that transaction left on disk is unknown until the
+// file is opened again.
 //
 // Checkpoints are keyed by ID first, so that the commits of many threads
 // sharing one transaction write a few pages at the right edge of the tree;

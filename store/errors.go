@@ -28,6 +28,12 @@ var (
 	// ErrBlobMismatch means a commit offered bytes under a reference that
 	// is not theirs.
 	ErrBlobMismatch = errors.New("blob bytes do not match their reference")
+	// ErrWriteFailed means writing or fsyncing a transaction failed (a
+	// disk error, a full disk). Whether that transaction reached the disk
+	// is unknown, and the open store's view of its own pages can no longer
+	// be trusted, so it takes no more writes; reads go on. Restarting
+	// outpost, once the disk is sound, goes on from what the file holds.
+	ErrWriteFailed = errors.New("a write to the store file failed; the store takes no more writes until outpost restarts")
 
 	// Tool calls.
 

@@ -9,13 +9,17 @@ var failpoint struct {
 	// and nothing is written.
 	beforeCommitTx func(batch int) error
 	// midGroupCommit runs inside the transaction after request i of the
-	// batch was applied. An error rolls the transaction back, as an I/O
-	// error would, and fails every request in it.
+	// batch was applied. An error rolls the transaction back before bbolt
+	// writes anything, and fails every request in it; the store writes on.
 	midGroupCommit func(i int) error
 	// applyRequest runs before request i is applied. An error is charged
 	// to that request alone: the others are retried in a fresh
 	// transaction.
 	applyRequest func(i int) error
+	// commitWrite runs once bbolt's commit returned without error; an error
+	// stands for one from the commit itself (a page write or an fsync
+	// failing), after which the store takes no more writes.
+	commitWrite func() error
 	// afterCommitTx runs once a batch's transaction is durable, before its
 	// committers are woken.
 	afterCommitTx func(batch int)

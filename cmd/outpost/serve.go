@@ -140,7 +140,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	m := engine.NewManager(console.InstrumentStore(db, metrics), resolve, engine.ManagerOptions{Workers: *workers, Events: bus})
 	srv := console.New(console.Config{Manager: m, Bus: bus, Resolve: resolve, Agents: agents, Token: tok,
 		AllowHosts: hosts, Bundles: func() []console.BundleInfo { return bundles }, Metrics: metrics,
-		Health: []console.HealthCheck{{Name: "model", Check: modelHealth}}, StoreSize: db.Size,
+		Health: []console.HealthCheck{{Name: "model", Check: modelHealth}}, StoreSize: db.Size, StoreWrites: db.WriteErr,
 		Uplink: consoleUplink(db, up),
 		Logf:   func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }})
 
