@@ -132,6 +132,14 @@ func Open(path string, opts Options) (*DB, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = time.Second
 	}
+	switch err := guardFile(path, opts.ReadOnly, opts.Timeout); {
+	case errors.Is(err, errLocked):
+		return nil, fmt.Errorf("open store: data folder %s is %w", filepath.Dir(path), ErrInUse)
+	case errors.Is(err, ErrDamaged):
+		return nil, fmt.Errorf("open store %s: %w; nothing was changed: restore the last backup (outpost db backup makes one)", path, err)
+	case err != nil:
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
 	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{
 		Timeout: opts.Timeout,
 		// The hashmap freelist keeps allocation cheap as the file grows,

@@ -22,7 +22,9 @@
 //
 // Only one process may open a store for writing: a second Open fails
 // within Options.Timeout with ErrInUse. A file of another format or
-// version fails with ErrFormat. When writing or fsyncing a transaction
+// version fails with ErrFormat, and one whose pages are not whole (cut
+// short, a page overwritten) with ErrDamaged, before bbolt trusts it
+// (fileguard.go). When writing or fsyncing a transaction
 // fails, the store takes no more writes (ErrWriteFailed, DB.WriteErr) and
 // reads go on: what that transaction left on disk is unknown until the
 // file is opened again.

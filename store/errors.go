@@ -16,6 +16,10 @@ var (
 	// ErrFormat means the file is not an Outpost store, or is one of a
 	// format version this binary does not read.
 	ErrFormat = errors.New("unsupported store format")
+	// ErrDamaged means the store file's pages are not whole: it was cut
+	// short, or a page was overwritten. The wrapped message names the
+	// first fault found. Nothing in the file is changed.
+	ErrDamaged = errors.New("store file is damaged")
 	// ErrClosed is returned by operations on a closed store.
 	ErrClosed = errors.New("store is closed")
 

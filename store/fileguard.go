@@ -1,0 +1,261 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"math/bits"
+	"os"
+)
+
+// A store file can be damaged where bbolt does not look before it trusts
+// it: cut short by a copy that did not finish, or with a page overwritten.
+// Opening it then reads past the end of the mapped file or follows a page
+// ID into garbage, and bbolt panics in a goroutine of its own, which takes
+// the whole process down. So before bbolt opens a file, guardFile walks the
+// file's page tree the way bbolt will, checking every page it would read
+// against the file, and refuses a damaged file with ErrDamaged.
+//
+// The walk reads what bbolt's open reads anyway (with NoFreelistSync, bbolt
+// rebuilds its free list by visiting every page), so it costs about as much
+// again, from the page cache.
+
+// The bbolt file format (version 2), as laid out on disk.
+const (
+	boltMagic          = 0xED0CDAED
+	boltVersion        = 2
+	pageHeaderSize     = 16
+	branchElementSize  = 16
+	leafElementSize    = 16
+	inBucketSize       = 16
+	branchPageFlag     = 0x01
+	leafPageFlag       = 0x02
+	freelistPageFlag   = 0x10
+	bucketLeafFlag     = 0x01
+	pgidNoFreelist     = ^uint64(0)
+	metaOffset         = pageHeaderSize
+	metaChecksumOffset = metaOffset + 56
+	metaSize           = 64
+	minPageSize        = 512
+	maxPageSize        = 1 << 20
+)
+
+type boltMeta struct {
+	pageSize           uint64
+	root, freelist     uint64
+	pgid, txid         uint64
+	valid, versionOnly bool // versionOnly: a bbolt file of another version
+}
+
+func readMeta(b []byte) boltMeta {
+	var m boltMeta
+	if len(b) < metaOffset+metaSize {
+		return m
+	}
+	le := binary.LittleEndian
+	if le.Uint32(b[metaOffset:]) != boltMagic {
+		return m
+	}
+	if le.Uint32(b[metaOffset+4:]) != boltVersion {
+		m.versionOnly = true
+		return m
+	}
+	h := fnv.New64a()
+	_, _ = h.Write(b[metaOffset:metaChecksumOffset])
+	if h.Sum64() != le.Uint64(b[metaChecksumOffset:]) {
+		return m
+	}
+	m.pageSize = uint64(le.Uint32(b[metaOffset+8:]))
+	m.root = le.Uint64(b[metaOffset+16:])
+	m.freelist = le.Uint64(b[metaOffset+32:])
+	m.pgid = le.Uint64(b[metaOffset+40:])
+	m.txid = le.Uint64(b[metaOffset+48:])
+	m.valid = m.pageSize >= minPageSize && m.pageSize <= maxPageSize && bits.OnesCount64(m.pageSize) == 1
+	return m
+}
+
+// damaged reports file damage; Open wraps it in ErrDamaged.
+func damaged(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrDamaged}, a...)...)
+}
+
+// checkFile walks f's page tree as bbolt will read it. A file bbolt would
+// refuse on its own (no bbolt magic, another version, both meta pages
+// invalid) is left to bbolt, which names the problem.
+func checkFile(f *os.File) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	size := fi.Size()
+	if size == 0 {
+		return nil // a new store
+	}
+	first := make([]byte, metaOffset+metaSize)
+	if _, err := f.ReadAt(first, 0); err != nil {
+		return nil // too short for a meta page: bbolt refuses it
+	}
+	m0 := readMeta(first)
+	if !m0.valid {
+		return nil // bbolt decides: it may find the second meta page
+	}
+	second := make([]byte, metaOffset+metaSize)
+	var m1 boltMeta
+	if _, err := f.ReadAt(second, int64(m0.pageSize)); err == nil {
+		m1 = readMeta(second)
+	}
+	// bbolt uses the valid meta page with the higher transaction ID.
+	m := m0
+	if m1.valid && m1.pageSize == m0.pageSize && m1.txid > m0.txid {
+		m = m1
+	}
+	if m.pgid > uint64(size)/m.pageSize {
+		return damaged("the file holds %d bytes, but its pages reach %d: it was cut short", size, m.pgid*m.pageSize)
+	}
+	w := &pageWalk{f: f, ps: m.pageSize, pgid: m.pgid, seen: make([]uint64, m.pgid/64+1)}
+	if m.freelist != pgidNoFreelist {
+		if err := w.freelist(m.freelist); err != nil {
+			return err
+		}
+	}
+	return w.bucket(m.root, nil, "the root bucket")
+}
+
+type pageWalk struct {
+	f    *os.File
+	ps   uint64
+	pgid uint64   // the high-water mark: every page in use is below it
+	seen []uint64 // a bit per page reached
+}
+
+func (w *pageWalk) reached(id uint64) bool { return w.seen[id/64]&(1<<(id%64)) != 0 }
+func (w *pageWalk) reach(id uint64)        { w.seen[id/64] |= 1 << (id % 64) }
+
+// page reads page id with its overflow, checking that it lies in the file
+// and that no other page or bucket reaches it too.
+func (w *pageWalk) page(id uint64, from string) ([]byte, error) {
+	if id < 2 || id >= w.pgid {
+		return nil, damaged("%s names page %d, outside the file's pages 2 to %d", from, id, w.pgid-1)
+	}
+	if w.reached(id) {
+		return nil, damaged("%s names page %d, which another page names too", from, id)
+	}
+	b := make([]byte, w.ps)
+	if _, err := w.f.ReadAt(b, int64(id*w.ps)); err != nil {
+		return nil, damaged("page %d: %v", id, err)
+	}
+	le := binary.LittleEndian
+	if got := le.Uint64(b); got != id {
+		return nil, damaged("page %d says it is page %d", id, got)
+	}
+	overflow := uint64(le.Uint32(b[12:]))
+	if overflow >= w.pgid-id {
+		return nil, damaged("page %d runs %d pages on, past the file's pages", id, overflow)
+	}
+	for i := id; i <= id+overflow; i++ {
+		if w.reached(i) {
+			return nil, damaged("page %d runs over page %d, which another page names", id, i)
+		}
+		w.reach(i)
+	}
+	if overflow > 0 {
+		b = make([]byte, (overflow+1)*w.ps)
+		if _, err := w.f.ReadAt(b, int64(id*w.ps)); err != nil {
+			return nil, damaged("page %d: %v", id, err)
+		}
+	}
+	return b, nil
+}
+
+func (w *pageWalk) freelist(id uint64) error {
+	b, err := w.page(id, "the meta page's free list")
+	if err != nil {
+		return err
+	}
+	le := binary.LittleEndian
+	if flags := le.Uint16(b[8:]); flags != freelistPageFlag {
+		return damaged("page %d holds the free list, but its type is %#x", id, flags)
+	}
+	count, at := uint64(le.Uint16(b[10:])), uint64(pageHeaderSize)
+	if count == 0xFFFF { // the real count is the first element
+		if len(b) < pageHeaderSize+8 {
+			return damaged("free list page %d is cut short", id)
+		}
+		count, at = le.Uint64(b[pageHeaderSize:]), at+8
+	}
+	if count > (uint64(len(b))-at)/8 {
+		return damaged("free list page %d lists %d pages, more than it holds", id, count)
+	}
+	return nil
+}
+
+// bucket walks a bucket: the page tree from root, or its inline page.
+func (w *pageWalk) bucket(root uint64, inline []byte, from string) error {
+	if root == 0 {
+		return w.nodes(inline, "an inline bucket in "+from, true)
+	}
+	b, err := w.page(root, from)
+	if err != nil {
+		return err
+	}
+	return w.nodes(b, fmt.Sprintf("page %d", root), false)
+}
+
+// nodes checks the elements of a branch or leaf page held in b, then walks
+// what they name. An inline page must be a leaf.
+func (w *pageWalk) nodes(b []byte, what string, inline bool) error {
+	if len(b) < pageHeaderSize {
+		return damaged("%s is cut short", what)
+	}
+	le := binary.LittleEndian
+	flags, count := le.Uint16(b[8:]), int(le.Uint16(b[10:]))
+	switch {
+	case flags == branchPageFlag && !inline:
+		if pageHeaderSize+count*branchElementSize > len(b) {
+			return damaged("%s has %d elements, more than it holds", what, count)
+		}
+		for i := range count {
+			e := pageHeaderSize + i*branchElementSize
+			pos, ksize := int(le.Uint32(b[e:])), int(le.Uint32(b[e+4:]))
+			if e+pos+ksize > len(b) {
+				return damaged("%s: element %d's key lies outside the page", what, i)
+			}
+			child := le.Uint64(b[e+8:])
+			cb, err := w.page(child, what)
+			if err != nil {
+				return err
+			}
+			if err := w.nodes(cb, fmt.Sprintf("page %d", child), false); err != nil {
+				return err
+			}
+		}
+		return nil
+	case flags == leafPageFlag:
+		if pageHeaderSize+count*leafElementSize > len(b) {
+			return damaged("%s has %d elements, more than it holds", what, count)
+		}
+		for i := range count {
+			e := pageHeaderSize + i*leafElementSize
+			eflags := le.Uint32(b[e:])
+			pos, ksize, vsize := int(le.Uint32(b[e+4:])), int(le.Uint32(b[e+8:])), int(le.Uint32(b[e+12:]))
+			end := e + pos + ksize + vsize
+			if end > len(b) {
+				return damaged("%s: element %d's key or value lies outside the page", what, i)
+			}
+			if eflags&bucketLeafFlag == 0 {
+				continue
+			}
+			v := b[e+pos+ksize : end]
+			if len(v) < inBucketSize {
+				return damaged("%s: element %d is a bucket too short to name its root", what, i)
+			}
+			key := b[e+pos : e+pos+ksize]
+			if err := w.bucket(le.Uint64(v), v[inBucketSize:], fmt.Sprintf("bucket %q (%s)", key, what)); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		return damaged("%s: page type %#x where a branch or leaf page belongs", what, flags)
+	}
+}
