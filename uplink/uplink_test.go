@@ -228,11 +228,20 @@ func TestRetriesAndParking(t *testing.T) {
 	u, err := New(db, fastConfig(front.URL))
 	require.NoError(t, err)
 
-	// 5xx: retried with backoff until ctx ends, nothing dropped.
+	// 5xx: retried with backoff until ctx ends, nothing dropped. The flush
+	// is stopped once it has tried three times, however slow the machine.
 	mode.Store("503")
-	ctx, cancel := contextWithTimeout(200 * time.Millisecond)
+	ctx, cancel := contextWithTimeout(30 * time.Second)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for calls.Load() < 3 && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancel()
+	}()
 	err = u.Flush(ctx)
-	cancel()
+	<-stopped
 	require.Error(t, err)
 	assert.Greater(t, calls.Load(), int64(2))
 	st := u.Status()
