@@ -85,15 +85,20 @@ func CompactFile(ctx context.Context, path string, opts Options) (before, after 
 	if err := d.Compact(ctx, tmp); err != nil {
 		return before, 0, errors.Join(err, d.Close())
 	}
-	if err := d.Close(); err != nil {
-		return before, 0, errors.Join(err, os.Remove(tmp))
+	if fp := failpoint.compactCopied; fp != nil {
+		fp()
 	}
-	// The lock is released now, but this process is the only one that
-	// had it; rename is atomic, so a crash leaves one whole file or the other.
+	// The copy takes the file's place while the store's lock is still
+	// held, so an Open waiting for it opens the copy. Rename is atomic: a
+	// crash leaves one whole file or the other.
 	if err := os.Rename(tmp, path); err != nil {
-		return before, 0, fmt.Errorf("compact store %s: %w", path, err)
+		return before, 0, errors.Join(fmt.Errorf("compact store %s: %w", path, err), os.Remove(tmp), d.Close())
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	err = syncDir(filepath.Dir(path))
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return before, 0, fmt.Errorf("compact store %s: %w", path, err)
 	}
 	fi, err := os.Stat(path)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -127,4 +128,45 @@ func TestCompact(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, ws, 2)
 	assert.Equal(t, "later", ws[1].TaskID)
+}
+
+// An Open that waits while a compaction holds the store ends up on the
+// compacted copy, not on the file the copy replaced: its writes stay in
+// the folder.
+func TestOpenWaitingOnACompactionGetsTheCopy(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	require.NoError(t, d.Commit(bg, stepCommit("t", 1)))
+	require.NoError(t, d.Close())
+
+	type opened struct {
+		d   *DB
+		err error
+	}
+	waiter := make(chan opened, 1)
+	setFailpoints(t, func() {
+		failpoint.compactCopied = func() {
+			go func() {
+				d, err := Open(path, Options{Timeout: 10 * time.Second})
+				waiter <- opened{d, err}
+			}()
+			// Give it time to reach the lock and wait there; were it
+			// late, it would only find the copy in place sooner.
+			time.Sleep(300 * time.Millisecond)
+		}
+	})
+	_, _, err = CompactFile(bg, path, Options{})
+	require.NoError(t, err)
+	w := <-waiter
+	require.NoError(t, w.err)
+	require.NoError(t, w.d.Commit(bg, stepCommit("t", 2)))
+	require.NoError(t, w.d.Close())
+
+	d, err = Open(path, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	h, err := d.History(bg, "t", "", "", 0)
+	require.NoError(t, err)
+	require.Len(t, h, 2, "the waiting writer's commit is in the store file")
 }

@@ -26,6 +26,7 @@ func setFailpoints(t *testing.T, set func()) {
 		failpoint.applyRequest = nil
 		failpoint.afterCommitTx = nil
 		failpoint.commitWrite = nil
+		failpoint.compactCopied = nil
 	})
 }
 

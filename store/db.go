@@ -107,6 +107,9 @@ type DB struct {
 	opts Options
 	q    committer
 	tail blobTail
+	// lock is the held lock file (see lockStore), or nil; released once.
+	lock     *os.File
+	unlocked sync.Once
 
 	applianceMu sync.RWMutex
 	appliance   string
@@ -132,13 +135,27 @@ func Open(path string, opts Options) (*DB, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = time.Second
 	}
+	inUse := func() error { return fmt.Errorf("open store: data folder %s is %w", filepath.Dir(path), ErrInUse) }
+	lock, err := lockStore(path, opts.ReadOnly, opts.Timeout)
+	switch {
+	case errors.Is(err, errLocked):
+		return nil, inUse()
+	case err != nil:
+		return nil, fmt.Errorf("open store %s: lock file: %w", path, err)
+	}
+	unlock := func(err error) error {
+		if lock != nil {
+			err = errors.Join(err, lock.Close())
+		}
+		return err
+	}
 	switch err := guardFile(path, opts.ReadOnly, opts.Timeout); {
 	case errors.Is(err, errLocked):
-		return nil, fmt.Errorf("open store: data folder %s is %w", filepath.Dir(path), ErrInUse)
+		return nil, unlock(inUse())
 	case errors.Is(err, ErrDamaged):
-		return nil, fmt.Errorf("open store %s: %w; nothing was changed: restore the last backup (outpost db backup makes one)", path, err)
+		return nil, unlock(fmt.Errorf("open store %s: %w; nothing was changed: restore the last backup (outpost db backup makes one)", path, err))
 	case err != nil:
-		return nil, fmt.Errorf("open store %s: %w", path, err)
+		return nil, unlock(fmt.Errorf("open store %s: %w", path, err))
 	}
 	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{
 		Timeout: opts.Timeout,
@@ -152,19 +169,19 @@ func Open(path string, opts Options) (*DB, error) {
 	})
 	switch {
 	case errors.Is(err, berrors.ErrTimeout):
-		return nil, fmt.Errorf("open store: data folder %s is %w", filepath.Dir(path), ErrInUse)
+		return nil, unlock(inUse())
 	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrVersionMismatch):
-		return nil, fmt.Errorf("open store %s: %w: not a bbolt file of a supported version (%v)", path, ErrFormat, err)
+		return nil, unlock(fmt.Errorf("open store %s: %w: not a bbolt file of a supported version (%v)", path, ErrFormat, err))
 	case err != nil:
-		return nil, fmt.Errorf("open store %s: %w", path, err)
+		return nil, unlock(fmt.Errorf("open store %s: %w", path, err))
 	}
-	d := &DB{db: bdb, path: path, opts: opts}
+	d := &DB{db: bdb, path: path, opts: opts, lock: lock}
 	d.q.db, d.q.tail = bdb, &d.tail
 	if err := d.init(); err != nil {
-		return nil, errors.Join(err, bdb.Close())
+		return nil, unlock(errors.Join(err, bdb.Close()))
 	}
 	if err := d.view(d.tail.load); err != nil {
-		return nil, errors.Join(fmt.Errorf("open store %s: read the blob log: %w", path, err), bdb.Close())
+		return nil, unlock(errors.Join(fmt.Errorf("open store %s: read the blob log: %w", path, err), bdb.Close()))
 	}
 	return d, nil
 }
@@ -256,7 +273,11 @@ func (d *DB) init() error {
 
 // Close releases the file. Commits still in flight finish first.
 func (d *DB) Close() error {
-	if err := d.db.Close(); err != nil {
+	err := d.db.Close()
+	if d.lock != nil {
+		d.unlocked.Do(func() { err = errors.Join(err, d.lock.Close()) })
+	}
+	if err != nil {
 		return fmt.Errorf("close store %s: %w", d.path, err)
 	}
 	return nil

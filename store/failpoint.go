@@ -23,4 +23,7 @@ var failpoint struct {
 	// afterCommitTx runs once a batch's transaction is durable, before its
 	// committers are woken.
 	afterCommitTx func(batch int)
+	// compactCopied runs once CompactFile has written the compacted copy,
+	// before it renames it into place and lets go of the store.
+	compactCopied func()
 }

@@ -11,6 +11,55 @@ import (
 
 var errLocked = errors.New("locked")
 
+// lockStore takes the store's lock file beside path (path + ".lock"):
+// exclusively to write, shared to read. Unlike the store file, the lock
+// file is never replaced, so an Open that waits for it finds the file at
+// path as it is when it gets the lock, even when a compaction renamed a new
+// file into place meanwhile. Without it, an Open waiting on the old file's
+// own lock would get that lock once the compaction let go, and write to a
+// file no longer in the folder. A read-only Open where the lock file
+// cannot be made goes without it.
+func lockStore(path string, readOnly bool, timeout time.Duration) (*os.File, error) {
+	name := path + ".lock"
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil && readOnly {
+		if f, err = os.Open(name); err != nil {
+			return nil, nil
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	how := syscall.LOCK_EX
+	if readOnly {
+		how = syscall.LOCK_SH
+	}
+	if err := flockWithin(f, how, timeout); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// flockWithin takes a flock on f, trying until timeout; errLocked when it
+// could not.
+func flockWithin(f *os.File, how int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errLocked
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // guardFile checks the store file at path (see checkFile) under the lock
 // bbolt takes, so that a file another process is writing is not read;
 // errLocked means that lock was not had within timeout. A missing file is
@@ -28,19 +77,8 @@ func guardFile(path string, readOnly bool, timeout time.Duration) error {
 	if readOnly {
 		how = syscall.LOCK_SH
 	}
-	deadline := time.Now().Add(timeout)
-	for {
-		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return errLocked
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := flockWithin(f, how, timeout); err != nil {
+		return err
 	}
 	defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 	return checkFile(f)
