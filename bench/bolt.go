@@ -95,6 +95,7 @@ func median(ds []time.Duration) time.Duration {
 // store in dir.
 func sampleCommits(ctx context.Context, dir string, n int) ([]time.Duration, error) {
 	path := filepath.Join(dir, "commit-probe.db")
+	defer os.Remove(store.LockFile(path))
 	defer os.Remove(path)
 	db, err := store.Open(path, store.Options{})
 	if err != nil {

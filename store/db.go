@@ -283,6 +283,10 @@ func (d *DB) Close() error {
 	return nil
 }
 
+// LockFile names the lock file of the store file at path: an empty file
+// beside it that Open locks, and that nothing replaces.
+func LockFile(path string) string { return path + ".lock" }
+
 // Path returns the store file's path.
 func (d *DB) Path() string { return d.path }
 

@@ -11,7 +11,7 @@ import (
 
 var errLocked = errors.New("locked")
 
-// lockStore takes the store's lock file beside path (path + ".lock"):
+// lockStore takes the store's lock file beside path (LockFile):
 // exclusively to write, shared to read. Unlike the store file, the lock
 // file is never replaced, so an Open that waits for it finds the file at
 // path as it is when it gets the lock, even when a compaction renamed a new
@@ -20,7 +20,7 @@ var errLocked = errors.New("locked")
 // file no longer in the folder. A read-only Open where the lock file
 // cannot be made goes without it.
 func lockStore(path string, readOnly bool, timeout time.Duration) (*os.File, error) {
-	name := path + ".lock"
+	name := LockFile(path)
 	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil && readOnly {
 		if f, err = os.Open(name); err != nil {
