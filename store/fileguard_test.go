@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -114,4 +115,22 @@ func TestDamagedPagesNeverPanic(t *testing.T) {
 	}
 	t.Logf("%d damaged files refused, %d opened (their damage was to free pages or to records)", refused, opened)
 	assert.Positive(t, refused)
+}
+
+// A writable Open makes the lock file; a read-only one creates nothing
+// (a backup checked after it is written gets no file beside it).
+func TestLockFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	require.FileExists(t, LockFile(path))
+	_, err = Open(path, Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
+	require.ErrorIs(t, err, ErrInUse, "a reader waits for the writer's lock file")
+	require.NoError(t, d.Close())
+
+	require.NoError(t, os.Remove(LockFile(path)))
+	ro, err := Open(path, Options{ReadOnly: true})
+	require.NoError(t, err)
+	require.NoError(t, ro.Close())
+	assert.NoFileExists(t, LockFile(path))
 }

@@ -17,17 +17,18 @@ var errLocked = errors.New("locked")
 // path as it is when it gets the lock, even when a compaction renamed a new
 // file into place meanwhile. Without it, an Open waiting on the old file's
 // own lock would get that lock once the compaction let go, and write to a
-// file no longer in the folder. A read-only Open where the lock file
-// cannot be made goes without it.
+// file no longer in the folder. A read-only Open creates nothing: it takes
+// the lock file when there is one, and goes without otherwise (it writes
+// nothing that could be lost).
 func lockStore(path string, readOnly bool, timeout time.Duration) (*os.File, error) {
 	name := LockFile(path)
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil && readOnly {
+	var f *os.File
+	var err error
+	if readOnly {
 		if f, err = os.Open(name); err != nil {
 			return nil, nil
 		}
-	}
-	if err != nil {
+	} else if f, err = os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		return nil, err
 	}
 	how := syscall.LOCK_EX
