@@ -116,6 +116,10 @@ func writeNewFile(path string, write func(f *os.File) error) error {
 	}
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("write %s: %s is in the way, left by a copy that did not finish or made by someone else: "+
+			"remove it if it is not yours to keep, and try again: %w", path, tmp, err)
+	}
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}

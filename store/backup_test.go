@@ -170,3 +170,22 @@ func TestOpenWaitingOnACompactionGetsTheCopy(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, h, 2, "the waiting writer's commit is in the store file")
 }
+
+// A copy that did not finish leaves its temporary file; the next backup to
+// the same path says what is in the way and leaves it alone.
+func TestBackupNamesATemporaryFileInTheWay(t *testing.T) {
+	d := openTest(t)
+	require.NoError(t, d.Commit(bg, stepCommit("t", 1)))
+	path := filepath.Join(t.TempDir(), "b.db")
+	require.NoError(t, os.WriteFile(path+".tmp", []byte("partial"), 0o600))
+	err := d.BackupFile(bg, path)
+	require.ErrorIs(t, err, os.ErrExist)
+	assert.ErrorContains(t, err, path+".tmp is in the way")
+	left, rerr := os.ReadFile(path + ".tmp")
+	require.NoError(t, rerr)
+	assert.Equal(t, "partial", string(left))
+	assert.NoFileExists(t, path)
+
+	require.NoError(t, os.Remove(path+".tmp"))
+	require.NoError(t, d.BackupFile(bg, path))
+}
