@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -227,16 +229,20 @@ func (d *DB) init() error {
 		return false, nil
 	}
 	if d.opts.ReadOnly {
-		return d.db.View(func(tx *bbolt.Tx) error {
+		err := d.db.View(func(tx *bbolt.Tx) error {
 			fresh, err := check(tx)
 			if err == nil && fresh {
 				err = fmt.Errorf("open store %s: %w: the file is empty", d.path, ErrFormat)
+			}
+			if err == nil {
+				err = d.checkBuckets(tx, false)
 			}
 			if err == nil {
 				d.appliance = string(bucket(tx, bucketMeta).Get(metaAppliance))
 			}
 			return err
 		})
+		return err
 	}
 	err := d.db.Update(func(tx *bbolt.Tx) error {
 		fresh, err := check(tx)
@@ -255,6 +261,11 @@ func (d *DB) init() error {
 				return err
 			}
 		}
+		if !fresh {
+			if err := d.checkBuckets(tx, true); err != nil {
+				return err
+			}
+		}
 		// Buckets added later within one format version are created on
 		// first open, so old files of the same version stay readable.
 		for _, name := range dataBuckets {
@@ -265,10 +276,44 @@ func (d *DB) init() error {
 		d.appliance, err = initApplianceID(tx, d.opts.ApplianceID)
 		return err
 	})
-	if err != nil && !errors.Is(err, ErrFormat) {
+	if err != nil && !errors.Is(err, ErrFormat) && !errors.Is(err, ErrDamaged) {
 		return fmt.Errorf("initialize store %s: %w", d.path, err)
 	}
 	return err
+}
+
+// checkBuckets refuses a store that lacks a bucket it cannot do without.
+// A writable open adds the buckets a later binary of the same format
+// version introduced, unless a bucket of a name the store does not know
+// stands beside the missing one: then a damaged page has most likely
+// changed its name, and an empty bucket in its place would hide its
+// records. A read-only open cannot add them.
+func (d *DB) checkBuckets(tx *bbolt.Tx, writable bool) error {
+	var missing, unknown []string
+	for _, name := range dataBuckets {
+		if bucket(tx, name) == nil {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	known := append([]string{bucketMeta}, dataBuckets...)
+	_ = tx.ForEach(func(name []byte, _ *bbolt.Bucket) error {
+		if !slices.Contains(known, string(name)) {
+			unknown = append(unknown, fmt.Sprintf("%q", name))
+		}
+		return nil
+	})
+	switch {
+	case len(unknown) > 0:
+		return fmt.Errorf("open store %s: %w: bucket %s is missing, and the file holds %s, which the store does not know: "+
+			"nothing was changed: restore the last backup", d.path, ErrDamaged, strings.Join(missing, ", "), strings.Join(unknown, ", "))
+	case !writable:
+		return fmt.Errorf("open store %s: %w: bucket %s is missing; opening the store for writing once adds it",
+			d.path, ErrFormat, strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // Close releases the file. Commits still in flight finish first.

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
@@ -41,10 +42,10 @@ const (
 )
 
 type boltMeta struct {
-	pageSize           uint64
-	root, freelist     uint64
-	pgid, txid         uint64
-	valid, versionOnly bool // versionOnly: a bbolt file of another version
+	pageSize       uint64
+	root, freelist uint64
+	pgid, txid     uint64
+	valid          bool
 }
 
 func readMeta(b []byte) boltMeta {
@@ -57,7 +58,6 @@ func readMeta(b []byte) boltMeta {
 		return m
 	}
 	if le.Uint32(b[metaOffset+4:]) != boltVersion {
-		m.versionOnly = true
 		return m
 	}
 	h := fnv.New64a()
@@ -91,22 +91,28 @@ func checkFile(f *os.File) error {
 	if size == 0 {
 		return nil // a new store
 	}
-	first := make([]byte, metaOffset+metaSize)
-	if _, err := f.ReadAt(first, 0); err != nil {
-		return nil // too short for a meta page: bbolt refuses it
+	// Like bbolt: the first meta page gives the page size; when it is
+	// damaged, the second is looked for one OS page in.
+	readAt := func(off int64) boltMeta {
+		b := make([]byte, metaOffset+metaSize)
+		if _, err := f.ReadAt(b, off); err != nil {
+			return boltMeta{}
+		}
+		return readMeta(b)
 	}
-	m0 := readMeta(first)
-	if !m0.valid {
-		return nil // bbolt decides: it may find the second meta page
-	}
-	second := make([]byte, metaOffset+metaSize)
+	m0 := readAt(0)
 	var m1 boltMeta
-	if _, err := f.ReadAt(second, int64(m0.pageSize)); err == nil {
-		m1 = readMeta(second)
+	if m0.valid {
+		m1 = readAt(int64(m0.pageSize))
+	} else {
+		m1 = readAt(int64(os.Getpagesize()))
 	}
 	// bbolt uses the valid meta page with the higher transaction ID.
 	m := m0
-	if m1.valid && m1.pageSize == m0.pageSize && m1.txid > m0.txid {
+	switch {
+	case !m0.valid && !m1.valid:
+		return nil // bbolt refuses the file and names the problem
+	case !m0.valid, m1.valid && m1.pageSize == m0.pageSize && m1.txid > m0.txid:
 		m = m1
 	}
 	if m.pgid > uint64(size)/m.pageSize {
@@ -192,70 +198,95 @@ func (w *pageWalk) freelist(id uint64) error {
 // bucket walks a bucket: the page tree from root, or its inline page.
 func (w *pageWalk) bucket(root uint64, inline []byte, from string) error {
 	if root == 0 {
-		return w.nodes(inline, "an inline bucket in "+from, true)
+		_, err := w.nodes(inline, "an inline bucket in "+from, true, nil, nil)
+		return err
 	}
 	b, err := w.page(root, from)
 	if err != nil {
 		return err
 	}
-	return w.nodes(b, fmt.Sprintf("page %d", root), false)
+	_, err = w.nodes(b, fmt.Sprintf("page %d", root), false, nil, nil)
+	return err
 }
 
 // nodes checks the elements of a branch or leaf page held in b, then walks
-// what they name. An inline page must be a leaf.
-func (w *pageWalk) nodes(b []byte, what string, inline bool) error {
+// what they name, and returns the greatest key below it. An inline page
+// must be a leaf. Keys are checked as bbolt checks them when it opens a
+// file (and panics if they are out of order): ascending within a page, and
+// every key below a branch element from its key up to the next element's.
+func (w *pageWalk) nodes(b []byte, what string, inline bool, minKey, maxKey []byte) ([]byte, error) {
 	if len(b) < pageHeaderSize {
-		return damaged("%s is cut short", what)
+		return nil, damaged("%s is cut short", what)
 	}
 	le := binary.LittleEndian
 	flags, count := le.Uint16(b[8:]), int(le.Uint16(b[10:]))
-	switch {
-	case flags == branchPageFlag && !inline:
-		if pageHeaderSize+count*branchElementSize > len(b) {
-			return damaged("%s has %d elements, more than it holds", what, count)
-		}
-		for i := range count {
-			e := pageHeaderSize + i*branchElementSize
+	branch := flags == branchPageFlag && !inline
+	elemSize := leafElementSize
+	if branch {
+		elemSize = branchElementSize
+	} else if flags != leafPageFlag {
+		return nil, damaged("%s: page type %#x where a branch or leaf page belongs", what, flags)
+	}
+	if pageHeaderSize+count*elemSize > len(b) {
+		return nil, damaged("%s has %d elements, more than it holds", what, count)
+	}
+	key := func(i int) ([]byte, error) {
+		e := pageHeaderSize + i*elemSize
+		if branch {
 			pos, ksize := int(le.Uint32(b[e:])), int(le.Uint32(b[e+4:]))
 			if e+pos+ksize > len(b) {
-				return damaged("%s: element %d's key lies outside the page", what, i)
+				return nil, damaged("%s: element %d's key lies outside the page", what, i)
+			}
+			return b[e+pos : e+pos+ksize], nil
+		}
+		pos, ksize, vsize := int(le.Uint32(b[e+4:])), int(le.Uint32(b[e+8:])), int(le.Uint32(b[e+12:]))
+		if e+pos+ksize+vsize > len(b) {
+			return nil, damaged("%s: element %d's key or value lies outside the page", what, i)
+		}
+		return b[e+pos : e+pos+ksize], nil
+	}
+	prev := minKey
+	for i := range count {
+		k, err := key(i)
+		if err != nil {
+			return nil, err
+		}
+		if prev != nil && (bytes.Compare(prev, k) > 0 || i > 0 && bytes.Equal(prev, k)) {
+			return nil, damaged("%s: element %d's key is out of order", what, i)
+		}
+		if maxKey != nil && bytes.Compare(k, maxKey) >= 0 {
+			return nil, damaged("%s: element %d's key is beyond its branch's range", what, i)
+		}
+		e := pageHeaderSize + i*elemSize
+		if branch {
+			next := maxKey
+			if i+1 < count {
+				if next, err = key(i + 1); err != nil {
+					return nil, err
+				}
 			}
 			child := le.Uint64(b[e+8:])
 			cb, err := w.page(child, what)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			if err := w.nodes(cb, fmt.Sprintf("page %d", child), false); err != nil {
-				return err
+			if prev, err = w.nodes(cb, fmt.Sprintf("page %d", child), false, k, next); err != nil {
+				return nil, err
 			}
+			continue
 		}
-		return nil
-	case flags == leafPageFlag:
-		if pageHeaderSize+count*leafElementSize > len(b) {
-			return damaged("%s has %d elements, more than it holds", what, count)
+		prev = k
+		if le.Uint32(b[e:])&bucketLeafFlag == 0 {
+			continue
 		}
-		for i := range count {
-			e := pageHeaderSize + i*leafElementSize
-			eflags := le.Uint32(b[e:])
-			pos, ksize, vsize := int(le.Uint32(b[e+4:])), int(le.Uint32(b[e+8:])), int(le.Uint32(b[e+12:]))
-			end := e + pos + ksize + vsize
-			if end > len(b) {
-				return damaged("%s: element %d's key or value lies outside the page", what, i)
-			}
-			if eflags&bucketLeafFlag == 0 {
-				continue
-			}
-			v := b[e+pos+ksize : end]
-			if len(v) < inBucketSize {
-				return damaged("%s: element %d is a bucket too short to name its root", what, i)
-			}
-			key := b[e+pos : e+pos+ksize]
-			if err := w.bucket(le.Uint64(v), v[inBucketSize:], fmt.Sprintf("bucket %q (%s)", key, what)); err != nil {
-				return err
-			}
+		pos, ksize, vsize := int(le.Uint32(b[e+4:])), int(le.Uint32(b[e+8:])), int(le.Uint32(b[e+12:]))
+		v := b[e+pos+ksize : e+pos+ksize+vsize]
+		if len(v) < inBucketSize {
+			return nil, damaged("%s: element %d is a bucket too short to name its root", what, i)
 		}
-		return nil
-	default:
-		return damaged("%s: page type %#x where a branch or leaf page belongs", what, flags)
+		if err := w.bucket(le.Uint64(v), v[inBucketSize:], fmt.Sprintf("bucket %q (%s)", k, what)); err != nil {
+			return nil, err
+		}
 	}
+	return prev, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/engine"
 )
@@ -133,4 +135,75 @@ func TestLockFile(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ro.Close())
 	assert.NoFileExists(t, LockFile(path))
+}
+
+// Random bytes of a store overwritten, a few at a time: opening, checking
+// and reading it never panics.
+func TestRandomDamageNeverPanics(t *testing.T) {
+	good, ps := damageFixture(t)
+	rng := rand.New(rand.NewPCG(7, 11))
+	for i := range 300 {
+		b := bytes.Clone(good)
+		for range 1 + rng.IntN(4) {
+			at := rng.IntN(len(b))
+			if rng.IntN(3) == 0 {
+				at = rng.IntN(len(b)/ps)*ps + rng.IntN(pageHeaderSize) // a page header
+			}
+			b[at] = byte(rng.Uint32())
+		}
+		d, err := Open(writeStore(t, b), Options{})
+		if err != nil {
+			continue
+		}
+		_, _ = d.Check(bg)
+		_, _ = d.Runs(bg, engine.RunFilter{})
+		for th := range 5 {
+			_, _ = d.History(bg, fmt.Sprintf("t%d", th), "", "", 0)
+		}
+		require.NoError(t, d.Close(), "case %d", i)
+	}
+}
+
+// A missing bucket beside one the store does not know is damage (a page
+// that changed the bucket's name): the store is refused, not given an empty
+// bucket that would hide the records. A bucket simply missing (added by a
+// later binary of the same format) is added by a writable open.
+func TestMissingBuckets(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	require.NoError(t, d.Commit(bg, stepCommit("t", 1)))
+	require.NoError(t, d.Close())
+	edit := func(fn func(tx *bbolt.Tx) error) {
+		bdb, err := bbolt.Open(path, 0o600, nil)
+		require.NoError(t, err)
+		require.NoError(t, bdb.Update(fn))
+		require.NoError(t, bdb.Close())
+	}
+
+	edit(func(tx *bbolt.Tx) error { return tx.DeleteBucket([]byte(bucketUplink)) })
+	_, err = Open(path, Options{ReadOnly: true})
+	require.ErrorIs(t, err, ErrFormat)
+	assert.ErrorContains(t, err, "opening the store for writing once adds it")
+	d, err = Open(path, Options{})
+	require.NoError(t, err, "a writable open adds it")
+	require.NoError(t, d.Close())
+
+	// "checkpoints" renamed "checkpointz", as a damaged byte would.
+	edit(func(tx *bbolt.Tx) error {
+		old := tx.Bucket([]byte(bucketCheckpoints))
+		renamed, err := tx.CreateBucket([]byte("checkpointz"))
+		require.NoError(t, err)
+		require.NoError(t, old.ForEach(func(k, v []byte) error { return renamed.Put(k, v) }))
+		return tx.DeleteBucket([]byte(bucketCheckpoints))
+	})
+	for _, ro := range []bool{false, true} {
+		_, err = Open(path, Options{ReadOnly: ro})
+		require.ErrorIs(t, err, ErrDamaged)
+		assert.ErrorContains(t, err, `bucket checkpoints is missing, and the file holds "checkpointz"`)
+	}
+	edit(func(tx *bbolt.Tx) error {
+		assert.Nil(t, tx.Bucket([]byte(bucketCheckpoints)), "nothing was added")
+		return nil
+	})
 }
