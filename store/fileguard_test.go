@@ -20,7 +20,7 @@ import (
 
 // damageFixture writes a small store with checkpoints, blobs, runs, an
 // outcome and a nested namespace, and returns its bytes and page size.
-func damageFixture(t *testing.T) ([]byte, int) {
+func damageFixture(t testing.TB) ([]byte, int) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), FileName)
 	d, err := Open(path, Options{})
@@ -205,5 +205,25 @@ func TestMissingBuckets(t *testing.T) {
 	edit(func(tx *bbolt.Tx) error {
 		assert.Nil(t, tx.Bucket([]byte(bucketCheckpoints)), "nothing was added")
 		return nil
+	})
+}
+
+// FuzzOpenFile opens arbitrary bytes as a store file: Open refuses them or
+// opens them, and neither it nor reading what it opened panics.
+func FuzzOpenFile(f *testing.F) {
+	good, _ := damageFixture(f)
+	f.Add(good)
+	f.Add(good[:len(good)/3])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		path := filepath.Join(t.TempDir(), FileName)
+		require.NoError(t, os.WriteFile(path, b, 0o600))
+		d, err := Open(path, Options{ReadOnly: true, Timeout: time.Second})
+		if err != nil {
+			return
+		}
+		_, _ = d.Check(bg)
+		_, _ = d.Runs(bg, engine.RunFilter{})
+		_, _ = d.History(bg, "t1", "", "", 0)
+		require.NoError(t, d.Close())
 	})
 }
