@@ -96,7 +96,12 @@ func (s *Server) parseWait(raw json.RawMessage) (time.Duration, *apiError) {
 			return 0, errorf(http.StatusBadRequest, "bad_wait", "wait: "+err.Error())
 		}
 	case json.Unmarshal(raw, &secs) == nil:
-		d = time.Duration(secs * float64(time.Second))
+		// Converted after the cap: a number past int64 nanoseconds would
+		// otherwise come out as anything, negative included.
+		if secs < 0 {
+			return 0, errorf(http.StatusBadRequest, "bad_wait", "wait is negative")
+		}
+		d = time.Duration(min(secs, s.cfg.MaxWait.Seconds()) * float64(time.Second))
 	default:
 		return 0, errorf(http.StatusBadRequest, "bad_wait", `wait is a duration ("30s") or a number of seconds`)
 	}
