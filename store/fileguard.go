@@ -11,11 +11,13 @@ import (
 
 // A store file can be damaged where bbolt does not look before it trusts
 // it: cut short by a copy that did not finish, or with a page overwritten.
-// Opening it then reads past the end of the mapped file or follows a page
-// ID into garbage, and bbolt panics in a goroutine of its own, which takes
+// Opening it then reads past the end of the mapped file, follows a page ID
+// into garbage or finds keys out of order, and bbolt panics, for some
+// faults in a goroutine of its own where nothing can recover, which takes
 // the whole process down. So before bbolt opens a file, guardFile walks the
 // file's page tree the way bbolt will, checking every page it would read
-// against the file, and refuses a damaged file with ErrDamaged.
+// (IDs, types, bounds, key order) against the file, and refuses a damaged
+// file with ErrDamaged.
 //
 // The walk reads what bbolt's open reads anyway (with NoFreelistSync, bbolt
 // rebuilds its free list by visiting every page), so it costs about as much
