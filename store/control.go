@@ -30,10 +30,20 @@ func ServeControl(ctx context.Context, db *DB, dir string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("control socket: %w", err)
 	}
-	l, err := net.Listen("unix", path)
+	var l net.Listener
+	err := withSocketPath(dir, func(addr string) error {
+		var err error
+		if l, err = net.Listen("unix", addr); err != nil {
+			return err
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
+	// The socket is the folder's to remove (below), not the listener's:
+	// its address may be a path through a descriptor closed by then.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	if err := os.Chmod(path, 0o600); err != nil {
 		l.Close()
 		return fmt.Errorf("control socket: %w", err)
@@ -109,12 +119,42 @@ func DialControl(dir string) (*Control, error) {
 		return nil, fmt.Errorf("no control socket in %s: %w", dir, err)
 	}
 	c := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
+		DialContext: func(ctx context.Context, _, _ string) (conn net.Conn, err error) {
+			err = withSocketPath(dir, func(addr string) error {
+				var d net.Dialer
+				conn, err = d.DialContext(ctx, "unix", addr)
+				return err
+			})
+			return conn, err
 		},
 	}}
 	return &Control{dir: dir, c: c}, nil
+}
+
+// maxSocketPath is the longest path a unix socket address holds (sun_path
+// is 108 bytes on Linux, 104 on the BSDs, with a terminating NUL).
+const maxSocketPath = 103
+
+// withSocketPath calls fn with an address for the control socket in dir.
+// A data folder whose path is too long for a socket address is reached
+// through a descriptor of the folder (/proc/self/fd/N/outpost.sock), open
+// while fn runs; where that does not exist, the error says what is wrong.
+func withSocketPath(dir string, fn func(addr string) error) error {
+	path := filepath.Join(dir, ControlSocket)
+	if len(path) <= maxSocketPath {
+		return fn(path)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	short := fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), ControlSocket)
+	if _, err := os.Stat(filepath.Dir(short)); err != nil {
+		return fmt.Errorf("the data folder's path is %d bytes, too long for a unix socket address (at most %d), "+
+			"and there is no /proc/self/fd to reach it through: use a shorter data folder path", len(path), maxSocketPath)
+	}
+	return fn(short)
 }
 
 func (c *Control) do(ctx context.Context, method, path string, out any) error {

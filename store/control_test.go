@@ -80,3 +80,24 @@ func TestControlBackupNeedsALength(t *testing.T) {
 	_, serr := os.Stat(path)
 	assert.ErrorIs(t, serr, os.ErrNotExist)
 }
+
+// A data folder whose path is too long for a unix socket address still
+// serves its control socket (reached through a descriptor of the folder).
+func TestControlSocketInALongPath(t *testing.T) {
+	dir := t.TempDir()
+	for len(filepath.Join(dir, ControlSocket)) <= maxSocketPath+20 {
+		dir = filepath.Join(dir, "a-rather-long-folder-name")
+	}
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	d, err := OpenDir(dir, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	require.NoError(t, d.Commit(bg, stepCommit("t", 1)))
+	c := serveControl(t, d, dir)
+	rep, err := c.Check(bg)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+	fi, err := os.Stat(filepath.Join(dir, ControlSocket))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+}
