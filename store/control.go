@@ -86,9 +86,12 @@ func ServeControl(ctx context.Context, db *DB, dir string) error {
 	go func() {
 		<-ctx.Done()
 		srv.Close()
-		os.Remove(path)
 	}()
-	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	err = srv.Serve(l)
+	// Removed before ServeControl returns, so a process that waits for it
+	// and exits leaves no socket behind.
+	_ = os.Remove(path)
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("control socket: %w", err)
 	}
 	return nil

@@ -22,6 +22,7 @@ func serveControl(t *testing.T, d *DB, dir string) *Control {
 	t.Cleanup(func() {
 		cancel()
 		require.NoError(t, <-served)
+		assert.NoFileExists(t, filepath.Join(dir, ControlSocket), "the socket is gone when ServeControl returns")
 	})
 	var c *Control
 	require.Eventually(t, func() bool {
