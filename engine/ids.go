@@ -2,6 +2,7 @@ package engine
 
 import (
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,6 +49,14 @@ func observeID(id string) {
 	}
 	idGen.Unlock()
 }
+
+// ObserveID keeps the ids this process makes past id (a checkpoint id, or
+// a run id with its "run_" prefix), one read from a store. A store calls it
+// when it opens with the newest ids it holds, so that ids keep increasing
+// when the clock was set back while the appliance was off (a board without
+// a clock battery, a site with no network to set the time from). Other
+// strings are ignored.
+func ObserveID(id string) { observeID(strings.TrimPrefix(id, "run_")) }
 
 // NewRunID returns a new sortable run id.
 func NewRunID() string { return "run_" + newID() }

@@ -185,6 +185,7 @@ func Open(path string, opts Options) (*DB, error) {
 	if err := d.view(d.tail.load); err != nil {
 		return nil, unlock(errors.Join(fmt.Errorf("open store %s: read the blob log: %w", path, err), bdb.Close()))
 	}
+	_ = d.view(observeNewestIDs)
 	return d, nil
 }
 
@@ -280,6 +281,21 @@ func (d *DB) init() error {
 		return fmt.Errorf("initialize store %s: %w", d.path, err)
 	}
 	return err
+}
+
+// observeNewestIDs hands the newest checkpoint and run ids to the engine's
+// id generator (see engine.ObserveID). Both buckets are keyed by id first,
+// so the newest is the last key.
+func observeNewestIDs(tx *bbolt.Tx) error {
+	if k, _ := bucket(tx, bucketCheckpoints).Cursor().Last(); k != nil {
+		if _, _, id, ok := splitCheckpointKey(k); ok {
+			engine.ObserveID(id)
+		}
+	}
+	if k, _ := bucket(tx, bucketRuns).Cursor().Last(); k != nil {
+		engine.ObserveID(string(k))
+	}
+	return nil
 }
 
 // checkBuckets refuses a store that lacks a bucket it cannot do without.

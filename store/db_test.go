@@ -218,3 +218,23 @@ func TestOpenStampsFormat3(t *testing.T) {
 	defer d.Close()
 	assert.Equal(t, strconv.Itoa(formatVersion), version(d))
 }
+
+// A store opening hands its newest ids to the engine, so ids stay
+// increasing when the clock was set back while the appliance was off.
+func TestOpenKeepsIDsIncreasing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	ahead := fmt.Sprintf("%016x", time.Now().Add(time.Hour).UnixNano()) // written before the clock went back
+	require.NoError(t, d.Commit(bg, &engine.Commit{
+		Checkpoint: &engine.Checkpoint{Thread: "t", ID: ahead, Created: tc0},
+		Run:        &engine.Run{ID: "run_" + ahead, Thread: "t", Status: engine.StatusCompleted, Checkpoint: ahead},
+		Sync:       true,
+	}))
+	require.NoError(t, d.Close())
+
+	d, err = Open(path, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	assert.Greater(t, engine.NewRunID(), "run_"+ahead)
+}
