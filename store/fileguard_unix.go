@@ -31,20 +31,20 @@ func lockStore(path string, readOnly bool, timeout time.Duration) (*os.File, err
 	} else if f, err = os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		return nil, err
 	}
-	how := syscall.LOCK_EX
-	if readOnly {
-		how = syscall.LOCK_SH
-	}
-	if err := flockWithin(f, how, timeout); err != nil {
+	if err := flockWithin(f, readOnly, timeout); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return f, nil
 }
 
-// flockWithin takes a flock on f, trying until timeout; errLocked when it
-// could not.
-func flockWithin(f *os.File, how int, timeout time.Duration) error {
+// flockWithin takes a flock on f, shared to read and exclusive to write,
+// trying until timeout; errLocked when it could not.
+func flockWithin(f *os.File, readOnly bool, timeout time.Duration) error {
+	how := syscall.LOCK_EX
+	if readOnly {
+		how = syscall.LOCK_SH
+	}
 	deadline := time.Now().Add(timeout)
 	for {
 		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
@@ -74,11 +74,7 @@ func guardFile(path string, readOnly bool, timeout time.Duration) error {
 		return err
 	}
 	defer f.Close()
-	how := syscall.LOCK_EX
-	if readOnly {
-		how = syscall.LOCK_SH
-	}
-	if err := flockWithin(f, how, timeout); err != nil {
+	if err := flockWithin(f, readOnly, timeout); err != nil {
 		return err
 	}
 	defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
