@@ -290,15 +290,39 @@ func (l *leafCheck) finish(ctx context.Context, rep *CheckReport) error {
 
 // forEach walks a bucket, stopping early only when ctx ends.
 func forEach(ctx context.Context, tx *bbolt.Tx, name string, fn func(k, v []byte)) error {
+	p, _ := ctx.Value(progressKey{}).(*progress)
 	c := bucket(tx, name).Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		fn(k, v)
+		if p != nil {
+			if p.records++; p.records%progressEvery == 0 {
+				p.fn(p.records)
+			}
+		}
 	}
 	return nil
 }
+
+// WithProgress returns a context under which Check calls fn with the number
+// of records it has read so far, every few thousand records, so that a
+// long check on a large store can show that it is moving. fn runs on the
+// checking goroutine.
+func WithProgress(ctx context.Context, fn func(records int)) context.Context {
+	return context.WithValue(ctx, progressKey{}, &progress{fn: fn})
+}
+
+type progressKey struct{}
+
+type progress struct {
+	fn      func(records int)
+	records int
+}
+
+// progressEvery is how many records Check reads between two reports.
+var progressEvery = 20000
 
 // checkBlobs verifies the blob log and its index: every record decodes and
 // hashes to its key's reference, every blob up to the indexed mark is

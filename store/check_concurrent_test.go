@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // Check runs while writers commit: bbolt's page check must not race
@@ -58,4 +60,27 @@ func TestCheckWhileWriting(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+// Under WithProgress, Check reports how many records it has read, rising.
+func TestCheckReportsProgress(t *testing.T) {
+	defer func(n int) { progressEvery = n }(progressEvery)
+	progressEvery = 5
+	d := openTest(t)
+	for i := 1; i <= 12; i++ {
+		require.NoError(t, d.Commit(bg, stepCommit("t", i)))
+	}
+	var seen []int
+	rep, err := d.Check(WithProgress(bg, func(n int) { seen = append(seen, n) }))
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "%v", rep.Problems)
+	// Every record is read once at least (index entries count too).
+	total := 0
+	for _, n := range rep.Records {
+		total += n
+	}
+	require.GreaterOrEqual(t, len(seen), total/5, "%v", seen)
+	for i, n := range seen {
+		assert.Equal(t, 5*(i+1), n)
+	}
 }

@@ -42,7 +42,7 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	switch sub {
 	case "check":
-		return dbCheck(ctx, *data, *asJSON, stdout)
+		return dbCheck(ctx, *data, *asJSON, stdout, stderr)
 	case "backup":
 		if fs.NArg() != 1 {
 			return fmt.Errorf("backup needs the destination file: outpost db backup FILE")
@@ -82,8 +82,17 @@ func withStore(dir string, local func(*store.DB) error, remote func(*store.Contr
 	return local(db)
 }
 
-func dbCheck(ctx context.Context, dir string, asJSON bool, stdout io.Writer) error {
+func dbCheck(ctx context.Context, dir string, asJSON bool, stdout, stderr io.Writer) error {
 	var rep *store.CheckReport
+	// A check that runs long says how far it has got, on stderr, every few
+	// seconds; a short one prints nothing more.
+	start, last := time.Now(), time.Now()
+	ctx = store.WithProgress(ctx, func(n int) {
+		if time.Since(last) >= 3*time.Second {
+			last = time.Now()
+			fmt.Fprintf(stderr, "check: %d records read in %s…\n", n, time.Since(start).Round(time.Second))
+		}
+	})
 	err := withStore(dir,
 		func(db *store.DB) (err error) { rep, err = db.Check(ctx); return err },
 		func(c *store.Control) (err error) { rep, err = c.Check(ctx); return err })
