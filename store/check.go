@@ -290,26 +290,22 @@ func (l *leafCheck) finish(ctx context.Context, rep *CheckReport) error {
 
 // forEach walks a bucket, stopping early only when ctx ends.
 func forEach(ctx context.Context, tx *bbolt.Tx, name string, fn func(k, v []byte)) error {
-	p, _ := ctx.Value(progressKey{}).(*progress)
+	p := progressOf(ctx)
 	c := bucket(tx, name).Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		fn(k, v)
-		if p != nil {
-			if p.records++; p.records%progressEvery == 0 {
-				p.fn(p.records)
-			}
-		}
+		p.read()
 	}
 	return nil
 }
 
-// WithProgress returns a context under which Check calls fn with the number
-// of records it has read so far, every few thousand records, so that a
-// long check on a large store can show that it is moving. fn runs on the
-// checking goroutine.
+// WithProgress returns a context under which Check and Prune call fn with
+// the number of records they have read so far, every few thousand records,
+// so that a long run on a large store can show that it is moving. fn runs
+// on the goroutine doing the work.
 func WithProgress(ctx context.Context, fn func(records int)) context.Context {
 	return context.WithValue(ctx, progressKey{}, &progress{fn: fn})
 }
@@ -319,6 +315,22 @@ type progressKey struct{}
 type progress struct {
 	fn      func(records int)
 	records int
+}
+
+// progressOf returns ctx's progress, or nil, whose read does nothing.
+func progressOf(ctx context.Context) *progress {
+	p, _ := ctx.Value(progressKey{}).(*progress)
+	return p
+}
+
+// read counts a record, and reports every progressEvery.
+func (p *progress) read() {
+	if p == nil {
+		return
+	}
+	if p.records++; p.records%progressEvery == 0 {
+		p.fn(p.records)
+	}
 }
 
 // progressEvery is how many records Check reads between two reports.

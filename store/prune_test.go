@@ -314,3 +314,20 @@ func TestPruneKeepsYoungBlobsWhateverTheCutoff(t *testing.T) {
 	_, err = d.Blob(bg, young)
 	require.ErrorIs(t, err, engine.ErrBlobNotFound)
 }
+
+// Under WithProgress, Prune reports the records it has read, as Check does.
+func TestPruneReportsProgress(t *testing.T) {
+	defer func(n int) { progressEvery = n }(progressEvery)
+	progressEvery = 3
+	d := openTest(t)
+	for i := 1; i <= 6; i++ {
+		require.NoError(t, d.Commit(bg, stepCommit("t", i)))
+	}
+	var seen []int
+	_, err := d.Prune(WithProgress(bg, func(n int) { seen = append(seen, n) }), time.Hour, time.Now())
+	require.NoError(t, err)
+	require.NotEmpty(t, seen)
+	for i, n := range seen {
+		assert.Equal(t, 3*(i+1), n)
+	}
+}

@@ -54,7 +54,7 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if *olderThan <= 0 {
 			return fmt.Errorf("prune needs --older-than, a positive duration such as 720h")
 		}
-		return dbPrune(ctx, *data, *olderThan, *asJSON, stdout)
+		return dbPrune(ctx, *data, *olderThan, *asJSON, stdout, stderr)
 	}
 	fmt.Fprint(stderr, dbUsage)
 	return fmt.Errorf("unknown db subcommand %q", sub)
@@ -82,17 +82,21 @@ func withStore(dir string, local func(*store.DB) error, remote func(*store.Contr
 	return local(db)
 }
 
-func dbCheck(ctx context.Context, dir string, asJSON bool, stdout, stderr io.Writer) error {
-	var rep *store.CheckReport
-	// A check that runs long says how far it has got, on stderr, every few
-	// seconds; a short one prints nothing more.
+// withProgress makes a long check or prune say how far it has got, on
+// stderr, every few seconds; a short one prints nothing more.
+func withProgress(ctx context.Context, what string, stderr io.Writer) context.Context {
 	start, last := time.Now(), time.Now()
-	ctx = store.WithProgress(ctx, func(n int) {
+	return store.WithProgress(ctx, func(n int) {
 		if time.Since(last) >= 3*time.Second {
 			last = time.Now()
-			fmt.Fprintf(stderr, "check: %d records read in %s…\n", n, time.Since(start).Round(time.Second))
+			fmt.Fprintf(stderr, "%s: %d records read in %s…\n", what, n, time.Since(start).Round(time.Second))
 		}
 	})
+}
+
+func dbCheck(ctx context.Context, dir string, asJSON bool, stdout, stderr io.Writer) error {
+	var rep *store.CheckReport
+	ctx = withProgress(ctx, "check", stderr)
 	err := withStore(dir,
 		func(db *store.DB) (err error) { rep, err = db.Check(ctx); return err },
 		func(c *store.Control) (err error) { rep, err = c.Check(ctx); return err })
@@ -168,8 +172,9 @@ func dbCompact(ctx context.Context, dir string, asJSON bool, stdout io.Writer) e
 	return nil
 }
 
-func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bool, stdout io.Writer) error {
+func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bool, stdout, stderr io.Writer) error {
 	var rep *store.PruneReport
+	ctx = withProgress(ctx, "prune", stderr)
 	err := withStore(dir,
 		func(db *store.DB) (err error) { rep, err = db.Prune(ctx, olderThan, time.Now()); return err },
 		func(c *store.Control) (err error) { rep, err = c.Prune(ctx, olderThan); return err })
