@@ -290,13 +290,21 @@ func (l *leafCheck) finish(ctx context.Context, rep *CheckReport) error {
 
 // forEach walks a bucket, stopping early only when ctx ends.
 func forEach(ctx context.Context, tx *bbolt.Tx, name string, fn func(k, v []byte)) error {
+	return eachRecord(ctx, tx, name, func(k, v []byte) error { fn(k, v); return nil })
+}
+
+// eachRecord calls fn for each record of a bucket until fn fails or ctx
+// ends, counting the records for WithProgress.
+func eachRecord(ctx context.Context, tx *bbolt.Tx, name string, fn func(k, v []byte) error) error {
 	p := progressOf(ctx)
 	c := bucket(tx, name).Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		fn(k, v)
+		if err := fn(k, v); err != nil {
+			return err
+		}
 		p.read()
 	}
 	return nil
@@ -333,7 +341,8 @@ func (p *progress) read() {
 	}
 }
 
-// progressEvery is how many records Check reads between two reports.
+// progressEvery is how many records Check or Prune reads between two
+// reports.
 var progressEvery = 20000
 
 // checkBlobs verifies the blob log and its index: every record decodes and

@@ -130,9 +130,14 @@ func (q *committer) lead(self *request) {
 	n := min(len(q.queue), maxBatch)
 	batch := q.queue[:n:n]
 	q.queue = append([]*request(nil), q.queue[n:]...)
+	broken := q.broken
 	q.mu.Unlock()
 
-	q.run(batch)
+	if broken != nil { // requests queued before the store broke
+		failAll(batch, broken)
+	} else {
+		q.run(batch)
+	}
 
 	q.mu.Lock()
 	var next *request
@@ -166,13 +171,6 @@ func (q *committer) run(batch []*request) {
 	}
 	pending := batch
 	for len(pending) > 0 {
-		q.mu.Lock()
-		broken := q.broken
-		q.mu.Unlock()
-		if broken != nil { // requests queued before it broke
-			failAll(pending, broken)
-			return
-		}
 		if fp := failpoint.beforeCommitTx; fp != nil {
 			if err := fp(len(pending)); err != nil {
 				failAll(pending, fmt.Errorf("group commit: %w", err))
@@ -247,11 +245,11 @@ func (q *committer) run(batch []*request) {
 }
 
 // breakDown makes every later write fail with err, and returns the error
-// they fail with. After a failed write or
-// fsync, what the transaction wrote may or may not be on disk, and bbolt's
-// view of its free pages may disagree with the file (its meta page may
-// already name the transaction it rolled back), so writing on could
-// overwrite live pages. Restarting reads the file as it is.
+// they fail with. After a failed write or fsync, what the transaction
+// wrote may or may not be on disk, and bbolt's view of its free pages may
+// disagree with the file (its meta page may already name the transaction
+// it rolled back), so writing on could overwrite live pages. Restarting
+// reads the file as it is.
 func (q *committer) breakDown(err error) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -346,13 +344,11 @@ func prepareCommit(c *engine.Commit, now time.Time, appliance string, view func(
 		if err := validKeyPart("run ID", c.Run.ID, true); err != nil {
 			return nil, nil, fmt.Errorf("commit run: %w", err)
 		}
-		rec, extra, err := encodeRun(c.Run)
-		if err != nil {
-			return nil, nil, fmt.Errorf("commit run %s: %w", c.Run.ID, err)
-		}
+		rec, extra := encodeRun(c.Run)
 		run = &encodedKV{[]byte(c.Run.ID), rec}
 		if leavesOutcome(c.Run.Status) {
 			var data []byte
+			var err error
 			if outcome, data, err = newPendingOutcome(c, appliance, now, view); err != nil {
 				return nil, nil, fmt.Errorf("commit run %s: outcome: %w", c.Run.ID, err)
 			}

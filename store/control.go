@@ -31,12 +31,9 @@ func ServeControl(ctx context.Context, db *DB, dir string) error {
 		return fmt.Errorf("control socket: %w", err)
 	}
 	var l net.Listener
-	err := withSocketPath(dir, func(addr string) error {
-		var err error
-		if l, err = net.Listen("unix", addr); err != nil {
-			return err
-		}
-		return nil
+	err := withSocketPath(dir, func(addr string) (err error) {
+		l, err = net.Listen("unix", addr)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)

@@ -182,10 +182,16 @@ func Open(path string, opts Options) (*DB, error) {
 	if err := d.init(); err != nil {
 		return nil, unlock(errors.Join(err, bdb.Close()))
 	}
-	if err := d.view(d.tail.load); err != nil {
+	err = d.view(func(tx *bbolt.Tx) error {
+		if err := d.tail.load(tx); err != nil {
+			return err
+		}
+		observeNewestIDs(tx)
+		return nil
+	})
+	if err != nil {
 		return nil, unlock(errors.Join(fmt.Errorf("open store %s: read the blob log: %w", path, err), bdb.Close()))
 	}
-	_ = d.view(observeNewestIDs)
 	return d, nil
 }
 
@@ -230,7 +236,7 @@ func (d *DB) init() error {
 		return false, nil
 	}
 	if d.opts.ReadOnly {
-		err := d.db.View(func(tx *bbolt.Tx) error {
+		return d.db.View(func(tx *bbolt.Tx) error {
 			fresh, err := check(tx)
 			if err == nil && fresh {
 				err = fmt.Errorf("open store %s: %w: the file is empty", d.path, ErrFormat)
@@ -243,7 +249,6 @@ func (d *DB) init() error {
 			}
 			return err
 		})
-		return err
 	}
 	err := d.db.Update(func(tx *bbolt.Tx) error {
 		fresh, err := check(tx)
@@ -286,7 +291,7 @@ func (d *DB) init() error {
 // observeNewestIDs hands the newest checkpoint and run ids to the engine's
 // id generator (see engine.ObserveID). Both buckets are keyed by id first,
 // so the newest is the last key.
-func observeNewestIDs(tx *bbolt.Tx) error {
+func observeNewestIDs(tx *bbolt.Tx) {
 	if k, _ := bucket(tx, bucketCheckpoints).Cursor().Last(); k != nil {
 		if _, _, id, ok := splitCheckpointKey(k); ok {
 			engine.ObserveID(id)
@@ -295,7 +300,6 @@ func observeNewestIDs(tx *bbolt.Tx) error {
 	if k, _ := bucket(tx, bucketRuns).Cursor().Last(); k != nil {
 		engine.ObserveID(string(k))
 	}
-	return nil
 }
 
 // checkBuckets refuses a store that lacks a bucket it cannot do without.

@@ -530,16 +530,5 @@ func (p *pruner) collectBlobs() error {
 
 // walk visits a bucket's records, stopping at the first error.
 func (p *pruner) walk(name string, fn func(k, v []byte) error) error {
-	pr := progressOf(p.ctx)
-	c := bucket(p.tx, name).Cursor()
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if err := p.ctx.Err(); err != nil {
-			return err
-		}
-		if err := fn(k, v); err != nil {
-			return err
-		}
-		pr.read()
-	}
-	return nil
+	return eachRecord(p.ctx, p.tx, name, fn)
 }

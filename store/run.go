@@ -83,7 +83,14 @@ func (rb runBlobs) each(fn func(engine.BlobRef)) {
 }
 
 // encodeRun encodes r, returning the blobs that must be stored with it.
-func encodeRun(r *engine.Run) ([]byte, map[engine.BlobRef][]byte, error) {
+func encodeRun(r *engine.Run) ([]byte, map[engine.BlobRef][]byte) {
+	rec, blobs := newRunRecord(r)
+	return encodeRunRecord(&rec), blobs
+}
+
+// newRunRecord is r as a record holds it: a large input or output is a
+// blob, returned with it.
+func newRunRecord(r *engine.Run) (runRecord, map[engine.BlobRef][]byte) {
 	rec := runRecord{
 		ID: r.ID, Thread: r.Thread, Agent: r.Agent, Status: r.Status, Bundle: r.Bundle,
 		CorrelationID: r.CorrelationID, Input: r.Input, Output: r.Output, Error: r.Error,
@@ -112,7 +119,7 @@ func encodeRun(r *engine.Run) ([]byte, map[engine.BlobRef][]byte, error) {
 		rec.Decisions = append(rec.Decisions, decisionRecord{
 			Interrupt: dr.Interrupt, Decision: dr.Decision, Value: dr.Value, Reason: dr.Reason, By: dr.By, At: dr.At})
 	}
-	return encodeRunRecord(&rec), blobs, nil
+	return rec, blobs
 }
 
 func encodeRunRecord(r *runRecord) []byte {
