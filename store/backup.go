@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"go.etcd.io/bbolt"
 )
@@ -56,10 +57,16 @@ func (d *DB) Compact(ctx context.Context, dst string) error {
 	if err != nil {
 		return fmt.Errorf("compact store: create %s: %w", dst, err)
 	}
-	// bbolt commits every txMaxSize bytes, bounding memory on large stores.
-	err = bbolt.Compact(out, d.db, 64<<20)
+	err = d.view(func(tx *bbolt.Tx) error { return copyInto(ctx, out, tx, compactTxBytes) })
+	var used int64
+	if err == nil {
+		err = out.View(func(tx *bbolt.Tx) error { used = tx.Size(); return nil })
+	}
 	if cerr := out.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil {
+		err = trimFile(dst, used)
 	}
 	if err == nil {
 		err = syncDir(filepath.Dir(dst))
@@ -68,6 +75,106 @@ func (d *DB) Compact(ctx context.Context, dst string) error {
 		return fmt.Errorf("compact store %s to %s: %w", d.path, dst, errors.Join(err, os.Remove(dst)))
 	}
 	return nil
+}
+
+// trimFile cuts the file at path down to size bytes, when it is longer,
+// and fsyncs it. bbolt grows a file ahead of its pages, by up to 16 MB at a
+// time; a compacted copy need not keep that room, so a store with nothing
+// to drop does not come out of compaction larger than it went in.
+func trimFile(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.Size() > size {
+		err = f.Truncate(size)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	return errors.Join(err, f.Close())
+}
+
+// compactTxBytes bounds one transaction of a compaction's copy, and so
+// the memory it takes on a large store.
+const compactTxBytes = 64 << 20
+
+// copyInto copies every bucket of src, nested ones and sequences included,
+// into the empty store out, packing pages full, and commits every maxBytes
+// of keys and values. It is bbolt's Compact, made to stop when ctx ends and
+// to report the records it has copied to ctx's progress (see WithProgress).
+func copyInto(ctx context.Context, out *bbolt.DB, src *bbolt.Tx, maxBytes int) error {
+	tx, err := out.Begin(true)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	p, size := progressOf(ctx), 0
+	// put writes one record, or makes one nested bucket (v nil), under the
+	// bucket at path, after committing when the transaction is full.
+	var put func(path [][]byte, k, v []byte, seq uint64) error
+	put = func(path [][]byte, k, v []byte, seq uint64) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if size += len(k) + len(v); size > maxBytes {
+			if err := tx.Commit(); err != nil {
+				return err
+			}
+			if tx, err = out.Begin(true); err != nil {
+				return err
+			}
+			size = len(k) + len(v)
+		}
+		if v != nil {
+			p.read()
+			b := tx.Bucket(path[0])
+			for _, name := range path[1:] {
+				b = b.Bucket(name)
+			}
+			b.FillPercent = 1
+			return b.Put(k, v)
+		}
+		var nb *bbolt.Bucket
+		if len(path) == 0 {
+			nb, err = tx.CreateBucket(k)
+		} else {
+			b := tx.Bucket(path[0])
+			for _, name := range path[1:] {
+				b = b.Bucket(name)
+			}
+			b.FillPercent = 1
+			nb, err = b.CreateBucket(k)
+		}
+		if err != nil {
+			return err
+		}
+		return nb.SetSequence(seq)
+	}
+	var walk func(path [][]byte, b *bbolt.Bucket) error
+	walk = func(path [][]byte, b *bbolt.Bucket) error {
+		return b.ForEach(func(k, v []byte) error {
+			if v != nil {
+				return put(path, k, v, 0)
+			}
+			child := b.Bucket(k)
+			if err := put(path, k, nil, child.Sequence()); err != nil {
+				return err
+			}
+			return walk(append(slices.Clip(path), k), child)
+		})
+	}
+	err = src.ForEach(func(name []byte, b *bbolt.Bucket) error {
+		if err := put(nil, name, nil, b.Sequence()); err != nil {
+			return err
+		}
+		return walk([][]byte{name}, b)
+	})
+	if err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // CompactFile compacts the store at path in place. It opens the store

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/engine"
 )
@@ -128,6 +129,70 @@ func TestCompact(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, ws, 2)
 	assert.Equal(t, "later", ws[1].TaskID)
+}
+
+// A compaction reports the records it copies, and one whose context ends
+// stops, leaves the store as it was and no copy behind.
+func TestCompactReportsProgressAndStops(t *testing.T) {
+	defer func(n int) { progressEvery = n }(progressEvery)
+	progressEvery = 4
+	dir := t.TempDir()
+	path := filepath.Join(dir, FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	for i := 1; i <= 20; i++ {
+		require.NoError(t, d.Commit(bg, stepCommit("t", i)))
+	}
+	require.NoError(t, d.Close())
+	orig, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	var seen []int
+	before, after, err := CompactFile(WithProgress(bg, func(n int) { seen = append(seen, n) }), path, Options{})
+	require.NoError(t, err)
+	assert.Less(t, after, before)
+	require.NotEmpty(t, seen)
+	for i, n := range seen {
+		assert.Equal(t, 4*(i+1), n)
+	}
+	d, err = Open(path, Options{ReadOnly: true})
+	require.NoError(t, err)
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	// Every record was copied: the progress count is the records Check reads
+	// in the data buckets, give or take the last partial step.
+	total := 0
+	for _, n := range rep.Records {
+		total += n
+	}
+	assert.GreaterOrEqual(t, 4*len(seen)+4, total-rep.Records["blobindex"])
+	// The copy keeps no room beyond its pages.
+	require.NoError(t, d.view(func(tx *bbolt.Tx) error {
+		assert.Equal(t, after, tx.Size())
+		return nil
+	}))
+	require.NoError(t, d.Close())
+
+	// Stopped on its second report: an error naming the cancellation, the
+	// file's pages as before (opening it for writing commits an empty
+	// transaction, which rewrites a meta page only), no copy left.
+	require.NoError(t, os.WriteFile(path, orig, 0o600))
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	calls := 0
+	_, _, err = CompactFile(WithProgress(ctx, func(int) {
+		if calls++; calls == 2 {
+			cancel()
+		}
+	}), path, Options{})
+	require.ErrorIs(t, err, context.Canceled)
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	metaPages := 2 * os.Getpagesize()
+	require.Len(t, got, len(orig))
+	assert.Equal(t, orig[metaPages:], got[metaPages:])
+	_, err = os.Stat(path + ".compact")
+	assert.ErrorIs(t, err, os.ErrNotExist)
 }
 
 // An Open that waits while a compaction holds the store ends up on the

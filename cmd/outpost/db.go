@@ -20,7 +20,8 @@ const dbUsage = `Usage: outpost db <check|backup|compact|prune> [flags]
 
   check              verify bbolt's pages, every record's checksum, and that every referenced blob exists
   backup FILE        write a consistent copy of the store to FILE (works while serve runs)
-  compact            rewrite the store without free pages (stop serve first)
+  compact            rewrite the store without free pages (stop serve first); interrupted, it
+                     leaves the store as it was
   prune --older-than D
                      drop the intermediate checkpoints of finished threads idle for D, then collect
                      the blobs nothing names (a blob is kept for at least 24h, whatever D)
@@ -49,7 +50,7 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		return dbBackup(ctx, *data, fs.Arg(0), *asJSON, stdout)
 	case "compact":
-		return dbCompact(ctx, *data, *asJSON, stdout)
+		return dbCompact(ctx, *data, *asJSON, stdout, stderr)
 	case "prune":
 		if *olderThan <= 0 {
 			return fmt.Errorf("prune needs --older-than, a positive duration such as 720h")
@@ -82,21 +83,22 @@ func withStore(dir string, local func(*store.DB) error, remote func(*store.Contr
 	return local(db)
 }
 
-// withProgress makes a long check or prune say how far it has got, on
-// stderr, every few seconds; a short one prints nothing more.
-func withProgress(ctx context.Context, what string, stderr io.Writer) context.Context {
+// withProgress makes a long check, prune or compaction say how far it has
+// got, on stderr, every few seconds; a short one prints nothing more. done
+// says what happens to the records: "read", "copied".
+func withProgress(ctx context.Context, what, done string, stderr io.Writer) context.Context {
 	start, last := time.Now(), time.Now()
 	return store.WithProgress(ctx, func(n int) {
 		if time.Since(last) >= 3*time.Second {
 			last = time.Now()
-			fmt.Fprintf(stderr, "%s: %d records read in %s…\n", what, n, time.Since(start).Round(time.Second))
+			fmt.Fprintf(stderr, "%s: %d records %s in %s…\n", what, n, done, time.Since(start).Round(time.Second))
 		}
 	})
 }
 
 func dbCheck(ctx context.Context, dir string, asJSON bool, stdout, stderr io.Writer) error {
 	var rep *store.CheckReport
-	ctx = withProgress(ctx, "check", stderr)
+	ctx = withProgress(ctx, "check", "read", stderr)
 	err := withStore(dir,
 		func(db *store.DB) (err error) { rep, err = db.Check(ctx); return err },
 		func(c *store.Control) (err error) { rep, err = c.Check(ctx); return err })
@@ -157,7 +159,8 @@ func dbBackup(ctx context.Context, dir, dst string, asJSON bool, stdout io.Write
 	return nil
 }
 
-func dbCompact(ctx context.Context, dir string, asJSON bool, stdout io.Writer) error {
+func dbCompact(ctx context.Context, dir string, asJSON bool, stdout, stderr io.Writer) error {
+	ctx = withProgress(ctx, "compact", "copied", stderr)
 	before, after, err := store.CompactFile(ctx, filepath.Join(dir, store.FileName), store.Options{})
 	if errors.Is(err, store.ErrInUse) {
 		return fmt.Errorf("%w: compact needs the store to itself; stop serve first", err)
@@ -174,7 +177,7 @@ func dbCompact(ctx context.Context, dir string, asJSON bool, stdout io.Writer) e
 
 func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bool, stdout, stderr io.Writer) error {
 	var rep *store.PruneReport
-	ctx = withProgress(ctx, "prune", stderr)
+	ctx = withProgress(ctx, "prune", "read", stderr)
 	err := withStore(dir,
 		func(db *store.DB) (err error) { rep, err = db.Prune(ctx, olderThan, time.Now()); return err },
 		func(c *store.Control) (err error) { rep, err = c.Prune(ctx, olderThan); return err })
