@@ -79,9 +79,12 @@ func recordWrites(t *testing.T, d *DB) *writeLog {
 }
 
 // ackedCommit is a commit that returned: after a power cut at any point
-// past its meta page's fsync, it must be in the store.
+// past its meta page's fsync, it must be in the store. A commit of a step,
+// or (with tool set) a tool call's intent, or its result when done.
 type ackedCommit struct {
 	thread, id string
+	tool       string
+	done       bool
 	writes     int // writes logged when it returned
 }
 
@@ -100,8 +103,8 @@ func TestPowerCutKeepsEveryAckedCommit(t *testing.T) {
 	log := recordWrites(t, d)
 
 	// Concurrent threads, so commits share transactions: steps with small
-	// and large blobs (overflow pages), then a completed run, which appends
-	// to the outcome ledger.
+	// and large blobs (overflow pages), tool calls' intents and results,
+	// then a completed run, which appends to the outcome ledger.
 	var mu sync.Mutex
 	var acked []ackedCommit
 	var wg sync.WaitGroup
@@ -124,8 +127,25 @@ func TestPowerCutKeepsEveryAckedCommit(t *testing.T) {
 					return
 				}
 				mu.Lock()
-				acked = append(acked, ackedCommit{thread, c.Checkpoint.ID, log.len()})
+				acked = append(acked, ackedCommit{thread: thread, id: c.Checkpoint.ID, writes: log.len()})
 				mu.Unlock()
+				if i%4 == 2 {
+					// A tool call: its intent before it runs, its result after.
+					key := fmt.Sprintf("run-%s:%d:task:0", thread, i)
+					call := ToolCall{RunID: "run-" + thread, Tool: "lookup", ArgsHash: "h" + key}
+					if !assert.NoError(t, d.PutToolIntent(bg, key, call)) {
+						return
+					}
+					n := log.len()
+					call.Result = engine.Value{Inline: []byte(`"ok"`)}
+					if !assert.NoError(t, d.PutToolResult(bg, key, call)) {
+						return
+					}
+					mu.Lock()
+					acked = append(acked, ackedCommit{thread: thread, tool: key, writes: n},
+						ackedCommit{thread: thread, tool: key, done: true, writes: log.len()})
+					mu.Unlock()
+				}
 			}
 		}()
 	}
@@ -138,7 +158,7 @@ func TestPowerCutKeepsEveryAckedCommit(t *testing.T) {
 	require.Positive(t, rep.CheckpointsRemoved)
 	for i := 1; i <= 10; i++ {
 		require.NoError(t, d.Commit(bg, stepCommit("late", i)))
-		acked = append(acked, ackedCommit{"late", fmt.Sprintf("%04d", i), log.len()})
+		acked = append(acked, ackedCommit{thread: "late", id: fmt.Sprintf("%04d", i), writes: log.len()})
 	}
 	require.NoError(t, d.Close())
 	writes := log.writes
@@ -203,7 +223,7 @@ func TestPowerCutKeepsEveryAckedCommit(t *testing.T) {
 			// Once the prune may be on disk, only a thread's last
 			// checkpoint must be.
 			must := func(a ackedCommit) bool {
-				return a.writes <= durable && (durable <= pruneFrom || a.thread == "late" || a.id == "0020")
+				return a.writes <= durable && (durable <= pruneFrom || a.thread == "late" || a.id == "0020" || a.tool != "")
 			}
 			checkCutFile(t, img, name, acked, must)
 			require.NoError(t, os.Remove(img))
@@ -225,6 +245,15 @@ func checkCutFile(t *testing.T, path, name string, acked []ackedCommit, must fun
 	require.True(t, rep.OK(), "%s: %v", name, rep.Problems)
 	for _, a := range acked {
 		if !must(a) {
+			continue
+		}
+		if a.tool != "" {
+			tc, err := d.ToolCall(bg, a.tool)
+			require.NoError(t, err, "%s: acked tool call %s", name, a.tool)
+			require.NotNil(t, tc, "%s: acked tool call %s", name, a.tool)
+			if a.done {
+				require.Equal(t, ToolCallDone, tc.Status, "%s: acked tool result %s", name, a.tool)
+			}
 			continue
 		}
 		cp, err := d.Checkpoint(bg, a.thread, "", a.id)
