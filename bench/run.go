@@ -43,7 +43,10 @@ type Result struct {
 	CommitMS       float64 `json:"commit_ms,omitempty"`
 	CommitsPerTurn float64 `json:"commits_per_turn,omitempty"`
 	CeilingTurnsPS float64 `json:"ceiling_turns_per_s,omitempty"`
-	Transactions   int64   `json:"transactions,omitempty"`
+	// Commits is the number of commits the store took, and Transactions
+	// the fsynced bbolt transactions they shared (group commit).
+	Commits      int64 `json:"commits,omitempty"`
+	Transactions int64 `json:"transactions,omitempty"`
 }
 
 // Run executes the workload: every thread runs its turns one after another,
