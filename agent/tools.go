@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 	"unicode"
 
+	"github.com/outpost-edge/outpost/internal/fsync"
 	"github.com/outpost-edge/outpost/policy"
 )
 
@@ -289,6 +291,7 @@ func (n *FileNotes) Put(_ context.Context, note Note) (bool, error) {
 // previous torn line (no trailing newline) is terminated first, so the new
 // line is never glued to it.
 func appendLine(path string, line []byte) error {
+	_, statErr := os.Stat(path)
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return err
@@ -304,7 +307,14 @@ func appendLine(path string, line []byte) error {
 	if _, err := f.Write(buf); err != nil {
 		return err
 	}
-	return f.Sync()
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if errors.Is(statErr, os.ErrNotExist) {
+		// A new file: its name must survive a power cut as the line does.
+		return fsync.Dir(filepath.Dir(path))
+	}
+	return nil
 }
 
 // RecordNote writes a note keyed by the call's idempotency key, so running

@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/internal/fsync"
 	"github.com/outpost-edge/outpost/policy"
 )
 
@@ -103,6 +105,24 @@ func TestRecordNoteIsIdempotentByKey(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
 	require.Len(t, lines, 3, "two notes and the torn line")
 	require.True(t, json.Valid([]byte(lines[2])), "the new note starts on its own line")
+}
+
+// The notes file's name is made durable when the first note makes the
+// file: a note whose call is recorded done must survive a power cut.
+func TestNotesFileIsNamedDurably(t *testing.T) {
+	dir := t.TempDir()
+	var synced []string
+	defer fsync.Observe(func(d string) { synced = append(synced, d) })()
+	notes, err := agent.OpenFileNotes(filepath.Join(dir, "notes.jsonl"))
+	require.NoError(t, err)
+	tool := agent.RecordNote{Notes: notes}
+	_, err = tool.Call(context.Background(), json.RawMessage(`{"text":"first"}`), "run_1:1:t:0")
+	require.NoError(t, err)
+	assert.Equal(t, []string{dir}, synced)
+	synced = nil
+	_, err = tool.Call(context.Background(), json.RawMessage(`{"text":"second"}`), "run_1:1:t:1")
+	require.NoError(t, err)
+	assert.Empty(t, synced, "the file already had its name")
 }
 
 func TestScheduleFollowupIsNotIdempotent(t *testing.T) {

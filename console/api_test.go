@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/console"
+	"github.com/outpost-edge/outpost/internal/fsync"
 )
 
 func TestAuthHostOrigin(t *testing.T) {
@@ -54,17 +55,23 @@ func TestAuthHostOrigin(t *testing.T) {
 
 func TestTokenFile(t *testing.T) {
 	dir := t.TempDir()
+	var synced []string
+	defer fsync.Observe(func(d string) { synced = append(synced, d) })()
 	tok, created, err := console.LoadOrCreateToken(dir)
 	if err != nil || !created || len(tok) != 64 {
 		t.Fatalf("first start: %q %v %v", tok, created, err)
 	}
+	if len(synced) != 1 || synced[0] != dir {
+		t.Fatalf("the new token file's folder was not fsynced: %q", synced)
+	}
+	synced = nil
 	fi, err := os.Stat(filepath.Join(dir, console.TokenFile))
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("token file mode: %v %v", fi.Mode(), err)
 	}
 	again, created, err := console.LoadOrCreateToken(dir)
-	if err != nil || created || again != tok {
-		t.Fatalf("second start: %q %v %v", again, created, err)
+	if err != nil || created || again != tok || len(synced) != 0 {
+		t.Fatalf("second start: %q %v %v, folders fsynced %q", again, created, err, synced)
 	}
 	os.Chmod(filepath.Join(dir, console.TokenFile), 0o644)
 	if got, err := console.ReadToken(dir); err != nil || got != tok {

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/outpost-edge/outpost/internal/fsync"
 )
 
 // TokenFile is the bearer token's file name in the data folder.
@@ -27,7 +29,7 @@ func LoadOrCreateToken(dir string) (token string, created bool, err error) {
 	if !errors.Is(err, os.ErrNotExist) {
 		return "", false, err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := fsync.MkdirAll(dir, 0o700); err != nil {
 		return "", false, fmt.Errorf("%w: %w", ErrTokenFile, err)
 	}
 	var b [32]byte
@@ -51,6 +53,11 @@ func LoadOrCreateToken(dir string) (token string, created bool, err error) {
 	}
 	if cerr := f.Close(); werr == nil {
 		werr = cerr
+	}
+	if werr == nil {
+		// The token's name must survive a power cut as its bytes do, or
+		// the next start makes another and the saved one stops working.
+		werr = fsync.Dir(dir)
 	}
 	if werr != nil {
 		os.Remove(path)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/outpost-edge/outpost/internal/fsync"
 	"go.etcd.io/bbolt"
 )
 
@@ -69,7 +70,7 @@ func (d *DB) Compact(ctx context.Context, dst string) error {
 		err = trimFile(dst, used)
 	}
 	if err == nil {
-		err = syncDir(filepath.Dir(dst))
+		err = fsync.Dir(filepath.Dir(dst))
 	}
 	if err != nil {
 		return fmt.Errorf("compact store %s to %s: %w", d.path, dst, errors.Join(err, os.Remove(dst)))
@@ -201,7 +202,7 @@ func CompactFile(ctx context.Context, path string, opts Options) (before, after 
 	if err := os.Rename(tmp, path); err != nil {
 		return before, 0, errors.Join(fmt.Errorf("compact store %s: %w", path, err), os.Remove(tmp), d.Close())
 	}
-	err = syncDir(filepath.Dir(path))
+	err = fsync.Dir(filepath.Dir(path))
 	if cerr := d.Close(); err == nil {
 		err = cerr
 	}
@@ -241,7 +242,7 @@ func writeNewFile(path string, write func(f *os.File) error) error {
 		err = os.Rename(tmp, path)
 	}
 	if err == nil {
-		err = syncDir(filepath.Dir(path))
+		err = fsync.Dir(filepath.Dir(path))
 	}
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, errors.Join(err, removeIfExists(tmp)))
@@ -254,16 +255,6 @@ func removeIfExists(path string) error {
 		return err
 	}
 	return nil
-}
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	return errors.Join(err, f.Close())
 }
 
 // ctxWriter stops a long copy when its context ends.

@@ -17,6 +17,7 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/fsync"
 )
 
 // FileName is the store's file inside a data folder.
@@ -122,7 +123,7 @@ var _ engine.Store = (*DB)(nil)
 // OpenDir opens (creating it if needed) the store in a data folder.
 func OpenDir(dir string, opts Options) (*DB, error) {
 	if !opts.ReadOnly {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
+		if err := fsync.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("create data folder %s: %w", dir, err)
 		}
 	}
@@ -159,6 +160,8 @@ func Open(path string, opts Options) (*DB, error) {
 	case err != nil:
 		return nil, unlock(fmt.Errorf("open store %s: %w", path, err))
 	}
+	_, statErr := os.Stat(path)
+	created := !opts.ReadOnly && errors.Is(statErr, os.ErrNotExist)
 	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{
 		Timeout: opts.Timeout,
 		// The hashmap freelist keeps allocation cheap as the file grows,
@@ -181,6 +184,14 @@ func Open(path string, opts Options) (*DB, error) {
 	d.q.db, d.q.tail = bdb, &d.tail
 	if err := d.init(); err != nil {
 		return nil, unlock(errors.Join(err, bdb.Close()))
+	}
+	if created {
+		// bbolt fsyncs the file's pages, not the folder entry that names
+		// a new file: without this, a power cut could lose the whole store
+		// along with commits already acknowledged.
+		if err := fsync.Dir(filepath.Dir(path)); err != nil {
+			return nil, unlock(errors.Join(fmt.Errorf("open store %s: make the new file durable: %w", path, err), bdb.Close()))
+		}
 	}
 	err = d.view(func(tx *bbolt.Tx) error {
 		if err := d.tail.load(tx); err != nil {

@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/fsync"
 )
 
 func TestSecondOpenFailsFast(t *testing.T) {
@@ -237,4 +238,28 @@ func TestOpenKeepsIDsIncreasing(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	assert.Greater(t, engine.NewRunID(), "run_"+ahead)
+}
+
+// A new store, and every folder made for it, is named durably: the folder
+// that holds each is fsynced, since fsyncing a file does not make its name
+// durable. Opening an existing store fsyncs no folder.
+func TestNewStoreIsDurableInItsFolder(t *testing.T) {
+	var synced []string
+	defer fsync.Observe(func(dir string) { synced = append(synced, dir) })()
+	base := t.TempDir()
+	dir := filepath.Join(base, "a", "b", "data")
+	d, err := OpenDir(dir, Options{})
+	require.NoError(t, err)
+	require.NoError(t, d.Close())
+	// Each new folder's parent, top down, then the store file's folder.
+	assert.Equal(t, []string{base, filepath.Join(base, "a"), filepath.Join(base, "a", "b"), dir}, synced)
+
+	synced = nil
+	d, err = OpenDir(dir, Options{})
+	require.NoError(t, err)
+	require.NoError(t, d.Close())
+	d, err = OpenDir(dir, Options{ReadOnly: true})
+	require.NoError(t, err)
+	require.NoError(t, d.Close())
+	assert.Empty(t, synced)
 }
