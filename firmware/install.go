@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/fsync"
 )
 
 // indexFile is the installer's record of what is installed and active, in
@@ -296,14 +297,14 @@ func (in *Installer) writeVersion(name string, version int64, files contents) er
 		}
 	}
 	for d := range dirs {
-		if err := syncDir(d); err != nil {
+		if err := fsync.Dir(d); err != nil {
 			return err
 		}
 	}
 	if err := os.Rename(tmp, final); err != nil {
 		return err
 	}
-	return syncDir(parent)
+	return fsync.Dir(parent)
 }
 
 func writeSynced(name string, data []byte) error {

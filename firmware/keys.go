@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/outpost-edge/outpost/internal/fsync"
 )
 
 // KeyID derives a key's id from its public key: "ed25519-" and the first
@@ -212,17 +214,5 @@ func writeFileAtomic(name string, data []byte, mode os.FileMode) error {
 	if err := os.Rename(tmp, name); err != nil {
 		return err
 	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
+	return fsync.Dir(dir)
 }
