@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/outpost-edge/outpost/internal/fsync"
 	"go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -37,10 +38,12 @@ const (
 // OpenBoltStore opens (creating it if needed) the store in dir. A second
 // process on the same folder fails within a second.
 func OpenBoltStore(dir string) (*BoltStore, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := fsync.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("collector store: %w", err)
 	}
-	db, err := bbolt.Open(filepath.Join(dir, CollectorFileName), 0o600, &bbolt.Options{Timeout: time.Second})
+	path := filepath.Join(dir, CollectorFileName)
+	_, statErr := os.Stat(path)
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("collector store %s: in use by another process", dir)
 	}
@@ -55,6 +58,12 @@ func OpenBoltStore(dir string) (*BoltStore, error) {
 		}
 		return nil
 	})
+	if err == nil && errors.Is(statErr, os.ErrNotExist) {
+		// bbolt fsyncs the pages, not the name of a new file: without
+		// this, a power cut could take away records already acknowledged
+		// to their appliances, which never send them again.
+		err = fsync.Dir(dir)
+	}
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("collector store: %w", err)

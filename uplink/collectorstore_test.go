@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outpost-edge/outpost/internal/fsync"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -172,6 +174,25 @@ func TestBoltCollectorStore(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		return s
 	})
+}
+
+// A new collector store, and its folder, are named durably: the collector
+// acknowledges records, and an appliance never sends those again.
+func TestBoltCollectorStoreIsNamedDurably(t *testing.T) {
+	var synced []string
+	defer fsync.Observe(func(d string) { synced = append(synced, d) })()
+	base := t.TempDir()
+	dir := filepath.Join(base, "collector")
+	s, err := OpenBoltStore(dir)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	assert.Equal(t, []string{base, dir}, synced)
+
+	synced = nil
+	s, err = OpenBoltStore(dir)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	assert.Empty(t, synced)
 }
 
 func TestPostgresCollectorStore(t *testing.T) {
