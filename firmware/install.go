@@ -113,7 +113,7 @@ func NewInstaller(dataDir string, keys *Keyring, opts InstallerOptions) (*Instal
 		opts.Now = time.Now
 	}
 	dir := filepath.Join(dataDir, "firmware")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := fsync.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("firmware installer: %w", err)
 	}
 	in := &Installer{dir: dir, keys: keys, opts: opts, cache: map[string]*Bundle{},
@@ -267,7 +267,7 @@ func (in *Installer) Install(path string, o InstallOptions) (*Installed, error) 
 // no version directory or a complete one.
 func (in *Installer) writeVersion(name string, version int64, files contents) error {
 	parent := filepath.Join(in.dir, name)
-	if err := os.MkdirAll(parent, 0o755); err != nil {
+	if err := fsync.MkdirAll(parent, 0o755); err != nil {
 		return err
 	}
 	final := in.versionDir(name, version)

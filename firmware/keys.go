@@ -41,7 +41,7 @@ func Keygen(dir string) (string, error) {
 		return "", fmt.Errorf("keygen: %w", err)
 	}
 	id := KeyID(pub)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := fsync.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("keygen: %w", err)
 	}
 	pubf := keyFile{Algorithm: "ed25519", KeyID: id, PublicKey: base64.StdEncoding.EncodeToString(pub)}
@@ -58,6 +58,26 @@ func Keygen(dir string) (string, error) {
 		}
 	}
 	return id, nil
+}
+
+// WritePublicKey writes pub as KEYID.pub in dir, the form Keygen writes
+// and a keyring loads, unless that file is already there. The write is
+// atomic and durable: a power cut leaves no torn key behind, which would
+// make every bundle it signed fail to verify at the next start.
+func WritePublicKey(dir string, pub ed25519.PublicKey) error {
+	id := KeyID(pub)
+	name := filepath.Join(dir, id+".pub")
+	if _, err := os.Stat(name); err == nil {
+		return nil
+	}
+	if err := fsync.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("write key %s: %w", id, err)
+	}
+	raw, _ := json.MarshalIndent(keyFile{Algorithm: "ed25519", KeyID: id, PublicKey: base64.StdEncoding.EncodeToString(pub)}, "", "  ")
+	if err := writeFileAtomic(name, append(raw, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write key %s: %w", id, err)
+	}
+	return nil
 }
 
 func readKeyFile(file string, wantPrivate bool) (keyFile, ed25519.PublicKey, ed25519.PrivateKey, error) {

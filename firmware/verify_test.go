@@ -8,10 +8,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/internal/fsync"
 )
 
 // signRaw signs manifest bytes as they are, for manifests Sign would refuse
@@ -346,5 +348,46 @@ func TestWriteTarRoundTrip(t *testing.T) {
 	}
 	if b.Digest != loadPatterns(t).Digest {
 		t.Fatalf("digest changed through a tar")
+	}
+}
+
+// A public key written for trust loads into a keyring, leaves no temporary
+// file, is written once, and its file and new folder are named durably.
+func TestWritePublicKey(t *testing.T) {
+	pub, _, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var synced []string
+	defer fsync.Observe(func(d string) { synced = append(synced, d) })()
+	base := t.TempDir()
+	dir := filepath.Join(base, "keys")
+	if err := firmware.WritePublicKey(dir, pub); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{base, dir}; !slices.Equal(synced, want) {
+		t.Fatalf("folders fsynced: %q, want %q", synced, want)
+	}
+	ring, err := firmware.LoadKeyring(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := ring.Key(firmware.KeyID(pub)); !ok || !got.Equal(pub) {
+		t.Fatalf("the keyring does not hold the key: %v", ring.IDs())
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("files left in %s: %v", dir, entries)
+	}
+	// Written once: a second call leaves the file as it is.
+	name := filepath.Join(dir, firmware.KeyID(pub)+".pub")
+	if err := os.WriteFile(name, []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := firmware.WritePublicKey(dir, pub); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(name); string(b) != "kept" {
+		t.Fatalf("an existing key file was rewritten: %q", b)
 	}
 }

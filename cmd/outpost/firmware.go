@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -246,16 +244,7 @@ func trustKey(dataDir string, ring *firmware.Keyring, id string) error {
 	if !ok {
 		return fmt.Errorf("key %s is not in the keyring", id)
 	}
-	dst := filepath.Join(keysDir(dataDir), id+".pub")
-	if _, err := os.Stat(dst); err == nil {
-		return nil
-	}
-	if err := os.MkdirAll(keysDir(dataDir), 0o755); err != nil {
-		return err
-	}
-	raw, _ := json.MarshalIndent(map[string]string{"algorithm": "ed25519", "key_id": id,
-		"public_key": base64.StdEncoding.EncodeToString(pub)}, "", "  ")
-	return os.WriteFile(dst, append(raw, '\n'), 0o644)
+	return firmware.WritePublicKey(keysDir(dataDir), pub)
 }
 
 func firmwareList(fs *flag.FlagSet, args []string, stdout io.Writer) error {
