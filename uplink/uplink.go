@@ -308,7 +308,7 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	defer u.send.Unlock()
 	ls, err := u.db.Ledger(ctx)
 	if err != nil {
-		return 0, u.failed(err)
+		return 0, u.failed(ctx, err)
 	}
 	after := ls.AckedSeq
 	if u.resendFrom > 0 && u.resendFrom <= after {
@@ -319,7 +319,7 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	}
 	recs, err := u.db.Outcomes(ctx, after, u.cfg.MaxRecords)
 	if err != nil {
-		return 0, u.failed(err)
+		return 0, u.failed(ctx, err)
 	}
 	// Redaction dominates the cost of a batch: encode its records on every
 	// core.
@@ -337,7 +337,7 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 		return nil
 	})
 	if err != nil {
-		return 0, u.failed(err)
+		return 0, u.failed(ctx, err)
 	}
 	var body bytes.Buffer
 	n := 0
@@ -354,7 +354,7 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	appliance := ls.ApplianceID
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(u.cfg.URL, "/")+OutcomesPath, bytes.NewReader(body.Bytes()))
 	if err != nil {
-		return 0, u.failed(err)
+		return 0, u.failed(ctx, err)
 	}
 	req.Header.Set("Content-Type", "application/x-ndjson")
 	req.Header.Set(HeaderIdempotencyKey, IdempotencyKey(appliance, first, last))
@@ -366,12 +366,12 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("send outcomes %d-%d: %w", first, last, ctx.Err())
 	}
 	if err != nil {
-		return 0, u.failed(fmt.Errorf("send outcomes %d-%d: %w", first, last, err))
+		return 0, u.failed(ctx, fmt.Errorf("send outcomes %d-%d: %w", first, last, err))
 	}
 	defer resp.Body.Close()
 	answer, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return 0, u.failed(fmt.Errorf("send outcomes %d-%d: read answer: %w", first, last, err))
+		return 0, u.failed(ctx, fmt.Errorf("send outcomes %d-%d: read answer: %w", first, last, err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		se := &StatusError{StatusCode: resp.StatusCode, Message: strings.TrimSpace(string(answer))}
@@ -386,7 +386,7 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 		}
 		err := fmt.Errorf("send outcomes %d-%d: %w", first, last, se)
 		if retriable(resp.StatusCode) {
-			return 0, u.failed(&retryAfterError{err, parseRetryAfter(resp.Header.Get("Retry-After"))})
+			return 0, u.failed(ctx, &retryAfterError{err, parseRetryAfter(resp.Header.Get("Retry-After"))})
 		}
 		if want := e.Error.ExpectedSeq; resp.StatusCode == http.StatusConflict && se.Code == CodeGap && want >= 1 && want < first {
 			// The collector holds less than it acknowledged (restored
@@ -397,22 +397,22 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 			u.mu.Lock()
 			u.st.ResendingFrom = want
 			u.mu.Unlock()
-			return 0, u.failed(fmt.Errorf("%w: %w", errResend, err))
+			return 0, u.failed(ctx, fmt.Errorf("%w: %w", errResend, err))
 		}
 		now := time.Now().UTC()
 		u.mu.Lock()
 		u.st.Parked = &Parked{FirstSeq: first, LastSeq: last, StatusCode: se.StatusCode, Code: se.Code, Message: se.Message, At: now}
 		u.mu.Unlock()
-		return 0, u.failed(fmt.Errorf("%w: %w", ErrParked, err))
+		return 0, u.failed(ctx, fmt.Errorf("%w: %w", ErrParked, err))
 	}
 	var ack struct {
 		AckedSeq *uint64 `json:"acked_seq"`
 	}
 	if err := json.Unmarshal(answer, &ack); err != nil || ack.AckedSeq == nil || *ack.AckedSeq < first || *ack.AckedSeq > last {
-		return 0, u.failed(fmt.Errorf("send outcomes %d-%d: the collector's answer %q is not {\"acked_seq\"} within the batch", first, last, answer))
+		return 0, u.failed(ctx, fmt.Errorf("send outcomes %d-%d: the collector's answer %q is not {\"acked_seq\"} within the batch", first, last, answer))
 	}
 	if err := u.db.AckOutcomes(ctx, *ack.AckedSeq); err != nil {
-		return 0, u.failed(err)
+		return 0, u.failed(ctx, err)
 	}
 	if u.resendFrom > 0 {
 		u.resendFrom = *ack.AckedSeq + 1
@@ -433,7 +433,13 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	return int(*ack.AckedSeq - first + 1), nil
 }
 
-func (u *Uplink) failed(err error) error {
+// failed records err as the last error, unless ctx has ended: an attempt
+// cut short by a shutdown or a caller's deadline says nothing about the
+// collector, and would hide the error that does (a 503, say).
+func (u *Uplink) failed(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
 	u.mu.Lock()
 	u.st.LastError = err.Error()
 	u.mu.Unlock()

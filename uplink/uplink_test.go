@@ -274,6 +274,42 @@ func TestRetriesAndParking(t *testing.T) {
 }
 
 // proxyTo forwards r to base and copies the answer.
+// A flush stopped mid-request, or between requests, keeps the collector's
+// last error in the status: the stop says nothing about the collector.
+func TestStoppedFlushKeepsTheLastError(t *testing.T) {
+	var calls atomic.Int64
+	second, release := make(chan struct{}), make(chan struct{})
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		close(second)
+		<-release // not answered before the flush has given up
+	}))
+	defer front.Close()
+	defer close(release)
+	db := openAppliance(t, t.TempDir(), "clinic-1")
+	defer db.Close()
+	makeOutcomes(t, db, 1)
+	u, err := New(db, fastConfig(front.URL))
+	require.NoError(t, err)
+	ctx, cancel := contextWithTimeout(30 * time.Second)
+	go func() {
+		<-second
+		cancel()
+	}()
+	err = u.Flush(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Contains(t, u.Status().LastError, "503")
+	assert.Equal(t, int64(2), calls.Load())
+
+	// Between requests: the next batch is not even read from the store.
+	_, err = u.sendBatch(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Contains(t, u.Status().LastError, "503")
+}
+
 func proxyTo(base string, w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	req, _ := http.NewRequestWithContext(r.Context(), r.Method, base+r.URL.Path, bytes.NewReader(body))
