@@ -19,6 +19,7 @@ import (
 func (d *DB) Backup(ctx context.Context, w io.Writer) (int64, error) {
 	var n int64
 	err := d.view(func(tx *bbolt.Tx) error {
+		copyProgressOf(ctx).start(tx.Size())
 		var err error
 		n, err = tx.WriteTo(ctxWriter{ctx, w})
 		return err
@@ -257,7 +258,8 @@ func removeIfExists(path string) error {
 	return nil
 }
 
-// ctxWriter stops a long copy when its context ends.
+// ctxWriter stops a long copy when its context ends, and reports the
+// copy's progress to the context's WithCopyProgress function.
 type ctxWriter struct {
 	ctx context.Context
 	w   io.Writer
@@ -267,5 +269,47 @@ func (c ctxWriter) Write(p []byte) (int, error) {
 	if err := c.ctx.Err(); err != nil {
 		return 0, err
 	}
-	return c.w.Write(p)
+	n, err := c.w.Write(p)
+	if cp, _ := c.ctx.Value(copyProgressKey{}).(*copyProgress); cp != nil {
+		cp.wrote(n)
+	}
+	return n, err
+}
+
+// WithCopyProgress returns a context under which Backup, BackupFile and
+// Control.BackupFile call fn with the bytes copied so far and the copy's
+// full size, every copyProgressEvery bytes, so that a long backup can show
+// that it is moving. fn runs on the goroutine doing the copy.
+func WithCopyProgress(ctx context.Context, fn func(copied, total int64)) context.Context {
+	return context.WithValue(ctx, copyProgressKey{}, &copyProgress{fn: fn})
+}
+
+type copyProgressKey struct{}
+
+type copyProgress struct {
+	fn                   func(copied, total int64)
+	total, copied, since int64
+}
+
+// start sets the full size of the copy about to begin.
+func (p *copyProgress) start(total int64) {
+	if p != nil {
+		p.total, p.copied, p.since = total, 0, 0
+	}
+}
+
+func (p *copyProgress) wrote(n int) {
+	p.copied += int64(n)
+	if p.since += int64(n); p.since >= copyProgressEvery {
+		p.since = 0
+		p.fn(p.copied, p.total)
+	}
+}
+
+// copyProgressEvery is how many bytes a backup copies between two reports.
+var copyProgressEvery int64 = 4 << 20
+
+func copyProgressOf(ctx context.Context) *copyProgress {
+	p, _ := ctx.Value(copyProgressKey{}).(*copyProgress)
+	return p
 }

@@ -220,8 +220,9 @@ func (c *Control) BackupFile(ctx context.Context, path string) error {
 	if want <= 0 {
 		return fmt.Errorf("backup: the store owner sent no length")
 	}
+	copyProgressOf(ctx).start(want)
 	return writeNewFile(path, func(f *os.File) error {
-		n, err := io.Copy(f, resp.Body)
+		n, err := io.Copy(ctxWriter{ctx, f}, resp.Body)
 		if err != nil {
 			return fmt.Errorf("backup: %w", err)
 		}

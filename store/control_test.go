@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outpost-edge/outpost/engine"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -59,6 +61,60 @@ func TestControlBackup(t *testing.T) {
 	require.ErrorContains(t, err, "store owner: backup:")
 	_, serr := os.Stat(bad)
 	assert.ErrorIs(t, serr, os.ErrNotExist)
+}
+
+// A backup, local or through the control socket, reports how far its copy
+// has got against the store's size, and a stopped one leaves no file.
+func TestBackupReportsProgress(t *testing.T) {
+	defer func(n int64) { copyProgressEvery = n }(copyProgressEvery)
+	copyProgressEvery = 8 << 10
+	dir := t.TempDir()
+	d, err := OpenDir(dir, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	for i := 1; i <= 40; i++ {
+		c := stepCommit("t", i)
+		big := bytes.Repeat([]byte{byte(i)}, 2*engine.BlobThreshold)
+		c.Blobs[engine.RefOf(big)] = big
+		require.NoError(t, d.Commit(bg, c))
+	}
+	size, err := d.Size()
+	require.NoError(t, err)
+	c := serveControl(t, d, dir)
+	for name, backup := range map[string]func(context.Context, string) error{"local": d.BackupFile, "control": c.BackupFile} {
+		var seen [][2]int64
+		ctx := WithCopyProgress(bg, func(copied, total int64) { seen = append(seen, [2]int64{copied, total}) })
+		dst := filepath.Join(t.TempDir(), "backup.db")
+		require.NoError(t, backup(ctx, dst), name)
+		fi, err := os.Stat(dst)
+		require.NoError(t, err, name)
+		// Reports come at most once a write, and a write may be larger
+		// than copyProgressEvery: a few, reaching past half the copy.
+		require.GreaterOrEqual(t, len(seen), 2, name)
+		assert.Greater(t, seen[len(seen)-1][0], fi.Size()/2, name)
+		for i, s := range seen {
+			assert.Equal(t, fi.Size(), s[1], "%s: the total is the copy's size", name)
+			assert.LessOrEqual(t, s[0], s[1], name)
+			if i > 0 {
+				assert.Greater(t, s[0], seen[i-1][0], name)
+			}
+		}
+		assert.LessOrEqual(t, fi.Size(), size, name)
+
+		// Stopped at its second report: an error, and no file.
+		ctx, cancel := context.WithCancel(bg)
+		calls := 0
+		ctx = WithCopyProgress(ctx, func(int64, int64) {
+			if calls++; calls == 2 {
+				cancel()
+			}
+		})
+		stopped := filepath.Join(t.TempDir(), "stopped.db")
+		require.ErrorIs(t, backup(ctx, stopped), context.Canceled, name)
+		_, err = os.Stat(stopped)
+		assert.ErrorIs(t, err, os.ErrNotExist, name)
+		cancel()
+	}
 }
 
 // An answer that does not say how long the copy is cannot be told from a

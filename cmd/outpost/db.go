@@ -48,7 +48,7 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if fs.NArg() != 1 {
 			return fmt.Errorf("backup needs the destination file: outpost db backup FILE")
 		}
-		return dbBackup(ctx, *data, fs.Arg(0), *asJSON, stdout)
+		return dbBackup(ctx, *data, fs.Arg(0), *asJSON, stdout, stderr)
 	case "compact":
 		return dbCompact(ctx, *data, *asJSON, stdout, stderr)
 	case "prune":
@@ -130,8 +130,14 @@ func dbCheck(ctx context.Context, dir string, asJSON bool, stdout, stderr io.Wri
 	return nil
 }
 
-func dbBackup(ctx context.Context, dir, dst string, asJSON bool, stdout io.Writer) error {
-	start := time.Now()
+func dbBackup(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr io.Writer) error {
+	start, last := time.Now(), time.Now()
+	ctx = store.WithCopyProgress(ctx, func(copied, total int64) {
+		if time.Since(last) >= 3*time.Second {
+			last = time.Now()
+			fmt.Fprintf(stderr, "backup: %.1f of %.1f MB copied in %s…\n", float64(copied)/1e6, float64(total)/1e6, time.Since(start).Round(time.Second))
+		}
+	})
 	err := withStore(dir,
 		func(db *store.DB) error { return db.BackupFile(ctx, dst) },
 		func(c *store.Control) error { return c.BackupFile(ctx, dst) })
