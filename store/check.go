@@ -310,10 +310,10 @@ func eachRecord(ctx context.Context, tx *bbolt.Tx, name string, fn func(k, v []b
 	return nil
 }
 
-// WithProgress returns a context under which Check and Prune call fn with
-// the number of records they have read so far, every few thousand records,
-// so that a long run on a large store can show that it is moving. fn runs
-// on the goroutine doing the work.
+// WithProgress returns a context under which Check, Prune and compaction
+// call fn with the number of records they have read (or copied) so far,
+// every few thousand records, so that a long run on a large store can show
+// that it is moving. fn runs on the goroutine doing the work.
 func WithProgress(ctx context.Context, fn func(records int)) context.Context {
 	return context.WithValue(ctx, progressKey{}, &progress{fn: fn})
 }
@@ -341,8 +341,8 @@ func (p *progress) read() {
 	}
 }
 
-// progressEvery is how many records Check or Prune reads between two
-// reports.
+// progressEvery is how many records Check, Prune or compaction reads
+// between two reports.
 var progressEvery = 20000
 
 // checkBlobs verifies the blob log and its index: every record decodes and
