@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -55,7 +56,7 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return err
 		}
-		return uplinkFlush(ctx, *data, uplink.Config{URL: *url, ApplianceID: *appliance, Secret: secret}, *timeout, *asJSON, stdout)
+		return uplinkFlush(ctx, *data, uplink.Config{URL: *url, ApplianceID: *appliance, Secret: secret}, *timeout, *asJSON, stdout, stderr)
 	}
 	fmt.Fprint(stderr, uplinkUsage)
 	return fmt.Errorf("unknown uplink subcommand %q", sub)
@@ -101,7 +102,7 @@ func printUplinkStatus(w io.Writer, st uplink.Status) {
 	}
 }
 
-func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout time.Duration, asJSON bool, stdout io.Writer) error {
+func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout time.Duration, asJSON bool, stdout, stderr io.Writer) error {
 	if _, err := os.Stat(filepath.Join(dir, store.FileName)); err != nil {
 		return fmt.Errorf("no store in %s: %w", dir, err)
 	}
@@ -114,6 +115,11 @@ func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout tim
 	}
 	defer db.Close()
 	cfg.RedactorFor = bundleRedactors(dir)
+	ls, err := db.Ledger(ctx)
+	if err != nil {
+		return err
+	}
+	cfg.Events = newFlushProgress(stderr, ls.LastSeq, 3*time.Second)
 	u, err := uplink.New(db, cfg)
 	if err != nil {
 		return err
@@ -130,6 +136,33 @@ func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout tim
 		printUplinkStatus(stdout, st)
 	}
 	return ferr
+}
+
+// flushProgress says how far a long flush has got: it hears of each batch
+// the collector acknowledges, and prints a line every interval.
+type flushProgress struct {
+	w           io.Writer
+	total       uint64
+	every       time.Duration
+	start, last time.Time
+}
+
+func newFlushProgress(w io.Writer, total uint64, every time.Duration) *flushProgress {
+	now := time.Now()
+	return &flushProgress{w: w, total: total, every: every, start: now, last: now}
+}
+
+func (p *flushProgress) Publish(events ...engine.Event) {
+	for _, ev := range events {
+		var sent struct {
+			AckedSeq uint64 `json:"acked_seq"`
+		}
+		if ev.Type != engine.EventUplinkSent || json.Unmarshal(ev.Data, &sent) != nil || time.Since(p.last) < p.every {
+			continue
+		}
+		p.last = time.Now()
+		fmt.Fprintf(p.w, "uplink: %d of %d outcomes acknowledged in %s…\n", sent.AckedSeq, p.total, time.Since(p.start).Round(time.Second))
+	}
 }
 
 // bundleRedactors returns each outcome's redaction policy: its bundle's,

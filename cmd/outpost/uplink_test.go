@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/uplink"
 )
 
@@ -97,4 +99,23 @@ func TestUplinkFlushToCollector(t *testing.T) {
 	// as a digest only.
 	assert.Contains(t, string(recs[0].Line), `"status":"completed"`)
 	assert.Contains(t, string(recs[0].Line), `"run":{"digest":`)
+}
+
+// A long flush prints how far it has got, once an interval has passed, from
+// the batches the collector acknowledged; other events are ignored.
+func TestFlushProgress(t *testing.T) {
+	var out strings.Builder
+	p := newFlushProgress(&out, 1000, 0)
+	sent := func(acked uint64) engine.Event {
+		data, _ := json.Marshal(map[string]any{"acked_seq": acked, "records": 500})
+		return engine.Event{Type: engine.EventUplinkSent, Data: data}
+	}
+	p.Publish(sent(500), engine.Event{Type: engine.EventRunCompleted, Data: []byte(`{"acked_seq":7}`)})
+	p.Publish(sent(1000))
+	assert.Equal(t, "uplink: 500 of 1000 outcomes acknowledged in 0s…\nuplink: 1000 of 1000 outcomes acknowledged in 0s…\n", out.String())
+
+	out.Reset()
+	p = newFlushProgress(&out, 1000, time.Hour)
+	p.Publish(sent(500))
+	assert.Empty(t, out.String(), "nothing before the interval")
 }
