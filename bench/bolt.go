@@ -68,6 +68,9 @@ func RunBolt(ctx context.Context, o Options, dir string) (*Result, error) {
 	res.CommitMS = round3(float64(commit) / float64(time.Millisecond))
 	res.CommitsPerTurn = float64(int64(float64(stats.Commits)/turns*100+0.5)) / 100
 	res.Commits, res.Transactions = int64(stats.Commits), int64(stats.Transactions)
+	if n := stats.Commits + stats.Failed; n > 0 {
+		res.CommitWaitMS = round3(float64(stats.Waited) / float64(n) / float64(time.Millisecond))
+	}
 	if res.CommitMS > 0 && res.CommitsPerTurn > 0 {
 		res.CeilingTurnsPS = round1(1000 / (res.CommitMS * res.CommitsPerTurn))
 	}

@@ -47,6 +47,10 @@ type Result struct {
 	// the fsynced bbolt transactions they shared (group commit).
 	Commits      int64 `json:"commits,omitempty"`
 	Transactions int64 `json:"transactions,omitempty"`
+	// CommitWaitMS is what a commit cost its caller during the workload, on
+	// average, queueing for a shared transaction included: set beside
+	// CommitMS, it shows how much of a turn the disk took.
+	CommitWaitMS float64 `json:"commit_wait_ms,omitempty"`
 }
 
 // Run executes the workload: every thread runs its turns one after another,

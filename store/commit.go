@@ -64,6 +64,9 @@ type committer struct {
 	broken error
 
 	commits, failed, txs, syncs, retries, maxBatch atomic.Uint64
+	// waited sums, in nanoseconds, the time requests spent queued and
+	// committing.
+	waited atomic.Int64
 }
 
 // Stats counts the store's write activity since Open, for tests and
@@ -81,6 +84,9 @@ type Stats struct {
 	// MaxBatch is the largest number of requests that shared a
 	// transaction.
 	MaxBatch uint64
+	// Waited is the time requests spent queued and committing, in all:
+	// divided by Commits+Failed, what a commit costs its caller.
+	Waited time.Duration
 }
 
 // WriteErr reports why the store takes no more writes (ErrWriteFailed,
@@ -97,12 +103,14 @@ func (d *DB) Stats() Stats {
 	return Stats{
 		Commits: q.commits.Load(), Failed: q.failed.Load(),
 		Transactions: q.txs.Load(), Syncs: q.syncs.Load(),
-		Retries: q.retries.Load(), MaxBatch: q.maxBatch.Load(),
+		Retries: q.retries.Load(), MaxBatch: q.maxBatch.Load(), Waited: time.Duration(q.waited.Load()),
 	}
 }
 
 // do queues r and returns once it is durable or has failed.
 func (q *committer) do(r *request) error {
+	start := time.Now()
+	defer func() { q.waited.Add(int64(time.Since(start))) }()
 	r.wake = make(chan bool, 1)
 	q.mu.Lock()
 	if err := q.broken; err != nil {

@@ -143,12 +143,13 @@ func TestBenchReferenceJSON(t *testing.T) {
 	require.Greater(t, res["ceiling_turns_per_s"], 0.0)
 	require.Greater(t, res["db_bytes"], 0.0)
 	require.GreaterOrEqual(t, res["commits"], res["transactions"])
+	require.Greater(t, res["commit_wait_ms"], 0.0)
 	require.Greater(t, res["transactions"], 0.0)
 
 	code, stdout, stderr = outpost(t, "bench", "reference", "--saver", "bbolt", "--threads", "4", "--turns", "2")
 	require.Zero(t, code, stderr)
 	require.Regexp(t, `one fsynced commit [0-9.]+ ms, [0-9.]+ commits/turn, ceiling [0-9.]+ turns/s per thread`, stdout)
-	require.Regexp(t, `group commit: [0-9]+ commits in [0-9]+ fsynced transactions, [0-9.]+ per transaction`, stdout)
+	require.Regexp(t, `group commit: [0-9]+ commits in [0-9]+ fsynced transactions, [0-9.]+ per transaction; a commit took [0-9.]+ ms on average`, stdout)
 }
 
 // While another owner holds the store and keeps committing, db backup and
