@@ -129,26 +129,23 @@ func copyInto(ctx context.Context, out *bbolt.DB, src *bbolt.Tx, maxBytes int) e
 			}
 			size = len(k) + len(v)
 		}
+		if len(path) == 0 { // a top-level bucket
+			nb, err := tx.CreateBucket(k)
+			if err != nil {
+				return err
+			}
+			return nb.SetSequence(seq)
+		}
+		b := tx.Bucket(path[0])
+		for _, name := range path[1:] {
+			b = b.Bucket(name)
+		}
+		b.FillPercent = 1
 		if v != nil {
 			p.read()
-			b := tx.Bucket(path[0])
-			for _, name := range path[1:] {
-				b = b.Bucket(name)
-			}
-			b.FillPercent = 1
 			return b.Put(k, v)
 		}
-		var nb *bbolt.Bucket
-		if len(path) == 0 {
-			nb, err = tx.CreateBucket(k)
-		} else {
-			b := tx.Bucket(path[0])
-			for _, name := range path[1:] {
-				b = b.Bucket(name)
-			}
-			b.FillPercent = 1
-			nb, err = b.CreateBucket(k)
-		}
+		nb, err := b.CreateBucket(k)
 		if err != nil {
 			return err
 		}
