@@ -160,8 +160,6 @@ func Open(path string, opts Options) (*DB, error) {
 	case err != nil:
 		return nil, unlock(fmt.Errorf("open store %s: %w", path, err))
 	}
-	_, statErr := os.Stat(path)
-	created := !opts.ReadOnly && errors.Is(statErr, os.ErrNotExist)
 	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{
 		Timeout: opts.Timeout,
 		// The hashmap freelist keeps allocation cheap as the file grows,
@@ -185,10 +183,11 @@ func Open(path string, opts Options) (*DB, error) {
 	if err := d.init(); err != nil {
 		return nil, unlock(errors.Join(err, bdb.Close()))
 	}
-	if created {
+	if !opts.ReadOnly {
 		// bbolt fsyncs the file's pages, not the folder entry that names
 		// a new file: without this, a power cut could lose the whole store
-		// along with commits already acknowledged.
+		// along with commits already acknowledged. Every writable open does
+		// it, in case the process that made the file stopped before it did.
 		if err := fsync.Dir(filepath.Dir(path)); err != nil {
 			return nil, unlock(errors.Join(fmt.Errorf("open store %s: make the new file durable: %w", path, err), bdb.Close()))
 		}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -41,9 +40,7 @@ func OpenBoltStore(dir string) (*BoltStore, error) {
 	if err := fsync.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("collector store: %w", err)
 	}
-	path := filepath.Join(dir, CollectorFileName)
-	_, statErr := os.Stat(path)
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
+	db, err := bbolt.Open(filepath.Join(dir, CollectorFileName), 0o600, &bbolt.Options{Timeout: time.Second})
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("collector store %s: in use by another process", dir)
 	}
@@ -58,10 +55,11 @@ func OpenBoltStore(dir string) (*BoltStore, error) {
 		}
 		return nil
 	})
-	if err == nil && errors.Is(statErr, os.ErrNotExist) {
+	if err == nil {
 		// bbolt fsyncs the pages, not the name of a new file: without
 		// this, a power cut could take away records already acknowledged
-		// to their appliances, which never send them again.
+		// to their appliances, which never send them again. Every open
+		// does it, in case the process that made the file stopped first.
 		err = fsync.Dir(dir)
 	}
 	if err != nil {

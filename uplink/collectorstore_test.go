@@ -192,7 +192,7 @@ func TestBoltCollectorStoreIsNamedDurably(t *testing.T) {
 	s, err = OpenBoltStore(dir)
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
-	assert.Empty(t, synced)
+	assert.Equal(t, []string{dir}, synced, "every open, in case the one that made the file stopped first")
 }
 
 func TestPostgresCollectorStore(t *testing.T) {
