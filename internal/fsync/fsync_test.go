@@ -31,6 +31,19 @@ func TestMkdirAll(t *testing.T) {
 	assert.Error(t, MkdirAll(filepath.Join(file, "c"), 0o700))
 }
 
+// A relative folder, as the default ./outpost-data is: the folders above
+// are named relative to the working folder.
+func TestMkdirAllRelative(t *testing.T) {
+	t.Chdir(t.TempDir())
+	var dirs []string
+	defer Observe(func(dir string) { dirs = append(dirs, dir) })()
+	require.NoError(t, MkdirAll(filepath.Join("data", "inner"), 0o700))
+	assert.Equal(t, []string{".", "data"}, dirs)
+	fi, err := os.Stat(filepath.Join("data", "inner"))
+	require.NoError(t, err)
+	assert.True(t, fi.IsDir())
+}
+
 func TestDir(t *testing.T) {
 	require.NoError(t, Dir(t.TempDir()))
 	assert.ErrorIs(t, Dir(filepath.Join(t.TempDir(), "missing")), os.ErrNotExist)
