@@ -267,7 +267,7 @@ func (c ctxWriter) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	n, err := c.w.Write(p)
-	if cp, _ := c.ctx.Value(copyProgressKey{}).(*copyProgress); cp != nil {
+	if cp := copyProgressOf(c.ctx); cp != nil {
 		cp.wrote(n)
 	}
 	return n, err

@@ -361,10 +361,6 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	req.Header.Set(HeaderSignature, Sign(u.cfg.Secret, body.Bytes()))
 	req.Header.Set(HeaderChainHead, recs[n-1].Hash)
 	resp, err := u.cfg.Client.Do(req)
-	if err != nil && ctx.Err() != nil {
-		// Given up by the caller: not the link's failure.
-		return 0, fmt.Errorf("send outcomes %d-%d: %w", first, last, ctx.Err())
-	}
 	if err != nil {
 		return 0, u.failed(ctx, fmt.Errorf("send outcomes %d-%d: %w", first, last, err))
 	}
