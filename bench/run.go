@@ -25,6 +25,11 @@ type Options struct {
 	Store engine.Store
 	// Progress, when set, receives a line now and then on long runs.
 	Progress io.Writer
+	// Measure, when set, is called as the timed part of the workload
+	// starts, and the function it returns as that part ends: a profiler
+	// started there sees the turns alone, not the set-up or the commit
+	// probe.
+	Measure func() (end func())
 }
 
 // Result is the workload's figure line, with the same fields as the other
@@ -76,6 +81,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 	var finals, done atomic.Int64
 	stopProgress := progress(o.Progress, &done, int64(o.Threads*o.Turns))
+	endMeasure := func() {}
+	if o.Measure != nil {
+		endMeasure = o.Measure()
+	}
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, o.Threads)
@@ -104,6 +113,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	wg.Wait()
 	secs := time.Since(start).Seconds()
+	endMeasure()
 	stopProgress()
 	close(errs)
 	if err := <-errs; err != nil {

@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
+	"runtime/trace"
 
 	"github.com/outpost-edge/outpost/bench"
 	"github.com/outpost-edge/outpost/engine"
@@ -20,13 +23,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stderr, "Usage: outpost bench reference [flags]  (the only workload is \"reference\")")
 		return errUsage
 	}
-	fs := newFlags("bench", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--json]", stderr)
+	fs := newFlags("bench", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--cpuprofile FILE] [--trace FILE] [--json]", stderr)
 	saver := fs.String("saver", "memory", "checkpointer: memory or bbolt")
 	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit at run end)")
 	threads := fs.Int("threads", 1, "threads run concurrently")
 	turns := fs.Int("turns", 200, "turns per thread")
 	dataDir := fs.String("data", "", "folder for the bbolt file (default: a new temporary folder, removed after)")
 	asJSON := fs.Bool("json", false, "print one JSON line")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the turns (not the set-up or the commit probe) to `FILE`, for go tool pprof")
+	traceFile := fs.String("trace", "", "write an execution trace of the turns to `FILE`, for go tool trace")
 	if err := parse(fs, args[1:]); err != nil {
 		return err
 	}
@@ -37,8 +42,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if isTerminal(stderr) {
 		opts.Progress = stderr
 	}
+	prof, err := newProfiler(*cpuProfile, *traceFile)
+	if err != nil {
+		return err
+	}
+	defer prof.close()
+	if prof != nil {
+		opts.Measure = prof.start
+	}
 	var res *bench.Result
-	var err error
 	switch *saver {
 	case "memory":
 		res, err = bench.Run(ctx, opts)
@@ -48,6 +60,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("--saver must be memory or bbolt, not %q", *saver)
 	}
 	if err != nil {
+		return err
+	}
+	if err := prof.close(); err != nil {
 		return err
 	}
 	if *asJSON {
@@ -64,6 +79,82 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	return nil
+}
+
+// profiler writes a CPU profile, an execution trace or both, of the part
+// of the workload that bench.Options.Measure brackets. A nil profiler
+// writes nothing.
+type profiler struct {
+	cpu, trace *os.File
+	err        error
+}
+
+// newProfiler creates the files first, so a bad path fails before the
+// workload runs rather than after it.
+func newProfiler(cpuPath, tracePath string) (*profiler, error) {
+	if cpuPath == "" && tracePath == "" {
+		return nil, nil
+	}
+	p := &profiler{}
+	for _, f := range []struct {
+		path string
+		to   **os.File
+	}{{cpuPath, &p.cpu}, {tracePath, &p.trace}} {
+		if f.path == "" {
+			continue
+		}
+		file, err := os.Create(f.path)
+		if err != nil {
+			_ = p.close()
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+		*f.to = file
+	}
+	return p, nil
+}
+
+func (p *profiler) start() (end func()) {
+	if p.cpu != nil {
+		if err := pprof.StartCPUProfile(p.cpu); err != nil {
+			p.err = fmt.Errorf("bench: start the CPU profile: %w", err)
+			p.cpu.Close()
+			p.cpu = nil
+		}
+	}
+	if p.trace != nil {
+		if err := trace.Start(p.trace); err != nil {
+			p.err = errors.Join(p.err, fmt.Errorf("bench: start the trace: %w", err))
+			p.trace.Close()
+			p.trace = nil
+		}
+	}
+	return func() {
+		if p.cpu != nil {
+			pprof.StopCPUProfile()
+		}
+		if p.trace != nil {
+			trace.Stop()
+		}
+	}
+}
+
+// close closes the files, reporting a profile that could not be started
+// or written. It may be called more than once.
+func (p *profiler) close() error {
+	if p == nil {
+		return nil
+	}
+	err := p.err
+	p.err = nil
+	for _, f := range []**os.File{&p.cpu, &p.trace} {
+		if *f != nil {
+			if cerr := (*f).Close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("bench: %w", cerr))
+			}
+			*f = nil
+		}
+	}
+	return err
 }
 
 func isTerminal(w io.Writer) bool {

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -150,6 +152,36 @@ func TestBenchReferenceJSON(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.Regexp(t, `one fsynced commit [0-9.]+ ms, [0-9.]+ commits/turn, ceiling [0-9.]+ turns/s per thread`, stdout)
 	require.Regexp(t, `group commit: [0-9]+ commits in [0-9]+ fsynced transactions, [0-9.]+ per transaction; a commit took [0-9.]+ ms on average`, stdout)
+}
+
+// --cpuprofile and --trace write files that go tool pprof and go tool
+// trace read; a path that cannot be made fails before the workload runs.
+func TestBenchWritesProfiles(t *testing.T) {
+	dir := t.TempDir()
+	cpu, tr := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "run.trace")
+	code, stdout, stderr := outpost(t, "bench", "reference", "--threads", "2", "--turns", "20", "--cpuprofile", cpu, "--trace", tr, "--json")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, `"turns_per_s"`)
+
+	f, err := os.Open(cpu)
+	require.NoError(t, err)
+	defer f.Close()
+	zr, err := gzip.NewReader(f) // a profile is a gzipped protocol buffer
+	require.NoError(t, err, "the CPU profile is not gzipped")
+	raw, err := io.ReadAll(zr)
+	require.NoError(t, err)
+	require.Contains(t, string(raw), "nanoseconds", "the CPU profile names no sample unit")
+
+	trace, err := os.ReadFile(tr)
+	require.NoError(t, err)
+	require.Regexp(t, `^go 1\.[0-9]+ trace`, string(trace[:min(len(trace), 32)]))
+	require.Greater(t, len(trace), 1000)
+
+	bad := filepath.Join(dir, "no-such-folder", "cpu.pprof")
+	code, stdout, stderr = outpost(t, "bench", "reference", "--turns", "2", "--cpuprofile", bad)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, bad)
+	require.Empty(t, stdout, "the workload ran although its profile could not be written")
 }
 
 // While another owner holds the store and keeps committing, db backup and
