@@ -270,8 +270,8 @@ func TestCheckVerifiesTheBlobIndex(t *testing.T) {
 		fmt.Sprintf("%s: %s #%d: stores blob %[2]s again (the index names #4)", bucketBlobLog, refs[0], seqOf[refs[0]]),
 		fmt.Sprintf("%s: %s #%d: blob %[2]s is below the indexed mark #3 but not indexed", bucketBlobLog, refs[1], seqOf[refs[1]]),
 		// Lookups, which go through the index, do not find either.
-		fmt.Sprintf(`%s: "0001\x00t-x\x00": refers to missing blob %s`, bucketCheckpoints, refs[1]),
-		fmt.Sprintf(`%s: "0001\x00t-x\x00": refers to missing blob %s`, bucketCheckpoints, refs[2]),
+		fmt.Sprintf(`%s: "0001\x00t-x\x00": refers to missing blob %s`, bucketRecent, refs[1]),
+		fmt.Sprintf(`%s: "0001\x00t-x\x00": refers to missing blob %s`, bucketRecent, refs[2]),
 	}, msgs)
 }
 

@@ -83,7 +83,7 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 	}
 	err = d.view(func(tx *bbolt.Tx) error {
 		for _, name := range dataBuckets {
-			if bucket(tx, name) == nil {
+			if bucket(tx, name) == nil && (name != bucketRecent || !d.noRecent) {
 				add("", nil, "bucket %s is missing", name)
 			}
 		}
@@ -103,22 +103,29 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 			}
 		}
 		lv := newLeafCheck(tx, add)
-		err = forEach(ctx, tx, bucketCheckpoints, func(k, v []byte) {
+		cb := openCheckpoints(tx)
+		// Checkpoints in the recent bucket count as checkpoints; a
+		// problem names the bucket that holds the record.
+		err = eachCheckpoint(ctx, tx, func(name string, k, v []byte) error {
 			rep.Records[bucketCheckpoints]++
+			if name == bucketRecent && cb.main.Get(k) != nil {
+				add(name, k, "the checkpoints bucket holds this key too")
+			}
 			c, err := decodeCheckpoint(v)
 			if err != nil {
-				add(bucketCheckpoints, k, "%v", err)
-				return
+				add(name, k, "%v", err)
+				return nil
 			}
 			if !bytes.Equal(k, checkpointKey(c.Thread, c.NS, c.ID)) {
-				add(bucketCheckpoints, k, "key does not match the record (thread %q ns %q id %q)", c.Thread, c.NS, c.ID)
+				add(name, k, "key does not match the record (thread %q ns %q id %q)", c.Thread, c.NS, c.ID)
 			} else {
 				lv.checkpoint(c)
 			}
-			if c.ParentID != "" && bucket(tx, bucketCheckpoints).Get(checkpointKey(c.Thread, c.NS, c.ParentID)) == nil {
-				add(bucketCheckpoints, k, "parent checkpoint %s is missing", c.ParentID)
+			if c.ParentID != "" && cb.Get(checkpointKey(c.Thread, c.NS, c.ParentID)) == nil {
+				add(name, k, "parent checkpoint %s is missing", c.ParentID)
 			}
-			checkpointRefs(c, refsOf(bucketCheckpoints, k))
+			checkpointRefs(c, refsOf(name, k))
+			return nil
 		})
 		if err != nil {
 			return err
@@ -211,7 +218,7 @@ func (l *leafCheck) checkpoint(c *engine.Checkpoint) {
 }
 
 func (l *leafCheck) finish(ctx context.Context, rep *CheckReport) error {
-	cb := bucket(l.tx, bucketCheckpoints)
+	cb := openCheckpoints(l.tx)
 	// leaf reports what is wrong with a heads or branches entry naming id.
 	leaf := func(name string, k []byte, thread, ns, id string) {
 		ck := checkpointKey(thread, ns, id)
@@ -273,18 +280,19 @@ func (l *leafCheck) finish(ctx context.Context, rep *CheckReport) error {
 			l.add(bucketHeads, []byte(ns), "is missing (the namespace's newest checkpoint is %s)", newest)
 		}
 	}
-	return forEach(ctx, l.tx, bucketCheckpoints, func(k, v []byte) {
+	return eachCheckpoint(ctx, l.tx, func(name string, k, v []byte) error {
 		if l.inner[string(k)] || l.recorded[string(k)] {
-			return
+			return nil
 		}
 		if thread, ns, id, ok := splitCheckpointKey(k); ok {
 			if head := heads[string(nsKey(thread, ns))]; head == "" {
-				return // the heads entry is missing or corrupt: reported above
+				return nil // the heads entry is missing or corrupt: reported above
 			}
 			if _, _, err := decodeCheckpointLink(v); err == nil {
-				l.add(bucketCheckpoints, k, "checkpoint %s is neither recorded in heads or branches nor the parent of a newer one: History does not list it", id)
+				l.add(name, k, "checkpoint %s is neither recorded in heads or branches nor the parent of a newer one: History does not list it", id)
 			}
 		}
+		return nil
 	})
 }
 

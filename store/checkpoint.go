@@ -29,7 +29,8 @@ func (d *DB) Checkpoint(ctx context.Context, thread, ns, id string) (*engine.Che
 			}
 			key = t.key(t.head)
 		}
-		v := bucket(tx, bucketCheckpoints).Get(key)
+		cb := openCheckpoints(tx)
+		v := cb.Get(key)
 		switch {
 		case v == nil && id == "":
 			return corrupt(bucketHeads, nsKey(thread, ns), errMissingLeaf)
@@ -38,7 +39,7 @@ func (d *DB) Checkpoint(ctx context.Context, thread, ns, id string) (*engine.Che
 		}
 		c, err := decodeCheckpoint(v)
 		if err != nil {
-			return corrupt(bucketCheckpoints, key, err)
+			return cb.corrupt(key, err)
 		}
 		out = c
 		return nil
@@ -83,7 +84,7 @@ func (d *DB) History(ctx context.Context, thread, ns, before string, limit int) 
 			}
 			cp, err := decodeCheckpoint(rec)
 			if err != nil {
-				return corrupt(bucketCheckpoints, t.key(id), err)
+				return t.cb.corrupt(t.key(id), err)
 			}
 			out = append(out, cp)
 			if limit > 0 && len(out) == limit {

@@ -190,7 +190,7 @@ func (q *committer) run(batch []*request) {
 		var changes *blobChanges
 		applied := false // from here on, an error is bbolt's commit failing
 		err := q.db.Update(func(tx *bbolt.Tx) error {
-			st := beginTxState(tx, q.tail)
+			st := beginTxState(tx, q.tail, len(pending))
 			defer endTxState(tx)
 			for name, fill := range fillPercent {
 				bucket(tx, name).FillPercent = fill

@@ -3,6 +3,7 @@ package store
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -28,6 +29,15 @@ func flip(t *testing.T, d *DB, bucketName string, key []byte, at int) {
 
 func TestCorruptRecordsAreReported(t *testing.T) {
 	d := openTest(t)
+	// Thread m's first checkpoints have moved on from the recent bucket
+	// to the checkpoints bucket; thread t's one is still recent.
+	for i := 1; i <= 20; i++ {
+		c := &engine.Checkpoint{Thread: "m", ID: fmt.Sprintf("%04d", i), Created: tc0}
+		if i > 1 {
+			c.ParentID = fmt.Sprintf("%04d", i-1)
+		}
+		require.NoError(t, d.Commit(bg, &engine.Commit{Checkpoint: c}))
+	}
 	big := make([]byte, 1000)
 	ref := engine.RefOf(big)
 	c := &engine.Checkpoint{Thread: "t", ID: "0001", Created: tc0,
@@ -41,6 +51,9 @@ func TestCorruptRecordsAreReported(t *testing.T) {
 	require.NoError(t, d.PutToolIntent(bg, "k", ToolCall{Tool: "x"}))
 	var writeKey, blobLogKey []byte
 	require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
+		cb := openCheckpoints(tx)
+		require.Equal(t, bucketRecent, cb.bucketOf(checkpointKey("t", "", "0001")))
+		require.Equal(t, bucketCheckpoints, cb.bucketOf(checkpointKey("m", "", "0001")))
 		k, _ := bucket(tx, bucketWrites).Cursor().First()
 		writeKey = append([]byte(nil), k...)
 		blobLogKey = blobLogKeyOf(t, tx, ref)
@@ -52,9 +65,11 @@ func TestCorruptRecordsAreReported(t *testing.T) {
 		key    []byte
 		read   func() error
 	}{
-		{bucketCheckpoints, checkpointKey("t", "", "0001"), func() error { _, err := d.Checkpoint(bg, "t", "", "0001"); return err }},
-		{bucketCheckpoints, checkpointKey("t", "", "0001"), func() error { _, err := d.Checkpoint(bg, "t", "", ""); return err }},
-		{bucketCheckpoints, checkpointKey("t", "", "0001"), func() error { _, err := d.History(bg, "t", "", "", 0); return err }},
+		{bucketRecent, checkpointKey("t", "", "0001"), func() error { _, err := d.Checkpoint(bg, "t", "", "0001"); return err }},
+		{bucketRecent, checkpointKey("t", "", "0001"), func() error { _, err := d.Checkpoint(bg, "t", "", ""); return err }},
+		{bucketRecent, checkpointKey("t", "", "0001"), func() error { _, err := d.History(bg, "t", "", "", 0); return err }},
+		{bucketCheckpoints, checkpointKey("m", "", "0001"), func() error { _, err := d.Checkpoint(bg, "m", "", "0001"); return err }},
+		{bucketCheckpoints, checkpointKey("m", "", "0001"), func() error { _, err := d.History(bg, "m", "", "", 0); return err }},
 		{bucketWrites, writeKey, func() error { _, err := d.Writes(bg, "t", "", "0001"); return err }},
 		{bucketRuns, []byte("r1"), func() error { _, err := d.Run(bg, "r1"); return err }},
 		{bucketRuns, []byte("r1"), func() error { _, err := d.Runs(bg, engine.RunFilter{}); return err }},
@@ -109,8 +124,8 @@ func TestCheckFindsDanglingReferences(t *testing.T) {
 		msgs = append(msgs, p.String())
 	}
 	assert.ElementsMatch(t, []string{
-		`checkpoints "0002\x00t\x00": parent checkpoint 0001 is missing`,
-		`checkpoints "0002\x00t\x00": refers to missing blob ` + missing.String(),
+		`recent "0002\x00t\x00": parent checkpoint 0001 is missing`,
+		`recent "0002\x00t\x00": refers to missing blob ` + missing.String(),
 		`runs "r": refers to missing blob ` + mentioned.String(),
 	}, msgs)
 	assert.Equal(t, 1, rep.Records[bucketCheckpoints])

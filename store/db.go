@@ -33,16 +33,21 @@ const FileName = "outpost.db"
 // reads a version 3 file as it is, and stamps it version 4 when it first
 // opens it for writing: from then on it may hold records that a version 3
 // binary would report as corrupt, and that binary refuses it instead.
+// Version 5 adds the recent bucket (recent.go), where a thread's newest
+// checkpoints wait; a binary of version 4 would not see them. A version 3
+// or 4 file is read as it is, and stamped version 5 (with an empty recent
+// bucket) when first opened for writing.
 // Version 1 files are refused: no store of that version was deployed, so
 // there is no migration.
 const (
 	formatName    = "outpost-store"
-	formatVersion = 4
+	formatVersion = 5
 )
 
 // Bucket names. Keys:
 //
 //	checkpoints  checkpointID \x00 thread \x00 ns
+//	recent       as checkpoints: the newest few, kept inline (recent.go)
 //	heads        thread \x00 ns                    -> the namespace's newest checkpoint ID
 //	branches     thread \x00 ns \x00 checkpointID  -> empty
 //	writes       thread \x00 ns \x00 checkpointID \x00 seq (8 bytes, big endian)
@@ -59,6 +64,7 @@ const (
 const (
 	bucketMeta        = "meta"
 	bucketCheckpoints = "checkpoints"
+	bucketRecent      = "recent"
 	bucketHeads       = "heads"
 	bucketBranches    = "branches"
 	bucketWrites      = "writes"
@@ -73,7 +79,7 @@ const (
 	bucketUplink      = "uplink"
 )
 
-var dataBuckets = []string{bucketCheckpoints, bucketHeads, bucketBranches, bucketWrites, bucketBlobLog, bucketBlobIndex, bucketRuns, bucketToolCalls,
+var dataBuckets = []string{bucketCheckpoints, bucketRecent, bucketHeads, bucketBranches, bucketWrites, bucketBlobLog, bucketBlobIndex, bucketRuns, bucketToolCalls,
 	bucketOutcomes, bucketOutcomeRuns, bucketUplink}
 
 var (
@@ -116,6 +122,9 @@ type DB struct {
 
 	applianceMu sync.RWMutex
 	appliance   string
+	// noRecent is set when a version 3 or 4 file is opened read-only: it
+	// has no recent bucket (recent.go).
+	noRecent bool
 }
 
 var _ engine.Store = (*DB)(nil)
@@ -228,9 +237,12 @@ func (d *DB) init() error {
 			}
 			return false, migrateBlobs(tx)
 		}
-		if err == nil && v == 3 {
+		if err == nil && (v == 3 || v == 4) {
 			if !tx.Writable() {
-				return false, nil // its records are all of versions this binary reads
+				// Its records are all of versions this binary reads, and
+				// it has no recent bucket, which reads as empty.
+				d.noRecent = true
+				return false, nil
 			}
 			return false, meta.Put(metaVersion, []byte(strconv.Itoa(formatVersion)))
 		}
@@ -302,7 +314,7 @@ func (d *DB) init() error {
 // id generator (see engine.ObserveID). Both buckets are keyed by id first,
 // so the newest is the last key.
 func observeNewestIDs(tx *bbolt.Tx) {
-	if k, _ := bucket(tx, bucketCheckpoints).Cursor().Last(); k != nil {
+	if k := openCheckpoints(tx).lastKey(); k != nil {
 		if _, _, id, ok := splitCheckpointKey(k); ok {
 			engine.ObserveID(id)
 		}
@@ -321,7 +333,7 @@ func observeNewestIDs(tx *bbolt.Tx) {
 func (d *DB) checkBuckets(tx *bbolt.Tx, writable bool) error {
 	var missing, unknown []string
 	for _, name := range dataBuckets {
-		if bucket(tx, name) == nil {
+		if bucket(tx, name) == nil && (name != bucketRecent || !d.noRecent) {
 			missing = append(missing, name)
 		}
 	}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -186,38 +187,79 @@ func TestSize(t *testing.T) {
 	assert.Equal(t, FileName, filepath.Base(d.Path()))
 }
 
-// A format 3 file (JSON run records) is read as it is, read-only too, and
-// stamped with the current version when first opened for writing, so that
-// a binary of format 3 refuses the run records it could not read.
-func TestOpenStampsFormat3(t *testing.T) {
-	path := filepath.Join(t.TempDir(), FileName)
-	d, err := Open(path, Options{})
-	require.NoError(t, err)
-	require.NoError(t, d.Commit(bg, &engine.Commit{Run: &engine.Run{ID: "r1", Thread: "t", Status: engine.StatusQueued}, Sync: true}))
-	require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
-		return bucket(tx, bucketMeta).Put(metaVersion, []byte("3"))
-	}))
-	require.NoError(t, d.Close())
-	version := func(d *DB) (v string) {
-		require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
-			v = string(bucket(tx, bucketMeta).Get(metaVersion))
-			return nil
-		}))
-		return v
+// A format 3 or 4 file is read as it is, read-only too, and stamped with
+// the current version when first opened for writing, so that a binary of
+// its version refuses what it could not read: run records it cannot decode
+// (3), checkpoints in the recent bucket, which it does not know (3 and 4).
+// Such a file has no recent bucket until then.
+func TestOpenStampsOlderFormats(t *testing.T) {
+	for _, old := range []string{"3", "4"} {
+		t.Run(old, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), FileName)
+			d, err := Open(path, Options{})
+			require.NoError(t, err)
+			require.NoError(t, d.Commit(bg, &engine.Commit{
+				Checkpoint: &engine.Checkpoint{Thread: "t", ID: "0001", Created: tc0},
+				Run:        &engine.Run{ID: "r1", Thread: "t", Status: engine.StatusQueued},
+				Sync:       true,
+			}))
+			// What an older binary would have written: the checkpoint in
+			// the checkpoints bucket, and no recent bucket.
+			require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
+				var moved [][2][]byte
+				require.NoError(t, bucket(tx, bucketRecent).ForEach(func(k, v []byte) error {
+					moved = append(moved, [2][]byte{bytes.Clone(k), bytes.Clone(v)})
+					return nil
+				}))
+				require.Len(t, moved, 1)
+				for _, kv := range moved {
+					require.NoError(t, bucket(tx, bucketCheckpoints).Put(kv[0], kv[1]))
+				}
+				require.NoError(t, tx.DeleteBucket([]byte(bucketRecent)))
+				return bucket(tx, bucketMeta).Put(metaVersion, []byte(old))
+			}))
+			require.NoError(t, d.Close())
+			version := func(d *DB) (v string, recent bool) {
+				require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
+					v, recent = string(bucket(tx, bucketMeta).Get(metaVersion)), bucket(tx, bucketRecent) != nil
+					return nil
+				}))
+				return v, recent
+			}
+
+			ro, err := Open(path, Options{ReadOnly: true})
+			require.NoError(t, err)
+			r, err := ro.Run(bg, "r1")
+			require.NoError(t, err)
+			assert.Equal(t, engine.StatusQueued, r.Status)
+			cp, err := ro.Checkpoint(bg, "t", "", "")
+			require.NoError(t, err)
+			assert.Equal(t, "0001", cp.ID)
+			rep, err := ro.Check(bg)
+			require.NoError(t, err)
+			assert.True(t, rep.OK(), "%v", rep.Problems)
+			v, recent := version(ro)
+			assert.Equal(t, old, v, "a read-only open changes nothing")
+			assert.False(t, recent)
+			require.NoError(t, ro.Close())
+
+			d, err = Open(path, Options{})
+			require.NoError(t, err)
+			defer d.Close()
+			v, recent = version(d)
+			assert.Equal(t, strconv.Itoa(formatVersion), v)
+			assert.True(t, recent, "the first writable open adds the recent bucket")
+			require.NoError(t, d.Commit(bg, &engine.Commit{
+				Checkpoint: &engine.Checkpoint{Thread: "t", ID: "0002", ParentID: "0001", Created: tc0}, Sync: true}))
+			h, err := d.History(bg, "t", "", "", 0)
+			require.NoError(t, err)
+			require.Len(t, h, 2)
+			assert.Equal(t, []string{"0002", "0001"}, []string{h[0].ID, h[1].ID})
+			rep, err = d.Check(bg)
+			require.NoError(t, err)
+			assert.True(t, rep.OK(), "%v", rep.Problems)
+		})
 	}
-
-	ro, err := Open(path, Options{ReadOnly: true})
-	require.NoError(t, err)
-	r, err := ro.Run(bg, "r1")
-	require.NoError(t, err)
-	assert.Equal(t, engine.StatusQueued, r.Status)
-	assert.Equal(t, "3", version(ro), "a read-only open changes nothing")
-	require.NoError(t, ro.Close())
-
-	d, err = Open(path, Options{})
-	require.NoError(t, err)
-	defer d.Close()
-	assert.Equal(t, strconv.Itoa(formatVersion), version(d))
 }
 
 // A store opening hands its newest ids to the engine, so ids stay

@@ -33,6 +33,8 @@
 // sharing one transaction write a few pages at the right edge of the tree;
 // each namespace's newest checkpoint and branch heads are recorded beside
 // them, and History merges the parent chains that start there (leaves.go).
+// The newest few checkpoints wait in a small bucket stored inside the root
+// page, so that a lone thread's step commit writes fewer pages (recent.go).
 // Blobs are appended to a log, so a group commit's new blobs also land
 // together, and found through an index written in batches; the newest,
 // unindexed blobs are kept in memory and read back at open (bloblog.go).

@@ -29,7 +29,8 @@ import (
 
 // nsTree reads and maintains one namespace's leaves inside a transaction.
 type nsTree struct {
-	cb, hb, bb *bbolt.Bucket
+	cb         checkpoints
+	hb, bb     *bbolt.Bucket
 	thread, ns string
 	headKey    []byte
 	head       string // "" while the namespace has no checkpoint
@@ -37,7 +38,7 @@ type nsTree struct {
 
 func openNSTree(tx *bbolt.Tx, thread, ns string) (*nsTree, error) {
 	t := &nsTree{
-		cb: bucket(tx, bucketCheckpoints), hb: bucket(tx, bucketHeads), bb: bucket(tx, bucketBranches),
+		cb: openCheckpoints(tx), hb: bucket(tx, bucketHeads), bb: bucket(tx, bucketBranches),
 		thread: thread, ns: ns, headKey: nsKey(thread, ns),
 	}
 	if rec := t.hb.Get(t.headKey); rec != nil {
@@ -59,7 +60,7 @@ func (t *nsTree) get(id string) []byte { return t.cb.Get(t.key(id)) }
 func (t *nsTree) parentLink(id string, rec []byte) (parent string, ok bool, err error) {
 	_, parent, err = decodeCheckpointLink(rec)
 	if err != nil {
-		return "", false, corrupt(bucketCheckpoints, t.key(id), err)
+		return "", false, t.cb.corrupt(t.key(id), err)
 	}
 	return parent, t.counts(id, parent), nil
 }
@@ -92,7 +93,7 @@ func (t *nsTree) put(cp *engine.Checkpoint, rec []byte) error {
 	if existed {
 		var err error
 		if _, oldParent, err = decodeCheckpointLink(old); err != nil {
-			return corrupt(bucketCheckpoints, key, err)
+			return t.cb.corrupt(key, err)
 		}
 	}
 	if err := t.cb.Put(key, rec); err != nil {

@@ -108,14 +108,14 @@ func TestCheckFindsLeafProblems(t *testing.T) {
 		}, []string{
 			`heads "t\x00": names checkpoint 09, which is missing`,
 			`heads "t\x00": names checkpoint 09, but the namespace's newest is 05`,
-			`checkpoints "05\x00t\x00": checkpoint 05 is neither recorded in heads or branches nor the parent of a newer one: History does not list it`,
+			`recent "05\x00t\x00": checkpoint 05 is neither recorded in heads or branches nor the parent of a newer one: History does not list it`,
 		}},
 		{"head is not the newest", func(tx *bbolt.Tx) error {
 			return bucket(tx, bucketHeads).Put(nsKey("t", ""), encodeHead("03"))
 		}, []string{
 			`heads "t\x00": names checkpoint 03, but the namespace's newest is 05`,
 			`branches "t\x00\x0003": is not older than the namespace's head 03`,
-			`checkpoints "05\x00t\x00": checkpoint 05 is neither recorded in heads or branches nor the parent of a newer one: History does not list it`,
+			`recent "05\x00t\x00": checkpoint 05 is neither recorded in heads or branches nor the parent of a newer one: History does not list it`,
 		}},
 		{"corrupt heads entry", func(tx *bbolt.Tx) error {
 			return bucket(tx, bucketHeads).Put(nsKey("t", ""), []byte("junk!"))
@@ -133,7 +133,7 @@ func TestCheckFindsLeafProblems(t *testing.T) {
 		}, []string{`branches "t\x00\x0003": holds 1 bytes, want none`}},
 		{"unrecorded leaf", func(tx *bbolt.Tx) error {
 			return bucket(tx, bucketBranches).Delete(branchKey("t", "", "03"))
-		}, []string{`checkpoints "03\x00t\x00": checkpoint 03 is neither recorded in heads or branches nor the parent of a newer one: History does not list it`}},
+		}, []string{`recent "03\x00t\x00": checkpoint 03 is neither recorded in heads or branches nor the parent of a newer one: History does not list it`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -616,7 +616,7 @@ const maxFlagWalk = 1024
 // its last checkpoint back along parent links (checkpoints hold changed
 // channels only). A missing or unreadable channel yields no flags.
 func finalFlags(blobs *blobs, r *engine.Run) []string {
-	cb := bucket(blobs.tx, bucketCheckpoints)
+	cb := openCheckpoints(blobs.tx)
 	flags, _ := walkFlags(r,
 		func(id string) (*engine.Checkpoint, bool) { return storedCheckpoint(cb, r.Thread, id), true },
 		blobs.data)
@@ -630,9 +630,10 @@ func finalFlags(blobs *blobs, r *engine.Run) []string {
 // the walk needs a checkpoint it cannot read.
 func commitFlags(c *engine.Commit, blobs *blobs) (flags []string, ok bool) {
 	r := c.Run
-	var cb *bbolt.Bucket
+	var cb *checkpoints
 	if blobs != nil {
-		cb = bucket(blobs.tx, bucketCheckpoints)
+		c := openCheckpoints(blobs.tx)
+		cb = &c
 	}
 	return walkFlags(r,
 		func(id string) (*engine.Checkpoint, bool) {
@@ -644,7 +645,7 @@ func commitFlags(c *engine.Commit, blobs *blobs) (flags []string, ok bool) {
 			if cb == nil {
 				return nil, false
 			}
-			return storedCheckpoint(cb, r.Thread, id), true
+			return storedCheckpoint(*cb, r.Thread, id), true
 		},
 		func(ref engine.BlobRef) []byte {
 			if data, ok := c.Blobs[ref]; ok || blobs == nil {
@@ -656,7 +657,7 @@ func commitFlags(c *engine.Commit, blobs *blobs) (flags []string, ok bool) {
 
 // storedCheckpoint reads a checkpoint of the root namespace; nil when it is
 // missing or unreadable.
-func storedCheckpoint(cb *bbolt.Bucket, thread, id string) *engine.Checkpoint {
+func storedCheckpoint(cb checkpoints, thread, id string) *engine.Checkpoint {
 	v := cb.Get(checkpointKey(thread, "", id))
 	if v == nil {
 		return nil

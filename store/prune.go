@@ -201,7 +201,7 @@ func (p *pruner) history(thread, ns string) ([]*engine.Checkpoint, error) {
 		}
 		c, err := decodeCheckpoint(rec)
 		if err != nil {
-			return nil, corrupt(bucketCheckpoints, t.key(id), err)
+			return nil, t.cb.corrupt(t.key(id), err)
 		}
 		out = append(out, c)
 	}
@@ -377,7 +377,7 @@ func (p *pruner) apply(plan *nsPlan) error {
 			return fmt.Errorf("store snapshot blob: %w", err)
 		}
 	}
-	cb := bucket(p.tx, bucketCheckpoints)
+	cb := openCheckpoints(p.tx)
 	if plan.head != nil {
 		if err := cb.Put(checkpointKey(plan.thread, plan.ns, plan.head.ID), encodeCheckpoint(plan.head)); err != nil {
 			return fmt.Errorf("rewrite checkpoint %s: %w", plan.head.ID, err)
@@ -430,10 +430,10 @@ func (p *pruner) collectBlobs() error {
 			work = append(work, ref)
 		}
 	}
-	if err := p.walk(bucketCheckpoints, func(k, v []byte) error {
+	if err := eachCheckpoint(p.ctx, p.tx, func(name string, k, v []byte) error {
 		c, err := decodeCheckpoint(v)
 		if err != nil {
-			return corrupt(bucketCheckpoints, k, err)
+			return corrupt(name, k, err)
 		}
 		checkpointRefs(c, mark)
 		return nil

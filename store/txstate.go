@@ -14,6 +14,8 @@ import (
 type txState struct {
 	head  *ledgerHead
 	blobs *blobs
+	// batch is the number of requests the transaction applies.
+	batch int
 }
 
 var txStates = struct {
@@ -21,8 +23,8 @@ var txStates = struct {
 	m  map[*bbolt.Tx]*txState
 }{m: map[*bbolt.Tx]*txState{}}
 
-func beginTxState(tx *bbolt.Tx, tail *blobTail) *txState {
-	st := &txState{blobs: openBlobs(tx, tail, newBlobChanges())}
+func beginTxState(tx *bbolt.Tx, tail *blobTail, batch int) *txState {
+	st := &txState{blobs: openBlobs(tx, tail, newBlobChanges()), batch: batch}
 	txStates.mu.Lock()
 	txStates.m[tx] = st
 	txStates.mu.Unlock()
