@@ -33,8 +33,11 @@ type Problem struct {
 }
 
 func (p Problem) String() string {
-	if p.Bucket == "" {
+	switch {
+	case p.Bucket == "":
 		return p.Message
+	case p.Key == "":
+		return fmt.Sprintf("%s: %s", p.Bucket, p.Message)
 	}
 	return fmt.Sprintf("%s %s: %s", p.Bucket, p.Key, p.Message)
 }

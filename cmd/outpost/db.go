@@ -13,10 +13,10 @@ import (
 )
 
 func init() {
-	register("db", "check, back up, compact or prune the store", runDB)
+	register("db", "check, back up, compact, prune or salvage the store", runDB)
 }
 
-const dbUsage = `Usage: outpost db <check|backup|compact|prune> [flags]
+const dbUsage = `Usage: outpost db <check|backup|compact|prune|salvage> [flags]
 
   check              verify bbolt's pages, every record's checksum, and that every referenced blob exists
   backup FILE        write a consistent copy of the store to FILE (works while serve runs)
@@ -25,6 +25,9 @@ const dbUsage = `Usage: outpost db <check|backup|compact|prune> [flags]
   prune --older-than D
                      drop the intermediate checkpoints of finished threads idle for D, then collect
                      the blobs nothing names (a blob is kept for at least 24h, whatever D)
+  salvage FILE       copy every record that can still be read from a damaged store (one that
+                     will not open, or that check finds pages of) into a new store FILE, and
+                     say what was lost (stop serve first; the store itself is not changed)
 
 Every subcommand takes --data DIR and --json.
 `
@@ -56,6 +59,11 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("prune needs --older-than, a positive duration such as 720h")
 		}
 		return dbPrune(ctx, *data, *olderThan, *asJSON, stdout, stderr)
+	case "salvage":
+		if fs.NArg() != 1 {
+			return fmt.Errorf("salvage needs the file to write: outpost db salvage FILE")
+		}
+		return dbSalvage(ctx, *data, fs.Arg(0), *asJSON, stdout)
 	}
 	fmt.Fprint(stderr, dbUsage)
 	return fmt.Errorf("unknown db subcommand %q", sub)
@@ -110,12 +118,8 @@ func dbCheck(ctx context.Context, dir string, asJSON bool, stdout, stderr io.Wri
 			return err
 		}
 	} else {
-		total := 0
-		for _, n := range rep.Records {
-			total += n
-		}
 		fmt.Fprintf(stdout, "checked %d records: checkpoints %d, pending writes %d, blobs %d (%d indexed), runs %d, tool calls %d, outcomes %d\n",
-			total, rep.Records["checkpoints"], rep.Records["writes"], rep.Records["bloblog"], rep.Records["blobindex"],
+			sum(rep.Records), rep.Records["checkpoints"], rep.Records["writes"], rep.Records["bloblog"], rep.Records["blobindex"],
 			rep.Records["runs"], rep.Records["toolcalls"], rep.Records["outcomes"])
 		for _, p := range rep.Problems {
 			fmt.Fprintf(stdout, "PROBLEM %s\n", p)
@@ -200,4 +204,49 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 	}
 	fmt.Fprintln(stdout, "run \"outpost db compact\" to give the freed pages back to the file system")
 	return nil
+}
+
+func dbSalvage(ctx context.Context, dir, dst string, asJSON bool, stdout io.Writer) error {
+	src := filepath.Join(dir, store.FileName)
+	if _, err := os.Stat(src); err != nil {
+		return fmt.Errorf("no store in %s: %w", dir, err)
+	}
+	rep, err := store.Salvage(ctx, src, dst)
+	if errors.Is(err, store.ErrInUse) {
+		return fmt.Errorf("%w: salvage reads the store file itself; stop serve first", err)
+	}
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if err := printJSON(stdout, rep); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(stdout, "salvaged %s into %s: %d records copied (checkpoints %d, pending writes %d, blobs %d, runs %d, tool calls %d, outcomes %d)\n",
+			src, dst, sum(rep.Records), rep.Records["checkpoints"]+rep.Records["recent"], rep.Records["writes"], rep.Records["bloblog"],
+			rep.Records["runs"], rep.Records["toolcalls"], rep.Records["outcomes"])
+		for _, p := range rep.Lost {
+			fmt.Fprintf(stdout, "LOST %s\n", p)
+		}
+		for _, p := range rep.Check.Problems {
+			fmt.Fprintf(stdout, "PROBLEM in the copy: %s\n", p)
+		}
+		if rep.OK() {
+			fmt.Fprintln(stdout, "nothing was lost, and the copy checks clean")
+		}
+		fmt.Fprintf(stdout, "to use the copy: stop serve, move %s aside, move %s to %s, start serve\n", src, dst, src)
+	}
+	if !rep.OK() {
+		return fmt.Errorf("the copy is not whole: %d part(s) lost, %d problem(s) in the copy", len(rep.Lost), len(rep.Check.Problems))
+	}
+	return nil
+}
+
+func sum(counts map[string]int) int {
+	n := 0
+	for _, c := range counts {
+		n += c
+	}
+	return n
 }

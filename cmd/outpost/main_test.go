@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -85,6 +86,69 @@ func TestRunThenInspect(t *testing.T) {
 	code, stdout, _ = outpost(t, "runs", "history", "t1", "--data", dir)
 	require.Zero(t, code)
 	require.Equal(t, 2, strings.Count(stdout, "\n"), "one checkpoint left:\n%s", stdout)
+}
+
+// A store with a damaged page does not open; db salvage copies what can
+// be read into a new file, says what was lost and how to use the copy, and
+// leaves the store as it was. A sound store is copied whole.
+func TestDBSalvage(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.OpenDir(dir, store.Options{})
+	require.NoError(t, err)
+	for i := range 60 { // enough runs for the runs bucket to have a page of its own
+		id := fmt.Sprintf("%04d", i+1)
+		require.NoError(t, db.Commit(context.Background(), &engine.Commit{
+			Checkpoint: &engine.Checkpoint{Thread: "t1", ID: id, Created: time.Now()},
+			Run:        &engine.Run{ID: "run_" + id, Thread: "t1", Status: engine.StatusQueued, Checkpoint: id},
+			Sync:       true,
+		}))
+	}
+	require.NoError(t, db.Close())
+	path := filepath.Join(dir, store.FileName)
+
+	code, stdout, stderr := outpost(t, "db", "salvage", "--data", dir, filepath.Join(t.TempDir(), "whole.db"))
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "nothing was lost, and the copy checks clean")
+
+	bdb, err := bbolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	var root uint64
+	require.NoError(t, bdb.View(func(tx *bbolt.Tx) error { root = uint64(tx.Bucket([]byte("runs")).Root()); return nil }))
+	ps := bdb.Info().PageSize
+	require.NoError(t, bdb.Close())
+	require.NotZero(t, root, "the runs bucket is still inline")
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(bytes.Repeat([]byte{0xEE}, 32), int64(root)*int64(ps))
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	damaged, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	code, _, stderr = outpost(t, "runs", "list", "--data", dir)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "damaged")
+
+	out := filepath.Join(t.TempDir(), "salvaged.db")
+	code, stdout, stderr = outpost(t, "db", "salvage", "--data", dir, out)
+	require.Equal(t, 1, code, stdout)
+	require.Contains(t, stdout, "LOST runs: page ")
+	require.Contains(t, stdout, "(checkpoints 60,", "the checkpoints are not on the damaged page")
+	require.Contains(t, stdout, "to use the copy: stop serve")
+	require.Contains(t, stderr, "the copy is not whole")
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, damaged, after, "salvage changed the store")
+
+	code, _, stderr = outpost(t, "db", "salvage", "--data", dir, "--json", out)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "exists")
+
+	// The copy takes the store's place and serves what it holds.
+	require.NoError(t, os.Rename(out, path))
+	code, stdout, stderr = outpost(t, "runs", "history", "t1", "--data", dir)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "0060")
 }
 
 func TestDBCheckReportsCorruptRecord(t *testing.T) {

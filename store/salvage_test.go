@@ -1,0 +1,256 @@
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// salvageFixture writes a store of five threads with many steps each,
+// finished runs (so outcomes too), and returns its path with every
+// record it holds, by bucket and key.
+func salvageFixture(t testing.TB) (string, map[string]map[string][]byte) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	for i := 1; i <= 300; i++ {
+		require.NoError(t, d.Commit(bg, stepCommit(fmt.Sprintf("t%d", i%5), i)))
+	}
+	for th := range 5 {
+		run := &engine.Run{ID: fmt.Sprintf("run-t%d", th), Thread: fmt.Sprintf("t%d", th), Status: engine.StatusCompleted,
+			Checkpoint: fmt.Sprintf("%04d", 295+th), Output: []byte(`"done"`)}
+		if th == 0 {
+			run.Checkpoint = "0300"
+		}
+		require.NoError(t, d.Commit(bg, &engine.Commit{Run: run, Sync: true}))
+	}
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "%v", rep.Problems)
+	require.NoError(t, d.Close())
+	return path, records(t, path)
+}
+
+// records reads every record of a sound store file, by bucket and key.
+func records(t testing.TB, path string) map[string]map[string][]byte {
+	t.Helper()
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
+	require.NoError(t, err)
+	defer db.Close()
+	out := map[string]map[string][]byte{}
+	require.NoError(t, db.View(func(tx *bbolt.Tx) error {
+		return tx.ForEach(func(name []byte, b *bbolt.Bucket) error {
+			m := map[string][]byte{}
+			out[string(name)] = m
+			return b.ForEach(func(k, v []byte) error { m[string(k)] = bytes.Clone(v); return nil })
+		})
+	}))
+	return out
+}
+
+func copyFile(t *testing.T, src string) string {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	require.NoError(t, err)
+	return writeStore(t, b)
+}
+
+// A sound store comes out whole: every record, the bucket sequences (the
+// pending writes' keys come from one), and a clean check.
+func TestSalvageCopiesASoundStoreWhole(t *testing.T) {
+	src, want := salvageFixture(t)
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, src, dst)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Lost)
+	require.NotNil(t, rep.Check)
+	assert.True(t, rep.OK(), "%v", rep.Check.Problems)
+	assert.Equal(t, want, records(t, dst))
+	for name, recs := range want {
+		assert.Equal(t, len(recs), rep.Records[name], name)
+	}
+
+	seq := func(path string) (n uint64) {
+		db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
+		require.NoError(t, err)
+		defer db.Close()
+		require.NoError(t, db.View(func(tx *bbolt.Tx) error { n = bucket(tx, bucketWrites).Sequence(); return nil }))
+		return n
+	}
+	assert.Positive(t, seq(dst))
+	assert.Equal(t, seq(src), seq(dst))
+
+	d, err := Open(dst, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	h, err := d.History(bg, "t1", "", "", 0)
+	require.NoError(t, err)
+	assert.Len(t, h, 60)
+	ls, err := d.Ledger(bg)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(5), ls.LastSeq)
+}
+
+// pageOf returns a page below the root of a bucket: the first child of
+// its root branch page.
+func pageOf(t *testing.T, path, name string) (id uint64, ps int) {
+	t.Helper()
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
+	require.NoError(t, err)
+	var root uint64
+	require.NoError(t, db.View(func(tx *bbolt.Tx) error {
+		b := bucket(tx, name)
+		require.GreaterOrEqual(t, b.Stats().Depth, 2, "bucket %s is a single page", name)
+		root = uint64(b.Root())
+		return nil
+	}))
+	ps = db.Info().PageSize
+	require.NoError(t, db.Close())
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	page := make([]byte, ps)
+	_, err = f.ReadAt(page, int64(root)*int64(ps))
+	require.NoError(t, err)
+	require.Equal(t, uint16(branchPageFlag), binary.LittleEndian.Uint16(page[8:]))
+	return binary.LittleEndian.Uint64(page[pageHeaderSize+8:]), ps
+}
+
+// A damaged leaf page loses the records on it, and only those: the store
+// that Open refuses is copied into one that opens, whose check names what
+// the lost records leave dangling.
+func TestSalvagePassesOverADamagedPage(t *testing.T) {
+	src, want := salvageFixture(t)
+	id, ps := pageOf(t, src, bucketCheckpoints)
+	f, err := os.OpenFile(src, os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(bytes.Repeat([]byte{0xEE}, 64), int64(id)*int64(ps))
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	_, err = Open(src, Options{ReadOnly: true})
+	require.ErrorIs(t, err, ErrDamaged)
+	before, err := os.ReadFile(src)
+	require.NoError(t, err)
+
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, src, dst)
+	require.NoError(t, err)
+	after, err := os.ReadFile(src)
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "salvage wrote to the damaged file")
+	require.Len(t, rep.Lost, 1, "%v", rep.Lost)
+	assert.Equal(t, bucketCheckpoints, rep.Lost[0].Bucket)
+	assert.Contains(t, rep.Lost[0].Message, fmt.Sprintf("page %d says it is page", id))
+	assert.False(t, rep.OK())
+
+	got := records(t, dst)
+	for name, recs := range want {
+		if name == bucketMeta {
+			continue
+		}
+		if name != bucketCheckpoints {
+			assert.Equal(t, recs, got[name], "bucket %s", name)
+			continue
+		}
+		lost := 0
+		for k, v := range recs {
+			if g, ok := got[name][k]; ok {
+				assert.Equal(t, v, g)
+			} else {
+				lost++
+			}
+		}
+		assert.Positive(t, lost)
+		assert.Less(t, lost, len(recs)/2)
+		assert.Equal(t, len(recs)-lost, rep.Records[name])
+	}
+	require.NotNil(t, rep.Check)
+	assert.False(t, rep.Check.OK(), "check of the copy misses the lost checkpoints")
+
+	d, err := Open(dst, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	c, err := d.Checkpoint(bg, "t1", "", "")
+	require.NoError(t, err)
+	assert.Equal(t, "0296", c.ID, "the newest checkpoints were not on the damaged page")
+}
+
+// With the newer meta page damaged, the walk starts from the older one;
+// with both damaged, nothing can be found and Salvage says so.
+func TestSalvageWithADamagedMetaPage(t *testing.T) {
+	src, want := salvageFixture(t)
+	good, err := os.ReadFile(src)
+	require.NoError(t, err)
+	ps := int(binary.LittleEndian.Uint32(good[metaOffset+8:]))
+	newer := 0
+	if readMeta(good[ps:]).txid > readMeta(good).txid {
+		newer = ps
+	}
+	b := bytes.Clone(good)
+	b[newer+metaOffset+20] ^= 0xFF
+	rep, err := Salvage(bg, writeStore(t, b), filepath.Join(t.TempDir(), "salvaged.db"))
+	require.NoError(t, err)
+	require.Len(t, rep.Lost, 1)
+	assert.Contains(t, rep.Lost[0].Message, "is not whole")
+	assert.Equal(t, readMeta(good[ps-newer:]).txid, rep.TxID)
+	assert.Equal(t, len(want[bucketRuns]), rep.Records[bucketRuns])
+
+	b[ps-newer+metaOffset+20] ^= 0xFF
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	_, err = Salvage(bg, writeStore(t, b), dst)
+	require.ErrorIs(t, err, ErrDamaged)
+	assert.NoFileExists(t, dst)
+}
+
+func TestSalvageRefusals(t *testing.T) {
+	src, _ := salvageFixture(t)
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	require.NoError(t, os.WriteFile(dst, []byte("keep"), 0o600))
+	_, err := Salvage(bg, src, dst)
+	require.ErrorIs(t, err, os.ErrExist)
+	kept, err := os.ReadFile(dst)
+	require.NoError(t, err)
+	assert.Equal(t, "keep", string(kept))
+
+	d, err := Open(src, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	dst = filepath.Join(t.TempDir(), "salvaged.db")
+	_, err = Salvage(bg, src, dst)
+	require.ErrorIs(t, err, ErrInUse)
+	assert.NoFileExists(t, dst)
+}
+
+// Whatever the damage, Salvage does not panic, and a copy it reports
+// written opens.
+func FuzzSalvage(f *testing.F) {
+	good, _ := damageFixture(f)
+	f.Add(uint32(0), []byte{0xFF})
+	f.Add(uint32(4096*3+20), []byte{1, 2, 3, 4, 5, 6, 7, 8})
+	f.Add(uint32(len(good)/2), bytes.Repeat([]byte{0}, 4096))
+	f.Fuzz(func(t *testing.T, at uint32, junk []byte) {
+		b := bytes.Clone(good)
+		if int(at) < len(b) {
+			copy(b[at:], junk)
+		}
+		dst := filepath.Join(t.TempDir(), "salvaged.db")
+		rep, err := Salvage(bg, writeStore(t, b), dst)
+		if err != nil {
+			return
+		}
+		require.NotNil(t, rep.Check)
+		d, err := Open(dst, Options{ReadOnly: true})
+		require.NoError(t, err)
+		require.NoError(t, d.Close())
+	})
+}
