@@ -79,35 +79,29 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	if len(metas) == 0 {
 		return rep, fmt.Errorf("salvage %s: %w: neither meta page is whole, so nothing in the file can be found", src, ErrDamaged)
 	}
-	var buckets []salvagedBucket
+	var w *salvageWalk
+	var entries []salvageEntry
 	for i, m := range metas {
-		w := &salvageWalk{f: f, ps: m.pageSize, pgid: min(m.pgid, uint64(fi.Size())/m.pageSize), seen: map[uint64]bool{}, rep: rep}
-		rootLost := len(rep.Lost)
-		buckets = w.root(ctx, m.root)
-		if err := ctx.Err(); err != nil {
-			return rep, fmt.Errorf("salvage %s: %w", src, err)
+		w = &salvageWalk{f: f, ps: m.pageSize, pgid: min(m.pgid, uint64(fi.Size())/m.pageSize), seen: map[uint64]bool{}, rep: rep}
+		entries = nil
+		err := w.tree(ctx, m.root, "the meta page", func(e salvageEntry) error { entries = append(entries, e); return nil })
+		if ctx.Err() != nil {
+			return rep, fmt.Errorf("salvage %s: %w", src, ctx.Err())
 		}
-		if buckets != nil || i == len(metas)-1 {
+		if err == nil {
 			rep.TxID = m.txid
 			break
 		}
-		// The root is unreadable from this meta page: try the older one.
-		rep.Lost = append(rep.Lost[:rootLost], Problem{Message: fmt.Sprintf(
-			"the root page of transaction %d cannot be read; the older meta page (transaction %d) is used instead", m.txid, metas[i+1].txid)})
-	}
-	if buckets == nil {
-		return rep, fmt.Errorf("salvage %s: %w: the root page cannot be read from either meta page", src, ErrDamaged)
-	}
-	for _, name := range append([]string{bucketMeta}, dataBuckets...) {
-		if !slices.ContainsFunc(buckets, func(b salvagedBucket) bool { return b.name == name }) {
-			rep.Lost = append(rep.Lost, Problem{Bucket: name, Message: "the root bucket does not name this bucket: its records are lost"})
+		if i == len(metas)-1 {
+			return rep, fmt.Errorf("salvage %s: %w: the root page cannot be read from either meta page: %v", src, ErrDamaged, err)
 		}
+		rep.Lost = append(rep.Lost, Problem{Message: fmt.Sprintf(
+			"the root page of transaction %d cannot be read (%v); the older meta page (transaction %d) is used instead", m.txid, err, metas[i+1].txid)})
 	}
-	buckets = keepFormat(buckets, rep)
 
 	tmp := dst + ".salvage"
 	_ = os.Remove(tmp) // a leftover of a salvage that did not finish
-	if err := writeSalvaged(ctx, tmp, buckets, rep); err != nil {
+	if err := w.copyInto(ctx, tmp, entries); err != nil {
 		return rep, errors.Join(fmt.Errorf("salvage %s: write %s: %w", src, tmp, err), os.Remove(tmp))
 	}
 	if err := os.Rename(tmp, dst); err != nil {
@@ -165,45 +159,8 @@ func salvageMetas(f *os.File, rep *SalvageReport) []boltMeta {
 	return metas
 }
 
-// keepFormat makes sure the copy names its format, which Open needs: when
-// the format records are lost, the copy is stamped with this binary's
-// version (the records of versions 3 and 4 are all read by it). A lost
-// appliance ID is reported: Open makes a new one, and the collector then
-// sees a new appliance.
-func keepFormat(buckets []salvagedBucket, rep *SalvageReport) []salvagedBucket {
-	i := slices.IndexFunc(buckets, func(b salvagedBucket) bool { return b.name == bucketMeta })
-	if i < 0 {
-		buckets = append(buckets, salvagedBucket{name: bucketMeta})
-		i = len(buckets) - 1
-	}
-	meta := &buckets[i]
-	has := func(k []byte) bool {
-		return slices.ContainsFunc(meta.records, func(r [2][]byte) bool { return bytes.Equal(r[0], k) })
-	}
-	if !has(metaFormat) || !has(metaVersion) {
-		meta.records = slices.DeleteFunc(meta.records, func(r [2][]byte) bool {
-			return bytes.Equal(r[0], metaFormat) || bytes.Equal(r[0], metaVersion)
-		})
-		meta.records = append(meta.records, [2][]byte{metaFormat, []byte(formatName)},
-			[2][]byte{metaVersion, []byte(strconv.Itoa(formatVersion))})
-		rep.Lost = append(rep.Lost, Problem{Bucket: bucketMeta, Message: fmt.Sprintf(
-			"the format records are lost; the copy is stamped format version %d", formatVersion)})
-	}
-	if !has(metaAppliance) {
-		rep.Lost = append(rep.Lost, Problem{Bucket: bucketMeta, Message: "the appliance ID is lost; the copy gets a new one, " +
-			"and a collector will see a new appliance"})
-	}
-	return buckets
-}
-
-type salvagedBucket struct {
-	name    string
-	seq     uint64
-	records [][2][]byte
-}
-
 // salvageWalk reads pages like pageWalk (fileguard.go), but passes over a
-// page that is not whole instead of stopping.
+// page that is not whole, and what lies below it, instead of stopping.
 type salvageWalk struct {
 	f    *os.File
 	ps   uint64
@@ -214,51 +171,16 @@ type salvageWalk struct {
 	bucket string
 }
 
-// root reads the root bucket's entries, then each known bucket they name.
-// It returns nil when the root page itself cannot be read.
-func (w *salvageWalk) root(ctx context.Context, root uint64) []salvagedBucket {
-	var entries []salvageEntry
-	w.bucket = ""
-	if err := w.tree(ctx, root, "the meta page", &entries); err != nil {
-		return nil
-	}
-	out := []salvagedBucket{}
-	known := append([]string{bucketMeta}, dataBuckets...)
-	for _, e := range entries {
-		name := string(e.k)
-		if !e.bucket || !slices.Contains(known, name) {
-			w.lost("", nil, "the root bucket holds %q, which the store does not know; it is left out", e.k)
-			continue
-		}
-		if len(e.v) < inBucketSize {
-			w.lost(name, nil, "its header in the root page is cut short: its records are lost")
-			continue
-		}
-		b := salvagedBucket{name: name, seq: binary.LittleEndian.Uint64(e.v[8:])}
-		var recs []salvageEntry
-		var err error
-		w.bucket = name
-		if r := binary.LittleEndian.Uint64(e.v); r == 0 {
-			err = w.nodes(ctx, e.v[inBucketSize:], "an inline bucket", true, &recs)
-		} else {
-			err = w.tree(ctx, r, "the root page", &recs)
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			w.lost(name, nil, "%v: its records are lost", err)
-		}
-		for _, r := range recs {
-			if r.bucket {
-				w.lost(name, r.k, "a nested bucket, which the store never makes; left out")
-				continue
-			}
-			b.records = append(b.records, [2][]byte{r.k, r.v})
-		}
-		out = append(out, b)
-	}
-	return out
+// emitError is a failure to write what the walk read: it ends the walk,
+// where a page that cannot be read does not.
+type emitError struct{ err error }
+
+func (e *emitError) Error() string { return e.err.Error() }
+func (e *emitError) Unwrap() error { return e.err }
+
+type salvageEntry struct {
+	k, v   []byte
+	bucket bool
 }
 
 func (w *salvageWalk) lost(bucket string, key []byte, format string, a ...any) {
@@ -269,14 +191,132 @@ func (w *salvageWalk) lost(bucket string, key []byte, format string, a ...any) {
 	w.rep.Lost = append(w.rep.Lost, p)
 }
 
-type salvageEntry struct {
-	k, v   []byte
-	bucket bool
+// copyInto writes a new bbolt file at path holding the known buckets that
+// the root bucket's entries name, each read from the source as it is
+// written, a few thousand records to a transaction.
+func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salvageEntry) error {
+	out, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second, FreelistType: bbolt.FreelistMapType, NoFreelistSync: true})
+	if err != nil {
+		return err
+	}
+	err = func() error {
+		known := append([]string{bucketMeta}, dataBuckets...)
+		copied := map[string]bool{}
+		for _, e := range entries {
+			name := string(e.k)
+			switch {
+			case !e.bucket || !slices.Contains(known, name):
+				w.lost("", nil, "the root bucket holds %q, which the store does not know; it is left out", e.k)
+				continue
+			case len(e.v) < inBucketSize:
+				w.lost(name, nil, "its header in the root page is cut short: its records are lost")
+				continue
+			}
+			copied[name] = true
+			if err := w.copyBucket(ctx, out, name, e.v); err != nil {
+				return err
+			}
+		}
+		for _, name := range known {
+			if !copied[name] {
+				w.lost(name, nil, "the root bucket does not name this bucket: its records are lost")
+			}
+		}
+		return out.Update(w.keepFormat)
+	}()
+	return errors.Join(err, out.Close())
 }
 
-// tree reads the page tree at id into out. A page below the top that
-// cannot be read is reported and passed over; the top page is the error.
-func (w *salvageWalk) tree(ctx context.Context, id uint64, from string, out *[]salvageEntry) error {
+// salvageBatch is the number of records copied in one transaction: the
+// memory a salvage takes, whatever the size of the store.
+var salvageBatch = 4096
+
+// copyBucket copies one bucket, whose header in the root page is hdr.
+func (w *salvageWalk) copyBucket(ctx context.Context, out *bbolt.DB, name string, hdr []byte) error {
+	var batch []salvageEntry
+	flush := func() error {
+		err := out.Update(func(tx *bbolt.Tx) error {
+			b, err := tx.CreateBucketIfNotExists([]byte(name))
+			if err != nil {
+				return err
+			}
+			b.FillPercent = 1 // keys arrive in order
+			if err := b.SetSequence(binary.LittleEndian.Uint64(hdr[8:])); err != nil {
+				return err
+			}
+			for _, r := range batch {
+				if err := b.Put(r.k, r.v); err != nil {
+					return fmt.Errorf("bucket %s: %w", name, err)
+				}
+			}
+			return nil
+		})
+		if err == nil {
+			w.rep.Records[name] += len(batch)
+		}
+		batch = batch[:0]
+		return err
+	}
+	var werr error // a failed write ends the walk (see nodes)
+	emit := func(r salvageEntry) error {
+		if r.bucket {
+			w.lost(name, r.k, "a nested bucket, which the store never makes; left out")
+			return nil
+		}
+		if batch = append(batch, r); len(batch) == salvageBatch {
+			if err := flush(); err != nil {
+				werr = &emitError{err}
+			}
+		}
+		return werr
+	}
+	w.bucket = name
+	var err error
+	if root := binary.LittleEndian.Uint64(hdr); root == 0 {
+		err = w.nodes(ctx, hdr[inBucketSize:], "an inline bucket", true, emit)
+	} else {
+		err = w.tree(ctx, root, "the root page", emit)
+	}
+	switch {
+	case werr != nil:
+		return werr
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		w.lost(name, nil, "%v: its records are lost", err)
+	}
+	return flush() // makes the bucket too when nothing of it could be read
+}
+
+// keepFormat makes sure the copy names its format, which Open needs: when
+// the format records are lost, the copy is stamped with this binary's
+// version (the records of versions 3 and 4 are all read by it). A lost
+// appliance ID is reported: Open makes a new one, and the collector then
+// sees a new appliance.
+func (w *salvageWalk) keepFormat(tx *bbolt.Tx) error {
+	meta, err := tx.CreateBucketIfNotExists([]byte(bucketMeta))
+	if err != nil {
+		return err
+	}
+	if meta.Get(metaFormat) == nil || meta.Get(metaVersion) == nil {
+		if err := meta.Put(metaFormat, []byte(formatName)); err != nil {
+			return err
+		}
+		if err := meta.Put(metaVersion, []byte(strconv.Itoa(formatVersion))); err != nil {
+			return err
+		}
+		w.lost(bucketMeta, nil, "the format records are lost; the copy is stamped format version %d", formatVersion)
+	}
+	if meta.Get(metaAppliance) == nil {
+		w.lost(bucketMeta, nil, "the appliance ID is lost; the copy gets a new one, and a collector will see a new appliance")
+	}
+	return nil
+}
+
+// tree reads the page tree at id, handing each leaf element to emit in
+// key order. A page below the top that cannot be read is reported, with
+// what lies below it, and passed over; the top page is the error.
+func (w *salvageWalk) tree(ctx context.Context, id uint64, from string, emit func(salvageEntry) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -284,7 +324,7 @@ func (w *salvageWalk) tree(ctx context.Context, id uint64, from string, out *[]s
 	if err != nil {
 		return err
 	}
-	return w.nodes(ctx, b, fmt.Sprintf("page %d", id), false, out)
+	return w.nodes(ctx, b, fmt.Sprintf("page %d", id), false, emit)
 }
 
 // page reads page id with its overflow, checking that it lies in the file,
@@ -319,9 +359,9 @@ func (w *salvageWalk) page(id uint64, from string) ([]byte, error) {
 }
 
 // nodes reads the elements of a branch or leaf page held in b. A child of
-// a branch page that cannot be read is reported, with the records below
-// it, and passed over.
-func (w *salvageWalk) nodes(ctx context.Context, b []byte, what string, inline bool, out *[]salvageEntry) error {
+// a branch page that cannot be read is reported and passed over. An error
+// from emit ends the walk.
+func (w *salvageWalk) nodes(ctx context.Context, b []byte, what string, inline bool, emit func(salvageEntry) error) error {
 	if len(b) < pageHeaderSize {
 		return fmt.Errorf("%s is cut short", what)
 	}
@@ -334,75 +374,48 @@ func (w *salvageWalk) nodes(ctx context.Context, b []byte, what string, inline b
 	if pageHeaderSize+count*leafElementSize > len(b) { // branch and leaf elements are the same size
 		return fmt.Errorf("%s has %d elements, more than it holds", what, count)
 	}
-	var prev []byte
-	for i := range count {
-		e := pageHeaderSize + i*leafElementSize
-		if branch {
-			pos, ksize := int(le.Uint32(b[e:])), int(le.Uint32(b[e+4:]))
-			if e+pos+ksize > len(b) {
-				return fmt.Errorf("%s: element %d's key lies outside the page", what, i)
+	if !branch {
+		// The whole page is checked before any of it is handed on, so a
+		// page is copied whole or not at all.
+		var prev []byte
+		for i := range count {
+			e := pageHeaderSize + i*leafElementSize
+			pos, ksize, vsize := int(le.Uint32(b[e+4:])), int(le.Uint32(b[e+8:])), int(le.Uint32(b[e+12:]))
+			if e+pos+ksize+vsize > len(b) {
+				return fmt.Errorf("%s: element %d's key or value lies outside the page", what, i)
 			}
-			if err := w.tree(ctx, le.Uint64(b[e+8:]), what, out); err != nil {
-				if ctx.Err() != nil {
-					return err
-				}
-				w.lost(w.bucket, b[e+pos:e+pos+ksize], "%v: the records from this key to the next branch are lost", err)
+			k := b[e+pos : e+pos+ksize]
+			if prev != nil && bytes.Compare(prev, k) >= 0 {
+				return fmt.Errorf("%s: element %d's key is out of order", what, i)
 			}
-			continue
+			prev = k
 		}
-		pos, ksize, vsize := int(le.Uint32(b[e+4:])), int(le.Uint32(b[e+8:])), int(le.Uint32(b[e+12:]))
-		if e+pos+ksize+vsize > len(b) {
-			return fmt.Errorf("%s: element %d's key or value lies outside the page", what, i)
-		}
-		k := b[e+pos : e+pos+ksize]
-		if prev != nil && bytes.Compare(prev, k) >= 0 {
-			return fmt.Errorf("%s: element %d's key is out of order", what, i)
-		}
-		prev = k
-		*out = append(*out, salvageEntry{k: bytes.Clone(k), v: bytes.Clone(b[e+pos+ksize : e+pos+ksize+vsize]),
-			bucket: le.Uint32(b[e:])&bucketLeafFlag != 0})
-	}
-	return nil
-}
-
-// writeSalvaged writes the buckets to a new bbolt file at path, records in
-// key order, a few thousand to a transaction.
-func writeSalvaged(ctx context.Context, path string, buckets []salvagedBucket, rep *SalvageReport) error {
-	out, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second, FreelistType: bbolt.FreelistMapType, NoFreelistSync: true})
-	if err != nil {
-		return err
-	}
-	err = func() error {
-		for _, b := range buckets {
-			slices.SortFunc(b.records, func(x, y [2][]byte) int { return bytes.Compare(x[0], y[0]) })
-			b.records = slices.CompactFunc(b.records, func(x, y [2][]byte) bool { return bytes.Equal(x[0], y[0]) })
-			for start := 0; start == 0 || start < len(b.records); start += 4096 {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				err := out.Update(func(tx *bbolt.Tx) error {
-					nb, err := tx.CreateBucketIfNotExists([]byte(b.name))
-					if err != nil {
-						return err
-					}
-					nb.FillPercent = 1 // keys arrive in order
-					if err := nb.SetSequence(b.seq); err != nil {
-						return err
-					}
-					for _, r := range b.records[start:min(start+4096, len(b.records))] {
-						if err := nb.Put(r[0], r[1]); err != nil {
-							return fmt.Errorf("bucket %s: %w", b.name, err)
-						}
-					}
-					return nil
-				})
-				if err != nil {
-					return err
-				}
+		for i := range count {
+			e := pageHeaderSize + i*leafElementSize
+			pos, ksize, vsize := int(le.Uint32(b[e+4:])), int(le.Uint32(b[e+8:])), int(le.Uint32(b[e+12:]))
+			err := emit(salvageEntry{k: bytes.Clone(b[e+pos : e+pos+ksize]), v: bytes.Clone(b[e+pos+ksize : e+pos+ksize+vsize]),
+				bucket: le.Uint32(b[e:])&bucketLeafFlag != 0})
+			if err != nil {
+				return err
 			}
-			rep.Records[b.name] = len(b.records)
 		}
 		return nil
-	}()
-	return errors.Join(err, out.Close())
+	}
+	for i := range count {
+		e := pageHeaderSize + i*branchElementSize
+		pos, ksize := int(le.Uint32(b[e:])), int(le.Uint32(b[e+4:]))
+		if e+pos+ksize > len(b) {
+			return fmt.Errorf("%s: element %d's key lies outside the page", what, i)
+		}
+		err := w.tree(ctx, le.Uint64(b[e+8:]), what, emit)
+		var werr *emitError
+		switch {
+		case err == nil:
+		case ctx.Err() != nil, errors.As(err, &werr):
+			return err
+		default:
+			w.lost(w.bucket, b[e+pos:e+pos+ksize], "%v: the records from this key to the next branch are lost", err)
+		}
+	}
+	return nil
 }

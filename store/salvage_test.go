@@ -69,6 +69,8 @@ func copyFile(t *testing.T, src string) string {
 // pending writes' keys come from one), and a clean check.
 func TestSalvageCopiesASoundStoreWhole(t *testing.T) {
 	src, want := salvageFixture(t)
+	defer func(n int) { salvageBatch = n }(salvageBatch)
+	salvageBatch = 7 // many transactions to a bucket
 	dst := filepath.Join(t.TempDir(), "salvaged.db")
 	rep, err := Salvage(bg, src, dst)
 	require.NoError(t, err)
