@@ -47,7 +47,8 @@ func (r *SalvageReport) OK() bool { return len(r.Lost) == 0 && r.Check != nil &&
 // of the new store, part of the report, names those that fail their own
 // checksum and the references that the lost ones leave dangling.
 //
-// src is locked as Open locks it, so a process writing to it makes
+// Under WithProgress it reports the records copied so far. src is locked
+// as Open locks it, so a process writing to it makes
 // Salvage fail with ErrInUse; it is never written. dst must not exist; it
 // appears whole or not at all.
 func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
@@ -116,7 +117,8 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("salvage %s: the copy %s does not open: %w", src, dst, err)
 	}
-	rep.Check, err = d.Check(ctx)
+	// The check's reads are not the salvage's progress.
+	rep.Check, err = d.Check(context.WithValue(ctx, progressKey{}, (*progress)(nil)))
 	if cerr := d.Close(); err == nil {
 		err = cerr
 	}
@@ -258,7 +260,9 @@ func (w *salvageWalk) copyBucket(ctx context.Context, out *bbolt.DB, name string
 		return err
 	}
 	var werr error // a failed write ends the walk (see nodes)
+	p := progressOf(ctx)
 	emit := func(r salvageEntry) error {
+		p.read()
 		if r.bucket {
 			w.lost(name, r.k, "a nested bucket, which the store never makes; left out")
 			return nil

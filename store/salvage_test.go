@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -255,4 +256,35 @@ func FuzzSalvage(f *testing.F) {
 		require.NoError(t, err)
 		require.NoError(t, d.Close())
 	})
+}
+
+// Salvage reports the records it has copied, and stops when its context
+// ends, leaving no file behind.
+func TestSalvageReportsProgressAndStops(t *testing.T) {
+	defer func(n int) { progressEvery = n }(progressEvery)
+	progressEvery = 50
+	src, want := salvageFixture(t)
+	total := 0
+	for _, recs := range want {
+		total += len(recs)
+	}
+	var seen []int
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	_, err := Salvage(WithProgress(bg, func(n int) { seen = append(seen, n) }), src, dst)
+	require.NoError(t, err)
+	require.Len(t, seen, total/50, "the check of the copy counted as progress, or records went uncounted")
+	for i, n := range seen {
+		assert.Equal(t, 50*(i+1), n)
+	}
+
+	ctx, cancel := context.WithCancel(bg)
+	dst = filepath.Join(t.TempDir(), "salvaged.db")
+	_, err = Salvage(WithProgress(ctx, func(n int) {
+		if n >= 100 {
+			cancel()
+		}
+	}), src, dst)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.NoFileExists(t, dst)
+	assert.NoFileExists(t, dst+".salvage")
 }

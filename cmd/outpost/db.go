@@ -63,7 +63,7 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if fs.NArg() != 1 {
 			return fmt.Errorf("salvage needs the file to write: outpost db salvage FILE")
 		}
-		return dbSalvage(ctx, *data, fs.Arg(0), *asJSON, stdout)
+		return dbSalvage(ctx, *data, fs.Arg(0), *asJSON, stdout, stderr)
 	}
 	fmt.Fprint(stderr, dbUsage)
 	return fmt.Errorf("unknown db subcommand %q", sub)
@@ -206,12 +206,12 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 	return nil
 }
 
-func dbSalvage(ctx context.Context, dir, dst string, asJSON bool, stdout io.Writer) error {
+func dbSalvage(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr io.Writer) error {
 	src := filepath.Join(dir, store.FileName)
 	if _, err := os.Stat(src); err != nil {
 		return fmt.Errorf("no store in %s: %w", dir, err)
 	}
-	rep, err := store.Salvage(ctx, src, dst)
+	rep, err := store.Salvage(withProgress(ctx, "salvage", "copied", stderr), src, dst)
 	if errors.Is(err, store.ErrInUse) {
 		return fmt.Errorf("%w: salvage reads the store file itself; stop serve first", err)
 	}
