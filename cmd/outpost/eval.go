@@ -27,10 +27,10 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	flagsCh := fs.String("flags-channel", "flags", "the channel that a turn's expected flags are checked against")
 	finalCh := fs.String("final-channel", "final", "the channel holding the final answer (the run's output when the agent has none)")
 	timeout := fs.Duration("timeout", time.Minute, "the longest one conversation may take")
-	files, err := parseInterspersed(fs, args)
-	if err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
+	files := fs.Args()
 	if len(files) == 0 {
 		fs.Usage()
 		return errUsage
@@ -63,29 +63,6 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	return rep.Err()
-}
-
-// parseInterspersed parses flags given before, between or after the file
-// arguments ("outpost eval a.jsonl --json"), and returns the files.
-func parseInterspersed(fs interface {
-	Parse([]string) error
-	Args() []string
-}, args []string) ([]string, error) {
-	var files []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, errUsage
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return files, nil
-		}
-		if rest[0] == "--" {
-			return append(files, rest[1:]...), nil
-		}
-		files = append(files, rest[0])
-		args = rest[1:]
-	}
 }
 
 // evalResolver resolves agents from the bundle at path, verified against

@@ -127,7 +127,7 @@ func keyring(dataDir, keys string, dev bool) (*firmware.Keyring, error) {
 
 func firmwareKeygen(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	out := fs.String("out", ".", "folder for the key pair")
-	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	id, err := firmware.Keygen(*out)
@@ -141,7 +141,7 @@ func firmwareKeygen(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 
 func firmwareSign(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	key := fs.String("key", "", "private key file (from firmware keygen)")
-	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *key == "" || fs.NArg() != 1 {
@@ -160,7 +160,7 @@ func firmwareVerify(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	data := dataFlag(fs)
 	keys, dev := keyFlags(fs)
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
@@ -193,7 +193,7 @@ func firmwareInstall(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	by := fs.String("by", "", "who installs (recorded)")
 	reason := fs.String("reason", "", "why (recorded)")
 	asJSON := fs.Bool("json", false, "print the installed version as JSON")
-	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
@@ -250,7 +250,7 @@ func trustKey(dataDir string, ring *firmware.Keyring, id string) error {
 func firmwareList(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	data := dataFlag(fs)
 	asJSON := fs.Bool("json", false, "print the list as JSON")
-	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	in, _, err := openInstaller(*data, nil)
@@ -282,7 +282,7 @@ func firmwareList(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 
 func firmwareActivate(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	data := dataFlag(fs)
-	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 2 {
@@ -308,7 +308,7 @@ func firmwareActivate(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 }
 
 func firmwareExport(fs *flag.FlagSet, args []string, stdout io.Writer) error {
-	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {

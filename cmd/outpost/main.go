@@ -12,7 +12,6 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"sort"
-	"strings"
 	"syscall"
 )
 
@@ -91,7 +90,32 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
+// parse parses flags given before, between or after the positional
+// arguments ("outpost db backup FILE --json"), which fs.Args then holds in
+// their order. "--" ends the flags.
 func parse(fs *flag.FlagSet, args []string) error {
+	var pos []string
+	for {
+		if err := parseFlagsFirst(fs, args); err != nil {
+			return err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if i := len(args) - len(rest); i > 0 && args[i-1] == "--" { // Parse stopped at "--"
+			pos = append(pos, rest...)
+			break
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+	return fs.Parse(append([]string{"--"}, pos...))
+}
+
+// parseFlagsFirst parses flags up to the first positional argument; the
+// rest are positional, whatever they look like. For commands whose
+// arguments are free text ("outpost run take -3 units").
+func parseFlagsFirst(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -120,39 +144,4 @@ func subcommand(name, usage string, args []string, stderr io.Writer) (string, *f
 	}
 	sub := args[0]
 	return sub, newFlags(name+" "+sub, name+" "+sub+" [flags]", stderr), nil
-}
-
-// flagsFirst moves flags before positional arguments, so "install BUNDLE
-// --activate" parses like "install --activate BUNDLE". It asks fs which
-// flags are booleans, which take no value.
-func flagsFirst(fs *flag.FlagSet, args []string) []string {
-	var flags, pos []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			pos = append(pos, args[i+1:]...)
-			break
-		}
-		if len(a) < 2 || a[0] != '-' {
-			pos = append(pos, a)
-			continue
-		}
-		flags = append(flags, a)
-		name := strings.TrimLeft(a, "-")
-		if strings.Contains(name, "=") {
-			continue
-		}
-		f := fs.Lookup(name)
-		if f == nil {
-			continue // parse reports it
-		}
-		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
-			continue
-		}
-		if i+1 < len(args) {
-			flags = append(flags, args[i+1])
-			i++
-		}
-	}
-	return append(flags, pos...)
 }

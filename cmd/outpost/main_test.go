@@ -151,6 +151,38 @@ func TestDBSalvage(t *testing.T) {
 	require.Contains(t, stdout, "0060")
 }
 
+// Flags may follow the arguments, as most command-line tools allow; "--"
+// ends them. A run's input is free text, so its flags come first and the
+// rest is input, dashes and all.
+func TestFlagsAfterArguments(t *testing.T) {
+	dir := t.TempDir()
+	code, _, stderr := outpost(t, "run", "--data", dir, "--thread", "t1", "take", "-3", "units", "--json")
+	require.Zero(t, code, stderr)
+	code, stdout, stderr := outpost(t, "runs", "list", "--data", dir, "--json")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, `take -3 units --json`, "the input lost words that look like flags")
+
+	backup := filepath.Join(t.TempDir(), "b.db")
+	code, stdout, stderr = outpost(t, "db", "backup", backup, "--data", dir, "--json")
+	require.Zero(t, code, stderr)
+	var res map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
+	require.Equal(t, backup, res["file"])
+
+	code, stdout, stderr = outpost(t, "runs", "history", "t1", "--json", "--data", dir)
+	require.Zero(t, code, stderr)
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
+	require.Equal(t, "t1", res["thread"])
+
+	code, _, stderr = outpost(t, "runs", "history", "--data", dir, "--", "--json")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, `thread "--json" has no checkpoints`, "-- did not end the flags")
+
+	code, _, stderr = outpost(t, "runs", "history", "t1", "--data", dir, "--no-such-flag")
+	require.NotZero(t, code)
+	require.Contains(t, stderr, "flag provided but not defined: -no-such-flag")
+}
+
 func TestDBCheckReportsCorruptRecord(t *testing.T) {
 	dir := t.TempDir()
 	code, _, stderr := outpost(t, "run", "--data", dir, "--thread", "t1", "I forgot my metformin dose")

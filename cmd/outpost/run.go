@@ -178,7 +178,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	thread := fs.String("thread", "default", "thread (conversation) to run the turn on")
 	durability := fs.String("durability", "sync", "sync or exit")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
-	if err := parse(fs, args); err != nil {
+	if err := parseFlagsFirst(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
@@ -251,7 +251,7 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	by := fs.String("by", "cli", "who decides (recorded with the decision)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
 	mc := modelFlags(fs)
-	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {

@@ -41,7 +41,7 @@ func runRuns(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	limit := fs.Int("limit", 100, "at most this many (list at most 1000)")
 	after := fs.String("after", "", "list: start after this run id (the previous page's last)")
 	checkpoint := fs.String("checkpoint", "", "fork: the checkpoint to branch from")
-	if err := parse(fs, flagsFirst(fs, args)); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	db, err := openStore(*data)
