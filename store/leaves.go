@@ -96,7 +96,11 @@ func (t *nsTree) put(cp *engine.Checkpoint, rec []byte) error {
 			return t.cb.corrupt(key, err)
 		}
 	}
-	if err := t.cb.Put(key, rec); err != nil {
+	put := t.cb.putNew
+	if existed {
+		put = t.cb.Put
+	}
+	if err := put(key, rec); err != nil {
 		return fmt.Errorf("put checkpoint %s: %w", cp.ID, err)
 	}
 	if !existed && t.head != "" && cp.ParentID == t.head && cp.ID > t.head {

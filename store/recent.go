@@ -102,6 +102,20 @@ func (c checkpoints) Put(key, rec []byte) error {
 	if c.recent == nil || c.main.Get(key) != nil {
 		return c.main.Put(key, rec)
 	}
+	return c.putRecent(key, rec)
+}
+
+// putNew is Put for a key that neither bucket holds, which saves a large
+// group commit two lookups per checkpoint.
+func (c checkpoints) putNew(key, rec []byte) error {
+	if c.recent == nil || c.direct {
+		return c.main.Put(key, rec)
+	}
+	return c.putRecent(key, rec)
+}
+
+// putRecent is Put for a key that only recent may hold.
+func (c checkpoints) putRecent(key, rec []byte) error {
 	if c.direct {
 		if err := c.recent.Delete(key); err != nil {
 			return err
