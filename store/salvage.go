@@ -48,9 +48,9 @@ func (r *SalvageReport) OK() bool { return len(r.Lost) == 0 && r.Check != nil &&
 // checksum and the references that the lost ones leave dangling.
 //
 // Under WithProgress it reports the records copied so far. src is locked
-// as Open locks it, so a process writing to it makes
-// Salvage fail with ErrInUse; it is never written. dst must not exist; it
-// appears whole or not at all.
+// as Open locks it, so a process writing to it makes Salvage fail with
+// ErrInUse; it is never written. dst must not exist; it appears whole or
+// not at all.
 func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	if _, err := os.Stat(dst); err == nil {
 		return nil, fmt.Errorf("salvage into %s: %w", dst, os.ErrExist)
