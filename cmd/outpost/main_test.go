@@ -128,6 +128,7 @@ func TestDBSalvage(t *testing.T) {
 	code, _, stderr = outpost(t, "runs", "list", "--data", dir)
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "damaged")
+	require.Contains(t, stderr, "outpost db salvage --data "+dir+" FILE", "the refusal does not say what to do")
 
 	out := filepath.Join(t.TempDir(), "salvaged.db")
 	code, stdout, stderr = outpost(t, "db", "salvage", "--data", dir, out)
