@@ -632,8 +632,8 @@ func commitFlags(c *engine.Commit, blobs *blobs) (flags []string, ok bool) {
 	r := c.Run
 	var cb *checkpoints
 	if blobs != nil {
-		c := openCheckpoints(blobs.tx)
-		cb = &c
+		stored := openCheckpoints(blobs.tx)
+		cb = &stored
 	}
 	return walkFlags(r,
 		func(id string) (*engine.Checkpoint, bool) {
