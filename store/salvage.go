@@ -56,6 +56,12 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 		return nil, fmt.Errorf("salvage into %s: %w", dst, os.ErrExist)
 	}
 	lock, err := lockStore(src, false, time.Second)
+	if err != nil && !errors.Is(err, errLocked) {
+		// The lock file cannot be made, as on a damaged disk mounted
+		// read-only: a shared lock on the one there is, which a writer's
+		// lock still excludes, will do.
+		lock, err = lockStore(src, true, time.Second)
+	}
 	if errors.Is(err, errLocked) {
 		return nil, fmt.Errorf("salvage %s: %w: stop the process that owns it first", src, ErrInUse)
 	}

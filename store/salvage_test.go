@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -287,4 +288,27 @@ func TestSalvageReportsProgressAndStops(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	assert.NoFileExists(t, dst)
 	assert.NoFileExists(t, dst+".salvage")
+}
+
+// Where the lock file cannot be made, as on a disk mounted read-only,
+// Salvage takes a shared lock instead: it still runs, and a writer still
+// stops it.
+func TestSalvageWithoutWritableLockFile(t *testing.T) {
+	src, want := salvageFixture(t)
+	require.NoError(t, os.Remove(LockFile(src)))
+	require.NoError(t, os.Mkdir(LockFile(src), 0o700)) // opening it for writing fails
+	rep, err := Salvage(bg, src, filepath.Join(t.TempDir(), "salvaged.db"))
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v %v", rep.Lost, rep.Check.Problems)
+	assert.Equal(t, len(want[bucketRuns]), rep.Records[bucketRuns])
+
+	// A writer's exclusive lock on what is there still stops it.
+	f, err := os.Open(LockFile(src))
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, flockWithin(f, false, time.Second))
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	_, err = Salvage(bg, src, dst)
+	require.ErrorIs(t, err, ErrInUse)
+	assert.NoFileExists(t, dst)
 }
