@@ -128,6 +128,9 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	if cerr := d.Close(); err == nil {
 		err = cerr
 	}
+	// The copy is meant to be moved into a data folder; its lock file,
+	// which only this Open made, is not.
+	_ = os.Remove(LockFile(dst))
 	if err != nil {
 		return rep, fmt.Errorf("salvage %s: check the copy %s: %w", src, dst, err)
 	}

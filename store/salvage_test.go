@@ -80,6 +80,9 @@ func TestSalvageCopiesASoundStoreWhole(t *testing.T) {
 	require.NotNil(t, rep.Check)
 	assert.True(t, rep.OK(), "%v", rep.Check.Problems)
 	assert.Equal(t, want, records(t, dst))
+	entries, err := os.ReadDir(filepath.Dir(dst))
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "salvage left files beside the copy: %v", entries)
 	for name, recs := range want {
 		assert.Equal(t, len(recs), rep.Records[name], name)
 	}
