@@ -37,7 +37,7 @@ func openStore(dir string) (*store.DB, error) {
 	case errors.Is(err, store.ErrFormat):
 		return nil, fmt.Errorf("%w\n(this data folder was written by an incompatible outpost version, or is not an outpost store)", err)
 	case errors.Is(err, store.ErrDamaged):
-		return nil, fmt.Errorf("%w\n(restore the last backup, or copy out what can still be read: outpost db salvage --data %s FILE)", err, dir)
+		return nil, fmt.Errorf("%w\n(with no backup to restore, copy out what can still be read: outpost db salvage --data %s FILE)", err, dir)
 	}
 	return db, err
 }
