@@ -89,7 +89,8 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	var w *salvageWalk
 	var entries []salvageEntry
 	for i, m := range metas {
-		w = &salvageWalk{f: f, ps: m.pageSize, pgid: min(m.pgid, uint64(fi.Size())/m.pageSize), seen: map[uint64]bool{}, rep: rep}
+		pgid := min(m.pgid, uint64(fi.Size())/m.pageSize)
+		w = &salvageWalk{f: f, ps: m.pageSize, pgid: pgid, seen: make([]uint64, pgid/64+1), rep: rep}
 		entries = nil
 		err := w.tree(ctx, m.root, "the meta page", func(e salvageEntry) error { entries = append(entries, e); return nil })
 		if ctx.Err() != nil {
@@ -176,7 +177,7 @@ type salvageWalk struct {
 	f    *os.File
 	ps   uint64
 	pgid uint64
-	seen map[uint64]bool
+	seen []uint64 // a bit per page reached, as in pageWalk
 	rep  *SalvageReport
 	// bucket names the bucket being read, "" for the root bucket.
 	bucket string
@@ -346,10 +347,10 @@ func (w *salvageWalk) page(id uint64, from string) ([]byte, error) {
 	if id < 2 || id >= w.pgid {
 		return nil, fmt.Errorf("%s names page %d, outside the file's pages 2 to %d", from, id, w.pgid-1)
 	}
-	if w.seen[id] {
+	if w.seen[id/64]&(1<<(id%64)) != 0 {
 		return nil, fmt.Errorf("%s names page %d, which another page names too", from, id)
 	}
-	w.seen[id] = true
+	w.seen[id/64] |= 1 << (id % 64)
 	b := make([]byte, w.ps)
 	if _, err := w.f.ReadAt(b, int64(id*w.ps)); err != nil {
 		return nil, fmt.Errorf("page %d: %v", id, err)
