@@ -315,3 +315,20 @@ func TestSalvageWithoutWritableLockFile(t *testing.T) {
 	require.ErrorIs(t, err, ErrInUse)
 	assert.NoFileExists(t, dst)
 }
+
+// Values on overflow pages (a blob larger than a page) come out whole.
+func TestSalvageCopiesOverflowPages(t *testing.T) {
+	good, ps := damageFixture(t)
+	src := writeStore(t, good)
+	want := records(t, src)
+	big := 0
+	for _, v := range want[bucketBlobLog] {
+		big = max(big, len(v))
+	}
+	require.Greater(t, big, ps, "the fixture has no value larger than a page")
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, src, dst)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v %v", rep.Lost, rep.Check.Problems)
+	assert.Equal(t, want, records(t, dst))
+}
