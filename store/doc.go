@@ -18,7 +18,8 @@
 //     DB.AckOutcomes advances that cursor. Nothing edits or deletes an
 //     outcome; Check verifies the chain and names the first broken link.
 //   - DB.Check, DB.Backup, DB.Compact (and CompactFile) and DB.Prune are
-//     the operations behind "outpost db".
+//     the operations behind "outpost db"; Salvage copies what can still be
+//     read out of a store too damaged to open (salvage.go).
 //
 // Only one process may open a store for writing: a second Open fails
 // within Options.Timeout with ErrInUse. A file of another format or
