@@ -120,20 +120,30 @@ func checkFile(f *os.File) error {
 	if m.pgid > uint64(size)/m.pageSize {
 		return damaged("the file holds %d bytes, but its pages reach %d: it was cut short", size, m.pgid*m.pageSize)
 	}
-	w := &pageWalk{f: f, ps: m.pageSize, pgid: m.pgid, seen: make([]uint64, m.pgid/64+1)}
+	w := newPageWalk(f, m.pageSize, m.pgid)
 	if m.freelist != pgidNoFreelist {
 		if err := w.freelist(m.freelist); err != nil {
-			return err
+			return damaged("%v", err)
 		}
 	}
-	return w.bucket(m.root, nil, "the root bucket")
+	if err := w.bucket(m.root, nil, "the root bucket"); err != nil {
+		return damaged("%v", err)
+	}
+	return nil
 }
 
+// pageWalk reads a store file's pages without bbolt, checking each one it
+// reaches; what it finds wrong is an error, which checkFile reports as
+// damage and Salvage as a part lost.
 type pageWalk struct {
 	f    *os.File
 	ps   uint64
 	pgid uint64   // the high-water mark: every page in use is below it
 	seen []uint64 // a bit per page reached
+}
+
+func newPageWalk(f *os.File, ps, pgid uint64) *pageWalk {
+	return &pageWalk{f: f, ps: ps, pgid: pgid, seen: make([]uint64, pgid/64+1)}
 }
 
 func (w *pageWalk) reached(id uint64) bool { return w.seen[id/64]&(1<<(id%64)) != 0 }
@@ -143,33 +153,33 @@ func (w *pageWalk) reach(id uint64)        { w.seen[id/64] |= 1 << (id % 64) }
 // and that no other page or bucket reaches it too.
 func (w *pageWalk) page(id uint64, from string) ([]byte, error) {
 	if id < 2 || id >= w.pgid {
-		return nil, damaged("%s names page %d, outside the file's pages 2 to %d", from, id, w.pgid-1)
+		return nil, fmt.Errorf("%s names page %d, outside the file's pages 2 to %d", from, id, w.pgid-1)
 	}
 	if w.reached(id) {
-		return nil, damaged("%s names page %d, which another page names too", from, id)
+		return nil, fmt.Errorf("%s names page %d, which another page names too", from, id)
 	}
 	b := make([]byte, w.ps)
 	if _, err := w.f.ReadAt(b, int64(id*w.ps)); err != nil {
-		return nil, damaged("page %d: %v", id, err)
+		return nil, fmt.Errorf("page %d: %v", id, err)
 	}
 	le := binary.LittleEndian
 	if got := le.Uint64(b); got != id {
-		return nil, damaged("page %d says it is page %d", id, got)
+		return nil, fmt.Errorf("page %d says it is page %d", id, got)
 	}
 	overflow := uint64(le.Uint32(b[12:]))
 	if overflow >= w.pgid-id {
-		return nil, damaged("page %d runs %d pages on, past the file's pages", id, overflow)
+		return nil, fmt.Errorf("page %d runs %d pages on, past the file's pages", id, overflow)
 	}
 	for i := id; i <= id+overflow; i++ {
 		if w.reached(i) {
-			return nil, damaged("page %d runs over page %d, which another page names", id, i)
+			return nil, fmt.Errorf("page %d runs over page %d, which another page names", id, i)
 		}
 		w.reach(i)
 	}
 	if overflow > 0 {
 		b = make([]byte, (overflow+1)*w.ps)
 		if _, err := w.f.ReadAt(b, int64(id*w.ps)); err != nil {
-			return nil, damaged("page %d: %v", id, err)
+			return nil, fmt.Errorf("page %d: %v", id, err)
 		}
 	}
 	return b, nil
@@ -182,17 +192,17 @@ func (w *pageWalk) freelist(id uint64) error {
 	}
 	le := binary.LittleEndian
 	if flags := le.Uint16(b[8:]); flags != freelistPageFlag {
-		return damaged("page %d holds the free list, but its type is %#x", id, flags)
+		return fmt.Errorf("page %d holds the free list, but its type is %#x", id, flags)
 	}
 	count, at := uint64(le.Uint16(b[10:])), uint64(pageHeaderSize)
 	if count == 0xFFFF { // the real count is the first element
 		if len(b) < pageHeaderSize+8 {
-			return damaged("free list page %d is cut short", id)
+			return fmt.Errorf("free list page %d is cut short", id)
 		}
 		count, at = le.Uint64(b[pageHeaderSize:]), at+8
 	}
 	if count > (uint64(len(b))-at)/8 {
-		return damaged("free list page %d lists %d pages, more than it holds", id, count)
+		return fmt.Errorf("free list page %d lists %d pages, more than it holds", id, count)
 	}
 	return nil
 }
@@ -218,7 +228,7 @@ func (w *pageWalk) bucket(root uint64, inline []byte, from string) error {
 // every key below a branch element from its key up to the next element's.
 func (w *pageWalk) nodes(b []byte, what string, inline bool, minKey, maxKey []byte) ([]byte, error) {
 	if len(b) < pageHeaderSize {
-		return nil, damaged("%s is cut short", what)
+		return nil, fmt.Errorf("%s is cut short", what)
 	}
 	le := binary.LittleEndian
 	flags, count := le.Uint16(b[8:]), int(le.Uint16(b[10:]))
@@ -227,23 +237,23 @@ func (w *pageWalk) nodes(b []byte, what string, inline bool, minKey, maxKey []by
 	if branch {
 		elemSize = branchElementSize
 	} else if flags != leafPageFlag {
-		return nil, damaged("%s: page type %#x where a branch or leaf page belongs", what, flags)
+		return nil, fmt.Errorf("%s: page type %#x where a branch or leaf page belongs", what, flags)
 	}
 	if pageHeaderSize+count*elemSize > len(b) {
-		return nil, damaged("%s has %d elements, more than it holds", what, count)
+		return nil, fmt.Errorf("%s has %d elements, more than it holds", what, count)
 	}
 	key := func(i int) ([]byte, error) {
 		e := pageHeaderSize + i*elemSize
 		if branch {
 			pos, ksize := int(le.Uint32(b[e:])), int(le.Uint32(b[e+4:]))
 			if e+pos+ksize > len(b) {
-				return nil, damaged("%s: element %d's key lies outside the page", what, i)
+				return nil, fmt.Errorf("%s: element %d's key lies outside the page", what, i)
 			}
 			return b[e+pos : e+pos+ksize], nil
 		}
 		pos, ksize, vsize := int(le.Uint32(b[e+4:])), int(le.Uint32(b[e+8:])), int(le.Uint32(b[e+12:]))
 		if e+pos+ksize+vsize > len(b) {
-			return nil, damaged("%s: element %d's key or value lies outside the page", what, i)
+			return nil, fmt.Errorf("%s: element %d's key or value lies outside the page", what, i)
 		}
 		return b[e+pos : e+pos+ksize], nil
 	}
@@ -254,10 +264,10 @@ func (w *pageWalk) nodes(b []byte, what string, inline bool, minKey, maxKey []by
 			return nil, err
 		}
 		if prev != nil && (bytes.Compare(prev, k) > 0 || i > 0 && bytes.Equal(prev, k)) {
-			return nil, damaged("%s: element %d's key is out of order", what, i)
+			return nil, fmt.Errorf("%s: element %d's key is out of order", what, i)
 		}
 		if maxKey != nil && bytes.Compare(k, maxKey) >= 0 {
-			return nil, damaged("%s: element %d's key is beyond its branch's range", what, i)
+			return nil, fmt.Errorf("%s: element %d's key is beyond its branch's range", what, i)
 		}
 		e := pageHeaderSize + i*elemSize
 		if branch {
@@ -284,7 +294,7 @@ func (w *pageWalk) nodes(b []byte, what string, inline bool, minKey, maxKey []by
 		pos, ksize, vsize := int(le.Uint32(b[e+4:])), int(le.Uint32(b[e+8:])), int(le.Uint32(b[e+12:]))
 		v := b[e+pos+ksize : e+pos+ksize+vsize]
 		if len(v) < inBucketSize {
-			return nil, damaged("%s: element %d is a bucket too short to name its root", what, i)
+			return nil, fmt.Errorf("%s: element %d is a bucket too short to name its root", what, i)
 		}
 		if err := w.bucket(le.Uint64(v), v[inBucketSize:], fmt.Sprintf("bucket %q (%s)", k, what)); err != nil {
 			return nil, err

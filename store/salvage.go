@@ -89,8 +89,7 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	var w *salvageWalk
 	var entries []salvageEntry
 	for i, m := range metas {
-		pgid := min(m.pgid, uint64(fi.Size())/m.pageSize)
-		w = &salvageWalk{f: f, ps: m.pageSize, pgid: pgid, seen: make([]uint64, pgid/64+1), rep: rep}
+		w = &salvageWalk{pageWalk: newPageWalk(f, m.pageSize, min(m.pgid, uint64(fi.Size())/m.pageSize)), rep: rep}
 		entries = nil
 		err := w.tree(ctx, m.root, "the meta page", func(e salvageEntry) error { entries = append(entries, e); return nil })
 		if ctx.Err() != nil {
@@ -171,14 +170,12 @@ func salvageMetas(f *os.File, rep *SalvageReport) []boltMeta {
 	return metas
 }
 
-// salvageWalk reads pages like pageWalk (fileguard.go), but passes over a
-// page that is not whole, and what lies below it, instead of stopping.
+// salvageWalk reads pages as the open-time check does (pageWalk), but
+// passes over a page that is not whole, and what lies below it, instead of
+// stopping.
 type salvageWalk struct {
-	f    *os.File
-	ps   uint64
-	pgid uint64
-	seen []uint64 // a bit per page reached, as in pageWalk
-	rep  *SalvageReport
+	*pageWalk
+	rep *SalvageReport
 	// bucket names the bucket being read, "" for the root bucket.
 	bucket string
 }
@@ -339,37 +336,6 @@ func (w *salvageWalk) tree(ctx context.Context, id uint64, from string, emit fun
 		return err
 	}
 	return w.nodes(ctx, b, fmt.Sprintf("page %d", id), false, emit)
-}
-
-// page reads page id with its overflow, checking that it lies in the file,
-// says it is page id, and was not reached before.
-func (w *salvageWalk) page(id uint64, from string) ([]byte, error) {
-	if id < 2 || id >= w.pgid {
-		return nil, fmt.Errorf("%s names page %d, outside the file's pages 2 to %d", from, id, w.pgid-1)
-	}
-	if w.seen[id/64]&(1<<(id%64)) != 0 {
-		return nil, fmt.Errorf("%s names page %d, which another page names too", from, id)
-	}
-	w.seen[id/64] |= 1 << (id % 64)
-	b := make([]byte, w.ps)
-	if _, err := w.f.ReadAt(b, int64(id*w.ps)); err != nil {
-		return nil, fmt.Errorf("page %d: %v", id, err)
-	}
-	le := binary.LittleEndian
-	if got := le.Uint64(b); got != id {
-		return nil, fmt.Errorf("page %d says it is page %d", id, got)
-	}
-	overflow := uint64(le.Uint32(b[12:]))
-	if overflow >= w.pgid-id {
-		return nil, fmt.Errorf("page %d runs %d pages on, past the file's pages", id, overflow)
-	}
-	if overflow > 0 {
-		b = make([]byte, (overflow+1)*w.ps)
-		if _, err := w.f.ReadAt(b, int64(id*w.ps)); err != nil {
-			return nil, fmt.Errorf("page %d: %v", id, err)
-		}
-	}
-	return b, nil
 }
 
 // nodes reads the elements of a branch or leaf page held in b. A child of
