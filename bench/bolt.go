@@ -13,7 +13,8 @@ import (
 )
 
 // RunBolt runs the workload against a bbolt store in dir (a new temporary
-// folder, removed afterwards, when dir is ""). Before the workload it
+// folder, removed afterwards, when dir is ""; made if it does not exist
+// yet). Before the workload it
 // measures what one fsynced commit costs on that disk, so the figures can be
 // read against the ceiling that the disk allows.
 func RunBolt(ctx context.Context, o Options, dir string) (*Result, error) {
@@ -24,6 +25,8 @@ func RunBolt(ctx context.Context, o Options, dir string) (*Result, error) {
 		}
 		defer os.RemoveAll(tmp)
 		dir = tmp
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
 	}
 	// The disk's fsync latency drifts on shared machines, so the commit cost
 	// is sampled before the workload and again after it, and the median of

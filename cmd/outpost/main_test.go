@@ -249,6 +249,13 @@ func TestBenchReferenceJSON(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.Regexp(t, `one fsynced commit [0-9.]+ ms, [0-9.]+ commits/turn, ceiling [0-9.]+ turns/s per thread`, stdout)
 	require.Regexp(t, `group commit: [0-9]+ commits in [0-9]+ fsynced transactions, [0-9.]+ per transaction; a commit took [0-9.]+ ms on average`, stdout)
+
+	// --data names a folder that need not exist yet; the store is left there.
+	data := filepath.Join(t.TempDir(), "not", "yet")
+	code, _, stderr = outpost(t, "bench", "reference", "--saver", "bbolt", "--threads", "1", "--turns", "2", "--data", data)
+	require.Zero(t, code, stderr)
+	require.FileExists(t, filepath.Join(data, "bench-reference.db"))
+	require.NoFileExists(t, filepath.Join(data, "commit-probe.db"))
 }
 
 // --cpuprofile and --trace write files that go tool pprof and go tool
