@@ -43,7 +43,8 @@ func (d *DB) BackupFile(ctx context.Context, path string) error {
 }
 
 // Compact writes a compacted copy of the store to a new file at dst: free
-// pages are dropped and pages refilled. The copy is made from one read
+// pages are dropped and pages refilled, in the page size a new store gets
+// (a store made with smaller pages takes DefaultPageSize this way). The copy is made from one read
 // transaction, so writers may carry on meanwhile (their later commits are
 // not in the copy).
 func (d *DB) Compact(ctx context.Context, dst string) error {
@@ -53,9 +54,7 @@ func (d *DB) Compact(ctx context.Context, dst string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("compact store: %w", err)
 	}
-	out, err := bbolt.Open(dst, 0o600, &bbolt.Options{
-		Timeout: d.opts.Timeout, FreelistType: bbolt.FreelistMapType, NoFreelistSync: true,
-	})
+	out, err := bbolt.Open(dst, 0o600, Options{Timeout: d.opts.Timeout, PageSize: d.opts.PageSize}.bolt())
 	if err != nil {
 		return fmt.Errorf("compact store: create %s: %w", dst, err)
 	}

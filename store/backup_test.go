@@ -188,7 +188,7 @@ func TestCompactReportsProgressAndStops(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	got, err := os.ReadFile(path)
 	require.NoError(t, err)
-	metaPages := 2 * os.Getpagesize()
+	metaPages := 2 * DefaultPageSize
 	require.Len(t, got, len(orig))
 	assert.Equal(t, orig[metaPages:], got[metaPages:])
 	_, err = os.Stat(path + ".compact")

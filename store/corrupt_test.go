@@ -31,7 +31,7 @@ func TestCorruptRecordsAreReported(t *testing.T) {
 	d := openTest(t)
 	// Thread m's first checkpoints have moved on from the recent bucket
 	// to the checkpoints bucket; thread t's one is still recent.
-	for i := 1; i <= 20; i++ {
+	for i := 1; i <= 40; i++ {
 		c := &engine.Checkpoint{Thread: "m", ID: fmt.Sprintf("%04d", i), Created: tc0}
 		if i > 1 {
 			c.ParentID = fmt.Sprintf("%04d", i-1)

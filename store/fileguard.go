@@ -76,6 +76,27 @@ func readMeta(b []byte) boltMeta {
 	return m
 }
 
+// secondMeta finds the second meta page when the first cannot give the
+// page size, as bbolt does: at each power of two from 1 KB to 16 MB that
+// lies in the file, the first whole meta page found. It returns the page and
+// its offset, or an invalid page.
+func secondMeta(f *os.File, size int64) (boltMeta, int64) {
+	b := make([]byte, metaOffset+metaSize)
+	for i := range 15 {
+		off := int64(1024) << i
+		if off >= size-1024 {
+			break
+		}
+		if _, err := f.ReadAt(b, off); err != nil {
+			continue
+		}
+		if m := readMeta(b); m.valid {
+			return m, off
+		}
+	}
+	return boltMeta{}, 0
+}
+
 // damaged reports file damage; Open wraps it in ErrDamaged.
 func damaged(format string, a ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrDamaged}, a...)...)
@@ -107,13 +128,15 @@ func checkFile(f *os.File) error {
 	if m0.valid {
 		m1 = readAt(int64(m0.pageSize))
 	} else {
-		m1 = readAt(int64(os.Getpagesize()))
+		m1, _ = secondMeta(f, size)
 	}
 	// bbolt uses the valid meta page with the higher transaction ID.
 	m := m0
 	switch {
 	case !m0.valid && !m1.valid:
-		return nil // bbolt refuses the file and names the problem
+		// Left to bbolt, which would take the page size it is given for
+		// the file's and fail on the size.
+		return fmt.Errorf("%w: not a bbolt file of a supported version (no meta page is whole)", ErrFormat)
 	case !m0.valid, m1.valid && m1.pageSize == m0.pageSize && m1.txid > m0.txid:
 		m = m1
 	}

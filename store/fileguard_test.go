@@ -227,3 +227,89 @@ func FuzzOpenFile(f *testing.F) {
 		require.NoError(t, d.Close())
 	})
 }
+
+// With the first meta page damaged, the page size comes from the second,
+// which is looked for as bbolt looks for it. A store whose pages are not the
+// OS page size is then still checked before bbolt reads it: a cut-short
+// file is refused as such, not passed to bbolt.
+func TestSecondMetaPageFoundWithoutTheFirst(t *testing.T) {
+	good, ps := damageFixture(t)
+	require.Equal(t, DefaultPageSize, ps)
+	require.NotEqual(t, os.Getpagesize(), ps, "the test needs pages larger than the OS page")
+	b := bytes.Clone(good)
+	b[metaOffset+20] ^= 0xFF // the first meta page's checksum fails
+	require.False(t, readMeta(b).valid)
+	m1 := readMeta(b[ps:])
+	require.True(t, m1.valid)
+
+	f, err := os.Open(writeStore(t, b))
+	require.NoError(t, err)
+	defer f.Close()
+	m, off := secondMeta(f, int64(len(b)))
+	assert.True(t, m.valid)
+	assert.Equal(t, int64(ps), off)
+	assert.Equal(t, m1.txid, m.txid)
+
+	// Opens on the second meta page.
+	d, err := Open(writeStore(t, b), Options{ReadOnly: true})
+	require.NoError(t, err)
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+	require.NoError(t, d.Close())
+
+	// Cut short: refused by the check, which found the second meta page.
+	hw := int(m1.pgid) * ps
+	_, err = Open(writeStore(t, b[:hw-ps]), Options{ReadOnly: true})
+	require.ErrorIs(t, err, ErrDamaged)
+	assert.ErrorContains(t, err, "cut short")
+
+	// Neither meta page whole: not a store.
+	b[ps+metaOffset+20] ^= 0xFF
+	_, err = Open(writeStore(t, b), Options{ReadOnly: true})
+	require.ErrorIs(t, err, ErrFormat)
+}
+
+// A new store has DefaultPageSize pages; one made with smaller pages keeps
+// them when reopened, until a compaction copies it into DefaultPageSize.
+func TestPageSize(t *testing.T) {
+	dir := t.TempDir()
+	pageSize := func(path string) int {
+		d, err := Open(path, Options{ReadOnly: true})
+		require.NoError(t, err)
+		defer d.Close()
+		return d.db.Info().PageSize
+	}
+	fresh := filepath.Join(dir, "fresh.db")
+	d, err := Open(fresh, Options{})
+	require.NoError(t, err)
+	require.NoError(t, d.Close())
+	assert.Equal(t, DefaultPageSize, pageSize(fresh))
+
+	old := filepath.Join(dir, FileName)
+	d, err = Open(old, Options{PageSize: 4096})
+	require.NoError(t, err)
+	for i := 1; i <= 30; i++ {
+		require.NoError(t, d.Commit(bg, stepCommit("t", i)))
+	}
+	require.NoError(t, d.Close())
+	assert.Equal(t, 4096, pageSize(old))
+	d, err = Open(old, Options{}) // written on with the default asked for
+	require.NoError(t, err)
+	require.NoError(t, d.Commit(bg, stepCommit("t", 31)))
+	require.NoError(t, d.Close())
+	assert.Equal(t, 4096, pageSize(old))
+
+	_, _, err = CompactFile(bg, old, Options{})
+	require.NoError(t, err)
+	assert.Equal(t, DefaultPageSize, pageSize(old))
+	d, err = Open(old, Options{ReadOnly: true})
+	require.NoError(t, err)
+	defer d.Close()
+	h, err := d.History(bg, "t", "", "", 0)
+	require.NoError(t, err)
+	assert.Len(t, h, 31)
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+}

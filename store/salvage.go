@@ -140,23 +140,33 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 // salvageMetas returns the whole meta pages, newest first.
 func salvageMetas(f *os.File, rep *SalvageReport) []boltMeta {
 	var metas []boltMeta
-	for _, off := range []int64{0, -1} {
-		if off < 0 {
-			// The second meta page is one page in; its size is the first
-			// one's, or the OS page size when the first is damaged.
-			off = int64(os.Getpagesize())
-			if len(metas) > 0 {
-				off = int64(metas[0].pageSize)
-			}
+	b := make([]byte, metaOffset+metaSize)
+	if _, err := f.ReadAt(b, 0); err == nil {
+		if m := readMeta(b); m.valid {
+			metas = append(metas, m)
 		}
-		b := make([]byte, metaOffset+metaSize)
+	}
+	if len(metas) == 0 {
+		rep.Lost = append(rep.Lost, Problem{Message: "the meta page at byte 0 is not whole"})
+	}
+	// The second meta page is one page in. When the first cannot give the
+	// page size, it is looked for as bbolt looks for it.
+	if len(metas) > 0 {
+		off := int64(metas[0].pageSize)
 		if _, err := f.ReadAt(b, off); err == nil {
 			if m := readMeta(b); m.valid {
 				metas = append(metas, m)
-				continue
 			}
 		}
-		rep.Lost = append(rep.Lost, Problem{Message: fmt.Sprintf("the meta page at byte %d is not whole", off)})
+		if len(metas) == 1 {
+			rep.Lost = append(rep.Lost, Problem{Message: fmt.Sprintf("the meta page at byte %d is not whole", off)})
+		}
+	} else if fi, err := f.Stat(); err == nil {
+		if m, _ := secondMeta(f, fi.Size()); m.valid {
+			metas = append(metas, m)
+		} else {
+			rep.Lost = append(rep.Lost, Problem{Message: "no second meta page is whole"})
+		}
 	}
 	slices.SortFunc(metas, func(a, b boltMeta) int {
 		switch {
@@ -204,7 +214,7 @@ func (w *salvageWalk) lost(bucket string, key []byte, format string, a ...any) {
 // the root bucket's entries name, each read from the source as it is
 // written, a few thousand records to a transaction.
 func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salvageEntry) error {
-	out, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second, FreelistType: bbolt.FreelistMapType, NoFreelistSync: true})
+	out, err := bbolt.Open(path, 0o600, Options{Timeout: time.Second}.bolt())
 	if err != nil {
 		return err
 	}

@@ -20,8 +20,8 @@ const dbUsage = `Usage: outpost db <check|backup|compact|prune|salvage> [flags]
 
   check              verify bbolt's pages, every record's checksum, and that every referenced blob exists
   backup FILE        write a consistent copy of the store to FILE (works while serve runs)
-  compact            rewrite the store without free pages (stop serve first); interrupted, it
-                     leaves the store as it was
+  compact            rewrite the store without free pages, in the current page size (stop serve
+                     first); interrupted, it leaves the store as it was
   prune --older-than D
                      drop the intermediate checkpoints of finished threads idle for D, then collect
                      the blobs nothing names (a blob is kept for at least 24h, whatever D)
