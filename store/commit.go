@@ -55,7 +55,9 @@ type committer struct {
 	db *bbolt.DB
 	// tail is the blob log's unindexed end, brought up to date after each
 	// committed transaction.
-	tail    *blobTail
+	tail *blobTail
+	// runway, when set, keeps written blocks ahead of the pages in use.
+	runway  *runway
 	mu      sync.Mutex
 	queue   []*request
 	leading bool
@@ -190,6 +192,7 @@ func (q *committer) run(batch []*request) {
 		var changes *blobChanges
 		applied := false // from here on, an error is bbolt's commit failing
 		err := q.db.Update(func(tx *bbolt.Tx) error {
+			q.runway.extend(tx)
 			st := beginTxState(tx, q.tail, len(pending))
 			defer endTxState(tx)
 			for name, fill := range fillPercent {

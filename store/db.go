@@ -231,6 +231,9 @@ func Open(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, unlock(errors.Join(fmt.Errorf("open store %s: read the blob log: %w", path, err), bdb.Close()))
 	}
+	if !opts.ReadOnly {
+		d.q.runway = openRunway(path)
+	}
 	return d, nil
 }
 
@@ -381,6 +384,7 @@ func (d *DB) checkBuckets(tx *bbolt.Tx, writable bool) error {
 // Close releases the file. Commits still in flight finish first.
 func (d *DB) Close() error {
 	err := d.db.Close()
+	err = errors.Join(err, d.q.runway.close()) // after bbolt's: no transaction uses it now
 	if d.lock != nil {
 		d.unlocked.Do(func() { err = errors.Join(err, d.lock.Close()) })
 	}
