@@ -42,6 +42,13 @@
 // An outcome is prepared outside the transaction that appends it, which
 // only chains it (ledger.go).
 //
+// A commit writes every page from a changed record up to its bucket's
+// root, and its fsync costs about as much again per page: new stores get
+// 8 KB pages for shallower trees (DefaultPageSize), and the committer keeps
+// the file's end ahead of the pages in use zeroed and synced, so that
+// commits do not write into holes the file system must first allocate
+// (runway.go).
+//
 // Every record is a version byte, a payload and a CRC32C. Checkpoints and
 // pending writes, and runs since record version 2, use a hand-written binary
 // layout; tool calls use JSON inside the same envelope (so did runs at
