@@ -76,6 +76,7 @@ func RunBolt(ctx context.Context, o Options, dir string) (*Result, error) {
 	}
 	if res.CommitMS > 0 && res.CommitsPerTurn > 0 {
 		res.CeilingTurnsPS = round1(1000 / (res.CommitMS * res.CommitsPerTurn))
+		res.CeilingPct = figuresOf(res).CeilingPct
 	}
 	res.RSSMB = round1(PeakRSSMB())
 	return res, nil

@@ -48,6 +48,8 @@ type Result struct {
 	CommitMS       float64 `json:"commit_ms,omitempty"`
 	CommitsPerTurn float64 `json:"commits_per_turn,omitempty"`
 	CeilingTurnsPS float64 `json:"ceiling_turns_per_s,omitempty"`
+	// CeilingPct is turns/s as a percentage of CeilingTurnsPS.
+	CeilingPct float64 `json:"ceiling_pct,omitempty"`
 	// Commits is the number of commits the store took, and Transactions
 	// the fsynced bbolt transactions they shared (group commit).
 	Commits      int64 `json:"commits,omitempty"`
@@ -56,6 +58,9 @@ type Result struct {
 	// average, queueing for a shared transaction included: set beside
 	// CommitMS, it shows how much of a turn the disk took.
 	CommitWaitMS float64 `json:"commit_wait_ms,omitempty"`
+	// Runs holds each run's figures when the workload ran several times
+	// (see Median); the fields above then sum them up.
+	Runs []RunFigures `json:"runs,omitempty"`
 }
 
 // Run executes the workload: every thread runs its turns one after another,

@@ -23,7 +23,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stderr, "Usage: outpost bench reference [flags]  (the only workload is \"reference\")")
 		return errUsage
 	}
-	fs := newFlags("bench", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--cpuprofile FILE] [--trace FILE] [--json]", stderr)
+	fs := newFlags("bench", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--runs N] [--cpuprofile FILE] [--trace FILE] [--json]", stderr)
 	saver := fs.String("saver", "memory", "checkpointer: memory or bbolt")
 	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit at run end)")
 	threads := fs.Int("threads", 1, "threads run concurrently")
@@ -32,8 +32,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	asJSON := fs.Bool("json", false, "print one JSON line")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the turns (not the set-up or the commit probe) to `FILE`, for go tool pprof")
 	traceFile := fs.String("trace", "", "write an execution trace of the turns to `FILE`, for go tool trace")
+	runs := fs.Int("runs", 1, "run the workload `N` times and print the medians (a shared machine's speed drifts from run to run)")
 	if err := parse(fs, args[1:]); err != nil {
 		return err
+	}
+	if *runs < 1 {
+		return fmt.Errorf("--runs must be at least 1, not %d", *runs)
+	}
+	if *runs > 1 && (*cpuProfile != "" || *traceFile != "") {
+		return errors.New("--cpuprofile and --trace profile one run: leave out --runs")
 	}
 	opts := bench.Options{Saver: *saver, Durability: engine.Durability(*durability), Threads: *threads, Turns: *turns}
 	if *durability != "sync" && *durability != "exit" {
@@ -50,17 +57,37 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if prof != nil {
 		opts.Measure = prof.start
 	}
-	var res *bench.Result
-	switch *saver {
-	case "memory":
-		res, err = bench.Run(ctx, opts)
-	case "bbolt":
-		res, err = benchBolt(ctx, opts, *dataDir, stderr)
-	default:
+	if *saver != "memory" && *saver != "bbolt" {
 		return fmt.Errorf("--saver must be memory or bbolt, not %q", *saver)
 	}
-	if err != nil {
-		return err
+	var all []*bench.Result
+	for i := range *runs {
+		var res *bench.Result
+		if *saver == "memory" {
+			res, err = bench.Run(ctx, opts)
+		} else {
+			res, err = benchBolt(ctx, opts, *dataDir, stderr)
+		}
+		if err != nil {
+			if *runs > 1 {
+				return fmt.Errorf("run %d of %d: %w", i+1, *runs, err)
+			}
+			return err
+		}
+		if *runs > 1 && !*asJSON {
+			fmt.Fprintf(stdout, "run %d of %d: %.1f turns/s", i+1, *runs, res.TurnsPerS)
+			if res.CeilingPct > 0 {
+				fmt.Fprintf(stdout, ", %.0f%% of the ceiling of %.1f", res.CeilingPct, res.CeilingTurnsPS)
+			}
+			fmt.Fprintln(stdout)
+		}
+		all = append(all, res)
+	}
+	res := all[0]
+	if len(all) > 1 {
+		if res, err = bench.Median(all); err != nil {
+			return err
+		}
 	}
 	if err := prof.close(); err != nil {
 		return err
@@ -69,10 +96,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return json.NewEncoder(stdout).Encode(res)
 	}
 	fmt.Fprintf(stdout, "reference workload: %d thread(s) x %d turn(s), saver %s, durability %s\n", res.Threads, res.Turns, res.Saver, res.Durability)
+	if len(res.Runs) > 1 {
+		fmt.Fprintf(stdout, "  medians of %d runs (peak RSS: the largest)\n", len(res.Runs))
+	}
 	fmt.Fprintf(stdout, "  %.1f turns/s (%.3f s), %d finals, peak RSS %.1f MB\n", res.TurnsPerS, res.Seconds, res.Finals, res.RSSMB)
 	if res.Saver == "bbolt" {
-		fmt.Fprintf(stdout, "  store on disk %.2f MB; one fsynced commit %.3f ms, %.2f commits/turn, ceiling %.1f turns/s per thread\n",
-			float64(res.DBBytes)/1e6, res.CommitMS, res.CommitsPerTurn, res.CeilingTurnsPS)
+		fmt.Fprintf(stdout, "  store on disk %.2f MB; one fsynced commit %.3f ms, %.2f commits/turn, ceiling %.1f turns/s per thread (%.0f%% of it)\n",
+			float64(res.DBBytes)/1e6, res.CommitMS, res.CommitsPerTurn, res.CeilingTurnsPS, res.CeilingPct)
 		if res.Transactions > 0 {
 			fmt.Fprintf(stdout, "  group commit: %d commits in %d fsynced transactions, %.1f per transaction; a commit took %.3f ms on average, queueing included\n",
 				res.Commits, res.Transactions, float64(res.Commits)/float64(res.Transactions), res.CommitWaitMS)

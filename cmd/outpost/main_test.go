@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -256,6 +257,42 @@ func TestBenchReferenceJSON(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.FileExists(t, filepath.Join(data, "bench-reference.db"))
 	require.NoFileExists(t, filepath.Join(data, "commit-probe.db"))
+}
+
+// --runs N runs the workload N times and prints the medians, with each
+// run's figures.
+func TestBenchRuns(t *testing.T) {
+	code, stdout, stderr := outpost(t, "bench", "reference", "--saver", "bbolt", "--turns", "3", "--runs", "3", "--json")
+	require.Zero(t, code, stderr)
+	var res struct {
+		TurnsPerS  float64 `json:"turns_per_s"`
+		CeilingPct float64 `json:"ceiling_pct"`
+		Finals     int     `json:"finals"`
+		Runs       []struct {
+			TurnsPerS  float64 `json:"turns_per_s"`
+			CeilingPct float64 `json:"ceiling_pct"`
+		} `json:"runs"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res))
+	require.Len(t, res.Runs, 3)
+	tps := []float64{res.Runs[0].TurnsPerS, res.Runs[1].TurnsPerS, res.Runs[2].TurnsPerS}
+	slices.Sort(tps)
+	require.Equal(t, tps[1], res.TurnsPerS)
+	require.Positive(t, res.CeilingPct)
+	require.Equal(t, 3, res.Finals)
+
+	code, stdout, stderr = outpost(t, "bench", "reference", "--turns", "2", "--runs", "2")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "run 1 of 2: ")
+	require.Contains(t, stdout, "run 2 of 2: ")
+	require.Contains(t, stdout, "medians of 2 runs")
+
+	code, _, stderr = outpost(t, "bench", "reference", "--runs", "0")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "--runs must be at least 1")
+	code, _, stderr = outpost(t, "bench", "reference", "--runs", "2", "--cpuprofile", filepath.Join(t.TempDir(), "cpu"))
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "leave out --runs")
 }
 
 // --cpuprofile and --trace write files that go tool pprof and go tool
