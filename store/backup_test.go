@@ -254,3 +254,54 @@ func TestBackupNamesATemporaryFileInTheWay(t *testing.T) {
 	require.NoError(t, os.Remove(path+".tmp"))
 	require.NoError(t, d.BackupFile(bg, path))
 }
+
+// Check counts the file's space: pages in use and free pages make up the
+// pages below the high-water mark, and compaction gives the free ones back.
+func TestCheckCountsSpace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	for i := 1; i <= 20; i++ {
+		require.NoError(t, d.Commit(bg, stepCommit("t", i)))
+	}
+	// A bucket of large values, then dropped: its pages become free.
+	require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("scratch"))
+		require.NoError(t, err)
+		for i := range 40 {
+			require.NoError(t, b.Put([]byte(fmt.Sprint(i)), bytes.Repeat([]byte{'x'}, 6000)))
+		}
+		return nil
+	}))
+	require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error { return tx.DeleteBucket([]byte("scratch")) }))
+	// One more commit, so the pages the drop freed are released.
+	require.NoError(t, d.Commit(bg, stepCommit("t", 21)))
+
+	space := func(d *DB) *Space {
+		t.Helper()
+		rep, err := d.Check(bg)
+		require.NoError(t, err)
+		require.True(t, rep.OK(), "%v", rep.Problems)
+		require.NotNil(t, rep.Space)
+		var hw int64
+		require.NoError(t, d.db.View(func(tx *bbolt.Tx) error { hw = tx.Size(); return nil }))
+		sp := rep.Space
+		assert.Equal(t, DefaultPageSize, sp.PageSize)
+		assert.Equal(t, hw, sp.UsedBytes+sp.FreeBytes, "in use and free make up the pages below the high-water mark")
+		assert.GreaterOrEqual(t, sp.FileBytes, hw)
+		assert.Zero(t, sp.UsedBytes%int64(sp.PageSize))
+		return sp
+	}
+	before := space(d)
+	assert.Greater(t, before.FreeBytes, int64(30*6000), "the dropped bucket's pages are not counted free")
+	require.NoError(t, d.Close())
+
+	_, _, err = CompactFile(bg, path, Options{})
+	require.NoError(t, err)
+	d, err = Open(path, Options{ReadOnly: true})
+	require.NoError(t, err)
+	defer d.Close()
+	after := space(d)
+	assert.Less(t, after.FreeBytes, before.FreeBytes/4)
+	assert.InDelta(t, before.UsedBytes, after.UsedBytes, float64(before.UsedBytes)/4, "compaction kept what was in use, give or take refilled pages")
+}

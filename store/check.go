@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
@@ -18,6 +19,21 @@ type CheckReport struct {
 	// Records counts the records read, by bucket.
 	Records  map[string]int `json:"records"`
 	Problems []Problem      `json:"problems"`
+	// Space is how the file's bytes are used; nil when bbolt's page check
+	// found problems, since the pages are then not safe to count.
+	Space *Space `json:"space,omitempty"`
+}
+
+// Space is how a store file's bytes are used. Pages in use and free pages
+// lie below the high-water mark; the file beyond it is room to grow into.
+type Space struct {
+	PageSize  int   `json:"page_size"`
+	FileBytes int64 `json:"file_bytes"`
+	// UsedBytes is the pages that hold data, the two meta pages included.
+	UsedBytes int64 `json:"used_bytes"`
+	// FreeBytes is the free pages below the high-water mark: new pages go
+	// there first, and db compact gives them back to the file system.
+	FreeBytes int64 `json:"free_bytes"`
 }
 
 // OK reports whether Check found nothing wrong.
@@ -40,6 +56,18 @@ func (p Problem) String() string {
 		return fmt.Sprintf("%s: %s", p.Bucket, p.Message)
 	}
 	return fmt.Sprintf("%s %s: %s", p.Bucket, p.Key, p.Message)
+}
+
+// spaceOf counts the pages of the store tx reads.
+func spaceOf(tx *bbolt.Tx) *Space {
+	ps := int64(tx.DB().Info().PageSize)
+	st := tx.Cursor().Bucket().Stats() // the root bucket, and every bucket in it
+	pages := int64(st.BranchPageN+st.BranchOverflowN+st.LeafPageN+st.LeafOverflowN) + 2
+	sp := &Space{PageSize: int(ps), UsedBytes: pages * ps, FreeBytes: max(tx.Size()-pages*ps, 0)}
+	if fi, err := os.Stat(tx.DB().Path()); err == nil {
+		sp.FileBytes = fi.Size()
+	}
+	return sp
 }
 
 // Check verifies the whole store in one read transaction, so it can run
@@ -69,6 +97,9 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 	pageCheck := func(tx *bbolt.Tx) error {
 		for err := range tx.Check() {
 			add("", nil, "bbolt: %v", err)
+		}
+		if len(rep.Problems) == 0 {
+			rep.Space = spaceOf(tx)
 		}
 		return errRollback
 	}

@@ -154,6 +154,8 @@ func TestControlSocketInALongPath(t *testing.T) {
 	rep, err := c.Check(bg)
 	require.NoError(t, err)
 	assert.True(t, rep.OK(), "%v", rep.Problems)
+	require.NotNil(t, rep.Space, "the space count is lost on the way")
+	assert.Equal(t, DefaultPageSize, rep.Space.PageSize)
 	fi, err := os.Stat(filepath.Join(dir, ControlSocket))
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())

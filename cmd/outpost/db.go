@@ -18,7 +18,8 @@ func init() {
 
 const dbUsage = `Usage: outpost db <check|backup|compact|prune|salvage> [flags]
 
-  check              verify bbolt's pages, every record's checksum, and that every referenced blob exists
+  check              verify bbolt's pages, every record's checksum, and that every referenced blob exists;
+                     count the file's space: pages in use, free pages, room to grow into
   backup FILE        write a consistent copy of the store to FILE (works while serve runs)
   compact            rewrite the store without free pages, in the current page size (stop serve
                      first); interrupted, it leaves the store as it was
@@ -121,6 +122,11 @@ func dbCheck(ctx context.Context, dir string, asJSON bool, stdout, stderr io.Wri
 		fmt.Fprintf(stdout, "checked %d records: checkpoints %d, pending writes %d, blobs %d (%d indexed), runs %d, tool calls %d, outcomes %d\n",
 			sum(rep.Records), rep.Records["checkpoints"], rep.Records["writes"], rep.Records["bloblog"], rep.Records["blobindex"],
 			rep.Records["runs"], rep.Records["toolcalls"], rep.Records["outcomes"])
+		if sp := rep.Space; sp != nil {
+			fmt.Fprintf(stdout, "store file %.2f MB in pages of %d KB: %.2f MB in use, %.2f MB of free pages (db compact gives them back), %.2f MB room to grow into\n",
+				float64(sp.FileBytes)/1e6, sp.PageSize/1024, float64(sp.UsedBytes)/1e6, float64(sp.FreeBytes)/1e6,
+				float64(max(sp.FileBytes-sp.UsedBytes-sp.FreeBytes, 0))/1e6)
+		}
 		for _, p := range rep.Problems {
 			fmt.Fprintf(stdout, "PROBLEM %s\n", p)
 		}

@@ -66,6 +66,7 @@ func TestRunThenInspect(t *testing.T) {
 	require.Contains(t, stdout, "store is sound")
 	require.Regexp(t, `checkpoints 7, pending writes \d+, blobs [1-9]\d* \(0 indexed\), runs 1, tool calls \d+, outcomes 1\n`, stdout,
 		"the answer and its message are blobs, still in the log's unindexed tail")
+	require.Regexp(t, `store file [0-9.]+ MB in pages of 8 KB: [0-9.]+ MB in use, [0-9.]+ MB of free pages \(db compact gives them back\), [0-9.]+ MB room to grow into\n`, stdout)
 
 	bak := filepath.Join(t.TempDir(), "b.db")
 	code, stdout, stderr = outpost(t, "db", "backup", "--data", dir, bak)
