@@ -25,10 +25,12 @@ test-crash: ## the long crash tests: kill -9 at random moments, many times; a po
 	OUTPOST_CRASH_KILLS=200 $(GO) test -count=1 -run 'TestCrash' -timeout 30m -v ./internal/crashtest/
 	OUTPOST_POWERCUT_POINTS=0 $(GO) test -count=1 -run 'TestPowerCut' -timeout 30m -v ./store/
 
-bench: build ## go benchmarks, then the reference workload (S1 and S2, in memory)
+bench: build ## go benchmarks, then the reference workload (S1 and S2, in memory and on bbolt; medians of 3 runs)
 	$(GO) test -run '^$$' -bench . -benchmem ./...
-	./bin/outpost bench reference --saver memory --threads 1 --turns 200
-	./bin/outpost bench reference --saver memory --threads 64 --turns 20
+	./bin/outpost bench reference --saver memory --threads 1 --turns 200 --runs 3
+	./bin/outpost bench reference --saver memory --threads 64 --turns 20 --runs 3
+	./bin/outpost bench reference --saver bbolt --threads 1 --turns 200 --runs 3
+	./bin/outpost bench reference --saver bbolt --threads 64 --turns 20 --runs 3
 
 fuzz: ## a short run of every fuzz target (FUZZTIME each)
 	@set -e; for pkg in $$($(GO) list ./...); do \

@@ -13,13 +13,14 @@ type RunFigures struct {
 	CommitMS       float64 `json:"commit_ms,omitempty"`
 	CeilingTurnsPS float64 `json:"ceiling_turns_per_s,omitempty"`
 	// CeilingPct is turns/s as a percentage of the ceiling this run's own
-	// commit probe printed.
+	// commit probe printed; a one-thread figure, since the ceiling is per
+	// thread.
 	CeilingPct float64 `json:"ceiling_pct,omitempty"`
 }
 
 func figuresOf(r *Result) RunFigures {
 	f := RunFigures{TurnsPerS: r.TurnsPerS, Seconds: r.Seconds, CommitMS: r.CommitMS, CeilingTurnsPS: r.CeilingTurnsPS}
-	if r.CeilingTurnsPS > 0 {
+	if r.CeilingTurnsPS > 0 && r.Threads == 1 {
 		f.CeilingPct = round1(100 * r.TurnsPerS / r.CeilingTurnsPS)
 	}
 	return f

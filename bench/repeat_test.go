@@ -12,7 +12,7 @@ func TestMedian(t *testing.T) {
 	require.Error(t, err)
 
 	run := func(tps, secs, commitMS, ceiling, rss float64, dbBytes int64) *Result {
-		return &Result{Impl: "outpost", Saver: "bbolt", TurnsPerS: tps, Seconds: secs, CommitMS: commitMS,
+		return &Result{Impl: "outpost", Saver: "bbolt", Threads: 1, TurnsPerS: tps, Seconds: secs, CommitMS: commitMS,
 			CeilingTurnsPS: ceiling, RSSMB: rss, DBBytes: dbBytes}
 	}
 	// Odd: each figure is its own median, not the median run's.
@@ -41,6 +41,11 @@ func TestMedian(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 200.0, m.TurnsPerS)
 	assert.InDelta(t, 1.35, m.Seconds, 1e-9)
+
+	// Several threads: the ceiling is per thread, so no share.
+	m, err = Median([]*Result{{Threads: 64, TurnsPerS: 3000, CeilingTurnsPS: 400}})
+	require.NoError(t, err)
+	assert.Zero(t, m.CeilingPct)
 
 	// No ceiling (the memory saver): no share.
 	m, err = Median([]*Result{{TurnsPerS: 5}, {TurnsPerS: 7}, {TurnsPerS: 6}})

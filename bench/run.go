@@ -48,7 +48,8 @@ type Result struct {
 	CommitMS       float64 `json:"commit_ms,omitempty"`
 	CommitsPerTurn float64 `json:"commits_per_turn,omitempty"`
 	CeilingTurnsPS float64 `json:"ceiling_turns_per_s,omitempty"`
-	// CeilingPct is turns/s as a percentage of CeilingTurnsPS.
+	// CeilingPct is turns/s as a percentage of CeilingTurnsPS, for one
+	// thread.
 	CeilingPct float64 `json:"ceiling_pct,omitempty"`
 	// Commits is the number of commits the store took, and Transactions
 	// the fsynced bbolt transactions they shared (group commit).
