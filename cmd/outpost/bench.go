@@ -23,12 +23,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stderr, "Usage: outpost bench reference [flags]  (the only workload is \"reference\")")
 		return errUsage
 	}
-	fs := newFlags("bench", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--runs N] [--cpuprofile FILE] [--trace FILE] [--json]", stderr)
+	fs := newFlags("bench", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--runs N] [--data DIR] [--cpuprofile FILE] [--trace FILE] [--json]", stderr)
 	saver := fs.String("saver", "memory", "checkpointer: memory or bbolt")
 	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit at run end)")
 	threads := fs.Int("threads", 1, "threads run concurrently")
 	turns := fs.Int("turns", 200, "turns per thread")
-	dataDir := fs.String("data", "", "folder for the bbolt file (default: a new temporary folder, removed after)")
+	dataDir := fs.String("data", "", "folder `DIR` for the bbolt file, made if need be (default: a new temporary folder, removed after)")
 	asJSON := fs.Bool("json", false, "print one JSON line")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the turns (not the set-up or the commit probe) to `FILE`, for go tool pprof")
 	traceFile := fs.String("trace", "", "write an execution trace of the turns to `FILE`, for go tool trace")
