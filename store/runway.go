@@ -25,12 +25,11 @@ import (
 // runway never extends the file: bbolt sizes it as it grows, and the size
 // on disk stays bbolt's.
 type runway struct {
-	f      *os.File // the store file, opened for writing
+	f      *os.File // the store file, opened for writing; nil once given up
 	zeros  []byte   // what the runway is written from, made on first use
 	zeroed int64    // the runway reaches here
 	size   int64    // the file's size when last looked at
 	sizeAt int64    // the high-water mark then
-	off    bool     // a write failed: the runway is given up
 }
 
 const (
@@ -52,21 +51,28 @@ func openRunway(path string) *runway {
 }
 
 func (r *runway) close() error {
-	if r == nil {
+	if r == nil || r.f == nil {
 		return nil
 	}
 	return r.f.Close()
 }
 
+// giveUp ends the runway after a failure: bbolt then writes into holes as
+// it would without one.
+func (r *runway) giveUp() {
+	_ = r.f.Close() // the failure is what matters, and it is not the commit's
+	r.f = nil
+}
+
 // extend tops the runway up when what is left of it is short of an eighth
-// of the pages in use (within runwayMin and half a chunk): it zeroes the file from the
-// high-water mark to its end, or runwayChunk of it. bbolt grows a small
-// file by doubling it, so this happens a few times per doubling at most.
-// It runs at the start of a write transaction, before the transaction
-// writes anything. A failure gives the runway up rather than failing the
-// commit: bbolt then writes into holes as it would without one.
+// of the pages in use (within runwayMin and half a chunk): it zeroes the
+// file from the high-water mark to its end, or runwayChunk of it. bbolt
+// grows a small file by doubling it, so this happens a few times per
+// doubling at most. It runs at the start of a write transaction, before
+// the transaction writes anything. A failure gives the runway up rather
+// than failing the commit.
 func (r *runway) extend(tx *bbolt.Tx) {
-	if r == nil || r.off {
+	if r == nil || r.f == nil {
 		return
 	}
 	hw := tx.Size() // the high-water mark: every page in use is below it
@@ -78,7 +84,7 @@ func (r *runway) extend(tx *bbolt.Tx) {
 	if hw != r.sizeAt {
 		fi, err := r.f.Stat()
 		if err != nil {
-			r.off = true
+			r.giveUp()
 			return
 		}
 		r.size, r.sizeAt = fi.Size(), hw
@@ -94,13 +100,13 @@ func (r *runway) extend(tx *bbolt.Tx) {
 	for off := from; off < to; {
 		n := int(min(int64(len(r.zeros)), to-off))
 		if _, err := r.f.WriteAt(r.zeros[:n], off); err != nil {
-			r.off = true
+			r.giveUp()
 			return
 		}
 		off += int64(n)
 	}
 	if err := r.f.Sync(); err != nil {
-		r.off = true
+		r.giveUp()
 		return
 	}
 	r.zeroed = to
