@@ -3,6 +3,7 @@ package bench
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -54,7 +55,7 @@ func Median(runs []*Result) (*Result, error) {
 	}
 	tps := med(func(f RunFigures) float64 { return f.TurnsPerS })
 	nearest := slices.MinFunc(runs, func(a, b *Result) int {
-		return cmp.Compare(abs(a.TurnsPerS-tps), abs(b.TurnsPerS-tps))
+		return cmp.Compare(math.Abs(a.TurnsPerS-tps), math.Abs(b.TurnsPerS-tps))
 	})
 	out := *nearest
 	out.TurnsPerS = round1(tps)
@@ -67,11 +68,4 @@ func Median(runs []*Result) (*Result, error) {
 	}
 	out.Runs = figs
 	return &out, nil
-}
-
-func abs(x float64) float64 {
-	if x < 0 {
-		return -x
-	}
-	return x
 }

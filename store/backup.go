@@ -44,9 +44,9 @@ func (d *DB) BackupFile(ctx context.Context, path string) error {
 
 // Compact writes a compacted copy of the store to a new file at dst: free
 // pages are dropped and pages refilled, in the page size a new store gets
-// (a store made with smaller pages takes DefaultPageSize this way). The copy is made from one read
-// transaction, so writers may carry on meanwhile (their later commits are
-// not in the copy).
+// (a store made with smaller pages takes DefaultPageSize this way). The
+// copy is made from one read transaction, so writers may carry on
+// meanwhile (their later commits are not in the copy).
 func (d *DB) Compact(ctx context.Context, dst string) error {
 	if _, err := os.Stat(dst); err == nil {
 		return fmt.Errorf("compact store to %s: %w", dst, os.ErrExist)

@@ -117,7 +117,7 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 	}
 	err = d.view(func(tx *bbolt.Tx) error {
 		for _, name := range dataBuckets {
-			if bucket(tx, name) == nil && (name != bucketRecent || !d.noRecent) {
+			if bucket(tx, name) == nil && d.needs(name) {
 				add("", nil, "bucket %s is missing", name)
 			}
 		}

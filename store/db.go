@@ -357,7 +357,7 @@ func observeNewestIDs(tx *bbolt.Tx) {
 func (d *DB) checkBuckets(tx *bbolt.Tx, writable bool) error {
 	var missing, unknown []string
 	for _, name := range dataBuckets {
-		if bucket(tx, name) == nil && (name != bucketRecent || !d.noRecent) {
+		if bucket(tx, name) == nil && d.needs(name) {
 			missing = append(missing, name)
 		}
 	}
@@ -381,6 +381,10 @@ func (d *DB) checkBuckets(tx *bbolt.Tx, writable bool) error {
 	}
 	return nil
 }
+
+// needs reports whether the file must hold the data bucket name: all of
+// them, but the recent bucket of a version 3 or 4 file opened read-only.
+func (d *DB) needs(name string) bool { return name != bucketRecent || !d.noRecent }
 
 // Close releases the file. Commits still in flight finish first.
 func (d *DB) Close() error {

@@ -102,9 +102,29 @@ func damaged(format string, a ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrDamaged}, a...)...)
 }
 
-// checkFile walks f's page tree as bbolt will read it. A file bbolt would
-// refuse on its own (no bbolt magic, another version, both meta pages
-// invalid) is left to bbolt, which names the problem.
+// readMetas reads a store file's two meta pages as bbolt finds them: the
+// first gives the page size, and so where the second is; when the first is
+// not whole, the second is looked for as secondMeta does. off1 is where the
+// second was read, 0 when it was not found.
+func readMetas(f *os.File, size int64) (m0, m1 boltMeta, off1 int64) {
+	b := make([]byte, metaOffset+metaSize)
+	if _, err := f.ReadAt(b, 0); err == nil {
+		m0 = readMeta(b)
+	}
+	if !m0.valid {
+		m1, off1 = secondMeta(f, size)
+		return m0, m1, off1
+	}
+	off1 = int64(m0.pageSize)
+	if _, err := f.ReadAt(b, off1); err == nil {
+		m1 = readMeta(b)
+	}
+	return m0, m1, off1
+}
+
+// checkFile walks f's page tree as bbolt will read it. A file with no whole
+// meta page (not bbolt's, of another bbolt version, or both damaged) is
+// refused as not a store, with ErrFormat.
 func checkFile(f *os.File) error {
 	fi, err := f.Stat()
 	if err != nil {
@@ -114,28 +134,13 @@ func checkFile(f *os.File) error {
 	if size == 0 {
 		return nil // a new store
 	}
-	// Like bbolt: the first meta page gives the page size; when it is
-	// damaged, the second is looked for one OS page in.
-	readAt := func(off int64) boltMeta {
-		b := make([]byte, metaOffset+metaSize)
-		if _, err := f.ReadAt(b, off); err != nil {
-			return boltMeta{}
-		}
-		return readMeta(b)
-	}
-	m0 := readAt(0)
-	var m1 boltMeta
-	if m0.valid {
-		m1 = readAt(int64(m0.pageSize))
-	} else {
-		m1, _ = secondMeta(f, size)
-	}
+	m0, m1, _ := readMetas(f, size)
 	// bbolt uses the valid meta page with the higher transaction ID.
 	m := m0
 	switch {
 	case !m0.valid && !m1.valid:
-		// Left to bbolt, which would take the page size it is given for
-		// the file's and fail on the size.
+		// bbolt would take the page size it is given for the file's, and
+		// fail on the file's size with a message that says neither.
 		return fmt.Errorf("%w: not a bbolt file of a supported version (no meta page is whole)", ErrFormat)
 	case !m0.valid, m1.valid && m1.pageSize == m0.pageSize && m1.txid > m0.txid:
 		m = m1

@@ -20,7 +20,8 @@ import (
 // page for several checkpoints. The newest checkpoint stays in recent,
 // unless it is too large to be inline on its own. A lone thread's step
 // commit then writes about four pages instead of five and a half (bench
-// S1), and what a commit costs on disk is mostly the pages it writes.
+// S1, measured with 4 KB pages), and what a commit costs on disk is mostly
+// the pages it writes.
 //
 // A checkpoint is in exactly one of the two buckets, under the same key;
 // checkpoints reads both. A version 3 or 4 file opened read-only has no

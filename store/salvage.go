@@ -139,34 +139,24 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 
 // salvageMetas returns the whole meta pages, newest first.
 func salvageMetas(f *os.File, rep *SalvageReport) []boltMeta {
-	var metas []boltMeta
-	b := make([]byte, metaOffset+metaSize)
-	if _, err := f.ReadAt(b, 0); err == nil {
-		if m := readMeta(b); m.valid {
-			metas = append(metas, m)
-		}
+	var size int64
+	if fi, err := f.Stat(); err == nil {
+		size = fi.Size()
 	}
-	if len(metas) == 0 {
+	m0, m1, off1 := readMetas(f, size)
+	var metas []boltMeta
+	if m0.valid {
+		metas = append(metas, m0)
+	} else {
 		rep.Lost = append(rep.Lost, Problem{Message: "the meta page at byte 0 is not whole"})
 	}
-	// The second meta page is one page in. When the first cannot give the
-	// page size, it is looked for as bbolt looks for it.
-	if len(metas) > 0 {
-		off := int64(metas[0].pageSize)
-		if _, err := f.ReadAt(b, off); err == nil {
-			if m := readMeta(b); m.valid {
-				metas = append(metas, m)
-			}
-		}
-		if len(metas) == 1 {
-			rep.Lost = append(rep.Lost, Problem{Message: fmt.Sprintf("the meta page at byte %d is not whole", off)})
-		}
-	} else if fi, err := f.Stat(); err == nil {
-		if m, _ := secondMeta(f, fi.Size()); m.valid {
-			metas = append(metas, m)
-		} else {
-			rep.Lost = append(rep.Lost, Problem{Message: "no second meta page is whole"})
-		}
+	switch {
+	case m1.valid:
+		metas = append(metas, m1)
+	case m0.valid:
+		rep.Lost = append(rep.Lost, Problem{Message: fmt.Sprintf("the meta page at byte %d is not whole", off1)})
+	default:
+		rep.Lost = append(rep.Lost, Problem{Message: "no second meta page is whole"})
 	}
 	slices.SortFunc(metas, func(a, b boltMeta) int {
 		switch {
