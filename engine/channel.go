@@ -4,7 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"unicode/utf8"
+
+	"github.com/outpost-edge/outpost/internal/jsonfast"
 )
 
 // Reducer kinds.
@@ -85,7 +86,7 @@ func newSpec[T any](name, kind string, reduce func(old, upd T) T) *channelSpec {
 		},
 		encode: func(v any) ([]byte, error) {
 			if str, ok := v.(string); ok {
-				return appendJSONString(nil, str), nil
+				return jsonfast.AppendString(nil, str), nil
 			}
 			return json.Marshal(v)
 		},
@@ -190,44 +191,3 @@ func Sum[N Number](b *Builder, name string) Chan[N] {
 func Custom[T any](b *Builder, name, kind string, reduce func(old, upd T) T) Chan[T] {
 	return declare[T](b, newSpec[T](name, "custom:"+kind, reduce))
 }
-
-// appendJSONString quotes s as encoding/json does, without reflection: string
-// channels (drafts, answers) are the hot path of checkpoint encoding.
-func appendJSONString(dst []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= utf8.RuneSelf || s[i] == '<' || s[i] == '>' || s[i] == '&' {
-			b, _ := json.Marshal(s) // non-ASCII and HTML escapes: let json decide
-			return append(dst, b...)
-		}
-	}
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' {
-			continue
-		}
-		dst = append(dst, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			dst = append(dst, '\\', c)
-		case '\n':
-			dst = append(dst, '\\', 'n')
-		case '\r':
-			dst = append(dst, '\\', 'r')
-		case '\t':
-			dst = append(dst, '\\', 't')
-		case '\b':
-			dst = append(dst, '\\', 'b')
-		case '\f':
-			dst = append(dst, '\\', 'f')
-		default:
-			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-		}
-		start = i + 1
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
-}
-
-const hexDigits = "0123456789abcdef"

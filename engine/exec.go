@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/outpost-edge/outpost/internal/jsonfast"
 )
 
 // DefaultStepLimit bounds the supersteps of one run, as LangGraph.js does.
@@ -528,13 +530,13 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 func nodeCompletedData(r taskResult) json.RawMessage {
 	b := make([]byte, 0, 96)
 	b = append(b, `{"task":`...)
-	b = appendJSONString(b, r.spec.ID)
+	b = jsonfast.AppendString(b, r.spec.ID)
 	b = append(b, `,"writes":[`...)
 	for i, w := range r.writes {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendJSONString(b, w.Channel)
+		b = jsonfast.AppendString(b, w.Channel)
 	}
 	b = append(b, `],"attempts":`...)
 	b = strconv.AppendInt(b, int64(r.attempts), 10)
@@ -545,7 +547,7 @@ func nodeCompletedData(r taskResult) json.RawMessage {
 func checkpointData(c *Checkpoint) json.RawMessage {
 	b := make([]byte, 0, 96)
 	b = append(b, `{"id":`...)
-	b = appendJSONString(b, c.ID)
+	b = jsonfast.AppendString(b, c.ID)
 	b = append(b, `,"step":`...)
 	b = strconv.AppendInt(b, int64(c.Step), 10)
 	b = append(b, `,"next":[`...)
@@ -553,7 +555,7 @@ func checkpointData(c *Checkpoint) json.RawMessage {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendJSONString(b, t.Node)
+		b = jsonfast.AppendString(b, t.Node)
 	}
 	return append(b, "]}"...)
 }

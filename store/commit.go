@@ -136,17 +136,11 @@ func (q *committer) do(r *request) error {
 
 // lead commits one batch, which includes self, then hands over.
 func (q *committer) lead(self *request) {
-	q.mu.Lock()
-	n := min(len(q.queue), maxBatch)
-	batch := q.queue[:n:n]
-	q.queue = append([]*request(nil), q.queue[n:]...)
-	broken := q.broken
-	q.mu.Unlock()
-
+	batch, broken := q.take(maxBatch)
 	if broken != nil { // requests queued before the store broke
 		failAll(batch, broken)
 	} else {
-		q.run(batch)
+		batch = q.run(batch)
 	}
 
 	q.mu.Lock()
@@ -172,19 +166,35 @@ func (q *committer) lead(self *request) {
 	}
 }
 
-// run applies a batch in one transaction. A request that fails validation
-// is skipped; one whose apply fails is dropped and the rest retried in a
-// fresh transaction, so a bad request never takes its neighbours down.
-func (q *committer) run(batch []*request) {
-	if n := uint64(len(batch)); n > q.maxBatch.Load() {
-		q.maxBatch.Store(n) // only the leader writes it
-	}
+// take removes up to n requests from the head of the queue. It also
+// returns the error the store broke down with, if it did.
+func (q *committer) take(n int) ([]*request, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n = min(n, len(q.queue))
+	taken := q.queue[:n:n]
+	q.queue = append([]*request(nil), q.queue[n:]...)
+	return taken, q.broken
+}
+
+// run applies a batch in one transaction and returns the batch with the
+// requests that joined it. A request that fails validation is skipped; one
+// whose apply fails is dropped and the rest retried in a fresh
+// transaction, so a bad request never takes its neighbours down.
+//
+// Requests that queue while the batch is being applied join it, until
+// bbolt's commit begins: they would otherwise wait for this transaction's
+// two fsyncs and then for the next one's. With many committers, about a
+// sixth of the commits join that way (bench S2), and throughput rose by a
+// twelfth.
+func (q *committer) run(batch []*request) []*request {
+	q.noteBatch(len(batch))
 	pending := batch
 	for len(pending) > 0 {
 		if fp := failpoint.beforeCommitTx; fp != nil {
 			if err := fp(len(pending)); err != nil {
 				failAll(pending, fmt.Errorf("group commit: %w", err))
-				return
+				return batch
 			}
 		}
 		failed := -1
@@ -198,7 +208,18 @@ func (q *committer) run(batch []*request) {
 			for name, fill := range fillPercent {
 				bucket(tx, name).FillPercent = fill
 			}
-			for i, r := range pending {
+			for i := 0; ; i++ {
+				if i == len(pending) {
+					joined, _ := q.take(maxBatch - len(pending))
+					if len(joined) == 0 {
+						break
+					}
+					pending = append(pending, joined...)
+					batch = append(batch, joined...)
+					st.batch = len(pending)
+					q.noteBatch(len(pending))
+				}
+				r := pending[i]
 				r.err = nil
 				if r.validate != nil {
 					if r.err = r.validate(tx); r.err != nil {
@@ -231,7 +252,7 @@ func (q *committer) run(batch []*request) {
 		}
 		if err != nil && applied && !errors.Is(err, berrors.ErrDatabaseNotOpen) {
 			failAll(pending, q.breakDown(fmt.Errorf("%w: %v", ErrWriteFailed, err)))
-			return
+			return batch
 		}
 		if err == nil {
 			q.tail.apply(changes)
@@ -240,18 +261,26 @@ func (q *committer) run(batch []*request) {
 			if fp := failpoint.afterCommitTx; fp != nil {
 				fp(len(pending))
 			}
-			return
+			return batch
 		}
 		if failed < 0 {
 			if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 				err = ErrClosed
 			}
 			failAll(pending, fmt.Errorf("group commit: %w", err))
-			return
+			return batch
 		}
 		pending[failed].err = failErr
 		pending = append(pending[:failed:failed], pending[failed+1:]...)
 		q.retries.Add(1)
+	}
+	return batch
+}
+
+// noteBatch records n requests sharing a transaction.
+func (q *committer) noteBatch(n int) {
+	if uint64(n) > q.maxBatch.Load() {
+		q.maxBatch.Store(uint64(n)) // only the leader writes it
 	}
 }
 

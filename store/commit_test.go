@@ -60,49 +60,43 @@ func stepCommit(thread string, i int) *engine.Commit {
 	}
 }
 
-// holdFirstBatch makes the first group commit wait until n more commits
-// have queued behind it, so the next batch holds exactly those n.
-func holdFirstBatch(t *testing.T, d *DB, n int) {
+// holdFirstBatch makes the first group commit, once it is durable, wait
+// until n more commits have queued behind it, so that the next batch holds
+// exactly those n. Pass what it returns to commitAll, which starts them
+// only then: too late to join the first transaction.
+func holdFirstBatch(t *testing.T, d *DB, n int) <-chan struct{} {
+	held := make(chan struct{})
 	var once sync.Once
 	setFailpoints(t, func() {
-		failpoint.beforeCommitTx = func(int) error {
-			once.Do(func() { waitQueued(t, d, n) })
-			return nil
+		failpoint.afterCommitTx = func(int) {
+			once.Do(func() {
+				close(held)
+				waitQueued(t, d, n)
+			})
 		}
 	})
+	return held
 }
 
-// commitAll runs the commits concurrently after a first one that leads,
-// and returns each one's error.
-func commitAll(t *testing.T, d *DB, first *engine.Commit, cs []*engine.Commit) []error {
+// commitAll runs the commits concurrently once first is held (see
+// holdFirstBatch), and returns each one's error.
+func commitAll(t *testing.T, d *DB, held <-chan struct{}, first *engine.Commit, cs []*engine.Commit) []error {
 	t.Helper()
 	errs := make([]error, len(cs))
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); require.NoError(t, d.Commit(bg, first)) }()
-	waitLeading(t, d)
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first commit was not held")
+	}
 	for i, c := range cs {
 		wg.Add(1)
 		go func() { defer wg.Done(); errs[i] = d.Commit(bg, c) }()
 	}
 	wg.Wait()
 	return errs
-}
-
-func waitLeading(t *testing.T, d *DB) {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		d.q.mu.Lock()
-		leading := d.q.leading
-		d.q.mu.Unlock()
-		if leading {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no leader")
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 func TestGroupCommitSharesTransactions(t *testing.T) {
@@ -112,8 +106,8 @@ func TestGroupCommitSharesTransactions(t *testing.T) {
 	for i := range n {
 		cs = append(cs, stepCommit(fmt.Sprintf("t%d", i), 1))
 	}
-	holdFirstBatch(t, d, n)
-	for _, err := range commitAll(t, d, stepCommit("first", 1), cs) {
+	held := holdFirstBatch(t, d, n)
+	for _, err := range commitAll(t, d, held, stepCommit("first", 1), cs) {
 		require.NoError(t, err)
 	}
 	st := d.Stats()
@@ -125,6 +119,82 @@ func TestGroupCommitSharesTransactions(t *testing.T) {
 		_, err := d.Checkpoint(bg, fmt.Sprintf("t%d", i), "", "0001")
 		require.NoError(t, err)
 	}
+}
+
+// joinFirst makes n commits, to threads t0, t1 and so on, queue in that
+// order inside the first transaction, after its first request was applied.
+// It returns a func that waits for them and returns their errors.
+func joinFirst(t *testing.T, d *DB, n int) (wait func() []error) {
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	var once sync.Once
+	failpoint.midGroupCommit = func(int) error {
+		once.Do(func() {
+			for k := range n {
+				wg.Add(1)
+				go func() { defer wg.Done(); errs[k] = d.Commit(bg, stepCommit(fmt.Sprintf("t%d", k), 1)) }()
+				waitQueued(t, d, k+1)
+			}
+		})
+		return nil
+	}
+	return func() []error { wg.Wait(); return errs }
+}
+
+// Commits that queue while a batch is being applied join its transaction
+// instead of waiting for its fsyncs and then for their own.
+func TestCommitsJoinTheBatchBeingApplied(t *testing.T) {
+	d := openTest(t)
+	const n = 8
+	var wait func() []error
+	setFailpoints(t, func() { wait = joinFirst(t, d, n) })
+	require.NoError(t, d.Commit(bg, stepCommit("first", 1)))
+	for _, err := range wait() {
+		require.NoError(t, err)
+	}
+	st := d.Stats()
+	assert.Equal(t, uint64(n+1), st.Commits)
+	assert.Equal(t, uint64(1), st.Transactions, "the queued commits joined the first one's transaction")
+	assert.Equal(t, uint64(n+1), st.MaxBatch)
+	for k := range n {
+		_, err := d.Checkpoint(bg, fmt.Sprintf("t%d", k), "", "0001")
+		require.NoError(t, err)
+	}
+}
+
+// A commit that joined a batch and fails is dropped like any other; the
+// batch, joiners included, is retried without it.
+func TestFailedJoinerIsRetriedWithoutIt(t *testing.T) {
+	d := openTest(t)
+	boom := errors.New("disk says no")
+	var wait func() []error
+	setFailpoints(t, func() {
+		wait = joinFirst(t, d, 3)
+		failed := false
+		failpoint.applyRequest = func(i int) error {
+			if i == 2 && !failed { // t1, the second to join
+				failed = true
+				return boom
+			}
+			return nil
+		}
+	})
+	require.NoError(t, d.Commit(bg, stepCommit("first", 1)))
+	errs := wait()
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], boom)
+	require.NoError(t, errs[2])
+	_, err := d.Checkpoint(bg, "t1", "", "")
+	assert.ErrorIs(t, err, engine.ErrCheckpointNotFound, "the failed commit left nothing")
+	for _, thread := range []string{"first", "t0", "t2"} {
+		_, err := d.Checkpoint(bg, thread, "", "0001")
+		assert.NoError(t, err, thread)
+	}
+	st := d.Stats()
+	assert.Equal(t, uint64(1), st.Retries)
+	assert.Equal(t, uint64(1), st.Failed)
+	assert.Equal(t, uint64(3), st.Commits)
+	assert.Equal(t, uint64(1), st.Transactions)
 }
 
 func TestGroupCommitUnderLoad(t *testing.T) {
@@ -155,8 +225,8 @@ func TestOneBadCommitFailsOnlyItself(t *testing.T) {
 		plantBlob(t, d.db, ref, encodeBlob([]byte("other"), tc0))
 	}
 	cs := []*engine.Commit{stepCommit("a", 1), collide, stepCommit("b", 1), stepCommit("c", 1)}
-	holdFirstBatch(t, d, len(cs))
-	errs := commitAll(t, d, stepCommit("first", 1), cs)
+	held := holdFirstBatch(t, d, len(cs))
+	errs := commitAll(t, d, held, stepCommit("first", 1), cs)
 	assert.NoError(t, errs[0])
 	assert.ErrorIs(t, errs[1], engine.ErrBlobCollision)
 	assert.NoError(t, errs[2])
@@ -175,7 +245,7 @@ func TestOneBadCommitFailsOnlyItself(t *testing.T) {
 func TestFailedApplyIsRetriedWithoutIt(t *testing.T) {
 	d := openTest(t)
 	cs := []*engine.Commit{stepCommit("a", 1), stepCommit("b", 1), stepCommit("c", 1)}
-	holdFirstBatch(t, d, len(cs))
+	held := holdFirstBatch(t, d, len(cs))
 	boom := errors.New("disk says no")
 	var mu sync.Mutex
 	failed := false
@@ -190,7 +260,7 @@ func TestFailedApplyIsRetriedWithoutIt(t *testing.T) {
 		}
 		return nil
 	}
-	errs := commitAll(t, d, stepCommit("first", 1), cs)
+	errs := commitAll(t, d, held, stepCommit("first", 1), cs)
 	failedAt := -1
 	for i, err := range errs {
 		if err != nil {
@@ -216,7 +286,7 @@ func TestFailedApplyIsRetriedWithoutIt(t *testing.T) {
 func TestMidGroupCommitFailureRollsBackTheBatch(t *testing.T) {
 	d := openTest(t)
 	cs := []*engine.Commit{stepCommit("a", 1), stepCommit("b", 1), stepCommit("c", 1), stepCommit("d", 1)}
-	holdFirstBatch(t, d, len(cs))
+	held := holdFirstBatch(t, d, len(cs))
 	crash := errors.New("power cut")
 	failpoint.midGroupCommit = func(i int) error {
 		if d.q.maxBatch.Load() == uint64(len(cs)) && i == 2 {
@@ -224,7 +294,7 @@ func TestMidGroupCommitFailureRollsBackTheBatch(t *testing.T) {
 		}
 		return nil
 	}
-	errs := commitAll(t, d, stepCommit("first", 1), cs)
+	errs := commitAll(t, d, held, stepCommit("first", 1), cs)
 	for i, err := range errs {
 		assert.ErrorIs(t, err, crash, "commit %d", i)
 	}

@@ -12,12 +12,14 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/jsonfast"
 )
 
 // The outcome ledger is the outbox of finished runs: one record per run
@@ -119,6 +121,7 @@ func (o *Outcome) fieldJSON(canonicalOutput bool) ([][]byte, error) {
 		o.Output, o.Error,
 	}
 	out := make([][]byte, len(vals))
+	buf := make([]byte, 0, 512) // the small fields share one array
 	for i, v := range vals {
 		if i == outputField && canonicalOutput {
 			out[i] = o.Output
@@ -127,13 +130,70 @@ func (o *Outcome) fieldJSON(canonicalOutput bool) ([][]byte, error) {
 			}
 			continue
 		}
-		b, err := json.Marshal(v)
-		if err != nil {
+		start := len(buf)
+		var err error
+		if buf, err = appendFieldJSON(buf, v); err != nil {
 			return nil, fmt.Errorf("outcome field %s: %w", OutcomeFields[i], err)
 		}
-		out[i] = b
+		out[i] = buf[start:len(buf):len(buf)]
 	}
 	return out, nil
+}
+
+// appendFieldJSON appends v as json.Marshal encodes it. The types of
+// Outcome's fields are encoded without reflection: an outcome is hashed
+// at the end of every run.
+func appendFieldJSON(dst []byte, v any) ([]byte, error) {
+	switch v := v.(type) {
+	case string:
+		return jsonfast.AppendString(dst, v), nil
+	case engine.RunStatus:
+		return jsonfast.AppendString(dst, string(v)), nil
+	case uint64:
+		return strconv.AppendUint(dst, v, 10), nil
+	case int:
+		return strconv.AppendInt(dst, int64(v), 10), nil
+	case engine.BundleRef:
+		dst = jsonfast.AppendString(append(dst, `{"name":`...), v.Name)
+		dst = strconv.AppendInt(append(dst, `,"version":`...), v.Version, 10)
+		return append(jsonfast.AppendString(append(dst, `,"digest":`...), v.Digest), '}'), nil
+	case []OutcomeTool:
+		if v == nil {
+			return append(dst, "null"...), nil
+		}
+		dst = append(dst, '[')
+		for i, t := range v {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = jsonfast.AppendString(append(dst, `{"name":`...), t.Name)
+			dst = jsonfast.AppendString(append(dst, `,"decision":`...), t.Decision)
+			dst = append(jsonfast.AppendString(append(dst, `,"args_hash":`...), t.ArgsHash), '}')
+		}
+		return append(dst, ']'), nil
+	case []string:
+		if v == nil {
+			return append(dst, "null"...), nil
+		}
+		dst = append(dst, '[')
+		for i, s := range v {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = jsonfast.AppendString(dst, s)
+		}
+		return append(dst, ']'), nil
+	case time.Time:
+		b, err := v.MarshalJSON() // as json.Marshal calls it
+		return append(dst, b...), err
+	case json.RawMessage:
+		if len(v) > 0 {
+			b, err := jsonfast.Canonical(v)
+			return append(dst, b...), err
+		}
+	}
+	b, err := json.Marshal(v)
+	return append(dst, b...), err
 }
 
 // Positions in OutcomeFields (and fieldJSON) that the ledger sets itself.
@@ -428,8 +488,8 @@ func newPendingOutcome(c *engine.Commit, appliance string, now time.Time, view f
 		// as FieldValues encodes it (so it is its own canonical form), or a
 		// JSON string when the output is not JSON.
 		var err error
-		if o.Output, err = json.Marshal(json.RawMessage(r.Output)); err != nil {
-			o.Output, _ = json.Marshal(string(r.Output))
+		if o.Output, err = jsonfast.Canonical(r.Output); err != nil {
+			o.Output = jsonfast.AppendString(nil, string(r.Output))
 		}
 	}
 	p := &pendingOutcome{run: r, o: o}
@@ -548,7 +608,7 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome) (*Outcome, error) {
 // setDigest sets d[field] to the digest of v's canonical JSON, as
 // FieldValues encodes it.
 func setDigest(d map[string]string, field string, v any) error {
-	b, err := json.Marshal(v)
+	b, err := appendFieldJSON(nil, v)
 	if err != nil {
 		return fmt.Errorf("outcome field %s: %w", field, err)
 	}

@@ -524,3 +524,46 @@ func TestOutcomeFieldJSONMatchesTheStruct(t *testing.T) {
 		assert.Equal(t, want, rec.Outcome)
 	}
 }
+
+// FieldValues encodes without reflection; whatever the values, it must
+// give encoding/json's bytes, which the outcome hash is defined by.
+func FuzzOutcomeFieldsMatchEncodingJSON(f *testing.F) {
+	f.Add("clinic <7>", "t\u2028", "\xff", `"plain output"`, uint64(42), int64(3), int64(-1), true)
+	f.Add("", "", "", `{"a": "<b>"}`, uint64(0), int64(0), int64(1<<40), false)
+	f.Add("a\"b", "\\", "\n", `"bad \q"`, uint64(1), int64(-5), int64(0), true)
+	f.Fuzz(func(t *testing.T, s1, s2, s3, output string, seq uint64, n, ver int64, lists bool) {
+		o := &Outcome{ApplianceID: s1, Seq: seq, OutcomeID: s2, CorrelationID: s3, CausationID: s1 + s2,
+			Thread: s2, Run: s3, Agent: s1, Bundle: engine.BundleRef{Name: s2, Version: ver, Digest: s3},
+			Status: engine.RunStatus(s3), StartedAt: time.Unix(n%(1<<35), n%1e9).UTC(), EndedAt: time.Unix(0, n).In(time.FixedZone("x", 3600)),
+			Steps: int(n), Tokens: int(ver), ModelCalls: int(n ^ ver), Output: json.RawMessage(output), Error: s1}
+		if lists {
+			o.Tools = []OutcomeTool{{s1, s2, s3}, {}}
+			o.Flags = []string{s3, "", s1}
+		} else if n%2 == 0 {
+			o.Tools, o.Flags = []OutcomeTool{}, []string{}
+		}
+		if output == "" && n%3 == 0 {
+			o.Output = nil
+		}
+		whole, wantErr := json.Marshal(o)
+		vals, err := o.FieldValues()
+		if wantErr != nil {
+			if err == nil {
+				t.Fatalf("encoding/json refuses %+v (%v), FieldValues does not", o, wantErr)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("FieldValues: %v, encoding/json encodes %+v", err, o)
+		}
+		var byName map[string]json.RawMessage
+		if err := json.Unmarshal(whole, &byName); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range OutcomeFields {
+			if string(byName[name]) != string(vals[name]) {
+				t.Fatalf("%s: %s, encoding/json gives %s", name, vals[name], byName[name])
+			}
+		}
+	})
+}
