@@ -34,9 +34,11 @@ var errUsage = errors.New("usage")
 
 func main() {
 	// The heap of an appliance is small (tens of MB): trading a little of it
-	// for half the collection work is worth it. GOGC, when set, wins.
+	// for a quarter of the collection work is worth it. With 64 threads
+	// committing (bench S2), 400 against 200 raised throughput by a ninth
+	// for 7 MB more peak RSS (31 to 38 MB). GOGC, when set, wins.
 	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(200)
+		debug.SetGCPercent(400)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
