@@ -278,14 +278,16 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 	}
 	if c.Checkpoint != nil {
 		e.committed = c.Checkpoint.ID
-		e.changed = map[string]int{}
+		clear(e.changed)
 		if e.run.Status != StatusRunning && e.run.Status != StatusQueued {
 			// Only the state a run stops at is what the next run loads.
 			e.cfg.Cache.put(c.Checkpoint.Thread, c.Checkpoint.NS, c.Checkpoint.ID, e.vals, e.versions)
 			e.versionsShared = true
 		}
 	}
-	e.blobBuf = map[BlobRef][]byte{}
+	if len(e.blobBuf) > 0 { // handed to the store with c: a new one
+		e.blobBuf = map[BlobRef][]byte{}
+	}
 	if e.cfg.Events != nil && len(e.events) > 0 {
 		e.cfg.Events.Publish(e.events...)
 	}

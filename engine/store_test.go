@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -17,6 +18,10 @@ func TestBlobRefText(t *testing.T) {
 	back, err := engine.ParseBlobRef(s)
 	require.NoError(t, err)
 	require.Equal(t, ref, back)
+
+	for _, r := range []engine.BlobRef{{}, {Hash: 1, Len: 1}, {Hash: ^uint64(0), Len: ^uint32(0)}, {Hash: 0xab00cd, Len: 600}} {
+		require.Equal(t, fmt.Sprintf("xxh64:%016x:%d", r.Hash, r.Len), r.String())
+	}
 
 	text, err := ref.MarshalText()
 	require.NoError(t, err)

@@ -87,7 +87,14 @@ func (t *nsTree) leaves() []string {
 // put stores checkpoint cp, encoded as rec, and keeps the leaves exact.
 func (t *nsTree) put(cp *engine.Checkpoint, rec []byte) error {
 	key := t.key(cp.ID)
-	old := t.cb.Get(key)
+	var old []byte
+	if t.head == "" || cp.ID <= t.head {
+		// Otherwise the checkpoint is new: the head is the namespace's
+		// greatest ID, since every other checkpoint is a leaf below it or
+		// the parent of a newer one. A step on the head, the common
+		// commit, saves two lookups.
+		old = t.cb.Get(key)
+	}
 	existed := old != nil
 	var oldParent string
 	if existed {
