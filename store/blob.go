@@ -56,7 +56,7 @@ func (d *DB) PutBlob(ctx context.Context, data []byte) (engine.BlobRef, error) {
 	fresh := false
 	err := d.view(func(tx *bbolt.Tx) error {
 		b := openBlobs(tx, &d.tail, nil)
-		if err := checkBlobCollision(b, ref, data); err != nil {
+		if _, err := checkBlobCollision(b, ref, data); err != nil {
 			return err
 		}
 		if old := b.get(ref); old != nil {
@@ -73,8 +73,11 @@ func (d *DB) PutBlob(ctx context.Context, data []byte) (engine.BlobRef, error) {
 	}
 	rec := encodeBlob(data, now)
 	err = d.q.do(&request{
-		validate: func(tx *bbolt.Tx) error { return checkBlobCollision(writeBlobs(tx), ref, data) },
-		apply:    func(tx *bbolt.Tx) error { return writeBlobs(tx).put(ref, rec, true) },
+		validate: func(tx *bbolt.Tx) error {
+			_, err := checkBlobCollision(writeBlobs(tx), ref, data)
+			return err
+		},
+		apply: func(tx *bbolt.Tx) error { return writeBlobs(tx).put(ref, rec) },
 	})
 	if err != nil {
 		return ref, fmt.Errorf("put blob: %w", err)
@@ -83,19 +86,20 @@ func (d *DB) PutBlob(ctx context.Context, data []byte) (engine.BlobRef, error) {
 }
 
 // checkBlobCollision fails when ref is stored with other bytes than data.
-func checkBlobCollision(b *blobs, ref engine.BlobRef, data []byte) error {
+// It returns the stored blob's log key, or nil when ref is not stored.
+func checkBlobCollision(b *blobs, ref engine.BlobRef, data []byte) ([]byte, error) {
 	k := b.locate(ref)
 	if k == nil {
-		return nil
+		return nil, nil
 	}
 	stored, _, err := decodeBlob(b.log.Get(k))
 	if err != nil {
-		return fmt.Errorf("blob %s: %w", ref, corrupt(bucketBlobLog, k, err))
+		return nil, fmt.Errorf("blob %s: %w", ref, corrupt(bucketBlobLog, k, err))
 	}
 	if !bytes.Equal(stored, data) {
-		return fmt.Errorf("blob %s: %w", ref, engine.ErrBlobCollision)
+		return nil, fmt.Errorf("blob %s: %w", ref, engine.ErrBlobCollision)
 	}
-	return nil
+	return k, nil
 }
 
 // Blob returns a blob's bytes, or engine.ErrBlobNotFound.

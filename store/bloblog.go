@@ -210,15 +210,17 @@ func (b *blobs) data(ref engine.BlobRef) []byte {
 	return nil
 }
 
-// put appends rec for ref to the log. When the blob is stored already, it
-// is left as it is, or with overwrite its record is replaced in place.
-func (b *blobs) put(ref engine.BlobRef, rec []byte, overwrite bool) error {
+// put stores rec for ref: in place of its record when the blob is stored
+// already, else appended to the log.
+func (b *blobs) put(ref engine.BlobRef, rec []byte) error {
 	if k := b.locate(ref); k != nil {
-		if !overwrite {
-			return nil
-		}
 		return b.log.Put(k, rec)
 	}
+	return b.add(ref, rec)
+}
+
+// add appends ref's blob, which the caller found not stored.
+func (b *blobs) add(ref engine.BlobRef, rec []byte) error {
 	seq, err := b.log.NextSequence()
 	if err != nil {
 		return err

@@ -332,6 +332,9 @@ func (d *DB) Commit(ctx context.Context, c *engine.Commit) error {
 type encodedBlob struct {
 	ref       engine.BlobRef
 	data, rec []byte
+	// stored is set by validate when the blob is in the store already,
+	// for apply right after it in the same transaction.
+	stored bool
 }
 
 type encodedKV struct {
@@ -408,19 +411,23 @@ func prepareCommit(c *engine.Commit, now time.Time, appliance string, view func(
 	return &request{
 		validate: func(tx *bbolt.Tx) error {
 			bb := writeBlobs(tx)
-			for _, b := range blobs {
-				if err := checkBlobCollision(bb, b.ref, b.data); err != nil {
+			for i := range blobs {
+				b := &blobs[i]
+				k, err := checkBlobCollision(bb, b.ref, b.data)
+				if err != nil {
 					return fmt.Errorf("commit: %w", err)
 				}
+				b.stored = k != nil
 			}
 			return nil
 		},
 		apply: func(tx *bbolt.Tx) error {
 			bb := writeBlobs(tx)
 			for _, b := range blobs {
-				// A stored blob is left as it is: validate compared the
-				// bytes.
-				if err := bb.put(b.ref, b.rec, false); err != nil {
+				if b.stored {
+					continue // left as it is: validate compared the bytes
+				}
+				if err := bb.add(b.ref, b.rec); err != nil {
 					return fmt.Errorf("commit blob: %w", err)
 				}
 			}

@@ -370,10 +370,14 @@ func (p *pruner) apply(plan *nsPlan) error {
 	bb := p.blobs
 	now := time.Now()
 	for ref, data := range plan.newBlobs {
-		if err := checkBlobCollision(bb, ref, data); err != nil {
+		k, err := checkBlobCollision(bb, ref, data)
+		if err != nil {
 			return err
 		}
-		if err := bb.put(ref, encodeBlob(data, now), false); err != nil {
+		if k != nil {
+			continue
+		}
+		if err := bb.add(ref, encodeBlob(data, now)); err != nil {
 			return fmt.Errorf("store snapshot blob: %w", err)
 		}
 	}
