@@ -205,9 +205,6 @@ func (q *committer) run(batch []*request) []*request {
 			q.runway.extend(tx)
 			st := beginTxState(tx, q.tail, len(pending))
 			defer endTxState(tx)
-			for name, fill := range fillPercent {
-				bucket(tx, name).FillPercent = fill
-			}
 			for i := 0; ; i++ {
 				if i == len(pending) {
 					joined, _ := q.take(maxBatch - len(pending))

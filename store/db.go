@@ -431,7 +431,17 @@ func (d *DB) viewBlobs(fn func(b *blobs) error) error {
 	return d.view(func(tx *bbolt.Tx) error { return fn(openBlobs(tx, &d.tail, nil)) })
 }
 
-func bucket(tx *bbolt.Tx, name string) *bbolt.Bucket { return tx.Bucket([]byte(name)) }
+// bucket opens a top-level bucket. In a write transaction it sets the
+// bucket's fill percent (see fillPercent), for the buckets it writes only.
+func bucket(tx *bbolt.Tx, name string) *bbolt.Bucket {
+	b := tx.Bucket([]byte(name))
+	if b != nil && tx.Writable() {
+		if fill, ok := fillPercent[name]; ok {
+			b.FillPercent = fill
+		}
+	}
+	return b
+}
 
 // Composite keys. Parts are joined with NUL, which validKeyPart keeps out of
 // the parts themselves, so a prefix names exactly one thread, namespace or
