@@ -48,9 +48,10 @@ type request struct {
 
 // committer is a commit queue with a rotating leader. The first caller to
 // find no leader becomes it, drains every queued request into one bbolt
-// transaction (one fsync), wakes their callers and hands leadership to the
-// first request that queued meanwhile. A lone committer therefore pays no
-// added delay, and many concurrent ones share transactions.
+// transaction (one fsync), takes in those that queue while it applies them
+// (see run), wakes their callers and hands leadership to the first request
+// that queued meanwhile. A lone committer therefore pays no added delay,
+// and many concurrent ones share transactions.
 type committer struct {
 	db *bbolt.DB
 	// tail is the blob log's unindexed end, brought up to date after each
