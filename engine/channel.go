@@ -4,8 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-
-	"github.com/outpost-edge/outpost/internal/jsonfast"
+	"unicode/utf8"
 )
 
 // Reducer kinds.
@@ -86,7 +85,7 @@ func newSpec[T any](name, kind string, reduce func(old, upd T) T) *channelSpec {
 		},
 		encode: func(v any) ([]byte, error) {
 			if str, ok := v.(string); ok {
-				return jsonfast.AppendString(nil, str), nil
+				return AppendJSONString(nil, str), nil
 			}
 			return json.Marshal(v)
 		},
@@ -190,4 +189,44 @@ func Sum[N Number](b *Builder, name string) Chan[N] {
 // be pure and must not modify old: earlier snapshots share it.
 func Custom[T any](b *Builder, name, kind string, reduce func(old, upd T) T) Chan[T] {
 	return declare[T](b, newSpec[T](name, "custom:"+kind, reduce))
+}
+
+// AppendJSONString appends s quoted as encoding/json quotes it, without
+// reflection: string channels (drafts, answers) are the hot path of
+// checkpoint encoding, and the store's outcome records use it too.
+func AppendJSONString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf || s[i] == '<' || s[i] == '>' || s[i] == '&' {
+			b, _ := json.Marshal(s) // non-ASCII and HTML escapes: let json decide
+			return append(dst, b...)
+		}
+	}
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		case '\b':
+			dst = append(dst, '\\', 'b')
+		case '\f':
+			dst = append(dst, '\\', 'f')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		}
+		start = i + 1
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
 }

@@ -9,8 +9,6 @@ import (
 	"sort"
 	"strconv"
 	"time"
-
-	"github.com/outpost-edge/outpost/internal/jsonfast"
 )
 
 // DefaultStepLimit bounds the supersteps of one run, as LangGraph.js does.
@@ -532,13 +530,13 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 func nodeCompletedData(r taskResult) json.RawMessage {
 	b := make([]byte, 0, 96)
 	b = append(b, `{"task":`...)
-	b = jsonfast.AppendString(b, r.spec.ID)
+	b = AppendJSONString(b, r.spec.ID)
 	b = append(b, `,"writes":[`...)
 	for i, w := range r.writes {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = jsonfast.AppendString(b, w.Channel)
+		b = AppendJSONString(b, w.Channel)
 	}
 	b = append(b, `],"attempts":`...)
 	b = strconv.AppendInt(b, int64(r.attempts), 10)
@@ -549,7 +547,7 @@ func nodeCompletedData(r taskResult) json.RawMessage {
 func checkpointData(c *Checkpoint) json.RawMessage {
 	b := make([]byte, 0, 96)
 	b = append(b, `{"id":`...)
-	b = jsonfast.AppendString(b, c.ID)
+	b = AppendJSONString(b, c.ID)
 	b = append(b, `,"step":`...)
 	b = strconv.AppendInt(b, int64(c.Step), 10)
 	b = append(b, `,"next":[`...)
@@ -557,7 +555,7 @@ func checkpointData(c *Checkpoint) json.RawMessage {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = jsonfast.AppendString(b, t.Node)
+		b = AppendJSONString(b, t.Node)
 	}
 	return append(b, "]}"...)
 }

@@ -19,7 +19,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/engine"
-	"github.com/outpost-edge/outpost/internal/jsonfast"
 )
 
 // The outcome ledger is the outbox of finished runs: one record per run
@@ -146,17 +145,17 @@ func (o *Outcome) fieldJSON(canonicalOutput bool) ([][]byte, error) {
 func appendFieldJSON(dst []byte, v any) ([]byte, error) {
 	switch v := v.(type) {
 	case string:
-		return jsonfast.AppendString(dst, v), nil
+		return engine.AppendJSONString(dst, v), nil
 	case engine.RunStatus:
-		return jsonfast.AppendString(dst, string(v)), nil
+		return engine.AppendJSONString(dst, string(v)), nil
 	case uint64:
 		return strconv.AppendUint(dst, v, 10), nil
 	case int:
 		return strconv.AppendInt(dst, int64(v), 10), nil
 	case engine.BundleRef:
-		dst = jsonfast.AppendString(append(dst, `{"name":`...), v.Name)
+		dst = engine.AppendJSONString(append(dst, `{"name":`...), v.Name)
 		dst = strconv.AppendInt(append(dst, `,"version":`...), v.Version, 10)
-		return append(jsonfast.AppendString(append(dst, `,"digest":`...), v.Digest), '}'), nil
+		return append(engine.AppendJSONString(append(dst, `,"digest":`...), v.Digest), '}'), nil
 	case []OutcomeTool:
 		if v == nil {
 			return append(dst, "null"...), nil
@@ -166,9 +165,9 @@ func appendFieldJSON(dst []byte, v any) ([]byte, error) {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = jsonfast.AppendString(append(dst, `{"name":`...), t.Name)
-			dst = jsonfast.AppendString(append(dst, `,"decision":`...), t.Decision)
-			dst = append(jsonfast.AppendString(append(dst, `,"args_hash":`...), t.ArgsHash), '}')
+			dst = engine.AppendJSONString(append(dst, `{"name":`...), t.Name)
+			dst = engine.AppendJSONString(append(dst, `,"decision":`...), t.Decision)
+			dst = append(engine.AppendJSONString(append(dst, `,"args_hash":`...), t.ArgsHash), '}')
 		}
 		return append(dst, ']'), nil
 	case []string:
@@ -180,7 +179,7 @@ func appendFieldJSON(dst []byte, v any) ([]byte, error) {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = jsonfast.AppendString(dst, s)
+			dst = engine.AppendJSONString(dst, s)
 		}
 		return append(dst, ']'), nil
 	case time.Time:
@@ -188,7 +187,7 @@ func appendFieldJSON(dst []byte, v any) ([]byte, error) {
 		return append(dst, b...), err
 	case json.RawMessage:
 		if len(v) > 0 {
-			b, err := jsonfast.Canonical(v)
+			b, err := canonicalJSON(v)
 			return append(dst, b...), err
 		}
 	}
@@ -488,8 +487,8 @@ func newPendingOutcome(c *engine.Commit, appliance string, now time.Time, view f
 		// as FieldValues encodes it (so it is its own canonical form), or a
 		// JSON string when the output is not JSON.
 		var err error
-		if o.Output, err = jsonfast.Canonical(r.Output); err != nil {
-			o.Output = jsonfast.AppendString(nil, string(r.Output))
+		if o.Output, err = canonicalJSON(r.Output); err != nil {
+			o.Output = engine.AppendJSONString(nil, string(r.Output))
 		}
 	}
 	p := &pendingOutcome{run: r, o: o}

@@ -1,4 +1,4 @@
-package jsonfast
+package store
 
 import (
 	"encoding/json"
@@ -7,25 +7,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestAppendStringMatchesEncodingJSON(t *testing.T) {
-	for _, s := range []string{"", "plain", `quo"te`, `back\slash`, "tab\tnew\nline\r", "\x00\x1f", "<b>&", "ünïcode", "\xff bad utf8", "\u2028"} {
-		want, _ := json.Marshal(s)
-		require.Equal(t, string(want), string(AppendString(nil, s)), "%q", s)
-	}
-	require.Equal(t, `x"a"`, string(AppendString([]byte("x"), "a")), "appends to dst")
-}
-
-func FuzzAppendString(f *testing.F) {
-	f.Add("hello \"world\"\n")
-	f.Fuzz(func(t *testing.T, s string) {
-		want, _ := json.Marshal(s)
-		if got := AppendString(nil, s); string(got) != string(want) {
-			t.Fatalf("%q: got %s, want %s", s, got, want)
-		}
-	})
-}
-
-func TestCanonical(t *testing.T) {
+// canonicalJSON must give what json.Marshal(json.RawMessage(raw)) gives:
+// an outcome's output is hashed in that form.
+func TestCanonicalJSON(t *testing.T) {
 	for _, raw := range []string{
 		`"plain"`, `"esc \" \\ \/ \b \f \n \r \t \u00e9 \uABCD"`, `""`,
 		// Left to encoding/json: each is changed by it, or refused.
@@ -34,7 +18,7 @@ func TestCanonical(t *testing.T) {
 		`"two" + "strings"`, `"in"side"`,
 	} {
 		want, wantErr := json.Marshal(json.RawMessage(raw))
-		got, err := Canonical([]byte(raw))
+		got, err := canonicalJSON([]byte(raw))
 		if wantErr != nil {
 			require.Error(t, err, "%s", raw)
 			continue
@@ -46,13 +30,13 @@ func TestCanonical(t *testing.T) {
 	require.False(t, canonicalString([]byte(`"<b>"`)))
 }
 
-func FuzzCanonical(f *testing.F) {
+func FuzzCanonicalJSON(f *testing.F) {
 	for _, s := range []string{`"plain"`, `"a\u00e9\n"`, `"\`, `"\u"`, `{"a":"<"}`, `"x"y"`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		want, wantErr := json.Marshal(json.RawMessage(raw))
-		got, err := Canonical(raw)
+		got, err := canonicalJSON(raw)
 		if (err != nil) != (wantErr != nil) {
 			t.Fatalf("%q: error %v, encoding/json's %v", raw, err, wantErr)
 		}
