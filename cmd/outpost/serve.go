@@ -302,6 +302,6 @@ func modelCheck(ctx context.Context, mc *modelChoice, p models.Provider, model s
 			return console.Health{State: console.StateDegraded, Detail: detail, Info: info}
 		}
 		info["model"] = firmware.ScriptedModel
-		return console.Health{State: console.StateOK, Detail: "scripted model (chosen with --model scripted)", Info: info}
+		return console.Health{State: console.StateOK, Detail: "scripted model (--model scripted, the default: the bundle's deterministic rules)", Info: info}
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -164,6 +165,7 @@ func TestServeAsAProcess(t *testing.T) {
 
 	code, body := s.call(t, http.MethodGet, "/healthz", "")
 	require.Equal(t, http.StatusOK, code, "%s", body)
+	assert.Contains(t, string(body), "no Ollama reachable at http://127.0.0.1:1 at start: using the scripted model", "the model's health says why it is the scripted one")
 	code, _ = (&serving{url: s.url, token: "wrong"}).call(t, http.MethodGet, "/api/v1/runs", "")
 	assert.Equal(t, http.StatusUnauthorized, code)
 
@@ -190,4 +192,15 @@ func TestServeAsAProcess(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	assert.Contains(t, string(body), `"status":"completed"`)
 	s.stop(t)
+}
+
+// The scripted model by default is healthy, and its health says it was the
+// default, not a flag the operator gave.
+func TestScriptedModelHealth(t *testing.T) {
+	var out strings.Builder
+	check := modelCheck(context.Background(), &modelChoice{model: "scripted", ollama: "http://127.0.0.1:1"}, nil, "", &out)
+	h := check(context.Background())
+	assert.Equal(t, console.StateOK, h.State)
+	assert.Equal(t, "scripted model (--model scripted, the default: the bundle's deterministic rules)", h.Detail)
+	assert.Contains(t, out.String(), "model: scripted (the bundle's deterministic rules; no Ollama reachable at http://127.0.0.1:1)")
 }
