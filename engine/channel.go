@@ -230,3 +230,5 @@ func AppendJSONString(dst []byte, s string) []byte {
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
 }
+
+const hexDigits = "0123456789abcdef"

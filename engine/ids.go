@@ -36,8 +36,6 @@ func hex16(n uint64) string {
 	return string(b[:])
 }
 
-const hexDigits = "0123456789abcdef"
-
 // observeID keeps ids increasing past one read from a store, even if the
 // clock went back since it was written.
 func observeID(id string) {

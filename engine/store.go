@@ -34,13 +34,7 @@ func (r BlobRef) IsZero() bool { return r == BlobRef{} }
 
 // String renders r as "xxh64:<16 hex digits>:<length>".
 func (r BlobRef) String() string {
-	b := make([]byte, 0, len("xxh64:")+16+1+10)
-	b = append(b, "xxh64:"...)
-	for shift := 60; shift >= 0; shift -= 4 {
-		b = append(b, hexDigits[r.Hash>>shift&0xf])
-	}
-	b = strconv.AppendUint(append(b, ':'), uint64(r.Len), 10)
-	return string(b)
+	return "xxh64:" + hex16(r.Hash) + ":" + strconv.FormatUint(uint64(r.Len), 10)
 }
 
 // ParseBlobRef parses the form written by BlobRef.String.

@@ -86,20 +86,20 @@ func (d *DB) PutBlob(ctx context.Context, data []byte) (engine.BlobRef, error) {
 }
 
 // checkBlobCollision fails when ref is stored with other bytes than data.
-// It returns the stored blob's log key, or nil when ref is not stored.
-func checkBlobCollision(b *blobs, ref engine.BlobRef, data []byte) ([]byte, error) {
+// It reports whether ref is stored.
+func checkBlobCollision(b *blobs, ref engine.BlobRef, data []byte) (stored bool, _ error) {
 	k := b.locate(ref)
 	if k == nil {
-		return nil, nil
+		return false, nil
 	}
-	stored, _, err := decodeBlob(b.log.Get(k))
+	old, _, err := decodeBlob(b.log.Get(k))
 	if err != nil {
-		return nil, fmt.Errorf("blob %s: %w", ref, corrupt(bucketBlobLog, k, err))
+		return false, fmt.Errorf("blob %s: %w", ref, corrupt(bucketBlobLog, k, err))
 	}
-	if !bytes.Equal(stored, data) {
-		return nil, fmt.Errorf("blob %s: %w", ref, engine.ErrBlobCollision)
+	if !bytes.Equal(old, data) {
+		return false, fmt.Errorf("blob %s: %w", ref, engine.ErrBlobCollision)
 	}
-	return k, nil
+	return true, nil
 }
 
 // Blob returns a blob's bytes, or engine.ErrBlobNotFound.

@@ -411,11 +411,10 @@ func prepareCommit(c *engine.Commit, now time.Time, appliance string, view func(
 			bb := writeBlobs(tx)
 			for i := range blobs {
 				b := &blobs[i]
-				k, err := checkBlobCollision(bb, b.ref, b.data)
-				if err != nil {
+				var err error
+				if b.stored, err = checkBlobCollision(bb, b.ref, b.data); err != nil {
 					return fmt.Errorf("commit: %w", err)
 				}
-				b.stored = k != nil
 			}
 			return nil
 		},

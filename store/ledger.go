@@ -157,31 +157,13 @@ func appendFieldJSON(dst []byte, v any) ([]byte, error) {
 		dst = strconv.AppendInt(append(dst, `,"version":`...), v.Version, 10)
 		return append(engine.AppendJSONString(append(dst, `,"digest":`...), v.Digest), '}'), nil
 	case []OutcomeTool:
-		if v == nil {
-			return append(dst, "null"...), nil
-		}
-		dst = append(dst, '[')
-		for i, t := range v {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
+		return appendJSONList(dst, v, func(dst []byte, t OutcomeTool) []byte {
 			dst = engine.AppendJSONString(append(dst, `{"name":`...), t.Name)
 			dst = engine.AppendJSONString(append(dst, `,"decision":`...), t.Decision)
-			dst = append(engine.AppendJSONString(append(dst, `,"args_hash":`...), t.ArgsHash), '}')
-		}
-		return append(dst, ']'), nil
+			return append(engine.AppendJSONString(append(dst, `,"args_hash":`...), t.ArgsHash), '}')
+		}), nil
 	case []string:
-		if v == nil {
-			return append(dst, "null"...), nil
-		}
-		dst = append(dst, '[')
-		for i, s := range v {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = engine.AppendJSONString(dst, s)
-		}
-		return append(dst, ']'), nil
+		return appendJSONList(dst, v, engine.AppendJSONString), nil
 	case time.Time:
 		b, err := v.MarshalJSON() // as json.Marshal calls it
 		return append(dst, b...), err
@@ -193,6 +175,22 @@ func appendFieldJSON(dst []byte, v any) ([]byte, error) {
 	}
 	b, err := json.Marshal(v)
 	return append(dst, b...), err
+}
+
+// appendJSONList appends xs as a JSON array, each item by item, or null
+// for a nil slice, as json.Marshal does.
+func appendJSONList[T any](dst []byte, xs []T, item func([]byte, T) []byte) []byte {
+	if xs == nil {
+		return append(dst, "null"...)
+	}
+	dst = append(dst, '[')
+	for i, x := range xs {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = item(dst, x)
+	}
+	return append(dst, ']')
 }
 
 // Positions in OutcomeFields (and fieldJSON) that the ledger sets itself.

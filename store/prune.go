@@ -370,11 +370,11 @@ func (p *pruner) apply(plan *nsPlan) error {
 	bb := p.blobs
 	now := time.Now()
 	for ref, data := range plan.newBlobs {
-		k, err := checkBlobCollision(bb, ref, data)
+		stored, err := checkBlobCollision(bb, ref, data)
 		if err != nil {
 			return err
 		}
-		if k != nil {
+		if stored {
 			continue
 		}
 		if err := bb.add(ref, encodeBlob(data, now)); err != nil {
