@@ -313,13 +313,14 @@ func (d *DB) Commit(ctx context.Context, c *engine.Commit) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	now := time.Now()
-	r, appended, err := prepareCommit(c, now, d.ApplianceID(), d.viewBlobs)
+	r, appended, err := prepareCommit(c, now, d.ApplianceID(), &d.trail, d.viewBlobs)
 	if err != nil {
 		return err
 	}
 	if err := d.q.do(r); err != nil {
 		return err
 	}
+	d.trail.add(c)
 	if o := *appended; o != nil && d.opts.Events != nil {
 		data, _ := json.Marshal(map[string]any{"seq": o.Seq, "outcome_id": o.OutcomeID, "status": o.Status, "hash": o.Hash})
 		d.opts.Events.Publish(engine.Event{Time: now.UTC(), Type: engine.EventOutcomeAppended, Run: o.Run, Thread: o.Thread, Data: data})
@@ -344,7 +345,7 @@ type encodedKV struct {
 // When c ends the run (or pauses it at an interrupt), the run's outcome is
 // appended to the ledger in the same transaction; *appended then holds it
 // once the request has committed.
-func prepareCommit(c *engine.Commit, now time.Time, appliance string, view func(func(*blobs) error) error) (_ *request, appended **Outcome, _ error) {
+func prepareCommit(c *engine.Commit, now time.Time, appliance string, trail *flagTrail, view func(func(*blobs) error) error) (_ *request, appended **Outcome, _ error) {
 	appended = new(*Outcome)
 	var blobs []encodedBlob
 	for ref, data := range c.Blobs {
@@ -390,7 +391,7 @@ func prepareCommit(c *engine.Commit, now time.Time, appliance string, view func(
 		if leavesOutcome(c.Run.Status) {
 			var data []byte
 			var err error
-			if outcome, data, err = newPendingOutcome(c, appliance, now, view); err != nil {
+			if outcome, data, err = newPendingOutcome(c, appliance, now, trail, view); err != nil {
 				return nil, nil, fmt.Errorf("commit run %s: outcome: %w", c.Run.ID, err)
 			}
 			if data != nil {

@@ -146,6 +146,9 @@ type DB struct {
 	opts Options
 	q    committer
 	tail blobTail
+	// trail holds the newest checkpoints' flags, for outcomes
+	// (flagtrail.go).
+	trail flagTrail
 	// lock is the held lock file (see lockStore), or nil; released once.
 	lock     *os.File
 	unlocked sync.Once

@@ -461,7 +461,7 @@ type pendingOutcome struct {
 // what it needs of the run's earlier commits through view (nil: it leaves
 // that to appendOutcome). It returns the output blob's bytes when the
 // output goes out of line.
-func newPendingOutcome(c *engine.Commit, appliance string, now time.Time, view func(func(*blobs) error) error) (*pendingOutcome, []byte, error) {
+func newPendingOutcome(c *engine.Commit, appliance string, now time.Time, trail *flagTrail, view func(func(*blobs) error) error) (*pendingOutcome, []byte, error) {
 	r := c.Run
 	var b [12]byte
 	_, _ = rand.Read(b[:])
@@ -494,10 +494,10 @@ func newPendingOutcome(c *engine.Commit, appliance string, now time.Time, view f
 	if len(o.Output) > engine.BlobThreshold {
 		p.outputBlob, blob = engine.RefOf(o.Output), o.Output
 	}
-	flags, ok := commitFlags(c, nil)
+	flags, ok := commitFlags(c, trail, nil)
 	if !ok && view != nil {
 		_ = view(func(b *blobs) error {
-			flags, ok = commitFlags(c, b)
+			flags, ok = commitFlags(c, trail, b)
 			return nil
 		})
 	}
@@ -681,11 +681,12 @@ func finalFlags(blobs *blobs, r *engine.Run) []string {
 }
 
 // commitFlags is finalFlags answered outside the write transaction: from
-// the checkpoints of the commit that ends the run, and then, when blobs is
-// not nil, from those the run committed before (blobs' read transaction
-// sees them, since a run's commits follow one another). ok is false when
-// the walk needs a checkpoint it cannot read.
-func commitFlags(c *engine.Commit, blobs *blobs) (flags []string, ok bool) {
+// the checkpoints of the commit that ends the run, then from the trail of
+// those committed lately (flagtrail.go; trail may be nil), and then, when
+// blobs is not nil, from those the run committed before (blobs' read
+// transaction sees them, since a run's commits follow one another). ok is
+// false when the walk needs a checkpoint it cannot read.
+func commitFlags(c *engine.Commit, trail *flagTrail, blobs *blobs) (flags []string, ok bool) {
 	r := c.Run
 	var cb *checkpoints
 	if blobs != nil {
@@ -698,6 +699,9 @@ func commitFlags(c *engine.Commit, blobs *blobs) (flags []string, ok bool) {
 				if cp != nil && cp.ID == id && cp.Thread == r.Thread && cp.NS == "" {
 					return cp, true
 				}
+			}
+			if cp := trail.get(r.Thread, id); cp != nil {
+				return cp, true
 			}
 			if cb == nil {
 				return nil, false

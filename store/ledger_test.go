@@ -422,16 +422,24 @@ func TestFinalFlagsFromTheCommitOrTheStore(t *testing.T) {
 				last := cps[len(cps)-1]
 				c := &engine.Commit{Earlier: cps[split : len(cps)-1], Checkpoint: last, Blobs: blobs,
 					Run: &engine.Run{ID: "r", Thread: "t", Status: engine.StatusCompleted, Checkpoint: last.ID, CreatedAt: tc0}}
-				fromCommit, ok := commitFlags(c, nil)
+				fromCommit, ok := commitFlags(c, nil, nil)
 				assert.Equal(t, split == 0 || tc.name == "set in the last step" || tc.name == "unreadable", ok,
 					"the commit alone tells when it holds the chain down to a value")
 				if ok {
 					assert.Equal(t, tc.want, fromCommit)
 				}
+				fromTrail, ok := commitFlags(c, &d.trail, nil)
+				assert.Equal(t, split == 0 || tc.name != "a blob", ok,
+					"the commit and the trail tell, unless the walk needs a flags blob stored before")
+				if ok {
+					assert.Equal(t, tc.want, fromTrail)
+				}
 				require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
-					withStored, ok := commitFlags(c, openBlobs(tx, &d.tail, nil))
-					assert.True(t, ok, "the commit and the checkpoints stored before it tell")
-					assert.Equal(t, tc.want, withStored)
+					for _, trail := range []*flagTrail{nil, &d.trail} {
+						withStored, ok := commitFlags(c, trail, openBlobs(tx, &d.tail, nil))
+						assert.True(t, ok, "the commit and the checkpoints stored before it tell")
+						assert.Equal(t, tc.want, withStored)
+					}
 					return nil
 				}))
 				require.NoError(t, d.Commit(bg, c))

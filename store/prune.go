@@ -69,6 +69,7 @@ func (d *DB) Prune(ctx context.Context, olderThan time.Duration, now time.Time) 
 			return p.collectBlobs()
 		},
 	})
+	d.trail.reset() // it may have cut checkpoints the trail holds
 	if err != nil {
 		return nil, fmt.Errorf("prune store %s: %w", d.path, err)
 	}
