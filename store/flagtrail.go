@@ -25,7 +25,7 @@ import (
 // The walk was about a twentieth of bench S2's CPU (64 x 20, sync): a read
 // transaction and up to five checkpoints decoded per run. Skipping it
 // altogether ran 1.058 times as many turns a second (10 interleaved pairs,
-// median), and the trail 1.038 times (12 pairs).
+// median), and the trail 1.038 and 1.036 times (12 pairs each).
 
 // trailLen is how many of a thread's newest root checkpoints the trail
 // keeps: a run of the reference graph commits six or seven.
@@ -41,10 +41,13 @@ type flagTrail struct {
 	threads map[string]*threadTrail
 }
 
-// threadTrail is a ring of one thread's newest checkpoints.
+// threadTrail is a ring of one thread's newest checkpoints. newest is the
+// greatest ID it took in: a checkpoint with a greater one is new (IDs grow
+// along a thread), so only a rewrite has to search the ring.
 type threadTrail struct {
-	cps  [trailLen]*engine.Checkpoint
-	next int
+	cps    [trailLen]*engine.Checkpoint
+	next   int
+	newest string
 }
 
 // add records the root checkpoints of c, which has committed, oldest
@@ -80,8 +83,8 @@ func (t *flagTrail) addLocked(cp *engine.Checkpoint) {
 		tt = &threadTrail{}
 		t.threads[cp.Thread] = tt
 	}
-	for i, old := range tt.cps {
-		if old != nil && old.ID == cp.ID { // a rewrite
+	if cp.ID <= tt.newest {
+		if i := tt.find(cp.ID); i >= 0 { // a rewrite
 			tt.cps[i] = s // nil when it cannot be kept
 			return
 		}
@@ -89,7 +92,20 @@ func (t *flagTrail) addLocked(cp *engine.Checkpoint) {
 	if ok {
 		tt.cps[tt.next] = s
 		tt.next = (tt.next + 1) % trailLen
+		tt.newest = max(tt.newest, cp.ID)
 	}
+}
+
+// find returns the ring index of checkpoint id, or -1. It looks from the
+// newest back: a walk up a run's checkpoints asks for them in that order.
+func (tt *threadTrail) find(id string) int {
+	for k := 1; k <= trailLen; k++ {
+		i := (tt.next - k + trailLen) % trailLen
+		if cp := tt.cps[i]; cp != nil && cp.ID == id {
+			return i
+		}
+	}
+	return -1
 }
 
 // flagSkeleton is cp as walkFlags reads it: its links and its flags
@@ -117,10 +133,8 @@ func (t *flagTrail) get(thread, id string) *engine.Checkpoint {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if tt := t.threads[thread]; tt != nil {
-		for _, cp := range tt.cps {
-			if cp != nil && cp.ID == id {
-				return cp
-			}
+		if i := tt.find(id); i >= 0 {
+			return tt.cps[i]
 		}
 	}
 	return nil
