@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -22,4 +23,15 @@ func FuzzAppendJSONString(f *testing.F) {
 			t.Fatalf("%q: got %s, want %s", s, got, want)
 		}
 	})
+}
+
+// A draft of the reference workload's size: ASCII, a few quotes and
+// newlines.
+func BenchmarkAppendJSONString(b *testing.B) {
+	s := strings.Repeat("Take your dose with food; \"kb-03\" says so.\n", 30)[:1200]
+	b.SetBytes(int64(len(s)))
+	buf := make([]byte, 0, 2*len(s))
+	for b.Loop() {
+		buf = AppendJSONString(buf[:0], s)
+	}
 }
