@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -152,9 +153,6 @@ func (q *committer) lead(self *request) {
 		q.leading = false
 	}
 	q.mu.Unlock()
-	if next != nil {
-		next.wake <- true
-	}
 	for _, r := range batch {
 		if r.err != nil {
 			q.failed.Add(1)
@@ -164,6 +162,18 @@ func (q *committer) lead(self *request) {
 		if r != self {
 			r.wake <- false
 		}
+	}
+	if next != nil {
+		// The next leader is woken last, and this goroutine yields to it,
+		// so that it starts the next transaction at once. Woken first, it
+		// waited behind the batch's callers: the Go scheduler runs the
+		// goroutine readied last first, and this one went on to its own
+		// next step. Bench S2 (64 x 20, sync) ran 1.101, 1.085 and 1.039
+		// times as many turns a second (10, 16 and 12 interleaved pairs,
+		// medians); waking it last without yielding, 1.023 and 1.049
+		// times. A lone committer (S1) has no next leader: 1.012 times.
+		next.wake <- true
+		runtime.Gosched()
 	}
 }
 
