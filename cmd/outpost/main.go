@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"sort"
 	"syscall"
@@ -33,6 +34,15 @@ func register(name, summary string, run func(ctx context.Context, args []string,
 var errUsage = errors.New("usage")
 
 func main() {
+	tuneRuntime()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(execute(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// tuneRuntime sets the collector and the scheduler for an appliance, unless
+// GOGC or GOMAXPROCS says otherwise.
+func tuneRuntime() {
 	// The heap of an appliance is small (tens of MB): trading a little of it
 	// for a quarter of the collection work is worth it. With 64 threads
 	// committing (bench S2), 400 against 200 raised throughput by a ninth
@@ -40,9 +50,17 @@ func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(400)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	os.Exit(execute(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	// One processor more than the CPUs: a goroutine back from an fsync,
+	// the group commit's leader above all, then finds one free instead of
+	// queueing behind the steps that ran meanwhile, and the kernel gives
+	// its thread a CPU soon after waking it. On 2 CPUs, bench S2 (64 x 20)
+	// ran sync 1.046, 1.060 and 1.079 times as many turns a second (12,
+	// 12 and 20 interleaved pairs, medians) and exit 1.054 times; S1 sync
+	// 1.011 times. With the memory saver, which never waits on the disk,
+	// S2 ran 0.947 times and S1 0.989. GOMAXPROCS, when set, wins.
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 1)
+	}
 }
 
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
