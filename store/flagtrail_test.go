@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -43,7 +44,13 @@ func trailFlags(t *testing.T, d *DB, thread, id string) []string {
 	if cp == nil {
 		return nil
 	}
-	flags, ok := walkFlags(&engine.Run{Checkpoint: id}, func(string) (*engine.Checkpoint, bool) { return cp, true }, nil)
+	load := func(want string) (*engine.Checkpoint, bool) {
+		if want == id {
+			return cp, true
+		}
+		return nil, true // the trail's own entry alone
+	}
+	flags, ok := walkFlags(&engine.Run{Checkpoint: id}, load, nil)
 	require.True(t, ok)
 	return flags
 }
@@ -62,20 +69,26 @@ func TestFlagTrailHoldsWhatCommitted(t *testing.T) {
 		assert.Equal(t, []string{"c"}, endRun(t, d, "t", "r1", trailCheckpoint("t", "0003", "0002", "")))
 	})
 
+	bigFlag := fmt.Sprintf("%0*d", engine.BlobThreshold, 7) // its list is stored as a blob
 	t.Run("a rewrite to a flags blob leaves the trail, and the store answers", func(t *testing.T) {
-		big := `["` + string(make([]byte, 0)) + fmt.Sprintf("%0*d", engine.BlobThreshold, 7) + `"]`
+		big := `["` + bigFlag + `"]`
 		cp := trailCheckpoint("t", "0003", "0002", "")
 		cp.Channels = append(cp.Channels, engine.ChannelValue{Channel: FlagsChannel, Version: 2, Value: engine.Value{Blob: engine.RefOf([]byte(big))}})
 		require.NoError(t, d.Commit(bg, &engine.Commit{Checkpoint: cp, Blobs: map[engine.BlobRef][]byte{engine.RefOf([]byte(big)): []byte(big)}}))
 		assert.Nil(t, d.trail.get("t", "0003"))
-		assert.Equal(t, []string{fmt.Sprintf("%0*d", engine.BlobThreshold, 7)}, endRun(t, d, "t", "r2", trailCheckpoint("t", "0004", "0003", "")))
+		assert.Equal(t, []string{bigFlag}, endRun(t, d, "t", "r2", trailCheckpoint("t", "0004", "0003", "")))
 	})
 
 	t.Run("a failed commit leaves no trace", func(t *testing.T) {
 		bad := trailCheckpoint("t", "0005", "0004", `["x"]`)
-		bad.Thread = "t\x00bad" // not a valid key part
+		bad.Thread = "t\x00bad" // not a valid key part: refused before the queue
 		require.Error(t, d.Commit(bg, &engine.Commit{Checkpoint: bad}))
 		assert.Nil(t, d.trail.get(bad.Thread, "0005"))
+
+		failpoint.applyRequest = func(int) error { return errors.New("apply fails") }
+		defer func() { failpoint.applyRequest = nil }()
+		require.Error(t, d.Commit(bg, &engine.Commit{Checkpoint: trailCheckpoint("t", "0005", "0004", `["x"]`)}))
+		assert.Nil(t, d.trail.get("t", "0005"), "rolled back in its transaction")
 	})
 
 	t.Run("a prune empties it", func(t *testing.T) {
@@ -83,7 +96,7 @@ func TestFlagTrailHoldsWhatCommitted(t *testing.T) {
 		_, err := d.Prune(bg, time.Hour, tc0)
 		require.NoError(t, err)
 		assert.Nil(t, d.trail.get("t", "0004"))
-		assert.Equal(t, []string{fmt.Sprintf("%0*d", engine.BlobThreshold, 7)}, endRun(t, d, "t", "r3", trailCheckpoint("t", "0005", "0004", "")),
+		assert.Equal(t, []string{bigFlag}, endRun(t, d, "t", "r3", trailCheckpoint("t", "0005", "0004", "")),
 			"the store answers for what the trail forgot")
 	})
 }
