@@ -127,9 +127,15 @@ const DefaultPageSize = 8192
 func (o Options) bolt() *bbolt.Options {
 	return &bbolt.Options{
 		Timeout: o.Timeout,
-		// The hashmap freelist keeps allocation cheap as the file grows,
-		// and not syncing it saves a page write per commit; bbolt rebuilds
-		// it by scanning at open.
+		// The hashmap freelist keeps allocation cheap however many pages
+		// are free. The array freelist, which hands out the lowest free
+		// pages, ran the one-thread workload 1.025 times as fast (a
+		// commit's pages lie closer together, and the fsync is cheaper
+		// for it), but it searches and shifts its array on every
+		// allocation: a small commit took 90 µs instead of 35 with 17,500
+		// free pages, and 372 instead of 32 with 98,000, as a prune of a
+		// large store leaves. Not syncing the freelist saves a page write
+		// per commit; bbolt rebuilds it by scanning at open.
 		FreelistType:    bbolt.FreelistMapType,
 		NoFreelistSync:  true,
 		ReadOnly:        o.ReadOnly,
