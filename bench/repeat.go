@@ -17,10 +17,15 @@ type RunFigures struct {
 	// commit probe printed; a one-thread figure, since the ceiling is per
 	// thread.
 	CeilingPct float64 `json:"ceiling_pct,omitempty"`
+	// CommitDuringMS and CeilingDuringPct are the probe between turns and
+	// the share of the ceiling it implies (Options.ProbeDuring).
+	CommitDuringMS   float64 `json:"commit_during_ms,omitempty"`
+	CeilingDuringPct float64 `json:"ceiling_during_pct,omitempty"`
 }
 
 func figuresOf(r *Result) RunFigures {
-	f := RunFigures{TurnsPerS: r.TurnsPerS, Seconds: r.Seconds, CommitMS: r.CommitMS, CeilingTurnsPS: r.CeilingTurnsPS}
+	f := RunFigures{TurnsPerS: r.TurnsPerS, Seconds: r.Seconds, CommitMS: r.CommitMS, CeilingTurnsPS: r.CeilingTurnsPS,
+		CommitDuringMS: r.CommitDuringMS, CeilingDuringPct: r.CeilingDuringPct}
 	if r.CeilingTurnsPS > 0 && r.Threads == 1 {
 		f.CeilingPct = round1(100 * r.TurnsPerS / r.CeilingTurnsPS)
 	}
@@ -29,10 +34,11 @@ func figuresOf(r *Result) RunFigures {
 
 // Median sums up several runs of one workload, for machines whose speed
 // drifts from run to run: turns/s, seconds, the commit probe, the ceiling
-// and the share of it are each the median of the runs' own (the mean of
-// the middle two for an even count), peak RSS is the largest, and the
-// counts (finals, store size, commits) are those of the run nearest the
-// median turns/s. Runs lists every run's figures, in order.
+// and the share of it (and the probe between turns and its share) are each
+// the median of the runs' own (the mean of the middle two for an even
+// count), peak RSS is the largest, and the counts (finals, store size,
+// commits) are those of the run nearest the median turns/s. Runs lists
+// every run's figures, in order.
 func Median(runs []*Result) (*Result, error) {
 	if len(runs) == 0 {
 		return nil, fmt.Errorf("bench: no runs to sum up")
@@ -63,6 +69,13 @@ func Median(runs []*Result) (*Result, error) {
 	out.CommitMS = round3(med(func(f RunFigures) float64 { return f.CommitMS }))
 	out.CeilingTurnsPS = round1(med(func(f RunFigures) float64 { return f.CeilingTurnsPS }))
 	out.CeilingPct = round1(med(func(f RunFigures) float64 { return f.CeilingPct }))
+	if out.CommitDuringMS > 0 {
+		out.CommitDuringMS = round3(med(func(f RunFigures) float64 { return f.CommitDuringMS }))
+		out.CeilingDuringPct = round1(med(func(f RunFigures) float64 { return f.CeilingDuringPct }))
+		if out.CommitsPerTurn > 0 {
+			out.CeilingDuringTurnsPS = round1(1000 / (out.CommitDuringMS * out.CommitsPerTurn))
+		}
+	}
 	for _, r := range runs {
 		out.RSSMB = max(out.RSSMB, r.RSSMB)
 	}

@@ -30,6 +30,13 @@ type Options struct {
 	// started there sees the turns alone, not the set-up or the commit
 	// probe.
 	Measure func() (end func())
+	// Pause, when set, is called after each turn with the turn's index,
+	// and the time it returns is left out of the timed part. One thread
+	// only: the turns of other threads would go on meanwhile.
+	Pause func(turn int) time.Duration
+	// ProbeDuring makes RunBolt sample the commit cost between turns too,
+	// while the workload runs (one thread; see Result.CommitDuringMS).
+	ProbeDuring bool
 }
 
 // Result is the workload's figure line, with the same fields as the other
@@ -59,6 +66,13 @@ type Result struct {
 	// average, queueing for a shared transaction included: set beside
 	// CommitMS, it shows how much of a turn the disk took.
 	CommitWaitMS float64 `json:"commit_wait_ms,omitempty"`
+	// CommitDuringMS is the same small commit as CommitMS, sampled between
+	// turns while the workload runs (Options.ProbeDuring), with the ceiling
+	// it implies and turns/s as a percentage of that ceiling. The disk is
+	// busier then than before the workload or after it.
+	CommitDuringMS       float64 `json:"commit_during_ms,omitempty"`
+	CeilingDuringTurnsPS float64 `json:"ceiling_during_turns_per_s,omitempty"`
+	CeilingDuringPct     float64 `json:"ceiling_during_pct,omitempty"`
 	// Runs holds each run's figures when the workload ran several times
 	// (see Median); the fields above then sum them up.
 	Runs []RunFigures `json:"runs,omitempty"`
@@ -69,6 +83,9 @@ type Result struct {
 func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Threads < 1 || o.Turns < 1 {
 		return nil, fmt.Errorf("threads and turns must be at least 1")
+	}
+	if o.Pause != nil && o.Threads != 1 {
+		return nil, fmt.Errorf("a pause between turns needs one thread, not %d", o.Threads)
 	}
 	if o.Durability == "" {
 		o.Durability = engine.DurabilitySync
@@ -92,6 +109,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		endMeasure = o.Measure()
 	}
 	start := time.Now()
+	var paused time.Duration // written by the one thread, read after wg.Wait
 	var wg sync.WaitGroup
 	errs := make(chan error, o.Threads)
 	for t := 0; t < o.Threads; t++ {
@@ -114,11 +132,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 					finals.Add(1)
 				}
 				done.Add(1)
+				if o.Pause != nil {
+					paused += o.Pause(i)
+				}
 			}
 		}()
 	}
 	wg.Wait()
-	secs := time.Since(start).Seconds()
+	secs := (time.Since(start) - paused).Seconds()
 	endMeasure()
 	stopProgress()
 	close(errs)

@@ -23,7 +23,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stderr, "Usage: outpost bench reference [flags]  (the only workload is \"reference\")")
 		return errUsage
 	}
-	fs := newFlags("bench", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--runs N] [--data DIR] [--cpuprofile FILE] [--trace FILE] [--json]", stderr)
+	fs := newFlags("bench", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--runs N] [--probe-during] [--data DIR] [--cpuprofile FILE] [--trace FILE] [--json]", stderr)
 	saver := fs.String("saver", "memory", "checkpointer: memory or bbolt")
 	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit at run end)")
 	threads := fs.Int("threads", 1, "threads run concurrently")
@@ -33,8 +33,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the turns (not the set-up or the commit probe) to `FILE`, for go tool pprof")
 	traceFile := fs.String("trace", "", "write an execution trace of the turns to `FILE`, for go tool trace")
 	runs := fs.Int("runs", 1, "run the workload `N` times and print the medians (a shared machine's speed drifts from run to run)")
+	probeDuring := fs.Bool("probe-during", false, fmt.Sprintf("bbolt, one thread: also time the commit probe between turns, while the workload runs (every %d turns it waits for %d small commits, left out of turns/s), and print the ceiling that implies", bench.ProbeEvery, bench.ProbeBurst))
 	if err := parse(fs, args[1:]); err != nil {
 		return err
+	}
+	if *probeDuring && (*saver != "bbolt" || *threads != 1) {
+		return errors.New("--probe-during needs --saver bbolt and --threads 1")
 	}
 	if *runs < 1 {
 		return fmt.Errorf("--runs must be at least 1, not %d", *runs)
@@ -42,7 +46,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *runs > 1 && (*cpuProfile != "" || *traceFile != "") {
 		return errors.New("--cpuprofile and --trace profile one run: leave out --runs")
 	}
-	opts := bench.Options{Saver: *saver, Durability: engine.Durability(*durability), Threads: *threads, Turns: *turns}
+	opts := bench.Options{Saver: *saver, Durability: engine.Durability(*durability), Threads: *threads, Turns: *turns,
+		ProbeDuring: *probeDuring}
 	if *durability != "sync" && *durability != "exit" {
 		return fmt.Errorf("--durability must be sync or exit, not %q", *durability)
 	}
@@ -79,6 +84,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			if res.CeilingPct > 0 {
 				fmt.Fprintf(stdout, ", %.0f%% of the ceiling of %.1f", res.CeilingPct, res.CeilingTurnsPS)
 			}
+			if res.CeilingDuringPct > 0 {
+				fmt.Fprintf(stdout, ", %.0f%% of the one between turns, %.1f", res.CeilingDuringPct, res.CeilingDuringTurnsPS)
+			}
 			fmt.Fprintln(stdout)
 		}
 		all = append(all, res)
@@ -107,6 +115,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Fprintf(stdout, " (%.0f%% of it)", res.CeilingPct)
 		}
 		fmt.Fprintln(stdout)
+		if res.CommitDuringMS > 0 {
+			fmt.Fprintf(stdout, "  between turns, while the workload runs: one fsynced commit %.3f ms, ceiling %.1f turns/s (%.0f%% of it)\n",
+				res.CommitDuringMS, res.CeilingDuringTurnsPS, res.CeilingDuringPct)
+		} else if *probeDuring {
+			fmt.Fprintf(stdout, "  between turns: no figure (the probe runs every %d turns and leaves out its first burst: give --turns %d or more)\n",
+				bench.ProbeEvery, 2*bench.ProbeEvery)
+		}
 		if res.Transactions > 0 {
 			fmt.Fprintf(stdout, "  group commit: %d commits in %d fsynced transactions, %.1f per transaction; a commit took %.3f ms on average, queueing included\n",
 				res.Commits, res.Transactions, float64(res.Commits)/float64(res.Transactions), res.CommitWaitMS)

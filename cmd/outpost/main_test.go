@@ -296,6 +296,38 @@ func TestBenchRuns(t *testing.T) {
 	require.Contains(t, stderr, "leave out --runs")
 }
 
+// --probe-during adds the commit cost between turns, and the ceiling it
+// implies, to the figures; it needs the bbolt saver and one thread.
+func TestBenchProbeDuring(t *testing.T) {
+	code, stdout, stderr := outpost(t, "bench", "reference", "--saver", "bbolt", "--turns", "20", "--probe-during", "--json")
+	require.Zero(t, code, stderr)
+	var res map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res))
+	for _, f := range []string{"commit_during_ms", "ceiling_during_turns_per_s", "ceiling_during_pct", "commit_ms", "ceiling_pct"} {
+		require.Contains(t, res, f)
+		require.Greater(t, res[f], 0.0, f)
+	}
+
+	code, stdout, stderr = outpost(t, "bench", "reference", "--saver", "bbolt", "--turns", "20", "--probe-during")
+	require.Zero(t, code, stderr)
+	require.Regexp(t, `between turns, while the workload runs: one fsynced commit [0-9.]+ ms, ceiling [0-9.]+ turns/s \([0-9]+% of it\)`, stdout)
+	code, stdout, stderr = outpost(t, "bench", "reference", "--saver", "bbolt", "--turns", "5", "--probe-during")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "between turns: no figure")
+	require.Contains(t, stdout, "--turns 20 or more")
+
+	code, stdout, stderr = outpost(t, "bench", "reference", "--saver", "bbolt", "--turns", "20", "--json")
+	require.Zero(t, code, stderr)
+	require.NotContains(t, stdout, "during", "the probe between turns ran unasked")
+
+	for _, args := range [][]string{{"--probe-during"}, {"--saver", "bbolt", "--threads", "2", "--probe-during"}} {
+		code, stdout, stderr = outpost(t, append([]string{"bench", "reference", "--turns", "2"}, args...)...)
+		require.Equal(t, 1, code, args)
+		require.Contains(t, stderr, "--probe-during needs --saver bbolt and --threads 1")
+		require.Empty(t, stdout)
+	}
+}
+
 // --cpuprofile and --trace write files that go tool pprof and go tool
 // trace read; a path that cannot be made fails before the workload runs.
 func TestBenchWritesProfiles(t *testing.T) {

@@ -1,0 +1,59 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The time a pause between turns returns is left out of the timed part.
+func TestRunLeavesPausesOut(t *testing.T) {
+	var turns []int
+	res, err := Run(context.Background(), Options{Saver: "memory", Threads: 1, Turns: 3, Pause: func(turn int) time.Duration {
+		turns = append(turns, turn)
+		time.Sleep(150 * time.Millisecond)
+		return 150 * time.Millisecond
+	}})
+	require.NoError(t, err)
+	assert.Equal(t, []int{0, 1, 2}, turns)
+	// Three turns in memory take a few milliseconds; the pauses, 450.
+	assert.Less(t, res.Seconds, 0.3, "the pauses were timed with the turns")
+
+	_, err = Run(context.Background(), Options{Saver: "memory", Threads: 2, Turns: 1, Pause: func(int) time.Duration { return 0 }})
+	require.ErrorContains(t, err, "one thread")
+}
+
+func TestRunBoltProbeDuring(t *testing.T) {
+	dir := t.TempDir()
+	res, err := RunBolt(context.Background(), Options{Threads: 1, Turns: 2 * ProbeEvery, ProbeDuring: true}, dir)
+	require.NoError(t, err)
+	require.Positive(t, res.CommitDuringMS)
+	assert.InEpsilon(t, 1000/(res.CommitDuringMS*res.CommitsPerTurn), res.CeilingDuringTurnsPS, 0.01)
+	assert.InEpsilon(t, 100*res.TurnsPerS/res.CeilingDuringTurnsPS, res.CeilingDuringPct, 0.01)
+	assert.Positive(t, res.CeilingPct, "the probe before and after still sets the printed ceiling")
+	assert.NoFileExists(t, filepath.Join(dir, "commit-probe-during.db"), "the probe's scratch store is left behind")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		assert.NotContains(t, e.Name(), "probe")
+	}
+
+	// Its first burst grows the file and is left out: with fewer turns
+	// there is no figure.
+	res, err = RunBolt(context.Background(), Options{Threads: 1, Turns: ProbeEvery, ProbeDuring: true}, t.TempDir())
+	require.NoError(t, err)
+	assert.Zero(t, res.CommitDuringMS)
+	assert.Zero(t, res.CeilingDuringPct)
+
+	res, err = RunBolt(context.Background(), Options{Threads: 1, Turns: 2 * ProbeEvery}, t.TempDir())
+	require.NoError(t, err)
+	assert.Zero(t, res.CommitDuringMS, "no probe between turns unless asked")
+
+	_, err = RunBolt(context.Background(), Options{Threads: 2, Turns: 2, ProbeDuring: true}, t.TempDir())
+	require.ErrorContains(t, err, "one thread")
+}
