@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -36,11 +35,10 @@ func TestRunBoltProbeDuring(t *testing.T) {
 	assert.InEpsilon(t, 1000/(res.CommitDuringMS*res.CommitsPerTurn), res.CeilingDuringTurnsPS, 0.01)
 	assert.InEpsilon(t, 100*res.TurnsPerS/res.CeilingDuringTurnsPS, res.CeilingDuringPct, 0.01)
 	assert.Positive(t, res.CeilingPct, "the probe before and after still sets the printed ceiling")
-	assert.NoFileExists(t, filepath.Join(dir, "commit-probe-during.db"), "the probe's scratch store is left behind")
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	for _, e := range entries {
-		assert.NotContains(t, e.Name(), "probe")
+		assert.NotContains(t, e.Name(), "probe", "a probe's scratch store (or its lock file) is left behind")
 	}
 
 	// Its first burst grows the file and is left out: with fewer turns

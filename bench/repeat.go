@@ -17,15 +17,16 @@ type RunFigures struct {
 	// commit probe printed; a one-thread figure, since the ceiling is per
 	// thread.
 	CeilingPct float64 `json:"ceiling_pct,omitempty"`
-	// CommitDuringMS and CeilingDuringPct are the probe between turns and
-	// the share of the ceiling it implies (Options.ProbeDuring).
-	CommitDuringMS   float64 `json:"commit_during_ms,omitempty"`
-	CeilingDuringPct float64 `json:"ceiling_during_pct,omitempty"`
+	// The probe between turns, the ceiling it implies and the share of it
+	// (Options.ProbeDuring).
+	CommitDuringMS       float64 `json:"commit_during_ms,omitempty"`
+	CeilingDuringTurnsPS float64 `json:"ceiling_during_turns_per_s,omitempty"`
+	CeilingDuringPct     float64 `json:"ceiling_during_pct,omitempty"`
 }
 
 func figuresOf(r *Result) RunFigures {
 	f := RunFigures{TurnsPerS: r.TurnsPerS, Seconds: r.Seconds, CommitMS: r.CommitMS, CeilingTurnsPS: r.CeilingTurnsPS,
-		CommitDuringMS: r.CommitDuringMS, CeilingDuringPct: r.CeilingDuringPct}
+		CommitDuringMS: r.CommitDuringMS, CeilingDuringTurnsPS: r.CeilingDuringTurnsPS, CeilingDuringPct: r.CeilingDuringPct}
 	if r.CeilingTurnsPS > 0 && r.Threads == 1 {
 		f.CeilingPct = round1(100 * r.TurnsPerS / r.CeilingTurnsPS)
 	}
@@ -69,13 +70,9 @@ func Median(runs []*Result) (*Result, error) {
 	out.CommitMS = round3(med(func(f RunFigures) float64 { return f.CommitMS }))
 	out.CeilingTurnsPS = round1(med(func(f RunFigures) float64 { return f.CeilingTurnsPS }))
 	out.CeilingPct = round1(med(func(f RunFigures) float64 { return f.CeilingPct }))
-	if out.CommitDuringMS > 0 {
-		out.CommitDuringMS = round3(med(func(f RunFigures) float64 { return f.CommitDuringMS }))
-		out.CeilingDuringPct = round1(med(func(f RunFigures) float64 { return f.CeilingDuringPct }))
-		if out.CommitsPerTurn > 0 {
-			out.CeilingDuringTurnsPS = round1(1000 / (out.CommitDuringMS * out.CommitsPerTurn))
-		}
-	}
+	out.CommitDuringMS = round3(med(func(f RunFigures) float64 { return f.CommitDuringMS }))
+	out.CeilingDuringTurnsPS = round1(med(func(f RunFigures) float64 { return f.CeilingDuringTurnsPS }))
+	out.CeilingDuringPct = round1(med(func(f RunFigures) float64 { return f.CeilingDuringPct }))
 	for _, r := range runs {
 		out.RSSMB = max(out.RSSMB, r.RSSMB)
 	}

@@ -42,17 +42,19 @@ func TestMedian(t *testing.T) {
 	assert.Equal(t, 200.0, m.TurnsPerS)
 	assert.InDelta(t, 1.35, m.Seconds, 1e-9)
 
-	// The probe between turns: its cost and share are medians too, and the
-	// ceiling follows from the median cost.
-	for i, d := range []struct{ ms, pct float64 }{{0.30, 80}, {0.50, 90}, {0.40, 70}} {
-		runs[i].CommitDuringMS, runs[i].CeilingDuringPct, runs[i].CommitsPerTurn = d.ms, d.pct, 5
+	// The probe between turns: its cost, ceiling and share are each their
+	// own median too, not the figures of the run nearest the median
+	// turns/s (the third).
+	for i, d := range []struct{ ms, ceiling, pct float64 }{{0.30, 700, 80}, {0.50, 400, 90}, {0.60, 800, 70}} {
+		runs[i].CommitDuringMS, runs[i].CeilingDuringTurnsPS, runs[i].CeilingDuringPct = d.ms, d.ceiling, d.pct
 	}
 	m, err = Median(runs)
 	require.NoError(t, err)
-	assert.Equal(t, 0.4, m.CommitDuringMS)
+	assert.Equal(t, 0.5, m.CommitDuringMS)
+	assert.Equal(t, 700.0, m.CeilingDuringTurnsPS)
 	assert.Equal(t, 80.0, m.CeilingDuringPct)
-	assert.Equal(t, 500.0, m.CeilingDuringTurnsPS, "1000 / (0.4 ms x 5 commits a turn)")
 	assert.Equal(t, 0.5, m.Runs[1].CommitDuringMS)
+	assert.Equal(t, 400.0, m.Runs[1].CeilingDuringTurnsPS)
 
 	// Several threads: the ceiling is per thread, so no share.
 	m, err = Median([]*Result{{Threads: 64, TurnsPerS: 3000, CeilingTurnsPS: 400}})
