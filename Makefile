@@ -4,6 +4,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 DATA ?= ./outpost-data
 FUZZTIME ?= 10s
+FUZZMINIMIZETIME ?= 1s
 GO ?= go
 
 .PHONY: help build run test test-crash bench fuzz fmt lint
@@ -33,7 +34,7 @@ bench: build ## go benchmarks, then the reference workload (S1 and S2, in memory
 	./bin/outpost bench reference --saver bbolt --threads 64 --turns 20 --runs 3
 
 fuzz: ## a short run of every fuzz target (FUZZTIME each), reporting every failing one (see .ci/fuzz)
-	GO=$(GO) FUZZTIME=$(FUZZTIME) .ci/fuzz
+	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZMINIMIZETIME=$(FUZZMINIMIZETIME) .ci/fuzz
 
 fmt: ## gofmt every file
 	gofmt -w $$(git ls-files '*.go')
