@@ -183,6 +183,10 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 			return err
 		}
 		err = forEach(ctx, tx, bucketRuns, func(k, v []byte) {
+			if isOutcomeIndexKey(k) {
+				checkOutcomeIndex(rep, add, bucketRuns, k, v)
+				return
+			}
 			rep.Records[bucketRuns]++
 			r, rb, err := decodeRun(v)
 			if err != nil {

@@ -38,11 +38,16 @@ const FileName = "outpost.db"
 // checkpoints wait; a binary of version 4 would not see them. A version 3
 // or 4 file is read as it is, and stamped version 5 (with an empty recent
 // bucket) when first opened for writing.
+// Version 6 keeps each run's outcome index in the runs bucket, beside the
+// run's record, instead of in the outcomeruns bucket (ledger.go); a binary
+// of version 5 would read those entries as corrupt run records. A file of
+// version 3 to 5 is read as it is, and migrated and stamped version 6 when
+// first opened for writing.
 // Version 1 files are refused: no store of that version was deployed, so
 // there is no migration.
 const (
 	formatName    = "outpost-store"
-	formatVersion = 5
+	formatVersion = 6
 )
 
 // Bucket names. Keys:
@@ -54,7 +59,7 @@ const (
 //	writes       thread \x00 ns \x00 checkpointID \x00 seq (8 bytes, big endian)
 //	bloblog      seq (8 bytes) | hash (8 bytes) | length (4 bytes), big endian
 //	blobindex    hash (8 bytes) | length (4 bytes)  -> seq (8 bytes)
-//	runs         run ID
+//	runs         run ID; run ID \x00 "o" -> the run's outcome index entry
 //	toolcalls    idempotency key
 //
 // Checkpoint IDs are time-ordered, so keying checkpoints by ID first makes
@@ -74,14 +79,21 @@ const (
 	bucketRuns        = "runs"
 	bucketToolCalls   = "toolcalls"
 	// The outcome ledger (ledger.go): outcomes by seq (8 bytes, big
-	// endian), each run's latest outcome by run ID, and the uplink cursor.
-	bucketOutcomes    = "outcomes"
+	// endian), and the uplink cursor.
+	bucketOutcomes = "outcomes"
+	bucketUplink   = "uplink"
+	// Files of version 5 and before index each run's latest outcome by
+	// run ID in a bucket of its own, which the first writable open moves
+	// into the runs bucket (migrateOutcomeIndex).
 	bucketOutcomeRuns = "outcomeruns"
-	bucketUplink      = "uplink"
 )
 
 var dataBuckets = []string{bucketCheckpoints, bucketRecent, bucketHeads, bucketBranches, bucketWrites, bucketBlobLog, bucketBlobIndex, bucketRuns, bucketToolCalls,
-	bucketOutcomes, bucketOutcomeRuns, bucketUplink}
+	bucketOutcomes, bucketUplink}
+
+// knownBuckets are the buckets a store file may hold: the meta bucket, the
+// data buckets, and those of older versions that a writable open migrates.
+var knownBuckets = append([]string{bucketMeta, bucketOutcomeRuns}, dataBuckets...)
 
 var (
 	metaFormat  = []byte("format")
@@ -270,11 +282,13 @@ func (d *DB) init() error {
 			}
 			return false, migrateBlobs(tx)
 		}
-		if err == nil && (v == 3 || v == 4) {
+		if err == nil && v >= 3 && v <= 5 {
 			if !tx.Writable() {
-				// Its records are all of versions this binary reads, and
-				// it has no recent bucket, which reads as empty.
-				d.noRecent = true
+				// Its records are all of versions this binary reads. A
+				// version 3 or 4 file has no recent bucket, which reads as
+				// empty; the outcome index of any of them is in its old
+				// bucket, which check reads.
+				d.noRecent = v < 5
 				return false, nil
 			}
 			return false, meta.Put(metaVersion, []byte(strconv.Itoa(formatVersion)))
@@ -334,6 +348,11 @@ func (d *DB) init() error {
 				return fmt.Errorf("create bucket %s: %w", name, err)
 			}
 		}
+		// Whatever the version says: a salvaged copy whose format
+		// records were lost is stamped with this binary's.
+		if err := migrateOutcomeIndex(tx); err != nil {
+			return err
+		}
 		d.appliance, err = initApplianceID(tx, d.opts.ApplianceID)
 		return err
 	})
@@ -353,6 +372,9 @@ func observeNewestIDs(tx *bbolt.Tx) {
 		}
 	}
 	if k, _ := bucket(tx, bucketRuns).Cursor().Last(); k != nil {
+		if i := bytes.IndexByte(k, 0); i >= 0 { // the newest run's outcome index entry
+			k = k[:i]
+		}
 		engine.ObserveID(string(k))
 	}
 }
@@ -373,9 +395,8 @@ func (d *DB) checkBuckets(tx *bbolt.Tx, writable bool) error {
 	if len(missing) == 0 {
 		return nil
 	}
-	known := append([]string{bucketMeta}, dataBuckets...)
 	_ = tx.ForEach(func(name []byte, _ *bbolt.Bucket) error {
-		if !slices.Contains(known, string(name)) {
+		if !slices.Contains(knownBuckets, string(name)) {
 			unknown = append(unknown, fmt.Sprintf("%q", name))
 		}
 		return nil

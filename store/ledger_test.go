@@ -1,11 +1,13 @@
 package store
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -574,4 +576,99 @@ func FuzzOutcomeFieldsMatchEncodingJSON(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Before version 6 each run's outcome index had a bucket of its own. Such a
+// file reads as it is, and its first writable open moves the index beside
+// the run records, where the next commits find it.
+func TestOpenMigratesTheOutcomeIndex(t *testing.T) {
+	for _, old := range []string{"4", "5"} {
+		t.Run(old, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), FileName)
+			d, err := Open(path, Options{})
+			require.NoError(t, err)
+			require.NoError(t, d.Commit(bg, finalCommit("t1", "r1", engine.StatusCompleted, "0001", nil)))
+			require.NoError(t, d.Commit(bg, finalCommit("t2", "r2", engine.StatusInterrupted, "0002", nil)))
+			// What an older binary would have written.
+			require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
+				idx, err := tx.CreateBucket([]byte(bucketOutcomeRuns))
+				require.NoError(t, err)
+				runs := bucket(tx, bucketRuns)
+				for _, id := range []string{"r1", "r2"} {
+					v := runs.Get(outcomeIndexKey(id))
+					require.NotNil(t, v, id)
+					require.NoError(t, idx.Put([]byte(id), bytes.Clone(v)))
+					require.NoError(t, runs.Delete(outcomeIndexKey(id)))
+				}
+				return bucket(tx, bucketMeta).Put(metaVersion, []byte(old))
+			}))
+			require.NoError(t, d.Close())
+			layout := func(d *DB) (version string, legacy, moved int) {
+				require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
+					version = string(bucket(tx, bucketMeta).Get(metaVersion))
+					if b := tx.Bucket([]byte(bucketOutcomeRuns)); b != nil {
+						legacy = b.Stats().KeyN
+					}
+					return bucket(tx, bucketRuns).ForEach(func(k, _ []byte) error {
+						if isOutcomeIndexKey(k) {
+							moved++
+						}
+						return nil
+					})
+				}))
+				return version, legacy, moved
+			}
+
+			ro, err := Open(path, Options{ReadOnly: true})
+			require.NoError(t, err)
+			rep, err := ro.Check(bg)
+			require.NoError(t, err)
+			assert.True(t, rep.OK(), "%v", rep.Problems)
+			assert.Equal(t, 2, rep.Records[bucketOutcomeRuns])
+			assert.Equal(t, 2, rep.Records[bucketRuns])
+			v, legacy, moved := layout(ro)
+			assert.Equal(t, []any{old, 2, 0}, []any{v, legacy, moved}, "a read-only open changes nothing")
+			require.NoError(t, ro.Close())
+
+			d, err = Open(path, Options{})
+			require.NoError(t, err)
+			defer d.Close()
+			v, legacy, moved = layout(d)
+			assert.Equal(t, []any{strconv.Itoa(formatVersion), 0, 2}, []any{v, legacy, moved})
+			runs, err := d.Runs(bg, engine.RunFilter{})
+			require.NoError(t, err)
+			require.Len(t, runs, 2, "the index entries are not runs")
+			assert.Equal(t, []string{"r1", "r2"}, []string{runs[0].ID, runs[1].ID})
+			rep, err = d.Check(bg)
+			require.NoError(t, err)
+			assert.True(t, rep.OK(), "%v", rep.Problems)
+			assert.Equal(t, 2, rep.Records[bucketOutcomeRuns])
+			assert.Equal(t, 2, rep.Records[bucketRuns])
+
+			// The moved index still dedupes and chains: r1's end again
+			// appends nothing, and r2's end names its pause as its cause.
+			require.NoError(t, d.Commit(bg, finalCommit("t1", "r1", engine.StatusCompleted, "0001", nil)))
+			require.NoError(t, d.Commit(bg, finalCommit("t2", "r2", engine.StatusCompleted, "0003", nil)))
+			got, err := d.Outcomes(bg, 0, 0)
+			require.NoError(t, err)
+			require.Len(t, got, 3)
+			assert.Equal(t, []string{"r1", "r2", "r2"}, []string{got[0].Run, got[1].Run, got[2].Run})
+			assert.Equal(t, got[1].OutcomeID, got[2].CausationID)
+			_, legacy, moved = layout(d)
+			assert.Equal(t, []int{0, 2}, []int{legacy, moved})
+		})
+	}
+}
+
+// The newest run's outcome index entry is the runs bucket's last key: the
+// id generator must still see the run's own ID in it.
+func TestOutcomeIndexSortsBesideItsRun(t *testing.T) {
+	d := openTest(t)
+	require.NoError(t, d.Commit(bg, finalCommit("t1", "r1", engine.StatusCompleted, "0001", nil)))
+	require.NoError(t, d.Commit(bg, finalCommit("t2", "r2", engine.StatusCompleted, "0002", nil)))
+	var keys []string
+	require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
+		return bucket(tx, bucketRuns).ForEach(func(k, _ []byte) error { keys = append(keys, string(k)); return nil })
+	}))
+	assert.Equal(t, []string{"r1", "r1\x00o", "r2", "r2\x00o"}, keys)
 }

@@ -94,6 +94,9 @@ type pruner struct {
 func (p *pruner) cutHistories() error {
 	busy := map[string]bool{}
 	if err := p.walk(bucketRuns, func(k, v []byte) error {
+		if isOutcomeIndexKey(k) {
+			return nil
+		}
 		r, _, err := decodeRun(v)
 		if err != nil {
 			return corrupt(bucketRuns, k, err)
@@ -456,6 +459,9 @@ func (p *pruner) collectBlobs() error {
 		return err
 	}
 	if err := p.walk(bucketRuns, func(k, v []byte) error {
+		if isOutcomeIndexKey(k) {
+			return nil
+		}
 		r, rb, err := decodeRun(v)
 		if err != nil {
 			return corrupt(bucketRuns, k, err)

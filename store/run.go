@@ -377,6 +377,9 @@ func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error
 			if err := ctx.Err(); err != nil {
 				return err
 			}
+			if isOutcomeIndexKey(k) {
+				continue
+			}
 			r, rb, err := decodeRun(v)
 			if err != nil {
 				return corrupt(bucketRuns, k, err)

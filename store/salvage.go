@@ -209,12 +209,11 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 		return err
 	}
 	err = func() error {
-		known := append([]string{bucketMeta}, dataBuckets...)
 		copied := map[string]bool{}
 		for _, e := range entries {
 			name := string(e.k)
 			switch {
-			case !e.bucket || !slices.Contains(known, name):
+			case !e.bucket || !slices.Contains(knownBuckets, name):
 				w.lost("", nil, "the root bucket holds %q, which the store does not know; it is left out", e.k)
 				continue
 			case len(e.v) < inBucketSize:
@@ -226,7 +225,7 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 				return err
 			}
 		}
-		for _, name := range known {
+		for _, name := range append([]string{bucketMeta}, dataBuckets...) {
 			if !copied[name] {
 				w.lost(name, nil, "the root bucket does not name this bucket: its records are lost")
 			}
@@ -262,6 +261,14 @@ func (w *salvageWalk) copyBucket(ctx context.Context, out *bbolt.DB, name string
 		})
 		if err == nil {
 			w.rep.Records[name] += len(batch)
+			if name == bucketRuns {
+				for _, r := range batch {
+					if isOutcomeIndexKey(r.k) { // counted as before version 6
+						w.rep.Records[bucketRuns]--
+						w.rep.Records[bucketOutcomeRuns]++
+					}
+				}
+			}
 		}
 		batch = batch[:0]
 		return err
