@@ -22,8 +22,9 @@ import (
 // arrive in order append at the right edge, where a split page is never
 // filled again, so they are packed: checkpoints (by ID) and runs (by run
 // ID, time-ordered, each run's outcome index entry beside its record)
-// nearly full, leaving a little room for a record rewritten larger; ledger records and the blob
-// log, whose records are never rewritten larger, full. With 64 threads
+// nearly full, leaving a little room for a record rewritten larger;
+// ledger records and the blob log, whose records are never rewritten
+// larger, full. With 64 threads
 // that saved about a tenth of the page writes of a group commit.
 var fillPercent = map[string]float64{
 	bucketCheckpoints: 0.9, bucketRuns: 0.9, bucketOutcomes: 1, bucketBlobLog: 1,

@@ -372,10 +372,8 @@ func observeNewestIDs(tx *bbolt.Tx) {
 		}
 	}
 	if k, _ := bucket(tx, bucketRuns).Cursor().Last(); k != nil {
-		if i := bytes.IndexByte(k, 0); i >= 0 { // the newest run's outcome index entry
-			k = k[:i]
-		}
-		engine.ObserveID(string(k))
+		// The newest run's outcome index entry may follow its record.
+		engine.ObserveID(strings.TrimSuffix(string(k), outcomeIndexSuffix))
 	}
 }
 

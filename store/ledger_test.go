@@ -660,8 +660,8 @@ func TestOpenMigratesTheOutcomeIndex(t *testing.T) {
 	}
 }
 
-// The newest run's outcome index entry is the runs bucket's last key: the
-// id generator must still see the run's own ID in it.
+// A run's outcome index entry sorts right after the run's record, so a
+// run's end rewrites one leaf of the runs bucket for both.
 func TestOutcomeIndexSortsBesideItsRun(t *testing.T) {
 	d := openTest(t)
 	require.NoError(t, d.Commit(bg, finalCommit("t1", "r1", engine.StatusCompleted, "0001", nil)))

@@ -260,14 +260,8 @@ func (w *salvageWalk) copyBucket(ctx context.Context, out *bbolt.DB, name string
 			return nil
 		})
 		if err == nil {
-			w.rep.Records[name] += len(batch)
-			if name == bucketRuns {
-				for _, r := range batch {
-					if isOutcomeIndexKey(r.k) { // counted as before version 6
-						w.rep.Records[bucketRuns]--
-						w.rep.Records[bucketOutcomeRuns]++
-					}
-				}
+			for _, r := range batch {
+				w.rep.Records[recordKind(name, r.k)]++
 			}
 		}
 		batch = batch[:0]
