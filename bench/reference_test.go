@@ -24,7 +24,7 @@ func TestReferenceFinalsMatchLangGraph(t *testing.T) {
 	g, c, err := ReferenceGraph()
 	require.NoError(t, err)
 	store := engine.NewMemoryStore()
-	cache := engine.NewStateCache(4)
+	cache := engine.NewStateCache(4, 0)
 	for _, th := range []int{0, 5, 63} {
 		for i := 0; i < 200; i++ {
 			res, err := g.Invoke(context.Background(), engine.RunConfig{Thread: fmt.Sprint(th), Store: store, Cache: cache}, c.Input.Set(TurnInput(th, i)))

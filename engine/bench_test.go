@@ -64,7 +64,7 @@ func BenchmarkLongThread(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		cfg := engine.RunConfig{Thread: "long", Store: engine.NewMemoryStore(), Cache: engine.NewStateCache(16)}
+		cfg := engine.RunConfig{Thread: "long", Store: engine.NewMemoryStore(), Cache: engine.NewStateCache(16, 0)}
 		for _, in := range inputs {
 			if _, err := g.Invoke(ctx, cfg, engine.Push(msgs, in)); err != nil {
 				b.Fatal(err)

@@ -170,7 +170,7 @@ func TestAppendValuesAreNotAliased(t *testing.T) {
 	b.AddEdge("right", "join")
 	g := mustCompile(t, b)
 	ctx := context.Background()
-	cfg := engine.RunConfig{Thread: "t", Store: engine.NewMemoryStore(), Cache: engine.NewStateCache(8)}
+	cfg := engine.RunConfig{Thread: "t", Store: engine.NewMemoryStore(), Cache: engine.NewStateCache(8, 0)}
 	var prev []string
 	for turn := range 5 {
 		res, err := g.Invoke(ctx, cfg, engine.Push(msgs, "in"))

@@ -14,19 +14,19 @@ import (
 func (e *execution) load(ctx context.Context, id string) error {
 	head, err := e.store.Checkpoint(ctx, e.cfg.Thread, e.cfg.ns, id)
 	if errors.Is(err, ErrCheckpointNotFound) && id == "" {
-		e.vals, e.versions = values{}, map[string]uint64{}
+		e.vals, e.versions, e.sizes = values{}, map[string]uint64{}, map[string]int64{}
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("load thread %q: %w", e.cfg.Thread, err)
 	}
 	observeID(head.ID)
-	vals, versions, err := e.g.materialize(ctx, e.store, e.blobs, e.cfg.Cache, head)
+	vals, versions, sizes, err := e.g.materialize(ctx, e.store, e.blobs, e.cfg.Cache, head)
 	if err != nil {
 		return err
 	}
-	e.vals, e.versions, e.head, e.committed = vals, versions, head, head.ID
-	e.versionsShared = true
+	e.vals, e.versions, e.sizes, e.head, e.committed = vals, versions, sizes, head, head.ID
+	e.versionsShared, e.sizesShared = true, true
 	e.step = head.Step
 	e.next = head.Next
 	ws, err := e.store.Writes(ctx, e.cfg.Thread, e.cfg.ns, head.ID)
@@ -68,7 +68,8 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 // materialize folds the parent chain of head into channel values.
-func (g *Graph) materialize(ctx context.Context, store Checkpointer, blobs BlobStore, cache *StateCache, head *Checkpoint) (values, map[string]uint64, error) {
+// It also returns each channel's encoded size (see cachedState.sizes).
+func (g *Graph) materialize(ctx context.Context, store Checkpointer, blobs BlobStore, cache *StateCache, head *Checkpoint) (values, map[string]uint64, map[string]int64, error) {
 	var chain []*Checkpoint
 	var base *cachedState
 	for c := head; ; {
@@ -82,15 +83,15 @@ func (g *Graph) materialize(ctx context.Context, store Checkpointer, blobs BlobS
 		}
 		p, err := store.Checkpoint(ctx, c.Thread, c.NS, c.ParentID)
 		if err != nil {
-			return nil, nil, fmt.Errorf("load parent %s of checkpoint %s: %w", c.ParentID, c.ID, err)
+			return nil, nil, nil, fmt.Errorf("load parent %s of checkpoint %s: %w", c.ParentID, c.ID, err)
 		}
 		c = p
 	}
 	if base != nil && len(chain) == 0 {
-		// Both maps are immutable once built: share them.
-		return base.vals, base.versions, nil
+		// The maps are immutable once built: share them.
+		return base.vals, base.versions, base.sizes, nil
 	}
-	vals, versions := values{}, map[string]uint64{}
+	vals, versions, sizes := values{}, map[string]uint64{}, map[string]int64{}
 	if base != nil {
 		for k, v := range base.vals {
 			vals[k] = v
@@ -98,28 +99,36 @@ func (g *Graph) materialize(ctx context.Context, store Checkpointer, blobs BlobS
 		for k, v := range base.versions {
 			versions[k] = v
 		}
+		for k, n := range base.sizes {
+			sizes[k] = n
+		}
 	}
 	for i := len(chain) - 1; i >= 0; i-- {
 		c := chain[i]
 		for _, cv := range c.Channels {
 			spec := g.channels[cv.Channel]
 			if spec == nil {
-				return nil, nil, fmt.Errorf("checkpoint %s holds channel %q, which graph %q does not declare", c.ID, cv.Channel, g.name)
+				return nil, nil, nil, fmt.Errorf("checkpoint %s holds channel %q, which graph %q does not declare", c.ID, cv.Channel, g.name)
 			}
 			v, err := decodeValue(ctx, blobs, spec, cv.Value)
 			if err != nil {
-				return nil, nil, fmt.Errorf("checkpoint %s channel %q: %w", c.ID, cv.Channel, err)
+				return nil, nil, nil, fmt.Errorf("checkpoint %s channel %q: %w", c.ID, cv.Channel, err)
 			}
 			if cv.Delta && v != nil {
 				vals[cv.Channel] = spec.reduce(vals[cv.Channel], v)
 			} else {
 				vals[cv.Channel] = v
 			}
+			if cv.Delta {
+				sizes[cv.Channel] += encodedSize(cv.Value)
+			} else {
+				sizes[cv.Channel] = encodedSize(cv.Value)
+			}
 			versions[cv.Channel] = cv.Version
 		}
 	}
-	cache.put(head.Thread, head.NS, head.ID, vals, versions)
-	return vals, versions, nil
+	cache.put(head.Thread, head.NS, head.ID, vals, versions, sizes)
+	return vals, versions, sizes, nil
 }
 
 func decodeValue(ctx context.Context, blobs BlobStore, spec *channelSpec, v Value) (any, error) {

@@ -114,6 +114,10 @@ type execution struct {
 	// runChanged says the run record differs from the stored one in more
 	// than its step count and head.
 	runChanged bool
+	// sizes holds each channel's encoded size as committed (see
+	// cachedState.sizes); sizesShared says the cache holds it too.
+	sizes       map[string]int64
+	sizesShared bool
 	// versionsShared says versions is also held by the cache or a result,
 	// so the next bump must copy it.
 	versionsShared bool
@@ -277,10 +281,13 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 	if c.Checkpoint != nil {
 		e.committed = c.Checkpoint.ID
 		clear(e.changed)
+		if e.cfg.Cache != nil && len(c.Checkpoint.Channels) > 0 {
+			e.sizes, e.sizesShared = foldSizes(e.sizes, e.sizesShared, c.Checkpoint.Channels), false
+		}
 		if e.run.Status != StatusRunning && e.run.Status != StatusQueued {
 			// Only the state a run stops at is what the next run loads.
-			e.cfg.Cache.put(c.Checkpoint.Thread, c.Checkpoint.NS, c.Checkpoint.ID, e.vals, e.versions)
-			e.versionsShared = true
+			e.cfg.Cache.put(c.Checkpoint.Thread, c.Checkpoint.NS, c.Checkpoint.ID, e.vals, e.versions, e.sizes)
+			e.versionsShared, e.sizesShared = true, true
 		}
 	}
 	if len(e.blobBuf) > 0 { // handed to the store with c: a new one

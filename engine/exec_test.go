@@ -194,7 +194,7 @@ func TestLongThreadStorageIsLinear(t *testing.T) {
 	g := mustCompile(t, b)
 	store := engine.NewMemoryStore()
 	ctx := context.Background()
-	cfg := engine.RunConfig{Thread: "long", Store: store, Cache: engine.NewStateCache(4)}
+	cfg := engine.RunConfig{Thread: "long", Store: store, Cache: engine.NewStateCache(4, 0)}
 	const turns = 200
 	for i := range turns {
 		_, err := g.Invoke(ctx, cfg, engine.Push(msgs, fmt.Sprintf("user turn %d", i)))

@@ -42,6 +42,9 @@ type ManagerOptions struct {
 	MaxDuration time.Duration
 	Events      EventSink
 	CacheSize   int // materialized thread states kept; default 1024
+	// CacheBytes bounds the kept states by what their values take encoded;
+	// default DefaultCacheBytes, and negative for no bound.
+	CacheBytes int64
 }
 
 // RunRequest asks for one turn on a thread.
@@ -102,8 +105,11 @@ func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
 	if opts.CacheSize <= 0 {
 		opts.CacheSize = 1024
 	}
+	if opts.CacheBytes == 0 {
+		opts.CacheBytes = DefaultCacheBytes
+	}
 	ctx, stop := context.WithCancelCause(context.Background())
-	return &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize),
+	return &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize, opts.CacheBytes),
 		sem: make(chan struct{}, opts.Workers), ctx: ctx, stop: stop,
 		threads: map[string]*active{}, runs: map[string]*active{}}
 }
