@@ -132,11 +132,18 @@ func foldSizes(sizes map[string]int64, shared bool, cvs []ChannelValue) map[stri
 		sizes = out
 	}
 	for _, cv := range cvs {
-		if cv.Delta {
-			sizes[cv.Channel] += encodedSize(cv.Value)
-		} else {
-			sizes[cv.Channel] = encodedSize(cv.Value)
-		}
+		addSize(sizes, cv)
 	}
 	return sizes
+}
+
+// addSize counts a committed channel value into sizes: an append
+// channel's delta adds to what the channel takes, any other value replaces
+// it.
+func addSize(sizes map[string]int64, cv ChannelValue) {
+	if cv.Delta {
+		sizes[cv.Channel] += encodedSize(cv.Value)
+	} else {
+		sizes[cv.Channel] = encodedSize(cv.Value)
+	}
 }

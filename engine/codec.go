@@ -119,11 +119,7 @@ func (g *Graph) materialize(ctx context.Context, store Checkpointer, blobs BlobS
 			} else {
 				vals[cv.Channel] = v
 			}
-			if cv.Delta {
-				sizes[cv.Channel] += encodedSize(cv.Value)
-			} else {
-				sizes[cv.Channel] = encodedSize(cv.Value)
-			}
+			addSize(sizes, cv)
 			versions[cv.Channel] = cv.Version
 		}
 	}
