@@ -23,7 +23,7 @@ test: ## go vet, then every test with the race detector
 	$(GO) test -race -count=1 ./...
 
 test-crash: ## the long crash tests: kill -9 at random moments, many times; a power cut after every write
-	OUTPOST_CRASH_KILLS=200 $(GO) test -count=1 -run 'TestCrash' -timeout 30m -v ./internal/crashtest/
+	OUTPOST_CRASH_KILLS=200 $(GO) test -count=1 -run 'CrashKill9' -timeout 30m -v ./internal/crashtest/
 	OUTPOST_POWERCUT_POINTS=0 $(GO) test -count=1 -run 'TestPowerCut' -timeout 30m -v ./store/
 
 bench: build ## go benchmarks, then the reference workload (S1 and S2, in memory and on bbolt; medians of 3 runs)
