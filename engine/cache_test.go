@@ -30,19 +30,21 @@ func TestStateCacheBounds(t *testing.T) {
 	assert.False(t, has("b"))
 	assert.True(t, has("a") && has("c") && has("d"))
 
-	put("e", 60) // 30+30+5+60 > 100: the least recent go until it fits
+	// Used least recently first: a, then c, then d. 30+30+5+60 > 100, so a,
+	// the least recent, goes, and the rest fits.
+	put("e", 60)
 	n, bytes = c.Len()
-	assert.LessOrEqual(t, bytes, int64(100))
-	assert.True(t, has("e"))
-	assert.Equal(t, int64(60)+sumOf(c, "a", "c", "d"), bytes, "the bytes count what is kept")
-	assert.Equal(t, n, 1+countOf(c, "a", "c", "d"))
+	assert.Equal(t, 3, n)
+	assert.Equal(t, int64(95), bytes, "the bytes count what is kept")
+	assert.False(t, has("a"))
+	assert.True(t, has("c") && has("d") && has("e"))
 
 	// A newer state of a thread replaces the old one and its bytes.
 	c.put("e", "", "e-2", values{}, nil, sized(10))
 	assert.Nil(t, c.get("e", "", "e-1"))
 	assert.NotNil(t, c.get("e", "", "e-2"))
 	_, bytes = c.Len()
-	assert.Equal(t, int64(10)+sumOf(c, "a", "c", "d"), bytes)
+	assert.Equal(t, int64(30+5+10), bytes)
 
 	// A state over the whole budget is not kept, and takes the thread's
 	// older state with it.
@@ -50,7 +52,7 @@ func TestStateCacheBounds(t *testing.T) {
 	assert.Nil(t, c.get("e", "", "e-2"))
 	assert.Nil(t, c.get("e", "", "e-3"))
 	_, bytes = c.Len()
-	assert.Equal(t, sumOf(c, "a", "c", "d"), bytes)
+	assert.Equal(t, int64(30+5), bytes)
 
 	// No byte bound: only the count.
 	u := NewStateCache(2, 0)
@@ -63,26 +65,6 @@ func TestStateCacheBounds(t *testing.T) {
 	var none *StateCache
 	none.put("x", "", "x-1", values{}, nil, sized(1))
 	assert.Nil(t, none.get("x", "", "x-1"))
-}
-
-func sumOf(c *StateCache, threads ...string) int64 {
-	var n int64
-	for _, th := range threads {
-		if el := c.m[cacheKey{th, ""}]; el != nil {
-			n += el.Value.(*cacheEntry).state.size
-		}
-	}
-	return n
-}
-
-func countOf(c *StateCache, threads ...string) int {
-	n := 0
-	for _, th := range threads {
-		if c.m[cacheKey{th, ""}] != nil {
-			n++
-		}
-	}
-	return n
 }
 
 // The sizes the cache counts are what the state's channels take encoded,
