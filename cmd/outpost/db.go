@@ -1,12 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/outpost-edge/outpost/store"
@@ -18,65 +24,232 @@ func init() {
 
 const dbUsage = `Usage: outpost db <check|backup|compact|prune|salvage> [flags]
 
-  check              verify bbolt's pages, every record's checksum, and that every referenced blob exists;
-                     count the file's space: pages in use, free pages, room to grow into
-  backup FILE        write a consistent copy of the store to FILE (works while serve runs)
+  check              verify bbolt's pages, every record's checksum, that every referenced blob exists
+                     and that the outcome ledger's hash chain is whole; count the file's space: pages
+                     in use, free pages, room to grow into (read-only: the store is not changed)
+  check --file FILE  the same for a store file outside a data folder, such as a backup
+  backup FILE        write a consistent copy of the store to FILE, then check the copy (works while
+                     serve runs); a copy that does not check clean is removed
   compact            rewrite the store without free pages, in the current page size (stop serve
                      first); interrupted, it leaves the store as it was
   prune --older-than D
-                     drop the intermediate checkpoints of finished threads idle for D, then collect
-                     the blobs nothing names (a blob is kept for at least 24h, whatever D)
+                     drop the intermediate checkpoints of finished threads idle for D (720h, 30d,
+                     1d12h; 0s takes every idle thread), then collect the blobs nothing names (a
+                     blob is kept for at least 24h, whatever D)
   salvage FILE       copy every record that can still be read from a damaged store (one that
                      will not open, or that check finds pages of) into a new store FILE, and
                      say what was lost (stop serve first; the store itself is not changed)
 
-Every subcommand takes --data DIR and --json.
+Every subcommand takes --data DIR and --json; "outpost db SUBCOMMAND -h" lists its flags.
+Under --json, results go to stdout as JSON and errors to stderr as text, with a non-zero exit.
 `
 
+// dbSub is one db subcommand: its positional argument (none, or "FILE"),
+// what its usage line adds, and what its -h says above the flags.
+type dbSub struct {
+	arg, synopsis, about string
+}
+
+var dbSubs = map[string]dbSub{
+	"check": {about: `Verify the store: bbolt's pages, every record's checksum and decoding, that every referenced
+blob exists, and that the outcome ledger's hash chain is whole; count the file's space.
+The store is opened read-only and is not changed. While serve runs, the check goes
+through serve's control socket.
+To check a store file outside a data folder, such as a backup: outpost db check --file FILE.`},
+	"backup": {arg: "FILE", about: `Write a consistent copy of the store to FILE, a new file (an existing one is never
+overwritten), then check the copy. Works while serve runs. A copy that does not check clean
+is removed, and the message says whether the fault is in the store itself.`},
+	"compact": {about: `Rewrite the store without free pages, in the current page size. Stop serve first.
+Interrupted, it leaves the store as it was.`},
+	"prune": {synopsis: "--older-than D", about: `Drop the intermediate checkpoints of finished threads idle for --older-than, then collect
+the blobs nothing names (a blob is kept for at least 24h, whatever --older-than).`},
+	"salvage": {arg: "FILE", about: `Copy every record that can still be read from a damaged store into a new store FILE,
+and say what was lost. Stop serve first; the store itself is not changed.`},
+}
+
 func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub, fs, err := subcommand("db", dbUsage, args, stderr)
-	if sub == "" {
-		return err
+	if len(args) == 0 {
+		fmt.Fprint(stderr, dbUsage)
+		return errUsage
 	}
-	args = args[1:]
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, dbUsage)
+		return flag.ErrHelp
+	}
+	name := args[0]
+	sub, ok := dbSubs[name]
+	if !ok {
+		fmt.Fprint(stderr, dbUsage)
+		return fmt.Errorf("unknown db subcommand %q", name)
+	}
+	synopsis := strings.Join(strings.Fields("outpost db "+name+" "+sub.synopsis+" [flags] "+sub.arg), " ")
+	// The flag package's own messages are kept, to say them once in the
+	// returned error; -h prints this subcommand's help on stdout.
+	var msgs bytes.Buffer
+	fs := flag.NewFlagSet("outpost db "+name, flag.ContinueOnError)
+	fs.SetOutput(&msgs)
+	fs.Usage = func() {}
 	data := dataFlag(fs)
+	fs.Lookup("data").Usage = "the data folder `DIR` (or set $OUTPOST_DATA)"
 	asJSON := fs.Bool("json", false, "print JSON")
-	olderThan := fs.Duration("older-than", 0, "prune: only threads whose newest checkpoint is older than this (e.g. 720h)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	switch sub {
+	var file string
+	var olderThan age
+	switch name {
 	case "check":
-		return dbCheck(ctx, *data, *asJSON, stdout, stderr)
-	case "backup":
-		if fs.NArg() != 1 {
-			return fmt.Errorf("backup needs the destination file: outpost db backup FILE")
+		fs.StringVar(&file, "file", "", "check the store file `FILE`, such as a backup, instead of the data folder's (read-only)")
+	case "prune":
+		fs.Var(&olderThan, "older-than", "prune the finished threads whose newest checkpoint is older than `D`: 720h, 30d, 1d12h, 90m; 0s takes every one")
+	}
+	switch err := parse(fs, args[1:]); {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintf(stdout, "Usage: %s\n\n%s\n\nFlags:\n", synopsis, sub.about)
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		return err
+	case err != nil:
+		return fmt.Errorf("%s\nusage: %s (outpost db %s -h lists its flags)", strings.TrimSpace(msgs.String()), synopsis, name)
+	}
+	var dst string
+	switch {
+	case sub.arg != "" && fs.NArg() == 0:
+		return fmt.Errorf("%s needs the file to write: usage: %s", name, synopsis)
+	case name == "check" && fs.NArg() > 0:
+		file := "FILE"
+		if fi, err := os.Stat(fs.Arg(0)); err == nil && fi.Mode().IsRegular() {
+			file = fs.Arg(0)
 		}
-		return dbBackup(ctx, *data, fs.Arg(0), *asJSON, stdout, stderr)
+		return fmt.Errorf("unexpected argument %q: usage: %s; to check a store file, such as a backup: outpost db check --file %s",
+			fs.Arg(0), synopsis, file)
+	case sub.arg != "" && fs.NArg() > 1:
+		return fmt.Errorf("unexpected argument %q: usage: %s", fs.Arg(1), synopsis)
+	case sub.arg == "" && fs.NArg() > 0:
+		return fmt.Errorf("unexpected argument %q: usage: %s", fs.Arg(0), synopsis)
+	case sub.arg != "":
+		dst = fs.Arg(0)
+	}
+	switch name {
+	case "check":
+		if file != "" && flagGiven(fs, "data") {
+			return fmt.Errorf("give --data DIR or --file FILE, not both")
+		}
+		return dbCheck(ctx, *data, file, *asJSON, stdout, stderr)
+	case "backup":
+		return dbBackup(ctx, *data, dst, *asJSON, stdout, stderr)
 	case "compact":
 		return dbCompact(ctx, *data, *asJSON, stdout, stderr)
 	case "prune":
-		if *olderThan <= 0 {
-			return fmt.Errorf("prune needs --older-than, a positive duration such as 720h")
+		switch {
+		case !olderThan.set:
+			return fmt.Errorf("prune needs --older-than, how long a finished thread has been idle: 720h, 30d, 1d12h (0s takes every idle thread)")
+		case olderThan.d < 0:
+			return fmt.Errorf("--older-than %s is negative: give how long a finished thread has been idle, 0s or more, such as 720h or 30d", olderThan.text)
 		}
-		return dbPrune(ctx, *data, *olderThan, *asJSON, stdout, stderr)
-	case "salvage":
-		if fs.NArg() != 1 {
-			return fmt.Errorf("salvage needs the file to write: outpost db salvage FILE")
-		}
-		return dbSalvage(ctx, *data, fs.Arg(0), *asJSON, stdout, stderr)
+		return dbPrune(ctx, *data, olderThan.d, *asJSON, stdout, stderr)
 	}
-	fmt.Fprint(stderr, dbUsage)
-	return fmt.Errorf("unknown db subcommand %q", sub)
+	return dbSalvage(ctx, *data, dst, *asJSON, stdout, stderr)
 }
 
-// withStore opens the store, or reaches the process that owns it through
-// its control socket.
-func withStore(dir string, local func(*store.DB) error, remote func(*store.Control) error) error {
-	if _, err := os.Stat(filepath.Join(dir, store.FileName)); err != nil {
-		return fmt.Errorf("no store in %s: %w", dir, err)
+// flagGiven reports whether the command line set the flag name.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
+
+// age is a flag.Value for a duration that also takes days, as operators
+// write them: "30d", "1d12h", "1.5d", besides what time.ParseDuration
+// reads ("720h", "90m", "0s").
+type age struct {
+	d    time.Duration
+	text string
+	set  bool
+}
+
+func (a *age) String() string { return a.text }
+
+func (a *age) Set(s string) error {
+	d, err := parseAge(s)
+	if err != nil {
+		return errors.New("want a duration such as 720h, 30d, 1d12h or 90m (units d, h, m, s)")
 	}
-	db, err := store.OpenDir(dir, store.Options{})
+	a.d, a.text, a.set = d, s, true
+	return nil
+}
+
+// parseAge reads a time.ParseDuration duration that may begin with a
+// number of days ("30d", "1d12h").
+func parseAge(s string) (time.Duration, error) {
+	i := strings.IndexByte(s, 'd')
+	if i < 0 {
+		return time.ParseDuration(s)
+	}
+	num, rest := s[:i], s[i+1:]
+	sign := time.Duration(1)
+	if strings.HasPrefix(num, "-") {
+		sign, num = -1, num[1:]
+	} else {
+		num = strings.TrimPrefix(num, "+")
+	}
+	if num == "" || strings.Trim(num, "0123456789.") != "" || strings.Count(num, ".") > 1 || strings.ContainsAny(rest, "+-d") {
+		return 0, fmt.Errorf("bad duration %q", s)
+	}
+	days, err := strconv.ParseFloat(num, 64)
+	const maxDays = float64(math.MaxInt64/int64(24*time.Hour)) - 1
+	if err != nil || days > maxDays {
+		return 0, fmt.Errorf("bad duration %q", s)
+	}
+	d := time.Duration(days * float64(24*time.Hour))
+	if rest != "" {
+		r, err := time.ParseDuration(rest)
+		if err != nil || r > math.MaxInt64-d {
+			return 0, fmt.Errorf("bad duration %q", s)
+		}
+		d += r
+	}
+	return sign * d, nil
+}
+
+// storeFile is the store file of the data folder dir, which must exist.
+func storeFile(dir string) (string, error) {
+	path := filepath.Join(dir, store.FileName)
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("no store in %s: %w", dir, err)
+	}
+	return path, notEmpty(path, fi)
+}
+
+// notEmpty refuses a store file of no bytes: what a restore that did not
+// finish or a full disk leaves, not a new store to be made in its place.
+func notEmpty(path string, fi os.FileInfo) error {
+	if fi.Mode().IsRegular() && fi.Size() == 0 {
+		return fmt.Errorf("store file %s is empty (0 bytes): it is not a store, and nothing was changed; "+
+			"restore the last backup, or move it aside to start a new store", path)
+	}
+	return nil
+}
+
+// withStore opens the store for writing, or reaches the process that owns
+// it through its control socket.
+func withStore(dir string, local func(*store.DB) error, remote func(*store.Control) error) error {
+	return openOrDial(dir, store.Options{}, local, remote)
+}
+
+// withStoreReadOnly is withStore for work that only reads: opening the
+// store read-only commits nothing and upgrades no older format in place
+// (an older version the binary can read is read as it is).
+func withStoreReadOnly(dir string, local func(*store.DB) error, remote func(*store.Control) error) error {
+	return openOrDial(dir, store.Options{ReadOnly: true}, local, remote)
+}
+
+// openOrDial opens the store in dir with opts, or reaches the process that
+// owns it through its control socket. A read-only open still waits for a
+// writer's lock, so a store that serve holds is reached through serve.
+func openOrDial(dir string, opts store.Options, local func(*store.DB) error, remote func(*store.Control) error) error {
+	if _, err := storeFile(dir); err != nil {
+		return err
+	}
+	db, err := store.OpenDir(dir, opts)
 	if errors.Is(err, store.ErrInUse) && remote != nil {
 		c, cerr := store.DialControl(dir)
 		if cerr != nil {
@@ -85,11 +258,47 @@ func withStore(dir string, local func(*store.DB) error, remote func(*store.Contr
 		return remote(c)
 	}
 	if err != nil {
-		_, err = openStore(dir)
-		return err
+		return explainOpen(dir, err)
 	}
 	defer db.Close()
 	return local(db)
+}
+
+// explainOpen adds to a failed open of the store in dir what to do about
+// it, as openStore does, without opening the store again.
+func explainOpen(dir string, err error) error {
+	switch {
+	case errors.Is(err, store.ErrInUse):
+		return fmt.Errorf("%w\n(another outpost process, such as serve, owns it; stop it or use its HTTP API)", err)
+	case errors.Is(err, store.ErrFormat):
+		return fmt.Errorf("%w\n(this data folder was written by an incompatible outpost version, or is not an outpost store)", err)
+	case errors.Is(err, store.ErrDamaged):
+		return fmt.Errorf("%w\n(with no backup to restore, copy out what can still be read: outpost db salvage --data %s FILE)", err, dir)
+	}
+	return err
+}
+
+// newFileAt checks that dst can be made as a new file: it does not exist,
+// is not a folder, and its folder exists. The store's writers check again;
+// this says what is wrong in the operator's terms, before any work.
+func newFileAt(dst string) error {
+	if fi, err := os.Stat(dst); err == nil {
+		if fi.IsDir() {
+			return fmt.Errorf("%s is a folder: give a file name, such as %s", dst, filepath.Join(dst, "outpost-"+time.Now().Format("2006-01-02")+".db"))
+		}
+		return fmt.Errorf("%s already exists: it is never overwritten; give a new file name", dst)
+	}
+	parent := filepath.Dir(dst)
+	fi, err := os.Stat(parent)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("folder %s does not exist", parent)
+	case err != nil:
+		return err
+	case !fi.IsDir():
+		return fmt.Errorf("%s is not a folder", parent)
+	}
+	return nil
 }
 
 // withProgress makes a long check, prune or compaction say how far it has
@@ -105,27 +314,36 @@ func withProgress(ctx context.Context, what, done string, stderr io.Writer) cont
 	})
 }
 
-func dbCheck(ctx context.Context, dir string, asJSON bool, stdout, stderr io.Writer) error {
+func dbCheck(ctx context.Context, dir, file string, asJSON bool, stdout, stderr io.Writer) error {
 	var rep *store.CheckReport
 	ctx = withProgress(ctx, "check", "read", stderr)
-	err := withStore(dir,
-		func(db *store.DB) (err error) { rep, err = db.Check(ctx); return err },
-		func(c *store.Control) (err error) { rep, err = c.Check(ctx); return err })
+	var err error
+	if file != "" {
+		rep, err = checkFile(ctx, file)
+	} else {
+		err = withStoreReadOnly(dir,
+			func(db *store.DB) (err error) { rep, err = db.Check(ctx); return err },
+			func(c *store.Control) (err error) { rep, err = c.Check(ctx); return err })
+	}
 	if err != nil {
 		return err
+	}
+	if rep.Problems == nil {
+		rep.Problems = []store.Problem{}
 	}
 	if asJSON {
 		if err := printJSON(stdout, rep); err != nil {
 			return err
 		}
 	} else {
-		fmt.Fprintf(stdout, "checked %d records: checkpoints %d, pending writes %d, blobs %d (%d indexed), runs %d, tool calls %d, outcomes %d\n",
-			sum(rep.Records), rep.Records["checkpoints"], rep.Records["writes"], rep.Records["bloblog"], rep.Records["blobindex"],
-			rep.Records["runs"], rep.Records["toolcalls"], rep.Records["outcomes"])
+		fmt.Fprintf(stdout, "checked %d records: %s\n", sum(rep.Records), countsText(rep.Records))
 		if sp := rep.Space; sp != nil {
 			fmt.Fprintf(stdout, "store file %.2f MB in pages of %d KB: %.2f MB in use, %.2f MB of free pages (db compact gives them back), %.2f MB room to grow into\n",
 				float64(sp.FileBytes)/1e6, sp.PageSize/1024, float64(sp.UsedBytes)/1e6, float64(sp.FreeBytes)/1e6,
 				float64(max(sp.FileBytes-sp.UsedBytes-sp.FreeBytes, 0))/1e6)
+		}
+		if chainVerified(rep) {
+			fmt.Fprintf(stdout, "outcome ledger: the hash chain of its %d record(s) is whole\n", rep.Records["outcomes"])
 		}
 		for _, p := range rep.Problems {
 			fmt.Fprintf(stdout, "PROBLEM %s\n", p)
@@ -140,7 +358,81 @@ func dbCheck(ctx context.Context, dir string, asJSON bool, stdout, stderr io.Wri
 	return nil
 }
 
+// checkFile checks the store file at path, read-only.
+func checkFile(ctx context.Context, path string) (*store.CheckReport, error) {
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("no store file %s: %w", path, err)
+	case fi.IsDir():
+		return nil, fmt.Errorf("%s is a folder: --file names a store file; for a data folder use --data %s", path, path)
+	}
+	if err := notEmpty(path, fi); err != nil {
+		return nil, err
+	}
+	db, err := store.Open(path, store.Options{ReadOnly: true})
+	if err != nil {
+		return nil, explainOpen(filepath.Dir(path), err)
+	}
+	defer db.Close()
+	return db.Check(ctx)
+}
+
+// chainVerified reports whether check walked the outcome ledger and found
+// its hash chain whole: no problem of the file (which stops the walk
+// before the records) and none in the outcomes bucket.
+func chainVerified(rep *store.CheckReport) bool {
+	for _, p := range rep.Problems {
+		if p.Bucket == "" || p.Bucket == "outcomes" {
+			return false
+		}
+	}
+	return true
+}
+
+// recordKinds names the record counts of a check or a salvage, by bucket,
+// in the order they are printed; the first ones are printed even at 0.
+var recordKinds = []struct{ bucket, name string }{
+	{"checkpoints", "checkpoints"}, {"recent", "recent checkpoints"}, {"heads", "thread heads"}, {"branches", "branches"},
+	{"writes", "pending writes"}, {"bloblog", "blobs"}, {"blobindex", "blob index entries"}, {"runs", "runs"},
+	{"outcomeruns", "outcome index entries"}, {"toolcalls", "tool calls"}, {"outcomes", "outcomes"},
+	{"uplink", "uplink cursor"}, {"meta", "meta records"},
+}
+
+// alwaysCounted are the record kinds printed even at 0; check counts the
+// recent bucket's checkpoints as checkpoints, so it shows only in a
+// salvage's count, where the copy's buckets are counted as they are.
+var alwaysCounted = map[string]bool{"checkpoints": true, "heads": true, "branches": true, "writes": true, "bloblog": true,
+	"blobindex": true, "runs": true, "outcomeruns": true, "toolcalls": true, "outcomes": true}
+
+// countsText lists the counts so that they add up to sum(counts): every
+// bucket counted is named, those this binary has no name for by bucket.
+func countsText(counts map[string]int) string {
+	var parts []string
+	seen := map[string]bool{}
+	for _, k := range recordKinds {
+		seen[k.bucket] = true
+		if n := counts[k.bucket]; n > 0 || alwaysCounted[k.bucket] {
+			parts = append(parts, fmt.Sprintf("%s %d", k.name, n))
+		}
+	}
+	var others []string
+	for b := range counts {
+		if !seen[b] {
+			others = append(others, b)
+		}
+	}
+	sort.Strings(others)
+	for _, b := range others {
+		parts = append(parts, fmt.Sprintf("%s %d", b, counts[b]))
+	}
+	return strings.Join(parts, ", ")
+}
+
 func dbBackup(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr io.Writer) error {
+	if err := newFileAt(dst); err != nil {
+		return err
+	}
 	start, last := time.Now(), time.Now()
 	ctx = store.WithCopyProgress(ctx, func(copied, total int64) {
 		if time.Since(last) >= 3*time.Second {
@@ -148,25 +440,24 @@ func dbBackup(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr 
 			fmt.Fprintf(stderr, "backup: %.1f of %.1f MB copied in %s…\n", float64(copied)/1e6, float64(total)/1e6, time.Since(start).Round(time.Second))
 		}
 	})
-	err := withStore(dir,
-		func(db *store.DB) error { return db.BackupFile(ctx, dst) },
-		func(c *store.Control) error { return c.BackupFile(ctx, dst) })
+	var size int64
+	err := withStoreReadOnly(dir,
+		func(db *store.DB) (err error) {
+			if err := db.BackupFile(ctx, dst); err != nil {
+				return err
+			}
+			size, err = verifyBackup(ctx, dir, dst, func() (*store.CheckReport, error) { return db.Check(ctx) })
+			return err
+		},
+		func(c *store.Control) (err error) {
+			if err := c.BackupFile(ctx, dst); err != nil {
+				return err
+			}
+			size, err = verifyBackup(ctx, dir, dst, func() (*store.CheckReport, error) { return c.Check(ctx) })
+			return err
+		})
 	if err != nil {
 		return err
-	}
-	// A backup that does not open is no backup.
-	b, err := store.Open(dst, store.Options{ReadOnly: true})
-	if err != nil {
-		return fmt.Errorf("backup written to %s but it does not open: %w", dst, err)
-	}
-	rep, err := b.Check(ctx)
-	size, _ := b.Size()
-	b.Close()
-	if err != nil {
-		return fmt.Errorf("check backup %s: %w", dst, err)
-	}
-	if !rep.OK() {
-		return fmt.Errorf("backup %s has %d problem(s); first: %s", dst, len(rep.Problems), rep.Problems[0])
 	}
 	if asJSON {
 		return printJSON(stdout, map[string]any{"file": dst, "bytes": size, "seconds": time.Since(start).Seconds(), "checked": true})
@@ -175,9 +466,53 @@ func dbBackup(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr 
 	return nil
 }
 
+// verifyBackup checks the copy just written to dst and returns its size. A
+// copy that does not open or check clean is removed, so that a file left
+// under a backup's name is always a sound one; checkStore, the store's own
+// check, then tells whether the fault is in the store (the copy is taken
+// page for page, so it holds the store's faults) or in the copy.
+func verifyBackup(ctx context.Context, dir, dst string, checkStore func() (*store.CheckReport, error)) (int64, error) {
+	var fault string
+	b, err := store.Open(dst, store.Options{ReadOnly: true})
+	if err == nil {
+		rep, cerr := b.Check(ctx)
+		size, _ := b.Size()
+		err = errors.Join(cerr, b.Close())
+		switch {
+		case err == nil && rep.OK():
+			return size, nil
+		case err == nil:
+			fault = fmt.Sprintf("%d problem(s); first: %s", len(rep.Problems), rep.Problems[0])
+		default:
+			fault = fmt.Sprintf("could not be checked: %v", err)
+		}
+	} else {
+		fault = fmt.Sprintf("does not open: %v", err)
+	}
+	removed := fmt.Sprintf("%s was removed", dst)
+	if rerr := os.Remove(dst); rerr != nil {
+		removed = fmt.Sprintf("%s could not be removed (%v): do not keep it as a backup", dst, rerr)
+	}
+	live, err := checkStore()
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("the backup %s; %s. Checking the store in %s, to tell whether the fault is there, failed too: %w", fault, removed, dir, err)
+	case !live.OK():
+		return 0, fmt.Errorf("the store in %s is damaged: it has %d problem(s); first: %s. The backup copied the damage (%s); %s. "+
+			"Run outpost db check --data %s for the list, and outpost db salvage --data %s FILE to copy out what can still be read",
+			dir, len(live.Problems), live.Problems[0], fault, removed, dir, dir)
+	}
+	return 0, fmt.Errorf("the backup %s, but the store in %s checks clean: the copy was damaged as it was written "+
+		"(look at the disk that holds it); %s; try again", fault, dir, removed)
+}
+
 func dbCompact(ctx context.Context, dir string, asJSON bool, stdout, stderr io.Writer) error {
+	path, err := storeFile(dir)
+	if err != nil {
+		return err
+	}
 	ctx = withProgress(ctx, "compact", "copied", stderr)
-	before, after, err := store.CompactFile(ctx, filepath.Join(dir, store.FileName), store.Options{})
+	before, after, err := store.CompactFile(ctx, path, store.Options{})
 	if errors.Is(err, store.ErrInUse) {
 		return fmt.Errorf("%w: compact needs the store to itself; stop serve first", err)
 	}
@@ -208,14 +543,19 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 	for _, p := range rep.Skipped {
 		fmt.Fprintf(stdout, "skipped %s\n", p)
 	}
-	fmt.Fprintln(stdout, "run \"outpost db compact\" to give the freed pages back to the file system")
+	if rep.CheckpointsRemoved+rep.WritesRemoved+rep.BlobsRemoved > 0 {
+		fmt.Fprintln(stdout, "run \"outpost db compact\" to give the freed pages back to the file system")
+	}
 	return nil
 }
 
 func dbSalvage(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr io.Writer) error {
-	src := filepath.Join(dir, store.FileName)
-	if _, err := os.Stat(src); err != nil {
-		return fmt.Errorf("no store in %s: %w", dir, err)
+	src, err := storeFile(dir)
+	if err != nil {
+		return err
+	}
+	if err := newFileAt(dst); err != nil {
+		return err
 	}
 	rep, err := store.Salvage(withProgress(ctx, "salvage", "copied", stderr), src, dst)
 	if errors.Is(err, store.ErrInUse) {
@@ -224,19 +564,25 @@ func dbSalvage(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr
 	if err != nil {
 		return err
 	}
+	if rep.Lost == nil {
+		rep.Lost = []store.Problem{}
+	}
+	if rep.Check != nil && rep.Check.Problems == nil {
+		rep.Check.Problems = []store.Problem{}
+	}
 	if asJSON {
 		if err := printJSON(stdout, rep); err != nil {
 			return err
 		}
 	} else {
-		fmt.Fprintf(stdout, "salvaged %s into %s: %d records copied (checkpoints %d, pending writes %d, blobs %d, runs %d, tool calls %d, outcomes %d)\n",
-			src, dst, sum(rep.Records), rep.Records["checkpoints"]+rep.Records["recent"], rep.Records["writes"], rep.Records["bloblog"],
-			rep.Records["runs"], rep.Records["toolcalls"], rep.Records["outcomes"])
+		fmt.Fprintf(stdout, "salvaged %s into %s: %d records copied (%s)\n", src, dst, sum(rep.Records), countsText(rep.Records))
 		for _, p := range rep.Lost {
 			fmt.Fprintf(stdout, "LOST %s\n", p)
 		}
-		for _, p := range rep.Check.Problems {
-			fmt.Fprintf(stdout, "PROBLEM in the copy: %s\n", p)
+		if rep.Check != nil {
+			for _, p := range rep.Check.Problems {
+				fmt.Fprintf(stdout, "PROBLEM in the copy: %s\n", p)
+			}
 		}
 		if rep.OK() {
 			fmt.Fprintln(stdout, "nothing was lost, and the copy checks clean")
@@ -244,7 +590,11 @@ func dbSalvage(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr
 		fmt.Fprintf(stdout, "to use the copy: stop serve, move %s aside, move %s to %s, start serve\n", src, dst, src)
 	}
 	if !rep.OK() {
-		return fmt.Errorf("the copy is not whole: %d part(s) lost, %d problem(s) in the copy", len(rep.Lost), len(rep.Check.Problems))
+		problems := 0
+		if rep.Check != nil {
+			problems = len(rep.Check.Problems)
+		}
+		return fmt.Errorf("the copy is not whole: %d part(s) lost, %d problem(s) in the copy", len(rep.Lost), problems)
 	}
 	return nil
 }
