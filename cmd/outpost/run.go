@@ -176,7 +176,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	mc := modelFlags(fs)
 	tools := fs.String("tools", "-", "narrow the run's tools to these (comma-separated; \"\" for none; default: no narrowing)")
 	thread := fs.String("thread", "default", "thread (conversation) to run the turn on")
-	durability := fs.String("durability", "sync", "sync or exit")
+	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit only when the run ends or pauses)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
 	if err := parseFlagsFirst(fs, args); err != nil {
 		return err
@@ -185,8 +185,14 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fs.Usage()
 		return fmt.Errorf("no input given")
 	}
+	// Checked before the store is opened: a typo must not run the turn in
+	// another mode than the one asked for.
+	dur, err := engine.ParseDurability(*durability)
+	if err != nil {
+		return fmt.Errorf("--durability must be sync or exit, not %q", *durability)
+	}
 	input, _ := json.Marshal(strings.Join(fs.Args(), " "))
-	s, err := openSession(ctx, *data, engine.Durability(*durability), stdout, stderr, *asJSON, mc)
+	s, err := openSession(ctx, *data, dur, stdout, stderr, *asJSON, mc)
 	if err != nil {
 		return err
 	}
