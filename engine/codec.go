@@ -241,7 +241,7 @@ func (e *execution) newCheckpoint(source string, nodes []string) (*Checkpoint, e
 		Thread: e.cfg.Thread, NS: e.cfg.ns, ID: e.newCheckpointID(), ParentID: e.committed, RunID: e.run.ID,
 		Step: e.step, Source: source, Nodes: nodes, Next: e.next, Created: time.Now().UTC(),
 	}
-	if e.cfg.Durability != DurabilitySync {
+	if !e.commitsEachStep() {
 		return c, nil
 	}
 	return c, e.encodeChanges(c)

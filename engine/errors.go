@@ -23,6 +23,9 @@ var (
 	ErrNotInterrupted   = errors.New("run is not interrupted")
 	ErrUnknownInterrupt = errors.New("no such pending interrupt")
 	ErrBadDecision      = errors.New("decision must be approve, edit or reject")
+	// ErrBadDurability refuses a durability other than sync or exit, in a
+	// RunConfig, ManagerOptions or a stored run record.
+	ErrBadDurability = errors.New("durability must be sync or exit")
 
 	// Storage.
 	ErrCheckpointNotFound = errors.New("checkpoint not found")

@@ -144,6 +144,9 @@ func (g *Graph) newExecution(cfg RunConfig) (*execution, error) {
 		}
 		cfg.Blobs = b
 	}
+	if err := cfg.Durability.check(); err != nil {
+		return nil, fmt.Errorf("run config: %w", err)
+	}
 	if cfg.Durability == "" {
 		cfg.Durability = DurabilitySync
 	}
@@ -233,6 +236,9 @@ func (e *execution) adoptRun(ctx context.Context) error {
 	if run.Status.Terminal() {
 		return nil
 	}
+	if err := run.Durability.check(); err != nil {
+		return fmt.Errorf("resume run %s: recorded durability: %w", run.ID, err)
+	}
 	steps, err := countSteps(ctx, e.store, e.head, run.ID)
 	if err != nil {
 		return err
@@ -241,6 +247,13 @@ func (e *execution) adoptRun(ctx context.Context) error {
 	run.Durability = e.cfg.Durability
 	e.run = run
 	return nil
+}
+
+// commitsEachStep reports whether each superstep is committed as it ends
+// (sync) or only the run's last state (exit). newExecution has refused any
+// other durability, and only exit gives up the per-step commit.
+func (e *execution) commitsEachStep() bool {
+	return e.cfg.Durability != DurabilityExit
 }
 
 func (e *execution) result() *Result {
@@ -353,7 +366,7 @@ func (e *execution) applyInput(ctx context.Context, input []Write) error {
 	if e.cfg.ns == "" {
 		e.event(EventRunStarted, "", map[string]any{"agent": e.run.Agent, "checkpoint": c.ID})
 	}
-	if e.cfg.Durability == DurabilitySync {
+	if e.commitsEachStep() {
 		return e.commit(ctx, &Commit{Checkpoint: c})
 	}
 	return nil
@@ -524,7 +537,7 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 		}
 		e.event(EventCheckpoint, "", checkpointData(c))
 	}
-	if e.cfg.Durability != DurabilitySync || len(e.next) == 0 {
+	if !e.commitsEachStep() || len(e.next) == 0 {
 		// A step that ends the run is committed with the run's final
 		// status, in one transaction (see end).
 		return nil
@@ -581,7 +594,7 @@ func (e *execution) uncommitted() (*Checkpoint, error) {
 	if e.head == nil || e.head.ID == e.committed {
 		return nil, nil
 	}
-	if e.cfg.Durability != DurabilitySync {
+	if !e.commitsEachStep() {
 		if err := e.encodeChanges(e.head); err != nil {
 			return nil, err
 		}

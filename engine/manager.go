@@ -35,8 +35,11 @@ type Resolver func(name string, pinned BundleRef) (*Agent, error)
 
 // ManagerOptions configures a run manager.
 type ManagerOptions struct {
-	Workers     int // runs executing at once; default 8
-	MaxQueue    int // runs waiting for a worker; default 1024
+	Workers  int // runs executing at once; default 8
+	MaxQueue int // runs waiting for a worker; default 1024
+	// Durability is sync (the default, also for "") or exit. Any other
+	// value is not read as either: the manager then refuses every run,
+	// start, resume and recovery alike, with ErrBadDurability.
 	Durability  Durability
 	StepLimit   int
 	MaxDuration time.Duration
@@ -71,6 +74,9 @@ type Manager struct {
 	ctx     context.Context
 	stop    context.CancelCauseFunc
 	wg      sync.WaitGroup
+
+	// bad is why the manager refuses all runs (its options are invalid).
+	bad error
 
 	mu      sync.Mutex
 	closed  bool
@@ -109,9 +115,13 @@ func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
 		opts.CacheBytes = DefaultCacheBytes
 	}
 	ctx, stop := context.WithCancelCause(context.Background())
-	return &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize, opts.CacheBytes),
+	m := &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize, opts.CacheBytes),
 		sem: make(chan struct{}, opts.Workers), ctx: ctx, stop: stop,
 		threads: map[string]*active{}, runs: map[string]*active{}}
+	if err := opts.Durability.check(); err != nil {
+		m.bad = fmt.Errorf("run manager options: %w", err)
+	}
+	return m
 }
 
 // Store returns the manager's store.
@@ -193,6 +203,9 @@ func (m *Manager) Start(ctx context.Context, req RunRequest) (*Run, error) {
 
 // open claims the thread and commits the run record with its input.
 func (m *Manager) open(ctx context.Context, req RunRequest) (*active, *execution, error) {
+	if m.bad != nil {
+		return nil, nil, fmt.Errorf("start run: %w", m.bad)
+	}
 	if req.Thread == "" {
 		return nil, nil, fmt.Errorf("start run: thread is required")
 	}
@@ -363,6 +376,9 @@ func (m *Manager) Run(ctx context.Context, runID string) (*Run, error) {
 
 // Resume answers an interrupted run's pending interrupts and runs it on.
 func (m *Manager) Resume(ctx context.Context, runID string, decisions map[string]Decision) (*Run, error) {
+	if m.bad != nil {
+		return nil, fmt.Errorf("resume run %s: %w", runID, m.bad)
+	}
 	run, err := m.store.Run(ctx, runID)
 	if err != nil {
 		return nil, err
@@ -411,6 +427,12 @@ func (m *Manager) Resume(ctx context.Context, runID string, decisions map[string
 }
 
 func (m *Manager) prepareResume(ctx context.Context, ag *Agent, run *Run) (*execution, error) {
+	// The run goes on in the manager's durability, but a recorded one that
+	// is neither sync nor exit says the record cannot be trusted as to how
+	// it ran so far.
+	if err := run.Durability.check(); err != nil {
+		return nil, fmt.Errorf("resume run %s: recorded durability: %w", run.ID, err)
+	}
 	e, err := ag.Graph.newExecution(m.config(ag, run))
 	if err != nil {
 		return nil, err
@@ -488,6 +510,9 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 // last checkpoint, and registers interrupted runs as paused. It returns the
 // number of runs resumed.
 func (m *Manager) Recover(ctx context.Context) (int, error) {
+	if m.bad != nil {
+		return 0, fmt.Errorf("recover: %w", m.bad)
+	}
 	n := 0
 	for _, st := range []RunStatus{StatusInterrupted, StatusQueued, StatusRunning} {
 		after := ""

@@ -152,6 +152,22 @@ const (
 	StatusBudgetExceeded RunStatus = "budget_exceeded"
 )
 
+// RunStatuses lists every run status, in lifecycle order.
+func RunStatuses() []RunStatus {
+	return []RunStatus{StatusQueued, StatusRunning, StatusInterrupted, StatusCompleted, StatusFailed,
+		StatusCancelled, StatusBudgetExceeded}
+}
+
+// Valid reports whether s is one of RunStatuses.
+func (s RunStatus) Valid() bool {
+	switch s {
+	case StatusQueued, StatusRunning, StatusInterrupted, StatusCompleted, StatusFailed, StatusCancelled,
+		StatusBudgetExceeded:
+		return true
+	}
+	return false
+}
+
 // Terminal reports whether a run in status s has ended for good.
 func (s RunStatus) Terminal() bool {
 	switch s {
@@ -308,7 +324,9 @@ type Store interface {
 // Durability says when a run's progress is made durable.
 type Durability string
 
-// Durability modes.
+// Durability modes. There are exactly two: any other value is refused with
+// ErrBadDurability, never read as one of them, since reading a typo as exit
+// would silently give up the commit after every step.
 const (
 	// DurabilitySync commits and fsyncs a checkpoint after every superstep,
 	// before the next one starts. It is the default.
@@ -317,3 +335,22 @@ const (
 	// or fails. A crash loses the progress of runs in flight.
 	DurabilityExit Durability = "exit"
 )
+
+// ParseDurability returns the durability named s, exactly "sync" or "exit".
+// Anything else, the empty string included, is ErrBadDurability.
+func ParseDurability(s string) (Durability, error) {
+	switch d := Durability(s); d {
+	case DurabilitySync, DurabilityExit:
+		return d, nil
+	}
+	return "", fmt.Errorf("%w, not %q", ErrBadDurability, s)
+}
+
+// check accepts sync, exit and "" (the default, sync) and refuses the rest.
+func (d Durability) check() error {
+	if d == "" {
+		return nil
+	}
+	_, err := ParseDurability(string(d))
+	return err
+}

@@ -56,7 +56,7 @@ func (e *execution) runStep(ctx context.Context, decisions map[string]Decision) 
 	run := func(i int) {
 		r := &results[i]
 		r.writes, r.attempts, r.err = e.runTask(ctx, r, decisions)
-		if r.err == nil && multi && e.cfg.Durability == DurabilitySync {
+		if r.err == nil && multi && e.commitsEachStep() {
 			// Save the task's writes now, so a crash or a failing sibling
 			// does not make it run again.
 			if err := e.saveWrites(ctx, r); err != nil {

@@ -42,6 +42,51 @@ func openStore(dir string) (*store.DB, error) {
 	return db, err
 }
 
+// openExistingStore opens the store in dir for a command that must not
+// make one: a mistyped --data is "no store", never an empty store (and it
+// creates nothing, not even the folder or the lock file).
+func openExistingStore(dir string) (*store.DB, error) {
+	if err := storeExists(dir); err != nil {
+		return nil, err
+	}
+	return openStore(dir)
+}
+
+// storeExists says "no store in DIR" when dir holds no store file, in the
+// words the db commands use.
+func storeExists(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, store.FileName)); err != nil {
+		return fmt.Errorf("no store in %s: %w", dir, err)
+	}
+	return nil
+}
+
+// dataHint is " --data DIR" for a command line printed as a hint, when the
+// data folder was chosen (by --data or $OUTPOST_DATA), so that the hint
+// works when pasted elsewhere; "" for the default folder.
+func dataHint(fs *flag.FlagSet) string {
+	f := fs.Lookup("data")
+	if f == nil {
+		return ""
+	}
+	set := os.Getenv("OUTPOST_DATA") != ""
+	fs.Visit(func(v *flag.Flag) { set = set || v.Name == "data" })
+	if !set {
+		return ""
+	}
+	return " --data " + shellQuote(f.Value.String())
+}
+
+// shellQuote quotes s for a POSIX shell when it needs quoting.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./,:@%+=", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
 // resolver returns the agents this binary can run without a store: the
 // embedded reference bundle's agents (medication-adherence and
 // medication-adherence-tools, answering from the bundle's scripted rules,

@@ -34,6 +34,13 @@ func register(name, summary string, run func(ctx context.Context, args []string,
 // errUsage marks an error already explained by a flag set's usage text.
 var errUsage = errors.New("usage")
 
+// usageError is a command called the wrong way (an unknown or missing
+// subcommand): it exits 2, as an unknown command does. An empty one has
+// been explained already.
+type usageError string
+
+func (e usageError) Error() string { return string(e) }
+
 func main() {
 	tuneRuntime()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -80,6 +87,13 @@ func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := cmd.run(ctx, args[1:], stdout, stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
+		}
+		var ue usageError
+		if errors.As(err, &ue) {
+			if ue != "" {
+				fmt.Fprintf(stderr, "outpost %s: %v\n", args[0], err)
+			}
+			return 2
 		}
 		if !errors.Is(err, errUsage) {
 			fmt.Fprintf(stderr, "outpost %s: %v\n", args[0], err)
@@ -167,4 +181,65 @@ func subcommand(name, usage string, args []string, stderr io.Writer) (string, *f
 	}
 	sub := args[0]
 	return sub, newFlags(name+" "+sub, name+" "+sub+" [flags]", stderr), nil
+}
+
+// cmdFlags is one command's flag set. Its help goes to stdout when asked for
+// (-h, exit 0) and to stderr after a flag error; either way it lists only
+// this command's flags, under a usage line that names its arguments.
+type cmdFlags struct {
+	*flag.FlagSet
+	synopsis       string // "runs show [flags] RUN"
+	stdout, stderr io.Writer
+}
+
+func newCmdFlags(name, synopsis string, stdout, stderr io.Writer) *cmdFlags {
+	fs := flag.NewFlagSet("outpost "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	// The flag package calls Usage for -h and for an error alike; parse
+	// prints it, to the stream that fits.
+	fs.Usage = func() {}
+	return &cmdFlags{FlagSet: fs, synopsis: synopsis, stdout: stdout, stderr: stderr}
+}
+
+func (c *cmdFlags) printUsage(w io.Writer) {
+	fmt.Fprintf(w, "Usage: outpost %s\n", c.synopsis)
+	n := 0
+	c.VisitAll(func(*flag.Flag) { n++ })
+	if n > 0 {
+		fmt.Fprintf(w, "\nFlags:\n")
+		c.SetOutput(w)
+		c.PrintDefaults()
+		c.SetOutput(c.stderr)
+	}
+}
+
+// parse parses the flags, anywhere among the arguments, or, with
+// flagsFirst, up to the first argument (see parse and parseFlagsFirst).
+func (c *cmdFlags) parse(args []string, flagsFirst bool) error {
+	var err error
+	if flagsFirst {
+		err = parseFlagsFirst(c.FlagSet, args)
+	} else {
+		err = parse(c.FlagSet, args)
+	}
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		c.printUsage(c.stdout)
+	case err != nil:
+		c.printUsage(c.stderr)
+	}
+	return err
+}
+
+// args checks that exactly len(names) arguments were given, names being
+// how the usage calls them ("RUN"), and returns them.
+func (c *cmdFlags) args(names ...string) ([]string, error) {
+	got := c.Args()
+	if len(got) > len(names) {
+		return nil, fmt.Errorf("unexpected argument %q (usage: outpost %s)", got[len(names)], c.synopsis)
+	}
+	if len(got) < len(names) {
+		return nil, fmt.Errorf("missing %s (usage: outpost %s)", names[len(got)], c.synopsis)
+	}
+	return got, nil
 }

@@ -99,7 +99,14 @@ func runtimeFor(db *store.DB, dir string, p models.Provider, model string) (*fir
 		Notes: notes, Followups: &agent.FileFollowups{Path: filepath.Join(dir, "followups.jsonl")}}, nil
 }
 
-func openSession(ctx context.Context, dir string, durability engine.Durability, out, stderr io.Writer, asJSON bool, mc *modelChoice) (*session, error) {
+// openSession opens the store in dir, making it first when create is set
+// (run makes one; resume answers a run that must already be there).
+func openSession(ctx context.Context, dir string, create bool, durability engine.Durability, out, stderr io.Writer, asJSON bool, mc *modelChoice) (*session, error) {
+	if !create {
+		if err := storeExists(dir); err != nil {
+			return nil, err
+		}
+	}
 	p, model, err := mc.provider(ctx, stderr)
 	if err != nil {
 		return nil, err
@@ -170,23 +177,28 @@ func printEvent(w io.Writer, e engine.Event, asJSON bool) {
 }
 
 func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("run", "run [--data DIR] [--agent NAME] [--thread ID] [--model scripted|ollama:NAME] [--ollama URL] [--tools a,b] [--json] INPUT", stderr)
-	data := dataFlag(fs)
+	fs := newCmdFlags("run", "run [flags] INPUT", stdout, stderr)
+	data := dataFlag(fs.FlagSet)
 	agentName := fs.String("agent", firmware.ReferenceAgent, "agent to run (the bench workload's agent is \"reference\")")
-	mc := modelFlags(fs)
+	mc := modelFlags(fs.FlagSet)
 	tools := fs.String("tools", "-", "narrow the run's tools to these (comma-separated; \"\" for none; default: no narrowing)")
 	thread := fs.String("thread", "default", "thread (conversation) to run the turn on")
-	durability := fs.String("durability", "sync", "sync or exit")
+	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit only when the run ends or pauses)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
-	if err := parseFlagsFirst(fs, args); err != nil {
+	if err := fs.parse(args, true); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
-		fs.Usage()
-		return fmt.Errorf("no input given")
+		return fmt.Errorf("no input given (usage: outpost %s)", fs.synopsis)
+	}
+	// Checked before the store is opened: a typo must not run the turn in
+	// another mode than the one asked for.
+	dur, err := engine.ParseDurability(*durability)
+	if err != nil {
+		return fmt.Errorf("--durability must be sync or exit, not %q", *durability)
 	}
 	input, _ := json.Marshal(strings.Join(fs.Args(), " "))
-	s, err := openSession(ctx, *data, engine.Durability(*durability), stdout, stderr, *asJSON, mc)
+	s, err := openSession(ctx, *data, true, dur, stdout, stderr, *asJSON, mc)
 	if err != nil {
 		return err
 	}
@@ -207,10 +219,12 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	return reportRun(run, stdout, *asJSON)
+	return reportRun(run, stdout, *asJSON, dataHint(fs.FlagSet))
 }
 
-func reportRun(run *engine.Run, stdout io.Writer, asJSON bool) error {
+// reportRun prints how a run ended; dataHint (" --data DIR" or "") goes
+// into the resume command it suggests.
+func reportRun(run *engine.Run, stdout io.Writer, asJSON bool, dataHint string) error {
 	if asJSON {
 		b, _ := json.Marshal(run)
 		fmt.Fprintf(stdout, "%s\n", b)
@@ -226,10 +240,7 @@ func reportRun(run *engine.Run, stdout io.Writer, asJSON bool) error {
 				}
 			}
 		}
-		for _, in := range run.Interrupts {
-			fmt.Fprintf(stdout, "waiting for a decision on %s at %s: %s\n  outpost resume %s --interrupt %s --decision approve|edit|reject\n",
-				in.ID, in.Node, in.Payload, run.ID, in.ID)
-		}
+		printInterrupts(stdout, run, dataHint)
 		if run.Error != "" {
 			fmt.Fprintf(stdout, "error: %s\n", run.Error)
 		}
@@ -242,42 +253,45 @@ func reportRun(run *engine.Run, stdout io.Writer, asJSON bool) error {
 }
 
 func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("resume", "resume [--data DIR] RUN [--interrupt ID] --decision approve|edit|reject [--value JSON] [--reason TEXT] [--by NAME]", stderr)
-	data := dataFlag(fs)
+	fs := newCmdFlags("resume", "resume [flags] RUN --decision approve|edit|reject [--value JSON]", stdout, stderr)
+	data := dataFlag(fs.FlagSet)
 	interrupt := fs.String("interrupt", "", "interrupt to answer (default: the run's only one)")
 	decision := fs.String("decision", "", "approve, edit or reject")
-	value := fs.String("value", "", "edit: the new value, as JSON")
+	value := fs.String("value", "", `edit: the new value, as JSON (a text is quoted twice: --value '"new text"')`)
 	reason := fs.String("reason", "", "why (recorded with the decision)")
 	by := fs.String("by", "cli", "who decides (recorded with the decision)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
-	mc := modelFlags(fs)
-	if err := parse(fs, args); err != nil {
+	mc := modelFlags(fs.FlagSet)
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return fmt.Errorf("give exactly one run id")
+	pos, err := fs.args("RUN")
+	if err != nil {
+		return err
 	}
 	d := engine.Decision{Kind: *decision, Reason: *reason, By: *by, At: time.Now().UTC()}
 	if *value != "" {
 		if !json.Valid([]byte(*value)) {
-			return fmt.Errorf("--value is not valid JSON")
+			return fmt.Errorf(`--value is not valid JSON; a text is quoted twice, as in --value '"new text"'`)
 		}
 		d.Value = json.RawMessage(*value)
+	}
+	if d.Kind == engine.Edit && len(d.Value) == 0 {
+		return fmt.Errorf(`--decision edit needs --value JSON, such as --value '"new text"'`)
 	}
 	if err := d.Validate(); err != nil {
 		return err
 	}
-	s, err := openSession(ctx, *data, engine.DurabilitySync, stdout, stderr, *asJSON, mc)
+	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc)
 	if err != nil {
 		return err
 	}
-	run, err := resumeOne(ctx, s, fs.Arg(0), *interrupt, d)
+	run, err := resumeOne(ctx, s, pos[0], *interrupt, d)
 	s.close()
 	if err != nil {
 		return err
 	}
-	return reportRun(run, stdout, *asJSON)
+	return reportRun(run, stdout, *asJSON, dataHint(fs.FlagSet))
 }
 
 func resumeOne(ctx context.Context, s *session, runID, interrupt string, d engine.Decision) (*engine.Run, error) {
@@ -287,6 +301,10 @@ func resumeOne(ctx context.Context, s *session, runID, interrupt string, d engin
 	run, err := s.db.Run(ctx, runID)
 	if err != nil {
 		return nil, err
+	}
+	if run.Status != engine.StatusInterrupted {
+		// What Manager.Resume says too: naming an interrupt would not help.
+		return nil, fmt.Errorf("%w: run %s is %s", engine.ErrNotInterrupted, runID, run.Status)
 	}
 	if interrupt == "" {
 		if len(run.Interrupts) != 1 {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -9,13 +10,14 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/store"
 )
 
 func init() {
-	register("runs", "list runs, show one, a thread's history, or fork a thread", runRuns)
+	register("runs", "list runs, show one, a thread's history, fork a thread, or replay a run", runRuns)
 }
 
-const runsUsage = `Usage: outpost runs <list|show|history|fork> [flags]
+const runsUsage = `Usage: outpost runs <list|show|history|fork|replay> [flags]
 
   list [--status S] [--agent A] [--thread T] [--limit N] [--after RUN]
   show RUN
@@ -24,143 +26,348 @@ const runsUsage = `Usage: outpost runs <list|show|history|fork> [flags]
   replay RUN                        re-execute a past run from its records, for an audit,
                                     and say where it parts from the original
 
-Every subcommand takes --data DIR and --json.
+Every subcommand takes --data DIR and --json; "outpost runs SUB -h" lists its flags.
 `
 
+// maxLimit bounds a page of runs or checkpoints, as the HTTP API does.
+const maxLimit = 1000
+
+// runsCommands are the runs subcommands. Each reads an existing store and
+// never makes one.
+var runsCommands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
+	"list":    runsList,
+	"show":    runsShow,
+	"history": runsHistory,
+	"fork":    runsFork,
+	"replay":  runsReplay,
+}
+
 func runRuns(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub, fs, err := subcommand("runs", runsUsage, args, stderr)
-	if sub == "" {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, runsUsage)
+		return usageError("")
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, runsUsage)
+		return nil
+	}
+	run, ok := runsCommands[args[0]]
+	if !ok {
+		fmt.Fprint(stderr, runsUsage)
+		return usageError(fmt.Sprintf("unknown runs subcommand %q", args[0]))
+	}
+	return run(ctx, args[1:], stdout, stderr)
+}
+
+// runsFlags is a runs subcommand's flag set with the flags all of them
+// take, --data and --json.
+func runsFlags(sub, synopsis string, stdout, stderr io.Writer) (fs *cmdFlags, data *string, asJSON *bool) {
+	fs = newCmdFlags("runs "+sub, synopsis, stdout, stderr)
+	data = dataFlag(fs.FlagSet)
+	asJSON = fs.Bool("json", false, "print JSON")
+	return fs, data, asJSON
+}
+
+func checkLimit(limit int) error {
+	if limit < 1 || limit > maxLimit {
+		return fmt.Errorf("--limit must be between 1 and %d", maxLimit)
+	}
+	return nil
+}
+
+func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, data, asJSON := runsFlags("list", "runs list [flags]", stdout, stderr)
+	status := fs.String("status", "", "only runs in this status: "+statusNames())
+	agent := fs.String("agent", "", "only runs of this agent")
+	thread := fs.String("thread", "", "only runs on this thread")
+	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many, 1 to %d", maxLimit))
+	after := fs.String("after", "", "start after this run id (the previous page's last)")
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
-	args = args[1:]
-	data := dataFlag(fs)
-	asJSON := fs.Bool("json", false, "print JSON")
-	status := fs.String("status", "", "list: only runs in this status")
-	agent := fs.String("agent", "", "list: only runs of this agent")
-	thread := fs.String("thread", "", "list: only runs on this thread")
-	limit := fs.Int("limit", 100, "at most this many (list at most 1000)")
-	after := fs.String("after", "", "list: start after this run id (the previous page's last)")
-	checkpoint := fs.String("checkpoint", "", "fork: the checkpoint to branch from")
-	if err := parse(fs, args); err != nil {
+	if _, err := fs.args(); err != nil {
 		return err
 	}
-	db, err := openStore(*data)
+	if *status != "" && !engine.RunStatus(*status).Valid() {
+		return fmt.Errorf("--status %q: want one of %s", *status, statusNames())
+	}
+	if err := checkLimit(*limit); err != nil {
+		return err
+	}
+	db, err := openExistingStore(*data)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	switch sub {
-	case "list":
-		if *limit < 1 || *limit > 1000 {
-			return fmt.Errorf("--limit must be between 1 and 1000")
-		}
-		runs, err := db.Runs(ctx, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit})
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			page := map[string]any{"runs": runs}
-			if len(runs) == *limit {
-				page["next"] = runs[len(runs)-1].ID
-			}
-			return printJSON(stdout, page)
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "RUN\tTHREAD\tAGENT\tSTATUS\tSTEPS\tCREATED")
-		for _, r := range runs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Thread, r.Agent, r.Status, r.Steps, r.CreatedAt.Local().Format(time.DateTime))
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		if len(runs) == *limit {
-			fmt.Fprintf(stdout, "more: outpost runs list --after %s\n", runs[len(runs)-1].ID)
-		}
-		return nil
-	case "show":
-		if fs.NArg() != 1 {
-			return fmt.Errorf("show needs a run id")
-		}
-		r, err := db.Run(ctx, fs.Arg(0))
-		if err != nil {
-			return err
-		}
-		return printJSON(stdout, r)
-	case "history":
-		if fs.NArg() != 1 {
-			return fmt.Errorf("history needs a thread id")
-		}
-		cps, err := db.History(ctx, fs.Arg(0), "", "", *limit)
-		if err != nil {
-			return err
-		}
-		if len(cps) == 0 {
-			return fmt.Errorf("thread %q has no checkpoints", fs.Arg(0))
-		}
-		if *asJSON {
-			type entry struct {
-				ID       string    `json:"id"`
-				ParentID string    `json:"parent_id,omitempty"`
-				Run      string    `json:"run"`
-				Step     int       `json:"step"`
-				Source   string    `json:"source"`
-				Nodes    []string  `json:"nodes,omitempty"`
-				Channels []string  `json:"channels"`
-				Next     []string  `json:"next"`
-				Created  time.Time `json:"created_at"`
-			}
-			out := make([]entry, len(cps))
-			for i, c := range cps {
-				out[i] = entry{ID: c.ID, ParentID: c.ParentID, Run: c.RunID, Step: c.Step, Source: c.Source, Nodes: c.Nodes,
-					Channels: channelNames(c), Next: taskNodes(c.Next), Created: c.Created}
-			}
-			return printJSON(stdout, map[string]any{"thread": fs.Arg(0), "checkpoints": out})
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "CHECKPOINT\tSTEP\tSOURCE\tBY\tCHANGED\tNEXT\tRUN")
-		for _, c := range cps {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Step, c.Source, strings.Join(c.Nodes, ","),
-				strings.Join(channelNames(c), ","), strings.Join(taskNodes(c.Next), ","), c.RunID)
-		}
-		return tw.Flush()
-	case "replay":
-		if fs.NArg() != 1 {
-			return fmt.Errorf("replay needs a run id")
-		}
-		return replayRun(ctx, db, *data, fs.Arg(0), *asJSON, stdout)
-	case "fork":
-		if fs.NArg() != 1 || *checkpoint == "" {
-			return fmt.Errorf("fork needs a thread and --checkpoint ID")
-		}
-		th := fs.Arg(0)
-		runs, err := db.Runs(ctx, engine.RunFilter{Thread: th})
-		if err != nil {
-			return err
-		}
-		if len(runs) == 0 {
-			return fmt.Errorf("thread %q has no runs", th)
-		}
-		resolve, err := resolver()
-		if err != nil {
-			return err
-		}
-		last := runs[len(runs)-1]
-		ag, err := resolve(last.Agent, last.Bundle)
-		if err != nil {
-			return err
-		}
-		c, err := ag.Graph.Fork(ctx, engine.RunConfig{Thread: th, Store: db}, *checkpoint)
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			return printJSON(stdout, map[string]string{"thread": th, "checkpoint": c.ID, "parent": c.ParentID})
-		}
-		fmt.Fprintf(stdout, "forked thread %s at %s: new head %s; the next run on the thread continues from it\n", th, c.ParentID, c.ID)
-		return nil
+	// One more than the page, to know whether another page follows.
+	runs, err := db.Runs(ctx, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit + 1})
+	if err != nil {
+		return err
 	}
-	fmt.Fprint(stderr, runsUsage)
-	return fmt.Errorf("unknown runs subcommand %q", sub)
+	next := ""
+	if len(runs) > *limit {
+		runs = runs[:*limit]
+		next = runs[len(runs)-1].ID
+	}
+	if *asJSON {
+		page := map[string]any{"runs": runs}
+		if next != "" {
+			page["next"] = next
+		}
+		return printJSON(stdout, page)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tTHREAD\tAGENT\tSTATUS\tSTEPS\tCREATED")
+	for _, r := range runs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Thread, r.Agent, r.Status, r.Steps, r.CreatedAt.Local().Format(time.DateTime))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if next != "" {
+		// The same filters, from where this page ends.
+		hint := "outpost runs list" + dataHint(fs.FlagSet)
+		for _, f := range []struct{ name, value string }{{"status", *status}, {"agent", *agent}, {"thread", *thread}} {
+			if f.value != "" {
+				hint += " --" + f.name + " " + shellQuote(f.value)
+			}
+		}
+		if *limit != 100 {
+			hint += fmt.Sprintf(" --limit %d", *limit)
+		}
+		fmt.Fprintf(stdout, "more: %s --after %s\n", hint, next)
+	}
+	return nil
+}
+
+// statusNames lists the run statuses, for help and errors.
+func statusNames() string {
+	var names []string
+	for _, s := range engine.RunStatuses() {
+		names = append(names, string(s))
+	}
+	return strings.Join(names, ", ")
+}
+
+func runsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, data, asJSON := runsFlags("show", "runs show [flags] RUN", stdout, stderr)
+	if err := fs.parse(args, false); err != nil {
+		return err
+	}
+	pos, err := fs.args("RUN")
+	if err != nil {
+		return err
+	}
+	db, err := openExistingStore(*data)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	r, err := db.Run(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, r)
+	}
+	return printRun(stdout, r, dataHint(fs.FlagSet))
+}
+
+// printRun shows a run record for a person: who and what it was, how far it
+// got, what it waits for and how it ended. --json has the whole record.
+func printRun(w io.Writer, r *engine.Run, dataHint string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", k, v)
+		}
+	}
+	when := func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return t.Local().Format(time.DateTime)
+	}
+	row("run", r.ID)
+	row("thread", r.Thread)
+	row("agent", r.Agent)
+	if r.Bundle.Name != "" {
+		row("bundle", fmt.Sprintf("%s version %d", r.Bundle.Name, r.Bundle.Version))
+	}
+	row("status", string(r.Status))
+	row("correlation", r.CorrelationID)
+	row("created", when(r.CreatedAt))
+	row("started", when(r.StartedAt))
+	row("ended", when(r.EndedAt))
+	if !r.StartedAt.IsZero() && !r.EndedAt.IsZero() {
+		row("took", r.EndedAt.Sub(r.StartedAt).Round(time.Millisecond).String())
+	}
+	row("steps", fmt.Sprint(r.Steps))
+	row("durability", string(r.Durability))
+	row("checkpoint", r.Checkpoint)
+	row("input", readableJSON(r.Input))
+	row("output", readableJSON(r.Output))
+	row("error", r.Error)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, d := range r.Decisions {
+		fmt.Fprintf(w, "decided %s on %s", d.Decision, d.Interrupt)
+		if d.By != "" {
+			fmt.Fprintf(w, " by %s", d.By)
+		}
+		if !d.At.IsZero() {
+			fmt.Fprintf(w, " at %s", d.At.Local().Format(time.DateTime))
+		}
+		if len(d.Value) > 0 {
+			fmt.Fprintf(w, ": %s", readableJSON(d.Value))
+		}
+		if d.Reason != "" {
+			fmt.Fprintf(w, " (%s)", d.Reason)
+		}
+		fmt.Fprintln(w)
+	}
+	printInterrupts(w, r, dataHint)
+	return nil
+}
+
+// printInterrupts says what an interrupted run waits for, and how to answer.
+func printInterrupts(w io.Writer, r *engine.Run, dataHint string) {
+	for _, in := range r.Interrupts {
+		fmt.Fprintf(w, "waiting for a decision on %s at %s: %s\n  outpost resume %s --interrupt %s --decision approve|edit|reject%s\n",
+			in.ID, in.Node, in.Payload, r.ID, in.ID, dataHint)
+	}
+}
+
+// readableJSON shows a JSON string as its text and anything else as JSON.
+func readableJSON(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	return string(raw)
+}
+
+func runsHistory(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, data, asJSON := runsFlags("history", "runs history [flags] THREAD", stdout, stderr)
+	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many checkpoints, newest first, 1 to %d", maxLimit))
+	if err := fs.parse(args, false); err != nil {
+		return err
+	}
+	pos, err := fs.args("THREAD")
+	if err != nil {
+		return err
+	}
+	if err := checkLimit(*limit); err != nil {
+		return err
+	}
+	db, err := openExistingStore(*data)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	cps, err := db.History(ctx, pos[0], "", "", *limit)
+	if err != nil {
+		return err
+	}
+	if len(cps) == 0 {
+		return fmt.Errorf("thread %q has no checkpoints", pos[0])
+	}
+	if *asJSON {
+		type entry struct {
+			ID       string    `json:"id"`
+			ParentID string    `json:"parent_id,omitempty"`
+			Run      string    `json:"run"`
+			Step     int       `json:"step"`
+			Source   string    `json:"source"`
+			Nodes    []string  `json:"nodes,omitempty"`
+			Channels []string  `json:"channels"`
+			Next     []string  `json:"next"`
+			Created  time.Time `json:"created_at"`
+		}
+		out := make([]entry, len(cps))
+		for i, c := range cps {
+			out[i] = entry{ID: c.ID, ParentID: c.ParentID, Run: c.RunID, Step: c.Step, Source: c.Source, Nodes: c.Nodes,
+				Channels: channelNames(c), Next: taskNodes(c.Next), Created: c.Created}
+		}
+		return printJSON(stdout, map[string]any{"thread": pos[0], "checkpoints": out})
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECKPOINT\tSTEP\tSOURCE\tBY\tCHANGED\tNEXT\tRUN")
+	for _, c := range cps {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Step, c.Source, strings.Join(c.Nodes, ","),
+			strings.Join(channelNames(c), ","), strings.Join(taskNodes(c.Next), ","), c.RunID)
+	}
+	return tw.Flush()
+}
+
+func runsReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, data, asJSON := runsFlags("replay", "runs replay [flags] RUN", stdout, stderr)
+	if err := fs.parse(args, false); err != nil {
+		return err
+	}
+	pos, err := fs.args("RUN")
+	if err != nil {
+		return err
+	}
+	db, err := openExistingStore(*data)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return replayRun(ctx, db, *data, pos[0], *asJSON, stdout)
+}
+
+func runsFork(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, data, asJSON := runsFlags("fork", "runs fork [flags] THREAD --checkpoint ID", stdout, stderr)
+	checkpoint := fs.String("checkpoint", "", "the checkpoint to branch from (see outpost runs history THREAD)")
+	if err := fs.parse(args, false); err != nil {
+		return err
+	}
+	pos, err := fs.args("THREAD")
+	if err != nil {
+		return err
+	}
+	if *checkpoint == "" {
+		return fmt.Errorf("fork needs --checkpoint ID (usage: outpost %s)", fs.synopsis)
+	}
+	db, err := openExistingStore(*data)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return forkThread(ctx, db, pos[0], *checkpoint, *asJSON, stdout)
+}
+
+func forkThread(ctx context.Context, db *store.DB, th, checkpoint string, asJSON bool, stdout io.Writer) error {
+	runs, err := db.Runs(ctx, engine.RunFilter{Thread: th})
+	if err != nil {
+		return err
+	}
+	if len(runs) == 0 {
+		return fmt.Errorf("thread %q has no runs", th)
+	}
+	resolve, err := resolver()
+	if err != nil {
+		return err
+	}
+	last := runs[len(runs)-1]
+	ag, err := resolve(last.Agent, last.Bundle)
+	if err != nil {
+		return err
+	}
+	c, err := ag.Graph.Fork(ctx, engine.RunConfig{Thread: th, Store: db}, checkpoint)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(stdout, map[string]string{"thread": th, "checkpoint": c.ID, "parent": c.ParentID})
+	}
+	fmt.Fprintf(stdout, "forked thread %s at %s: new head %s; the next run on the thread continues from it\n", th, c.ParentID, c.ID)
+	return nil
 }
 
 func channelNames(c *engine.Checkpoint) []string {

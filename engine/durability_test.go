@@ -1,0 +1,154 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// chainGraph runs three nodes one after another: three supersteps.
+func chainGraph(t *testing.T) *engine.Graph {
+	b := engine.NewGraph("chain")
+	log := engine.Append[string](b, "log")
+	for _, n := range []string{"a", "b", "c"} {
+		b.AddNode(n, writes(engine.Push(log, n)))
+	}
+	b.AddEdge(engine.Start, "a")
+	b.AddEdge("a", "b")
+	b.AddEdge("b", "c")
+	return mustCompile(t, b)
+}
+
+func checkpointCommits(s *recordingStore) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.commits {
+		if c.Checkpoint != nil {
+			n++
+		}
+	}
+	return n
+}
+
+func TestParseDurability(t *testing.T) {
+	for _, s := range []string{"sync", "exit"} {
+		d, err := engine.ParseDurability(s)
+		require.NoError(t, err)
+		require.Equal(t, engine.Durability(s), d)
+	}
+	for _, s := range []string{"", "SYNC", "Exit", "bogus", " sync"} {
+		_, err := engine.ParseDurability(s)
+		require.ErrorIs(t, err, engine.ErrBadDurability, "%q", s)
+		require.ErrorContains(t, err, "durability must be sync or exit")
+	}
+}
+
+// A durability other than sync or exit is refused before anything is
+// committed; it used to run as exit, committing only at the end. "" is
+// sync: a commit per step.
+func TestGraphDurabilityFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	for _, tt := range []struct {
+		durability engine.Durability
+		commits    int // checkpoints committed: input and the three steps (the last with the run's end), or only the end
+	}{
+		{"", 4},
+		{engine.DurabilitySync, 4},
+		{engine.DurabilityExit, 1},
+	} {
+		s := newRecordingStore()
+		res, err := chainGraph(t).Invoke(ctx, engine.RunConfig{Thread: "t", Store: s, Durability: tt.durability})
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusCompleted, res.Run.Status)
+		require.Equal(t, tt.commits, checkpointCommits(s), "durability %q", tt.durability)
+	}
+	for _, bad := range []engine.Durability{"SYNC", "bogus"} {
+		s := newRecordingStore()
+		g := chainGraph(t)
+		_, err := g.Invoke(ctx, engine.RunConfig{Thread: "t", Store: s, Durability: bad})
+		require.ErrorIs(t, err, engine.ErrBadDurability)
+		require.ErrorContains(t, err, string(bad))
+		_, err = g.Resume(ctx, engine.RunConfig{Thread: "t", Store: s, Durability: bad}, nil)
+		require.ErrorIs(t, err, engine.ErrBadDurability)
+		_, err = g.UpdateState(ctx, engine.RunConfig{Thread: "t", Store: s, Durability: bad}, engine.Start)
+		require.ErrorIs(t, err, engine.ErrBadDurability)
+		require.Empty(t, s.commits, "nothing may be committed under %q", bad)
+	}
+}
+
+// A manager given an unknown durability refuses every run instead of
+// running them in exit mode.
+func TestManagerDurabilityFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	s := newRecordingStore()
+	ag := &engine.Agent{Name: "chain", Graph: chainGraph(t)}
+	m := newManager(t, s, engine.ManagerOptions{Durability: "SYNC"}, ag)
+
+	_, err := m.Recover(ctx)
+	require.ErrorIs(t, err, engine.ErrBadDurability)
+	_, err = m.Invoke(ctx, engine.RunRequest{Thread: "t1", Agent: "chain"})
+	require.ErrorIs(t, err, engine.ErrBadDurability)
+	_, err = m.Start(ctx, engine.RunRequest{Thread: "t2", Agent: "chain"})
+	require.ErrorIs(t, err, engine.ErrBadDurability)
+	_, err = m.Resume(ctx, "run_x", map[string]engine.Decision{"int_x": {Kind: engine.Approve}})
+	require.ErrorIs(t, err, engine.ErrBadDurability)
+	require.Empty(t, s.commits)
+
+	// The default is sync: a commit per step.
+	s = newRecordingStore()
+	m = newManager(t, s, engine.ManagerOptions{}, ag)
+	run, err := m.Invoke(ctx, engine.RunRequest{Thread: "t1", Agent: "chain"})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, run.Status)
+	require.Equal(t, engine.DurabilitySync, run.Durability)
+	require.Equal(t, 4, checkpointCommits(s))
+}
+
+// A run whose record names an unknown durability is not resumed or
+// recovered as if it named exit (or sync): resuming it is an error, and
+// recovery fails it with the reason.
+func TestRecordedDurabilityFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	s := engine.NewMemoryStore()
+	ag := &engine.Agent{Name: "review", Graph: func() *engine.Graph { g, _ := reviewGraph(t, newCounter()); return g }()}
+	now := time.Now().UTC()
+	paused := &engine.Run{ID: "run_paused", Thread: "t1", Agent: "review", Status: engine.StatusInterrupted,
+		Durability: "bogus", CreatedAt: now, Interrupts: []engine.PendingInterrupt{{ID: "int_1", Node: "review"}}}
+	running := &engine.Run{ID: "run_running", Thread: "t2", Agent: "review", Status: engine.StatusRunning,
+		Durability: "bogus", CreatedAt: now}
+	for _, r := range []*engine.Run{paused, running} {
+		require.NoError(t, s.Commit(ctx, &engine.Commit{Run: r, Sync: true}))
+	}
+
+	m := newManager(t, s, engine.ManagerOptions{}, ag)
+	_, err := m.Recover(ctx)
+	require.NoError(t, err)
+	got, err := s.Run(ctx, running.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusFailed, got.Status)
+	require.Contains(t, got.Error, "durability must be sync or exit")
+
+	_, err = m.Resume(ctx, paused.ID, map[string]engine.Decision{"int_1": {Kind: engine.Approve}})
+	require.ErrorIs(t, err, engine.ErrBadDurability)
+	got, err = s.Run(ctx, paused.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, got.Status, "a refused resume leaves the run waiting")
+
+	// Graph.Resume, adopting the run that left the thread's head, refuses
+	// it too.
+	g, _ := reviewGraph(t, newCounter())
+	res, err := g.Invoke(ctx, engine.RunConfig{Thread: "t3", Store: s})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+	r := res.Run.Clone()
+	r.Durability = "bogus"
+	require.NoError(t, s.Commit(ctx, &engine.Commit{Run: r, Sync: true}))
+	_, err = g.Resume(ctx, engine.RunConfig{Thread: "t3", Store: s},
+		map[string]engine.Decision{r.Interrupts[0].ID: {Kind: engine.Approve}})
+	require.ErrorIs(t, err, engine.ErrBadDurability)
+}
