@@ -58,6 +58,12 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 	if !run.Status.Terminal() && run.Status != engine.StatusInterrupted {
 		return nil, fmt.Errorf("replay run %s: it is %s; only a run that ended or paused can be replayed", run.ID, run.Status)
 	}
+	if run.Durability != "" {
+		// An unknown value was run in exit mode by older binaries.
+		if _, err := engine.ParseDurability(string(run.Durability)); err != nil {
+			return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
+		}
+	}
 	if run.Durability == engine.DurabilityExit {
 		return nil, fmt.Errorf("replay run %s: it ran with exit durability, which keeps no per-step checkpoints to compare", run.ID)
 	}

@@ -106,3 +106,21 @@ func TestReplayNeverCallsTheModel(t *testing.T) {
 	require.Contains(t, rep.Diff.Detail, "the replay stopped before")
 	require.Contains(t, rep.Diff.Detail, "a model call to scripted that the original run did not make")
 }
+
+// A run recorded with a durability other than sync or exit is refused: older
+// binaries ran such a value in exit mode, with no per-step checkpoints.
+func TestReplayRefusesAnUnknownDurability(t *testing.T) {
+	store, log, run := original(t)
+	g := graph(t, NoModel{}, ReplayLog{Original: log}, store, "")
+	for d, want := range map[engine.Durability]error{"bogus": engine.ErrBadDurability, engine.DurabilityExit: nil} {
+		r := *run
+		r.Durability = d
+		_, err := Replay(context.Background(), g, store, &r)
+		require.Error(t, err, "durability %q", d)
+		if want != nil {
+			require.ErrorIs(t, err, want)
+		} else {
+			require.Contains(t, err.Error(), "exit durability")
+		}
+	}
+}

@@ -70,7 +70,7 @@ and say what was lost. Stop serve first; the store itself is not changed.`},
 func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, dbUsage)
-		return errUsage
+		return usageError("")
 	}
 	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stdout, dbUsage)
@@ -80,7 +80,7 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, ok := dbSubs[name]
 	if !ok {
 		fmt.Fprint(stderr, dbUsage)
-		return fmt.Errorf("unknown db subcommand %q", name)
+		return usageError(fmt.Sprintf("unknown db subcommand %q", name))
 	}
 	synopsis := strings.Join(strings.Fields("outpost db "+name+" "+sub.synopsis+" [flags] "+sub.arg), " ")
 	// The flag package's own messages are kept, to say them once in the
@@ -211,10 +211,13 @@ func parseAge(s string) (time.Duration, error) {
 
 // storeFile is the store file of the data folder dir, which must exist.
 func storeFile(dir string) (string, error) {
+	if err := storeExists(dir); err != nil {
+		return "", err
+	}
 	path := filepath.Join(dir, store.FileName)
 	fi, err := os.Stat(path)
 	if err != nil {
-		return "", fmt.Errorf("no store in %s: %w", dir, err)
+		return "", err
 	}
 	return path, notEmpty(path, fi)
 }

@@ -422,4 +422,13 @@ func TestDBHelp(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Empty(t, stdout)
 	require.Contains(t, stderr, "flag provided but not defined: -no-such-flag\nusage: outpost db check [flags] (outpost db check -h lists its flags)")
+
+	// An unknown or missing subcommand is a usage error, exit 2, as an
+	// unknown command is.
+	code, _, stderr = outpost(t, "db", "frob")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, `unknown db subcommand "frob"`)
+	code, _, stderr = outpost(t, "db")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "Usage: outpost db")
 }
