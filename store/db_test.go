@@ -18,6 +18,9 @@ import (
 	"github.com/outpost-edge/outpost/internal/fsync"
 )
 
+// A second Open of a held store is told within a second that the folder
+// is in use: whether another Open holds it (through the lock file), or
+// only the store file's own lock is held, as a bbolt tool would hold it.
 func TestSecondOpenFailsFast(t *testing.T) {
 	dir := t.TempDir()
 	d, err := OpenDir(dir, Options{})
@@ -29,7 +32,14 @@ func TestSecondOpenFailsFast(t *testing.T) {
 	elapsed := time.Since(start)
 	require.ErrorIs(t, err, ErrInUse)
 	assert.Contains(t, err.Error(), "data folder "+dir+" is in use by another outpost process")
-	assert.Less(t, elapsed, 1500*time.Millisecond)
+	assert.Less(t, elapsed, 900*time.Millisecond, "the in-use error must come within a second")
+	t.Logf("in use reported after %v", elapsed)
+
+	// The timeout can be set.
+	start = time.Now()
+	_, err = OpenDir(dir, Options{Timeout: 100 * time.Millisecond})
+	require.ErrorIs(t, err, ErrInUse)
+	assert.Less(t, time.Since(start), DefaultTimeout)
 
 	// A read-only opener is refused too: the writer holds an exclusive lock.
 	_, err = OpenDir(dir, Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
@@ -39,6 +49,18 @@ func TestSecondOpenFailsFast(t *testing.T) {
 	d2, err := OpenDir(dir, Options{})
 	require.NoError(t, err, "the lock is released by Close")
 	require.NoError(t, d2.Close())
+
+	// Only the store file's lock held: the lock file is had at once, and
+	// the open-time check and bbolt share what is left of the wait.
+	f, err := os.Open(filepath.Join(dir, FileName))
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, flockWithin(f, false, time.Second))
+	start = time.Now()
+	_, err = OpenDir(dir, Options{})
+	elapsed = time.Since(start)
+	require.ErrorIs(t, err, ErrInUse)
+	assert.Less(t, elapsed, 900*time.Millisecond)
 }
 
 func TestOpenRefusesOtherFormats(t *testing.T) {

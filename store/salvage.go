@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"time"
 
 	"go.etcd.io/bbolt"
 
@@ -55,12 +54,12 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	if _, err := os.Stat(dst); err == nil {
 		return nil, fmt.Errorf("salvage into %s: %w", dst, os.ErrExist)
 	}
-	lock, err := lockStore(src, false, time.Second)
+	lock, err := lockStore(src, false, DefaultTimeout)
 	if err != nil && !errors.Is(err, errLocked) {
 		// The lock file cannot be made, as on a damaged disk mounted
 		// read-only: a shared lock on the one there is, which a writer's
 		// lock still excludes, will do.
-		lock, err = lockStore(src, true, time.Second)
+		lock, err = lockStore(src, true, DefaultTimeout)
 	}
 	if errors.Is(err, errLocked) {
 		return nil, fmt.Errorf("salvage %s: %w: stop the process that owns it first", src, ErrInUse)
@@ -204,7 +203,7 @@ func (w *salvageWalk) lost(bucket string, key []byte, format string, a ...any) {
 // the root bucket's entries name, each read from the source as it is
 // written, a few thousand records to a transaction.
 func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salvageEntry) error {
-	out, err := bbolt.Open(path, 0o600, Options{Timeout: time.Second}.bolt())
+	out, err := bbolt.Open(path, 0o600, Options{Timeout: DefaultTimeout}.bolt())
 	if err != nil {
 		return err
 	}
