@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -330,4 +331,48 @@ func TestNewStoreIsDurableInItsFolder(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, d.Close())
 	assert.Empty(t, synced)
+}
+
+// A new store file is made under a temporary name and renamed into place
+// once whole and fsynced: a crash before the rename leaves no store file
+// (which the next start makes), never an empty one (which it refuses), and
+// the temporary file such a crash leaves does not stop the next start.
+func TestNewStoreIsMadeWhole(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, FileName)
+	crash := errors.New("crash")
+	setFailpoints(t, func() {
+		failpoint.storeMade = func(tmp string) error {
+			assert.Equal(t, dir, filepath.Dir(tmp), "made beside the store, for the rename")
+			assert.NoFileExists(t, path, "the store file appeared before it was whole")
+			b, err := os.ReadFile(tmp)
+			require.NoError(t, err)
+			m0 := readMeta(b)
+			require.True(t, m0.valid, "the first meta page is not whole")
+			assert.Equal(t, uint64(4096), m0.pageSize, "made with the page size asked for")
+			assert.True(t, readMeta(b[m0.pageSize:]).valid, "the second meta page is not whole")
+			return crash
+		}
+	})
+	_, err := Open(path, Options{PageSize: 4096})
+	require.ErrorIs(t, err, crash)
+	assert.NoFileExists(t, path)
+	assert.NoFileExists(t, path+".create")
+
+	// What a crash part-way through leaves: a temporary file, cut short.
+	failpoint.storeMade = nil
+	require.NoError(t, os.WriteFile(path+".create", make([]byte, 100), 0o600))
+	d, err := Open(path, Options{PageSize: 4096})
+	require.NoError(t, err)
+	assert.Equal(t, 4096, d.db.Info().PageSize)
+	require.NoError(t, d.Commit(bg, stepCommit("t", 1)))
+	require.NoError(t, d.Close())
+	assert.NoFileExists(t, path+".create")
+	d, err = Open(path, Options{ReadOnly: true})
+	require.NoError(t, err)
+	defer d.Close()
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+	assert.Equal(t, 1, rep.Records[bucketCheckpoints])
 }

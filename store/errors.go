@@ -17,7 +17,8 @@ var (
 	// format version this binary does not read.
 	ErrFormat = errors.New("unsupported store format")
 	// ErrDamaged means the store file's pages are not whole: it was cut
-	// short, or a page was overwritten. The wrapped message names the
+	// short, or a page was overwritten; or the file holds nothing of a
+	// store at all (empty, all zeros). The wrapped message names the
 	// first fault found. Nothing in the file is changed.
 	ErrDamaged = errors.New("store file is damaged")
 	// ErrClosed is returned by operations on a closed store.

@@ -83,6 +83,9 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	rep := &SalvageReport{Records: map[string]int{}}
 	metas := salvageMetas(f, rep)
 	if len(metas) == 0 {
+		if err := hollow(f, fi.Size()); err != nil {
+			return rep, fmt.Errorf("salvage %s: %w", src, err)
+		}
 		return rep, fmt.Errorf("salvage %s: %w: neither meta page is whole, so nothing in the file can be found", src, ErrDamaged)
 	}
 	var w *salvageWalk
