@@ -914,12 +914,20 @@ func loadCursor(tx *bbolt.Tx) (uint64, error) {
 	if v == nil {
 		return 0, nil
 	}
+	seq, err := decodeCursor(v)
+	if err != nil {
+		return 0, corrupt(bucketUplink, cursorKey, err)
+	}
+	return seq, nil
+}
+
+func decodeCursor(v []byte) (uint64, error) {
 	payload, err := openRecord(v, cursorVersion)
 	if err == nil && len(payload) != 8 {
 		err = errTruncated
 	}
 	if err != nil {
-		return 0, corrupt(bucketUplink, cursorKey, err)
+		return 0, err
 	}
 	return binary.BigEndian.Uint64(payload), nil
 }
