@@ -77,8 +77,14 @@ type CorruptError struct {
 	Err    error
 }
 
+// Error names the record and the way out. It is written here, once for
+// every read that meets a corrupt record, because the error reaches the
+// operator through whatever made the read (listing runs, starting serve),
+// which cannot say more; db check, which names such records itself, and
+// Salvage report the decoding error alone.
 func (e *CorruptError) Error() string {
-	return fmt.Sprintf("corrupt record in bucket %s, key %s: %v", e.Bucket, renderKey(e.Bucket, []byte(e.Key)), e.Err)
+	return fmt.Sprintf("corrupt record in bucket %s, key %s: %v (run outpost db check; "+
+		"outpost db salvage --data DIR FILE copies what can still be read)", e.Bucket, renderKey(e.Bucket, []byte(e.Key)), e.Err)
 }
 
 func (e *CorruptError) Unwrap() error { return e.Err }

@@ -1008,8 +1008,10 @@ func checkLedger(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(s
 	if err != nil {
 		return err
 	}
-	if _, err := loadCursor(tx); err != nil {
-		add(bucketUplink, cursorKey, "%v", err)
+	if v := bucket(tx, bucketUplink).Get(cursorKey); v != nil {
+		if _, err := decodeCursor(v); err != nil {
+			add(bucketUplink, cursorKey, "%v", err)
+		}
 	}
 	// The runs bucket's index entries are checked with the run records
 	// (check.go). A file of version 5 opened read-only still has them in
