@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -34,6 +35,16 @@ type Space struct {
 	// FreeBytes is the free pages below the high-water mark: new pages go
 	// there first, and db compact gives them back to the file system.
 	FreeBytes int64 `json:"free_bytes"`
+}
+
+// MarshalJSON writes an empty Problems as [], not null, so that a script
+// reading db check --json gets a list either way.
+func (r CheckReport) MarshalJSON() ([]byte, error) {
+	type plain CheckReport
+	if r.Problems == nil {
+		r.Problems = []Problem{}
+	}
+	return json.Marshal(plain(r))
 }
 
 // OK reports whether Check found nothing wrong.

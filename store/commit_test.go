@@ -27,6 +27,7 @@ func setFailpoints(t *testing.T, set func()) {
 		failpoint.afterCommitTx = nil
 		failpoint.commitWrite = nil
 		failpoint.compactCopied = nil
+		failpoint.storeMade = nil
 	})
 }
 

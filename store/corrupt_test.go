@@ -49,6 +49,7 @@ func TestCorruptRecordsAreReported(t *testing.T) {
 			Write: engine.PendingWrite{TaskID: "x", Kind: engine.WriteKindError, Data: json.RawMessage(`{}`)}}},
 	}))
 	require.NoError(t, d.PutToolIntent(bg, "k", ToolCall{Tool: "x"}))
+	require.NoError(t, d.AckOutcomes(bg, 1)) // r1's outcome
 	var writeKey, blobLogKey []byte
 	require.NoError(t, d.db.View(func(tx *bbolt.Tx) error {
 		cb := openCheckpoints(tx)
@@ -75,6 +76,7 @@ func TestCorruptRecordsAreReported(t *testing.T) {
 		{bucketRuns, []byte("r1"), func() error { _, err := d.Runs(bg, engine.RunFilter{}); return err }},
 		{bucketBlobLog, blobLogKey, func() error { _, err := d.Blob(bg, ref); return err }},
 		{bucketToolCalls, []byte("k"), func() error { _, err := d.ToolCall(bg, "k"); return err }},
+		{bucketUplink, cursorKey, func() error { _, err := d.Ledger(bg); return err }},
 	}
 	for i, tc := range tests {
 		t.Run(tc.bucket, func(t *testing.T) {
@@ -90,6 +92,9 @@ func TestCorruptRecordsAreReported(t *testing.T) {
 			assert.ErrorIs(t, err, ErrCorrupt)
 			assert.ErrorContains(t, err, "bucket "+tc.bucket)
 			assert.ErrorContains(t, err, renderKey(tc.bucket, tc.key))
+			// The error reaches the operator through whatever read the
+			// record: it names the way out.
+			assert.ErrorContains(t, err, "(run outpost db check; outpost db salvage --data DIR FILE copies what can still be read)")
 
 			rep, err := d.Check(bg)
 			require.NoError(t, err)
@@ -99,6 +104,8 @@ func TestCorruptRecordsAreReported(t *testing.T) {
 				if p.Bucket == tc.bucket && p.Key == renderKey(tc.bucket, tc.key) {
 					found = true
 				}
+				assert.NotContains(t, p.Message, "outpost db", "check names the record, not the way out again")
+				assert.NotContains(t, p.Message, "corrupt record in bucket", "check names the record once")
 			}
 			assert.True(t, found, "check did not name %s %s: %v", tc.bucket, renderKey(tc.bucket, tc.key), rep.Problems)
 		})

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,6 +19,9 @@ import (
 	"github.com/outpost-edge/outpost/internal/fsync"
 )
 
+// A second Open of a held store is told within a second that the folder
+// is in use: whether another Open holds it (through the lock file), or
+// only the store file's own lock is held, as a bbolt tool would hold it.
 func TestSecondOpenFailsFast(t *testing.T) {
 	dir := t.TempDir()
 	d, err := OpenDir(dir, Options{})
@@ -29,7 +33,14 @@ func TestSecondOpenFailsFast(t *testing.T) {
 	elapsed := time.Since(start)
 	require.ErrorIs(t, err, ErrInUse)
 	assert.Contains(t, err.Error(), "data folder "+dir+" is in use by another outpost process")
-	assert.Less(t, elapsed, 1500*time.Millisecond)
+	assert.Less(t, elapsed, 900*time.Millisecond, "the in-use error must come within a second")
+	t.Logf("in use reported after %v", elapsed)
+
+	// The timeout can be set.
+	start = time.Now()
+	_, err = OpenDir(dir, Options{Timeout: 100 * time.Millisecond})
+	require.ErrorIs(t, err, ErrInUse)
+	assert.Less(t, time.Since(start), DefaultTimeout)
 
 	// A read-only opener is refused too: the writer holds an exclusive lock.
 	_, err = OpenDir(dir, Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
@@ -39,6 +50,18 @@ func TestSecondOpenFailsFast(t *testing.T) {
 	d2, err := OpenDir(dir, Options{})
 	require.NoError(t, err, "the lock is released by Close")
 	require.NoError(t, d2.Close())
+
+	// Only the store file's lock held: the lock file is had at once, and
+	// the open-time check and bbolt share what is left of the wait.
+	f, err := os.Open(filepath.Join(dir, FileName))
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, flockWithin(f, false, time.Second))
+	start = time.Now()
+	_, err = OpenDir(dir, Options{})
+	elapsed = time.Since(start)
+	require.ErrorIs(t, err, ErrInUse)
+	assert.Less(t, elapsed, 900*time.Millisecond)
 }
 
 func TestOpenRefusesOtherFormats(t *testing.T) {
@@ -308,4 +331,48 @@ func TestNewStoreIsDurableInItsFolder(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, d.Close())
 	assert.Empty(t, synced)
+}
+
+// A new store file is made under a temporary name and renamed into place
+// once whole and fsynced: a crash before the rename leaves no store file
+// (which the next start makes), never an empty one (which it refuses), and
+// the temporary file such a crash leaves does not stop the next start.
+func TestNewStoreIsMadeWhole(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, FileName)
+	crash := errors.New("crash")
+	setFailpoints(t, func() {
+		failpoint.storeMade = func(tmp string) error {
+			assert.Equal(t, dir, filepath.Dir(tmp), "made beside the store, for the rename")
+			assert.NoFileExists(t, path, "the store file appeared before it was whole")
+			b, err := os.ReadFile(tmp)
+			require.NoError(t, err)
+			m0 := readMeta(b)
+			require.True(t, m0.valid, "the first meta page is not whole")
+			assert.Equal(t, uint64(4096), m0.pageSize, "made with the page size asked for")
+			assert.True(t, readMeta(b[m0.pageSize:]).valid, "the second meta page is not whole")
+			return crash
+		}
+	})
+	_, err := Open(path, Options{PageSize: 4096})
+	require.ErrorIs(t, err, crash)
+	assert.NoFileExists(t, path)
+	assert.NoFileExists(t, path+".create")
+
+	// What a crash part-way through leaves: a temporary file, cut short.
+	failpoint.storeMade = nil
+	require.NoError(t, os.WriteFile(path+".create", make([]byte, 100), 0o600))
+	d, err := Open(path, Options{PageSize: 4096})
+	require.NoError(t, err)
+	assert.Equal(t, 4096, d.db.Info().PageSize)
+	require.NoError(t, d.Commit(bg, stepCommit("t", 1)))
+	require.NoError(t, d.Close())
+	assert.NoFileExists(t, path+".create")
+	d, err = Open(path, Options{ReadOnly: true})
+	require.NoError(t, err)
+	defer d.Close()
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+	assert.Equal(t, 1, rep.Records[bucketCheckpoints])
 }

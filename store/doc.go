@@ -24,11 +24,13 @@
 // Only one process may open a store for writing: a second Open fails
 // within Options.Timeout with ErrInUse. A file of another format or
 // version fails with ErrFormat, and one whose pages are not whole (cut
-// short, a page overwritten) with ErrDamaged, before bbolt trusts it
-// (fileguard.go). When writing or fsyncing a transaction
-// fails, the store takes no more writes (ErrWriteFailed, DB.WriteErr) and
-// reads go on: what that transaction left on disk is unknown until the
-// file is opened again.
+// short, a page overwritten) or that holds nothing of a store (empty, all
+// zeros) with ErrDamaged, before bbolt trusts it (fileguard.go). A new
+// store file is made whole under a temporary name and renamed into place,
+// so that Outpost never leaves an empty one behind. When writing or
+// fsyncing a transaction fails, the store takes no more writes
+// (ErrWriteFailed, DB.WriteErr) and reads go on: what that transaction
+// left on disk is unknown until the file is opened again.
 //
 // Checkpoints are keyed by ID first, so that the commits of many threads
 // sharing one transaction write a few pages at the right edge of the tree;

@@ -17,7 +17,8 @@ var (
 	// format version this binary does not read.
 	ErrFormat = errors.New("unsupported store format")
 	// ErrDamaged means the store file's pages are not whole: it was cut
-	// short, or a page was overwritten. The wrapped message names the
+	// short, or a page was overwritten; or the file holds nothing of a
+	// store at all (empty, all zeros). The wrapped message names the
 	// first fault found. Nothing in the file is changed.
 	ErrDamaged = errors.New("store file is damaged")
 	// ErrClosed is returned by operations on a closed store.
@@ -76,8 +77,14 @@ type CorruptError struct {
 	Err    error
 }
 
+// Error names the record and the way out. It is written here, once for
+// every read that meets a corrupt record, because the error reaches the
+// operator through whatever made the read (listing runs, starting serve),
+// which cannot say more; db check, which names such records itself, and
+// Salvage report the decoding error alone.
 func (e *CorruptError) Error() string {
-	return fmt.Sprintf("corrupt record in bucket %s, key %s: %v", e.Bucket, renderKey(e.Bucket, []byte(e.Key)), e.Err)
+	return fmt.Sprintf("corrupt record in bucket %s, key %s: %v (run outpost db check; "+
+		"outpost db salvage --data DIR FILE copies what can still be read)", e.Bucket, renderKey(e.Bucket, []byte(e.Key)), e.Err)
 }
 
 func (e *CorruptError) Unwrap() error { return e.Err }

@@ -23,6 +23,10 @@ var failpoint struct {
 	// afterCommitTx runs once a batch's transaction is durable, before its
 	// committers are woken.
 	afterCommitTx func(batch int)
+	// storeMade runs once Open has made a new store file under its
+	// temporary name and fsynced it, before it renames it into place; an
+	// error stops the creation there.
+	storeMade func(tmp string) error
 	// compactCopied runs once CompactFile has written the compacted copy,
 	// before it renames it into place and lets go of the store.
 	compactCopied func()

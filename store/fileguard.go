@@ -3,10 +3,13 @@ package store
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"math/bits"
 	"os"
+	"slices"
 )
 
 // A store file can be damaged where bbolt does not look before it trusts
@@ -123,22 +126,24 @@ func readMetas(f *os.File, size int64) (m0, m1 boltMeta, off1 int64) {
 }
 
 // checkFile walks f's page tree as bbolt will read it. A file with no whole
-// meta page (not bbolt's, of another bbolt version, or both damaged) is
-// refused as not a store, with ErrFormat.
+// meta page is refused: as damaged when it holds nothing of a store
+// (hollow), otherwise as not a store (not bbolt's, of another bbolt
+// version, or with both meta pages damaged), with ErrFormat. An empty file
+// is never a new store: Open makes those whole (createStore).
 func checkFile(f *os.File) error {
 	fi, err := f.Stat()
 	if err != nil {
 		return err
 	}
 	size := fi.Size()
-	if size == 0 {
-		return nil // a new store
-	}
 	m0, m1, _ := readMetas(f, size)
 	// bbolt uses the valid meta page with the higher transaction ID.
 	m := m0
 	switch {
 	case !m0.valid && !m1.valid:
+		if err := hollow(f, size); err != nil {
+			return err
+		}
 		// bbolt would take the page size it is given for the file's, and
 		// fail on the file's size with a message that says neither.
 		return fmt.Errorf("%w: not a bbolt file of a supported version (no meta page is whole)", ErrFormat)
@@ -158,6 +163,62 @@ func checkFile(f *os.File) error {
 		return damaged("%v", err)
 	}
 	return nil
+}
+
+// hollowError is the damage of a store file that holds nothing of a
+// store (see hollow). Open's advice for it differs from other damage's:
+// there is nothing to salvage, and a new appliance's file may simply be
+// removed.
+type hollowError struct{ what string }
+
+func (e *hollowError) Error() string {
+	return fmt.Sprintf("%v: %s: there is nothing in it that outpost db salvage could copy", ErrDamaged, e.what)
+}
+
+func (e *hollowError) Unwrap() error { return ErrDamaged }
+
+// hollow reports a file with no whole meta page that holds nothing of a
+// store: empty, all zeros, or shorter than the two meta pages every store
+// file begins with. That is what a restore's copy that failed, a full
+// disk, or a file system that lost writes never flushed leaves in a
+// store's place, so it is damage, with "restore the last backup" for an
+// answer, not another program's file; bbolt would have made an empty file
+// a new store, and check would then have called it sound. nil means the
+// file holds something else.
+func hollow(f *os.File, size int64) error {
+	if size == 0 {
+		return &hollowError{"the file is empty (0 bytes)"}
+	}
+	zero, err := allZero(f, size)
+	switch {
+	case err != nil:
+		return err
+	case zero:
+		return &hollowError{fmt.Sprintf("the file holds %d bytes, all zeros", size)}
+	case size < 2*minPageSize:
+		return &hollowError{fmt.Sprintf("the file holds only %d bytes, fewer than the two meta pages every store file begins with", size)}
+	}
+	return nil
+}
+
+// allZero reports whether the first size bytes of f are all zero. It
+// stops at the first byte that is not, which in any file but a zeroed one
+// comes within the first few.
+func allZero(f *os.File, size int64) (bool, error) {
+	b := make([]byte, 64<<10)
+	for off := int64(0); off < size; off += int64(len(b)) {
+		n, err := f.ReadAt(b[:min(int64(len(b)), size-off)], off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return false, err
+		}
+		if slices.ContainsFunc(b[:n], func(c byte) bool { return c != 0 }) {
+			return false, nil
+		}
+		if n == 0 {
+			break
+		}
+	}
+	return true, nil
 }
 
 // pageWalk reads a store file's pages without bbolt, checking each one it

@@ -73,6 +73,52 @@ func TestOpenRefusesATruncatedFile(t *testing.T) {
 	}
 }
 
+// A store file that holds nothing of a store (empty, as a restore's copy
+// that failed or a full disk leaves it; all zeros, as a file system that
+// lost unflushed writes leaves it; a few bytes) is damage, not a new store
+// nor another program's file: it is refused with ErrDamaged and advice,
+// and left as it was. Before, bbolt made an empty file a new store, which
+// check then called sound. A file of another program is still ErrFormat.
+func TestOpenRefusesAHollowFile(t *testing.T) {
+	foreign := append([]byte("SQLite format 3\x00"), make([]byte, 8192)...)
+	tests := []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"empty", nil, "the file is empty (0 bytes)"},
+		{"zeros", make([]byte, 64<<10), "the file holds 65536 bytes, all zeros"},
+		{"a few bytes", []byte("outpost"), "the file holds only 7 bytes, fewer than the two meta pages"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeStore(t, tc.b)
+			for _, ro := range []bool{false, true} {
+				_, err := Open(path, Options{ReadOnly: ro})
+				require.ErrorIs(t, err, ErrDamaged, "read-only %v", ro)
+				assert.NotErrorIs(t, err, ErrFormat)
+				assert.ErrorContains(t, err, tc.want)
+				assert.ErrorContains(t, err, "there is nothing in it that outpost db salvage could copy")
+				assert.ErrorContains(t, err, "nothing was changed: restore the last backup")
+				assert.ErrorContains(t, err, "if this is a new appliance whose first start never finished, remove the file")
+			}
+			after, err := os.ReadFile(path)
+			require.NoError(t, err)
+			assert.Equal(t, len(tc.b), len(after))
+			assert.True(t, bytes.Equal(tc.b, after), "the file changed")
+
+			dst := filepath.Join(t.TempDir(), "salvaged.db")
+			_, err = Salvage(bg, path, dst)
+			require.ErrorIs(t, err, ErrDamaged)
+			assert.ErrorContains(t, err, tc.want)
+			assert.NoFileExists(t, dst)
+		})
+	}
+	_, err := Open(writeStore(t, foreign), Options{})
+	require.ErrorIs(t, err, ErrFormat)
+	assert.NotErrorIs(t, err, ErrDamaged)
+}
+
 // Every page of a store, damaged in several ways: opening, checking and
 // reading it never panics. Either Open refuses the file, or the damage is
 // in records, which Check names.

@@ -64,7 +64,8 @@ func flockWithin(f *os.File, readOnly bool, timeout time.Duration) error {
 // guardFile checks the store file at path (see checkFile) under the lock
 // bbolt takes, so that a file another process is writing is not read;
 // errLocked means that lock was not had within timeout. A missing file is
-// a new store.
+// left to bbolt: a writable Open has made it by now (createStore), and a
+// read-only one fails on it.
 func guardFile(path string, readOnly bool, timeout time.Duration) error {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {

@@ -914,12 +914,20 @@ func loadCursor(tx *bbolt.Tx) (uint64, error) {
 	if v == nil {
 		return 0, nil
 	}
+	seq, err := decodeCursor(v)
+	if err != nil {
+		return 0, corrupt(bucketUplink, cursorKey, err)
+	}
+	return seq, nil
+}
+
+func decodeCursor(v []byte) (uint64, error) {
 	payload, err := openRecord(v, cursorVersion)
 	if err == nil && len(payload) != 8 {
 		err = errTruncated
 	}
 	if err != nil {
-		return 0, corrupt(bucketUplink, cursorKey, err)
+		return 0, err
 	}
 	return binary.BigEndian.Uint64(payload), nil
 }
@@ -1000,8 +1008,10 @@ func checkLedger(ctx context.Context, tx *bbolt.Tx, rep *CheckReport, add func(s
 	if err != nil {
 		return err
 	}
-	if _, err := loadCursor(tx); err != nil {
-		add(bucketUplink, cursorKey, "%v", err)
+	if v := bucket(tx, bucketUplink).Get(cursorKey); v != nil {
+		if _, err := decodeCursor(v); err != nil {
+			add(bucketUplink, cursorKey, "%v", err)
+		}
 	}
 	// The runs bucket's index entries are checked with the run records
 	// (check.go). A file of version 5 opened read-only still has them in

@@ -4,16 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"time"
 
 	"go.etcd.io/bbolt"
 
+	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/internal/fsync"
 )
 
@@ -25,12 +26,22 @@ type SalvageReport struct {
 	// Records counts the records copied, by bucket.
 	Records map[string]int `json:"records"`
 	// Lost lists what could not be read: a meta page, a page and the part
-	// of a bucket below it, a bucket the file no longer names.
+	// of a bucket below it, a bucket the file no longer names, a record
+	// that fails its own checksum or decoding.
 	Lost []Problem `json:"lost"`
 	// Check is db check of the new store: the references that the lost
-	// records leave dangling, a broken outcome chain, records whose own
-	// checksum fails.
+	// records leave dangling, a broken outcome chain.
 	Check *CheckReport `json:"check"`
+}
+
+// MarshalJSON writes an empty Lost as [], not null, as CheckReport does
+// its problems, so that a script reads a list either way.
+func (r SalvageReport) MarshalJSON() ([]byte, error) {
+	type plain SalvageReport
+	if r.Lost == nil {
+		r.Lost = []Problem{}
+	}
+	return json.Marshal(plain(r))
 }
 
 // OK reports whether everything was copied and the new store checks
@@ -43,9 +54,11 @@ func (r *SalvageReport) OK() bool { return len(r.Lost) == 0 && r.Check != nil &&
 // newest meta page that is whole (the older one when that walk cannot
 // reach the root), and passes over a page that is not whole together with
 // what lies below it, so one bad page loses the records it holds rather
-// than the store. The records themselves are copied as they are; db check
-// of the new store, part of the report, names those that fail their own
-// checksum and the references that the lost ones leave dangling.
+// than the store. A record that fails its own checksum or decoding is
+// left out too, and reported lost by bucket and key: copied, it would fail
+// in the new store as it did in the old one, and stop whatever reads it
+// (listing runs, starting serve). db check of the new store, part of the
+// report, names the references that the lost records leave dangling.
 //
 // Under WithProgress it reports the records copied so far. src is locked
 // as Open locks it, so a process writing to it makes Salvage fail with
@@ -55,12 +68,12 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	if _, err := os.Stat(dst); err == nil {
 		return nil, fmt.Errorf("salvage into %s: %w", dst, os.ErrExist)
 	}
-	lock, err := lockStore(src, false, time.Second)
+	lock, err := lockStore(src, false, DefaultTimeout)
 	if err != nil && !errors.Is(err, errLocked) {
 		// The lock file cannot be made, as on a damaged disk mounted
 		// read-only: a shared lock on the one there is, which a writer's
 		// lock still excludes, will do.
-		lock, err = lockStore(src, true, time.Second)
+		lock, err = lockStore(src, true, DefaultTimeout)
 	}
 	if errors.Is(err, errLocked) {
 		return nil, fmt.Errorf("salvage %s: %w: stop the process that owns it first", src, ErrInUse)
@@ -84,6 +97,9 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	rep := &SalvageReport{Records: map[string]int{}}
 	metas := salvageMetas(f, rep)
 	if len(metas) == 0 {
+		if err := hollow(f, fi.Size()); err != nil {
+			return rep, fmt.Errorf("salvage %s: %w", src, err)
+		}
 		return rep, fmt.Errorf("salvage %s: %w: neither meta page is whole, so nothing in the file can be found", src, ErrDamaged)
 	}
 	var w *salvageWalk
@@ -204,7 +220,7 @@ func (w *salvageWalk) lost(bucket string, key []byte, format string, a ...any) {
 // the root bucket's entries name, each read from the source as it is
 // written, a few thousand records to a transaction.
 func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salvageEntry) error {
-	out, err := bbolt.Open(path, 0o600, Options{Timeout: time.Second}.bolt())
+	out, err := bbolt.Open(path, 0o600, Options{Timeout: DefaultTimeout}.bolt())
 	if err != nil {
 		return err
 	}
@@ -275,6 +291,10 @@ func (w *salvageWalk) copyBucket(ctx context.Context, out *bbolt.DB, name string
 			w.lost(name, r.k, "a nested bucket, which the store never makes; left out")
 			return nil
 		}
+		if err := recordFault(name, r.k, r.v); err != nil {
+			w.lost(name, r.k, "%v: the record cannot be read, and is left out", err)
+			return nil
+		}
 		if batch = append(batch, r); len(batch) == salvageBatch {
 			if err := flush(); err != nil {
 				werr = &emitError{err}
@@ -298,6 +318,49 @@ func (w *salvageWalk) copyBucket(ctx context.Context, out *bbolt.DB, name string
 		w.lost(name, nil, "%v: its records are lost", err)
 	}
 	return flush() // makes the bucket too when nothing of it could be read
+}
+
+// recordFault returns why the record under k in bucket name cannot be
+// read, as the store's reads would find it: its checksum fails, its version
+// is unknown, or its payload does not decode; or, for a blob, its bytes do
+// not hash to the reference in its key. nil when it reads. Only records in
+// the sealed envelope (encoding.go) are judged; the meta bucket's entries,
+// the branches markers and the blob index are copied as they are, for the
+// check of the copy to judge.
+func recordFault(name string, k, v []byte) error {
+	var err error
+	switch name {
+	case bucketCheckpoints, bucketRecent:
+		_, err = decodeCheckpoint(v)
+	case bucketHeads:
+		_, err = decodeHead(v)
+	case bucketWrites:
+		_, err = decodePendingWrite(v)
+	case bucketBlobLog:
+		var data []byte
+		if data, _, err = decodeBlob(v); err == nil {
+			if _, ref, ok := parseBlobLogKey(k); ok && engine.RefOf(data) != ref {
+				err = fmt.Errorf("content hashes to %s", engine.RefOf(data))
+			}
+		}
+	case bucketRuns:
+		if isOutcomeIndexKey(k) {
+			err = decodeJSONRecord(v, outcomeRunVersion, &outcomeRun{})
+		} else {
+			_, _, err = decodeRun(v)
+		}
+	case bucketOutcomeRuns:
+		err = decodeJSONRecord(v, outcomeRunVersion, &outcomeRun{})
+	case bucketToolCalls:
+		_, err = decodeToolCall(v)
+	case bucketOutcomes:
+		_, _, err = decodeOutcome(v)
+	case bucketUplink:
+		if bytes.Equal(k, cursorKey) {
+			_, err = decodeCursor(v)
+		}
+	}
+	return err
 }
 
 // keepFormat makes sure the copy names its format, which Open needs: when
