@@ -506,18 +506,46 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 	return nil
 }
 
+// DamagedRunsError is what Recover returns when it had to leave out run
+// records that cannot be read: it recovered every other run, and the
+// appliance can go on. Keys names the records; db check and db salvage
+// deal with them.
+type DamagedRunsError struct {
+	Keys  []string
+	First error // the first record's error, naming its bucket and key
+}
+
+func (e *DamagedRunsError) Error() string {
+	return fmt.Sprintf("recover: %d run record(s) cannot be read and were left out (their runs are not resumed); first: %v", len(e.Keys), e.First)
+}
+
 // Recover resumes every run that a crash left queued or running, from its
 // last checkpoint, and registers interrupted runs as paused. It returns the
-// number of runs resumed.
+// number of runs resumed. A run record that cannot be read does not stop
+// the others: Recover leaves it out and returns a *DamagedRunsError after
+// recovering the rest. One damaged record of a finished run should not
+// keep the appliance from starting.
 func (m *Manager) Recover(ctx context.Context) (int, error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
 	}
 	n := 0
+	var damaged *DamagedRunsError
+	seen := map[string]bool{}
+	onDamaged := func(key string, err error) {
+		if seen[key] {
+			return // each status's listing meets it again
+		}
+		seen[key] = true
+		if damaged == nil {
+			damaged = &DamagedRunsError{First: err}
+		}
+		damaged.Keys = append(damaged.Keys, key)
+	}
 	for _, st := range []RunStatus{StatusInterrupted, StatusQueued, StatusRunning} {
 		after := ""
 		for {
-			runs, err := m.store.Runs(ctx, RunFilter{Status: st, After: after, Limit: 500})
+			runs, err := m.store.Runs(ctx, RunFilter{Status: st, After: after, Limit: 500, Damaged: onDamaged})
 			if err != nil {
 				return n, fmt.Errorf("recover: list %s runs: %w", st, err)
 			}
@@ -534,6 +562,9 @@ func (m *Manager) Recover(ctx context.Context) (int, error) {
 				}
 			}
 		}
+	}
+	if damaged != nil {
+		return n, damaged
 	}
 	return n, nil
 }

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -300,9 +301,13 @@ func TestManagerRecover(t *testing.T) {
 	require.Equal(t, 0, calls.get("join"))
 
 	block.Store(false)
-	m2 := newManager(t, store, engine.ManagerOptions{}, agent)
+	// The store also holds a run record that cannot be read: recovery
+	// names it, and resumes the run it can read all the same.
+	m2 := newManager(t, damagedRuns{store}, engine.ManagerOptions{}, agent)
 	n, err := m2.Recover(ctx)
-	require.NoError(t, err)
+	var dmg *engine.DamagedRunsError
+	require.ErrorAs(t, err, &dmg)
+	require.Equal(t, []string{"run_damaged"}, dmg.Keys, "named once, though each status's listing meets it")
 	require.Equal(t, 1, n)
 	done := waitFor(t, m2, run.ID)
 	require.Equal(t, engine.StatusCompleted, done.Status)
@@ -356,4 +361,16 @@ func TestManagerInvoke(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusCompleted, stored.Status)
 	require.JSONEq(t, `"done t"`, string(stored.Output))
+}
+
+// damagedRuns is a store whose run listing also meets one record that
+// cannot be read, as a bbolt store with a damaged record does.
+type damagedRuns struct{ *engine.MemoryStore }
+
+func (d damagedRuns) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
+	if f.Damaged == nil {
+		return nil, errors.New("corrupt record in bucket runs, key \"run_damaged\"")
+	}
+	f.Damaged("run_damaged", errors.New("checksum mismatch"))
+	return d.MemoryStore.Runs(ctx, f)
 }

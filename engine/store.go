@@ -306,6 +306,11 @@ type RunFilter struct {
 	Thread string
 	After  string // run ID to start after, for paging
 	Limit  int
+	// Damaged, when set, is told of each run record that cannot be read
+	// (a failed checksum or decoding), which is then left out, instead of
+	// failing the whole list. A store that never holds such records never
+	// calls it.
+	Damaged func(key string, err error) `json:"-"`
 }
 
 // RunStore persists run records. Runs are written through Commit.

@@ -26,11 +26,21 @@ func serveControl(t *testing.T, d *DB, dir string) *Control {
 		require.NoError(t, <-served)
 		assert.NoFileExists(t, filepath.Join(dir, ControlSocket), "the socket is gone when ServeControl returns")
 	})
+	// The socket's file appears when it is bound, a moment before it
+	// listens, so the helper waits for a connection to go through.
 	var c *Control
 	require.Eventually(t, func() bool {
 		var err error
-		c, err = DialControl(dir)
-		return err == nil
+		if c, err = DialControl(dir); err != nil {
+			return false
+		}
+		return withSocketPath(dir, func(addr string) error {
+			conn, err := net.Dial("unix", addr)
+			if err == nil {
+				conn.Close()
+			}
+			return err
+		}) == nil
 	}, 5*time.Second, 10*time.Millisecond)
 	return c
 }

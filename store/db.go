@@ -360,7 +360,7 @@ func (d *DB) init() error {
 		if err == nil && v == 2 {
 			if !tx.Writable() {
 				return false, fmt.Errorf("open store %s: %w: format version 2 is upgraded to version %d the first time it is opened "+
-					"for writing (outpost serve, run or db check do that), not read-only", d.path, ErrFormat, formatVersion)
+					"for writing (outpost serve or run do that), not read-only", d.path, ErrFormat, formatVersion)
 			}
 			return false, migrateBlobs(tx)
 		}

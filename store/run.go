@@ -382,7 +382,12 @@ func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error
 			}
 			r, rb, err := decodeRun(v)
 			if err != nil {
-				return corrupt(bucketRuns, k, err)
+				err = corrupt(bucketRuns, k, err)
+				if f.Damaged == nil {
+					return err
+				}
+				f.Damaged(string(k), err)
+				continue
 			}
 			if !f.Match(r) {
 				continue

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -31,15 +32,26 @@ func dataFlag(fs *flag.FlagSet) *string {
 // openStore opens the store in dir, explaining the common failures.
 func openStore(dir string) (*store.DB, error) {
 	db, err := store.OpenDir(dir, store.Options{})
+	if err != nil {
+		return nil, explainOpen(dir, err)
+	}
+	return db, nil
+}
+
+// explainOpen adds to a failed open of the store in dir what to do about
+// it. The salvage hint is left out when the store's own message speaks of
+// salvage already: a file cut short names the command, and an empty file
+// says there is nothing to salvage.
+func explainOpen(dir string, err error) error {
 	switch {
 	case errors.Is(err, store.ErrInUse):
-		return nil, fmt.Errorf("%w\n(another outpost process, such as serve, owns it; stop it or use its HTTP API)", err)
+		return fmt.Errorf("%w\n(another outpost process, such as serve, owns it; stop it or use its HTTP API)", err)
 	case errors.Is(err, store.ErrFormat):
-		return nil, fmt.Errorf("%w\n(this data folder was written by an incompatible outpost version, or is not an outpost store)", err)
-	case errors.Is(err, store.ErrDamaged):
-		return nil, fmt.Errorf("%w\n(with no backup to restore, copy out what can still be read: outpost db salvage --data %s FILE)", err, dir)
+		return fmt.Errorf("%w\n(this data folder was written by an incompatible outpost version, or is not an outpost store)", err)
+	case errors.Is(err, store.ErrDamaged) && !strings.Contains(err.Error(), "salvage"):
+		return fmt.Errorf("%w\n(with no backup to restore, copy out what can still be read: outpost db salvage --data %s FILE)", err, dir)
 	}
-	return db, err
+	return err
 }
 
 // openExistingStore opens the store in dir for a command that must not
@@ -196,4 +208,20 @@ func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// recoverRuns resumes the runs an earlier process left running. Run
+// records that cannot be read are left out with a warning on stderr, so
+// that one damaged record does not keep the appliance from starting.
+func recoverRuns(ctx context.Context, m *engine.Manager, stderr io.Writer) (int, error) {
+	n, err := m.Recover(ctx)
+	var dmg *engine.DamagedRunsError
+	if errors.As(err, &dmg) {
+		fmt.Fprintf(stderr, "WARNING: %v\n", err)
+		for _, k := range dmg.Keys {
+			fmt.Fprintf(stderr, "  damaged run record %s\n", k)
+		}
+		err = nil
+	}
+	return n, err
 }

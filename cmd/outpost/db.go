@@ -267,20 +267,6 @@ func openOrDial(dir string, opts store.Options, local func(*store.DB) error, rem
 	return local(db)
 }
 
-// explainOpen adds to a failed open of the store in dir what to do about
-// it, as openStore does, without opening the store again.
-func explainOpen(dir string, err error) error {
-	switch {
-	case errors.Is(err, store.ErrInUse):
-		return fmt.Errorf("%w\n(another outpost process, such as serve, owns it; stop it or use its HTTP API)", err)
-	case errors.Is(err, store.ErrFormat):
-		return fmt.Errorf("%w\n(this data folder was written by an incompatible outpost version, or is not an outpost store)", err)
-	case errors.Is(err, store.ErrDamaged):
-		return fmt.Errorf("%w\n(with no backup to restore, copy out what can still be read: outpost db salvage --data %s FILE)", err, dir)
-	}
-	return err
-}
-
 // newFileAt checks that dst can be made as a new file: it does not exist,
 // is not a folder, and its folder exists. The store's writers check again;
 // this says what is wrong in the operator's terms, before any work.

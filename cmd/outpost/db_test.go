@@ -432,3 +432,23 @@ func TestDBHelp(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "Usage: outpost db")
 }
+
+// One damaged run record does not keep the appliance from starting, nor
+// hide the other runs: run warns and goes on, runs list shows the rest and
+// names what it left out, with a non-zero exit.
+func TestADamagedRunRecordDoesNotStopTheAppliance(t *testing.T) {
+	dir := storeWithRun(t)
+	damageRunRecords(t, dir) // t1's run
+	code, stdout, stderr := outpost(t, "run", "--data", dir, "--thread", "t2", "I forgot my lisinopril dose")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stderr, "WARNING: recover: 1 run record(s) cannot be read")
+	require.Contains(t, stderr, "checksum mismatch")
+	require.Contains(t, stdout, "completed")
+
+	code, stdout, stderr = outpost(t, "runs", "list", "--data", dir)
+	require.Equal(t, 1, code)
+	require.Contains(t, stdout, "t2")
+	require.NotContains(t, stdout, "t1")
+	require.Contains(t, stderr, "left out: ")
+	require.Contains(t, stderr, "1 run record(s) cannot be read and were left out of the list (run outpost db check)")
+}

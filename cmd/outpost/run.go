@@ -206,7 +206,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *tools != "-" {
 		meta = map[string]string{firmware.MetaTools: *tools}
 	}
-	if n, err := s.m.Recover(ctx); err != nil {
+	if n, err := recoverRuns(ctx, s.m, stderr); err != nil {
 		s.close()
 		return err
 	} else if n > 0 {
@@ -286,7 +286,7 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	run, err := resumeOne(ctx, s, pos[0], *interrupt, d)
+	run, err := resumeOne(ctx, s, pos[0], *interrupt, d, stderr)
 	s.close()
 	if err != nil {
 		return err
@@ -294,8 +294,8 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return reportRun(run, stdout, *asJSON, dataHint(fs.FlagSet))
 }
 
-func resumeOne(ctx context.Context, s *session, runID, interrupt string, d engine.Decision) (*engine.Run, error) {
-	if _, err := s.m.Recover(ctx); err != nil {
+func resumeOne(ctx context.Context, s *session, runID, interrupt string, d engine.Decision, stderr io.Writer) (*engine.Run, error) {
+	if _, err := recoverRuns(ctx, s.m, stderr); err != nil {
 		return nil, err
 	}
 	run, err := s.db.Run(ctx, runID)

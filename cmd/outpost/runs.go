@@ -75,7 +75,7 @@ func checkLimit(limit int) error {
 	return nil
 }
 
-func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rerr error) {
 	fs, data, asJSON := runsFlags("list", "runs list [flags]", stdout, stderr)
 	status := fs.String("status", "", "only runs in this status: "+statusNames())
 	agent := fs.String("agent", "", "only runs of this agent")
@@ -99,11 +99,23 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer db.Close()
-	// One more than the page, to know whether another page follows.
-	runs, err := db.Runs(ctx, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit + 1})
+	// One more than the page, to know whether another page follows. A
+	// record that cannot be read is left out and named after the list, so
+	// that one damaged run does not hide all the others.
+	var damaged []error
+	runs, err := db.Runs(ctx, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit + 1,
+		Damaged: func(_ string, err error) { damaged = append(damaged, err) }})
 	if err != nil {
 		return err
 	}
+	defer func() {
+		if len(damaged) > 0 && rerr == nil {
+			for _, d := range damaged {
+				fmt.Fprintf(stderr, "left out: %v\n", d)
+			}
+			rerr = fmt.Errorf("%d run record(s) cannot be read and were left out of the list (run outpost db check)", len(damaged))
+		}
+	}()
 	next := ""
 	if len(runs) > *limit {
 		runs = runs[:*limit]
@@ -151,19 +163,12 @@ func statusNames() string {
 
 func runsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, data, asJSON := runsFlags("show", "runs show [flags] RUN", stdout, stderr)
-	if err := fs.parse(args, false); err != nil {
-		return err
-	}
-	pos, err := fs.args("RUN")
-	if err != nil {
-		return err
-	}
-	db, err := openExistingStore(*data)
+	db, run, err := openForRun(fs, *data, args)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	r, err := db.Run(ctx, pos[0])
+	r, err := db.Run(ctx, run)
 	if err != nil {
 		return err
 	}
@@ -306,19 +311,12 @@ func runsHistory(ctx context.Context, args []string, stdout, stderr io.Writer) e
 
 func runsReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, data, asJSON := runsFlags("replay", "runs replay [flags] RUN", stdout, stderr)
-	if err := fs.parse(args, false); err != nil {
-		return err
-	}
-	pos, err := fs.args("RUN")
-	if err != nil {
-		return err
-	}
-	db, err := openExistingStore(*data)
+	db, run, err := openForRun(fs, *data, args)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	return replayRun(ctx, db, *data, pos[0], *asJSON, stdout)
+	return replayRun(ctx, db, *data, run, *asJSON, stdout)
 }
 
 func runsFork(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -384,4 +382,18 @@ func taskNodes(ts []engine.TaskSpec) []string {
 		out[i] = t.Node
 	}
 	return out
+}
+
+// openForRun parses a command that takes one RUN and no flags of its own
+// beyond --data and --json, and opens the store, which must exist.
+func openForRun(fs *cmdFlags, data string, args []string) (*store.DB, string, error) {
+	if err := fs.parse(args, false); err != nil {
+		return nil, "", err
+	}
+	pos, err := fs.args("RUN")
+	if err != nil {
+		return nil, "", err
+	}
+	db, err := openExistingStore(data)
+	return db, pos[0], err
 }

@@ -171,7 +171,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		bus.Close()
 		bg.Wait()
 	}
-	n, err := m.Recover(ctx)
+	n, err := recoverRuns(ctx, m, stderr)
 	if err != nil {
 		shutdown()
 		return err
