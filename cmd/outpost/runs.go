@@ -163,7 +163,7 @@ func statusNames() string {
 
 func runsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, data, asJSON := runsFlags("show", "runs show [flags] RUN", stdout, stderr)
-	db, run, err := openForRun(fs, *data, args)
+	db, run, err := openForRun(fs, data, args)
 	if err != nil {
 		return err
 	}
@@ -311,7 +311,7 @@ func runsHistory(ctx context.Context, args []string, stdout, stderr io.Writer) e
 
 func runsReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, data, asJSON := runsFlags("replay", "runs replay [flags] RUN", stdout, stderr)
-	db, run, err := openForRun(fs, *data, args)
+	db, run, err := openForRun(fs, data, args)
 	if err != nil {
 		return err
 	}
@@ -386,7 +386,7 @@ func taskNodes(ts []engine.TaskSpec) []string {
 
 // openForRun parses a command that takes one RUN and no flags of its own
 // beyond --data and --json, and opens the store, which must exist.
-func openForRun(fs *cmdFlags, data string, args []string) (*store.DB, string, error) {
+func openForRun(fs *cmdFlags, data *string, args []string) (*store.DB, string, error) {
 	if err := fs.parse(args, false); err != nil {
 		return nil, "", err
 	}
@@ -394,6 +394,6 @@ func openForRun(fs *cmdFlags, data string, args []string) (*store.DB, string, er
 	if err != nil {
 		return nil, "", err
 	}
-	db, err := openExistingStore(data)
+	db, err := openExistingStore(*data) // set by the flags just parsed
 	return db, pos[0], err
 }
