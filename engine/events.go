@@ -8,15 +8,20 @@ import (
 
 // Event types, as named in the events contract.
 const (
-	EventRunStarted      = "run.started"
-	EventNodeStarted     = "node.started"
-	EventNodeCompleted   = "node.completed"
-	EventModelToken      = "model.token"
-	EventToolCalled      = "tool.called"
-	EventToolResult      = "tool.result"
-	EventToolDenied      = "tool.unauthorized"
-	EventInterrupt       = "interrupt"
-	EventRunResumed      = "run.resumed"
+	EventRunStarted    = "run.started"
+	EventNodeStarted   = "node.started"
+	EventNodeCompleted = "node.completed"
+	EventModelToken    = "model.token"
+	EventToolCalled    = "tool.called"
+	EventToolResult    = "tool.result"
+	EventToolDenied    = "tool.unauthorized"
+	EventInterrupt     = "interrupt"
+	EventRunResumed    = "run.resumed"
+	// EventCheckpoint's data is {"id","step","next"} for a checkpoint that
+	// is committed. In exit durability a step's checkpoint is only a marker
+	// until the run commits at its end, an interrupt or an error, and then
+	// only the newest is stored: the others' data adds "committed": false,
+	// since their IDs name nothing a reader can load or fork from.
 	EventCheckpoint      = "checkpoint"
 	EventRunCompleted    = "run.completed"
 	EventRunFailed       = "run.failed"

@@ -240,3 +240,73 @@ func TestSlowSubscriberNeverBlocksARun(t *testing.T) {
 	require.NoError(t, json.Unmarshal(got[0].Data, &lost))
 	require.Equal(t, bus.Seq()-2, lost.Lost, "every event but the first and the last was lost, and counted")
 }
+
+// In exit durability a step's checkpoint event names a marker, not a stored
+// checkpoint, and says so; the checkpoint a run does commit (at its end, or
+// at an interrupt) is announced as committed, and it can be loaded.
+func TestExitDurabilityMarksItsCheckpointEvents(t *testing.T) {
+	type ckptData struct {
+		ID        string
+		Step      int
+		Committed *bool
+	}
+	run := func(t *testing.T, d engine.Durability, interrupt bool) (committed, markers []ckptData) {
+		b := engine.NewGraph("marks")
+		log := engine.Append[string](b, "log")
+		b.AddNode("a", writes(engine.Push(log, "a")))
+		b.AddNode("b", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+			if interrupt {
+				if _, err := engine.Interrupt(ctx, "go on?"); err != nil {
+					return nil, err
+				}
+			}
+			return []engine.Write{engine.Push(log, "b")}, nil
+		})
+		b.AddNode("c", writes(engine.Push(log, "c")))
+		b.AddEdge(engine.Start, "a").AddEdge("a", "b").AddEdge("b", "c")
+		g := mustCompile(t, b)
+		bus := engine.NewBus()
+		sub := bus.Subscribe(1000, nil)
+		store := engine.NewMemoryStore()
+		ctx := context.Background()
+		_, err := g.Invoke(ctx, engine.RunConfig{Thread: "t", Store: store, Durability: d, Events: bus}, engine.Push(log, "in"))
+		require.NoError(t, err)
+		for _, e := range drain(sub) {
+			if e.Type != engine.EventCheckpoint {
+				continue
+			}
+			var c ckptData
+			require.NoError(t, json.Unmarshal(e.Data, &c))
+			_, err := store.Checkpoint(ctx, "t", "", c.ID)
+			if c.Committed == nil {
+				require.NoError(t, err, "checkpoint %s (step %d) was announced as committed", c.ID, c.Step)
+				committed = append(committed, c)
+			} else {
+				require.False(t, *c.Committed)
+				require.Error(t, err, "a marker's checkpoint %s is not stored", c.ID)
+				markers = append(markers, c)
+			}
+		}
+		return committed, markers
+	}
+	steps := func(cs []ckptData) (out []int) {
+		for _, c := range cs {
+			out = append(out, c.Step)
+		}
+		return out
+	}
+
+	committed, markers := run(t, engine.DurabilitySync, false)
+	require.Equal(t, []int{2, 3, 4}, steps(committed)) // step 1 is the input's
+	require.Empty(t, markers)
+
+	committed, markers = run(t, engine.DurabilityExit, false)
+	require.Equal(t, []int{4}, steps(committed), "only the run's end commits")
+	require.Equal(t, []int{2, 3}, steps(markers))
+
+	// The interrupt at b commits the checkpoint after a, which was
+	// announced as a marker until then.
+	committed, markers = run(t, engine.DurabilityExit, true)
+	require.Equal(t, []int{2}, steps(committed))
+	require.Empty(t, markers)
+}

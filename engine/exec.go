@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -535,7 +536,10 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 		for _, r := range results {
 			e.event(EventNodeCompleted, r.spec.Node, nodeCompletedData(r))
 		}
-		e.event(EventCheckpoint, "", checkpointData(c))
+		// In exit durability only a step that ends the run commits now;
+		// a marker that an interrupt or an error commits later is
+		// marked committed then (see uncommitted).
+		e.event(EventCheckpoint, "", checkpointData(c, e.commitsEachStep() || len(e.next) == 0))
 	}
 	if !e.commitsEachStep() || len(e.next) == 0 {
 		// A step that ends the run is committed with the run's final
@@ -563,8 +567,9 @@ func nodeCompletedData(r taskResult) json.RawMessage {
 	return append(b, '}')
 }
 
-// checkpointData is {"id","step","next"}.
-func checkpointData(c *Checkpoint) json.RawMessage {
+// checkpointData is {"id","step","next"}, with "committed": false for a
+// marker (see EventCheckpoint).
+func checkpointData(c *Checkpoint, committed bool) json.RawMessage {
 	b := make([]byte, 0, 96)
 	b = append(b, `{"id":`...)
 	b = AppendJSONString(b, c.ID)
@@ -577,7 +582,11 @@ func checkpointData(c *Checkpoint) json.RawMessage {
 		}
 		b = AppendJSONString(b, t.Node)
 	}
-	return append(b, "]}"...)
+	b = append(b, ']')
+	if !committed {
+		b = append(b, `,"committed":false`...)
+	}
+	return append(b, '}')
 }
 
 func taskNodes(ts []TaskSpec) []string {
@@ -597,6 +606,17 @@ func (e *execution) uncommitted() (*Checkpoint, error) {
 	if !e.commitsEachStep() {
 		if err := e.encodeChanges(e.head); err != nil {
 			return nil, err
+		}
+		// Its event, still waiting for this commit, no longer says it
+		// is a marker.
+		marker := checkpointData(e.head, false)
+		for i := len(e.events) - 1; i >= 0; i-- {
+			if ev := &e.events[i]; ev.Type == EventCheckpoint {
+				if bytes.Equal(ev.Data, marker) {
+					ev.Data = checkpointData(e.head, true)
+				}
+				break
+			}
 		}
 	}
 	return e.head, nil
