@@ -30,8 +30,14 @@ func dataFlag(fs *flag.FlagSet) *string {
 }
 
 // openStore opens the store in dir, explaining the common failures.
-func openStore(dir string) (*store.DB, error) {
-	db, err := store.OpenDir(dir, store.Options{})
+// events, when given, is told of each outcome the store appends to its
+// ledger (the outcome.appended event).
+func openStore(dir string, events ...engine.EventSink) (*store.DB, error) {
+	var opts store.Options
+	if len(events) > 0 {
+		opts.Events = events[0]
+	}
+	db, err := store.OpenDir(dir, opts)
 	if err != nil {
 		return nil, explainOpen(dir, err)
 	}
@@ -114,17 +120,30 @@ func resolver() (engine.Resolver, error) {
 
 // withBench adds the bench workload's agent, "reference", to resolve.
 func withBench(resolve engine.Resolver, names []string) (engine.Resolver, error) {
-	ref, err := bench.ReferenceAgent()
-	if err != nil {
-		return nil, err
+	return namingAgents(resolve, names, true)
+}
+
+// namingAgents makes resolve's unknown-agent error list the agents there
+// are, and, withBench, adds the bench workload's agent "reference". The
+// bench agent belongs to no bundle (no signature, no tool registry, no
+// pinned version), so serve leaves it out: only the command line's run
+// (and replay of such a run) and the bench have it.
+func namingAgents(resolve engine.Resolver, names []string, withBench bool) (engine.Resolver, error) {
+	var ref *engine.Agent
+	if withBench {
+		var err error
+		if ref, err = bench.ReferenceAgent(); err != nil {
+			return nil, err
+		}
+		names = append(append([]string{}, names...), ref.Name)
 	}
 	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
-		if name == ref.Name && pinned.Name == "" {
+		if ref != nil && name == ref.Name && pinned.Name == "" {
 			return ref, nil
 		}
 		a, err := resolve(name, pinned)
 		if err != nil && errors.Is(err, engine.ErrUnknownAgent) && pinned.Name == "" {
-			return nil, fmt.Errorf("%w %q (available: %s)", engine.ErrUnknownAgent, name, strings.Join(append(append([]string{}, names...), ref.Name), ", "))
+			return nil, fmt.Errorf("%w %q (available: %s)", engine.ErrUnknownAgent, name, strings.Join(names, ", "))
 		}
 		return a, err
 	}, nil
@@ -134,8 +153,9 @@ func withBench(resolve engine.Resolver, names []string) (engine.Resolver, error)
 // bundles are installed under dir, new runs get the active bundles' agents
 // and resumed runs the exact version they are pinned to; otherwise (and for
 // runs pinned to it) the embedded reference bundle serves, and notice is
-// told so. Model nodes run with rt.
-func applianceResolver(dir string, rt *firmware.Runtime, notice func(string)) (engine.Resolver, error) {
+// told so. Model nodes run with rt. With benchAgent, the bench workload's agent
+// is there too (see namingAgents).
+func applianceResolver(dir string, rt *firmware.Runtime, notice func(string), benchAgent bool) (engine.Resolver, error) {
 	ref, err := firmware.ReferenceWithRuntime(rt)
 	if err != nil {
 		return nil, err
@@ -154,22 +174,22 @@ func applianceResolver(dir string, rt *firmware.Runtime, notice func(string)) (e
 	}
 	names := ref.AgentNames()
 	if !installed {
-		return withBench(func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
+		return namingAgents(func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
 			a, err := embedded(name, pinned)
 			if err == nil {
 				tell()
 			}
 			return a, err
-		}, names)
+		}, names, benchAgent)
 	}
 	fromInstaller := firmware.Resolver(in)
-	return withBench(func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
+	return namingAgents(func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
 		if pinned.Name != "" && pinned == ref.Ref() {
 			tell()
 			return embedded(name, pinned)
 		}
 		return fromInstaller(name, pinned)
-	}, names)
+	}, names, benchAgent)
 }
 
 // keysDir is where an appliance keeps the public keys it trusts.

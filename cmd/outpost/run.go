@@ -111,7 +111,8 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 	if err != nil {
 		return nil, err
 	}
-	db, err := openStore(dir)
+	bus := engine.NewBus()
+	db, err := openStore(dir, bus)
 	if err != nil {
 		return nil, err
 	}
@@ -120,13 +121,13 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 		db.Close()
 		return nil, err
 	}
-	resolve, err := applianceResolver(dir, rt, func(notice string) { fmt.Fprintf(stderr, "%s\n", notice) })
+	resolve, err := applianceResolver(dir, rt, func(notice string) { fmt.Fprintf(stderr, "%s\n", notice) }, true)
 	if err != nil {
 		db.Close()
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	s := &session{db: db, bus: engine.NewBus(), stop: stop}
+	s := &session{db: db, bus: bus, stop: stop}
 	// While this process owns the store, db backup and db check reach it
 	// through the control socket.
 	s.done.Add(1)

@@ -85,7 +85,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	db, err := openStore(*data)
+	bus := engine.NewBus()
+	db, err := openStore(*data, bus)
 	if err != nil {
 		return err
 	}
@@ -96,7 +97,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	// The bundle is announced below, once; the resolver's own notice
 	// would repeat it at the first run.
-	resolve, err := applianceResolver(*data, rt, nil)
+	resolve, err := applianceResolver(*data, rt, nil, false)
 	if err != nil {
 		return err
 	}
@@ -121,7 +122,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	metrics := console.NewMetrics()
-	bus := engine.NewBus()
 	var up *uplink.Uplink
 	if *upURL != "" {
 		secret, err := uplink.LoadSecret(*upSecret)

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -179,6 +180,33 @@ func TestServeAsAProcess(t *testing.T) {
 	require.NoError(t, json.Unmarshal(body, &run))
 	assert.Equal(t, "completed", run.Status, "%s", body)
 	assert.Contains(t, string(run.Output), "[kb-01] Metformin: missed dose", "the scripted answer cites the missed-dose guide")
+
+	// The bench workload's agent belongs to no bundle: serve does not run it.
+	code, body = s.call(t, http.MethodPost, "/api/v1/threads/t2/runs", `{"agent": "reference", "input": "I forgot my metformin dose"}`)
+	assert.Equal(t, http.StatusUnprocessableEntity, code, "%s", body)
+	assert.Contains(t, string(body), "available: medication-adherence, medication-adherence-tools)")
+
+	// The run's outcome went into the ledger, and the event stream says so.
+	req, err := http.NewRequest(http.MethodGet, s.url+"/api/v1/events?run="+run.ID, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Last-Event-ID", "0")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+	require.NoError(t, err)
+	var types []string
+	for sc := bufio.NewScanner(resp.Body); sc.Scan(); {
+		if typ, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
+			types = append(types, typ)
+			if typ == "run.completed" && slices.Contains(types, "outcome.appended") {
+				break
+			}
+		}
+	}
+	cancel()
+	resp.Body.Close()
+	assert.Contains(t, types, "outcome.appended", "serve publishes the ledger's events too: %v", types)
 
 	check := exec.Command(bin, "db", "check", "--data", data)
 	out, err := check.CombinedOutput()
