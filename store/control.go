@@ -23,7 +23,8 @@ import (
 
 // ControlSocket is the name of the unix socket, in the data folder, through
 // which the process that owns a store serves the operations that must run
-// while it holds the file lock: an online backup, a check, a prune. The
+// while it holds the file lock: an online backup, a check, a prune, and
+// the reads of the runs commands (runs, one run, a thread's history). The
 // socket is created with mode 0600, so only the folder's owner can use it.
 const ControlSocket = "outpost.sock"
 
