@@ -8,17 +8,23 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/strictjson"
 )
 
 // ControlSocket is the name of the unix socket, in the data folder, through
 // which the process that owns a store serves the operations that must run
-// while it holds the file lock: an online backup, a check, a prune. The
+// while it holds the file lock: an online backup, a check, a prune, and
+// the reads of the runs commands (runs, one run, a thread's history). The
 // socket is created with mode 0600, so only the folder's owner can use it.
 const ControlSocket = "outpost.sock"
 
@@ -79,6 +85,7 @@ func ServeControl(ctx context.Context, db *DB, dir string) error {
 		rep, err := db.Prune(r.Context(), d, time.Now())
 		writeControl(w, rep, err)
 	})
+	serveReads(mux, db)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
@@ -98,7 +105,7 @@ func writeControl(w http.ResponseWriter, v any, err error) {
 	w.Header().Set("Content-Type", "application/json")
 	if err != nil {
 		w.WriteHeader(http.StatusInternalServerError)
-		_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		_ = json.NewEncoder(w).Encode(newControlError(err))
 		return
 	}
 	_ = json.NewEncoder(w).Encode(v)
@@ -163,7 +170,17 @@ func (c *Control) do(ctx context.Context, method, path string, out any) error {
 		return err
 	}
 	defer resp.Body.Close()
-	return json.NewDecoder(resp.Body).Decode(out)
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxControlAnswer+1))
+	switch {
+	case err != nil:
+		return fmt.Errorf("control socket in %s: %w", c.dir, err)
+	case len(body) > maxControlAnswer:
+		return fmt.Errorf("control socket in %s: the store owner's answer is over %d MiB", c.dir, maxControlAnswer>>20)
+	}
+	if _, err := strictjson.Decode(body, out); err != nil {
+		return fmt.Errorf("control socket in %s: the store owner's answer: %w", c.dir, err)
+	}
+	return nil
 }
 
 // send makes a request and returns the owner's answer when it is 200 OK,
@@ -179,12 +196,17 @@ func (c *Control) send(ctx context.Context, method, path string) (*http.Response
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
-		var e struct{ Error string }
-		_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&e)
-		if e.Error == "" {
-			e.Error = "answered " + resp.Status
+		var e controlError
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxControlError))
+		if _, err := strictjson.Decode(body, &e); err != nil || e.Error == "" {
+			if resp.StatusCode == http.StatusNotFound {
+				// The mux's own answer: a serve started from an older
+				// binary than this command's.
+				return nil, fmt.Errorf("store owner: it does not serve %s %s (is serve an older outpost? restart it)", method, req.URL.Path)
+			}
+			return nil, fmt.Errorf("store owner: answered %s", resp.Status)
 		}
-		return nil, fmt.Errorf("store owner: %s", e.Error)
+		return nil, e.err()
 	}
 	return resp, nil
 }
@@ -231,4 +253,316 @@ func (c *Control) BackupFile(ctx context.Context, path string) error {
 		}
 		return nil
 	})
+}
+
+// maxControlAnswer bounds an answer the client reads from the control
+// socket, and an answer of runs the owner will build: a page of runs
+// carries their inputs and outputs whole.
+const maxControlAnswer = 64 << 20
+
+// maxControlError bounds an error answer.
+const maxControlError = 1 << 20
+
+// controlError is an error answer. Kind, when set, names what the error
+// is, so that the client's error matches the same sentinel (or is the same
+// *CorruptError) as the owner's, and reads the same: an operator sees one
+// message, whichever process read the store.
+type controlError struct {
+	Error string `json:"error"`
+	Kind  string `json:"kind,omitempty"`
+	// A corrupt record's bucket, raw key and decoding error.
+	Bucket string `json:"bucket,omitempty"`
+	Key    []byte `json:"key,omitempty"`
+	Cause  string `json:"cause,omitempty"`
+}
+
+// controlKinds are the errors that keep their identity across the socket.
+var controlKinds = map[string]error{
+	"run_not_found":        engine.ErrRunNotFound,
+	"checkpoint_not_found": engine.ErrCheckpointNotFound,
+	"blob_not_found":       engine.ErrBlobNotFound,
+}
+
+func newControlError(err error) controlError {
+	e := controlError{Error: err.Error()}
+	var ce *CorruptError
+	if errors.As(err, &ce) {
+		e.Kind, e.Bucket, e.Key, e.Cause = "corrupt", ce.Bucket, []byte(ce.Key), ce.Err.Error()
+		return e
+	}
+	for kind, target := range controlKinds {
+		if errors.Is(err, target) {
+			e.Kind = kind
+			break
+		}
+	}
+	return e
+}
+
+// err rebuilds the owner's error. One of a known kind reads as the owner
+// wrote it and matches what it matched there; any other is the owner's
+// message, said to be the owner's.
+func (e controlError) err() error {
+	if e.Kind == "corrupt" {
+		return &ownerError{e.Error, &CorruptError{Bucket: e.Bucket, Key: string(e.Key), Err: errors.New(e.Cause)}}
+	}
+	if target, ok := controlKinds[e.Kind]; ok {
+		return &ownerError{e.Error, target}
+	}
+	return fmt.Errorf("store owner: %s", e.Error)
+}
+
+// ownerError is an error of the store owner's, as it worded it, wrapping
+// the sentinel or *CorruptError it stands for.
+type ownerError struct {
+	msg string
+	err error
+}
+
+func (e *ownerError) Error() string { return e.msg }
+func (e *ownerError) Unwrap() error { return e.err }
+
+// HistoryEntry is one checkpoint as a listing shows it: where it sits,
+// what made it, the channels it changed and the tasks that run next, by
+// name. The channels' values stay in the store.
+type HistoryEntry struct {
+	ID       string    `json:"id"`
+	ParentID string    `json:"parent_id,omitempty"`
+	Run      string    `json:"run"`
+	Step     int       `json:"step"`
+	Source   string    `json:"source"`
+	Nodes    []string  `json:"nodes,omitempty"`
+	Channels []string  `json:"channels"`
+	Next     []string  `json:"next"`
+	Created  time.Time `json:"created_at"`
+}
+
+// NewHistoryEntry summarizes c.
+func NewHistoryEntry(c *engine.Checkpoint) HistoryEntry {
+	e := HistoryEntry{ID: c.ID, ParentID: c.ParentID, Run: c.RunID, Step: c.Step, Source: c.Source, Nodes: c.Nodes,
+		Channels: make([]string, len(c.Channels)), Next: make([]string, len(c.Next)), Created: c.Created}
+	for i, cv := range c.Channels {
+		e.Channels[i] = cv.Channel
+	}
+	for i, t := range c.Next {
+		e.Next[i] = t.Node
+	}
+	return e
+}
+
+// runsAnswer is GET /runs's answer. A run travels as its record, whole
+// (with its input and output inline, however large): the store's own
+// versioned, checksummed encoding, which keeps every byte of the JSON
+// values a run holds, where encoding/json would compact them.
+type runsAnswer struct {
+	Runs    [][]byte        `json:"runs"`
+	Damaged []damagedRecord `json:"damaged,omitempty"`
+}
+
+// damagedRecord is a run record that RunFilter.Damaged was told of.
+type damagedRecord struct {
+	Key   []byte       `json:"key"`
+	Error controlError `json:"error"`
+}
+
+// runAnswer is GET /run's answer.
+type runAnswer struct {
+	Run []byte `json:"run"`
+}
+
+// historyAnswer is GET /history's answer.
+type historyAnswer struct {
+	Checkpoints []HistoryEntry `json:"checkpoints"`
+}
+
+// encodeRunWhole encodes r as a run record with its input and output
+// inline.
+func encodeRunWhole(r *engine.Run) []byte {
+	rec, _ := newRunRecord(r)
+	rec.Input, rec.InputRef, rec.Output, rec.OutputRef = r.Input, "", r.Output, ""
+	return encodeRunRecord(&rec)
+}
+
+// decodeRunWhole decodes a record that encodeRunWhole made.
+func decodeRunWhole(b []byte) (*engine.Run, error) {
+	r, rb, err := decodeRun(b)
+	if err != nil {
+		return nil, err
+	}
+	if rb != (runBlobs{}) {
+		return nil, errors.New("the run's input or output is out of line")
+	}
+	return r, nil
+}
+
+// queryParams returns r's query parameters, refusing one not in allowed or
+// given twice: a parameter the owner would ignore is a client's mistake.
+func queryParams(r *http.Request, allowed ...string) (map[string]string, error) {
+	out := map[string]string{}
+	for k, vs := range r.URL.Query() {
+		if !slices.Contains(allowed, k) {
+			return nil, fmt.Errorf("unknown parameter %q", k)
+		}
+		if len(vs) > 1 {
+			return nil, fmt.Errorf("parameter %q given %d times", k, len(vs))
+		}
+		out[k] = vs[0]
+	}
+	return out, nil
+}
+
+// queryLimit reads the limit parameter: 0 (for all) when absent.
+func queryLimit(q map[string]string) (int, error) {
+	s, ok := q["limit"]
+	if !ok {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("limit %q: want a whole number, 0 or more", s)
+	}
+	return n, nil
+}
+
+// serveReads adds the reads that runs list, show and history make.
+func serveReads(mux *http.ServeMux, db *DB) {
+	mux.HandleFunc("GET /runs", func(w http.ResponseWriter, r *http.Request) {
+		q, err := queryParams(r, "status", "agent", "thread", "after", "limit", "damaged")
+		if err != nil {
+			writeControl(w, nil, fmt.Errorf("list runs: %w", err))
+			return
+		}
+		limit, err := queryLimit(q)
+		if err != nil {
+			writeControl(w, nil, fmt.Errorf("list runs: %w", err))
+			return
+		}
+		f := engine.RunFilter{Status: engine.RunStatus(q["status"]), Agent: q["agent"], Thread: q["thread"], After: q["after"], Limit: limit}
+		ans := runsAnswer{Runs: [][]byte{}}
+		if q["damaged"] == "1" {
+			f.Damaged = func(key string, err error) {
+				ans.Damaged = append(ans.Damaged, damagedRecord{Key: []byte(key), Error: newControlError(err)})
+			}
+		}
+		runs, err := db.Runs(r.Context(), f)
+		if err != nil {
+			writeControl(w, nil, err)
+			return
+		}
+		size := 0
+		for _, run := range runs {
+			b := encodeRunWhole(run)
+			// Base64 in the answer: 4 bytes for 3.
+			if size += len(b)/3*4 + 8; size > maxControlAnswer {
+				writeControl(w, nil, fmt.Errorf("list runs: %d runs are over %d MiB: ask for fewer", len(runs), maxControlAnswer>>20))
+				return
+			}
+			ans.Runs = append(ans.Runs, b)
+		}
+		writeControl(w, ans, nil)
+	})
+	mux.HandleFunc("GET /run", func(w http.ResponseWriter, r *http.Request) {
+		q, err := queryParams(r, "id")
+		if err != nil {
+			writeControl(w, nil, fmt.Errorf("load run: %w", err))
+			return
+		}
+		run, err := db.Run(r.Context(), q["id"])
+		if err != nil {
+			writeControl(w, nil, err)
+			return
+		}
+		writeControl(w, runAnswer{Run: encodeRunWhole(run)}, nil)
+	})
+	mux.HandleFunc("GET /history", func(w http.ResponseWriter, r *http.Request) {
+		q, err := queryParams(r, "thread", "ns", "before", "limit")
+		if err != nil {
+			writeControl(w, nil, fmt.Errorf("list checkpoints: %w", err))
+			return
+		}
+		limit, err := queryLimit(q)
+		if err != nil {
+			writeControl(w, nil, fmt.Errorf("list checkpoints: %w", err))
+			return
+		}
+		cps, err := db.History(r.Context(), q["thread"], q["ns"], q["before"], limit)
+		if err != nil {
+			writeControl(w, nil, err)
+			return
+		}
+		ans := historyAnswer{Checkpoints: make([]HistoryEntry, len(cps))}
+		for i, c := range cps {
+			ans.Checkpoints[i] = NewHistoryEntry(c)
+		}
+		writeControl(w, ans, nil)
+	})
+}
+
+// Runs lists runs in the owning process, as DB.Runs does. f.Damaged, when
+// set, is told of each run record the owner could not read, after the
+// list has arrived.
+func (c *Control) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{"status": string(f.Status), "agent": f.Agent, "thread": f.Thread, "after": f.After} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if f.Limit > 0 {
+		q.Set("limit", strconv.Itoa(f.Limit))
+	}
+	if f.Damaged != nil {
+		q.Set("damaged", "1")
+	}
+	var ans runsAnswer
+	if err := c.do(ctx, http.MethodGet, "/runs?"+q.Encode(), &ans); err != nil {
+		return nil, err
+	}
+	var out []*engine.Run // nil for none, as DB.Runs
+	for i, b := range ans.Runs {
+		r, err := decodeRunWhole(b)
+		if err != nil {
+			return nil, fmt.Errorf("list runs: the store owner's run %d: %w", i+1, err)
+		}
+		out = append(out, r)
+	}
+	if f.Damaged != nil {
+		for _, d := range ans.Damaged {
+			f.Damaged(string(d.Key), d.Error.err())
+		}
+	}
+	return out, nil
+}
+
+// Run reads one run in the owning process, as DB.Run does: a run that is
+// not there is engine.ErrRunNotFound.
+func (c *Control) Run(ctx context.Context, id string) (*engine.Run, error) {
+	var ans runAnswer
+	if err := c.do(ctx, http.MethodGet, "/run?"+url.Values{"id": {id}}.Encode(), &ans); err != nil {
+		return nil, err
+	}
+	r, err := decodeRunWhole(ans.Run)
+	if err != nil {
+		return nil, fmt.Errorf("load run %s: the store owner's record: %w", id, err)
+	}
+	return r, nil
+}
+
+// History lists a namespace's checkpoints in the owning process, as
+// DB.History does, each as a HistoryEntry.
+func (c *Control) History(ctx context.Context, thread, ns, before string, limit int) ([]HistoryEntry, error) {
+	q := url.Values{"thread": {thread}}
+	for k, v := range map[string]string{"ns": ns, "before": before} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var ans historyAnswer
+	if err := c.do(ctx, http.MethodGet, "/history?"+q.Encode(), &ans); err != nil {
+		return nil, err
+	}
+	return ans.Checkpoints, nil
 }

@@ -3,6 +3,8 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -169,4 +171,136 @@ func TestControlSocketInALongPath(t *testing.T) {
 	fi, err := os.Stat(filepath.Join(dir, ControlSocket))
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+}
+
+// The reads that runs list, show and history make give through the control
+// socket what they give on the store itself: the same runs, byte for byte
+// (a JSON value's spacing too), the same checkpoints, and errors that read
+// the same and match the same sentinel or *CorruptError.
+func TestControlReads(t *testing.T) {
+	dir := t.TempDir()
+	d, err := OpenDir(dir, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	big := []byte(`{"text": "` + string(bytes.Repeat([]byte("x"), 2*engine.BlobThreshold)) + `"}`)
+	for i, th := range []string{"a", "b", "c"} {
+		c := stepCommit(th, i+1)
+		c.Run.Agent = "agent-" + th
+		c.Run.CreatedAt = tc0.Add(time.Duration(i) * time.Minute)
+		c.Run.Input = json.RawMessage(`{"spaced":  [1, 2],  "html": "<b>"}`)
+		if th == "b" {
+			c.Run.Output = big // out of line, as a blob
+			c.Run.Status = engine.StatusCompleted
+			c.Run.Decisions = []engine.DecisionRecord{{Interrupt: "i1", Decision: "edit", Value: json.RawMessage(`{ "a" : 1 }`), By: "nurse", At: tc0}}
+		}
+		require.NoError(t, d.Commit(bg, c))
+	}
+	for i := 2; i <= 5; i++ {
+		c := stepCommit("a", i)
+		c.Checkpoint.ParentID = fmt.Sprintf("%04d", i-1)
+		c.Checkpoint.Nodes = []string{"n"}
+		c.Checkpoint.Next = []engine.TaskSpec{{ID: "x", Node: "next"}}
+		c.Run = nil
+		require.NoError(t, d.Commit(bg, c))
+	}
+	c := serveControl(t, d, dir)
+
+	for _, f := range []engine.RunFilter{{}, {Limit: 2}, {After: "run-a"}, {Status: engine.StatusCompleted}, {Agent: "agent-c"}, {Thread: "a"}} {
+		want, err := d.Runs(bg, f)
+		require.NoError(t, err)
+		got, err := c.Runs(bg, f)
+		require.NoError(t, err)
+		require.Equal(t, want, got, "%+v", f)
+	}
+	want, err := d.Run(bg, "run-b")
+	require.NoError(t, err)
+	require.Equal(t, big, []byte(want.Output))
+	got, err := c.Run(bg, "run-b")
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+
+	for _, limit := range []int{0, 2} {
+		cps, err := d.History(bg, "a", "", "0004", limit)
+		require.NoError(t, err)
+		wantH := make([]HistoryEntry, len(cps))
+		for i, cp := range cps {
+			wantH[i] = NewHistoryEntry(cp)
+		}
+		gotH, err := c.History(bg, "a", "", "0004", limit)
+		require.NoError(t, err)
+		require.Equal(t, wantH, gotH)
+		require.Len(t, gotH, map[int]int{0: 3, 2: 2}[limit], "below 0004")
+		require.Equal(t, []string{"next"}, gotH[0].Next)
+	}
+
+	// Errors keep their meaning and their words.
+	sameError := func(local, remote error, target error) {
+		t.Helper()
+		require.Error(t, local)
+		require.Error(t, remote)
+		require.Equal(t, local.Error(), remote.Error())
+		require.ErrorIs(t, remote, target)
+	}
+	_, lerr := d.Run(bg, "run-nope")
+	_, rerr := c.Run(bg, "run-nope")
+	sameError(lerr, rerr, engine.ErrRunNotFound)
+	require.ErrorContains(t, rerr, "run not found")
+
+	flip(t, d, bucketRuns, []byte("run-b"), 20)
+	_, lerr = d.Run(bg, "run-b")
+	_, rerr = c.Run(bg, "run-b")
+	sameError(lerr, rerr, ErrCorrupt)
+	var ce *CorruptError
+	require.ErrorAs(t, rerr, &ce)
+	require.Equal(t, bucketRuns, ce.Bucket)
+	require.Equal(t, "run-b", ce.Key)
+	_, lerr = d.Runs(bg, engine.RunFilter{})
+	_, rerr = c.Runs(bg, engine.RunFilter{})
+	sameError(lerr, rerr, ErrCorrupt)
+
+	// With Damaged set, the damaged record is left out and named.
+	type damaged struct{ key, err string }
+	list := func(rs func(context.Context, engine.RunFilter) ([]*engine.Run, error)) ([]*engine.Run, []damaged) {
+		var ds []damaged
+		runs, err := rs(bg, engine.RunFilter{Damaged: func(key string, err error) {
+			require.ErrorIs(t, err, ErrCorrupt)
+			ds = append(ds, damaged{key, err.Error()})
+		}})
+		require.NoError(t, err)
+		return runs, ds
+	}
+	wantRuns, wantDamaged := list(d.Runs)
+	gotRuns, gotDamaged := list(c.Runs)
+	require.Len(t, wantRuns, 2)
+	require.Equal(t, []damaged{{"run-b", wantDamaged[0].err}}, wantDamaged)
+	require.Equal(t, wantRuns, gotRuns)
+	require.Equal(t, wantDamaged, gotDamaged)
+}
+
+// The owner refuses a request it would misread, and the client refuses an
+// answer it cannot read strictly.
+func TestControlReadsRefuseWhatTheyWouldMisread(t *testing.T) {
+	dir := t.TempDir()
+	d, err := OpenDir(dir, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	require.NoError(t, d.Commit(bg, stepCommit("a", 1)))
+	c := serveControl(t, d, dir)
+	for path, want := range map[string]string{
+		"/runs?limit=-1":         `store owner: list runs: limit "-1"`,
+		"/runs?limit=x":          `limit "x"`,
+		"/runs?stauts=completed": `unknown parameter "stauts"`,
+		"/runs?agent=a&agent=b":  `parameter "agent" given 2 times`,
+		"/history?thread=a&x=1":  `unknown parameter "x"`,
+		"/run?id=a&id=b":         `parameter "id" given 2 times`,
+		"/nothing":               "it does not serve GET /nothing",
+	} {
+		var out struct{}
+		require.ErrorContains(t, c.do(bg, http.MethodGet, path, &out), want, path)
+	}
+	// A field the client does not know is an error, not ignored.
+	var partial struct {
+		Checkpoints []struct{ ID string } `json:"checkpoints"`
+	}
+	require.ErrorContains(t, c.do(bg, http.MethodGet, "/history?thread=a", &partial), "unknown field")
 }

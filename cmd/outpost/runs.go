@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,12 +23,16 @@ const runsUsage = `Usage: outpost runs <list|show|history|fork|replay> [flags]
 
   list [--status S] [--agent A] [--thread T] [--limit N] [--after RUN]
   show RUN
-  history THREAD [--limit N]        checkpoints, newest first
+  history THREAD [--limit N] [--before ID]
+                                    checkpoints, newest first
   fork THREAD --checkpoint ID       start a new branch at an earlier checkpoint
   replay RUN                        re-execute a past run from its records, for an audit,
                                     and say where it parts from the original
 
 Every subcommand takes --data DIR and --json; "outpost runs SUB -h" lists its flags.
+list, show and history only read: while serve owns the store, they ask it through its
+control socket. fork and replay need the store to themselves: stop serve first (or
+fork through its HTTP API).
 `
 
 // maxLimit bounds a page of runs or checkpoints, as the HTTP API does.
@@ -94,17 +100,16 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	if err := checkLimit(*limit); err != nil {
 		return err
 	}
-	db, err := openExistingStore(*data)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
 	// One more than the page, to know whether another page follows. A
 	// record that cannot be read is left out and named after the list, so
 	// that one damaged run does not hide all the others.
 	var damaged []error
-	runs, err := db.Runs(ctx, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit + 1,
-		Damaged: func(_ string, err error) { damaged = append(damaged, err) }})
+	var runs []*engine.Run
+	err := readRuns(*data, func(rs runReader) (err error) {
+		runs, err = rs.Runs(ctx, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit + 1,
+			Damaged: func(_ string, err error) { damaged = append(damaged, err) }})
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -122,6 +127,9 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 		next = runs[len(runs)-1].ID
 	}
 	if *asJSON {
+		if runs == nil {
+			runs = []*engine.Run{} // a list, even an empty one
+		}
 		page := map[string]any{"runs": runs}
 		if next != "" {
 			page["next"] = next
@@ -163,12 +171,18 @@ func statusNames() string {
 
 func runsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, data, asJSON := runsFlags("show", "runs show [flags] RUN", stdout, stderr)
-	db, run, err := openForRun(fs, data, args)
+	if err := fs.parse(args, false); err != nil {
+		return err
+	}
+	pos, err := fs.args("RUN")
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	r, err := db.Run(ctx, run)
+	var r *engine.Run
+	err = readRuns(*data, func(rs runReader) (err error) {
+		r, err = rs.Run(ctx, pos[0])
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -259,6 +273,7 @@ func readableJSON(raw json.RawMessage) string {
 func runsHistory(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, data, asJSON := runsFlags("history", "runs history [flags] THREAD", stdout, stderr)
 	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many checkpoints, newest first, 1 to %d", maxLimit))
+	before := fs.String("before", "", "start below this checkpoint id (the previous page's last)")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -269,49 +284,100 @@ func runsHistory(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := checkLimit(*limit); err != nil {
 		return err
 	}
-	db, err := openExistingStore(*data)
-	if err != nil {
+	// One more than the page, to know whether another page follows.
+	var cps []store.HistoryEntry
+	err = readRuns(*data, func(rs runReader) (err error) {
+		cps, err = rs.History(ctx, pos[0], "", *before, *limit+1)
 		return err
-	}
-	defer db.Close()
-	cps, err := db.History(ctx, pos[0], "", "", *limit)
+	})
 	if err != nil {
 		return err
 	}
 	if len(cps) == 0 {
+		if *before != "" {
+			return fmt.Errorf("thread %q has no checkpoints before %s", pos[0], *before)
+		}
 		return fmt.Errorf("thread %q has no checkpoints", pos[0])
 	}
+	next := ""
+	if len(cps) > *limit {
+		cps = cps[:*limit]
+		next = cps[len(cps)-1].ID
+	}
 	if *asJSON {
-		type entry struct {
-			ID       string    `json:"id"`
-			ParentID string    `json:"parent_id,omitempty"`
-			Run      string    `json:"run"`
-			Step     int       `json:"step"`
-			Source   string    `json:"source"`
-			Nodes    []string  `json:"nodes,omitempty"`
-			Channels []string  `json:"channels"`
-			Next     []string  `json:"next"`
-			Created  time.Time `json:"created_at"`
+		page := map[string]any{"thread": pos[0], "checkpoints": cps}
+		if next != "" {
+			page["next"] = next
 		}
-		out := make([]entry, len(cps))
-		for i, c := range cps {
-			out[i] = entry{ID: c.ID, ParentID: c.ParentID, Run: c.RunID, Step: c.Step, Source: c.Source, Nodes: c.Nodes,
-				Channels: channelNames(c), Next: taskNodes(c.Next), Created: c.Created}
-		}
-		return printJSON(stdout, map[string]any{"thread": pos[0], "checkpoints": out})
+		return printJSON(stdout, page)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHECKPOINT\tSTEP\tSOURCE\tBY\tCHANGED\tNEXT\tRUN")
 	for _, c := range cps {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Step, c.Source, strings.Join(c.Nodes, ","),
-			strings.Join(channelNames(c), ","), strings.Join(taskNodes(c.Next), ","), c.RunID)
+			strings.Join(c.Channels, ","), strings.Join(c.Next, ","), c.Run)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if next != "" {
+		// The same page size, from below this page's oldest checkpoint.
+		hint := "outpost runs history " + shellQuote(pos[0]) + dataHint(fs.FlagSet)
+		if *limit != 100 {
+			hint += fmt.Sprintf(" --limit %d", *limit)
+		}
+		fmt.Fprintf(stdout, "more: %s --before %s\n", hint, next)
+	}
+	return nil
+}
+
+// runReader is what runs list, show and history read: the store itself,
+// or the process that owns it, through its control socket.
+type runReader interface {
+	Run(ctx context.Context, id string) (*engine.Run, error)
+	Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error)
+	History(ctx context.Context, thread, ns, before string, limit int) ([]store.HistoryEntry, error)
+}
+
+// localRuns reads the store file, opened read-only, and summarizes
+// checkpoints as the owner does across the socket.
+type localRuns struct{ *store.DB }
+
+func (l localRuns) History(ctx context.Context, thread, ns, before string, limit int) ([]store.HistoryEntry, error) {
+	cps, err := l.DB.History(ctx, thread, ns, before, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]store.HistoryEntry, len(cps))
+	for i, c := range cps {
+		out[i] = store.NewHistoryEntry(c)
+	}
+	return out, nil
+}
+
+// readRuns calls read with the store in dir, opened read-only (it commits
+// nothing), or, while another process such as serve owns it, with that
+// process's control socket; the answers are the same either way.
+func readRuns(dir string, read func(runReader) error) error {
+	return withStoreReadOnly(dir,
+		func(db *store.DB) error { return read(localRuns{db}) },
+		func(c *store.Control) error { return read(c) })
 }
 
 func runsReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, data, asJSON := runsFlags("replay", "runs replay [flags] RUN", stdout, stderr)
-	db, run, err := openForRun(fs, data, args)
+	if err := fs.parse(args, false); err != nil {
+		return err
+	}
+	pos, err := fs.args("RUN")
+	if err != nil {
+		return err
+	}
+	run := pos[0]
+	// The replay reads the run's records through the engine, with the
+	// store to itself; the HTTP API has no replay.
+	db, err := openToWork(*data, "serve, or another outpost process, owns it: stop serve, then replay the run "+
+		"(the HTTP API has no replay)")
 	if err != nil {
 		return err
 	}
@@ -332,7 +398,9 @@ func runsFork(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *checkpoint == "" {
 		return fmt.Errorf("fork needs --checkpoint ID (usage: outpost %s)", fs.synopsis)
 	}
-	db, err := openExistingStore(*data)
+	body, _ := json.Marshal(map[string]string{"checkpoint": *checkpoint})
+	db, err := openToWork(*data, fmt.Sprintf("serve, or another outpost process, owns it: stop serve, or fork through its HTTP API: "+
+		"POST /api/v1/threads/%s/fork with %s and the bearer token that outpost token%s prints", url.PathEscape(pos[0]), body, dataHint(fs.FlagSet)))
 	if err != nil {
 		return err
 	}
@@ -368,32 +436,19 @@ func forkThread(ctx context.Context, db *store.DB, th, checkpoint string, asJSON
 	return nil
 }
 
-func channelNames(c *engine.Checkpoint) []string {
-	out := make([]string, len(c.Channels))
-	for i, cv := range c.Channels {
-		out[i] = cv.Channel
+// openToWork opens the store in dir, which must exist, for a command that
+// writes or runs the engine; inUse says what to do while another process
+// owns it.
+func openToWork(dir, inUse string) (*store.DB, error) {
+	if err := storeExists(dir); err != nil {
+		return nil, err
 	}
-	return out
-}
-
-func taskNodes(ts []engine.TaskSpec) []string {
-	out := make([]string, len(ts))
-	for i, t := range ts {
-		out[i] = t.Node
+	db, err := store.OpenDir(dir, store.Options{})
+	if errors.Is(err, store.ErrInUse) {
+		return nil, fmt.Errorf("%w\n(%s)", err, inUse)
 	}
-	return out
-}
-
-// openForRun parses a command that takes one RUN and no flags of its own
-// beyond --data and --json, and opens the store, which must exist.
-func openForRun(fs *cmdFlags, data *string, args []string) (*store.DB, string, error) {
-	if err := fs.parse(args, false); err != nil {
-		return nil, "", err
-	}
-	pos, err := fs.args("RUN")
 	if err != nil {
-		return nil, "", err
+		return nil, explainOpen(dir, err)
 	}
-	db, err := openExistingStore(*data) // set by the flags just parsed
-	return db, pos[0], err
+	return db, nil
 }

@@ -164,7 +164,8 @@ func TestRunsFiltersChecked(t *testing.T) {
 	}
 	code, stdout, stderr = outpost(t, "runs", "history", "t1", "--data", dir, "--limit", "1")
 	require.Zero(t, code, stderr)
-	require.Equal(t, 2, strings.Count(stdout, "\n"), "the header and the newest checkpoint:\n%s", stdout)
+	require.Equal(t, 3, strings.Count(stdout, "\n"), "the header, the newest checkpoint and the next page's hint:\n%s", stdout)
+	require.Contains(t, stdout, "\nmore: outpost runs history t1 --data "+dir+" --limit 1 --before ")
 }
 
 func TestResumeMessages(t *testing.T) {
@@ -232,7 +233,7 @@ func TestRunsHelpAndExitCodes(t *testing.T) {
 	require.Empty(t, stderr)
 	require.Contains(t, stdout, "<list|show|history|fork|replay>")
 
-	all := []string{"-data", "-json", "-status", "-agent", "-thread", "-limit", "-after", "-checkpoint"}
+	all := []string{"-data", "-json", "-status", "-agent", "-thread", "-limit", "-after", "-before", "-checkpoint"}
 	for _, tt := range []struct {
 		args  []string
 		usage string
@@ -240,7 +241,7 @@ func TestRunsHelpAndExitCodes(t *testing.T) {
 	}{
 		{[]string{"runs", "list", "-h"}, "Usage: outpost runs list [flags]\n", []string{"-data", "-json", "-status", "-agent", "-thread", "-limit", "-after"}},
 		{[]string{"runs", "show", "RUN", "--help"}, "Usage: outpost runs show [flags] RUN\n", []string{"-data", "-json"}},
-		{[]string{"runs", "history", "-h"}, "Usage: outpost runs history [flags] THREAD\n", []string{"-data", "-json", "-limit"}},
+		{[]string{"runs", "history", "-h"}, "Usage: outpost runs history [flags] THREAD\n", []string{"-data", "-json", "-limit", "-before"}},
 		{[]string{"runs", "fork", "-h"}, "Usage: outpost runs fork [flags] THREAD --checkpoint ID\n", []string{"-data", "-json", "-checkpoint"}},
 		{[]string{"runs", "replay", "-h"}, "Usage: outpost runs replay [flags] RUN\n", []string{"-data", "-json"}},
 		{[]string{"resume", "-h"}, "Usage: outpost resume [flags] RUN", []string{"-data", "-decision", "-value", "-interrupt"}},
