@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -169,7 +170,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) *apiError {
 	if err != nil {
 		return startError(err)
 	}
-	return s.respondRun(w, r, run.ID, wait, http.StatusCreated)
+	return s.respondRun(w, r, run.ID, wait, http.StatusCreated, "")
 }
 
 func startError(err error) *apiError {
@@ -187,10 +188,14 @@ func startError(err error) *apiError {
 }
 
 // respondRun waits (when asked) for the run to stop executing, then answers
-// with its live record: status on a run that has ended, 202 on one that
-// has not (still queued or running, or waiting at an interrupt), since the
-// client is to poll or decide.
-func (s *Server) respondRun(w http.ResponseWriter, r *http.Request, id string, wait time.Duration, status int) *apiError {
+// with its live record and status (201 for a new run, as DESIGN gives it,
+// whether or not it has ended: a run that outlives the wait is reported
+// queued, running or interrupted, for the client to poll or decide).
+// answered names the interrupt a resume just answered: until the engine
+// commits the resume, the store still holds the run waiting on it, so
+// without a wait the run is reported queued, its interrupts answered (a
+// new interrupt, met since, is reported as it is).
+func (s *Server) respondRun(w http.ResponseWriter, r *http.Request, id string, wait time.Duration, status int, answered string) *apiError {
 	if wait > 0 {
 		ctx, cancel := context.WithTimeout(r.Context(), wait)
 		_, err := s.cfg.Manager.Wait(ctx, id)
@@ -203,8 +208,9 @@ func (s *Server) respondRun(w http.ResponseWriter, r *http.Request, id string, w
 	if err != nil {
 		return errorf(http.StatusInternalServerError, "read_failed", err.Error())
 	}
-	if wait > 0 && !run.Status.Terminal() {
-		status = http.StatusAccepted
+	if answered != "" && wait == 0 && run.Status == engine.StatusInterrupted &&
+		slices.ContainsFunc(run.Interrupts, func(in engine.PendingInterrupt) bool { return in.ID == answered }) {
+		run.Status, run.Interrupts = engine.StatusQueued, nil
 	}
 	writeJSON(w, status, viewRun(run))
 	return nil
@@ -370,7 +376,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) *apiError {
 	case err != nil:
 		return errorf(http.StatusInternalServerError, "resume_failed", err.Error())
 	}
-	return s.respondRun(w, r, id, wait, http.StatusOK)
+	return s.respondRun(w, r, id, wait, http.StatusOK, target)
 }
 
 func (s *Server) cancel(w http.ResponseWriter, r *http.Request) *apiError {
@@ -395,7 +401,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) *apiError {
 		return errorf(http.StatusConflict, "cancel_failed", err.Error())
 	}
 	// An executing run stops at its next safe point: wait briefly for it.
-	return s.respondRun(w, r, id, 5*time.Second, http.StatusOK)
+	return s.respondRun(w, r, id, 5*time.Second, http.StatusOK, "")
 }
 
 type checkpointView struct {

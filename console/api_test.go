@@ -142,8 +142,8 @@ func TestRunCompletesWithWait(t *testing.T) {
 func TestInterruptApproveThroughAPI(t *testing.T) {
 	e := newEnv(t, nil)
 	status, run := e.startRun("care-1", "please review this", "20s")
-	if status != http.StatusAccepted || run["status"] != "interrupted" {
-		t.Fatalf("want 202 interrupted, got %d %v", status, run)
+	if status != http.StatusCreated || run["status"] != "interrupted" {
+		t.Fatalf("want 201 interrupted, got %d %v", status, run)
 	}
 	ins := run["interrupts"].([]any)
 	in := ins[0].(map[string]any)
@@ -277,9 +277,9 @@ func TestConcurrentRunOnThreadAndCancel(t *testing.T) {
 	_, run := e.startRun("busy", "block here", "")
 	id := run["id"].(string)
 	e.waitStatus(id, "running")
-	// wait runs out: 202, reported running, never a failure.
+	// wait runs out: 201 all the same, reported running, never a failure.
 	r := e.do("POST", "/api/v1/threads/other/runs", map[string]any{"agent": testAgent, "input": "block too", "wait": "200ms"})
-	if r.status != 202 || r.json(t)["status"] != "running" {
+	if r.status != http.StatusCreated || r.json(t)["status"] != "running" {
 		t.Fatalf("wait ran out: %d %s", r.status, r.body)
 	}
 	before := e.snapshot()
@@ -469,4 +469,18 @@ func TestHealthReportsAStoreThatTakesNoWrites(t *testing.T) {
 		!strings.Contains(store["detail"].(string), "input/output error") || !strings.Contains(store["detail"].(string), "restart") {
 		t.Fatalf("healthz: %d %s", hz.status, hz.body)
 	}
+}
+
+// A resume without wait answers with the run as it now stands, queued with
+// its interrupt answered, not with the interrupted record from before.
+func TestResumeWithoutWaitReportsTheRunQueued(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("care-q", "please review this", "20s")
+	id := run["id"].(string)
+	r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "approve"})
+	m := r.json(t)
+	if r.status != http.StatusOK || m["status"] == "interrupted" || m["interrupts"] != nil {
+		t.Fatalf("resume without wait: %d %s", r.status, r.body)
+	}
+	e.waitStatus(id, "completed")
 }

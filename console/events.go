@@ -229,9 +229,24 @@ func (h *hub) subscribe(c *client, thread, run string, resume bool, seq uint64) 
 	return b
 }
 
+// start makes c receive every event from now on, as a websocket client
+// does once it is authenticated, and returns the ready message that says
+// where the stream stands.
+func (h *hub) start(c *client) batch {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c.thread, c.run, c.active = "", "", true
+	_, last := h.windowLocked()
+	return batch{msgs: []any{h.readyLocked()}, floor: last}
+}
+
 func (h *hub) ready() map[string]any {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.readyLocked()
+}
+
+func (h *hub) readyLocked() map[string]any {
 	oldest, last := h.windowLocked()
 	return map[string]any{"type": msgReady, "seq": last, "oldest": oldest, "window": len(h.ring)}
 }
@@ -302,7 +317,9 @@ func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request) {
 	}
 	c := s.hub.add()
 	defer s.hub.remove(c)
-	c.ctrl <- batch{msgs: []any{s.hub.ready()}}
+	// Every event flows from here on: subscribe narrows the stream, and
+	// resume replays what came before (see writeLoop for the overlap).
+	c.ctrl <- s.hub.start(c)
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
@@ -359,7 +376,12 @@ func (s *Server) currentFilter(c *client, m clientMessage) (thread, run string) 
 // first), and queued events at or below its floor are skipped as already
 // sent.
 func (s *Server) writeLoop(ctx context.Context, conn *websocket.Conn, c *client) {
-	var sent uint64
+	// sent is the newest seq written; live..sent is the run of events this
+	// connection has had live, which a resume's replay skips, since the
+	// client has them already. The live events under a filter are all of
+	// that filter's events in the run: a client that falls behind is
+	// dropped, not skipped over.
+	var sent, live uint64
 	write := func(v any) bool {
 		b, err := json.Marshal(v)
 		if err != nil {
@@ -370,7 +392,15 @@ func (s *Server) writeLoop(ctx context.Context, conn *websocket.Conn, c *client)
 		return conn.Write(wctx, websocket.MessageText, b) == nil
 	}
 	writeBatch := func(b batch) bool {
+		skipped := 0
 		for _, m := range b.msgs {
+			if e, ok := m.(engine.Event); ok && live != 0 && e.Seq >= live && e.Seq <= sent {
+				skipped++
+				continue
+			}
+			if ctl, ok := m.(map[string]any); ok && ctl["type"] == msgResumed && skipped > 0 {
+				ctl["replayed"] = ctl["replayed"].(int) - skipped // what this client gets
+			}
 			if !write(m) {
 				return false
 			}
@@ -409,6 +439,9 @@ func (s *Server) writeLoop(ctx context.Context, conn *websocket.Conn, c *client)
 			}
 			if !write(e) {
 				return
+			}
+			if live == 0 && e.Type != engine.EventLost {
+				live = e.Seq
 			}
 			sent = max(sent, e.Seq)
 		}

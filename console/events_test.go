@@ -104,6 +104,20 @@ func TestWebsocketAuth(t *testing.T) {
 	if err == nil || res == nil || res.StatusCode != 401 {
 		t.Fatalf("bad subprotocol token: %v %v", err, res)
 	}
+	// A bearer header authenticates the upgrade, and a wrong one is refused
+	// there, before any websocket.
+	conn, _, err = e.dial(ctx, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + e.token}}})
+	if err != nil {
+		t.Fatalf("bearer header: %v", err)
+	}
+	if m := (&wsClient{t: t, conn: conn}).next(ctx); m["type"] != "ready" {
+		t.Fatalf("ready after a bearer header: %v", m)
+	}
+	conn.Close(websocket.StatusNormalClosure, "")
+	_, res, err = e.dial(ctx, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer wrong"}}})
+	if err == nil || res == nil || res.StatusCode != 401 {
+		t.Fatalf("bad bearer header: %v %v", err, res)
+	}
 	_, res, err = e.dial(ctx, &websocket.DialOptions{HTTPHeader: http.Header{"Origin": {"http://evil.example"}}})
 	if err == nil || res == nil || res.StatusCode != 403 {
 		t.Fatalf("bad origin: %v %v", err, res)
@@ -395,4 +409,42 @@ func TestServerSentEvents(t *testing.T) {
 		t.Fatalf("SSE without token: %v %v", err, res)
 	}
 	res.Body.Close()
+}
+
+// A client that only authenticates gets every event: subscribe and resume
+// are optional. A resume then replays what came before the connection, and
+// not what the connection has had live already.
+func TestWebsocketStreamsWithoutSubscribe(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := testCtx(t)
+	_, before := e.startRun("early", "hello", "20s") // before the connection: only a resume brings it
+
+	c := e.connect(ctx)
+	_, run := e.startRun("late", "hello", "20s")
+	var live []float64
+	for _, m := range c.until(ctx, func(m map[string]any) bool { return m["type"] == "run.completed" }) {
+		if m["run"] != run["id"] {
+			t.Fatalf("a live event of another run: %v", m)
+		}
+		live = append(live, m["seq"].(float64))
+	}
+	if len(live) < 3 {
+		t.Fatalf("live events: %v", live)
+	}
+
+	c.send(ctx, map[string]any{"type": "resume", "seq": 0})
+	msgs := c.until(ctx, func(m map[string]any) bool { return m["type"] == "resumed" })
+	replayed := 0
+	for _, m := range msgs[:len(msgs)-1] {
+		if m["run"] != before["id"] {
+			t.Fatalf("the replay repeated an event the connection had live, or one of another run: %v", m)
+		}
+		replayed++
+	}
+	if replayed < 3 {
+		t.Fatalf("the replay left out the events from before the connection: %v", msgs)
+	}
+	if got := msgs[len(msgs)-1]["replayed"]; got != float64(replayed) {
+		t.Fatalf("resumed says %v replayed, the client got %d", got, replayed)
+	}
 }

@@ -242,7 +242,7 @@ func (e *env) startRun(thread, input string, wait string) (int, map[string]any) 
 		body["wait"] = wait
 	}
 	r := e.do("POST", "/api/v1/threads/"+thread+"/runs", body)
-	if r.status != http.StatusCreated && r.status != http.StatusAccepted {
+	if r.status != http.StatusCreated {
 		e.t.Fatalf("start run: %d %s", r.status, r.body)
 	}
 	return r.status, r.json(e.t)

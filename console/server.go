@@ -165,7 +165,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		// A websocket may authenticate with its first message or a
 		// subprotocol instead of a header: the events handler checks.
-		streamAuth := r.URL.Path == "/api/v1/events" && isWebsocket(r)
+		// A token that is there and wrong is refused at the handshake all
+		// the same, as a wrong subprotocol token is.
+		streamAuth := r.URL.Path == "/api/v1/events" && isWebsocket(r) && r.Header.Get("Authorization") == ""
 		if !streamAuth && !tokenEqual(bearer(r), s.cfg.Token) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="outpost"`)
 			writeError(w, errorf(http.StatusUnauthorized, "unauthorized", "a valid bearer token is required (outpost token --data DIR prints it)"))
