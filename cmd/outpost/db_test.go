@@ -488,3 +488,16 @@ func TestDBJSONKeysAndLists(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, stdout, "PROBLEM runs "+id+": checksum mismatch")
 }
+
+// A store file that is refused when a writing command opens it leaves
+// the data folder as it was: no lock file appears beside it.
+func TestRefusedStoreLeavesFolderAsItWas(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, store.FileName), make([]byte, 64<<10), 0o600))
+	before := folderFiles(t, dir)
+	code, _, stderr := outpost(t, "db", "prune", "--data", dir, "--older-than", "1h")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "store file is damaged")
+	require.Equal(t, before, folderFiles(t, dir))
+	require.NoFileExists(t, filepath.Join(dir, store.LockFile(store.FileName)))
+}
