@@ -123,17 +123,18 @@ func runIDs(m map[string]any) []any {
 
 // A damaged run record does not take the store down in /healthz (it is
 // degraded: the other runs are read), nor fail /metrics, which counts it
-// apart from the runs it can read.
+// apart from the runs it can read, once each.
 func TestDamagedRunInHealthAndMetrics(t *testing.T) {
 	dir := t.TempDir()
 	e := newEnvIn(t, dir, nil)
 	var ids []string
-	for _, th := range []string{"a", "b"} {
+	for _, th := range []string{"a", "b", "c"} {
 		_, run := e.startRun("hm-"+th, "hi", "20s")
 		ids = append(ids, run["id"].(string))
 	}
 	e.close()
 	damageRun(t, dir, ids[0]) // the first: the health probe meets it
+	damageRun(t, dir, ids[2]) // the last: met by two listings, counted once
 	e = newEnvIn(t, dir, nil)
 
 	hz := e.do("GET", "/healthz", nil)
@@ -145,7 +146,7 @@ func TestDamagedRunInHealthAndMetrics(t *testing.T) {
 
 	m := e.do("GET", "/metrics", nil)
 	require.Equal(t, http.StatusOK, m.status, "%s", m.body)
-	assert.Contains(t, string(m.body), "\noutpost_runs_damaged 1\n")
+	assert.Contains(t, string(m.body), "\noutpost_runs_damaged 2\n")
 	assert.Contains(t, string(m.body), `outpost_runs{status="completed"} 1`+"\n")
 }
 

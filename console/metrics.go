@@ -151,8 +151,8 @@ func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int
 	for st := range statuses {
 		counts[st] = 0
 	}
-	// By key: a listing reads on past its last run to the next one or
-	// the end, so damaged records after the last run are met twice.
+	// By key: the listing after the last run, which finds none, meets
+	// again the damaged records that the one before read past that run.
 	bad := map[string]bool{}
 	after := ""
 	for {
