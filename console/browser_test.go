@@ -138,14 +138,17 @@ func (c *cdp) until(ctx context.Context, what, js string, shot func(string)) {
 	}
 }
 
-func TestConsoleInChromium(t *testing.T) {
+// openChromium starts a headless Chromium (the test is skipped without
+// one) and returns a DevTools client on its page, the context to drive it
+// with, and a function that saves a screenshot under a name.
+func openChromium(t *testing.T) (*cdp, context.Context, func(string)) {
+	t.Helper()
 	bin := findChromium()
 	if bin == "" {
 		t.Skip("SKIPPING THE BROWSER TEST: no chromium found (apt-get install -y chromium; .ci/run installs it)")
 	}
-	e := newEnv(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 
 	// Not t.TempDir: chromium's helper processes may still write to the
 	// profile as the test ends, and its removal must not fail the test.
@@ -214,7 +217,7 @@ func TestConsoleInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.SetReadLimit(64 << 20)
-	defer conn.CloseNow()
+	t.Cleanup(func() { conn.CloseNow() })
 	c := &cdp{t: t, conn: conn, wait: map[int64]chan cdpReply{}}
 	go c.readLoop(ctx)
 
@@ -239,6 +242,27 @@ func TestConsoleInChromium(t *testing.T) {
 		}
 	}
 
+	return c, ctx, shot
+}
+
+// signIn opens the console page of e and signs in with its token.
+func signIn(ctx context.Context, t *testing.T, c *cdp, e *env, shot func(string)) {
+	t.Helper()
+	c.call(ctx, "Page.enable", nil, nil)
+	c.call(ctx, "Page.navigate", map[string]any{"url": e.url + "/"}, nil)
+	c.until(ctx, "the sign-in form", `document.readyState === "complete" && document.getElementById("token")`, shot)
+	shot("1-sign-in")
+	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s;
+		document.getElementById("operator").value = "Dr Test";
+		document.getElementById("login-btn").click(); true`, jsString(e.token)))
+	c.until(ctx, "the console", `!document.getElementById("main").hidden && document.getElementById("stream").textContent.includes("live")`, shot)
+}
+
+func jsString(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+func TestConsoleInChromium(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
 	shot0 := shot
 	shot = func(name string) {
 		shot0(name)
@@ -246,16 +270,7 @@ func TestConsoleInChromium(t *testing.T) {
 			t.Logf("the API says: %s", e.do("GET", "/api/v1/runs?thread=browser", nil).body)
 		}
 	}
-	c.call(ctx, "Page.enable", nil, nil)
-	c.call(ctx, "Page.navigate", map[string]any{"url": e.url + "/"}, nil)
-	c.until(ctx, "the sign-in form", `document.readyState === "complete" && document.getElementById("token")`, shot)
-	shot("1-sign-in")
-
-	js := func(s string) string { b, _ := json.Marshal(s); return string(b) }
-	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s;
-		document.getElementById("operator").value = "Dr Test";
-		document.getElementById("login-btn").click(); true`, js(e.token)))
-	c.until(ctx, "the console", `!document.getElementById("main").hidden && document.getElementById("stream").textContent.includes("live")`, shot)
+	signIn(ctx, t, c, e, shot)
 	c.until(ctx, "the bundle and model", `document.getElementById("bundle").textContent.includes("test-bundle v3") && document.getElementById("uplink").textContent.includes("not configured")`, shot)
 	shot("2-signed-in")
 

@@ -34,6 +34,9 @@ type env struct {
 	console *console.Server
 	release chan struct{}
 	once    sync.Once
+
+	stop      func()
+	closeOnce sync.Once
 }
 
 func (e *env) unblock() { e.once.Do(func() { close(e.release) }) }
@@ -110,7 +113,14 @@ func testGraph(release <-chan struct{}) (*engine.Agent, error) {
 
 func newEnv(t *testing.T, mod func(*console.Config)) *env {
 	t.Helper()
-	dir := t.TempDir()
+	return newEnvIn(t, t.TempDir(), mod)
+}
+
+// newEnvIn is newEnv on the data folder dir, which may hold a store
+// already. env.close stops it before the test ends, so that the store can
+// be changed behind its back and opened again.
+func newEnvIn(t *testing.T, dir string, mod func(*console.Config)) *env {
+	t.Helper()
 	db, err := store.OpenDir(dir, store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +154,7 @@ func newEnv(t *testing.T, mod func(*console.Config)) *env {
 	e.console = console.New(cfg)
 	e.srv = httptest.NewServer(e.console.Handler())
 	e.url = e.srv.URL
-	t.Cleanup(func() {
+	e.stop = func() {
 		e.unblock()
 		e.srv.CloseClientConnections()
 		e.srv.Close()
@@ -152,9 +162,12 @@ func newEnv(t *testing.T, mod func(*console.Config)) *env {
 		e.mgr.Close()
 		e.bus.Close()
 		db.Close()
-	})
+	}
+	t.Cleanup(e.close)
 	return e
 }
+
+func (e *env) close() { e.closeOnce.Do(e.stop) }
 
 type resp struct {
 	status int

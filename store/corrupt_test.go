@@ -133,7 +133,7 @@ func TestCheckFindsDanglingReferences(t *testing.T) {
 	assert.ElementsMatch(t, []string{
 		`recent "0002\x00t\x00": parent checkpoint 0001 is missing`,
 		`recent "0002\x00t\x00": refers to missing blob ` + missing.String(),
-		`runs "r": refers to missing blob ` + mentioned.String(),
+		`runs r: refers to missing blob ` + mentioned.String(),
 	}, msgs)
 	assert.Equal(t, 1, rep.Records[bucketCheckpoints])
 }

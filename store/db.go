@@ -217,15 +217,20 @@ func Open(path string, opts Options) (*DB, error) {
 	deadline := time.Now().Add(opts.Timeout)
 	left := func() time.Duration { return max(time.Until(deadline), time.Nanosecond) }
 	inUse := func() error { return fmt.Errorf("open store: data folder %s is %w", filepath.Dir(path), ErrInUse) }
-	lock, err := lockStore(path, opts.ReadOnly, opts.Timeout)
+	lock, newLock, err := takeLock(path, opts.ReadOnly, opts.Timeout)
 	switch {
 	case errors.Is(err, errLocked):
 		return nil, inUse()
 	case err != nil:
 		return nil, fmt.Errorf("open store %s: lock file: %w", path, err)
 	}
+	// A store refused (damaged, empty, of another format) leaves the
+	// folder as it was: the lock file this Open made goes with it.
 	unlock := func(err error) error {
-		if lock != nil {
+		switch {
+		case lock != nil && newLock:
+			err = errors.Join(err, dropNewLock(path, lock))
+		case lock != nil:
 			err = errors.Join(err, lock.Close())
 		}
 		return err
@@ -510,7 +515,8 @@ func (d *DB) Close() error {
 }
 
 // LockFile names the lock file of the store file at path: an empty file
-// beside it that Open locks, and that nothing replaces.
+// beside it that Open locks, and that nothing replaces. An Open that fails
+// removes the one it made, so that a refused store leaves no file behind.
 func LockFile(path string) string { return path + ".lock" }
 
 // Path returns the store file's path.

@@ -1,9 +1,11 @@
 package store
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
+	"unicode/utf8"
 )
 
 // Sentinel errors, grouped by phase. Test for them with errors.Is.
@@ -96,27 +98,48 @@ func corrupt(bucket string, key []byte, err error) *CorruptError {
 	return &CorruptError{Bucket: bucket, Key: string(key), Err: err}
 }
 
-// renderKey prints a key for people: blob keys as references, pending-write
-// sequence numbers as numbers, and the rest quoted so NUL separators show.
+// renderKey prints a key for people and for JSON (Problem.Key, a
+// CorruptError's message): blob keys as references, outcome keys as seq
+// numbers, pending-write keys as their quoted prefix and sequence number,
+// and the rest as keyText shows them. A key of a bucket with its own form
+// that does not parse is quoted, so that it cannot pass for that form.
 func renderKey(bucket string, key []byte) string {
 	switch bucket {
 	case bucketBlobLog:
 		if seq, ref, ok := parseBlobLogKey(key); ok {
 			return ref.String() + " #" + strconv.FormatUint(seq, 10)
 		}
+		return strconv.Quote(string(key))
 	case bucketBlobIndex:
 		if ref, ok := parseBlobKey(key); ok {
 			return ref.String()
 		}
+		return strconv.Quote(string(key))
 	case bucketOutcomes:
 		if len(key) == 8 {
 			return "seq " + strconv.FormatUint(beUint64(key), 10)
 		}
+		return strconv.Quote(string(key))
 	case bucketWrites:
 		if len(key) > 8 {
 			return strconv.Quote(string(key[:len(key)-8])) + "#" +
 				strconv.FormatUint(beUint64(key[len(key)-8:]), 10)
 		}
+		return strconv.Quote(string(key))
+	}
+	return keyText(key)
+}
+
+// keyText is key as it is when it is printable text (a run ID, a tool
+// call's idempotency key), and Go-quoted when it holds anything else: a
+// NUL separator, a control byte, bytes that are not UTF-8. A printable key
+// that begins with a quote is quoted too, so that the two forms never
+// meet. Quoting every key made JSON output quote twice
+// ("key": "\"run_1\"").
+func keyText(key []byte) string {
+	if len(key) > 0 && key[0] != '"' && utf8.Valid(key) &&
+		!bytes.ContainsFunc(key, func(c rune) bool { return !strconv.IsPrint(c) }) {
+		return string(key)
 	}
 	return strconv.Quote(string(key))
 }

@@ -25,7 +25,17 @@ type PruneReport struct {
 	BlobsRemoved       int   `json:"blobs_removed"`
 	BlobBytesRemoved   int64 `json:"blob_bytes_removed"`
 	// Skipped lists threads that qualified but could not be cut, and why.
-	Skipped []Problem `json:"skipped,omitempty"`
+	Skipped []Problem `json:"skipped"`
+}
+
+// MarshalJSON writes an empty Skipped as [], not null, so that a script
+// reading db prune --json gets a list either way (as CheckReport does).
+func (r PruneReport) MarshalJSON() ([]byte, error) {
+	type plain PruneReport
+	if r.Skipped == nil {
+		r.Skipped = []Problem{}
+	}
+	return json.Marshal(plain(r))
 }
 
 // Prune drops the history of finished threads, then collects blobs.
@@ -166,7 +176,7 @@ func (p *pruner) cutThread(thread string, nss []string) error {
 			if errors.As(err, &ce) {
 				return err
 			}
-			p.rep.Skipped = append(p.rep.Skipped, Problem{Bucket: bucketCheckpoints, Key: thread,
+			p.rep.Skipped = append(p.rep.Skipped, Problem{Bucket: bucketCheckpoints, Key: keyText([]byte(thread)),
 				Message: fmt.Sprintf("namespace %q: %v", ns, err)})
 			return nil
 		}

@@ -261,7 +261,7 @@ func TestSalvageLeavesOutARecordThatFailsItsChecksum(t *testing.T) {
 	rep, err := Salvage(bg, src, dst)
 	require.NoError(t, err)
 	require.Len(t, rep.Lost, 1, "%v", rep.Lost)
-	assert.Equal(t, Problem{Bucket: bucketRuns, Key: `"run-t1"`,
+	assert.Equal(t, Problem{Bucket: bucketRuns, Key: "run-t1",
 		Message: "checksum mismatch: the record cannot be read, and is left out"}, rep.Lost[0])
 	require.NotNil(t, rep.Check)
 	assert.True(t, rep.Check.OK(), "the copy does not check clean: %v", rep.Check.Problems)

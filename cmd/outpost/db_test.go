@@ -452,3 +452,52 @@ func TestADamagedRunRecordDoesNotStopTheAppliance(t *testing.T) {
 	require.Contains(t, stderr, "left out: ")
 	require.Contains(t, stderr, "1 run record(s) cannot be read and were left out of the list (run outpost db check)")
 }
+
+// Under --json a run's key is the plain string, not quoted again inside
+// the JSON string, and the text output names it too; the lists of a
+// prune report are [] when empty, never null or left out.
+func TestDBJSONKeysAndLists(t *testing.T) {
+	dir := storeWithRun(t)
+	code, stdout, stderr := outpost(t, "runs", "list", "--data", dir, "--json")
+	require.Zero(t, code, stderr)
+	var list struct {
+		Runs []struct {
+			ID string `json:"id"`
+		} `json:"runs"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &list), stdout)
+	require.Len(t, list.Runs, 1)
+	id := list.Runs[0].ID
+
+	code, stdout, stderr = outpost(t, "db", "prune", "--data", dir, "--older-than", "30d", "--json")
+	require.Zero(t, code, stderr)
+	var prune map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &prune), stdout)
+	require.Equal(t, []any{}, prune["skipped"], stdout)
+
+	damageRunRecords(t, dir)
+	code, stdout, _ = outpost(t, "db", "check", "--data", dir, "--json")
+	require.Equal(t, 1, code)
+	var rep store.CheckReport
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+	require.Len(t, rep.Problems, 1, stdout)
+	require.Equal(t, store.Problem{Bucket: "runs", Key: id, Message: "checksum mismatch"}, rep.Problems[0], stdout)
+	require.Contains(t, stdout, `"key": "`+id+`"`)
+
+	code, stdout, _ = outpost(t, "db", "check", "--data", dir)
+	require.Equal(t, 1, code)
+	require.Contains(t, stdout, "PROBLEM runs "+id+": checksum mismatch")
+}
+
+// A store file that is refused when a writing command opens it leaves
+// the data folder as it was: no lock file appears beside it.
+func TestRefusedStoreLeavesFolderAsItWas(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, store.FileName), make([]byte, 64<<10), 0o600))
+	before := folderFiles(t, dir)
+	code, _, stderr := outpost(t, "db", "prune", "--data", dir, "--older-than", "1h")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "store file is damaged")
+	require.Equal(t, before, folderFiles(t, dir))
+	require.NoFileExists(t, filepath.Join(dir, store.LockFile(store.FileName)))
+}

@@ -115,15 +115,23 @@ async function loadAgents() {
 }
 
 async function loadRuns() {
-  let after = "", all = [];
+  let after = "", all = [], damaged = [];
   for (let i = 0; i < 20; i++) {
     const page = await api("GET", "/api/v1/runs?limit=1000" + (after ? "&after=" + encodeURIComponent(after) : ""));
     all = all.concat(page.runs);
+    damaged = damaged.concat(page.damaged || []);
     if (!page.next) break;
     after = page.next;
   }
   state.runs.clear();
   for (const r of all.slice(-500)) state.runs.set(r.id, r);
+  // Records the store cannot read are left out of the list: say so, or
+  // the list would look whole.
+  const keys = damaged.map((d) => d.key);
+  text($("runs-damaged"), keys.length + " run record(s) cannot be read and are left out of this list: " +
+    short(keys.join(", "), 200) + " (run outpost db check)");
+  $("runs-damaged").title = damaged.map((d) => d.error).join("\n");
+  show($("runs-damaged"), keys.length > 0);
   renderRuns();
 }
 
