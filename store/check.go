@@ -54,7 +54,8 @@ func (r *CheckReport) OK() bool { return len(r.Problems) == 0 }
 // problems of the file itself.
 type Problem struct {
 	Bucket string `json:"bucket,omitempty"`
-	// Key is printable: blob keys as references, others quoted.
+	// Key is printable: blob keys as references, outcome keys as seq
+	// numbers, others as they are when printable text, Go-quoted otherwise.
 	Key     string `json:"key,omitempty"`
 	Message string `json:"message"`
 }

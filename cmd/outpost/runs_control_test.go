@@ -160,11 +160,11 @@ func TestRunsReadsWhileServeOwnsTheStore(t *testing.T) {
 	})
 	r = outpostResult(t, "runs", "list", "--data", dir)
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, `left out: corrupt record in bucket runs, key "`)
+	require.Contains(t, r.stderr, "left out: corrupt record in bucket runs, key "+doomed[0]+": checksum mismatch")
 	require.Contains(t, r.stderr, "run record(s) cannot be read and were left out of the list (run outpost db check)")
 	r = outpostResult(t, "runs", "show", doomed[0], "--data", dir)
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, `load run `+doomed[0]+`: corrupt record in bucket runs, key "`+doomed[0]+`": `)
+	require.Contains(t, r.stderr, "load run "+doomed[0]+": corrupt record in bucket runs, key "+doomed[0]+": checksum mismatch")
 }
 
 // A store that another process holds, with no control socket, is still
