@@ -97,6 +97,7 @@ func newHub(bus *engine.Bus, opts EventOptions, m *Metrics) *hub {
 		close(h.done)
 		return h
 	}
+	h.last = bus.Seq() // where this life of the stream starts (Bus.StartAfter)
 	// The hub's own buffer is large: it only copies into the ring and
 	// makes non-blocking sends, so it keeps up with any publisher.
 	h.sub = bus.Subscribe(1<<16, nil)

@@ -106,6 +106,18 @@ func (b *Bus) Subscribe(size int, filter func(Event) bool) *Subscription {
 	return s
 }
 
+// StartAfter makes the next event's number after+1. An appliance calls it
+// before the first event, with a number above every one an earlier life of
+// the stream gave, so that a client resuming from an old number is told
+// the window no longer reaches it, instead of being given the new life's
+// events under numbers it has seen. Once events have flowed it does
+// nothing: numbers never go back.
+func (b *Bus) StartAfter(after uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.seq = max(b.seq, after)
+}
+
 // Seq returns the last sequence number assigned.
 func (b *Bus) Seq() uint64 {
 	b.mu.Lock()

@@ -310,3 +310,17 @@ func TestExitDurabilityMarksItsCheckpointEvents(t *testing.T) {
 	require.Equal(t, []int{2}, steps(committed))
 	require.Empty(t, markers)
 }
+
+// StartAfter sets where the numbers begin, and never takes them back.
+func TestBusStartAfter(t *testing.T) {
+	bus := engine.NewBus()
+	sub := bus.Subscribe(10, nil)
+	bus.StartAfter(7 << 32)
+	bus.Publish(engine.Event{Type: engine.EventRunStarted})
+	bus.StartAfter(5) // too late, and lower: nothing changes
+	bus.Publish(engine.Event{Type: engine.EventRunCompleted})
+	evs := drain(sub)
+	if len(evs) != 2 || evs[0].Seq != 7<<32+1 || evs[1].Seq != 7<<32+2 {
+		t.Fatalf("seqs: %+v", evs)
+	}
+}

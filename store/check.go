@@ -139,6 +139,9 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 		if err := checkBlobs(ctx, tx, rep, add); err != nil {
 			return err
 		}
+		if v := bucket(tx, bucketMeta).Get(metaStreamEpoch); v != nil && len(v) != 8 {
+			add(bucketMeta, metaStreamEpoch, "the event stream's start count is not an 8-byte number")
+		}
 		blobs := openBlobs(tx, &d.tail, nil)
 		// refsOf checks that every blob a record names exists.
 		refsOf := func(bucketName string, key []byte) func(engine.BlobRef) {

@@ -96,8 +96,11 @@ var dataBuckets = []string{bucketCheckpoints, bucketRecent, bucketHeads, bucketB
 var knownBuckets = append([]string{bucketMeta, bucketOutcomeRuns}, dataBuckets...)
 
 var (
-	metaFormat  = []byte("format")
-	metaVersion = []byte("version")
+	// metaStreamEpoch counts the starts of the appliance's event stream
+	// (NextStreamEpoch), 8 bytes big-endian.
+	metaStreamEpoch = []byte("stream_epoch")
+	metaFormat      = []byte("format")
+	metaVersion     = []byte("version")
 )
 
 // Options configure Open.
@@ -682,4 +685,31 @@ func prefixEnd(prefix []byte) []byte {
 		}
 	}
 	return nil
+}
+
+// NextStreamEpoch counts one more start of the appliance's event stream
+// and returns the count, from 1. serve numbers its events from the count
+// shifted 32 bits up, so that numbers go on rising across restarts (a
+// client resuming from an earlier life is told so) and stay exact in a
+// JavaScript number (2^21 starts of 2^32 events each).
+func (d *DB) NextStreamEpoch() (uint64, error) {
+	var n uint64
+	err := d.db.Update(func(tx *bbolt.Tx) error {
+		meta := bucket(tx, bucketMeta)
+		if v := meta.Get(metaStreamEpoch); v != nil {
+			if len(v) != 8 {
+				return corrupt(bucketMeta, metaStreamEpoch, errTruncated)
+			}
+			n = binary.BigEndian.Uint64(v)
+		}
+		n++
+		return meta.Put(metaStreamEpoch, binary.BigEndian.AppendUint64(nil, n))
+	})
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		err = ErrClosed
+	}
+	if err != nil {
+		return 0, fmt.Errorf("count the event stream's start: %w", err)
+	}
+	return n, nil
 }

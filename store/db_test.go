@@ -376,3 +376,28 @@ func TestNewStoreIsMadeWhole(t *testing.T) {
 	assert.True(t, rep.OK(), "%v", rep.Problems)
 	assert.Equal(t, 1, rep.Records[bucketCheckpoints])
 }
+
+// The event stream's starts are counted in the file: the count goes on
+// across reopening, and check reads it.
+func TestNextStreamEpoch(t *testing.T) {
+	dir := t.TempDir()
+	d, err := OpenDir(dir, Options{})
+	require.NoError(t, err)
+	for want := uint64(1); want <= 2; want++ {
+		n, err := d.NextStreamEpoch()
+		require.NoError(t, err)
+		require.Equal(t, want, n)
+	}
+	require.NoError(t, d.Close())
+	d, err = OpenDir(dir, Options{})
+	require.NoError(t, err)
+	n, err := d.NextStreamEpoch()
+	require.NoError(t, err)
+	require.Equal(t, uint64(3), n, "the count survives reopening")
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "%v", rep.Problems)
+	require.NoError(t, d.Close())
+	_, err = d.NextStreamEpoch()
+	require.ErrorIs(t, err, ErrClosed)
+}

@@ -91,6 +91,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer db.Close()
+	// Event numbers go on rising across restarts: this start's numbers
+	// begin above every earlier start's.
+	epoch, err := db.NextStreamEpoch()
+	if err != nil {
+		return err
+	}
+	bus.StartAfter(epoch << 32)
 	rt, err := runtimeFor(db, *data, p, model)
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -187,25 +188,7 @@ func TestServeAsAProcess(t *testing.T) {
 	assert.Contains(t, string(body), "available: medication-adherence, medication-adherence-tools)")
 
 	// The run's outcome went into the ledger, and the event stream says so.
-	req, err := http.NewRequest(http.MethodGet, s.url+"/api/v1/events?run="+run.ID, nil)
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+s.token)
-	req.Header.Set("Accept", "text/event-stream")
-	req.Header.Set("Last-Event-ID", "0")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
-	require.NoError(t, err)
-	var types []string
-	for sc := bufio.NewScanner(resp.Body); sc.Scan(); {
-		if typ, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
-			types = append(types, typ)
-			if typ == "run.completed" && slices.Contains(types, "outcome.appended") {
-				break
-			}
-		}
-	}
-	cancel()
-	resp.Body.Close()
+	types, firstLife := s.events(t, run.ID)
 	assert.Contains(t, types, "outcome.appended", "serve publishes the ledger's events too: %v", types)
 
 	check := exec.Command(bin, "db", "check", "--data", data)
@@ -219,7 +202,49 @@ func TestServeAsAProcess(t *testing.T) {
 	code, body = s.call(t, http.MethodGet, "/api/v1/runs/"+run.ID, "")
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	assert.Contains(t, string(body), `"status":"completed"`)
+
+	// The event numbers of this life of the stream start above the last's,
+	// so a client resuming from an old number cannot be given new events
+	// under it.
+	code, body = s.call(t, http.MethodPost, "/api/v1/threads/t1/runs", `{"agent": "medication-adherence", "input": "I forgot my lisinopril dose", "wait": "20s"}`)
+	require.Equal(t, http.StatusCreated, code, "%s", body)
+	require.NoError(t, json.Unmarshal(body, &run))
+	_, secondLife := s.events(t, run.ID)
+	require.NotEmpty(t, firstLife)
+	require.NotEmpty(t, secondLife)
+	assert.Greater(t, secondLife[0], firstLife[len(firstLife)-1], "seqs of the second life")
 	s.stop(t)
+}
+
+// events reads the event stream's window for one run, as Server-Sent
+// Events, until the run's outcome and its end are in, and returns the
+// events' types and seqs.
+func (s *serving) events(t *testing.T, runID string) (types []string, seqs []uint64) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, s.url+"/api/v1/events?run="+runID, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Last-Event-ID", "0")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	for sc := bufio.NewScanner(resp.Body); sc.Scan(); {
+		if id, ok := strings.CutPrefix(sc.Text(), "id: "); ok {
+			n, err := strconv.ParseUint(id, 10, 64)
+			require.NoError(t, err)
+			seqs = append(seqs, n)
+		}
+		if typ, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
+			types = append(types, typ)
+			if typ == "run.completed" && slices.Contains(types, "outcome.appended") {
+				break
+			}
+		}
+	}
+	return types, seqs
 }
 
 // The scripted model by default is healthy, and its health says it was the
