@@ -17,6 +17,7 @@ import (
 
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/internal/strictjson"
 )
 
 // runView is a run as the API shows it (DESIGN.md "HTTP API"), plus the
@@ -61,8 +62,11 @@ func viewRun(r *engine.Run) runView {
 	return v
 }
 
-// decode reads a JSON body strictly: a size limit, no unknown fields, one
-// value only.
+// decode reads a JSON body strictly (internal/strictjson): a size limit,
+// one JSON object, keys exactly as the fields are named (not in another
+// case), each key once, no unknown fields. A key given twice or in another
+// case would let the request mean one thing to a proxy or a log reader and
+// another to the appliance.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
 	if err != nil {
@@ -72,15 +76,22 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError
 		}
 		return errorf(http.StatusBadRequest, "bad_body", "read body: "+err.Error())
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return errorf(http.StatusBadRequest, "bad_json", "malformed JSON body: "+err.Error())
+	// Checked first, so that an array or a string is not reported in terms
+	// of the Go type it would have been decoded into.
+	if i := bytes.IndexFunc(body, func(c rune) bool { return !strings.ContainsRune(" \t\r\n", c) }); i >= 0 && body[i] != '{' {
+		return errorf(http.StatusBadRequest, "bad_json", "the body must be a JSON object")
 	}
-	if dec.More() {
-		return errorf(http.StatusBadRequest, "bad_json", "malformed JSON body: more than one value")
+	_, err = strictjson.Decode(body, v)
+	var se *strictjson.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, strictjson.ErrUnknownField) && errors.As(err, &se):
+		return errorf(http.StatusBadRequest, "unknown_field", fmt.Sprintf("unknown field %s in the body", quote(se.Field)))
+	case errors.Is(err, strictjson.ErrDuplicateKey) && errors.As(err, &se):
+		return errorf(http.StatusBadRequest, "duplicate_field", fmt.Sprintf("field %s is given twice in the body", quote(se.Field)))
 	}
-	return nil
+	return errorf(http.StatusBadRequest, "bad_json", "malformed JSON body: "+err.Error())
 }
 
 // parseWait accepts a Go duration ("30s") or a number of seconds.
@@ -113,11 +124,66 @@ func (s *Server) parseWait(raw json.RawMessage) (time.Duration, *apiError) {
 	return min(d, s.cfg.MaxWait), nil
 }
 
+// printableID is the rule for IDs a client chooses (thread, correlation):
+// 1 to 200 bytes with no control characters. They go into store keys,
+// logs, events and the outcome ledger sent upstream.
+func printableID(id string) bool {
+	return id != "" && len(id) <= 200 && !strings.ContainsFunc(id, func(c rune) bool { return c < 0x20 || c == 0x7f })
+}
+
 func validThread(t string) *apiError {
-	if t == "" || len(t) > 200 || strings.ContainsFunc(t, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+	if !printableID(t) {
 		return errorf(http.StatusBadRequest, "bad_thread", "a thread id is 1 to 200 printable characters")
 	}
 	return nil
+}
+
+// validRunID reports whether id has the form engine.NewRunID gives: "run_"
+// and 16 lowercase hex digits. A list cursor of another form is a client's
+// bug, refused before it can restart or empty a listing quietly.
+func validRunID(id string) bool {
+	hex, ok := strings.CutPrefix(id, "run_")
+	return ok && len(hex) == 16 && !strings.ContainsFunc(hex, func(c rune) bool {
+		return (c < '0' || c > '9') && (c < 'a' || c > 'f')
+	})
+}
+
+// missingInput reports whether a run request's input is absent, null or
+// the empty string: DESIGN gives input as required, and an empty message
+// is a client's bug (the console page refuses to send one), not a turn.
+func missingInput(raw json.RawMessage) bool {
+	var str string
+	return len(raw) == 0 || string(raw) == "null" || (json.Unmarshal(raw, &str) == nil && str == "")
+}
+
+// unknownTools returns the names of a request's tool override that the
+// agent's active tool set cannot hold: not in the bundle's registry, or
+// left out by the appliance's restriction. It resolves the set as the run
+// would open (the agent's Pin, on a run that is never stored) and reads
+// the names the override gave in vain. An agent without a Pin has no tool
+// registry, so every name is unknown to it.
+func unknownTools(ag *engine.Agent, names []string) ([]string, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	if ag.Pin == nil {
+		return names, nil
+	}
+	probe := &engine.Run{Agent: ag.Name, Bundle: ag.Bundle, Meta: map[string]string{firmware.MetaTools: strings.Join(names, ",")}}
+	if err := ag.Pin(probe); err != nil {
+		return nil, err
+	}
+	raw, ok := probe.Meta[firmware.MetaActiveTools]
+	if !ok {
+		return nil, fmt.Errorf("agent %s pins no active tool set", quote(ag.Name))
+	}
+	var set struct {
+		Ignored *[]string `json:"ignored"`
+	}
+	if err := json.Unmarshal([]byte(raw), &set); err != nil || set.Ignored == nil {
+		return nil, fmt.Errorf("agent %s: read its active tool set: %v", quote(ag.Name), err)
+	}
+	return *set.Ignored, nil
 }
 
 type startRequest struct {
@@ -144,6 +210,12 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) *apiError {
 	if req.Agent == "" {
 		return errorf(http.StatusUnprocessableEntity, "agent_required", `"agent" is required`)
 	}
+	if missingInput(req.Input) {
+		return errorf(http.StatusUnprocessableEntity, "input_required", `"input" is required and not empty`)
+	}
+	if req.CorrelationID != "" && !printableID(req.CorrelationID) {
+		return errorf(http.StatusBadRequest, "bad_correlation_id", "a correlation_id is 1 to 200 printable characters")
+	}
 	// Resolving and checking the input first refuses a bad request before
 	// the manager claims the thread or writes anything.
 	ag, err := s.cfg.Resolve(req.Agent, engine.BundleRef{})
@@ -153,17 +225,33 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) *apiError {
 		}
 		return errorf(http.StatusInternalServerError, "resolve_failed", err.Error())
 	}
-	if len(req.Input) > 0 && ag.Input != nil {
+	if ag.Input != nil {
 		if _, err := ag.Input(req.Input); err != nil {
 			return errorf(http.StatusUnprocessableEntity, "bad_input", err.Error())
 		}
 	}
 	rr := engine.RunRequest{Thread: thread, Agent: req.Agent, Input: req.Input, CorrelationID: req.CorrelationID}
 	if req.Tools != nil {
+		seen := map[string]bool{}
 		for _, t := range *req.Tools {
 			if t == "" || strings.ContainsAny(t, ", ") {
 				return errorf(http.StatusBadRequest, "bad_tools", fmt.Sprintf("tool name %q is not valid", t))
 			}
+			if seen[t] {
+				return errorf(http.StatusBadRequest, "bad_tools", fmt.Sprintf("tool %s is named twice", quote(t)))
+			}
+			seen[t] = true
+		}
+		// Fail closed: a name the run could never use (a typo, a tool
+		// this appliance leaves out) is refused, not quietly dropped
+		// from a run that then goes ahead without it.
+		unknown, err := unknownTools(ag, *req.Tools)
+		if err != nil {
+			return errorf(http.StatusInternalServerError, "resolve_failed", err.Error())
+		}
+		if len(unknown) > 0 {
+			return errorf(http.StatusUnprocessableEntity, "unknown_tool", fmt.Sprintf("agent %s cannot have tool %s here: it is not in its bundle's registry or this appliance leaves it out",
+				quote(req.Agent), strings.Join(unknown, ", ")))
 		}
 		rr.Meta = map[string]string{firmware.MetaTools: strings.Join(*req.Tools, ",")}
 	}
@@ -269,6 +357,9 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	if e != nil {
 		return e
 	}
+	if after := q.Get("after"); after != "" && !validRunID(after) {
+		return errorf(http.StatusBadRequest, "bad_after", fmt.Sprintf("after %s is not a run id: pass the \"next\" of the page before", quote(after)))
+	}
 	damaged := map[string]string{} // key -> why it cannot be read
 	f := engine.RunFilter{Agent: q.Get("agent"), Thread: q.Get("thread"), After: q.Get("after"),
 		Damaged: func(key string, err error) { damaged[key] = err.Error() }}
@@ -371,7 +462,7 @@ func intParam(s string, def, max int) (int, *apiError) {
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 1 {
-		return 0, errorf(http.StatusBadRequest, "bad_limit", "limit is a positive integer")
+		return 0, errorf(http.StatusBadRequest, "bad_limit", fmt.Sprintf("limit is a whole number from 1 to %d (a larger one reads as %d)", max, max))
 	}
 	return min(n, max), nil
 }
@@ -397,6 +488,9 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) *apiError {
 	d := engine.Decision{Kind: req.Decision, Value: req.Value, Reason: req.Reason, By: operator(r), At: time.Now().UTC()}
 	if string(d.Value) == "null" {
 		d.Value = nil
+	}
+	if d.Kind == engine.Edit && len(d.Value) == 0 {
+		return errorf(http.StatusUnprocessableEntity, "value_required", `an "edit" decision needs a "value": the edited content`)
 	}
 	if err := d.Validate(); err != nil {
 		return errorf(http.StatusUnprocessableEntity, "bad_decision", err.Error())
@@ -484,12 +578,33 @@ func (s *Server) history(w http.ResponseWriter, r *http.Request) *apiError {
 	if e != nil {
 		return e
 	}
-	before := q.Get("before")
-	cps, err := s.cfg.Manager.Store().History(r.Context(), thread, "", before, limit+1)
+	// History is newest first, so the page after a cursor holds the
+	// checkpoints older than it: "after" (DESIGN's name for the "next" of
+	// the page before) is read as the store's "before"; "before" is kept as
+	// an alias, for clients written against it.
+	after, before := q.Get("after"), q.Get("before")
+	if after != "" && before != "" && after != before {
+		return errorf(http.StatusBadRequest, "bad_after", `give "after" (or its alias "before"), not both`)
+	}
+	if after == "" {
+		after = before
+	}
+	if after != "" {
+		// The store lists below any string, so a cursor that names no
+		// checkpoint of the thread would restart or empty the listing.
+		_, err := s.cfg.Manager.Store().Checkpoint(r.Context(), thread, "", after)
+		switch {
+		case errors.Is(err, engine.ErrCheckpointNotFound):
+			return errorf(http.StatusBadRequest, "bad_after", fmt.Sprintf("after %s names no checkpoint of thread %s: pass the \"next\" of the page before", quote(after), quote(thread)))
+		case err != nil:
+			return errorf(http.StatusInternalServerError, "read_failed", err.Error())
+		}
+	}
+	cps, err := s.cfg.Manager.Store().History(r.Context(), thread, "", after, limit+1)
 	if err != nil {
 		return errorf(http.StatusInternalServerError, "read_failed", err.Error())
 	}
-	if len(cps) == 0 && before == "" {
+	if len(cps) == 0 && after == "" {
 		return errorf(http.StatusNotFound, "thread_not_found", fmt.Sprintf("thread %s has no checkpoints", quote(thread)))
 	}
 	resp := map[string]any{}

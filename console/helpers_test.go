@@ -299,3 +299,13 @@ func (e *env) snapshot() string {
 	}
 	return b.String()
 }
+
+// head returns the ID of thread's newest checkpoint.
+func (e *env) head(thread string) string {
+	e.t.Helper()
+	cps, err := e.db.History(context.Background(), thread, "", "", 1)
+	if err != nil || len(cps) == 0 {
+		e.t.Fatalf("history of %s: %v %v", thread, cps, err)
+	}
+	return cps[0].ID
+}

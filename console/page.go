@@ -25,7 +25,8 @@ func pageHandler() http.Handler {
 		h.Set("Referrer-Policy", "no-referrer")
 		h.Set("Cache-Control", "no-cache")
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			writeError(w, errorf(http.StatusMethodNotAllowed, "method_not_allowed", "the page is read with GET"))
+			h.Set("Allow", "GET, HEAD")
+			writeError(w, errorf(http.StatusMethodNotAllowed, "method_not_allowed", "the page is read with GET or HEAD"))
 			return
 		}
 		switch r.URL.Path {

@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -140,12 +141,25 @@ func (s *Server) routes() {
 	api("GET /api/v1/agents/{agent}/graph", s.graph)
 	api("GET /api/v1/firmware", s.firmware)
 	api("GET /api/v1/uplink", s.uplink)
-	api("/api/", func(http.ResponseWriter, *http.Request) *apiError {
+	// The catch-alls take every method, so they also meet a wrong method
+	// on a route that exists, which the mux would answer 405 without them.
+	api("/api/", func(w http.ResponseWriter, r *http.Request) *apiError {
+		if e := s.wrongMethod(w, r); e != nil {
+			return e
+		}
 		return errorf(http.StatusNotFound, "not_found", "no such API route")
 	})
 	m.HandleFunc("GET /api/v1/events", s.events)
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /metrics", s.serveMetrics)
+	for _, path := range []string{"/healthz", "/metrics"} {
+		api(path, func(w http.ResponseWriter, r *http.Request) *apiError {
+			if e := s.wrongMethod(w, r); e != nil {
+				return e
+			}
+			return errorf(http.StatusNotFound, "not_found", "no such route")
+		})
+	}
 	m.Handle("/", pageHandler())
 	s.mux = m
 }
@@ -175,6 +189,29 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// routeMethods are the methods probed for a path's routes.
+var routeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// wrongMethod answers a request that reached a catch-all: when a route
+// other than a catch-all takes r's path with another method, it sets Allow
+// to those methods and returns 405 method_not_allowed; otherwise nil.
+func (s *Server) wrongMethod(w http.ResponseWriter, r *http.Request) *apiError {
+	var allow []string
+	for _, m := range routeMethods {
+		// A method's own routes have patterns that begin with it (a GET
+		// route also takes HEAD); the catch-alls name no method.
+		if _, pattern := s.mux.Handler(&http.Request{Method: m, URL: r.URL, Host: r.Host}); strings.Contains(pattern, " ") {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) == 0 {
+		return nil
+	}
+	w.Header().Set("Allow", strings.Join(allow, ", "))
+	return errorf(http.StatusMethodNotAllowed, "method_not_allowed",
+		fmt.Sprintf("%s takes %s, not %s", quote(r.URL.Path), strings.Join(allow, ", "), quote(r.Method)))
 }
 
 func isWebsocket(r *http.Request) bool {

@@ -23,13 +23,31 @@ import (
 // MaxDepth bounds nesting, so a hostile file cannot exhaust the stack.
 const MaxDepth = 64
 
+// Sentinel errors, wrapped by an *Error: test for them with errors.Is.
+var (
+	// ErrUnknownField: an object key that names no field of the struct
+	// it decodes into (a key that differs from a field only in case
+	// included).
+	ErrUnknownField = errors.New("unknown field")
+	// ErrDuplicateKey: an object holds the same key twice.
+	ErrDuplicateKey = errors.New("duplicate key")
+)
+
 // Error is a problem found at a byte offset of the input (-1: not known).
 type Error struct {
 	Offset int
 	Msg    string
+	// Field is the JSON path of the key an ErrUnknownField or
+	// ErrDuplicateKey names ("nodes.2.kind"); empty for other problems.
+	Field string
+	// Err is ErrUnknownField or ErrDuplicateKey, or nil.
+	Err error
 }
 
 func (e *Error) Error() string { return e.Msg }
+
+// Unwrap returns the sentinel the problem is, if any.
+func (e *Error) Unwrap() error { return e.Err }
 
 // Positions maps the JSON path of every object and array in a document
 // ("nodes.2.config") to the byte offset where it starts, so that a problem
@@ -70,7 +88,7 @@ func Decode(data []byte, v any) (Positions, error) {
 	}
 	rest := skipSpace(data, int(dec.InputOffset()))
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, &Error{rest, "unexpected data after the JSON value"}
+		return nil, &Error{Offset: rest, Msg: "unexpected data after the JSON value"}
 	}
 	full := json.NewDecoder(bytes.NewReader(data))
 	full.DisallowUnknownFields()
@@ -96,17 +114,17 @@ func located(data []byte, err error) *Error {
 	case errors.As(err, &e):
 		return e
 	case errors.As(err, &se):
-		return &Error{int(se.Offset), se.Error()}
+		return &Error{Offset: int(se.Offset), Msg: se.Error()}
 	case errors.As(err, &te):
 		field := te.Field
 		if field == "" {
 			field = "value"
 		}
-		return &Error{int(te.Offset), fmt.Sprintf("%s: want %s, got JSON %s", field, te.Type, te.Value)}
+		return &Error{Offset: int(te.Offset), Msg: fmt.Sprintf("%s: want %s, got JSON %s", field, te.Type, te.Value)}
 	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
-		return &Error{len(data), "unexpected end of input"}
+		return &Error{Offset: len(data), Msg: "unexpected end of input"}
 	}
-	return &Error{-1, err.Error()}
+	return &Error{Offset: -1, Msg: err.Error()}
 }
 
 var (
@@ -128,7 +146,7 @@ func nextToken(dec *json.Decoder) (json.Token, error) {
 // struct fields of t, and records where each object and array starts.
 func walk(dec *json.Decoder, data []byte, t reflect.Type, path string, depth int, pos Positions) error {
 	if depth > MaxDepth {
-		return &Error{int(dec.InputOffset()), "nested too deeply"}
+		return &Error{Offset: int(dec.InputOffset()), Msg: "nested too deeply"}
 	}
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -164,7 +182,7 @@ func walk(dec *json.Decoder, data []byte, t reflect.Type, path string, depth int
 			}
 			k, _ := kt.(string)
 			if seen[k] {
-				return &Error{keyOff, fmt.Sprintf("duplicate key %q", prefix+k)}
+				return &Error{Offset: keyOff, Msg: fmt.Sprintf("duplicate key %q", prefix+k), Field: prefix + k, Err: ErrDuplicateKey}
 			}
 			seen[k] = true
 			var next reflect.Type
@@ -172,7 +190,7 @@ func walk(dec *json.Decoder, data []byte, t reflect.Type, path string, depth int
 			case fields != nil:
 				ft, ok := fields[k]
 				if !ok {
-					return &Error{keyOff, fmt.Sprintf("unknown field %q", prefix+k)}
+					return &Error{Offset: keyOff, Msg: fmt.Sprintf("unknown field %q", prefix+k), Field: prefix + k, Err: ErrUnknownField}
 				}
 				next = ft
 			case typed && t.Kind() == reflect.Map:
@@ -193,7 +211,7 @@ func walk(dec *json.Decoder, data []byte, t reflect.Type, path string, depth int
 			}
 		}
 	default:
-		return &Error{start, fmt.Sprintf("unexpected %q", d)}
+		return &Error{Offset: start, Msg: fmt.Sprintf("unexpected %q", d)}
 	}
 	_, err = nextToken(dec) // the closing delimiter
 	return err

@@ -67,3 +67,24 @@ func TestDecodePositions(t *testing.T) {
 	assert.Equal(t, 0, pos.At(""))
 	assert.Equal(t, 0, pos.At("nowhere"), "an unknown path falls back to the document")
 }
+
+func TestDecodeSentinels(t *testing.T) {
+	for _, tc := range []struct {
+		in, field string
+		want      error
+	}{
+		{`{"items": [{"nme": "b"}]}`, "items.0.nme", ErrUnknownField},
+		{`{"Version": 1}`, "Version", ErrUnknownField},
+		{`{"version": 1, "version": 2}`, "version", ErrDuplicateKey},
+	} {
+		var d doc
+		_, err := Decode([]byte(tc.in), &d)
+		require.ErrorIs(t, err, tc.want, tc.in)
+		var e *Error
+		require.True(t, errors.As(err, &e))
+		assert.Equal(t, tc.field, e.Field)
+	}
+	var d doc
+	_, err := Decode([]byte(`{"version": "one"}`), &d)
+	assert.False(t, errors.Is(err, ErrUnknownField) || errors.Is(err, ErrDuplicateKey), "a type error is neither: %v", err)
+}
