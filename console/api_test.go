@@ -502,3 +502,23 @@ func TestResumeWithoutWaitReportsTheRunQueued(t *testing.T) {
 	}
 	e.waitStatus(id, "completed")
 }
+
+// /metrics gives the ledger's backlog as GET /api/v1/uplink does, with an
+// uplink configured or not.
+func TestMetricsBacklogMatchesTheAPI(t *testing.T) {
+	e := newEnv(t, func(c *console.Config) {
+		c.Uplink = func(context.Context) (*console.UplinkStatus, error) {
+			return &console.UplinkStatus{LastSeq: 39, Backlog: 39, Note: "no uplink configured"}, nil
+		}
+	})
+	r := e.do("GET", "/api/v1/uplink", nil)
+	if r.json(t)["backlog"] != float64(39) {
+		t.Fatalf("uplink: %s", r.body)
+	}
+	text := string(e.do("GET", "/metrics", nil).body)
+	for _, want := range []string{"outpost_uplink_backlog 39\n", "outpost_uplink_configured 0\n"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}

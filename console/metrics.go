@@ -207,10 +207,15 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(&b, "# HELP outpost_store_bytes Size of the store file.\n# TYPE outpost_store_bytes gauge\noutpost_store_bytes %d\n", n)
 		}
 	}
+	// The backlog is the ledger's, uplink or none: the same number as
+	// GET /api/v1/uplink gives.
 	var backlog uint64
 	configured := 0
-	if st, err := s.uplinkStatus(r.Context()); err == nil && st.Configured {
-		backlog, configured = st.Backlog, 1
+	if st, err := s.uplinkStatus(r.Context()); err == nil {
+		backlog = st.Backlog
+		if st.Configured {
+			configured = 1
+		}
 	}
 	fmt.Fprintf(&b, "# HELP outpost_uplink_configured Whether an uplink is configured.\n# TYPE outpost_uplink_configured gauge\noutpost_uplink_configured %d\n", configured)
 	fmt.Fprintf(&b, "# HELP outpost_uplink_backlog Outcome records not yet acknowledged upstream.\n# TYPE outpost_uplink_backlog gauge\noutpost_uplink_backlog %d\n", backlog)
