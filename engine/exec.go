@@ -210,8 +210,12 @@ func (g *Graph) Resume(ctx context.Context, cfg RunConfig, decisions map[string]
 			if err := d.Validate(); err != nil {
 				return e.result(), err
 			}
-			if !slices.ContainsFunc(pending, func(p PendingInterrupt) bool { return p.ID == id }) {
+			i := slices.IndexFunc(pending, func(p PendingInterrupt) bool { return p.ID == id })
+			if i < 0 {
 				return e.result(), fmt.Errorf("%w: %s", ErrUnknownInterrupt, id)
+			}
+			if err := g.checkDecision(pending[i], d); err != nil {
+				return e.result(), err
 			}
 		}
 	}

@@ -54,6 +54,26 @@ func WithRetry(p RetryPolicy) NodeOption { return func(n *node) { n.retry = p } 
 // WithTimeout bounds one attempt of the node.
 func WithTimeout(d time.Duration) NodeOption { return func(n *node) { n.timeout = d } }
 
+// CheckDecision gives the node's check of a person's decision on its
+// interrupts. Resume runs it before it accepts the decision: one it refuses
+// is an ErrBadDecision and the run stays interrupted, where the node would
+// otherwise fail on it once the review had been spent (an edit whose value
+// the node cannot use, say).
+func CheckDecision(fn func(Decision) error) NodeOption { return func(n *node) { n.check = fn } }
+
+// checkDecision runs the check of the node that raised in, if it has one.
+// The nodes of a subgraph are not looked into.
+func (g *Graph) checkDecision(in PendingInterrupt, d Decision) error {
+	n := g.nodes[in.Node]
+	if in.NS != "" || n == nil || n.check == nil {
+		return nil
+	}
+	if err := n.check(d); err != nil {
+		return fmt.Errorf("%w: %s on node %s: %v", ErrBadDecision, d.Kind, in.Node, err)
+	}
+	return nil
+}
+
 // Writes declares the channels the node writes; Compile checks they exist.
 func Writes(channels ...string) NodeOption {
 	return func(n *node) { n.writes = append(n.writes, channels...) }
@@ -72,6 +92,7 @@ type node struct {
 	writes   []string
 	reads    []string
 	subgraph *Graph
+	check    func(Decision) error
 }
 
 type condEdge struct {

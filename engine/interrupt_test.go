@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 
 	"github.com/outpost-edge/outpost/engine"
@@ -355,4 +356,47 @@ func TestInterruptWithExitDurability(t *testing.T) {
 	snap, err = g.StateAt(ctx, cfg, "")
 	require.NoError(t, err)
 	require.Equal(t, []string{"in", "a", "approve", "c"}, log.Get(snap))
+}
+
+// A node's decision check runs before Graph.Resume spends the decision: a
+// refused one leaves the run interrupted, and a good one goes through.
+func TestCheckDecisionBeforeResume(t *testing.T) {
+	b := engine.NewGraph("checked")
+	log := engine.Append[string](b, "log")
+	b.AddNode("ask", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		d, err := engine.Interrupt(ctx, "edit me")
+		if err != nil {
+			return nil, err
+		}
+		return []engine.Write{engine.Push(log, string(d.Value))}, nil
+	}, engine.CheckDecision(func(d engine.Decision) error {
+		if d.Kind == engine.Edit && (len(d.Value) == 0 || d.Value[0] != '"') {
+			return errors.New("an edit is a JSON string")
+		}
+		return nil
+	}))
+	b.AddEdge(engine.Start, "ask")
+	g := mustCompile(t, b)
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	cfg := engine.RunConfig{Thread: "t", Store: store}
+	res, err := g.Invoke(ctx, cfg, engine.Push(log, "in"))
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+	in := res.Run.Interrupts[0].ID
+
+	cfg.Run = res.Run
+	_, err = g.Resume(ctx, cfg, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(`{"x":1}`)}})
+	require.ErrorIs(t, err, engine.ErrBadDecision)
+	require.ErrorContains(t, err, "an edit is a JSON string")
+	run, err := store.Run(ctx, res.Run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, run.Status, "the refused decision changed nothing")
+	require.Empty(t, run.Decisions)
+
+	cfg.Run = run
+	res, err = g.Resume(ctx, cfg, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(`"fine"`)}})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status)
+	require.Equal(t, []string{"in", `"fine"`}, log.Get(res.State))
 }

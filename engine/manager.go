@@ -389,15 +389,15 @@ func (m *Manager) Resume(ctx context.Context, runID string, decisions map[string
 	if len(decisions) == 0 {
 		return nil, fmt.Errorf("resume run %s: no decision given", runID)
 	}
-	known := map[string]bool{}
+	known := map[string]PendingInterrupt{}
 	for _, in := range run.Interrupts {
-		known[in.ID] = true
+		known[in.ID] = in
 	}
 	for id, d := range decisions {
 		if err := d.Validate(); err != nil {
 			return nil, err
 		}
-		if !known[id] {
+		if _, ok := known[id]; !ok {
 			return nil, fmt.Errorf("%w: %s on run %s", ErrUnknownInterrupt, id, runID)
 		}
 	}
@@ -415,6 +415,14 @@ func (m *Manager) Resume(ctx context.Context, runID string, decisions map[string
 		m.dequeue()
 		m.release(a, true)
 		return nil, fmt.Errorf("resume run %s: %w", runID, err)
+	}
+	// The nodes' own checks, before the decision is spent.
+	for id, d := range decisions {
+		if err := ag.Graph.checkDecision(known[id], d); err != nil {
+			m.dequeue()
+			m.release(a, true)
+			return nil, fmt.Errorf("resume run %s: %w", runID, err)
+		}
 	}
 	e, err := m.prepareResume(ctx, ag, run)
 	if err != nil {

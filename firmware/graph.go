@@ -255,6 +255,9 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		if err != nil {
 			return nil, err
 		}
+		if n.Kind == KindReview {
+			opts = append(opts, engine.CheckDecision(checkReview))
+		}
 		b.AddNode(n.Name, fn, opts...)
 	}
 	nodeKnown := func(n string) bool { return names[n].Name != "" }

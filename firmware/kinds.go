@@ -3,6 +3,7 @@ package firmware
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"sort"
@@ -459,6 +460,32 @@ type ReviewRequest struct {
 	Tools   []string `json:"write_tools,omitempty"`
 }
 
+// reviewEdit is the text an edit decision on a review gives: its value is
+// a JSON string or {"text": ...}.
+func reviewEdit(v json.RawMessage) (string, error) {
+	var edited string
+	if err := json.Unmarshal(v, &edited); err != nil {
+		var obj struct {
+			Text string `json:"text"`
+		}
+		if err2 := json.Unmarshal(v, &obj); err2 != nil || obj.Text == "" {
+			return "", errors.New(`an edit's value must be a JSON string or {"text": ...}`)
+		}
+		edited = obj.Text
+	}
+	return edited, nil
+}
+
+// checkReview is a review node's check of a decision (engine.CheckDecision):
+// an edit it could not use is refused before the review is spent.
+func checkReview(d engine.Decision) error {
+	if d.Kind != engine.Edit {
+		return nil
+	}
+	_, err := reviewEdit(d.Value)
+	return err
+}
+
 func buildReview(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 	var c reviewConfig
 	if err := env.Decode(cfg, &c); err != nil {
@@ -536,15 +563,9 @@ func buildReview(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 		case engine.Approve:
 			flag = FlagReviewApproved
 		case engine.Edit:
-			var edited string
-			if err := json.Unmarshal(d.Value, &edited); err != nil {
-				var obj struct {
-					Text string `json:"text"`
-				}
-				if err2 := json.Unmarshal(d.Value, &obj); err2 != nil || obj.Text == "" {
-					return nil, fmt.Errorf("review: an edit's value must be a JSON string or {\"text\": ...}")
-				}
-				edited = obj.Text
+			edited, err := reviewEdit(d.Value)
+			if err != nil {
+				return nil, fmt.Errorf("review: %w", err)
 			}
 			ws = append(ws, engine.Write{Channel: draft.Name, Value: edited})
 			flag = FlagReviewEdited

@@ -387,3 +387,33 @@ func TestReferenceExportVerifies(t *testing.T) {
 		t.Fatalf("docs %d lanes %+v", len(b.Docs), b.Lanes)
 	}
 }
+
+// An edit a review cannot use is refused before the review is spent: the
+// run stays interrupted on the same interrupt, and a usable edit then
+// finishes it. Before, the node failed on it and the run failed for good.
+func TestReviewRefusesAnUnusableEditUpFront(t *testing.T) {
+	h := newRefHarness(t, boltStore, nil)
+	ctx := context.Background()
+	o := h.invoke("edit", "remind me to refill my metformin", nil)
+	if o.run.Status != engine.StatusInterrupted || len(o.run.Interrupts) != 1 || o.run.Interrupts[0].Node != "review_response" {
+		t.Fatalf("want a review: %s %+v", o.run.Status, o.run.Interrupts)
+	}
+	in := o.run.Interrupts[0].ID
+	for _, bad := range []string{`{"foo":1}`, `12345`, `{"text":""}`} {
+		_, err := h.m.Resume(ctx, o.run.ID, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(bad), By: "nurse"}})
+		if !errors.Is(err, engine.ErrBadDecision) || !strings.Contains(err.Error(), `an edit's value must be a JSON string or {"text": ...}`) {
+			t.Fatalf("edit %s: %v", bad, err)
+		}
+		r, err := h.store.Run(ctx, o.run.ID)
+		if err != nil || r.Status != engine.StatusInterrupted || len(r.Interrupts) != 1 || r.Interrupts[0].ID != in || len(r.Decisions) != 0 {
+			t.Fatalf("after edit %s the review must stand: %v %+v", bad, err, r)
+		}
+	}
+	if _, err := h.m.Resume(ctx, o.run.ID, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(`"Please call the pharmacy."`), By: "nurse"}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := h.m.Wait(ctx, o.run.ID)
+	if err != nil || r.Status != engine.StatusCompleted || !strings.Contains(string(r.Output), "Please call the pharmacy.") {
+		t.Fatalf("after a usable edit: %v %s %s %s", err, r.Status, r.Output, r.Error)
+	}
+}
