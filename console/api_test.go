@@ -28,7 +28,7 @@ func TestAuthHostOrigin(t *testing.T) {
 		{"bad token", "/api/v1/runs", []string{"Authorization", "Bearer nope"}, 401, "unauthorized"},
 		{"token in the wrong scheme", "/api/v1/runs", []string{"Authorization", "Basic " + e.token}, 401, "unauthorized"},
 		{"metrics need the token", "/metrics", []string{"Authorization", ""}, 401, "unauthorized"},
-		{"healthz needs the token", "/healthz", []string{"Authorization", ""}, 401, "unauthorized"},
+		{"healthz with a wrong token", "/healthz", []string{"Authorization", "Bearer nope"}, 401, "unauthorized"},
 		{"rebinding host", "/api/v1/runs", []string{"Host", "evil.example:7070"}, 421, "bad_host"},
 		{"rebinding host on the page", "/", []string{"Host", "evil.example"}, 421, "bad_host"},
 		{"foreign origin", "/api/v1/runs", []string{"Origin", "http://evil.example"}, 403, "bad_origin"},
@@ -50,6 +50,16 @@ func TestAuthHostOrigin(t *testing.T) {
 				}
 			}
 		})
+	}
+	// A probe with no token gets the overall state and nothing more; the
+	// components take the token.
+	r := e.do("GET", "/healthz", nil, "Authorization", "")
+	if m := r.json(t); r.status != 200 || m["status"] != "ok" || len(m) != 1 {
+		t.Fatalf("healthz without a token: %d %s", r.status, r.body)
+	}
+	r = e.do("GET", "/healthz", nil)
+	if m := r.json(t); r.status != 200 || m["components"] == nil {
+		t.Fatalf("healthz with the token: %d %s", r.status, r.body)
 	}
 }
 

@@ -33,7 +33,10 @@ type Health struct {
 }
 
 // healthz answers 200 while the appliance can run turns (every component
-// ok, degraded or not configured) and 503 when a component is down.
+// ok, degraded or not configured) and 503 when a component is down. A
+// request without a token (a liveness probe, which DESIGN's bearer auth
+// for /api/v1 does not cover) gets the status alone; the components, with
+// their details, need the token.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	checks := []HealthCheck{{Name: "store", Check: s.storeHealth}}
 	checks = append(checks, s.cfg.Health...)
@@ -67,6 +70,10 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(down) > 0 {
 		status, code = StateDown, http.StatusServiceUnavailable
+	}
+	if !tokenEqual(bearer(r), s.cfg.Token) {
+		writeJSON(w, code, map[string]any{"status": status})
+		return
 	}
 	writeJSON(w, code, map[string]any{"status": status, "components": comps, "degraded": degraded, "down": down,
 		"active_runs": s.cfg.Manager.Active()})
