@@ -163,7 +163,18 @@ func parseFlagsFirst(fs *flag.FlagSet, args []string) error {
 }
 
 func init() {
-	register("version", "print the version", func(_ context.Context, _ []string, stdout, _ io.Writer) error {
+	register("version", "print the version", func(_ context.Context, args []string, stdout, stderr io.Writer) error {
+		fs := newCmdFlags("version", "version [--json]", stdout, stderr)
+		asJSON := fs.Bool("json", false, "print JSON: {\"version\", \"go\"}")
+		if err := fs.parse(args, false); err != nil {
+			return err
+		}
+		if _, err := fs.args(); err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(stdout, map[string]string{"version": version, "go": runtime.Version()})
+		}
 		fmt.Fprintf(stdout, "outpost %s\n", version)
 		return nil
 	})

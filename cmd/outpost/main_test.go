@@ -414,3 +414,16 @@ func TestBackupWhileOwnerWrites(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, runs, 1)
 }
+
+// version takes --json, as every command does.
+func TestVersionJSON(t *testing.T) {
+	code, stdout, stderr := outpost(t, "version", "--json")
+	require.Zero(t, code, stderr)
+	var v struct{ Version, Go string }
+	require.NoError(t, json.Unmarshal([]byte(stdout), &v), stdout)
+	require.Equal(t, version, v.Version)
+	require.NotEmpty(t, v.Go)
+	code, stdout, _ = outpost(t, "version")
+	require.Zero(t, code)
+	require.Equal(t, "outpost "+version+"\n", stdout)
+}

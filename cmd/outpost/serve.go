@@ -80,6 +80,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := console.CheckListen(*listen, *cert != ""); err != nil {
 		return err
 	}
+	// The address is taken first: one that is in use stops serve before
+	// it makes a data folder or a store, or says anything else.
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("%w (another program serves there: stop it, or choose another address with --listen)", err)
+	}
+	serving := false
+	defer func() {
+		if !serving {
+			l.Close()
+		}
+	}()
 
 	p, model, err := mc.provider(ctx, stderr)
 	if err != nil {
@@ -187,13 +199,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, "resumed %d run(s) left running by an earlier process\n", n)
 	}
 
-	l, err := net.Listen("tcp", *listen)
-	if err != nil {
-		shutdown()
-		return err
-	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	served := make(chan error, 1)
+	serving = true // hs closes l from here on
 	go func() {
 		if *cert != "" {
 			served <- hs.ServeTLS(l, *cert, *key)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -256,4 +257,19 @@ func TestScriptedModelHealth(t *testing.T) {
 	assert.Equal(t, console.StateOK, h.State)
 	assert.Equal(t, "scripted model (--model scripted, the default: the bundle's deterministic rules)", h.Detail)
 	assert.Contains(t, out.String(), "model: scripted (the bundle's deterministic rules; no Ollama reachable at http://127.0.0.1:1)")
+}
+
+// An address in use stops serve before it makes a data folder or a store,
+// with a message that says what to do.
+func TestServeOnATakenAddress(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	data := filepath.Join(t.TempDir(), "data")
+	code, stdout, stderr := outpost(t, "serve", "--data", data, "--listen", l.Addr().String())
+	require.NotZero(t, code)
+	assert.Empty(t, stdout, "nothing is announced")
+	assert.Contains(t, stderr, "address already in use")
+	assert.Contains(t, stderr, "choose another address with --listen")
+	assert.NoDirExists(t, data)
 }
