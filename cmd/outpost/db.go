@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -82,14 +81,10 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, dbUsage)
 		return usageError(fmt.Sprintf("unknown db subcommand %q", name))
 	}
-	synopsis := strings.Join(strings.Fields("outpost db "+name+" "+sub.synopsis+" [flags] "+sub.arg), " ")
-	// The flag package's own messages are kept, to say them once in the
-	// returned error; -h prints this subcommand's help on stdout.
-	var msgs bytes.Buffer
-	fs := flag.NewFlagSet("outpost db "+name, flag.ContinueOnError)
-	fs.SetOutput(&msgs)
-	fs.Usage = func() {}
-	data := dataFlag(fs)
+	synopsis := strings.Join(strings.Fields("db "+name+" "+sub.synopsis+" [flags] "+sub.arg), " ")
+	fs := newCmdFlags("db "+name, synopsis, stdout, stderr)
+	fs.About = sub.about
+	data := dataFlag(fs.FlagSet)
 	fs.Lookup("data").Usage = "the data folder `DIR` (or set $OUTPOST_DATA)"
 	asJSON := fs.Bool("json", false, "print JSON")
 	var file string
@@ -100,15 +95,10 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "prune":
 		fs.Var(&olderThan, "older-than", "prune the finished threads whose newest checkpoint is older than `D`: 720h, 30d, 1d12h, 90m; 0s takes every one")
 	}
-	switch err := parse(fs, args[1:]); {
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprintf(stdout, "Usage: %s\n\n%s\n\nFlags:\n", synopsis, sub.about)
-		fs.SetOutput(stdout)
-		fs.PrintDefaults()
+	if err := fs.parse(args[1:], false); err != nil {
 		return err
-	case err != nil:
-		return fmt.Errorf("%s\nusage: %s (outpost db %s -h lists its flags)", strings.TrimSpace(msgs.String()), synopsis, name)
 	}
+	synopsis = "outpost " + synopsis
 	var dst string
 	switch {
 	case sub.arg != "" && fs.NArg() == 0:
@@ -129,7 +119,7 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	switch name {
 	case "check":
-		if file != "" && flagGiven(fs, "data") {
+		if file != "" && flagGiven(fs.FlagSet, "data") {
 			return fmt.Errorf("give --data DIR or --file FILE, not both")
 		}
 		return dbCheck(ctx, *data, file, *asJSON, stdout, stderr)

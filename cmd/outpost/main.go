@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -12,6 +13,7 @@ import (
 	"os/signal"
 	"runtime"
 	"sort"
+	"strings"
 	"syscall"
 
 	"github.com/outpost-edge/outpost/internal/gctune"
@@ -195,32 +197,40 @@ func subcommand(name, usage string, args []string, stderr io.Writer) (string, *f
 }
 
 // cmdFlags is one command's flag set. Its help goes to stdout when asked for
-// (-h, exit 0) and to stderr after a flag error; either way it lists only
-// this command's flags, under a usage line that names its arguments.
+// (-h, exit 0) and lists only this command's flags, under a usage line that
+// names its arguments and what About says. A flag error is one short
+// message that points to -h.
 type cmdFlags struct {
 	*flag.FlagSet
-	synopsis       string // "runs show [flags] RUN"
+	name     string // "runs show"
+	synopsis string // "runs show [flags] RUN"
+	// About, when set, is what -h says of the command above its flags.
+	About          string
+	msgs           bytes.Buffer // what the flag package says of an error
 	stdout, stderr io.Writer
 }
 
 func newCmdFlags(name, synopsis string, stdout, stderr io.Writer) *cmdFlags {
-	fs := flag.NewFlagSet("outpost "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	c := &cmdFlags{FlagSet: flag.NewFlagSet("outpost "+name, flag.ContinueOnError), name: name, synopsis: synopsis, stdout: stdout, stderr: stderr}
+	c.SetOutput(&c.msgs)
 	// The flag package calls Usage for -h and for an error alike; parse
-	// prints it, to the stream that fits.
-	fs.Usage = func() {}
-	return &cmdFlags{FlagSet: fs, synopsis: synopsis, stdout: stdout, stderr: stderr}
+	// says what fits.
+	c.Usage = func() {}
+	return c
 }
 
 func (c *cmdFlags) printUsage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: outpost %s\n", c.synopsis)
+	if c.About != "" {
+		fmt.Fprintf(w, "\n%s\n", strings.TrimSpace(c.About))
+	}
 	n := 0
 	c.VisitAll(func(*flag.Flag) { n++ })
 	if n > 0 {
 		fmt.Fprintf(w, "\nFlags:\n")
 		c.SetOutput(w)
 		c.PrintDefaults()
-		c.SetOutput(c.stderr)
+		c.SetOutput(&c.msgs)
 	}
 }
 
@@ -236,10 +246,15 @@ func (c *cmdFlags) parse(args []string, flagsFirst bool) error {
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		c.printUsage(c.stdout)
+		return err
 	case err != nil:
-		c.printUsage(c.stderr)
+		msg := strings.TrimSpace(c.msgs.String())
+		if msg == "" {
+			msg = err.Error()
+		}
+		return fmt.Errorf("%s\nusage: outpost %s (outpost %s -h lists its flags)", msg, c.synopsis, c.name)
 	}
-	return err
+	return nil
 }
 
 // args checks that exactly len(names) arguments were given, names being
