@@ -23,7 +23,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stderr, "Usage: outpost bench reference [flags]  (the only workload is \"reference\")")
 		return errUsage
 	}
-	fs := newFlags("bench", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--runs N] [--probe-during] [--data DIR] [--cpuprofile FILE] [--trace FILE] [--json]", stderr)
+	fs := newCmdFlags("bench", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--runs N] [--probe-during] [--data DIR] [--cpuprofile FILE] [--trace FILE] [--json]", stdout, stderr)
 	saver := fs.String("saver", "memory", "checkpointer: memory or bbolt")
 	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit at run end)")
 	threads := fs.Int("threads", 1, "threads run concurrently")
@@ -34,7 +34,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	traceFile := fs.String("trace", "", "write an execution trace of the turns to `FILE`, for go tool trace")
 	runs := fs.Int("runs", 1, "run the workload `N` times and print the medians (a shared machine's speed drifts from run to run)")
 	probeDuring := fs.Bool("probe-during", false, fmt.Sprintf("bbolt, one thread: also time the commit probe between turns, while the workload runs (every %d turns it waits for %d small commits, left out of turns/s), and print the ceiling that implies", bench.ProbeEvery, bench.ProbeBurst))
-	if err := parse(fs, args[1:]); err != nil {
+	if err := fs.parse(args[1:], false); err != nil {
 		return err
 	}
 	if *probeDuring && (*saver != "bbolt" || *threads != 1) {

@@ -18,12 +18,12 @@ func init() {
 }
 
 func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("collector", "collector --listen ADDR --data DIR --secrets FILE [--postgres DSN]", stderr)
+	fs := newCmdFlags("collector", "collector --listen ADDR --data DIR --secrets FILE [--postgres DSN]", stdout, stderr)
 	listen := fs.String("listen", "127.0.0.1:7080", "address to listen on")
 	data := fs.String("data", "./collector-data", "data folder of the embedded (bbolt) store")
 	secrets := fs.String("secrets", "", "file of \"appliance_id secret\" lines, one per appliance")
 	pg := fs.String("postgres", "", "store into PostgreSQL at this DSN instead of bbolt (several collectors may share it)")
-	if err := parse(fs, args); err != nil {
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	if *secrets == "" {

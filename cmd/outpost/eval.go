@@ -19,7 +19,7 @@ func init() {
 const evalSynopsis = "eval [--bundle PATH [--keys DIR]] [--json] [--parallel N] FILE.jsonl..."
 
 func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("eval", evalSynopsis, stderr)
+	fs := newCmdFlags("eval", evalSynopsis, stdout, stderr)
 	bundle := fs.String("bundle", "", "resolve agents from this bundle (a directory or .tar) instead of the embedded reference bundle")
 	keys := fs.String("keys", "", "trusted public keys for --bundle: a folder of .pub files, or one file (default: the development key)")
 	asJSON := fs.Bool("json", false, "write the report as JSON on stdout")
@@ -27,12 +27,12 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	flagsCh := fs.String("flags-channel", "flags", "the channel that a turn's expected flags are checked against")
 	finalCh := fs.String("final-channel", "final", "the channel holding the final answer (the run's output when the agent has none)")
 	timeout := fs.Duration("timeout", time.Minute, "the longest one conversation may take")
-	if err := parse(fs, args); err != nil {
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	files := fs.Args()
 	if len(files) == 0 {
-		fs.Usage()
+		fs.printUsage(stderr)
 		return errUsage
 	}
 	if *parallel < 1 {

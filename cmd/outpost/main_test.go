@@ -427,3 +427,18 @@ func TestVersionJSON(t *testing.T) {
 	require.Zero(t, code)
 	require.Equal(t, "outpost "+version+"\n", stdout)
 }
+
+// -h prints a command's help on stdout and exits 0, for every command
+// built on cmdFlags.
+func TestHelpOnStdout(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "-h"}, {"bench", "reference", "-h"}, {"eval", "-h"}, {"token", "-h"}, {"collector", "-h"},
+		{"run", "-h"}, {"resume", "-h"}, {"version", "-h"}, {"db", "check", "-h"}, {"runs", "list", "-h"},
+	} {
+		code, stdout, stderr := outpost(t, args...)
+		require.Zero(t, code, "%v: %s", args, stderr)
+		require.Empty(t, stderr, "%v", args)
+		require.Contains(t, stdout, "Usage: outpost "+args[0], "%v", args)
+		require.Contains(t, stdout, "Flags:", "%v", args)
+	}
+}

@@ -56,10 +56,10 @@ func consoleUplink(db *store.DB, up *uplink.Uplink) func(context.Context) (*cons
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--tls-cert FILE --tls-key FILE] [--allow-host NAME]", stderr)
-	data := dataFlag(fs)
+	fs := newCmdFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--tls-cert FILE --tls-key FILE] [--allow-host NAME]", stdout, stderr)
+	data := dataFlag(fs.FlagSet)
 	listen := fs.String("listen", "127.0.0.1:7070", "address to serve on; beyond loopback it needs --tls-cert and --tls-key")
-	mc := modelFlags(fs)
+	mc := modelFlags(fs.FlagSet)
 	cert := fs.String("tls-cert", "", "TLS certificate file (PEM)")
 	key := fs.String("tls-key", "", "TLS private key file (PEM)")
 	var hosts hostList
@@ -68,7 +68,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	upURL := fs.String("uplink", "", "collector URL to send the outcome ledger to (e.g. https://collector.site:8443)")
 	applianceID := fs.String("appliance-id", "", "this appliance's id upstream (default: the store's)")
 	upSecret := fs.String("uplink-secret", "", "file holding the HMAC secret shared with the collector")
-	if err := parse(fs, args); err != nil {
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	if (*upURL == "") != (*upSecret == "") {

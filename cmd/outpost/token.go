@@ -15,9 +15,9 @@ func init() {
 }
 
 func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("token", "token [--data DIR]", stderr)
-	data := dataFlag(fs)
-	if err := parse(fs, args); err != nil {
+	fs := newCmdFlags("token", "token [--data DIR]", stdout, stderr)
+	data := dataFlag(fs.FlagSet)
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	tok, err := console.ReadToken(*data)
