@@ -39,7 +39,9 @@ func (g *Graph) Fork(ctx context.Context, cfg RunConfig, checkpointID string) (*
 	if err := e.load(ctx, checkpointID); err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}
-	c := &Checkpoint{Thread: cfg.Thread, NS: cfg.ns, ID: newID(), ParentID: checkpointID, RunID: e.run.ID,
+	// No run made the fork (the execution's run record is never stored),
+	// so it names none: the next run on the thread starts from it.
+	c := &Checkpoint{Thread: cfg.Thread, NS: cfg.ns, ID: newID(), ParentID: checkpointID,
 		Step: e.step, Source: SourceFork, Next: e.next, Created: time.Now().UTC()}
 	if err := cfg.Store.Commit(ctx, &Commit{Checkpoint: c, Sync: true}); err != nil {
 		return nil, fmt.Errorf("fork: %w", err)

@@ -103,6 +103,15 @@ func TestForkRunsOnANewBranch(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, after, len(before)+4, "fork plus the new turn's three checkpoints")
 	require.Equal(t, fork.ID, after[3].ID)
+	// Every checkpoint names a run that exists, or none: no run made the
+	// fork.
+	require.Empty(t, fork.RunID)
+	for _, c := range after {
+		if c.RunID != "" {
+			_, err := store.Run(ctx, c.RunID)
+			require.NoError(t, err, "checkpoint %s names run %s", c.ID, c.RunID)
+		}
+	}
 
 	_, err = g.Fork(ctx, cfg, "")
 	require.Error(t, err)
