@@ -40,7 +40,7 @@ never use it on a production appliance.
 `
 
 func runFirmware(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub, fs, err := subcommand("firmware", firmwareUsage, args, stderr)
+	sub, fs, err := subcommand("firmware", firmwareUsage, args, stdout, stderr)
 	if sub == "" {
 		return err
 	}
@@ -62,7 +62,7 @@ func runFirmware(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return firmwareExport(fs, rest, stdout)
 	}
 	fmt.Fprint(stderr, firmwareUsage)
-	return fmt.Errorf("unknown firmware command %q", sub)
+	return usageError(fmt.Sprintf("unknown firmware command %q", sub))
 }
 
 // explain adds what to do to the firmware library's errors.
@@ -125,9 +125,10 @@ func keyring(dataDir, keys string, dev bool) (*firmware.Keyring, error) {
 	return ring, nil
 }
 
-func firmwareKeygen(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+func firmwareKeygen(fs *cmdFlags, args []string, stdout io.Writer) error {
+	fs.synopsis = "firmware keygen [--out DIR]"
 	out := fs.String("out", ".", "folder for the key pair")
-	if err := parse(fs, args); err != nil {
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	id, err := firmware.Keygen(*out)
@@ -139,14 +140,14 @@ func firmwareKeygen(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	return nil
 }
 
-func firmwareSign(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+func firmwareSign(fs *cmdFlags, args []string, stdout io.Writer) error {
+	fs.synopsis = "firmware sign --key FILE DIR"
 	key := fs.String("key", "", "private key file (from firmware keygen)")
-	if err := parse(fs, args); err != nil {
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	if *key == "" || fs.NArg() != 1 {
-		fs.Usage()
-		return fmt.Errorf("sign needs --key FILE and one bundle folder")
+		return fmt.Errorf("sign needs --key FILE and one bundle folder (usage: outpost %s)", fs.synopsis)
 	}
 	if err := firmware.Sign(fs.Arg(0), *key); err != nil {
 		return explain(err)
@@ -156,16 +157,16 @@ func firmwareSign(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	return nil
 }
 
-func firmwareVerify(fs *flag.FlagSet, args []string, stdout io.Writer) error {
-	data := dataFlag(fs)
-	keys, dev := keyFlags(fs)
+func firmwareVerify(fs *cmdFlags, args []string, stdout io.Writer) error {
+	fs.synopsis = "firmware verify [flags] BUNDLE"
+	data := dataFlag(fs.FlagSet)
+	keys, dev := keyFlags(fs.FlagSet)
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	if err := parse(fs, args); err != nil {
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
-		return fmt.Errorf("verify needs one bundle (a folder or a .tar)")
+		return fmt.Errorf("verify needs one bundle (a folder or a .tar) (usage: outpost %s)", fs.synopsis)
 	}
 	ring, err := keyring(*data, *keys, *dev)
 	if err != nil {
@@ -185,20 +186,20 @@ func firmwareVerify(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	return nil
 }
 
-func firmwareInstall(fs *flag.FlagSet, args []string, stdout io.Writer) error {
-	data := dataFlag(fs)
-	keys, dev := keyFlags(fs)
+func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
+	fs.synopsis = "firmware install [flags] BUNDLE"
+	data := dataFlag(fs.FlagSet)
+	keys, dev := keyFlags(fs.FlagSet)
 	activate := fs.Bool("activate", false, "make this version active (the first version of a name always is)")
 	downgrade := fs.Bool("allow-downgrade", false, "install a version lower than one installed before (recorded, with --by and --reason)")
 	by := fs.String("by", "", "who installs (recorded)")
 	reason := fs.String("reason", "", "why (recorded)")
 	asJSON := fs.Bool("json", false, "print the installed version as JSON")
-	if err := parse(fs, args); err != nil {
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
-		return fmt.Errorf("install needs one bundle (a folder or a .tar)")
+		return fmt.Errorf("install needs one bundle (a folder or a .tar) (usage: outpost %s)", fs.synopsis)
 	}
 	if *downgrade && (*by == "" || *reason == "") {
 		return fmt.Errorf("--allow-downgrade needs --by NAME and --reason TEXT, which are recorded")
@@ -247,10 +248,11 @@ func trustKey(dataDir string, ring *firmware.Keyring, id string) error {
 	return firmware.WritePublicKey(keysDir(dataDir), pub)
 }
 
-func firmwareList(fs *flag.FlagSet, args []string, stdout io.Writer) error {
-	data := dataFlag(fs)
+func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
+	fs.synopsis = "firmware list [flags]"
+	data := dataFlag(fs.FlagSet)
 	asJSON := fs.Bool("json", false, "print the list as JSON")
-	if err := parse(fs, args); err != nil {
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	in, _, err := openInstaller(*data, nil)
@@ -280,14 +282,14 @@ func firmwareList(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	return tw.Flush()
 }
 
-func firmwareActivate(fs *flag.FlagSet, args []string, stdout io.Writer) error {
-	data := dataFlag(fs)
-	if err := parse(fs, args); err != nil {
+func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
+	fs.synopsis = "firmware activate [flags] NAME VERSION"
+	data := dataFlag(fs.FlagSet)
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	if fs.NArg() != 2 {
-		fs.Usage()
-		return fmt.Errorf("activate needs a bundle name and a version")
+		return fmt.Errorf("activate needs a bundle name and a version (usage: outpost %s)", fs.synopsis)
 	}
 	v, err := strconv.ParseInt(fs.Arg(1), 10, 64)
 	if err != nil || v <= 0 {
@@ -307,13 +309,13 @@ func firmwareActivate(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	return nil
 }
 
-func firmwareExport(fs *flag.FlagSet, args []string, stdout io.Writer) error {
-	if err := parse(fs, args); err != nil {
+func firmwareExport(fs *cmdFlags, args []string, stdout io.Writer) error {
+	fs.synopsis = "firmware export DIR"
+	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
-		return fmt.Errorf("export needs a folder")
+		return fmt.Errorf("export needs a folder (usage: outpost %s)", fs.synopsis)
 	}
 	if err := firmware.Export(fs.Arg(0)); err != nil {
 		return err

@@ -133,8 +133,11 @@ func TestFirmwareErrors(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "no such file")
 	code, _, stderr = outpost(t, "firmware", "frob")
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code, "an unknown subcommand is a usage error, as for db and runs")
 	require.Contains(t, stderr, `unknown firmware command "frob"`)
+	code, _, stderr = outpost(t, "firmware", "sign", t.TempDir())
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "sign needs --key FILE and one bundle folder (usage: outpost firmware sign --key FILE DIR)")
 }
 
 // With --model ollama:NAME and nothing listening, run says so and answers

@@ -118,17 +118,6 @@ func usage(w io.Writer) {
 	fmt.Fprintf(w, "\nRun \"outpost <command> -h\" for a command's flags.\n")
 }
 
-// newFlags returns a flag set whose errors go to stderr and are not repeated.
-func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("outpost "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: outpost %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
 // parse parses flags given before, between or after the positional
 // arguments ("outpost db backup FILE --json"), which fs.Args then holds in
 // their order. "--" ends the flags.
@@ -184,16 +173,17 @@ func init() {
 
 // subcommand splits "outpost NAME SUB ..." and returns SUB with a flag set
 // for it; SUB is "" when only usage was asked for (err says how it ended).
-func subcommand(name, usage string, args []string, stderr io.Writer) (string, *flag.FlagSet, error) {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
+func subcommand(name, usage string, args []string, stdout, stderr io.Writer) (string, *cmdFlags, error) {
+	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		if len(args) == 0 {
-			return "", nil, errUsage
-		}
+		return "", nil, usageError("")
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
 		return "", nil, nil
 	}
 	sub := args[0]
-	return sub, newFlags(name+" "+sub, name+" "+sub+" [flags]", stderr), nil
+	return sub, newCmdFlags(name+" "+sub, name+" "+sub+" [flags]", stdout, stderr), nil
 }
 
 // cmdFlags is one command's flag set. Its help goes to stdout when asked for

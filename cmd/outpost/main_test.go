@@ -434,6 +434,7 @@ func TestHelpOnStdout(t *testing.T) {
 	for _, args := range [][]string{
 		{"serve", "-h"}, {"bench", "reference", "-h"}, {"eval", "-h"}, {"token", "-h"}, {"collector", "-h"},
 		{"run", "-h"}, {"resume", "-h"}, {"version", "-h"}, {"db", "check", "-h"}, {"runs", "list", "-h"},
+		{"firmware", "install", "-h"}, {"firmware", "sign", "-h"}, {"uplink", "status", "-h"},
 	} {
 		code, stdout, stderr := outpost(t, args...)
 		require.Zero(t, code, "%v: %s", args, stderr)

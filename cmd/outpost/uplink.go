@@ -32,17 +32,17 @@ control socket, and flush is serve's job (GET /api/v1/uplink shows it).
 `
 
 func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub, fs, err := subcommand("uplink", uplinkUsage, args, stderr)
+	sub, fs, err := subcommand("uplink", uplinkUsage, args, stdout, stderr)
 	if sub == "" {
 		return err
 	}
-	data := dataFlag(fs)
+	data := dataFlag(fs.FlagSet)
 	url := fs.String("url", "", "the collector's base URL (flush)")
 	appliance := fs.String("appliance-id", "", "this appliance's id upstream (default: the store's)")
 	secretFile := fs.String("secret-file", "", "file holding this appliance's uplink secret (flush)")
 	timeout := fs.Duration("timeout", time.Minute, "flush: give up after this long")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parse(fs, args[1:]); err != nil {
+	if err := fs.parse(args[1:], false); err != nil {
 		return err
 	}
 	switch sub {
@@ -59,7 +59,7 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return uplinkFlush(ctx, *data, uplink.Config{URL: *url, ApplianceID: *appliance, Secret: secret}, *timeout, *asJSON, stdout, stderr)
 	}
 	fmt.Fprint(stderr, uplinkUsage)
-	return fmt.Errorf("unknown uplink subcommand %q", sub)
+	return usageError(fmt.Sprintf("unknown uplink subcommand %q", sub))
 }
 
 func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.Writer) error {
