@@ -22,7 +22,7 @@ func TestReadToolRoundTrip(t *testing.T) {
 	ans := e.answer.Get(res.State)
 	require.Contains(t, ans, "From the notes:")
 	require.Contains(t, ans, "doc-1")
-	require.Contains(t, ans, "<<<TOOL_RESULT", "the model saw the result inside data markers")
+	require.NotContains(t, ans, "<<<TOOL_RESULT", "the answer does not repeat the data markers")
 
 	called, result := e.events.of(engine.EventToolCalled), e.events.of(engine.EventToolResult)
 	require.Len(t, called, 1)
@@ -40,6 +40,7 @@ func TestReadToolRoundTrip(t *testing.T) {
 
 	msgs := e.messages.Get(res.State)
 	require.Equal(t, []string{"user", "assistant", "tool", "assistant"}, roles(msgs))
+	require.True(t, strings.HasPrefix(msgs[2].Content, "<<<TOOL_RESULT id="), "the model got the result inside data markers: %q", msgs[2].Content)
 }
 
 func roles(ms []models.Message) []string {

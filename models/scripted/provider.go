@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -13,6 +14,11 @@ import (
 
 // Name is the provider's name, in Name() and every Response.
 const Name = "scripted"
+
+// resultFences are the lines that fence a tool's result off from
+// instructions (policy.Neutralize). A model reads them as delimiters and
+// does not repeat them in its answer, so {{context}} leaves them out.
+var resultFences = regexp.MustCompile(`(?m)^<<<(?:END_)?TOOL_RESULT [^\n]*>>>\n?`)
 
 // ContextPrefix marks a system message as retrieved context for {{context}}
 // when the turn has no tool results: "Context:\n[doc-1] ...". A retrieve
@@ -157,7 +163,7 @@ func readTurn(msgs []models.Message) turn {
 	for _, m := range msgs[lastUser+1:] {
 		if m.Role == models.RoleTool {
 			t.hasToolResults = true
-			results = append(results, strings.TrimSpace(m.Content))
+			results = append(results, strings.TrimSpace(resultFences.ReplaceAllString(m.Content, "")))
 		}
 	}
 	if len(results) > 0 {

@@ -243,3 +243,21 @@ func FuzzParseRules(f *testing.F) {
 		}
 	})
 }
+
+// A tool result reaches {{context}} without the fences that mark it as
+// data, as a model reads them and does not repeat them; the rules match
+// the result inside.
+func TestContextLeavesOutResultFences(t *testing.T) {
+	p := newMedication(t)
+	fenced := func(body string) models.Message {
+		return toolResult("kb_search", "<<<TOOL_RESULT id=0123456789abcdef tool=kb_search>>>\n"+body+"\n<<<END_TOOL_RESULT id=0123456789abcdef>>>")
+	}
+	for _, tc := range []struct{ body, want string }{
+		{"[doc-1] Take it with food.", "About metformin: [doc-1] Take it with food."},
+		{"refused: tool \"kb_search\" is not available", "I could not look up metformin (refused: tool \"kb_search\" is not available)."},
+	} {
+		resp, err := p.Chat(context.Background(), models.Request{Messages: []models.Message{user("metformin?"), fenced(tc.body)}}, nil)
+		require.NoError(t, err)
+		require.Equal(t, tc.want, resp.Message.Content)
+	}
+}
