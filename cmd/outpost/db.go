@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/outpost-edge/outpost/store"
@@ -242,6 +243,16 @@ func openOrDial(dir string, opts store.Options, local func(*store.DB) error, rem
 	if _, err := storeFile(dir); err != nil {
 		return err
 	}
+	// A process that owns the store answers on its socket at once, where
+	// opening would first wait out the lock's timeout. A socket that a
+	// killed owner left behind answers nothing: then the file is opened.
+	if remote != nil {
+		if c, err := store.DialControl(dir); err == nil {
+			if err := remote(c); !unanswered(err) {
+				return err
+			}
+		}
+	}
 	db, err := store.OpenDir(dir, opts)
 	if errors.Is(err, store.ErrInUse) && remote != nil {
 		c, cerr := store.DialControl(dir)
@@ -255,6 +266,11 @@ func openOrDial(dir string, opts store.Options, local func(*store.DB) error, rem
 	}
 	defer db.Close()
 	return local(db)
+}
+
+// unanswered says a control socket had no one behind it.
+func unanswered(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
 }
 
 // newFileAt checks that dst can be made as a new file: it does not exist,

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -500,4 +501,21 @@ func TestRefusedStoreLeavesFolderAsItWas(t *testing.T) {
 	require.Contains(t, stderr, "store file is damaged")
 	require.Equal(t, before, folderFiles(t, dir))
 	require.NoFileExists(t, filepath.Join(dir, store.LockFile(store.FileName)))
+}
+
+// A control socket that a killed owner left behind answers nothing: the
+// db commands then open the file, as if there were no socket.
+func TestDBStaleControlSocket(t *testing.T) {
+	dir := storeWithRun(t)
+	l, err := net.Listen("unix", filepath.Join(dir, store.ControlSocket))
+	require.NoError(t, err)
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	require.NoError(t, l.Close())
+	require.FileExists(t, filepath.Join(dir, store.ControlSocket), "the socket's file stays, as after a kill -9")
+	code, stdout, stderr := outpost(t, "db", "check", "--data", dir)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "store is sound")
+	code, stdout, stderr = outpost(t, "runs", "list", "--data", dir)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "completed")
 }
