@@ -666,7 +666,18 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) *apiError {
 	if req.Checkpoint == "" {
 		return errorf(http.StatusUnprocessableEntity, "checkpoint_required", `"checkpoint" is required`)
 	}
-	runs, err := s.cfg.Manager.Store().Runs(r.Context(), engine.RunFilter{Thread: thread})
+	// The manager knows whether a run holds the thread, whatever the store
+	// holds; a run record that cannot be read (and so names no thread) is
+	// passed over, as the run list does.
+	if id, busy := s.cfg.Manager.ThreadRun(thread); busy {
+		run, err := s.cfg.Manager.Run(r.Context(), id)
+		status := "not finished"
+		if err == nil {
+			status = string(run.Status)
+		}
+		return errorf(http.StatusConflict, "thread_busy", fmt.Sprintf("run %s on the thread is %s: cancel or finish it before forking", id, status))
+	}
+	runs, err := s.cfg.Manager.Store().Runs(r.Context(), engine.RunFilter{Thread: thread, Damaged: func(string, error) {}})
 	if err != nil {
 		return errorf(http.StatusInternalServerError, "read_failed", err.Error())
 	}

@@ -178,3 +178,24 @@ func TestConsoleWarnsOfDamagedRuns(t *testing.T) {
 	box, _ := c.eval(ctx, `JSON.stringify(document.getElementById("runs-damaged").getBoundingClientRect())`).(string)
 	assert.NotContains(t, box, `"height":0`, "the warning is not visible")
 }
+
+// A damaged run record does not keep the other threads from forking: the
+// fork asks the manager whether a run holds the thread, not the records.
+func TestForkPassesOverADamagedRecord(t *testing.T) {
+	dir := t.TempDir()
+	e := newEnvIn(t, dir, nil)
+	_, ok := e.startRun("fork-ok", "hi", "20s")
+	_, bad := e.startRun("fork-bad", "hi", "20s")
+	require.Equal(t, "completed", ok["status"])
+	e.close()
+	damageRun(t, dir, bad["id"].(string))
+
+	e = newEnvIn(t, dir, nil)
+	h := e.do("GET", "/api/v1/threads/fork-ok/history", nil)
+	require.Equal(t, http.StatusOK, h.status, "%s", h.body)
+	cps := h.json(t)["checkpoints"].([]any)
+	base := cps[len(cps)-1].(map[string]any)["id"].(string)
+	r := e.do("POST", "/api/v1/threads/fork-ok/fork", map[string]any{"checkpoint": base})
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	require.Equal(t, base, r.json(t)["parent"])
+}

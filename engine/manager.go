@@ -127,6 +127,17 @@ func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
 // Store returns the manager's store.
 func (m *Manager) Store() Store { return m.store }
 
+// ThreadRun returns the run that holds thread: queued, running, or paused
+// at an interrupt. ok is false when the thread is free.
+func (m *Manager) ThreadRun(thread string) (runID string, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if a := m.threads[thread]; a != nil {
+		return a.runID, true
+	}
+	return "", false
+}
+
 func (m *Manager) config(a *Agent, run *Run) RunConfig {
 	limit := m.opts.StepLimit
 	if a.StepLimit > 0 {
