@@ -443,3 +443,15 @@ func TestHelpOnStdout(t *testing.T) {
 		require.Contains(t, stdout, "Flags:", "%v", args)
 	}
 }
+
+// Each uplink subcommand lists its own flags only.
+func TestUplinkHelpListsItsOwnFlags(t *testing.T) {
+	_, stdout, _ := outpost(t, "uplink", "status", "-h")
+	require.Contains(t, stdout, "Usage: outpost uplink status")
+	require.NotContains(t, stdout, "-secret-file")
+	_, stdout, _ = outpost(t, "uplink", "flush", "-h")
+	require.Contains(t, stdout, "-secret-file")
+	code, _, stderr := outpost(t, "uplink", "flush", "--data", t.TempDir())
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "flush needs --url and --secret-file (usage: outpost uplink flush --url URL --secret-file FILE [flags])")
+}

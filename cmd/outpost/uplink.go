@@ -36,13 +36,28 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if sub == "" {
 		return err
 	}
+	if sub != "status" && sub != "flush" {
+		fmt.Fprint(stderr, uplinkUsage)
+		return usageError(fmt.Sprintf("unknown uplink subcommand %q", sub))
+	}
+	// Each subcommand lists only its own flags.
 	data := dataFlag(fs.FlagSet)
-	url := fs.String("url", "", "the collector's base URL (flush)")
-	appliance := fs.String("appliance-id", "", "this appliance's id upstream (default: the store's)")
-	secretFile := fs.String("secret-file", "", "file holding this appliance's uplink secret (flush)")
-	timeout := fs.Duration("timeout", time.Minute, "flush: give up after this long")
 	asJSON := fs.Bool("json", false, "print JSON")
+	url, appliance, secretFile, timeout := new(string), new(string), new(string), new(time.Duration)
+	if sub == "status" {
+		fs.synopsis = "uplink status [--data DIR] [--url URL] [--json]"
+		fs.StringVar(url, "url", "", "the collector's base URL, to report as configured")
+	} else {
+		fs.synopsis = "uplink flush --url URL --secret-file FILE [flags]"
+		fs.StringVar(url, "url", "", "the collector's base URL")
+		fs.StringVar(appliance, "appliance-id", "", "this appliance's id upstream (default: the store's)")
+		fs.StringVar(secretFile, "secret-file", "", "file holding this appliance's uplink secret")
+		fs.DurationVar(timeout, "timeout", time.Minute, "give up after this long")
+	}
 	if err := fs.parse(args[1:], false); err != nil {
+		return err
+	}
+	if _, err := fs.args(); err != nil {
 		return err
 	}
 	switch sub {
@@ -50,7 +65,7 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return uplinkStatus(ctx, *data, *url, *asJSON, stdout)
 	case "flush":
 		if *url == "" || *secretFile == "" {
-			return fmt.Errorf("flush needs --url and --secret-file")
+			return fmt.Errorf("flush needs --url and --secret-file (usage: outpost %s)", fs.synopsis)
 		}
 		secret, err := uplink.LoadSecret(*secretFile)
 		if err != nil {
