@@ -333,12 +333,30 @@ func (in *Installer) setActive(name string, version int64, at time.Time, by, rea
 	in.idx.Log = append(in.idx.Log, LogEntry{At: at, Action: "activate", Name: name, Version: version, By: by, Reason: reason})
 }
 
+// ActivateOptions qualify one activation.
+type ActivateOptions struct {
+	// AllowDowngrade activates a version lower than the active one: a
+	// rollback, recorded with By and Reason, as a downgrading install is.
+	AllowDowngrade bool
+	By, Reason     string
+}
+
 // Activate makes an installed version the one new runs of its agents use.
-// Runs already started stay on the version they are pinned to.
-func (in *Installer) Activate(name string, version int64) error {
+// Runs already started stay on the version they are pinned to. A version
+// lower than the active one is refused (ErrDowngrade) unless o allows the
+// downgrade: going back is a person's decision, recorded like a
+// downgrading install.
+func (in *Installer) Activate(name string, version int64, o ...ActivateOptions) error {
+	var opt ActivateOptions
+	if len(o) > 0 {
+		opt = o[0]
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return in.activateLocked(name, version, "", "")
+	if active, ok := in.idx.Active[name]; ok && version < active && !opt.AllowDowngrade && in.find(name, version) >= 0 {
+		return fmt.Errorf("activate %s v%d: %w: v%d is active (allow the downgrade explicitly to go back)", name, version, ErrDowngrade, active)
+	}
+	return in.activateLocked(name, version, opt.By, opt.Reason)
 }
 
 func (in *Installer) activateLocked(name string, version int64, by, reason string) error {

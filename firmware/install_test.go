@@ -70,6 +70,23 @@ func TestInstallActivateList(t *testing.T) {
 	if err := in.Activate("patterns", 7); !errors.Is(err, firmware.ErrNotInstalled) {
 		t.Fatalf("activate missing version: %v", err)
 	}
+	// Going back below the active version is a downgrade: refused unless
+	// allowed, and then recorded with who and why.
+	if err := in.Activate("patterns", 1); !errors.Is(err, firmware.ErrDowngrade) {
+		t.Fatalf("activate an older version: %v", err)
+	}
+	if a, _ := in.Active("patterns"); a.Version != 2 {
+		t.Fatalf("a refused rollback changed the active version to %d", a.Version)
+	}
+	if err := in.Activate("patterns", 1, firmware.ActivateOptions{AllowDowngrade: true, By: "ops", Reason: "v2 misroutes"}); err != nil {
+		t.Fatal(err)
+	}
+	if log := in.Log(); log[len(log)-1].By != "ops" || log[len(log)-1].Reason != "v2 misroutes" || log[len(log)-1].Version != 1 {
+		t.Fatalf("the rollback's record: %+v", log[len(log)-1])
+	}
+	if err := in.Activate("patterns", 2); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := in.Active("nothing"); !errors.Is(err, firmware.ErrNoActive) {
 		t.Fatalf("active of unknown name: %v", err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/store"
 )
 
 func init() {
@@ -29,8 +31,9 @@ Commands:
           [--allow-downgrade --by NAME --reason TEXT] BUNDLE
                                              verify and install a bundle; the first version of a name becomes active
   list    [--data DIR] [--json]              installed bundles, and which version is active
-  activate [--data DIR] NAME VERSION
+  activate [--data DIR] [--allow-downgrade --by NAME --reason TEXT] NAME VERSION
                                              make an installed version the one new runs use
+                                             (going back below the active one is a recorded downgrade)
   export  DIR                                write the embedded reference bundle out, as a starting point
 
 Trusted keys are the *.pub files in DATA/keys plus --keys (a .pub file or a folder of them); install
@@ -72,7 +75,8 @@ func explain(err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, firmware.ErrUnknownKey):
-		hint = "the bundle is signed by a key this appliance does not trust: pass its .pub with --keys, or put it in DATA/keys"
+		hint = "the bundle is signed by a key this appliance does not trust: pass its .pub with --keys, or put it in DATA/keys; " +
+			"a bundle signed by the public development key needs --trust-dev-key on each command (never in production)"
 	case errors.Is(err, firmware.ErrBundleSignature):
 		hint = "the signature does not match manifest.json: the bundle was changed after it was signed, or damaged; do not install it"
 	case errors.Is(err, firmware.ErrHashMismatch):
@@ -82,7 +86,7 @@ func explain(err error) error {
 	case errors.Is(err, firmware.ErrUnlistedFile):
 		hint = "the bundle holds a file the signed manifest does not list: remove it, or re-sign"
 	case errors.Is(err, firmware.ErrDowngrade):
-		hint = "to install an older version on purpose, add --allow-downgrade --by NAME --reason TEXT (it is recorded)"
+		hint = "to install or activate an older version on purpose, add --allow-downgrade --by NAME --reason TEXT (it is recorded)"
 	case errors.Is(err, firmware.ErrUnknownNodeKind):
 		hint = "known node kinds: " + fmt.Sprint(firmware.Kinds())
 	case errors.Is(err, firmware.ErrMalformed):
@@ -109,15 +113,28 @@ func keyring(dataDir, keys string, dev bool) (*firmware.Keyring, error) {
 	if err != nil {
 		return nil, err
 	}
+	d, err := firmware.DevKeyring()
+	if err != nil {
+		return nil, err
+	}
 	if dev {
-		d, err := firmware.DevKeyring()
-		if err != nil {
-			return nil, err
-		}
 		for _, id := range d.IDs() {
 			pub, _ := d.Key(id)
 			ring.Add(pub)
 		}
+	} else {
+		// The development key is public: it is trusted for the one command
+		// that says --trust-dev-key, never from DATA/keys (where an earlier
+		// install with the flag kept it), or anyone could hand the
+		// appliance a bundle that it would take as trusted.
+		var kept []ed25519.PublicKey
+		for _, id := range ring.IDs() {
+			if _, isDev := d.Key(id); !isDev {
+				pub, _ := ring.Key(id)
+				kept = append(kept, pub)
+			}
+		}
+		ring = firmware.NewKeyring(kept...)
 	}
 	if len(ring.IDs()) == 0 {
 		return nil, fmt.Errorf("no trusted keys: pass --keys PATH (a .pub file or folder), put keys in %s, or --trust-dev-key for the reference bundle", keysDir(dataDir))
@@ -213,6 +230,11 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err != nil {
 		return explain(err)
 	}
+	release, err := holdDataFolder(*data, "install")
+	if err != nil {
+		return err
+	}
+	defer release()
 	in, err := firmware.NewInstaller(*data, ring, firmware.InstallerOptions{ApplianceVersion: version})
 	if err != nil {
 		return err
@@ -285,8 +307,14 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware activate [flags] NAME VERSION"
 	data := dataFlag(fs.FlagSet)
+	downgrade := fs.Bool("allow-downgrade", false, "activate a version lower than the active one (recorded, with --by and --reason)")
+	by := fs.String("by", "", "who activates (recorded)")
+	reason := fs.String("reason", "", "why (recorded)")
 	if err := fs.parse(args, false); err != nil {
 		return err
+	}
+	if *downgrade && (*by == "" || *reason == "") {
+		return fmt.Errorf("--allow-downgrade needs --by NAME and --reason TEXT, which are recorded")
 	}
 	if fs.NArg() != 2 {
 		return fmt.Errorf("activate needs a bundle name and a version (usage: outpost %s)", fs.synopsis)
@@ -295,6 +323,11 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err != nil || v <= 0 {
 		return fmt.Errorf("version %q is not a positive integer", fs.Arg(1))
 	}
+	release, err := holdDataFolder(*data, "activate")
+	if err != nil {
+		return err
+	}
+	defer release()
 	in, _, err := openInstaller(*data, nil)
 	if err != nil {
 		return err
@@ -302,7 +335,7 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if _, err := in.Open(fs.Arg(0), v); err != nil {
 		return explain(err)
 	}
-	if err := in.Activate(fs.Arg(0), v); err != nil {
+	if err := in.Activate(fs.Arg(0), v, firmware.ActivateOptions{AllowDowngrade: *downgrade, By: *by, Reason: *reason}); err != nil {
 		return explain(err)
 	}
 	fmt.Fprintf(stdout, "%s v%d is active: new runs use it; runs already started stay on their version\n", fs.Arg(0), v)
@@ -324,4 +357,23 @@ func firmwareExport(fs *cmdFlags, args []string, stdout io.Writer) error {
 		"edit it, then sign it with your own key: outpost firmware keygen --out KEYS && outpost firmware sign --key KEYS/ID.key %s\n",
 		firmware.ReferenceName, fs.Arg(0), fs.Arg(0))
 	return nil
+}
+
+// holdDataFolder keeps the data folder's store from other processes while
+// a firmware command changes what the appliance runs. serve reads the
+// installed bundles when it starts, so a change made under a running serve
+// would claim "new runs use it" and not be true until the next start: it
+// is refused instead. A folder with no store yet has nothing serving it.
+func holdDataFolder(dir, what string) (release func(), err error) {
+	if storeExists(dir) != nil {
+		return func() {}, nil
+	}
+	db, err := store.OpenDir(dir, store.Options{})
+	if errors.Is(err, store.ErrInUse) {
+		return nil, fmt.Errorf("%w\n(serve reads the installed bundles when it starts: stop it, %s, and start it again)", err, what)
+	}
+	if err != nil {
+		return nil, explainOpen(dir, err)
+	}
+	return func() { db.Close() }, nil
 }

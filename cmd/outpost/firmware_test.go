@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/store"
 )
 
 func TestFirmwareExportVerifyInstallListActivate(t *testing.T) {
@@ -90,9 +92,16 @@ func TestFirmwareExportVerifyInstallListActivate(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.NotContains(t, stderr, "development-signed reference bundle")
 	require.Contains(t, stdout, "If you missed a dose of metformin")
-	code, stdout, stderr = outpost(t, "firmware", "activate", "--data", data, "medication-adherence", "1")
+	// Going back to v1 is a downgrade: refused, then allowed with who and
+	// why, which the log keeps.
+	code, _, stderr = outpost(t, "firmware", "activate", "--data", data, "medication-adherence", "1")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "add --allow-downgrade --by NAME --reason TEXT")
+	code, stdout, stderr = outpost(t, "firmware", "activate", "--data", data, "--allow-downgrade", "--by", "ops", "--reason", "v2 misroutes", "medication-adherence", "1")
 	require.Zero(t, code, stderr)
 	require.Contains(t, stdout, "v1 is active")
+	_, stdout, _ = outpost(t, "firmware", "list", "--data", data, "--json")
+	require.Contains(t, stdout, `"v2 misroutes"`)
 	code, stdout, _ = outpost(t, "firmware", "list", "--data", data)
 	require.Regexp(t, `medication-adherence\s+1\s+active`, stdout)
 	code, _, stderr = outpost(t, "firmware", "activate", "--data", data, "medication-adherence", "7")
@@ -180,4 +189,66 @@ func TestRunReviewThenResume(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.Contains(t, stdout, "A clinician reviewed this answer and withheld it.")
 	require.Contains(t, stdout, ": completed")
+}
+
+// The public development key is trusted for the one command that says
+// --trust-dev-key: an install with it keeps the key in DATA/keys, but that
+// does not make the next dev-signed bundle trusted without the flag.
+func TestDevKeyIsTrustedOneCommandAtATime(t *testing.T) {
+	data := t.TempDir()
+	ref := filepath.Join(t.TempDir(), "ref")
+	code, _, stderr := outpost(t, "firmware", "export", ref)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", ref)
+	require.Zero(t, code, stderr)
+	for _, cmd := range [][]string{{"verify"}, {"install"}} {
+		code, _, stderr = outpost(t, append(append([]string{"firmware"}, cmd...), "--data", data, ref)...)
+		require.Equal(t, 1, code, "%v", cmd)
+		require.Contains(t, stderr, "no trusted keys", "%v: the kept development key does not count", cmd)
+		require.Contains(t, stderr, "--trust-dev-key", "%v", cmd)
+	}
+	// With a key of its own in DATA/keys too, the bundle's key is unknown.
+	keys := t.TempDir()
+	code, stdout, stderr := outpost(t, "firmware", "keygen", "--out", keys)
+	require.Zero(t, code, stderr)
+	pub := strings.Fields(stdout)[1] + ".pub"
+	raw, err := os.ReadFile(filepath.Join(keys, pub))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(data, "keys", pub), raw, 0o644))
+	code, _, stderr = outpost(t, "firmware", "verify", "--data", data, ref)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "unknown key")
+	require.Contains(t, stderr, "needs --trust-dev-key on each command")
+	code, stdout, stderr = outpost(t, "firmware", "verify", "--data", data, "--trust-dev-key", ref)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "ok: medication-adherence v1")
+	// The installed bundle still runs: the appliance checks it at start
+	// against the keys it keeps.
+	code, _, stderr = outpost(t, "run", "--data", data, "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+}
+
+// While another process owns the data folder (serve), install and activate
+// are refused, since serve reads the installed bundles at start; nothing is
+// changed.
+func TestFirmwareChangesRefusedWhileServeOwnsTheFolder(t *testing.T) {
+	data := t.TempDir()
+	ref := filepath.Join(t.TempDir(), "ref")
+	code, _, stderr := outpost(t, "firmware", "export", ref)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpost(t, "run", "--data", data, "I forgot my metformin dose") // makes the store
+	require.Zero(t, code, stderr)
+	db, err := store.OpenDir(data, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	for _, args := range [][]string{
+		{"firmware", "install", "--data", data, "--trust-dev-key", ref},
+		{"firmware", "activate", "--data", data, "medication-adherence", "1"},
+	} {
+		code, _, stderr = outpost(t, args...)
+		require.Equal(t, 1, code, "%v", args)
+		require.Contains(t, stderr, "is in use by another outpost process", "%v", args)
+		require.Contains(t, stderr, "serve reads the installed bundles when it starts: stop it", "%v", args)
+	}
+	require.NoFileExists(t, filepath.Join(data, "firmware", "index.json"), "nothing was installed")
 }
