@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -19,11 +20,19 @@ func init() {
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "reference" {
-		fmt.Fprintln(stderr, "Usage: outpost bench reference [flags]  (the only workload is \"reference\")")
-		return errUsage
+	const usage = "Usage: outpost bench reference [flags]  (the only workload is \"reference\"; outpost bench reference -h lists its flags)"
+	switch {
+	case len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help"):
+		fmt.Fprintln(stdout, usage)
+		return flag.ErrHelp
+	case len(args) == 0:
+		fmt.Fprintln(stderr, usage)
+		return usageError("")
+	case args[0] != "reference":
+		fmt.Fprintln(stderr, usage)
+		return usageError(fmt.Sprintf("unknown workload %q", args[0]))
 	}
-	fs := newCmdFlags("bench", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--runs N] [--probe-during] [--data DIR] [--cpuprofile FILE] [--trace FILE] [--json]", stdout, stderr)
+	fs := newCmdFlags("bench reference", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--runs N] [--probe-during] [--data DIR] [--cpuprofile FILE] [--trace FILE] [--json]", stdout, stderr)
 	saver := fs.String("saver", "memory", "checkpointer: memory or bbolt")
 	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit at run end)")
 	threads := fs.Int("threads", 1, "threads run concurrently")

@@ -283,7 +283,14 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	}
 	list := in.List()
 	if *asJSON {
-		return printJSON(stdout, map[string]any{"installed": list, "log": in.Log()})
+		log := in.Log()
+		if list == nil {
+			list = []firmware.Installed{}
+		}
+		if log == nil {
+			log = []firmware.LogEntry{}
+		}
+		return printJSON(stdout, map[string]any{"installed": list, "log": log})
 	}
 	if len(list) == 0 {
 		fmt.Fprintf(stdout, "no bundles installed: new runs use the embedded reference bundle (%s)\n", firmware.ReferenceName)

@@ -455,3 +455,17 @@ func TestUplinkHelpListsItsOwnFlags(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "flush needs --url and --secret-file (usage: outpost uplink flush --url URL --secret-file FILE [flags])")
 }
+
+// bench names its one workload: -h on stdout with exit 0, an unknown one
+// is a usage error that says so.
+func TestBenchUsage(t *testing.T) {
+	code, stdout, stderr := outpost(t, "bench", "-h")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "Usage: outpost bench reference [flags]")
+	code, _, stderr = outpost(t, "bench", "nope")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, `unknown workload "nope"`)
+	code, stdout, stderr = outpost(t, "firmware", "list", "--data", t.TempDir(), "--json")
+	require.Zero(t, code, stderr)
+	require.JSONEq(t, `{"installed": [], "log": []}`, stdout, "empty lists, not null")
+}
