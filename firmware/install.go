@@ -121,6 +121,19 @@ func NewInstaller(dataDir string, keys *Keyring, opts InstallerOptions) (*Instal
 	data, err := os.ReadFile(filepath.Join(dir, indexFile))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		// No index and no bundle: nothing is installed. Bundle folders
+		// with no index mean the index was lost: the appliance must not
+		// fall back to the embedded reference bundle as if nothing were
+		// installed.
+		if entries, err := os.ReadDir(dir); err == nil {
+			for _, e := range entries {
+				if e.IsDir() {
+					return nil, fmt.Errorf("firmware installer: %s is missing but %s holds installed bundles (%s/...): "+
+						"restore it from a backup of the data folder, or move the bundle folders aside and install again",
+						indexFile, dir, e.Name())
+				}
+			}
+		}
 	case err != nil:
 		return nil, fmt.Errorf("firmware installer: %w", err)
 	default:

@@ -325,3 +325,26 @@ func TestReviewWriteTool(t *testing.T) {
 		t.Fatalf("review request %+v", req)
 	}
 }
+
+// A lost index.json beside installed bundle folders is refused: the
+// appliance must not fall back to the embedded bundle as if nothing were
+// installed.
+func TestLostIndexIsRefused(t *testing.T) {
+	data := t.TempDir()
+	in := newInstaller(t, data)
+	if _, err := in.Install(tarOf(t, patternsDir, ""), firmware.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(data, "firmware", "index.json")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := firmware.NewInstaller(data, nil, firmware.InstallerOptions{})
+	if err == nil || !strings.Contains(err.Error(), "index.json is missing but") || !strings.Contains(err.Error(), "patterns/") {
+		t.Fatalf("lost index: %v", err)
+	}
+	// An empty firmware folder is simply nothing installed.
+	empty := t.TempDir()
+	if _, err := firmware.NewInstaller(empty, nil, firmware.InstallerOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
