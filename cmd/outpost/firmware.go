@@ -143,14 +143,18 @@ func keyring(dataDir, keys string, dev bool) (*firmware.Keyring, error) {
 }
 
 func firmwareKeygen(fs *cmdFlags, args []string, stdout io.Writer) error {
-	fs.synopsis = "firmware keygen [--out DIR]"
+	fs.synopsis = "firmware keygen [--out DIR] [--json]"
 	out := fs.String("out", ".", "folder for the key pair")
+	asJSON := fs.Bool("json", false, "print JSON: {key_id, private, public}")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	id, err := firmware.Keygen(*out)
 	if err != nil {
 		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, map[string]string{"key_id": id, "private": filepath.Join(*out, id+".key"), "public": filepath.Join(*out, id+".pub")})
 	}
 	fmt.Fprintf(stdout, "key %s\n  private: %s (keep it secret; sign with it)\n  public:  %s (trust it on appliances)\n",
 		id, filepath.Join(*out, id+".key"), filepath.Join(*out, id+".pub"))
@@ -160,6 +164,7 @@ func firmwareKeygen(fs *cmdFlags, args []string, stdout io.Writer) error {
 func firmwareSign(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware sign --key FILE DIR"
 	key := fs.String("key", "", "private key file (from firmware keygen)")
+	asJSON := fs.Bool("json", false, "print JSON: {signed, key_id}")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -170,6 +175,9 @@ func firmwareSign(fs *cmdFlags, args []string, stdout io.Writer) error {
 		return explain(err)
 	}
 	id, _, _ := firmware.LoadPrivateKey(*key)
+	if *asJSON {
+		return printJSON(stdout, map[string]string{"signed": fs.Arg(0), "key_id": id})
+	}
 	fmt.Fprintf(stdout, "signed %s with %s\n", fs.Arg(0), id)
 	return nil
 }
@@ -317,6 +325,7 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	downgrade := fs.Bool("allow-downgrade", false, "activate a version lower than the active one (recorded, with --by and --reason)")
 	by := fs.String("by", "", "who activates (recorded)")
 	reason := fs.String("reason", "", "why (recorded)")
+	asJSON := fs.Bool("json", false, "print JSON: {name, version, active}")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -345,12 +354,16 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err := in.Activate(fs.Arg(0), v, firmware.ActivateOptions{AllowDowngrade: *downgrade, By: *by, Reason: *reason}); err != nil {
 		return explain(err)
 	}
+	if *asJSON {
+		return printJSON(stdout, map[string]any{"name": fs.Arg(0), "version": v, "active": true})
+	}
 	fmt.Fprintf(stdout, "%s v%d is active: new runs use it; runs already started stay on their version\n", fs.Arg(0), v)
 	return nil
 }
 
 func firmwareExport(fs *cmdFlags, args []string, stdout io.Writer) error {
-	fs.synopsis = "firmware export DIR"
+	fs.synopsis = "firmware export [--json] DIR"
+	asJSON := fs.Bool("json", false, "print JSON: {wrote, name}")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -359,6 +372,9 @@ func firmwareExport(fs *cmdFlags, args []string, stdout io.Writer) error {
 	}
 	if err := firmware.Export(fs.Arg(0)); err != nil {
 		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, map[string]string{"wrote": fs.Arg(0), "name": firmware.ReferenceName})
 	}
 	fmt.Fprintf(stdout, "wrote the reference bundle (%s, signed with the public development key) to %s\n"+
 		"edit it, then sign it with your own key: outpost firmware keygen --out KEYS && outpost firmware sign --key KEYS/ID.key %s\n",

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -251,4 +252,43 @@ func TestFirmwareChangesRefusedWhileServeOwnsTheFolder(t *testing.T) {
 		require.Contains(t, stderr, "serve reads the installed bundles when it starts: stop it", "%v", args)
 	}
 	require.NoFileExists(t, filepath.Join(data, "firmware", "index.json"), "nothing was installed")
+}
+
+// Every firmware command, and token, takes --json.
+func TestFirmwareCommandsTakeJSON(t *testing.T) {
+	ref := filepath.Join(t.TempDir(), "ref")
+	code, stdout, stderr := outpost(t, "firmware", "export", "--json", ref)
+	require.Zero(t, code, stderr)
+	var exp struct{ Wrote, Name string }
+	require.NoError(t, json.Unmarshal([]byte(stdout), &exp), stdout)
+	require.Equal(t, ref, exp.Wrote)
+
+	keys := t.TempDir()
+	code, stdout, stderr = outpost(t, "firmware", "keygen", "--out", keys, "--json")
+	require.Zero(t, code, stderr)
+	var kg struct {
+		KeyID   string `json:"key_id"`
+		Private string
+		Public  string
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &kg), stdout)
+	require.FileExists(t, kg.Private)
+	require.FileExists(t, kg.Public)
+
+	code, stdout, stderr = outpost(t, "firmware", "sign", "--key", kg.Private, "--json", ref)
+	require.Zero(t, code, stderr)
+	require.JSONEq(t, `{"signed": "`+ref+`", "key_id": "`+kg.KeyID+`"}`, stdout)
+
+	data := t.TempDir()
+	code, _, stderr = outpost(t, "firmware", "install", "--data", data, "--keys", kg.Public, ref)
+	require.Zero(t, code, stderr)
+	code, stdout, stderr = outpost(t, "firmware", "activate", "--data", data, "--json", "medication-adherence", "1")
+	require.Zero(t, code, stderr)
+	require.JSONEq(t, `{"name": "medication-adherence", "version": 1, "active": true}`, stdout)
+
+	tok, _, err := console.LoadOrCreateToken(data)
+	require.NoError(t, err)
+	code, stdout, stderr = outpost(t, "token", "--data", data, "--json")
+	require.Zero(t, code, stderr)
+	require.JSONEq(t, `{"token": "`+tok+`"}`, stdout)
 }

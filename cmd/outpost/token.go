@@ -15,8 +15,9 @@ func init() {
 }
 
 func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newCmdFlags("token", "token [--data DIR]", stdout, stderr)
+	fs := newCmdFlags("token", "token [--data DIR] [--json]", stdout, stderr)
 	data := dataFlag(fs.FlagSet)
+	asJSON := fs.Bool("json", false, "print JSON: {token}")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -26,6 +27,9 @@ func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if err != nil {
 		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, map[string]string{"token": tok})
 	}
 	fmt.Fprintln(stdout, tok)
 	return nil
