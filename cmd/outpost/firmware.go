@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/outpost-edge/outpost/firmware"
@@ -238,6 +239,9 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err != nil {
 		return explain(err)
 	}
+	if want := b.Manifest.MinApplianceVersion; want != "" && !isRelease(version) {
+		fmt.Fprintf(fs.stderr, "warning: this build (%s) is not a release, so the bundle's min_appliance_version %s is not checked\n", version, want)
+	}
 	release, err := holdDataFolder(*data, "install")
 	if err != nil {
 		return err
@@ -399,4 +403,20 @@ func holdDataFolder(dir, what string) (release func(), err error) {
 		return nil, explainOpen(dir, err)
 	}
 	return func() { db.Close() }, nil
+}
+
+// isRelease says whether v is a release version (MAJOR.MINOR.PATCH, with
+// an optional leading v), which a bundle's min_appliance_version is held
+// against; a development build ("dev", a commit hash) is not.
+func isRelease(v string) bool {
+	parts := strings.Split(strings.TrimPrefix(v, "v"), ".")
+	if len(parts) != 3 {
+		return false
+	}
+	for _, p := range parts {
+		if _, err := strconv.Atoi(p); err != nil || p == "" {
+			return false
+		}
+	}
+	return true
 }

@@ -292,3 +292,25 @@ func TestFirmwareCommandsTakeJSON(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.JSONEq(t, `{"token": "`+tok+`"}`, stdout)
 }
+
+// A development build cannot hold a bundle to its min_appliance_version,
+// and install says so instead of passing it quietly.
+func TestInstallWarnsWhenTheVersionIsNotChecked(t *testing.T) {
+	require.True(t, isRelease("1.2.3"))
+	require.True(t, isRelease("v0.1.0"))
+	for _, v := range []string{"dev", "98b7d71", "1.2", "1.2.x", "1..3"} {
+		require.False(t, isRelease(v), v)
+	}
+	defer func(v string) { version = v }(version)
+	version = "98b7d71"
+	ref := filepath.Join(t.TempDir(), "ref")
+	code, _, stderr := outpost(t, "firmware", "export", ref)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpost(t, "firmware", "install", "--data", t.TempDir(), "--trust-dev-key", ref)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stderr, "warning: this build (98b7d71) is not a release, so the bundle's min_appliance_version 0.1.0 is not checked")
+	version = "1.0.0"
+	code, _, stderr = outpost(t, "firmware", "install", "--data", t.TempDir(), "--trust-dev-key", ref)
+	require.Zero(t, code, stderr)
+	require.NotContains(t, stderr, "warning")
+}
