@@ -289,6 +289,11 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
+	// A listing makes nothing: a mistyped --data is named, not given an
+	// empty firmware folder.
+	if fi, err := os.Stat(*data); err != nil || !fi.IsDir() {
+		return fmt.Errorf("no data folder %s", *data)
+	}
 	in, _, err := openInstaller(*data, nil)
 	if err != nil {
 		return err

@@ -468,4 +468,9 @@ func TestBenchUsage(t *testing.T) {
 	code, stdout, stderr = outpost(t, "firmware", "list", "--data", t.TempDir(), "--json")
 	require.Zero(t, code, stderr)
 	require.JSONEq(t, `{"installed": [], "log": []}`, stdout, "empty lists, not null")
+	typo := filepath.Join(t.TempDir(), "typo")
+	code, _, stderr = outpost(t, "firmware", "list", "--data", typo)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "no data folder "+typo)
+	require.NoDirExists(t, typo, "a listing makes nothing")
 }
