@@ -33,7 +33,13 @@ func readBundle(p string) (contents, error) {
 		return nil, fmt.Errorf("read bundle: %w", err)
 	}
 	if fi.IsDir() {
-		return readDir(p)
+		// The folder named may itself be a link (current -> v7): it is
+		// resolved, and the links inside are refused, as always.
+		root, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			return nil, fmt.Errorf("read bundle: %w", err)
+		}
+		return readDir(root)
 	}
 	f, err := os.Open(p)
 	if err != nil {

@@ -90,6 +90,8 @@ func explain(err error) error {
 		hint = "to install or activate an older version on purpose, add --allow-downgrade --by NAME --reason TEXT (it is recorded)"
 	case errors.Is(err, firmware.ErrUnknownNodeKind):
 		hint = "known node kinds: " + fmt.Sprint(firmware.Kinds())
+	case errors.Is(err, firmware.ErrMalformed) && strings.Contains(err.Error(), "read bundle tar"):
+		hint = "the tar is damaged, cut short or not a tar (a .tar.gz must be unpacked first): get a fresh copy"
 	case errors.Is(err, firmware.ErrMalformed):
 		hint = "fix the file at the line and column given, then sign the bundle again"
 	case errors.Is(err, firmware.ErrNotInstalled):

@@ -314,3 +314,25 @@ func TestInstallWarnsWhenTheVersionIsNotChecked(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.NotContains(t, stderr, "warning")
 }
+
+// A bundle folder reached through a link is read (the links inside are
+// still refused), and a damaged tar is named as one, not as a file to fix
+// at a line and column.
+func TestFirmwareBundlePathsAndDamagedTars(t *testing.T) {
+	dir := t.TempDir()
+	ref := filepath.Join(dir, "v1")
+	code, _, stderr := outpost(t, "firmware", "export", ref)
+	require.Zero(t, code, stderr)
+	link := filepath.Join(dir, "current")
+	require.NoError(t, os.Symlink(ref, link))
+	code, stdout, stderr := outpost(t, "firmware", "verify", "--data", t.TempDir(), "--trust-dev-key", link)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "ok: medication-adherence v1")
+
+	notTar := filepath.Join(dir, "bundle.tar")
+	require.NoError(t, os.WriteFile(notTar, []byte("\x1f\x8b\x08 this is gzip, not a tar ........................................"), 0o644))
+	code, _, stderr = outpost(t, "firmware", "verify", "--data", t.TempDir(), "--trust-dev-key", notTar)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "the tar is damaged, cut short or not a tar")
+	require.NotContains(t, stderr, "line and column")
+}
