@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"runtime"
 	"strconv"
 	"strings"
@@ -134,6 +135,14 @@ type Uplink struct {
 // New returns an uplink for db. Nothing is sent until Run or Flush.
 func New(db *store.DB, cfg Config) (*Uplink, error) {
 	cfg.defaults()
+	if cfg.URL != "" {
+		// A URL that cannot be sent to fails here, at once, not after
+		// retries that cannot succeed.
+		u, err := url.Parse(cfg.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("uplink: collector URL %q: want http:// or https:// and a host, such as https://collector.site:8443", cfg.URL)
+		}
+	}
 	if cfg.ApplianceID != "" {
 		if err := db.SetApplianceID(context.Background(), cfg.ApplianceID); err != nil {
 			return nil, fmt.Errorf("uplink: %w", err)

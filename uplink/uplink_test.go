@@ -470,3 +470,19 @@ func appliances(t *testing.T, url string) []ApplianceStatus {
 	require.NoError(t, json.NewDecoder(r.Body).Decode(&list))
 	return list.Appliances
 }
+
+// A collector URL that cannot be sent to is refused when the uplink is
+// made, not after a minute of retries.
+func TestUplinkRefusesAnUnusableURL(t *testing.T) {
+	db := openAppliance(t, t.TempDir(), "clinic-1")
+	defer db.Close()
+	for _, bad := range []string{"notaurl", "ftp://collector", "https://", "http//collector:8443", "::"} {
+		_, err := New(db, fastConfig(bad))
+		require.Error(t, err, bad)
+		require.Contains(t, err.Error(), "want http:// or https:// and a host", bad)
+	}
+	_, err := New(db, fastConfig("https://collector.site:8443"))
+	require.NoError(t, err)
+	_, err = New(db, Config{}) // no uplink: nothing to check
+	require.NoError(t, err)
+}
