@@ -30,21 +30,24 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
+	// Exit 1 says a conversation failed; 2 says the replay could not be
+	// made (no file, a malformed one, a bundle that will not load), so that
+	// CI can tell a regression from a broken harness.
 	files := fs.Args()
 	if len(files) == 0 {
 		fs.printUsage(stderr)
-		return errUsage
+		return usageError("")
 	}
 	if *parallel < 1 {
-		return fmt.Errorf("--parallel must be at least 1")
+		return usageError("--parallel must be at least 1")
 	}
 	convs, err := eval.Load(files...)
 	if err != nil {
-		return err
+		return usageError(err.Error())
 	}
 	resolve, err := evalResolver(*bundle, *keys)
 	if err != nil {
-		return err
+		return usageError(err.Error())
 	}
 	opts := eval.Options{Resolver: resolve, Parallel: *parallel, FlagsChannel: *flagsCh, FinalChannel: *finalCh, Timeout: *timeout}
 	if isTerminal(stderr) {

@@ -101,17 +101,19 @@ func TestEvalCommand(t *testing.T) {
 
 	bad := filepath.Join(dir, "bad.jsonl")
 	require.NoError(t, os.WriteFile(bad, []byte("# comment\n"+`{"name": "x", "agent": "a", "turns": [{"input": "hi", "expect": {"flag": []}}]}`+"\n"), 0o644))
+	// A file that cannot be read is exit 2, not the 1 of a failed
+	// conversation: CI can tell a broken harness from a regression.
 	code, _, stderr = outpost(t, "eval", bad)
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "bad.jsonl:2:")
 	require.Contains(t, stderr, `unknown field "turns.0.expect.flag"`)
 
 	code, _, stderr = outpost(t, "eval")
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "Usage: outpost eval")
 
 	code, _, stderr = outpost(t, "eval", "--parallel", "0", ok)
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "--parallel must be at least 1")
 }
 
@@ -166,12 +168,12 @@ func TestEvalBundle(t *testing.T) {
 	_, err = firmware.Keygen(other)
 	require.NoError(t, err)
 	code, _, stderr = outpost(t, "eval", "--bundle", dir, "--keys", other, golden)
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code, "the replay could not be made: not a failed conversation")
 	require.ErrorIs(t, errorFrom(stderr), firmware.ErrUnknownKey)
 
 	// Without --keys only the development key is trusted.
 	code, _, stderr = outpost(t, "eval", "--bundle", dir, golden)
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.ErrorIs(t, errorFrom(stderr), firmware.ErrUnknownKey)
 }
 
