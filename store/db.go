@@ -517,6 +517,34 @@ func (d *DB) Close() error {
 	return nil
 }
 
+// LockDir takes the store lock of the data folder dir, the one Open takes
+// first, without opening the store: for work beside the store that must
+// not happen while another process (serve) owns the folder. It fails with
+// ErrInUse within timeout (zero means DefaultTimeout). release lets go, and
+// removes the lock file when LockDir made it.
+func LockDir(dir string, timeout time.Duration) (release func() error, err error) {
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	path := filepath.Join(dir, FileName)
+	lock, created, err := takeLock(path, false, timeout)
+	switch {
+	case errors.Is(err, errLocked):
+		return nil, fmt.Errorf("data folder %s is %w", dir, ErrInUse)
+	case err != nil:
+		return nil, fmt.Errorf("lock data folder %s: %w", dir, err)
+	}
+	return func() error {
+		switch {
+		case lock == nil:
+			return nil
+		case created:
+			return dropNewLock(path, lock)
+		}
+		return lock.Close()
+	}, nil
+}
+
 // LockFile names the lock file of the store file at path: an empty file
 // beside it that Open locks, and that nothing replaces. An Open that fails
 // removes the one it made, so that a refused store leaves no file behind.

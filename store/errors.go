@@ -66,6 +66,10 @@ var (
 
 	// Reading.
 
+	// ErrHollow is matched, with ErrDamaged, by a store file that holds
+	// nothing of a store (empty, all zeros, shorter than its meta pages):
+	// there is nothing in it to salvage.
+	ErrHollow = errors.New("the store file holds nothing of a store")
 	// ErrCorrupt is matched by every *CorruptError.
 	ErrCorrupt = errors.New("corrupt record")
 )

@@ -175,7 +175,7 @@ func (e *hollowError) Error() string {
 	return fmt.Sprintf("%v: %s: there is nothing in it that outpost db salvage could copy", ErrDamaged, e.what)
 }
 
-func (e *hollowError) Unwrap() error { return ErrDamaged }
+func (e *hollowError) Unwrap() []error { return []error{ErrDamaged, ErrHollow} }
 
 // hollow reports a file with no whole meta page that holds nothing of a
 // store: empty, all zeros, or shorter than the two meta pages every store

@@ -116,3 +116,27 @@ func TestLockFileRemovedWhileAnotherWaits(t *testing.T) {
 	require.ErrorIs(t, err, ErrInUse)
 	assert.FileExists(t, LockFile(path), "a failed Open removed a lock file another holds")
 }
+
+// LockDir takes the lock Open takes, without opening the store: refused
+// while an Open holds the folder, and it leaves no lock file it made.
+func TestLockDir(t *testing.T) {
+	dir := t.TempDir()
+	release, err := LockDir(dir, 0)
+	require.NoError(t, err)
+	_, err = LockDir(dir, 50*time.Millisecond)
+	require.ErrorIs(t, err, ErrInUse, "a second holder")
+	_, err = OpenDir(dir, Options{Timeout: 50 * time.Millisecond})
+	require.ErrorIs(t, err, ErrInUse, "an Open while LockDir holds the folder")
+	require.NoError(t, release())
+	require.NoFileExists(t, LockFile(filepath.Join(dir, FileName)), "the lock file LockDir made goes with it")
+
+	d, err := OpenDir(dir, Options{})
+	require.NoError(t, err)
+	_, err = LockDir(dir, 50*time.Millisecond)
+	require.ErrorIs(t, err, ErrInUse, "while an Open holds the folder")
+	require.NoError(t, d.Close())
+	release, err = LockDir(dir, 0)
+	require.NoError(t, err)
+	require.NoError(t, release())
+	require.FileExists(t, LockFile(filepath.Join(dir, FileName)), "a lock file there before stays")
+}

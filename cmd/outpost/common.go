@@ -45,29 +45,18 @@ func openStore(dir string, events ...engine.EventSink) (*store.DB, error) {
 }
 
 // explainOpen adds to a failed open of the store in dir what to do about
-// it. The salvage hint is left out when the store's own message speaks of
-// salvage already: a file cut short names the command, and an empty file
-// says there is nothing to salvage.
+// it. A file that holds nothing of a store has nothing to salvage, and
+// the store's own message says so.
 func explainOpen(dir string, err error) error {
 	switch {
 	case errors.Is(err, store.ErrInUse):
 		return fmt.Errorf("%w\n(another outpost process, such as serve, owns it; stop it or use its HTTP API)", err)
 	case errors.Is(err, store.ErrFormat):
 		return fmt.Errorf("%w\n(this data folder was written by an incompatible outpost version, or is not an outpost store)", err)
-	case errors.Is(err, store.ErrDamaged) && !strings.Contains(err.Error(), "salvage"):
+	case errors.Is(err, store.ErrDamaged) && !errors.Is(err, store.ErrHollow):
 		return fmt.Errorf("%w\n(with no backup to restore, copy out what can still be read: outpost db salvage --data %s FILE)", err, dir)
 	}
 	return err
-}
-
-// openExistingStore opens the store in dir for a command that must not
-// make one: a mistyped --data is "no store", never an empty store (and it
-// creates nothing, not even the folder or the lock file).
-func openExistingStore(dir string) (*store.DB, error) {
-	if err := storeExists(dir); err != nil {
-		return nil, err
-	}
-	return openStore(dir)
 }
 
 // storeExists says "no store in DIR" when dir holds no store file, in the

@@ -201,26 +201,13 @@ func parseAge(s string) (time.Duration, error) {
 }
 
 // storeFile is the store file of the data folder dir, which must exist.
+// One that holds nothing of a store (empty, all zeros) is refused by the
+// store when it is opened.
 func storeFile(dir string) (string, error) {
 	if err := storeExists(dir); err != nil {
 		return "", err
 	}
-	path := filepath.Join(dir, store.FileName)
-	fi, err := os.Stat(path)
-	if err != nil {
-		return "", err
-	}
-	return path, notEmpty(path, fi)
-}
-
-// notEmpty refuses a store file of no bytes: what a restore that did not
-// finish or a full disk leaves, not a new store to be made in its place.
-func notEmpty(path string, fi os.FileInfo) error {
-	if fi.Mode().IsRegular() && fi.Size() == 0 {
-		return fmt.Errorf("store file %s is empty (0 bytes): it is not a store, and nothing was changed; "+
-			"restore the last backup, or move it aside to start a new store", path)
-	}
-	return nil
+	return filepath.Join(dir, store.FileName), nil
 }
 
 // withStore opens the store for writing, or reaches the process that owns
@@ -361,9 +348,6 @@ func checkFile(ctx context.Context, path string) (*store.CheckReport, error) {
 		return nil, fmt.Errorf("no store file %s: %w", path, err)
 	case fi.IsDir():
 		return nil, fmt.Errorf("%s is a folder: --file names a store file; for a data folder use --data %s", path, path)
-	}
-	if err := notEmpty(path, fi); err != nil {
-		return nil, err
 	}
 	db, err := store.Open(path, store.Options{ReadOnly: true})
 	if err != nil {

@@ -393,23 +393,23 @@ func firmwareExport(fs *cmdFlags, args []string, stdout io.Writer) error {
 	return nil
 }
 
-// holdDataFolder keeps the data folder's store from other processes while
-// a firmware command changes what the appliance runs. serve reads the
-// installed bundles when it starts, so a change made under a running serve
-// would claim "new runs use it" and not be true until the next start: it
-// is refused instead. A folder with no store yet has nothing serving it.
+// holdDataFolder takes the data folder's store lock while a firmware
+// command changes what the appliance runs. serve reads the installed
+// bundles when it starts, so a change made under a running serve would
+// claim "new runs use it" and not be true until the next start: it is
+// refused instead. A folder with no store yet has nothing serving it.
 func holdDataFolder(dir, what string) (release func(), err error) {
 	if storeExists(dir) != nil {
 		return func() {}, nil
 	}
-	db, err := store.OpenDir(dir, store.Options{})
+	unlock, err := store.LockDir(dir, 0)
 	if errors.Is(err, store.ErrInUse) {
 		return nil, fmt.Errorf("%w\n(serve reads the installed bundles when it starts: stop it, %s, and start it again)", err, what)
 	}
 	if err != nil {
-		return nil, explainOpen(dir, err)
+		return nil, err
 	}
-	return func() { db.Close() }, nil
+	return func() { _ = unlock() }, nil
 }
 
 // isRelease says whether v is a release version (MAJOR.MINOR.PATCH, with

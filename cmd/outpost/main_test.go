@@ -194,23 +194,7 @@ func TestDBCheckReportsCorruptRecord(t *testing.T) {
 	code, _, stderr := outpost(t, "run", "--data", dir, "--thread", "t1", "I forgot my metformin dose")
 	require.Zero(t, code, stderr)
 
-	// Flip a byte in the middle of every run record.
-	bdb, err := bbolt.Open(filepath.Join(dir, store.FileName), 0o600, nil)
-	require.NoError(t, err)
-	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error {
-		b := tx.Bucket([]byte("runs"))
-		var keys [][]byte
-		_ = b.ForEach(func(k, _ []byte) error { keys = append(keys, append([]byte(nil), k...)); return nil })
-		for _, k := range keys {
-			v := append([]byte(nil), b.Get(k)...)
-			v[len(v)/2] ^= 0xff
-			if err := b.Put(k, v); err != nil {
-				return err
-			}
-		}
-		return nil
-	}))
-	require.NoError(t, bdb.Close())
+	damageRunRecords(t, dir)
 
 	code, stdout, stderr := outpost(t, "db", "check", "--data", dir)
 	require.Equal(t, 1, code)
