@@ -37,6 +37,9 @@ type Installed struct {
 	// one ever installed for its name, with AllowDowngrade.
 	Downgrade bool `json:"downgrade,omitempty"`
 	Active    bool `json:"active"`
+	// Repaired is set on what Install returns when it rewrote an installed
+	// copy that no longer verified on disk; it is never stored.
+	Repaired bool `json:"repaired,omitempty"`
 }
 
 // Ref returns the reference runs pinned to this version record.
@@ -48,7 +51,7 @@ func (i Installed) Ref() engine.BundleRef {
 // installs, activations, downgrades and removals.
 type LogEntry struct {
 	At      time.Time `json:"at"`
-	Action  string    `json:"action"` // install, activate, downgrade, remove
+	Action  string    `json:"action"` // install, activate, downgrade, remove, repair
 	Name    string    `json:"name"`
 	Version int64     `json:"version"`
 	Digest  string    `json:"digest,omitempty"`
@@ -230,11 +233,27 @@ func (in *Installer) Install(path string, o InstallOptions) (*Installed, error) 
 		if cur.Digest != v.digest {
 			return nil, fmt.Errorf("install %s: %w: %s is installed as %s, this is %s", path, ErrVersionInstalled, m, cur.Digest, v.digest)
 		}
+		// The same bundle again repairs an installed copy that no longer
+		// verifies on disk (a file changed or lost since): the only way
+		// back for the runs pinned to it.
+		if _, err := in.verifyInstalled(cur); err != nil {
+			if err := in.writeVersion(m.Name, m.Version, v.files); err != nil {
+				return nil, fmt.Errorf("install %s: repair %s: %w", path, m, err)
+			}
+			old := in.idx.clone()
+			in.idx.Log = append(in.idx.Log, LogEntry{At: in.opts.Now().UTC(), Action: "repair", Name: m.Name, Version: m.Version,
+				Digest: v.digest, By: o.By, Reason: o.Reason})
+			if err := in.saveLocked(old); err != nil {
+				return nil, fmt.Errorf("install %s: %w", path, err)
+			}
+			delete(in.cache, m.Name+"@"+strconv.FormatInt(m.Version, 10))
+			cur.Repaired = true
+		}
 		if o.Activate && !cur.Active {
 			if err := in.activateLocked(m.Name, m.Version, o.By, o.Reason); err != nil {
 				return nil, err
 			}
-			cur = in.idx.Installed[i]
+			cur.Active = true
 		}
 		return &cur, nil
 	}
@@ -284,11 +303,6 @@ func (in *Installer) writeVersion(name string, version int64, files contents) er
 		return err
 	}
 	final := in.versionDir(name, version)
-	// A directory without an index entry is left over from a crash or a
-	// removal: replace it.
-	if err := os.RemoveAll(final); err != nil {
-		return err
-	}
 	tmp, err := os.MkdirTemp(parent, ".install-")
 	if err != nil {
 		return err
@@ -314,10 +328,29 @@ func (in *Installer) writeVersion(name string, version int64, files contents) er
 			return err
 		}
 	}
+	// A directory already there is left over from a crash or a removal
+	// (it has no index entry), or a damaged copy being repaired: it is
+	// moved aside, and removed only once the new copy is in its place.
+	aside := ""
+	if _, err := os.Lstat(final); err == nil {
+		aside = tmp + ".old"
+		if err := os.Rename(final, aside); err != nil {
+			return err
+		}
+	}
 	if err := os.Rename(tmp, final); err != nil {
+		if aside != "" {
+			err = errors.Join(err, os.Rename(aside, final))
+		}
 		return err
 	}
-	return fsync.Dir(parent)
+	if err := fsync.Dir(parent); err != nil {
+		return err
+	}
+	if aside != "" {
+		return os.RemoveAll(aside)
+	}
+	return nil
 }
 
 func writeSynced(name string, data []byte) error {
@@ -426,16 +459,9 @@ func (in *Installer) Open(name string, version int64) (*Bundle, error) {
 	}
 	in.mu.Unlock()
 
-	files, err := readDir(in.versionDir(name, version))
+	v, err := in.verifyInstalled(rec)
 	if err != nil {
 		return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
-	}
-	v, err := verifyContents(files, in.keys)
-	if err != nil {
-		return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
-	}
-	if v.digest != rec.Digest || v.manifest.Name != name || v.manifest.Version != version {
-		return nil, fmt.Errorf("open %s v%d: %w: installed as %s, on disk %s", name, version, ErrPinnedMismatch, rec.Digest, v.digest)
 	}
 	b, err := load(v, in.opts.Runtime)
 	if err != nil {
@@ -445,6 +471,41 @@ func (in *Installer) Open(name string, version int64) (*Bundle, error) {
 	in.cache[key] = b
 	in.mu.Unlock()
 	return b, nil
+}
+
+// Verify checks an installed version on disk as Open does (signature,
+// every file's sha256, and the digest recorded at install) without loading
+// it, so that a listing can tell which versions would no longer open.
+func (in *Installer) Verify(name string, version int64) error {
+	in.mu.Lock()
+	i := in.find(name, version)
+	if i < 0 {
+		in.mu.Unlock()
+		return fmt.Errorf("verify: %w: %s v%d", ErrNotInstalled, name, version)
+	}
+	rec := in.idx.Installed[i]
+	in.mu.Unlock()
+	if _, err := in.verifyInstalled(rec); err != nil {
+		return fmt.Errorf("verify %s v%d: %w", name, version, err)
+	}
+	return nil
+}
+
+// verifyInstalled reads rec's folder and verifies it against the trusted
+// keys and the digest recorded at install.
+func (in *Installer) verifyInstalled(rec Installed) (*verified, error) {
+	files, err := readDir(in.versionDir(rec.Name, rec.Version))
+	if err != nil {
+		return nil, err
+	}
+	v, err := verifyContents(files, in.keys)
+	if err != nil {
+		return nil, err
+	}
+	if v.digest != rec.Digest || v.manifest.Name != rec.Name || v.manifest.Version != rec.Version {
+		return nil, fmt.Errorf("%w: installed as %s, on disk %s", ErrPinnedMismatch, rec.Digest, v.digest)
+	}
+	return v, nil
 }
 
 // Remove deletes an installed version. It refuses the active version and

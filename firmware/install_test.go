@@ -183,6 +183,51 @@ func TestOpenReverifies(t *testing.T) {
 	}
 }
 
+// TestInstallAgainRepairs damages an installed copy: Verify names the
+// damage, and installing the same bundle again rewrites the copy, records
+// the repair, and leaves a version that opens.
+func TestInstallAgainRepairs(t *testing.T) {
+	data := t.TempDir()
+	in := newInstaller(t, data)
+	if _, err := in.Install(patternsDir, firmware.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Verify("patterns", 1); err != nil {
+		t.Fatalf("a fresh install: %v", err)
+	}
+	writeFile(t, filepath.Join(in.Dir(), "patterns", "1"), "rules.json", `{"red_flags": [], "scope": {"keywords": []}}`)
+	in = newInstaller(t, data)
+	if err := in.Verify("patterns", 1); !errors.Is(err, firmware.ErrHashMismatch) {
+		t.Fatalf("tampered install: %v", err)
+	}
+	if err := in.Verify("patterns", 2); !errors.Is(err, firmware.ErrNotInstalled) {
+		t.Fatalf("a version never installed: %v", err)
+	}
+	if _, err := in.Install(patternsDir, firmware.InstallOptions{By: "ops", Reason: "disk check"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Verify("patterns", 1); err != nil {
+		t.Fatalf("after the repair: %v", err)
+	}
+	if _, err := newInstaller(t, data).Open("patterns", 1); err != nil {
+		t.Fatalf("after the repair, reopened: %v", err)
+	}
+	log := in.Log()
+	if last := log[len(log)-1]; last.Action != "repair" || last.Version != 1 || last.By != "ops" {
+		t.Fatalf("last log entry %+v, want the repair", last)
+	}
+	// A sound copy installed again is left as it is, and not logged.
+	if _, err := in.Install(patternsDir, firmware.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(in.Log()); n != len(log) {
+		t.Fatalf("log grew from %d to %d entries on a sound reinstall", len(log), n)
+	}
+	if left, _ := filepath.Glob(filepath.Join(in.Dir(), "patterns", ".*")); len(left) > 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}
+
 // TestPinnedRunResumesOnItsVersion starts a run on v1 that pauses for
 // review, installs and activates v2, and resumes: the run finishes on v1,
 // while a new run gets v2.

@@ -30,8 +30,10 @@ Commands:
                                              check a bundle (a folder or a .tar) without installing it
   install [--data DIR] [--keys PATH] [--trust-dev-key] [--activate]
           [--allow-downgrade --by NAME --reason TEXT] BUNDLE
-                                             verify and install a bundle; the first version of a name becomes active
-  list    [--data DIR] [--json]              installed bundles, and which version is active
+                                             verify and install a bundle; the first version of a name becomes active;
+                                             the same bundle again repairs an installed copy that changed on disk
+  list    [--data DIR] [--json]              installed bundles, which version is active, and whether each
+                                             still verifies on disk (exit 1 if one does not)
   activate [--data DIR] [--allow-downgrade --by NAME --reason TEXT] NAME VERSION
                                              make an installed version the one new runs use
                                              (going back below the active one is a recorded downgrade)
@@ -270,6 +272,9 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if rec.Downgrade {
 		state += " (a downgrade, recorded)"
 	}
+	if rec.Repaired {
+		state = "repaired (its installed copy had changed on disk; rewritten and recorded)"
+	}
 	fmt.Fprintf(stdout, "%s v%d %s: %s, signed by %s\n", rec.Name, rec.Version, state, rec.Digest, rec.KeyID)
 	return nil
 }
@@ -300,23 +305,42 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	list := in.List()
+	// Each version is checked on disk as serve checks it before a run
+	// uses it, so that a bundle changed or damaged since its install is
+	// seen here, not when a run is refused.
+	type listed struct {
+		firmware.Installed
+		Verified bool   `json:"verified"`
+		Problem  string `json:"problem,omitempty"`
+	}
+	list := []listed{}
+	var damaged []string
+	for _, i := range in.List() {
+		l := listed{Installed: i, Verified: true}
+		if err := in.Verify(i.Name, i.Version); err != nil {
+			l.Verified, l.Problem = false, err.Error()
+			damaged = append(damaged, fmt.Sprintf("%s v%d", i.Name, i.Version))
+		}
+		list = append(list, l)
+	}
+	var failed error
+	if len(damaged) > 0 {
+		failed = fmt.Errorf("%s: changed or damaged on disk since install, so no run can use it: "+
+			"install the same bundle again (outpost firmware install) to repair the copy", strings.Join(damaged, ", "))
+	}
 	if *asJSON {
 		log := in.Log()
-		if list == nil {
-			list = []firmware.Installed{}
-		}
 		if log == nil {
 			log = []firmware.LogEntry{}
 		}
-		return printJSON(stdout, map[string]any{"installed": list, "log": log})
+		return errors.Join(printJSON(stdout, map[string]any{"installed": list, "log": log}), failed)
 	}
 	if len(list) == 0 {
 		fmt.Fprintf(stdout, "no bundles installed: new runs use the embedded reference bundle (%s)\n", firmware.ReferenceName)
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tVERSION\tACTIVE\tKEY\tINSTALLED\tDIGEST")
+	fmt.Fprintln(tw, "NAME\tVERSION\tACTIVE\tKEY\tINSTALLED\tDIGEST\tON DISK")
 	for _, i := range list {
 		active := ""
 		if i.Active {
@@ -325,9 +349,13 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 		if i.Downgrade {
 			active += " (downgrade)"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", i.Name, i.Version, active, i.KeyID, i.InstalledAt.Local().Format("2006-01-02 15:04"), i.Digest)
+		state := "verified"
+		if !i.Verified {
+			state = "DAMAGED: " + i.Problem
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", i.Name, i.Version, active, i.KeyID, i.InstalledAt.Local().Format("2006-01-02 15:04"), i.Digest, state)
 	}
-	return tw.Flush()
+	return errors.Join(tw.Flush(), failed)
 }
 
 func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {

@@ -196,14 +196,9 @@ func TestRunReviewThenResume(t *testing.T) {
 // --trust-dev-key: an install with it keeps the key in DATA/keys, but that
 // does not make the next dev-signed bundle trusted without the flag.
 func TestDevKeyIsTrustedOneCommandAtATime(t *testing.T) {
-	data := t.TempDir()
-	ref := filepath.Join(t.TempDir(), "ref")
-	code, _, stderr := outpost(t, "firmware", "export", ref)
-	require.Zero(t, code, stderr)
-	code, _, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", ref)
-	require.Zero(t, code, stderr)
+	data, ref := installedReference(t)
 	for _, cmd := range [][]string{{"verify"}, {"install"}} {
-		code, _, stderr = outpost(t, append(append([]string{"firmware"}, cmd...), "--data", data, ref)...)
+		code, _, stderr := outpost(t, append(append([]string{"firmware"}, cmd...), "--data", data, ref)...)
 		require.Equal(t, 1, code, "%v", cmd)
 		require.Contains(t, stderr, "no trusted keys", "%v: the kept development key does not count", cmd)
 		require.Contains(t, stderr, "--trust-dev-key", "%v", cmd)
@@ -335,4 +330,57 @@ func TestFirmwareBundlePathsAndDamagedTars(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "the tar is damaged, cut short or not a tar")
 	require.NotContains(t, stderr, "line and column")
+}
+
+// TestFirmwareListShowsDamage changes a file of an installed bundle:
+// firmware list names the version as damaged and exits 1, and installing
+// the same bundle again repairs it.
+func TestFirmwareListShowsDamage(t *testing.T) {
+	data, ref := installedReference(t)
+	code, stdout, stderr := outpost(t, "firmware", "list", "--data", data)
+	require.Zero(t, code, stderr)
+	require.Regexp(t, `medication-adherence\s+1\s+active\s.*\sverified\n`, stdout)
+
+	kb := filepath.Join(data, "firmware", "medication-adherence", "1", "kb", "kb-01.md")
+	require.FileExists(t, kb)
+	require.NoError(t, os.WriteFile(kb, []byte("changed on the appliance"), 0o644))
+	code, stdout, stderr = outpost(t, "firmware", "list", "--data", data)
+	require.Equal(t, 1, code)
+	require.Regexp(t, `medication-adherence\s+1\s+active\s.*\sDAMAGED: .*kb-01.md`, stdout)
+	require.Contains(t, stderr, "medication-adherence v1: changed or damaged on disk since install")
+	require.Contains(t, stderr, "install the same bundle again")
+	code, stdout, _ = outpost(t, "firmware", "list", "--data", data, "--json")
+	require.Equal(t, 1, code)
+	var list struct {
+		Installed []struct {
+			Version  int64
+			Verified bool
+			Problem  string
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &list))
+	require.Len(t, list.Installed, 1)
+	require.False(t, list.Installed[0].Verified)
+	require.Contains(t, list.Installed[0].Problem, "sha256")
+
+	code, stdout, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", ref)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "medication-adherence v1 repaired")
+	code, stdout, stderr = outpost(t, "firmware", "list", "--data", data, "--json")
+	require.Zero(t, code, stderr)
+	require.NoError(t, json.Unmarshal([]byte(stdout), &list))
+	require.True(t, list.Installed[0].Verified)
+	require.Contains(t, stdout, `"action": "repair"`)
+}
+
+// installedReference exports the reference bundle and installs it, trusting
+// the development key, into a new data folder.
+func installedReference(t *testing.T) (data, ref string) {
+	data = t.TempDir()
+	ref = filepath.Join(t.TempDir(), "ref")
+	code, _, stderr := outpost(t, "firmware", "export", ref)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", ref)
+	require.Zero(t, code, stderr)
+	return data, ref
 }
