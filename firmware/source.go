@@ -106,12 +106,20 @@ func readDir(root string) (contents, error) {
 // its root or under a single top directory ("patterns/manifest.json").
 // Links, devices and FIFOs are refused, as are paths that climb out.
 func readTar(r io.Reader) (contents, error) {
-	tr := tar.NewReader(r)
+	zr := &zeroTail{r: r}
+	tr := tar.NewReader(zr)
 	files := contents{}
 	total := 0
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
+			// A tar ends with two zeroed blocks. The reader takes a clean
+			// end of input between entries as the end too, so a tar cut
+			// at an entry's boundary would read as a bundle that lacks
+			// its last files.
+			if zr.zeros < 2*tarBlock {
+				return nil, fmt.Errorf("read bundle tar: %w: it ends without the end-of-archive marker, after %d entries: cut short", ErrMalformed, len(files))
+			}
 			break
 		}
 		if err != nil {
@@ -159,6 +167,29 @@ func readTar(r io.Reader) (contents, error) {
 		files[name] = buf.Bytes()
 	}
 	return stripTop(files), nil
+}
+
+const tarBlock = 512
+
+// zeroTail reads r, counting the zero bytes at the end of what it read.
+type zeroTail struct {
+	r     io.Reader
+	zeros int
+}
+
+func (z *zeroTail) Read(p []byte) (int, error) {
+	n, err := z.r.Read(p)
+	read := p[:n]
+	i := len(read)
+	for i > 0 && read[i-1] == 0 {
+		i--
+	}
+	if i == 0 {
+		z.zeros += n
+	} else {
+		z.zeros = n - i
+	}
+	return n, err
 }
 
 // stripTop removes a single top directory shared by every file when the

@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -348,6 +349,24 @@ func TestWriteTarRoundTrip(t *testing.T) {
 	}
 	if b.Digest != loadPatterns(t).Digest {
 		t.Fatalf("digest changed through a tar")
+	}
+}
+
+// A tar cut short anywhere, at an entry's boundary too, is refused as a
+// damaged tar, not read as a bundle that lacks files.
+func TestTarCutShort(t *testing.T) {
+	var buf bytes.Buffer
+	if err := firmware.WriteTar(patternsDir, &buf); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for cut := 0; cut < buf.Len(); cut += 512 {
+		p := filepath.Join(dir, fmt.Sprintf("cut-%d.tar", cut))
+		os.WriteFile(p, buf.Bytes()[:cut], 0o644)
+		_, err := firmware.Load(p, testKeyring(t))
+		if !errors.Is(err, firmware.ErrMalformed) || !strings.Contains(err.Error(), "read bundle tar") {
+			t.Fatalf("cut at %d of %d bytes: %v", cut, buf.Len(), err)
+		}
 	}
 }
 
