@@ -624,10 +624,6 @@ func writesPrefix(thread, ns, ckpt string) []byte {
 	return append(branchKey(thread, ns, ckpt), 0)
 }
 
-func writeKey(thread, ns, ckpt string, seq uint64) []byte {
-	return binary.BigEndian.AppendUint64(writesPrefix(thread, ns, ckpt), seq)
-}
-
 // splitCheckpointKey returns thread, ns and ID.
 func splitCheckpointKey(k []byte) (thread, ns, id string, ok bool) {
 	parts := bytes.SplitN(k, []byte{0}, 3)
