@@ -214,7 +214,7 @@ func (g *Graph) Resume(ctx context.Context, cfg RunConfig, decisions map[string]
 			if i < 0 {
 				return e.result(), fmt.Errorf("%w: %s", ErrUnknownInterrupt, id)
 			}
-			if err := g.checkDecision(pending[i], d); err != nil {
+			if err := g.checkDecision(e.cfg.ns, pending[i], d); err != nil {
 				return e.result(), err
 			}
 		}

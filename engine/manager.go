@@ -429,7 +429,7 @@ func (m *Manager) Resume(ctx context.Context, runID string, decisions map[string
 	}
 	// The nodes' own checks, before the decision is spent.
 	for id, d := range decisions {
-		if err := ag.Graph.checkDecision(known[id], d); err != nil {
+		if err := ag.Graph.checkDecision("", known[id], d); err != nil {
 			m.dequeue()
 			m.release(a, true)
 			return nil, fmt.Errorf("resume run %s: %w", runID, err)
