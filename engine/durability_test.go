@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -151,4 +152,48 @@ func TestRecordedDurabilityFailsClosed(t *testing.T) {
 	_, err = g.Resume(ctx, engine.RunConfig{Thread: "t3", Store: s},
 		map[string]engine.Decision{r.Interrupts[0].ID: {Kind: engine.Approve}})
 	require.ErrorIs(t, err, engine.ErrBadDurability)
+}
+
+// In exit durability only the state a run stops at is stored, so an event
+// may name a checkpoint only when that checkpoint is stored, or say that
+// it is not ("committed": false): run.started names the input checkpoint,
+// which is stored only when the run pauses or ends right after its input.
+func TestExitDurabilityEventsNameStoredCheckpoints(t *testing.T) {
+	ctx := context.Background()
+	reviewFirst, _ := reviewGraph(t, newCounter())
+	for name, g := range map[string]*engine.Graph{"chain": chainGraph(t), "pause at input": reviewFirst} {
+		t.Run(name, func(t *testing.T) {
+			s := newRecordingStore()
+			bus := engine.NewBus()
+			_, err := g.Invoke(ctx, engine.RunConfig{Thread: "t", Store: s, Durability: engine.DurabilityExit, Events: bus})
+			require.NoError(t, err)
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			named := 0
+			for _, c := range s.commits {
+				for _, ev := range c.Events {
+					var d struct {
+						ID         string `json:"id"`
+						Checkpoint string `json:"checkpoint"`
+						Committed  *bool  `json:"committed"`
+					}
+					require.NoError(t, json.Unmarshal(ev.Data, &d))
+					id := d.ID
+					if ev.Type == engine.EventRunStarted {
+						id = d.Checkpoint
+					} else if ev.Type != engine.EventCheckpoint {
+						continue
+					}
+					_, err := s.Checkpoint(ctx, "t", "", id)
+					if d.Committed != nil && !*d.Committed {
+						require.ErrorIs(t, err, engine.ErrCheckpointNotFound, "%s says %s is not stored", ev.Type, id)
+						continue
+					}
+					require.NoError(t, err, "%s names checkpoint %s", ev.Type, id)
+					named++
+				}
+			}
+			require.Positive(t, named)
+		})
+	}
 }
