@@ -3,13 +3,16 @@ package firmware_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/internal/wiring"
+	"github.com/outpost-edge/outpost/policy"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -78,5 +81,48 @@ func TestActiveToolSetIsPinnedAcrossRestart(t *testing.T) {
 	}
 	if r2.Status == engine.StatusInterrupted || len(fu.List()) != 1 {
 		t.Fatalf("a new run under the narrowed set: %s, %d follow-ups", r2.Status, len(fu.List()))
+	}
+}
+
+// A run's narrower tool set that names a tool the run could never have (a
+// typo, or a tool the appliance leaves out) is refused when the run opens,
+// whoever starts it (the CLI, a Go program), and nothing is stored; it used
+// to be dropped, and the run went ahead without it.
+func TestUnknownToolInNarrowerSetRefusedAtStart(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	db, err := store.OpenDir(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rt := &firmware.Runtime{Tools: []string{"kb_search", "current_time"}, Log: wiring.CallLog(db, db), Blobs: db, Runs: db}
+	b, err := firmware.ReferenceWithRuntime(rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := engine.NewManager(db, firmware.BundleResolver(b), engine.ManagerOptions{})
+	defer m.Close()
+	ask, _ := json.Marshal("I forgot my metformin dose")
+	for _, tools := range []string{"kb_search,kb_serch", "record_note"} {
+		_, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: firmware.ReferenceToolsAgent, Input: ask,
+			Meta: map[string]string{firmware.MetaTools: tools}})
+		var unknown *firmware.UnknownToolsError
+		if !errors.As(err, &unknown) || !errors.Is(err, policy.ErrToolUnknown) {
+			t.Fatalf("tools %q: got %v, want an UnknownToolsError", tools, err)
+		}
+		if want := strings.Split(tools, ",")[len(strings.Split(tools, ","))-1]; len(unknown.Names) != 1 || unknown.Names[0] != want {
+			t.Fatalf("tools %q: names %v, want [%s]", tools, unknown.Names, want)
+		}
+	}
+	runs, err := db.Runs(ctx, engine.RunFilter{})
+	if err != nil || len(runs) != 0 {
+		t.Fatalf("refused starts stored %d runs (%v)", len(runs), err)
+	}
+	// A narrower set of known tools opens as before.
+	r, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: firmware.ReferenceToolsAgent, Input: ask,
+		Meta: map[string]string{firmware.MetaTools: "kb_search"}})
+	if err != nil || r.Status != engine.StatusCompleted {
+		t.Fatalf("known tools: %v %v", err, r)
 	}
 }
