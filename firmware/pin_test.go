@@ -126,3 +126,47 @@ func TestUnknownToolInNarrowerSetRefusedAtStart(t *testing.T) {
 		t.Fatalf("known tools: %v %v", err, r)
 	}
 }
+
+// The reference agent without a tool loop drafts a follow-up and its review
+// pauses for the write tool the draft proposes; the review runs no tool, so
+// approving books nothing. The person is told so in the question, so that
+// the approval is not taken for a booking.
+func TestReviewOfProposedWriteToolSaysItIsNotRun(t *testing.T) {
+	ctx := context.Background()
+	db, err := store.OpenDir(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	fu := &agent.MemoryFollowups{}
+	rt := &firmware.Runtime{Log: wiring.CallLog(db, db), Blobs: db, Runs: db, Followups: fu}
+	b, err := firmware.ReferenceWithRuntime(rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := engine.NewManager(db, firmware.BundleResolver(b), engine.ManagerOptions{})
+	defer m.Close()
+	ask, _ := json.Marshal("Can someone call me back to schedule a medication review for my losartan?")
+	r, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: firmware.ReferenceAgent, Input: ask})
+	if err != nil || r.Status != engine.StatusInterrupted {
+		t.Fatalf("run: %v %+v", err, r)
+	}
+	var req firmware.ReviewRequest
+	if err := json.Unmarshal(r.Interrupts[0].Payload, &req); err != nil {
+		t.Fatal(err)
+	}
+	const says = "proposes write tool schedule_followup, which this review does not run: approving sends the draft alone"
+	if !strings.Contains(strings.Join(req.Reasons, "; "), says) {
+		t.Fatalf("the review does not say that approving runs no tool: %q", req.Reasons)
+	}
+	if _, err := m.Resume(ctx, r.ID, map[string]engine.Decision{r.Interrupts[0].ID: {Kind: engine.Approve, By: "nurse"}}); err != nil {
+		t.Fatal(err)
+	}
+	done, err := m.Wait(ctx, r.ID)
+	if err != nil || done.Status != engine.StatusCompleted {
+		t.Fatalf("resumed: %v %+v", err, done)
+	}
+	if n := len(fu.List()); n != 0 {
+		t.Fatalf("%d follow-ups booked by a review", n)
+	}
+}
