@@ -183,6 +183,10 @@ func withBudget(b policy.Budget) envOption {
 	return func(c *agent.LoopConfig, _ *env) { c.Budget = b }
 }
 
+func withImpl(name string, tool agent.Tool) envOption {
+	return func(c *agent.LoopConfig, _ *env) { c.Impls[name] = tool }
+}
+
 func withLog(wrap func(agent.CallLog) agent.CallLog) envOption {
 	return func(c *agent.LoopConfig, e *env) { e.log = wrap(e.log); c.Log = e.log }
 }

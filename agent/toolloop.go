@@ -405,7 +405,10 @@ func (l *loop) execute(ctx context.Context, impl Tool, rec CallRecord, toolKey, 
 	} else if !json.Valid(result) {
 		result, _ = json.Marshal(string(result))
 	}
-	if err := l.cfg.Log.Done(ctx, rec.Key, result, errText); err != nil {
+	// The call has returned: its outcome is known and is recorded even if
+	// the run is being stopped meanwhile, or recovery would find an open
+	// intent and ask a person about a call whose result was in hand.
+	if err := l.cfg.Log.Done(context.WithoutCancel(ctx), rec.Key, result, errText); err != nil {
 		return "", fmt.Errorf("tool call %s: %w", rec.Key, err)
 	}
 	done := rec

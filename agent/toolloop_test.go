@@ -296,3 +296,26 @@ func (c *crashOnTool) Done(ctx context.Context, key string, result json.RawMessa
 	}
 	return c.CallLog.Done(ctx, key, result, errText)
 }
+
+// A tool that returns its result while the run is being stopped (cancel,
+// shutdown, a node's timeout) has run: its result is recorded, not left as
+// an open intent that a recovery would have to ask a person about.
+func TestResultRecordedWhenStoppedDuringTheCall(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ran := 0
+	stopping := agent.ToolFunc(func(_ context.Context, _ json.RawMessage, _ string) (json.RawMessage, error) {
+		ran++
+		cancel() // the run is stopped while the tool finishes its work
+		return json.RawMessage(`{"booked":true}`), nil
+	})
+	e := newEnv(t, withProvider(writeScript()), withRules(policy.ApprovalRule{Tool: "*", Decision: policy.DecisionAllow}),
+		withImpl("write_x", stopping))
+	res, _ := e.graph.Invoke(ctx, e.config(), engine.Push(e.messages, models.Message{Role: models.RoleUser, Content: "go"}))
+	require.NotNil(t, res)
+	require.Equal(t, 1, ran)
+	recs := e.mem.Records(res.Run.ID)
+	require.Len(t, recs, 1)
+	require.True(t, recs[0].Done(), "the call ran; its result must be kept: %+v", recs[0])
+	require.JSONEq(t, `{"booked":true}`, string(recs[0].Result))
+}
