@@ -91,7 +91,10 @@ type active struct {
 	paused  bool // interrupted: waiting for a decision, not running
 	working bool // a worker is executing it
 	cancel  context.CancelCauseFunc
-	done    chan struct{}
+	// cancelled: Cancel came before a worker took the run (cancel still
+	// nil); launch and execute stop it at once.
+	cancelled bool
+	done      chan struct{}
 }
 
 var errShutdown = errors.New("run manager shutting down")
@@ -307,6 +310,9 @@ func (m *Manager) launch(a *active, e *execution, decisions map[string]Decision)
 	m.mu.Lock()
 	a.cancel = cancel
 	a.paused = false
+	if a.cancelled {
+		cancel(ErrCancelled)
+	}
 	m.mu.Unlock()
 	m.wg.Add(1)
 	go func() {
@@ -323,6 +329,9 @@ func (m *Manager) execute(caller context.Context, a *active, e *execution, decis
 	m.mu.Lock()
 	a.cancel = cancel
 	a.paused = false
+	if a.cancelled {
+		cancel(ErrCancelled)
+	}
 	m.mu.Unlock()
 	m.wg.Add(1)
 	defer m.wg.Done()
@@ -493,6 +502,19 @@ func countSteps(ctx context.Context, store Checkpointer, head *Checkpoint, runID
 func (m *Manager) Cancel(ctx context.Context, runID string) error {
 	m.mu.Lock()
 	a := m.runs[runID]
+	var stop context.CancelCauseFunc
+	paused := a != nil && a.paused
+	switch {
+	case paused:
+		// Claimed, as Resume claims it: a Resume that comes meanwhile
+		// finds the run not paused, so it is not both resumed and
+		// recorded as cancelled.
+		a.paused = false
+	case a != nil && a.cancel == nil:
+		a.cancelled = true // opened, not yet handed to a worker
+	case a != nil:
+		stop = a.cancel
+	}
 	m.mu.Unlock()
 	if a == nil {
 		run, err := m.store.Run(ctx, runID)
@@ -501,12 +523,15 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 		}
 		return fmt.Errorf("run %s has already ended (%s)", runID, run.Status)
 	}
-	if !a.paused {
-		a.cancel(ErrCancelled)
+	if !paused {
+		if stop != nil {
+			stop(ErrCancelled)
+		}
 		return nil
 	}
 	run, err := m.store.Run(ctx, runID)
 	if err != nil {
+		m.release(a, true)
 		return err
 	}
 	run.Status = StatusCancelled
@@ -516,6 +541,7 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 	ev := Event{Time: run.EndedAt, Type: EventRunFailed, Run: run.ID, Thread: run.Thread,
 		Data: json.RawMessage(`{"status":"cancelled"}`)}
 	if err := m.store.Commit(ctx, &Commit{Run: run, Events: []Event{ev}, Sync: true}); err != nil {
+		m.release(a, true)
 		return fmt.Errorf("cancel run %s: %w", runID, err)
 	}
 	if m.opts.Events != nil {
