@@ -197,3 +197,45 @@ func TestExitDurabilityEventsNameStoredCheckpoints(t *testing.T) {
 		})
 	}
 }
+
+// The step limit counts a run's supersteps across a pause in exit
+// durability as in sync: only the pause's checkpoint is stored then, so the
+// steps before it are not in the checkpoints to be counted again.
+func TestStepLimitHoldsAcrossAPauseInExitDurability(t *testing.T) {
+	ctx := context.Background()
+	build := func() *engine.Graph {
+		b := engine.NewGraph("long")
+		log := engine.Append[string](b, "log")
+		prev := engine.Start
+		for _, n := range []string{"a", "b", "c", "ask", "d", "e", "f"} {
+			if n == "ask" {
+				b.AddNode(n, func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+					if _, err := engine.Interrupt(ctx, "go on?"); err != nil {
+						return nil, err
+					}
+					return []engine.Write{engine.Push(log, "ask")}, nil
+				})
+			} else {
+				b.AddNode(n, writes(engine.Push(log, n)))
+			}
+			b.AddEdge(prev, n)
+			prev = n
+		}
+		return mustCompile(t, b)
+	}
+	for _, d := range []engine.Durability{engine.DurabilitySync, engine.DurabilityExit} {
+		t.Run(string(d), func(t *testing.T) {
+			s := engine.NewMemoryStore()
+			ag := &engine.Agent{Name: "long", Graph: build(), StepLimit: 5}
+			m := newManager(t, s, engine.ManagerOptions{Durability: d}, ag)
+			run, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: "long"})
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusInterrupted, run.Status)
+			_, err = m.Resume(ctx, run.ID, map[string]engine.Decision{run.Interrupts[0].ID: {Kind: engine.Approve}})
+			require.NoError(t, err)
+			end := waitFor(t, m, run.ID)
+			require.Equal(t, engine.StatusBudgetExceeded, end.Status, "7 steps ran under a limit of 5 (%d counted)", end.Steps)
+			require.Equal(t, 5, end.Steps)
+		})
+	}
+}

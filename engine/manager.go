@@ -472,7 +472,10 @@ func (m *Manager) prepareResume(ctx context.Context, ag *Agent, run *Run) (*exec
 	if err != nil {
 		return nil, fmt.Errorf("resume run %s: %w", run.ID, err)
 	}
-	e.run.Steps = steps
+	// In exit durability only the checkpoint the run paused at is stored,
+	// so the steps before it are not there to be counted; the record
+	// written at the pause holds them.
+	e.run.Steps = max(steps, run.Steps)
 	return e, nil
 }
 
