@@ -184,7 +184,13 @@ func withBudget(b policy.Budget) envOption {
 }
 
 func withImpl(name string, tool agent.Tool) envOption {
-	return func(c *agent.LoopConfig, _ *env) { c.Impls[name] = tool }
+	return func(c *agent.LoopConfig, _ *env) {
+		if tool == nil {
+			delete(c.Impls, name)
+			return
+		}
+		c.Impls[name] = tool
+	}
 }
 
 func withLog(wrap func(agent.CallLog) agent.CallLog) envOption {

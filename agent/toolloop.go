@@ -219,6 +219,14 @@ func ToolKey(info engine.RunInfo, call int) string {
 	return callBase(info) + ":" + strconv.Itoa(call)
 }
 
+// Layers of the tool loop's own refusals in tool.unauthorized events, next
+// to the active set's (policy.LayerRegistry and the rest): a bundle rule
+// denied the call, or the tool has no implementation here.
+const (
+	layerRule           = "rule"
+	layerImplementation = "implementation"
+)
+
 // Texts of the refusals the model reads. They are neutral: they say that
 // the call did not run, not which rule stopped it or how to get around it.
 const (
@@ -238,6 +246,13 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 	args := normalizeArgs(tc.Arguments)
 	rec := CallRecord{Key: key, Run: l.info.Run, Node: l.info.Node, Tool: tc.Name, ArgsHash: HashArgs(args), Args: args}
 
+	// denied announces a refusal of the call as tool.unauthorized.
+	denied := func(layer, reason string) func() {
+		return func() {
+			engine.Announce(ctx, engine.EventToolDenied, map[string]any{"run": l.info.Run, "node": l.info.Node,
+				"tool": tc.Name, "layer": layer, "reason": reason, "key": key})
+		}
+	}
 	chk := l.active.Check(tc.Name, args)
 	if !chk.Allowed {
 		text := fmt.Sprintf(textUnavailable, tc.Name)
@@ -245,10 +260,7 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 			text = fmt.Sprintf(textInvalidArgs, tc.Name, schemaDetail(chk.Reason))
 		}
 		rec.Decision, rec.DecidedBy, rec.Reason = string(policy.DecisionDeny), "policy:"+chk.Layer, chk.Reason
-		return l.refuse(ctx, rec, text, func() {
-			engine.Announce(ctx, engine.EventToolDenied, map[string]any{"run": l.info.Run, "node": l.info.Node,
-				"tool": tc.Name, "layer": chk.Layer, "reason": chk.Reason, "key": key})
-		})
+		return l.refuse(ctx, rec, text, denied(chk.Layer, chk.Reason))
 	}
 	tool := chk.Tool
 	impl := l.cfg.Impls[tool.Name]
@@ -257,7 +269,7 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 	rec.Decision, rec.DecidedBy, rec.Reason = string(ar.Decision), ar.By, ar.Reason
 	switch ar.Decision {
 	case policy.DecisionDeny:
-		return l.refuse(ctx, rec, fmt.Sprintf(textDenied, tool.Name), nil)
+		return l.refuse(ctx, rec, fmt.Sprintf(textDenied, tool.Name), denied(layerRule, ar.Reason))
 	case policy.DecisionAsk:
 		d, err := engine.Interrupt(ctx, ToolInterrupt{Reason: ReasonApproval, Tool: tool.Name, Args: args, Key: key, Detail: ar.Reason})
 		if err != nil {
@@ -277,8 +289,8 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 		}
 	}
 	if impl == nil {
-		rec.Decision, rec.DecidedBy, rec.Reason = string(policy.DecisionDeny), "policy:implementation", ErrNoTool.Error()
-		return l.refuse(ctx, rec, fmt.Sprintf(textNoImpl, tool.Name), nil)
+		rec.Decision, rec.DecidedBy, rec.Reason = string(policy.DecisionDeny), "policy:"+layerImplementation, ErrNoTool.Error()
+		return l.refuse(ctx, rec, fmt.Sprintf(textNoImpl, tool.Name), denied(layerImplementation, ErrNoTool.Error()))
 	}
 
 	existing, err := intent(ctx, l.cfg.Log, rec)

@@ -319,3 +319,34 @@ func TestResultRecordedWhenStoppedDuringTheCall(t *testing.T) {
 	require.True(t, recs[0].Done(), "the call ran; its result must be kept: %+v", recs[0])
 	require.JSONEq(t, `{"booked":true}`, string(recs[0].Result))
 }
+
+// Every refusal is evented as tool.unauthorized, not only those of the
+// active set: a bundle rule that denies the tool, and a tool the active set
+// allows that has no implementation here. Both were told to the model and
+// recorded, but no event said so.
+func TestEveryRefusalIsEvented(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		opts  []envOption
+		layer string
+		reply string
+	}{
+		{"denied by a rule", []envOption{withRules(policy.ApprovalRule{Tool: "write_x", Decision: policy.DecisionDeny})},
+			"rule", `refused: the call to "write_x" was not run`},
+		{"no implementation", []envOption{withRules(policy.ApprovalRule{Tool: "*", Decision: policy.DecisionAllow}), withImpl("write_x", nil)},
+			"implementation", `refused: tool "write_x" is not available`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, append([]envOption{withProvider(writeScript())}, tc.opts...)...)
+			res := e.invoke("please write")
+			require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+			require.Equal(t, tc.reply, e.toolMessages(res)[0].Content)
+			require.Zero(t, e.tools["write_x"].n())
+			denied := e.events.of(engine.EventToolDenied)
+			require.Len(t, denied, 1)
+			require.Equal(t, "write_x", denied[0]["tool"])
+			require.Equal(t, tc.layer, denied[0]["layer"])
+			require.NotEmpty(t, denied[0]["reason"])
+		})
+	}
+}
