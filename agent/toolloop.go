@@ -246,13 +246,7 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 	args := normalizeArgs(tc.Arguments)
 	rec := CallRecord{Key: key, Run: l.info.Run, Node: l.info.Node, Tool: tc.Name, ArgsHash: HashArgs(args), Args: args}
 
-	// denied announces a refusal of the call as tool.unauthorized.
-	denied := func(layer, reason string) func() {
-		return func() {
-			engine.Announce(ctx, engine.EventToolDenied, map[string]any{"run": l.info.Run, "node": l.info.Node,
-				"tool": tc.Name, "layer": layer, "reason": reason, "key": key})
-		}
-	}
+	denied := func(layer, reason string) func() { return l.denied(ctx, tc.Name, key, layer, reason) }
 	chk := l.active.Check(tc.Name, args)
 	if !chk.Allowed {
 		text := fmt.Sprintf(textUnavailable, tc.Name)
@@ -284,7 +278,7 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 			rec.Args, rec.ArgsHash = args, HashArgs(args)
 			if chk := l.active.Check(tool.Name, args); !chk.Allowed {
 				rec.Reason = "operator's edit: " + chk.Reason
-				return l.refuse(ctx, rec, fmt.Sprintf(textInvalidArgs, tool.Name, schemaDetail(chk.Reason)), nil)
+				return l.refuse(ctx, rec, fmt.Sprintf(textInvalidArgs, tool.Name, schemaDetail(chk.Reason)), denied(chk.Layer, rec.Reason))
 			}
 		}
 	}
@@ -347,11 +341,13 @@ func (l *loop) uncertain(ctx context.Context, impl Tool, rec CallRecord) (string
 		}
 		retry := rec
 		retry.Key, retry.Decision, retry.DecidedBy, retry.Reason = retryKey, d.Kind, operator(d), d.Reason
+		var editRefused func()
 		if d.Kind == engine.Edit {
 			retry.Args = normalizeArgs(d.Value)
 			retry.ArgsHash = HashArgs(retry.Args)
 			if chk := l.active.Check(rec.Tool, retry.Args); !chk.Allowed {
 				retry.Decision, retry.Reason = engine.Reject, "operator's edit: "+chk.Reason
+				editRefused = l.denied(ctx, rec.Tool, retryKey, chk.Layer, retry.Reason)
 			}
 		}
 		existing, err := intent(ctx, l.cfg.Log, retry)
@@ -365,11 +361,24 @@ func (l *loop) uncertain(ctx context.Context, impl Tool, rec CallRecord) (string
 		case existing.Done():
 			return l.reply(existing), nil
 		case retry.Decision == engine.Reject:
-			return l.refuse(ctx, retry, fmt.Sprintf(textNotRerun, rec.Tool), nil)
+			text, err := l.refuse(ctx, retry, fmt.Sprintf(textNotRerun, rec.Tool), nil)
+			if err == nil && existing == nil && editRefused != nil {
+				editRefused() // the refusal was recorded just now
+			}
+			return text, err
 		case existing == nil:
 			return l.execute(ctx, impl, retry, key, key)
 		}
 		// The re-run itself left no result: ask again.
+	}
+}
+
+// denied returns the announcement of a refused call, a tool.unauthorized
+// event, for refuse to make when it records the refusal.
+func (l *loop) denied(ctx context.Context, tool, key, layer, reason string) func() {
+	return func() {
+		engine.Announce(ctx, engine.EventToolDenied, map[string]any{"run": l.info.Run, "node": l.info.Node,
+			"tool": tool, "layer": layer, "reason": reason, "key": key})
 	}
 }
 

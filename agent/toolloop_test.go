@@ -350,3 +350,35 @@ func TestEveryRefusalIsEvented(t *testing.T) {
 		})
 	}
 }
+
+// An operator's edit of a write tool's arguments that the tool's schema
+// refuses does not run the tool, and says so in a tool.unauthorized event
+// (the resume itself was accepted).
+func TestRefusedEditIsEvented(t *testing.T) {
+	e := newEnv(t, withProvider(writeScript()), withRules(policy.ApprovalRule{Tool: "write_x", Decision: policy.DecisionAsk}))
+	res := e.invoke("please write")
+	interruptOf(t, res)
+	res = e.resume(res, engine.Decision{Kind: engine.Edit, By: "alice", Value: json.RawMessage(`{"v":5}`)})
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Zero(t, e.tools["write_x"].n())
+	require.Contains(t, e.toolMessages(res)[0].Content, `refused: the arguments for "write_x" are invalid`)
+	denied := e.events.of(engine.EventToolDenied)
+	require.Len(t, denied, 1)
+	require.Equal(t, policy.LayerSchema, denied[0]["layer"])
+	require.Contains(t, denied[0]["reason"], "operator's edit")
+}
+
+// The same for an edit given to re-run a call that may not have completed.
+func TestRefusedEditOfAnUncertainCallIsEvented(t *testing.T) {
+	e := newEnvCrashingOn(t, writeScript(), withRules(policy.ApprovalRule{Tool: "*", Decision: policy.DecisionAllow}), "write_x")
+	res := e.invoke("go")
+	require.Equal(t, agent.ReasonUncertainSideEffect, interruptOf(t, res).Reason)
+	res = e.resume(res, engine.Decision{Kind: engine.Edit, By: "carol", Value: json.RawMessage(`{"v":5}`)})
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, 1, e.tools["write_x"].n(), "not run again")
+	require.Contains(t, e.toolMessages(res)[0].Content, "was not run again")
+	denied := e.events.of(engine.EventToolDenied)
+	require.Len(t, denied, 1)
+	require.Equal(t, policy.LayerSchema, denied[0]["layer"])
+	require.Contains(t, denied[0]["reason"], "operator's edit")
+}
