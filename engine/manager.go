@@ -21,6 +21,9 @@ type Agent struct {
 	Output func(State) json.RawMessage
 	// StepLimit overrides the manager's default when positive.
 	StepLimit int
+	// MaxDuration, when positive, is the agent's wall-time budget per run;
+	// the manager's, when shorter, still holds.
+	MaxDuration time.Duration
 	// Pin, when set, is called once as a run opens, before its record is
 	// first committed: what it puts in run.Meta (the resolved active tool
 	// set, say) is stored with the run and holds for its whole life,
@@ -146,8 +149,12 @@ func (m *Manager) config(a *Agent, run *Run) RunConfig {
 	if a.StepLimit > 0 {
 		limit = a.StepLimit
 	}
+	wall := m.opts.MaxDuration
+	if a.MaxDuration > 0 && (wall <= 0 || a.MaxDuration < wall) {
+		wall = a.MaxDuration
+	}
 	return RunConfig{Thread: run.Thread, Store: m.store, Blobs: m.store, Run: run, Durability: m.opts.Durability,
-		StepLimit: limit, MaxDuration: m.opts.MaxDuration, Events: m.opts.Events, Cache: m.cache, Output: a.Output}
+		StepLimit: limit, MaxDuration: wall, Events: m.opts.Events, Cache: m.cache, Output: a.Output}
 }
 
 // claim reserves the thread for a run, waiting if asked to.

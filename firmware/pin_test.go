@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/engine"
@@ -168,5 +169,42 @@ func TestReviewOfProposedWriteToolSaysItIsNotRun(t *testing.T) {
 	}
 	if n := len(fu.List()); n != 0 {
 		t.Fatalf("%d follow-ups booked by a review", n)
+	}
+}
+
+// The runtime's step and wall-time budgets bound the bundle's runs; they
+// were accepted and not applied, so a run went on past them.
+func TestRuntimeStepAndWallTimeBudgetsApply(t *testing.T) {
+	ctx := context.Background()
+	ask, _ := json.Marshal("I forgot my metformin dose")
+	for _, tc := range []struct {
+		name   string
+		budget policy.Budget
+		want   error
+	}{
+		{"steps", policy.Budget{Steps: 2}, engine.ErrStepLimit},
+		{"wall time", policy.Budget{WallTime: time.Nanosecond}, engine.ErrDeadline},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db, err := store.OpenDir(t.TempDir(), store.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			rt := &firmware.Runtime{Log: wiring.CallLog(db, db), Blobs: db, Runs: db, Budget: tc.budget}
+			b, err := firmware.ReferenceWithRuntime(rt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := engine.NewManager(db, firmware.BundleResolver(b), engine.ManagerOptions{})
+			defer m.Close()
+			r, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: firmware.ReferenceAgent, Input: ask})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Status != engine.StatusBudgetExceeded || !strings.Contains(r.Error, tc.want.Error()) {
+				t.Fatalf("status %s (%s), want budget_exceeded: %v", r.Status, r.Error, tc.want)
+			}
+		})
 	}
 }

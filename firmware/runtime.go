@@ -44,7 +44,9 @@ type Runtime struct {
 	Log agent.CallLog
 	// Blobs stores model responses. Nil keeps them in memory.
 	Blobs engine.BlobStore
-	// Budget bounds tool-loop iterations (default 5) and tokens per run.
+	// Budget bounds tool-loop iterations (default 5) and tokens per run,
+	// and the runs' supersteps (the narrower of it and the agent's
+	// step_limit) and wall time.
 	Budget policy.Budget
 	// Runs reads a run's record for its Meta[MetaTools] override. Nil
 	// means no request narrows the tool set.
