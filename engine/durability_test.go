@@ -236,6 +236,17 @@ func TestStepLimitHoldsAcrossAPauseInExitDurability(t *testing.T) {
 			end := waitFor(t, m, run.ID)
 			require.Equal(t, engine.StatusBudgetExceeded, end.Status, "7 steps ran under a limit of 5 (%d counted)", end.Steps)
 			require.Equal(t, 5, end.Steps)
+
+			// Graph.Resume, adopting the paused run from the store, counts
+			// the same way.
+			g := build()
+			cfg := engine.RunConfig{Thread: "g", Store: s, Durability: d, StepLimit: 5}
+			res, err := g.Invoke(ctx, cfg)
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+			res, err = g.Resume(ctx, cfg, map[string]engine.Decision{res.Run.Interrupts[0].ID: {Kind: engine.Approve}})
+			require.ErrorIs(t, err, engine.ErrStepLimit)
+			require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
 		})
 	}
 }

@@ -248,7 +248,7 @@ func (e *execution) adoptRun(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	run.Steps = steps
+	run.Steps = max(steps, run.Steps) // see Manager.prepareResume
 	run.Durability = e.cfg.Durability
 	e.run = run
 	return nil
