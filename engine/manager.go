@@ -95,7 +95,7 @@ type active struct {
 	working bool // a worker is executing it
 	cancel  context.CancelCauseFunc
 	// cancelled: Cancel came before a worker took the run (cancel still
-	// nil); launch and execute stop it at once.
+	// nil: opened, or being resumed); launch and execute stop it at once.
 	cancelled bool
 	done      chan struct{}
 }
@@ -435,6 +435,7 @@ func (m *Manager) Resume(ctx context.Context, runID string, decisions map[string
 		return nil, fmt.Errorf("%w: run %s is not paused here", ErrNotInterrupted, runID)
 	}
 	a.paused = false
+	a.cancel = nil // the last execution's; a Cancel from here on waits for launch
 	m.queued++
 	m.mu.Unlock()
 	ag, err := m.resolve(run.Agent, run.Bundle)
@@ -521,7 +522,7 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 		// recorded as cancelled.
 		a.paused = false
 	case a != nil && a.cancel == nil:
-		a.cancelled = true // opened, not yet handed to a worker
+		a.cancelled = true // opened or being resumed, not yet handed to a worker
 	case a != nil:
 		stop = a.cancel
 	}

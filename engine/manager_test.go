@@ -449,3 +449,41 @@ func TestCancelBeforeAWorkerTakesTheRun(t *testing.T) {
 	require.Equal(t, engine.StatusCancelled, end.Status)
 	require.Zero(t, calls.get("before"), "the cancelled run ran a node")
 }
+
+// A run cancelled while its Resume is still preparing it (between the
+// claim and the hand-off to a worker) is stopped when a worker takes it;
+// Cancel called the stop function of the run's previous execution, which
+// stopped nothing, and the resumed run went on.
+func TestCancelWhileResumePrepares(t *testing.T) {
+	ctx := context.Background()
+	calls := newCounter()
+	g, _ := reviewGraph(t, calls)
+	ag := &engine.Agent{Name: "review", Graph: g}
+	resolving := make(chan struct{})
+	proceed := make(chan struct{})
+	var n atomic.Int32
+	resolve := func(name string, _ engine.BundleRef) (*engine.Agent, error) {
+		if n.Add(1) == 2 { // the Resume's
+			close(resolving)
+			<-proceed
+		}
+		return ag, nil
+	}
+	m := engine.NewManager(engine.NewMemoryStore(), resolve, engine.ManagerOptions{})
+	t.Cleanup(m.Close)
+	run, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: "review"})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, run.Status)
+	resumed := make(chan error, 1)
+	go func() {
+		_, err := m.Resume(ctx, run.ID, map[string]engine.Decision{run.Interrupts[0].ID: {Kind: engine.Approve}})
+		resumed <- err
+	}()
+	<-resolving
+	require.NoError(t, m.Cancel(ctx, run.ID))
+	close(proceed)
+	require.NoError(t, <-resumed)
+	end := waitFor(t, m, run.ID)
+	require.Equal(t, engine.StatusCancelled, end.Status)
+	require.Zero(t, calls.get("after"), "the cancelled run went on past the decision")
+}
