@@ -160,8 +160,8 @@ func missingInput(raw json.RawMessage) bool {
 // agent's active tool set cannot hold: not in the bundle's registry, or
 // left out by the appliance's restriction. It resolves the set as the run
 // would open (the agent's Pin, on a run that is never stored), which
-// refuses the names the override gives in vain. An agent without a Pin has no tool
-// registry, so every name is unknown to it.
+// refuses the names the override gives in vain. An agent without a Pin has
+// no tool registry, so every name is unknown to it.
 func unknownTools(ag *engine.Agent, names []string) ([]string, error) {
 	if len(names) == 0 {
 		return nil, nil
