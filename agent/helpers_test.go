@@ -183,6 +183,16 @@ func withBudget(b policy.Budget) envOption {
 	return func(c *agent.LoopConfig, _ *env) { c.Budget = b }
 }
 
+func withImpl(name string, tool agent.Tool) envOption {
+	return func(c *agent.LoopConfig, _ *env) {
+		if tool == nil {
+			delete(c.Impls, name)
+			return
+		}
+		c.Impls[name] = tool
+	}
+}
+
 func withLog(wrap func(agent.CallLog) agent.CallLog) envOption {
 	return func(c *agent.LoopConfig, e *env) { e.log = wrap(e.log); c.Log = e.log }
 }

@@ -219,6 +219,14 @@ func ToolKey(info engine.RunInfo, call int) string {
 	return callBase(info) + ":" + strconv.Itoa(call)
 }
 
+// Layers of the tool loop's own refusals in tool.unauthorized events, next
+// to the active set's (policy.LayerRegistry and the rest): a bundle rule
+// denied the call, or the tool has no implementation here.
+const (
+	layerRule           = "rule"
+	layerImplementation = "implementation"
+)
+
 // Texts of the refusals the model reads. They are neutral: they say that
 // the call did not run, not which rule stopped it or how to get around it.
 const (
@@ -238,6 +246,7 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 	args := normalizeArgs(tc.Arguments)
 	rec := CallRecord{Key: key, Run: l.info.Run, Node: l.info.Node, Tool: tc.Name, ArgsHash: HashArgs(args), Args: args}
 
+	denied := func(layer, reason string) func() { return l.denied(ctx, tc.Name, key, layer, reason) }
 	chk := l.active.Check(tc.Name, args)
 	if !chk.Allowed {
 		text := fmt.Sprintf(textUnavailable, tc.Name)
@@ -245,10 +254,7 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 			text = fmt.Sprintf(textInvalidArgs, tc.Name, schemaDetail(chk.Reason))
 		}
 		rec.Decision, rec.DecidedBy, rec.Reason = string(policy.DecisionDeny), "policy:"+chk.Layer, chk.Reason
-		return l.refuse(ctx, rec, text, func() {
-			engine.Announce(ctx, engine.EventToolDenied, map[string]any{"run": l.info.Run, "node": l.info.Node,
-				"tool": tc.Name, "layer": chk.Layer, "reason": chk.Reason, "key": key})
-		})
+		return l.refuse(ctx, rec, text, denied(chk.Layer, chk.Reason))
 	}
 	tool := chk.Tool
 	impl := l.cfg.Impls[tool.Name]
@@ -257,7 +263,7 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 	rec.Decision, rec.DecidedBy, rec.Reason = string(ar.Decision), ar.By, ar.Reason
 	switch ar.Decision {
 	case policy.DecisionDeny:
-		return l.refuse(ctx, rec, fmt.Sprintf(textDenied, tool.Name), nil)
+		return l.refuse(ctx, rec, fmt.Sprintf(textDenied, tool.Name), denied(layerRule, ar.Reason))
 	case policy.DecisionAsk:
 		d, err := engine.Interrupt(ctx, ToolInterrupt{Reason: ReasonApproval, Tool: tool.Name, Args: args, Key: key, Detail: ar.Reason})
 		if err != nil {
@@ -272,13 +278,13 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 			rec.Args, rec.ArgsHash = args, HashArgs(args)
 			if chk := l.active.Check(tool.Name, args); !chk.Allowed {
 				rec.Reason = "operator's edit: " + chk.Reason
-				return l.refuse(ctx, rec, fmt.Sprintf(textInvalidArgs, tool.Name, schemaDetail(chk.Reason)), nil)
+				return l.refuse(ctx, rec, fmt.Sprintf(textInvalidArgs, tool.Name, schemaDetail(chk.Reason)), denied(chk.Layer, rec.Reason))
 			}
 		}
 	}
 	if impl == nil {
-		rec.Decision, rec.DecidedBy, rec.Reason = string(policy.DecisionDeny), "policy:implementation", ErrNoTool.Error()
-		return l.refuse(ctx, rec, fmt.Sprintf(textNoImpl, tool.Name), nil)
+		rec.Decision, rec.DecidedBy, rec.Reason = string(policy.DecisionDeny), "policy:"+layerImplementation, ErrNoTool.Error()
+		return l.refuse(ctx, rec, fmt.Sprintf(textNoImpl, tool.Name), denied(layerImplementation, ErrNoTool.Error()))
 	}
 
 	existing, err := intent(ctx, l.cfg.Log, rec)
@@ -335,11 +341,13 @@ func (l *loop) uncertain(ctx context.Context, impl Tool, rec CallRecord) (string
 		}
 		retry := rec
 		retry.Key, retry.Decision, retry.DecidedBy, retry.Reason = retryKey, d.Kind, operator(d), d.Reason
+		var editRefused func()
 		if d.Kind == engine.Edit {
 			retry.Args = normalizeArgs(d.Value)
 			retry.ArgsHash = HashArgs(retry.Args)
 			if chk := l.active.Check(rec.Tool, retry.Args); !chk.Allowed {
 				retry.Decision, retry.Reason = engine.Reject, "operator's edit: "+chk.Reason
+				editRefused = l.denied(ctx, rec.Tool, retryKey, chk.Layer, retry.Reason)
 			}
 		}
 		existing, err := intent(ctx, l.cfg.Log, retry)
@@ -353,11 +361,24 @@ func (l *loop) uncertain(ctx context.Context, impl Tool, rec CallRecord) (string
 		case existing.Done():
 			return l.reply(existing), nil
 		case retry.Decision == engine.Reject:
-			return l.refuse(ctx, retry, fmt.Sprintf(textNotRerun, rec.Tool), nil)
+			text, err := l.refuse(ctx, retry, fmt.Sprintf(textNotRerun, rec.Tool), nil)
+			if err == nil && existing == nil && editRefused != nil {
+				editRefused() // the refusal was recorded just now
+			}
+			return text, err
 		case existing == nil:
 			return l.execute(ctx, impl, retry, key, key)
 		}
 		// The re-run itself left no result: ask again.
+	}
+}
+
+// denied returns the announcement of a refused call, a tool.unauthorized
+// event, for refuse to make when it records the refusal.
+func (l *loop) denied(ctx context.Context, tool, key, layer, reason string) func() {
+	return func() {
+		engine.Announce(ctx, engine.EventToolDenied, map[string]any{"run": l.info.Run, "node": l.info.Node,
+			"tool": tool, "layer": layer, "reason": reason, "key": key})
 	}
 }
 
@@ -405,7 +426,10 @@ func (l *loop) execute(ctx context.Context, impl Tool, rec CallRecord, toolKey, 
 	} else if !json.Valid(result) {
 		result, _ = json.Marshal(string(result))
 	}
-	if err := l.cfg.Log.Done(ctx, rec.Key, result, errText); err != nil {
+	// The call has returned: its outcome is known and is recorded even if
+	// the run is being stopped meanwhile, or recovery would find an open
+	// intent and ask a person about a call whose result was in hand.
+	if err := l.cfg.Log.Done(context.WithoutCancel(ctx), rec.Key, result, errText); err != nil {
 		return "", fmt.Errorf("tool call %s: %w", rec.Key, err)
 	}
 	done := rec

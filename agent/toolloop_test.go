@@ -296,3 +296,89 @@ func (c *crashOnTool) Done(ctx context.Context, key string, result json.RawMessa
 	}
 	return c.CallLog.Done(ctx, key, result, errText)
 }
+
+// A tool that returns its result while the run is being stopped (cancel,
+// shutdown, a node's timeout) has run: its result is recorded, not left as
+// an open intent that a recovery would have to ask a person about.
+func TestResultRecordedWhenStoppedDuringTheCall(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ran := 0
+	stopping := agent.ToolFunc(func(_ context.Context, _ json.RawMessage, _ string) (json.RawMessage, error) {
+		ran++
+		cancel() // the run is stopped while the tool finishes its work
+		return json.RawMessage(`{"booked":true}`), nil
+	})
+	e := newEnv(t, withProvider(writeScript()), withRules(policy.ApprovalRule{Tool: "*", Decision: policy.DecisionAllow}),
+		withImpl("write_x", stopping))
+	res, _ := e.graph.Invoke(ctx, e.config(), engine.Push(e.messages, models.Message{Role: models.RoleUser, Content: "go"}))
+	require.NotNil(t, res)
+	require.Equal(t, 1, ran)
+	recs := e.mem.Records(res.Run.ID)
+	require.Len(t, recs, 1)
+	require.True(t, recs[0].Done(), "the call ran; its result must be kept: %+v", recs[0])
+	require.JSONEq(t, `{"booked":true}`, string(recs[0].Result))
+}
+
+// Every refusal is evented as tool.unauthorized, not only those of the
+// active set: a bundle rule that denies the tool, and a tool the active set
+// allows that has no implementation here. Both were told to the model and
+// recorded, but no event said so.
+func TestEveryRefusalIsEvented(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		opts  []envOption
+		layer string
+		reply string
+	}{
+		{"denied by a rule", []envOption{withRules(policy.ApprovalRule{Tool: "write_x", Decision: policy.DecisionDeny})},
+			"rule", `refused: the call to "write_x" was not run`},
+		{"no implementation", []envOption{withRules(policy.ApprovalRule{Tool: "*", Decision: policy.DecisionAllow}), withImpl("write_x", nil)},
+			"implementation", `refused: tool "write_x" is not available`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, append([]envOption{withProvider(writeScript())}, tc.opts...)...)
+			res := e.invoke("please write")
+			require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+			require.Equal(t, tc.reply, e.toolMessages(res)[0].Content)
+			require.Zero(t, e.tools["write_x"].n())
+			denied := e.events.of(engine.EventToolDenied)
+			require.Len(t, denied, 1)
+			require.Equal(t, "write_x", denied[0]["tool"])
+			require.Equal(t, tc.layer, denied[0]["layer"])
+			require.NotEmpty(t, denied[0]["reason"])
+		})
+	}
+}
+
+// An operator's edit of a write tool's arguments that the tool's schema
+// refuses does not run the tool, and says so in a tool.unauthorized event
+// (the resume itself was accepted).
+func TestRefusedEditIsEvented(t *testing.T) {
+	e := newEnv(t, withProvider(writeScript()), withRules(policy.ApprovalRule{Tool: "write_x", Decision: policy.DecisionAsk}))
+	res := e.invoke("please write")
+	interruptOf(t, res)
+	res = e.resume(res, engine.Decision{Kind: engine.Edit, By: "alice", Value: json.RawMessage(`{"v":5}`)})
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Zero(t, e.tools["write_x"].n())
+	require.Contains(t, e.toolMessages(res)[0].Content, `refused: the arguments for "write_x" are invalid`)
+	denied := e.events.of(engine.EventToolDenied)
+	require.Len(t, denied, 1)
+	require.Equal(t, policy.LayerSchema, denied[0]["layer"])
+	require.Contains(t, denied[0]["reason"], "operator's edit")
+}
+
+// The same for an edit given to re-run a call that may not have completed.
+func TestRefusedEditOfAnUncertainCallIsEvented(t *testing.T) {
+	e := newEnvCrashingOn(t, writeScript(), withRules(policy.ApprovalRule{Tool: "*", Decision: policy.DecisionAllow}), "write_x")
+	res := e.invoke("go")
+	require.Equal(t, agent.ReasonUncertainSideEffect, interruptOf(t, res).Reason)
+	res = e.resume(res, engine.Decision{Kind: engine.Edit, By: "carol", Value: json.RawMessage(`{"v":5}`)})
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, 1, e.tools["write_x"].n(), "not run again")
+	require.Contains(t, e.toolMessages(res)[0].Content, "was not run again")
+	denied := e.events.of(engine.EventToolDenied)
+	require.Len(t, denied, 1)
+	require.Equal(t, policy.LayerSchema, denied[0]["layer"])
+	require.Contains(t, denied[0]["reason"], "operator's edit")
+}

@@ -159,9 +159,9 @@ func missingInput(raw json.RawMessage) bool {
 // unknownTools returns the names of a request's tool override that the
 // agent's active tool set cannot hold: not in the bundle's registry, or
 // left out by the appliance's restriction. It resolves the set as the run
-// would open (the agent's Pin, on a run that is never stored) and reads
-// the names the override gave in vain. An agent without a Pin has no tool
-// registry, so every name is unknown to it.
+// would open (the agent's Pin, on a run that is never stored), which
+// refuses the names the override gives in vain. An agent without a Pin has
+// no tool registry, so every name is unknown to it.
 func unknownTools(ag *engine.Agent, names []string) ([]string, error) {
 	if len(names) == 0 {
 		return nil, nil
@@ -171,6 +171,10 @@ func unknownTools(ag *engine.Agent, names []string) ([]string, error) {
 	}
 	probe := &engine.Run{Agent: ag.Name, Bundle: ag.Bundle, Meta: map[string]string{firmware.MetaTools: strings.Join(names, ",")}}
 	if err := ag.Pin(probe); err != nil {
+		var unknown *firmware.UnknownToolsError
+		if errors.As(err, &unknown) {
+			return unknown.Names, nil
+		}
 		return nil, err
 	}
 	raw, ok := probe.Meta[firmware.MetaActiveTools]
@@ -266,6 +270,8 @@ func startError(err error) *apiError {
 	switch {
 	case errors.Is(err, engine.ErrThreadBusy):
 		return errorf(http.StatusConflict, "thread_busy", err.Error())
+	case errors.As(err, new(*firmware.UnknownToolsError)):
+		return errorf(http.StatusUnprocessableEntity, "unknown_tool", err.Error())
 	case errors.Is(err, engine.ErrUnknownAgent):
 		return errorf(http.StatusUnprocessableEntity, "unknown_agent", err.Error())
 	case errors.Is(err, engine.ErrManagerClosed):

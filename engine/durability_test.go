@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -151,4 +152,101 @@ func TestRecordedDurabilityFailsClosed(t *testing.T) {
 	_, err = g.Resume(ctx, engine.RunConfig{Thread: "t3", Store: s},
 		map[string]engine.Decision{r.Interrupts[0].ID: {Kind: engine.Approve}})
 	require.ErrorIs(t, err, engine.ErrBadDurability)
+}
+
+// In exit durability only the state a run stops at is stored, so an event
+// may name a checkpoint only when that checkpoint is stored, or say that
+// it is not ("committed": false): run.started names the input checkpoint,
+// which is stored only when the run pauses or ends right after its input.
+func TestExitDurabilityEventsNameStoredCheckpoints(t *testing.T) {
+	ctx := context.Background()
+	reviewFirst, _ := reviewGraph(t, newCounter())
+	for name, g := range map[string]*engine.Graph{"chain": chainGraph(t), "pause at input": reviewFirst} {
+		t.Run(name, func(t *testing.T) {
+			s := newRecordingStore()
+			bus := engine.NewBus()
+			_, err := g.Invoke(ctx, engine.RunConfig{Thread: "t", Store: s, Durability: engine.DurabilityExit, Events: bus})
+			require.NoError(t, err)
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			named := 0
+			for _, c := range s.commits {
+				for _, ev := range c.Events {
+					var d struct {
+						ID         string `json:"id"`
+						Checkpoint string `json:"checkpoint"`
+						Committed  *bool  `json:"committed"`
+					}
+					require.NoError(t, json.Unmarshal(ev.Data, &d))
+					id := d.ID
+					if ev.Type == engine.EventRunStarted {
+						id = d.Checkpoint
+					} else if ev.Type != engine.EventCheckpoint {
+						continue
+					}
+					_, err := s.Checkpoint(ctx, "t", "", id)
+					if d.Committed != nil && !*d.Committed {
+						require.ErrorIs(t, err, engine.ErrCheckpointNotFound, "%s says %s is not stored", ev.Type, id)
+						continue
+					}
+					require.NoError(t, err, "%s names checkpoint %s", ev.Type, id)
+					named++
+				}
+			}
+			require.Positive(t, named)
+		})
+	}
+}
+
+// The step limit counts a run's supersteps across a pause in exit
+// durability as in sync: only the pause's checkpoint is stored then, so the
+// steps before it are not in the checkpoints to be counted again.
+func TestStepLimitHoldsAcrossAPauseInExitDurability(t *testing.T) {
+	ctx := context.Background()
+	build := func() *engine.Graph {
+		b := engine.NewGraph("long")
+		log := engine.Append[string](b, "log")
+		prev := engine.Start
+		for _, n := range []string{"a", "b", "c", "ask", "d", "e", "f"} {
+			if n == "ask" {
+				b.AddNode(n, func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+					if _, err := engine.Interrupt(ctx, "go on?"); err != nil {
+						return nil, err
+					}
+					return []engine.Write{engine.Push(log, "ask")}, nil
+				})
+			} else {
+				b.AddNode(n, writes(engine.Push(log, n)))
+			}
+			b.AddEdge(prev, n)
+			prev = n
+		}
+		return mustCompile(t, b)
+	}
+	for _, d := range []engine.Durability{engine.DurabilitySync, engine.DurabilityExit} {
+		t.Run(string(d), func(t *testing.T) {
+			s := engine.NewMemoryStore()
+			ag := &engine.Agent{Name: "long", Graph: build(), StepLimit: 5}
+			m := newManager(t, s, engine.ManagerOptions{Durability: d}, ag)
+			run, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: "long"})
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusInterrupted, run.Status)
+			_, err = m.Resume(ctx, run.ID, map[string]engine.Decision{run.Interrupts[0].ID: {Kind: engine.Approve}})
+			require.NoError(t, err)
+			end := waitFor(t, m, run.ID)
+			require.Equal(t, engine.StatusBudgetExceeded, end.Status, "7 steps ran under a limit of 5 (%d counted)", end.Steps)
+			require.Equal(t, 5, end.Steps)
+
+			// Graph.Resume, adopting the paused run from the store, counts
+			// the same way.
+			g := build()
+			cfg := engine.RunConfig{Thread: "g", Store: s, Durability: d, StepLimit: 5}
+			res, err := g.Invoke(ctx, cfg)
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+			res, err = g.Resume(ctx, cfg, map[string]engine.Decision{res.Run.Interrupts[0].ID: {Kind: engine.Approve}})
+			require.ErrorIs(t, err, engine.ErrStepLimit)
+			require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
+		})
+	}
 }

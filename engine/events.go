@@ -8,6 +8,9 @@ import (
 
 // Event types, as named in the events contract.
 const (
+	// EventRunStarted's data is {"agent","checkpoint"}: the input
+	// checkpoint, with "committed": false when it is only a marker (exit
+	// durability, as for EventCheckpoint).
 	EventRunStarted    = "run.started"
 	EventNodeStarted   = "node.started"
 	EventNodeCompleted = "node.completed"

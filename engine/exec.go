@@ -214,7 +214,7 @@ func (g *Graph) Resume(ctx context.Context, cfg RunConfig, decisions map[string]
 			if i < 0 {
 				return e.result(), fmt.Errorf("%w: %s", ErrUnknownInterrupt, id)
 			}
-			if err := g.checkDecision(pending[i], d); err != nil {
+			if err := g.checkDecision(e.cfg.ns, pending[i], d); err != nil {
 				return e.result(), err
 			}
 		}
@@ -248,7 +248,7 @@ func (e *execution) adoptRun(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	run.Steps = steps
+	run.Steps = max(steps, run.Steps) // see Manager.prepareResume
 	run.Durability = e.cfg.Durability
 	e.run = run
 	return nil
@@ -369,7 +369,7 @@ func (e *execution) applyInput(ctx context.Context, input []Write) error {
 	e.head = c
 	e.writes = nil
 	if e.cfg.ns == "" {
-		e.event(EventRunStarted, "", map[string]any{"agent": e.run.Agent, "checkpoint": c.ID})
+		e.event(EventRunStarted, "", runStartedData(e.run.Agent, c, e.commitsEachStep()))
 	}
 	if e.commitsEachStep() {
 		return e.commit(ctx, &Commit{Checkpoint: c})
@@ -553,6 +553,21 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 	return e.commit(ctx, &Commit{Checkpoint: c})
 }
 
+// runStartedData is {"agent","checkpoint"}, with "committed": false while
+// the input checkpoint is only a marker (exit durability, see
+// EventCheckpoint).
+func runStartedData(agent string, c *Checkpoint, committed bool) json.RawMessage {
+	b := make([]byte, 0, 64)
+	b = append(b, `{"agent":`...)
+	b = AppendJSONString(b, agent)
+	b = append(b, `,"checkpoint":`...)
+	b = AppendJSONString(b, c.ID)
+	if !committed {
+		b = append(b, `,"committed":false`...)
+	}
+	return append(b, '}')
+}
+
 // nodeCompletedData is {"task","writes","attempts"}, built by hand: it is
 // made for every task of every step.
 func nodeCompletedData(r taskResult) json.RawMessage {
@@ -612,12 +627,21 @@ func (e *execution) uncommitted() (*Checkpoint, error) {
 			return nil, err
 		}
 		// Its event, still waiting for this commit, no longer says it
-		// is a marker.
+		// is a marker: a step's checkpoint event, or run.started when the
+		// head is still the input checkpoint.
 		marker := checkpointData(e.head, false)
+		started := runStartedData(e.run.Agent, e.head, false)
 		for i := len(e.events) - 1; i >= 0; i-- {
-			if ev := &e.events[i]; ev.Type == EventCheckpoint {
+			ev := &e.events[i]
+			if ev.Type == EventCheckpoint {
 				if bytes.Equal(ev.Data, marker) {
 					ev.Data = checkpointData(e.head, true)
+				}
+				break
+			}
+			if ev.Type == EventRunStarted {
+				if bytes.Equal(ev.Data, started) {
+					ev.Data = runStartedData(e.run.Agent, e.head, true)
 				}
 				break
 			}

@@ -62,10 +62,27 @@ func WithTimeout(d time.Duration) NodeOption { return func(n *node) { n.timeout 
 func CheckDecision(fn func(Decision) error) NodeOption { return func(n *node) { n.check = fn } }
 
 // checkDecision runs the check of the node that raised in, if it has one.
-// The nodes of a subgraph are not looked into.
-func (g *Graph) checkDecision(in PendingInterrupt, d Decision) error {
-	n := g.nodes[in.Node]
-	if in.NS != "" || n == nil || n.check == nil {
+// ns is the namespace g runs in; an interrupt raised deeper, inside a
+// subgraph, is followed down its namespace ("node:task/node:task") to the
+// graph that holds the node, so that its edit is checked before it is spent
+// too.
+func (g *Graph) checkDecision(ns string, in PendingInterrupt, d Decision) error {
+	owner := g
+	if rel := strings.TrimPrefix(strings.TrimPrefix(in.NS, ns), "/"); rel != "" {
+		for _, seg := range strings.Split(rel, "/") {
+			i := strings.LastIndexByte(seg, ':')
+			if i < 0 {
+				return nil
+			}
+			sub := owner.nodes[seg[:i]]
+			if sub == nil || sub.subgraph == nil {
+				return nil
+			}
+			owner = sub.subgraph
+		}
+	}
+	n := owner.nodes[in.Node]
+	if n == nil || n.check == nil {
 		return nil
 	}
 	if err := n.check(d); err != nil {

@@ -400,3 +400,61 @@ func TestCheckDecisionBeforeResume(t *testing.T) {
 	require.Equal(t, engine.StatusCompleted, res.Run.Status)
 	require.Equal(t, []string{"in", `"fine"`}, log.Get(res.State))
 }
+
+// The check of a node inside a subgraph (nested too) runs before the
+// parent's Resume spends the decision, as a top-level node's does.
+func TestCheckDecisionInsideSubgraph(t *testing.T) {
+	checkString := engine.CheckDecision(func(d engine.Decision) error {
+		if d.Kind == engine.Edit && (len(d.Value) == 0 || d.Value[0] != '"') {
+			return errors.New("an edit is a JSON string")
+		}
+		return nil
+	})
+	ib := engine.NewGraph("innermost")
+	ilog := engine.Append[string](ib, "log")
+	ib.AddNode("ask", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		d, err := engine.Interrupt(ctx, "edit me")
+		if err != nil {
+			return nil, err
+		}
+		return []engine.Write{engine.Push(ilog, string(d.Value))}, nil
+	}, checkString)
+	ib.AddEdge(engine.Start, "ask")
+	innermost := mustCompile(t, ib)
+
+	sb := engine.NewGraph("inner")
+	engine.Append[string](sb, "log")
+	sb.AddSubgraph("deeper", innermost)
+	sb.AddEdge(engine.Start, "deeper")
+	inner := mustCompile(t, sb)
+
+	b := engine.NewGraph("outer")
+	log := engine.Append[string](b, "log")
+	b.AddSubgraph("review", inner)
+	b.AddEdge(engine.Start, "review")
+	g := mustCompile(t, b)
+
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	cfg := engine.RunConfig{Thread: "t", Store: store}
+	res, err := g.Invoke(ctx, cfg, engine.Push(log, "in"))
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+	require.NotEmpty(t, res.Run.Interrupts[0].NS)
+	in := res.Run.Interrupts[0].ID
+
+	cfg.Run = res.Run
+	_, err = g.Resume(ctx, cfg, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(`{"x":1}`)}})
+	require.ErrorIs(t, err, engine.ErrBadDecision)
+	require.ErrorContains(t, err, "an edit is a JSON string")
+	run, err := store.Run(ctx, res.Run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, run.Status, "the refused decision changed nothing")
+	require.Empty(t, run.Decisions)
+
+	cfg.Run = run
+	res, err = g.Resume(ctx, cfg, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(`"fine"`)}})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status)
+	require.Equal(t, []string{"in", `"fine"`}, log.Get(res.State))
+}

@@ -21,6 +21,9 @@ type Agent struct {
 	Output func(State) json.RawMessage
 	// StepLimit overrides the manager's default when positive.
 	StepLimit int
+	// MaxDuration, when positive, is the agent's wall-time budget per run;
+	// the manager's, when shorter, still holds.
+	MaxDuration time.Duration
 	// Pin, when set, is called once as a run opens, before its record is
 	// first committed: what it puts in run.Meta (the resolved active tool
 	// set, say) is stored with the run and holds for its whole life,
@@ -91,7 +94,10 @@ type active struct {
 	paused  bool // interrupted: waiting for a decision, not running
 	working bool // a worker is executing it
 	cancel  context.CancelCauseFunc
-	done    chan struct{}
+	// cancelled: Cancel came before a worker took the run (cancel still
+	// nil: opened, or being resumed); launch and execute stop it at once.
+	cancelled bool
+	done      chan struct{}
 }
 
 var errShutdown = errors.New("run manager shutting down")
@@ -143,8 +149,12 @@ func (m *Manager) config(a *Agent, run *Run) RunConfig {
 	if a.StepLimit > 0 {
 		limit = a.StepLimit
 	}
+	wall := m.opts.MaxDuration
+	if a.MaxDuration > 0 && (wall <= 0 || a.MaxDuration < wall) {
+		wall = a.MaxDuration
+	}
 	return RunConfig{Thread: run.Thread, Store: m.store, Blobs: m.store, Run: run, Durability: m.opts.Durability,
-		StepLimit: limit, MaxDuration: m.opts.MaxDuration, Events: m.opts.Events, Cache: m.cache, Output: a.Output}
+		StepLimit: limit, MaxDuration: wall, Events: m.opts.Events, Cache: m.cache, Output: a.Output}
 }
 
 // claim reserves the thread for a run, waiting if asked to.
@@ -307,6 +317,9 @@ func (m *Manager) launch(a *active, e *execution, decisions map[string]Decision)
 	m.mu.Lock()
 	a.cancel = cancel
 	a.paused = false
+	if a.cancelled {
+		cancel(ErrCancelled)
+	}
 	m.mu.Unlock()
 	m.wg.Add(1)
 	go func() {
@@ -323,6 +336,9 @@ func (m *Manager) execute(caller context.Context, a *active, e *execution, decis
 	m.mu.Lock()
 	a.cancel = cancel
 	a.paused = false
+	if a.cancelled {
+		cancel(ErrCancelled)
+	}
 	m.mu.Unlock()
 	m.wg.Add(1)
 	defer m.wg.Done()
@@ -419,6 +435,7 @@ func (m *Manager) Resume(ctx context.Context, runID string, decisions map[string
 		return nil, fmt.Errorf("%w: run %s is not paused here", ErrNotInterrupted, runID)
 	}
 	a.paused = false
+	a.cancel = nil // the last execution's; a Cancel from here on waits for launch
 	m.queued++
 	m.mu.Unlock()
 	ag, err := m.resolve(run.Agent, run.Bundle)
@@ -429,7 +446,7 @@ func (m *Manager) Resume(ctx context.Context, runID string, decisions map[string
 	}
 	// The nodes' own checks, before the decision is spent.
 	for id, d := range decisions {
-		if err := ag.Graph.checkDecision(known[id], d); err != nil {
+		if err := ag.Graph.checkDecision("", known[id], d); err != nil {
 			m.dequeue()
 			m.release(a, true)
 			return nil, fmt.Errorf("resume run %s: %w", runID, err)
@@ -463,7 +480,10 @@ func (m *Manager) prepareResume(ctx context.Context, ag *Agent, run *Run) (*exec
 	if err != nil {
 		return nil, fmt.Errorf("resume run %s: %w", run.ID, err)
 	}
-	e.run.Steps = steps
+	// In exit durability only the checkpoint the run paused at is stored,
+	// so the steps before it are not there to be counted; the record
+	// written at the pause holds them.
+	e.run.Steps = max(steps, run.Steps)
 	return e, nil
 }
 
@@ -493,6 +513,19 @@ func countSteps(ctx context.Context, store Checkpointer, head *Checkpoint, runID
 func (m *Manager) Cancel(ctx context.Context, runID string) error {
 	m.mu.Lock()
 	a := m.runs[runID]
+	var stop context.CancelCauseFunc
+	paused := a != nil && a.paused
+	switch {
+	case paused:
+		// Claimed, as Resume claims it: a Resume that comes meanwhile
+		// finds the run not paused, so it is not both resumed and
+		// recorded as cancelled.
+		a.paused = false
+	case a != nil && a.cancel == nil:
+		a.cancelled = true // opened or being resumed, not yet handed to a worker
+	case a != nil:
+		stop = a.cancel
+	}
 	m.mu.Unlock()
 	if a == nil {
 		run, err := m.store.Run(ctx, runID)
@@ -501,12 +534,15 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 		}
 		return fmt.Errorf("run %s has already ended (%s)", runID, run.Status)
 	}
-	if !a.paused {
-		a.cancel(ErrCancelled)
+	if !paused {
+		if stop != nil {
+			stop(ErrCancelled)
+		}
 		return nil
 	}
 	run, err := m.store.Run(ctx, runID)
 	if err != nil {
+		m.release(a, true)
 		return err
 	}
 	run.Status = StatusCancelled
@@ -516,6 +552,7 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 	ev := Event{Time: run.EndedAt, Type: EventRunFailed, Run: run.ID, Thread: run.Thread,
 		Data: json.RawMessage(`{"status":"cancelled"}`)}
 	if err := m.store.Commit(ctx, &Commit{Run: run, Events: []Event{ev}, Sync: true}); err != nil {
+		m.release(a, true)
 		return fmt.Errorf("cancel run %s: %w", runID, err)
 	}
 	if m.opts.Events != nil {

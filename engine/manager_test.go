@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -373,4 +374,116 @@ func (d damagedRuns) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Ru
 	}
 	f.Damaged("run_damaged", errors.New("checksum mismatch"))
 	return d.MemoryStore.Runs(ctx, f)
+}
+
+// Cancel and Resume of the same paused run, at once: one of them claims
+// it. Either the cancel marks it cancelled and the resume is refused, or
+// the resume runs it and the cancel stops it as it runs; it ends once.
+// Cancel read the paused mark without the lock, and both could go ahead:
+// the run was resumed and marked cancelled, and released twice (a panic).
+func TestCancelAndResumeRace(t *testing.T) {
+	ctx := context.Background()
+	for i := 0; i < 30; i++ {
+		calls := newCounter()
+		g, _ := reviewGraph(t, calls)
+		s := newRecordingStore()
+		m := newManager(t, s, engine.ManagerOptions{}, &engine.Agent{Name: "review", Graph: g})
+		run, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: "review"})
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusInterrupted, run.Status)
+
+		var wg sync.WaitGroup
+		var resumeErr, cancelErr error
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			_, resumeErr = m.Resume(ctx, run.ID, map[string]engine.Decision{run.Interrupts[0].ID: {Kind: engine.Approve}})
+		}()
+		go func() {
+			defer wg.Done()
+			cancelErr = m.Cancel(ctx, run.ID)
+		}()
+		wg.Wait()
+		end := waitFor(t, m, run.ID)
+		require.True(t, end.Status.Terminal(), "status %s", end.Status)
+		if resumeErr != nil {
+			require.ErrorIs(t, resumeErr, engine.ErrNotInterrupted)
+			require.Equal(t, engine.StatusCancelled, end.Status)
+			require.Zero(t, calls.get("after"), "a refused resume went past the decision")
+		}
+		ends := 0
+		s.mu.Lock()
+		for _, c := range s.commits {
+			if c.Run != nil && c.Run.ID == run.ID && c.Run.Status.Terminal() {
+				ends++
+			}
+		}
+		s.mu.Unlock()
+		require.Equal(t, 1, ends, "resume error %v, cancel error %v, final %s", resumeErr, cancelErr, end.Status)
+		m.Close()
+	}
+}
+
+// A run cancelled after it opened and before a worker took it (its id is
+// known from run.started, or ThreadRun) is stopped when the worker takes
+// it; Cancel used to call a stop function that was not set yet.
+func TestCancelBeforeAWorkerTakesTheRun(t *testing.T) {
+	ctx := context.Background()
+	calls := newCounter()
+	g, _ := reviewGraph(t, calls)
+	s := newRecordingStore()
+	m := newManager(t, s, engine.ManagerOptions{}, &engine.Agent{Name: "review", Graph: g})
+	var cancelErr error
+	cancelled := false
+	s.onCommit = func(c *engine.Commit) {
+		if c.Run != nil && !cancelled {
+			cancelled = true
+			cancelErr = m.Cancel(ctx, c.Run.ID) // the input's commit, inside Start
+		}
+	}
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "review"})
+	require.NoError(t, err)
+	require.True(t, cancelled)
+	require.NoError(t, cancelErr)
+	end := waitFor(t, m, run.ID)
+	require.Equal(t, engine.StatusCancelled, end.Status)
+	require.Zero(t, calls.get("before"), "the cancelled run ran a node")
+}
+
+// A run cancelled while its Resume is still preparing it (between the
+// claim and the hand-off to a worker) is stopped when a worker takes it;
+// Cancel called the stop function of the run's previous execution, which
+// stopped nothing, and the resumed run went on.
+func TestCancelWhileResumePrepares(t *testing.T) {
+	ctx := context.Background()
+	calls := newCounter()
+	g, _ := reviewGraph(t, calls)
+	ag := &engine.Agent{Name: "review", Graph: g}
+	resolving := make(chan struct{})
+	proceed := make(chan struct{})
+	var n atomic.Int32
+	resolve := func(name string, _ engine.BundleRef) (*engine.Agent, error) {
+		if n.Add(1) == 2 { // the Resume's
+			close(resolving)
+			<-proceed
+		}
+		return ag, nil
+	}
+	m := engine.NewManager(engine.NewMemoryStore(), resolve, engine.ManagerOptions{})
+	t.Cleanup(m.Close)
+	run, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: "review"})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, run.Status)
+	resumed := make(chan error, 1)
+	go func() {
+		_, err := m.Resume(ctx, run.ID, map[string]engine.Decision{run.Interrupts[0].ID: {Kind: engine.Approve}})
+		resumed <- err
+	}()
+	<-resolving
+	require.NoError(t, m.Cancel(ctx, run.ID))
+	close(proceed)
+	require.NoError(t, <-resumed)
+	end := waitFor(t, m, run.ID)
+	require.Equal(t, engine.StatusCancelled, end.Status)
+	require.Zero(t, calls.get("after"), "the cancelled run went on past the decision")
 }

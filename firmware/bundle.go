@@ -142,6 +142,14 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 		b.Graphs[name] = cg.spec
 		a := newAgent(name, cg, b.Ref())
 		a.Pin = b.pinTools
+		if rt != nil {
+			// The runtime's budget bounds the run too: the narrower
+			// step limit holds, and its wall time.
+			if s := rt.Budget.Steps; s > 0 && (a.StepLimit <= 0 || s < a.StepLimit) {
+				a.StepLimit = s
+			}
+			a.MaxDuration = rt.Budget.WallTime
+		}
 		b.agents[name] = a
 	}
 	return b, nil

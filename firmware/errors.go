@@ -3,6 +3,9 @@ package firmware
 import (
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/outpost-edge/outpost/policy"
 )
 
 // Sentinel errors, grouped by phase. Test for them with errors.Is; the
@@ -58,6 +61,26 @@ func (e *FileError) Error() string {
 }
 
 func (e *FileError) Unwrap() error { return e.Err }
+
+// UnknownToolsError refuses a run whose narrower tool set (Meta[MetaTools])
+// names tools the run could never have: not in its bundle's registry, or
+// left out by the appliance. Names lists them, sorted. It wraps
+// policy.ErrToolUnknown.
+type UnknownToolsError struct {
+	Agent string
+	Names []string
+}
+
+func (e *UnknownToolsError) Error() string {
+	who := "the run"
+	if e.Agent != "" {
+		who = fmt.Sprintf("agent %q", e.Agent)
+	}
+	return fmt.Sprintf("%s cannot have tool %s here: it is not in its bundle's registry or this appliance leaves it out: %v",
+		who, strings.Join(e.Names, ", "), policy.ErrToolUnknown)
+}
+
+func (e *UnknownToolsError) Unwrap() error { return policy.ErrToolUnknown }
 
 // malformed returns a FileError wrapping ErrMalformed at a byte offset of
 // data (off < 0 for no position).

@@ -437,6 +437,8 @@ func buildRetrieve(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 // HighRisk: it cites nothing, or cites what was not retrieved) or proposes
 // a write tool. Approve keeps the draft, edit replaces it with the
 // decision's value (a JSON string), reject replaces it with reject_text.
+// It runs no tool, and its question says so for a proposed write tool;
+// a tool loop is what runs one, after its own approval.
 type reviewConfig struct {
 	Draft      string `json:"draft"`
 	Context    string `json:"context,omitempty"`
@@ -545,8 +547,10 @@ func buildReview(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 				}
 				if !known || t.Kind == policy.KindWrite {
 					// An unknown tool is judged as a write: fail closed.
+					// The review runs no tool: say so, so that an approval
+					// is not taken for the call being made.
 					req.Tools = append(req.Tools, name)
-					req.Reasons = append(req.Reasons, "proposes write tool "+name)
+					req.Reasons = append(req.Reasons, "proposes write tool "+name+", which this review does not run: approving sends the draft alone")
 				}
 			}
 		}

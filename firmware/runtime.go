@@ -44,7 +44,9 @@ type Runtime struct {
 	Log agent.CallLog
 	// Blobs stores model responses. Nil keeps them in memory.
 	Blobs engine.BlobStore
-	// Budget bounds tool-loop iterations (default 5) and tokens per run.
+	// Budget bounds tool-loop iterations (default 5) and tokens per run,
+	// and the runs' supersteps (the narrower of it and the agent's
+	// step_limit) and wall time.
 	Budget policy.Budget
 	// Runs reads a run's record for its Meta[MetaTools] override. Nil
 	// means no request narrows the tool set.
@@ -105,7 +107,8 @@ const MetaActiveTools = "active_tools"
 // pinTools is the agents' engine.Agent.Pin: it resolves the run's active
 // tool set (the bundle's registry, narrowed by the appliance's restriction,
 // narrowed by the request's override in Meta[MetaTools]) as the run opens,
-// and stores it on the run, so the run keeps it across restarts even if the
+// refuses an override naming a tool outside that set (*UnknownToolsError),
+// and stores the set on the run, so the run keeps it across restarts even if the
 // appliance's restriction changes meanwhile.
 func (b *Bundle) pinTools(run *engine.Run) error {
 	reg := b.Registry
@@ -124,6 +127,12 @@ func (b *Bundle) pinTools(run *engine.Run) error {
 	if err != nil {
 		return fmt.Errorf("resolve the active tool set: %w", err)
 	}
+	if ignored := set.Ignored(); len(ignored) > 0 {
+		// Fail closed: a name the run could never use (a typo, a tool
+		// this appliance leaves out) is refused, not dropped from a run
+		// that then goes ahead without it.
+		return &UnknownToolsError{Agent: run.Agent, Names: ignored}
+	}
 	raw, err := set.MarshalJSON()
 	if err != nil {
 		return err
@@ -136,8 +145,9 @@ func (b *Bundle) pinTools(run *engine.Run) error {
 // when it opened (Meta[MetaActiveTools]). A run opened without the pin (a
 // graph invoked directly, not through the run manager) gets it resolved
 // here: the bundle's registry, narrowed by the appliance's restriction
-// (Tools), narrowed by the request's override (Meta[MetaTools]). Either way
-// it is kept for the life of the process.
+// (Tools), narrowed by the request's override (Meta[MetaTools]), which may
+// name no tool outside the first two (*UnknownToolsError). Either way it is
+// kept for the life of the process.
 func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run string) (*policy.ActiveSet, error) {
 	if v, ok := rt.pinned.Load(run); ok {
 		return v.(*policy.ActiveSet), nil
@@ -166,6 +176,9 @@ func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run st
 		var err error
 		if set, err = policy.Resolve(reg, rt.Tools, override); err != nil {
 			return nil, err
+		}
+		if ignored := set.Ignored(); len(ignored) > 0 {
+			return nil, &UnknownToolsError{Names: ignored}
 		}
 	}
 	actual, _ := rt.pinned.LoadOrStore(run, set)

@@ -111,3 +111,61 @@ func TestSecondOwnerRefused(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrInUse)
 	require.Contains(t, err.Error(), dir)
 }
+
+// The same for a review inside a subgraph, in both durabilities: after a
+// restart the interrupt is listed as it was, and the decision finishes the
+// run without re-running the committed draft.
+func TestSubgraphInterruptSurvivesRestart(t *testing.T) {
+	for _, d := range []engine.Durability{engine.DurabilitySync, engine.DurabilityExit} {
+		t.Run(string(d), func(t *testing.T) {
+			dir := t.TempDir()
+			ctx := context.Background()
+			var drafted atomic.Int32
+			inner := reviewAgent(t, &drafted)
+			b := engine.NewGraph("outer")
+			engine.Replace[string](b, "draft")
+			final := engine.Replace[string](b, "final")
+			b.AddSubgraph("reviewed", inner.Graph)
+			b.AddEdge(engine.Start, "reviewed")
+			g, err := b.Compile()
+			require.NoError(t, err)
+			agent := &engine.Agent{Name: "outer", Graph: g, Output: func(s engine.State) json.RawMessage {
+				out, _ := json.Marshal(final.Get(s))
+				return out
+			}}
+			resolve := func(string, engine.BundleRef) (*engine.Agent, error) { return agent, nil }
+
+			db, err := store.OpenDir(dir, store.Options{})
+			require.NoError(t, err)
+			m := engine.NewManager(db, resolve, engine.ManagerOptions{Durability: d})
+			run, err := m.Invoke(ctx, engine.RunRequest{Thread: "t1", Agent: "outer"})
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusInterrupted, run.Status)
+			require.Len(t, run.Interrupts, 1)
+			in := run.Interrupts[0]
+			require.NotEmpty(t, in.NS)
+			m.Close()
+			require.NoError(t, db.Close())
+
+			db, err = store.OpenDir(dir, store.Options{})
+			require.NoError(t, err)
+			defer db.Close()
+			m = engine.NewManager(db, resolve, engine.ManagerOptions{Durability: d})
+			defer m.Close()
+			_, err = m.Recover(ctx)
+			require.NoError(t, err)
+			stored, err := db.Run(ctx, run.ID)
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusInterrupted, stored.Status)
+			require.Equal(t, []engine.PendingInterrupt{in}, stored.Interrupts)
+
+			_, err = m.Resume(ctx, run.ID, map[string]engine.Decision{in.ID: {Kind: engine.Approve, By: "nurse"}})
+			require.NoError(t, err)
+			done, err := m.Wait(ctx, run.ID)
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusCompleted, done.Status, done.Error)
+			require.JSONEq(t, `"take it when remembered"`, string(done.Output))
+			require.Equal(t, int32(1), drafted.Load(), "the committed draft step never ran again")
+		})
+	}
+}
