@@ -107,9 +107,29 @@ func (c *Client) Chat(ctx context.Context, req models.Request, stream func(model
 		}
 		return nil, c.newError(models.Stream, req.Model, fmt.Errorf("%w: the stream ended before its final chunk", models.ErrDropped))
 	}
+	if err := c.unfinished(req.Model, acc.doneReason); err != nil {
+		return nil, err
+	}
 	resp := acc.response(time.Since(start))
 	resp.RequestHash = models.HashRequest(req)
 	return resp, nil
+}
+
+// unfinished refuses a final chunk that does not end an answer. "stop" (and
+// no reason, from servers too old to give one) is a complete answer;
+// "length" is one cut at the token limit, which must not pass for a whole
+// answer; "load" and "unload" answer a request to load or unload the model,
+// not to chat.
+func (c *Client) unfinished(model, reason string) error {
+	switch reason {
+	case "length":
+		e := c.newError(models.Truncated, model, fmt.Errorf("done_reason %q", reason))
+		e.Hint = "raise the model's num_ctx, or ask for a shorter answer"
+		return e
+	case "load", "unload":
+		return c.newError(models.Stream, model, fmt.Errorf("the stream ended with done_reason %q and no answer", reason))
+	}
+	return nil
 }
 
 // Ping checks that the server answers /api/tags.

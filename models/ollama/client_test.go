@@ -347,6 +347,7 @@ func TestChatRefusesBadInputBeforeSending(t *testing.T) {
 	c := New(srv.URL, srv.Client())
 	for name, mutate := range map[string]func(*models.Request){
 		"no model":        func(r *models.Request) { r.Model = "" },
+		"no messages":     func(r *models.Request) { r.Messages = nil },
 		"format not JSON": func(r *models.Request) { r.Format = json.RawMessage(`{schema`) },
 		"schema not obj":  func(r *models.Request) { r.Tools = []models.ToolDef{{Name: "x", Parameters: json.RawMessage(`[1]`)}} },
 		"args not object": func(r *models.Request) {
@@ -424,4 +425,40 @@ func TestErrorMessages(t *testing.T) {
 	srv := newFakeOllama(t, answerStatus(404, string(readFixture(t, "not_found.json"))))
 	_, err = New(srv.URL, nil).Chat(context.Background(), chatRequestFor("llama3.2"), nil)
 	require.EqualError(t, err, `model llama3.2 is not installed: run "ollama pull llama3.2"`)
+}
+
+// A final chunk that does not end an answer must not pass for one: "length"
+// means the model hit its token limit mid-answer, and "load" is what Ollama
+// answers when it only loaded the model (a chat with no messages).
+func TestChatRefusesAnswersThatDidNotFinish(t *testing.T) {
+	for _, tc := range []struct {
+		fixture  string
+		kind     models.ErrorKind
+		is       error
+		contains []string
+		chunks   int
+	}{
+		{"length.ndjson", models.Truncated, models.ErrTruncated,
+			[]string{"model llama3.2 stopped at its token limit", `done_reason "length"`, "num_ctx"}, 8},
+		{"load.ndjson", models.Stream, nil, []string{"model llama3.2 failed mid-answer", `done_reason "load"`}, 0},
+	} {
+		t.Run(tc.fixture, func(t *testing.T) {
+			srv := newFakeOllama(t, replayStream(t, tc.fixture))
+			c := New(srv.URL, srv.Client())
+			chunks := 0
+			resp, err := c.Chat(context.Background(), chatRequestFor("llama3.2"), func(models.Chunk) error { chunks++; return nil })
+			require.Nil(t, resp, "a cut-short answer is not returned as a complete one")
+			var me *models.Error
+			require.ErrorAs(t, err, &me)
+			require.Equal(t, tc.kind, me.Kind, "error: %v", err)
+			require.False(t, models.IsTransient(err), "the same call would stop the same way")
+			if tc.is != nil {
+				require.ErrorIs(t, err, tc.is)
+			}
+			for _, s := range tc.contains {
+				require.Contains(t, err.Error(), s)
+			}
+			require.Equal(t, tc.chunks, chunks, "the tokens that did come were still streamed")
+		})
+	}
 }

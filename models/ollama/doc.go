@@ -9,7 +9,8 @@
 //
 // Every failure is a *models.Error: a 404 names the "ollama pull" command, a
 // refused connection names the URL, a timeout or a connection dropped
-// mid-stream is transient. The tests replay Ollama's NDJSON streams recorded
-// under testdata/ollama; run them with -update next to a real Ollama to
-// record fresh ones.
+// mid-stream is transient, and an answer cut at the token limit
+// (done_reason "length") is a Truncated error, never a complete answer. The
+// tests replay Ollama's NDJSON streams recorded under testdata/ollama; run
+// them with -update next to a real Ollama to record fresh ones.
 package ollama
