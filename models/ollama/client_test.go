@@ -462,3 +462,43 @@ func TestChatRefusesAnswersThatDidNotFinish(t *testing.T) {
 		})
 	}
 }
+
+// Ollama answers 404 both for a model it has not pulled and for a path it
+// does not serve (an --ollama URL with a path, or another server behind
+// the port). Only the first is fixed by "ollama pull".
+func TestChatTellsMissingModelFromWrongURL(t *testing.T) {
+	for _, tc := range []struct {
+		name, body, contentType string
+		kind                    models.ErrorKind
+		contains, excludes      []string
+	}{
+		{"older Ollama", `{"error":"model \"llama3.2\" not found, try pulling it first"}`, "application/json; charset=utf-8",
+			models.NotFound, []string{`run "ollama pull llama3.2"`}, nil},
+		{"newer Ollama", `{"error":"model 'llama3.2' not found"}`, "application/json; charset=utf-8",
+			models.NotFound, []string{`run "ollama pull llama3.2"`}, nil},
+		{"no such path", "404 page not found", "text/plain",
+			models.BadRequest, []string{"status 404", "404 page not found", "Ollama's base URL"}, []string{"ollama pull", "not installed"}},
+		{"proxy page", "<html><body><h1>404 Not Found</h1></body></html>", "text/html",
+			models.BadRequest, []string{"status 404", "Ollama's base URL"}, []string{"ollama pull"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.contentType)
+				w.WriteHeader(http.StatusNotFound)
+				_, _ = w.Write([]byte(tc.body))
+			})
+			_, err := New(srv.URL, srv.Client()).Chat(context.Background(), chatRequestFor("llama3.2"), nil)
+			var me *models.Error
+			require.ErrorAs(t, err, &me)
+			require.Equal(t, tc.kind, me.Kind, "error: %v", err)
+			require.Equal(t, http.StatusNotFound, me.Status)
+			require.False(t, models.IsTransient(err))
+			for _, s := range tc.contains {
+				require.Contains(t, err.Error(), s)
+			}
+			for _, s := range tc.excludes {
+				require.NotContains(t, err.Error(), s)
+			}
+		})
+	}
+}

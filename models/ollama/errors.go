@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"syscall"
 	"time"
 
@@ -92,11 +93,18 @@ func (c *Client) classify(ctx context.Context, model string, err error) error {
 func (c *Client) statusError(model string, status int, cause error) *models.Error {
 	var e *models.Error
 	switch {
-	case status == http.StatusNotFound:
+	case status == http.StatusNotFound && strings.Contains(cause.Error(), "model"):
+		// Ollama's own 404 names the model: "model 'x' not found".
 		e = c.newError(models.NotFound, model, cause)
 		if model != "" {
 			e.Hint = fmt.Sprintf("run \"ollama pull %s\"", model)
 		}
+	case status == http.StatusNotFound:
+		// A 404 that names no model is a path the server does not serve
+		// ("404 page not found"): the URL is not Ollama's base URL, or
+		// something else answers there. Pulling the model will not help.
+		e = c.newError(models.BadRequest, model, cause)
+		e.Hint = fmt.Sprintf("%s does not serve Ollama's API: is it Ollama's base URL, such as %s?", c.base, DefaultURL)
 	case status >= 500 || status == http.StatusTooManyRequests:
 		e = c.newError(models.Server, model, cause)
 	default:
