@@ -365,7 +365,7 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, u.failed(ctx, err)
 	}
-	req.Header.Set("Content-Type", "application/x-ndjson")
+	req.Header.Set("Content-Type", ContentType)
 	req.Header.Set(HeaderIdempotencyKey, IdempotencyKey(appliance, first, last))
 	req.Header.Set(HeaderSignature, Sign(u.cfg.Secret, body.Bytes()))
 	req.Header.Set(HeaderChainHead, recs[n-1].Hash)

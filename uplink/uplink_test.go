@@ -151,6 +151,12 @@ type answer struct {
 
 func post(t *testing.T, url, appliance string, outs []*store.Outcome, secret []byte) answer {
 	t.Helper()
+	return postAs(t, url, appliance, outs, secret, nil)
+}
+
+// postAs is post with another Content-Type ("" sends none).
+func postAs(t *testing.T, url, appliance string, outs []*store.Outcome, secret []byte, contentType *string) answer {
+	t.Helper()
 	var body bytes.Buffer
 	for _, o := range outs {
 		line, err := EncodeRecord(o, keepAll{})
@@ -160,9 +166,13 @@ func post(t *testing.T, url, appliance string, outs []*store.Outcome, secret []b
 	}
 	req, err := http.NewRequest(http.MethodPost, url+OutcomesPath, bytes.NewReader(body.Bytes()))
 	require.NoError(t, err)
+	req.Header.Set("Content-Type", ContentType)
 	req.Header.Set(HeaderIdempotencyKey, IdempotencyKey(appliance, outs[0].Seq, outs[len(outs)-1].Seq))
 	req.Header.Set(HeaderSignature, Sign(secret, body.Bytes()))
 	req.Header.Set(HeaderChainHead, outs[len(outs)-1].Hash)
+	if contentType != nil {
+		req.Header.Set("Content-Type", *contentType)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -170,13 +180,21 @@ func post(t *testing.T, url, appliance string, outs []*store.Outcome, secret []b
 	return answer{resp.StatusCode, string(b)}
 }
 
-func TestCollectorRefusesBadBatches(t *testing.T) {
-	srv, _ := newCollector(t, t.TempDir(), "clinic-1")
+// collectorAndOutcomes serves a bbolt collector that knows clinic-1, and
+// returns n outcomes of clinic-1's ledger, not yet sent.
+func collectorAndOutcomes(t *testing.T, n int) (*httptest.Server, *BoltStore, []*store.Outcome) {
+	t.Helper()
+	srv, cst := newCollector(t, t.TempDir(), "clinic-1")
 	db := openAppliance(t, t.TempDir(), "clinic-1")
 	defer db.Close()
-	makeOutcomes(t, db, 6)
+	makeOutcomes(t, db, n)
 	outs, err := db.Outcomes(bg, 0, 0)
 	require.NoError(t, err)
+	return srv, cst, outs
+}
+
+func TestCollectorRefusesBadBatches(t *testing.T) {
+	srv, _, outs := collectorAndOutcomes(t, 6)
 
 	a := post(t, srv.URL, "clinic-1", outs[:2], []byte("wrong"))
 	assert.Equal(t, http.StatusUnauthorized, a.code)
@@ -192,6 +210,28 @@ func TestCollectorRefusesBadBatches(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, a.code)
 	a = post(t, srv.URL, "clinic-1", outs[:3], testSecret)
 	assert.Equal(t, http.StatusOK, a.code)
+}
+
+// A body that is not declared NDJSON is refused before anything is read
+// from it, even when it would otherwise pass: it did not come from an
+// uplink speaking the wire format.
+func TestCollectorRefusesOtherContentTypes(t *testing.T) {
+	srv, cst, outs := collectorAndOutcomes(t, 3)
+	for _, ct := range []string{"", "text/plain", "application/json", "multipart/form-data; boundary=x", "application/x-ndjson-but-not"} {
+		a := postAs(t, srv.URL, "clinic-1", outs, testSecret, &ct)
+		assert.Equal(t, http.StatusUnsupportedMediaType, a.code, "Content-Type %q", ct)
+		assert.Contains(t, a.body, `"code":"unsupported_media_type"`)
+		assert.Contains(t, a.body, ContentType)
+	}
+	got, err := cst.Records(bg, "clinic-1", 0, 0)
+	require.NoError(t, err)
+	assert.Empty(t, got, "a refused batch changes nothing")
+	assert.Empty(t, appliances(t, srv.URL))
+
+	for _, ct := range []string{ContentType, "application/x-ndjson; charset=utf-8", "Application/X-NDJSON"} {
+		a := postAs(t, srv.URL, "clinic-1", outs, testSecret, &ct)
+		assert.Equal(t, http.StatusOK, a.code, "Content-Type %q: %s", ct, a.body)
+	}
 }
 
 func TestRetriesAndParking(t *testing.T) {
