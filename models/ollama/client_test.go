@@ -502,3 +502,51 @@ func TestChatTellsMissingModelFromWrongURL(t *testing.T) {
 		})
 	}
 }
+
+// A line that is not JSON (another server's page, a proxy's, a line cut
+// short) fails the call as a stream error that quotes the line, but only
+// its start: the error goes into events, the run's record and its outcome.
+func TestChatInvalidLineIsQuotedShort(t *testing.T) {
+	plain := fixtureLines(t, "plain.ndjson")
+	for name, bad := range map[string][]byte{
+		"cut short": plain[3][:40],
+		"html page": []byte("<!DOCTYPE html><html><body>" + strings.Repeat("<p>lorem ipsum</p>", 8000) + "</body></html>"),
+		"sse":       append([]byte("data: "), plain[3]...),
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/x-ndjson")
+				for _, line := range [][]byte{plain[0], plain[1], bad, plain[len(plain)-1]} {
+					_, _ = w.Write(append(line, '\n'))
+				}
+			})
+			chunks := 0
+			resp, err := New(srv.URL, srv.Client()).Chat(context.Background(), chatRequestFor("llama3.2"), func(models.Chunk) error { chunks++; return nil })
+			require.Nil(t, resp)
+			var me *models.Error
+			require.ErrorAs(t, err, &me)
+			require.Equal(t, models.Stream, me.Kind, "error: %v", err)
+			require.False(t, models.IsTransient(err))
+			require.Equal(t, 2, chunks, "the lines before it were streamed")
+			require.Contains(t, err.Error(), string(bad[:min(len(bad), 30)]))
+			require.Less(t, len(err.Error()), 600, "error: %.200s…", err)
+		})
+	}
+}
+
+// A proxy in front of Ollama answers a failure with its own page.
+func TestChatStatusPageIsQuotedShort(t *testing.T) {
+	page := "<html><head><title>502 Bad Gateway</title></head><body>" + strings.Repeat("<!-- padding -->", 4000) + "</body></html>"
+	srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusBadGateway)
+		_, _ = w.Write([]byte(page))
+	})
+	_, err := New(srv.URL, srv.Client()).Chat(context.Background(), chatRequestFor("llama3.2"), nil)
+	var me *models.Error
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, models.Server, me.Kind)
+	require.True(t, models.IsTransient(err))
+	require.Contains(t, err.Error(), "502 Bad Gateway")
+	require.Less(t, len(err.Error()), 600, "error: %.200s…", err)
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ollama/ollama/api"
 
@@ -61,7 +62,7 @@ func (c *Client) classify(ctx context.Context, model string, err error) error {
 
 	var se api.StatusError
 	if errors.As(err, &se) {
-		return c.statusError(model, se.StatusCode, errors.New(se.ErrorMessage))
+		return c.statusError(model, se.StatusCode, errors.New(shorten(se.ErrorMessage)))
 	}
 	var ae api.AuthorizationError
 	if errors.As(err, &ae) {
@@ -86,8 +87,27 @@ func (c *Client) classify(ctx context.Context, model string, err error) error {
 		return c.newError(models.Stream, model, fmt.Errorf("%w: %v", models.ErrDropped, err))
 	}
 	// What remains came from the body of a 200 stream: an {"error": ...}
-	// line, or a line that was not JSON.
+	// line, or a line that was not JSON, which api.Client returns whole.
+	if msg := err.Error(); len(msg) > maxQuoted {
+		err = errors.New(shorten(msg))
+	}
 	return c.newError(models.Stream, model, err)
+}
+
+// maxQuoted bounds the server's text quoted in an error. A line that is
+// not JSON comes back whole (up to api.Client's 8 MB line), and an error
+// travels into events, the run's record and its outcome.
+const maxQuoted = 300
+
+func shorten(s string) string {
+	if len(s) <= maxQuoted {
+		return s
+	}
+	cut := maxQuoted
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes in all)", s[:cut], len(s))
 }
 
 func (c *Client) statusError(model string, status int, cause error) *models.Error {
