@@ -138,9 +138,8 @@ func New(db *store.DB, cfg Config) (*Uplink, error) {
 	if cfg.URL != "" {
 		// A URL that cannot be sent to fails here, at once, not after
 		// retries that cannot succeed.
-		u, err := url.Parse(cfg.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("uplink: collector URL %q: want http:// or https:// and a host, such as https://collector.site:8443", cfg.URL)
+		if err := CheckURL(cfg.URL); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.ApplianceID != "" {
@@ -152,6 +151,16 @@ func New(db *store.DB, cfg Config) (*Uplink, error) {
 	u.st.Configured = cfg.URL != "" && len(cfg.Secret) > 0
 	u.st.URL = cfg.URL
 	return u, nil
+}
+
+// CheckURL reports a collector URL that batches cannot be sent to: one
+// without an http or https scheme, or without a host.
+func CheckURL(collector string) error {
+	u, err := url.Parse(collector)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("uplink: collector URL %q: want http:// or https:// and a host, such as https://collector.site:8443", collector)
+	}
+	return nil
 }
 
 // Start makes an uplink and runs it in the background until ctx ends: the
