@@ -388,7 +388,7 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 		return 0, u.failed(ctx, fmt.Errorf("send outcomes %d-%d: read answer: %w", first, last, err))
 	}
 	if resp.StatusCode != http.StatusOK {
-		se := &StatusError{StatusCode: resp.StatusCode, Message: strings.TrimSpace(string(answer))}
+		se := &StatusError{StatusCode: resp.StatusCode, Message: quoteAnswer(answer)}
 		var e struct {
 			Error struct {
 				Code, Message string
@@ -423,7 +423,7 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 		AckedSeq *uint64 `json:"acked_seq"`
 	}
 	if err := json.Unmarshal(answer, &ack); err != nil || ack.AckedSeq == nil || *ack.AckedSeq < first || *ack.AckedSeq > last {
-		return 0, u.failed(ctx, fmt.Errorf("send outcomes %d-%d: the collector's answer %q is not {\"acked_seq\"} within the batch", first, last, answer))
+		return 0, u.failed(ctx, fmt.Errorf("send outcomes %d-%d: the collector's answer %q is not {\"acked_seq\"} within the batch", first, last, quoteAnswer(answer)))
 	}
 	if err := u.db.AckOutcomes(ctx, *ack.AckedSeq); err != nil {
 		return 0, u.failed(ctx, err)
@@ -489,6 +489,19 @@ func parallel(n int, fn func(i int) error) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// maxQuoted bounds what of an answer that is not the collector's JSON
+// (a captive portal's page, a proxy's error page) goes into the status.
+const maxQuoted = 300
+
+func quoteAnswer(answer []byte) string {
+	s := strings.TrimSpace(string(answer))
+	if len(s) <= maxQuoted {
+		return s
+	}
+	// A rune cut in two at the end is dropped.
+	return fmt.Sprintf("%s… (%d bytes in all)", strings.ToValidUTF8(s[:maxQuoted], ""), len(s))
 }
 
 // parseRetryAfter reads seconds or an HTTP date; 0 when absent or bad.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,6 +35,18 @@ func newCollector(t *testing.T, dir, id string) (*httptest.Server, *BoltStore) {
 	srv := httptest.NewServer(NewCollector(st, CollectorOptions{Secrets: map[string][]byte{id: testSecret}}))
 	t.Cleanup(func() { srv.Close(); st.Close() })
 	return srv, st
+}
+
+// applianceSendingTo opens clinic-1's store with n outcomes (closed at the
+// test's end) and an uplink to url, not yet started.
+func applianceSendingTo(t *testing.T, url string, n int) (*store.DB, *Uplink) {
+	t.Helper()
+	db := openAppliance(t, t.TempDir(), "clinic-1")
+	t.Cleanup(func() { db.Close() })
+	makeOutcomes(t, db, n)
+	u, err := New(db, fastConfig(url))
+	require.NoError(t, err)
+	return db, u
 }
 
 func fastConfig(url string) Config {
@@ -262,11 +275,7 @@ func TestRetriesAndParking(t *testing.T) {
 		proxyTo(srv.URL, w, r)
 	}))
 	defer front.Close()
-	db := openAppliance(t, t.TempDir(), "clinic-1")
-	defer db.Close()
-	makeOutcomes(t, db, 3)
-	u, err := New(db, fastConfig(front.URL))
-	require.NoError(t, err)
+	db, u := applianceSendingTo(t, front.URL, 3)
 
 	// 5xx: retried with backoff until ctx ends, nothing dropped. The flush
 	// is stopped once it has tried three times, however slow the machine.
@@ -280,7 +289,7 @@ func TestRetriesAndParking(t *testing.T) {
 		}
 		cancel()
 	}()
-	err = u.Flush(ctx)
+	err := u.Flush(ctx)
 	<-stopped
 	require.Error(t, err)
 	assert.Greater(t, calls.Load(), int64(2))
@@ -525,4 +534,33 @@ func TestUplinkRefusesAnUnusableURL(t *testing.T) {
 	require.NoError(t, err)
 	_, err = New(db, Config{}) // no uplink: nothing to check
 	require.NoError(t, err)
+}
+
+// A network in the way (a captive portal, a proxy's error page) answers
+// with a page of its own. The status quotes the start of it, not the page:
+// last_error is shown by GET /api/v1/uplink and the console page.
+func TestOtherServersPagesAreQuotedShort(t *testing.T) {
+	page := "<!DOCTYPE html><html><head><title>Ship Wi-Fi: sign in</title></head><body>" +
+		strings.Repeat("<p>Accept the terms to continue.</p>", 2000) + "</body></html>"
+	for _, status := range []int{http.StatusOK, http.StatusBadGateway, http.StatusForbidden} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/html")
+				w.WriteHeader(status)
+				_, _ = io.WriteString(w, page)
+			}))
+			defer front.Close()
+			_, u := applianceSendingTo(t, front.URL, 2)
+			ctx, cancel := contextWithTimeout(200 * time.Millisecond)
+			defer cancel()
+			require.Error(t, u.Flush(ctx))
+			st := u.Status()
+			assert.Equal(t, uint64(2), st.Backlog, "nothing is taken for acknowledged")
+			assert.Contains(t, st.LastError, "Ship Wi-Fi: sign in")
+			assert.Less(t, len(st.LastError), 600, "last error: %.200s…", st.LastError)
+			if st.Parked != nil {
+				assert.Less(t, len(st.Parked.Message), 400, "parked: %.200s…", st.Parked.Message)
+			}
+		})
+	}
 }
