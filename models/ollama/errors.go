@@ -11,7 +11,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ollama/ollama/api"
 
@@ -103,11 +102,8 @@ func shorten(s string) string {
 	if len(s) <= maxQuoted {
 		return s
 	}
-	cut := maxQuoted
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%s… (%d bytes in all)", s[:cut], len(s))
+	// A rune cut in two at the end is dropped.
+	return fmt.Sprintf("%s… (%d bytes in all)", strings.ToValidUTF8(s[:maxQuoted], ""), len(s))
 }
 
 func (c *Client) statusError(model string, status int, cause error) *models.Error {
