@@ -550,3 +550,28 @@ func TestChatStatusPageIsQuotedShort(t *testing.T) {
 	require.Contains(t, err.Error(), "502 Bad Gateway")
 	require.Less(t, len(err.Error()), 600, "error: %.200s…", err)
 }
+
+// A deadline the caller set with a cause of its own (the engine's node
+// timeout, a run's wall time) ran out while the model stalled: that is a
+// timeout, worth the node's retry, and not a cancel.
+func TestChatCallerDeadlineWithCauseIsATimeout(t *testing.T) {
+	partial := fixtureLines(t, "plain.ndjson")[:2]
+	srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+		for _, line := range partial {
+			_, _ = w.Write(append(line, '\n'))
+		}
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	nodeTimedOut := errors.New(`node "generate_response" timed out after 150ms`)
+	ctx, cancel := context.WithTimeoutCause(context.Background(), 150*time.Millisecond, nodeTimedOut)
+	defer cancel()
+	_, err := New(srv.URL, srv.Client()).Chat(ctx, chatRequestFor("llama3.2"), nil)
+	var me *models.Error
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, models.Timeout, me.Kind, "error: %v", err)
+	require.True(t, models.IsTransient(err))
+	require.ErrorIs(t, err, models.ErrTimeout)
+	require.ErrorIs(t, err, nodeTimedOut, "the cause is kept")
+	require.Contains(t, err.Error(), `node "generate_response" timed out`)
+}

@@ -37,10 +37,12 @@ func (c *Client) newError(kind models.ErrorKind, model string, err error) *model
 }
 
 // contextError reports why ctx ended: its own deadline or the call's
-// timeout (Timeout, transient) or the caller's cancel (Canceled).
+// timeout (Timeout, transient) or the caller's cancel (Canceled). A deadline
+// is told by ctx.Err, not by the cause, which a caller may have set to its
+// own error (the engine's node timeout does).
 func (c *Client) contextError(ctx context.Context, model string) *models.Error {
 	cause := context.Cause(ctx)
-	if errors.Is(cause, context.DeadlineExceeded) {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(cause, context.DeadlineExceeded) {
 		e := c.newError(models.Timeout, model, cause)
 		e.Hint = "the model may still be loading; retry, raise the timeout, or use a smaller model"
 		return e
