@@ -49,6 +49,16 @@ func applianceSendingTo(t *testing.T, url string, n int) (*store.DB, *Uplink) {
 	return db, u
 }
 
+// flushFailing flushes for a moment, expecting it to fail, and returns the
+// status it leaves.
+func flushFailing(t *testing.T, u *Uplink) Status {
+	t.Helper()
+	ctx, cancel := contextWithTimeout(200 * time.Millisecond)
+	defer cancel()
+	require.Error(t, u.Flush(ctx))
+	return u.Status()
+}
+
 func fastConfig(url string) Config {
 	return Config{URL: url, Secret: testSecret, Redactor: keepAll{}, MinBackoff: time.Millisecond,
 		MaxBackoff: 20 * time.Millisecond, Timeout: 2 * time.Second, Poll: 5 * time.Millisecond}
@@ -551,10 +561,7 @@ func TestOtherServersPagesAreQuotedShort(t *testing.T) {
 			}))
 			defer front.Close()
 			_, u := applianceSendingTo(t, front.URL, 2)
-			ctx, cancel := contextWithTimeout(200 * time.Millisecond)
-			defer cancel()
-			require.Error(t, u.Flush(ctx))
-			st := u.Status()
+			st := flushFailing(t, u)
 			assert.Equal(t, uint64(2), st.Backlog, "nothing is taken for acknowledged")
 			assert.Contains(t, st.LastError, "Ship Wi-Fi: sign in")
 			assert.Less(t, len(st.LastError), 600, "last error: %.200s…", st.LastError)
@@ -563,4 +570,35 @@ func TestOtherServersPagesAreQuotedShort(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A collector that acknowledges more than it was sent (a bug, or another
+// appliance's answer behind a shared proxy) must not move the cursor past
+// records that never left: the batch is sent again, and nothing is lost.
+func TestAckBeyondTheBatchMovesNothing(t *testing.T) {
+	srv, cst := newCollector(t, t.TempDir(), "clinic-1")
+	var lie atomic.Bool
+	lie.Store(true)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if lie.Load() {
+			_, _ = io.ReadAll(r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"acked_seq": 1000}`)
+			return
+		}
+		proxyTo(srv.URL, w, r)
+	}))
+	defer front.Close()
+	_, u := applianceSendingTo(t, front.URL, 5)
+	st := flushFailing(t, u)
+	assert.Zero(t, st.AckedSeq)
+	assert.Equal(t, uint64(5), st.Backlog)
+	assert.Contains(t, st.LastError, "not {\"acked_seq\"} within the batch")
+
+	lie.Store(false)
+	require.NoError(t, u.Flush(bg))
+	got, err := cst.Records(bg, "clinic-1", 0, 0)
+	require.NoError(t, err)
+	assert.Len(t, got, 5)
+	assert.Zero(t, u.Status().Backlog)
 }
