@@ -514,19 +514,7 @@ func TestChatInvalidLineIsQuotedShort(t *testing.T) {
 		"sse":       append([]byte("data: "), plain[3]...),
 	} {
 		t.Run(name, func(t *testing.T) {
-			srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "application/x-ndjson")
-				for _, line := range [][]byte{plain[0], plain[1], bad, plain[len(plain)-1]} {
-					_, _ = w.Write(append(line, '\n'))
-				}
-			})
-			chunks := 0
-			resp, err := New(srv.URL, srv.Client()).Chat(context.Background(), chatRequestFor("llama3.2"), func(models.Chunk) error { chunks++; return nil })
-			require.Nil(t, resp)
-			var me *models.Error
-			require.ErrorAs(t, err, &me)
-			require.Equal(t, models.Stream, me.Kind, "error: %v", err)
-			require.False(t, models.IsTransient(err))
+			chunks, err := failingStream(t, plain[0], plain[1], bad, plain[len(plain)-1])
 			require.Equal(t, 2, chunks, "the lines before it were streamed")
 			require.Contains(t, err.Error(), string(bad[:min(len(bad), 30)]))
 			require.Less(t, len(err.Error()), 600, "error: %.200s…", err)
@@ -574,4 +562,38 @@ func TestChatCallerDeadlineWithCauseIsATimeout(t *testing.T) {
 	require.ErrorIs(t, err, models.ErrTimeout)
 	require.ErrorIs(t, err, nodeTimedOut, "the cause is kept")
 	require.Contains(t, err.Error(), `node "generate_response" timed out`)
+}
+
+// api.Client reads lines of up to 8 MB and stops reading, without an
+// error, at a longer one. That is not a dropped connection: the same call
+// would stop at the same line, so it is not worth a retry.
+func TestChatLineTooLong(t *testing.T) {
+	plain := fixtureLines(t, "plain.ndjson")
+	huge := fmt.Sprintf(`{"model":"llama3.2","created_at":"2025-06-12T09:14:02.118394Z","message":{"role":"assistant","content":%q},"done":false}`,
+		strings.Repeat("metformin ", 900_000))
+	chunks, err := failingStream(t, plain[0], []byte(huge), plain[len(plain)-1])
+	require.NotErrorIs(t, err, models.ErrDropped)
+	require.Contains(t, err.Error(), "longer than")
+	require.Equal(t, 1, chunks)
+}
+
+// failingStream answers a chat with lines as a 200 NDJSON stream, and
+// checks that it fails as a Stream error not worth a retry. It returns the
+// chunks streamed before the failure, and the error.
+func failingStream(t *testing.T, lines ...[]byte) (int, error) {
+	t.Helper()
+	srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		for _, line := range lines {
+			_, _ = w.Write(append(line, '\n'))
+		}
+	})
+	chunks := 0
+	resp, err := New(srv.URL, srv.Client()).Chat(context.Background(), chatRequestFor("llama3.2"), func(models.Chunk) error { chunks++; return nil })
+	require.Nil(t, resp)
+	var me *models.Error
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, models.Stream, me.Kind, "error: %v", err)
+	require.False(t, models.IsTransient(err), "error: %v", err)
+	return chunks, err
 }
