@@ -17,8 +17,8 @@
 //
 // Failures are [*Error] values whose [ErrorKind] says what went wrong and whose
 // message says what to do about it. [IsTransient] tells a retry policy which
-// of them are worth another attempt; [ErrModelNotFound], [ErrUnreachable] and
-// [ErrTimeout] work with errors.Is.
+// of them are worth another attempt; [ErrModelNotFound], [ErrUnreachable],
+// [ErrTimeout] and [ErrTruncated] work with errors.Is.
 //
 // Responses are stored by the caller as blobs: [EncodeResponse] and
 // [DecodeResponse] give them a versioned, strictly decoded JSON form, and

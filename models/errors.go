@@ -30,6 +30,10 @@ const (
 	Server
 	// Canceled: the caller canceled the context.
 	Canceled
+	// Truncated: the model stopped at its token limit (Ollama's done_reason
+	// "length"), so the answer is cut short. The same call would stop the
+	// same way: it needs a larger context or a shorter answer.
+	Truncated
 )
 
 var kindNames = [...]string{
@@ -41,6 +45,7 @@ var kindNames = [...]string{
 	BadRequest:  "bad_request",
 	Server:      "server",
 	Canceled:    "canceled",
+	Truncated:   "truncated",
 }
 
 // String returns the kind's snake_case name, as used in events.
@@ -70,6 +75,9 @@ var (
 	// ErrDropped is wrapped by a Stream error whose connection closed before
 	// the final chunk. Unlike an error line it is worth a retry.
 	ErrDropped = errors.New("connection dropped mid-stream")
+	// ErrTruncated is matched by a Truncated error: the answer stopped at
+	// the token limit and must not be taken for a complete one.
+	ErrTruncated = errors.New("answer cut short at the token limit")
 )
 
 // Error is a failed model call. Its message says what to do: the URL that
@@ -102,6 +110,8 @@ func (e *Error) Error() string {
 		fmt.Fprintf(&b, "%s failed serving model %s", displayName(e.Provider), e.Model)
 	case Canceled:
 		fmt.Fprintf(&b, "call to model %s canceled", e.Model)
+	case Truncated:
+		fmt.Fprintf(&b, "model %s stopped at its token limit: the answer is cut short", e.Model)
 	default:
 		fmt.Fprintf(&b, "model %s call failed", e.Model)
 	}
@@ -130,6 +140,8 @@ func (e *Error) Is(target error) bool {
 		return e.Kind == Unreachable
 	case ErrTimeout:
 		return e.Kind == Timeout
+	case ErrTruncated:
+		return e.Kind == Truncated
 	}
 	return false
 }

@@ -39,6 +39,8 @@ func TestErrorKinds(t *testing.T) {
 		{&models.Error{Kind: models.Server, Provider: "ollama", Model: "m", Status: http.StatusTooManyRequests},
 			"Ollama failed serving model m (status 429 Too Many Requests)", true, nil},
 		{&models.Error{Kind: models.Canceled, Model: "m", Err: context.Canceled}, "call to model m canceled: context canceled", false, context.Canceled},
+		{&models.Error{Kind: models.Truncated, Provider: "ollama", Model: "m", Err: errors.New(`done_reason "length"`)},
+			`model m stopped at its token limit: the answer is cut short: done_reason "length"`, false, models.ErrTruncated},
 	} {
 		t.Run(tc.err.Kind.String(), func(t *testing.T) {
 			wrapped := fmt.Errorf("node generate_response: %w", tc.err)
@@ -47,7 +49,7 @@ func TestErrorKinds(t *testing.T) {
 			if tc.is != nil {
 				require.ErrorIs(t, wrapped, tc.is)
 			}
-			for _, s := range []error{models.ErrModelNotFound, models.ErrUnreachable, models.ErrTimeout} {
+			for _, s := range []error{models.ErrModelNotFound, models.ErrUnreachable, models.ErrTimeout, models.ErrTruncated} {
 				if s != tc.is {
 					require.NotErrorIs(t, wrapped, s)
 				}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"os"
 	"strings"
@@ -149,6 +150,11 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 }
 
 func (c *Collector) receive(w http.ResponseWriter, r *http.Request) {
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != ContentType {
+		writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type",
+			fmt.Sprintf("a batch is %s, not %q", ContentType, r.Header.Get("Content-Type")))
+		return
+	}
 	appliance, first, last, err := parseIdempotencyKey(r.Header.Get(HeaderIdempotencyKey))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "malformed", err.Error())

@@ -138,9 +138,8 @@ func New(db *store.DB, cfg Config) (*Uplink, error) {
 	if cfg.URL != "" {
 		// A URL that cannot be sent to fails here, at once, not after
 		// retries that cannot succeed.
-		u, err := url.Parse(cfg.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("uplink: collector URL %q: want http:// or https:// and a host, such as https://collector.site:8443", cfg.URL)
+		if err := CheckURL(cfg.URL); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.ApplianceID != "" {
@@ -152,6 +151,16 @@ func New(db *store.DB, cfg Config) (*Uplink, error) {
 	u.st.Configured = cfg.URL != "" && len(cfg.Secret) > 0
 	u.st.URL = cfg.URL
 	return u, nil
+}
+
+// CheckURL reports a collector URL that batches cannot be sent to: one
+// without an http or https scheme, or without a host.
+func CheckURL(collector string) error {
+	u, err := url.Parse(collector)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("uplink: collector URL %q: want http:// or https:// and a host, such as https://collector.site:8443", collector)
+	}
+	return nil
 }
 
 // Start makes an uplink and runs it in the background until ctx ends: the
@@ -365,7 +374,7 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, u.failed(ctx, err)
 	}
-	req.Header.Set("Content-Type", "application/x-ndjson")
+	req.Header.Set("Content-Type", ContentType)
 	req.Header.Set(HeaderIdempotencyKey, IdempotencyKey(appliance, first, last))
 	req.Header.Set(HeaderSignature, Sign(u.cfg.Secret, body.Bytes()))
 	req.Header.Set(HeaderChainHead, recs[n-1].Hash)
@@ -379,7 +388,7 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 		return 0, u.failed(ctx, fmt.Errorf("send outcomes %d-%d: read answer: %w", first, last, err))
 	}
 	if resp.StatusCode != http.StatusOK {
-		se := &StatusError{StatusCode: resp.StatusCode, Message: strings.TrimSpace(string(answer))}
+		se := &StatusError{StatusCode: resp.StatusCode, Message: quoteAnswer(answer)}
 		var e struct {
 			Error struct {
 				Code, Message string
@@ -414,7 +423,7 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 		AckedSeq *uint64 `json:"acked_seq"`
 	}
 	if err := json.Unmarshal(answer, &ack); err != nil || ack.AckedSeq == nil || *ack.AckedSeq < first || *ack.AckedSeq > last {
-		return 0, u.failed(ctx, fmt.Errorf("send outcomes %d-%d: the collector's answer %q is not {\"acked_seq\"} within the batch", first, last, answer))
+		return 0, u.failed(ctx, fmt.Errorf("send outcomes %d-%d: the collector's answer %q is not {\"acked_seq\"} within the batch", first, last, quoteAnswer(answer)))
 	}
 	if err := u.db.AckOutcomes(ctx, *ack.AckedSeq); err != nil {
 		return 0, u.failed(ctx, err)
@@ -480,6 +489,19 @@ func parallel(n int, fn func(i int) error) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// maxQuoted bounds what of an answer that is not the collector's JSON
+// (a captive portal's page, a proxy's error page) goes into the status.
+const maxQuoted = 300
+
+func quoteAnswer(answer []byte) string {
+	s := strings.TrimSpace(string(answer))
+	if len(s) <= maxQuoted {
+		return s
+	}
+	// A rune cut in two at the end is dropped.
+	return fmt.Sprintf("%s… (%d bytes in all)", strings.ToValidUTF8(s[:maxQuoted], ""), len(s))
 }
 
 // parseRetryAfter reads seconds or an HTTP date; 0 when absent or bad.

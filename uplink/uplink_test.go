@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,6 +35,28 @@ func newCollector(t *testing.T, dir, id string) (*httptest.Server, *BoltStore) {
 	srv := httptest.NewServer(NewCollector(st, CollectorOptions{Secrets: map[string][]byte{id: testSecret}}))
 	t.Cleanup(func() { srv.Close(); st.Close() })
 	return srv, st
+}
+
+// applianceSendingTo opens clinic-1's store with n outcomes (closed at the
+// test's end) and an uplink to url, not yet started.
+func applianceSendingTo(t *testing.T, url string, n int) (*store.DB, *Uplink) {
+	t.Helper()
+	db := openAppliance(t, t.TempDir(), "clinic-1")
+	t.Cleanup(func() { db.Close() })
+	makeOutcomes(t, db, n)
+	u, err := New(db, fastConfig(url))
+	require.NoError(t, err)
+	return db, u
+}
+
+// flushFailing flushes for a moment, expecting it to fail, and returns the
+// status it leaves.
+func flushFailing(t *testing.T, u *Uplink) Status {
+	t.Helper()
+	ctx, cancel := contextWithTimeout(200 * time.Millisecond)
+	defer cancel()
+	require.Error(t, u.Flush(ctx))
+	return u.Status()
 }
 
 func fastConfig(url string) Config {
@@ -151,6 +174,12 @@ type answer struct {
 
 func post(t *testing.T, url, appliance string, outs []*store.Outcome, secret []byte) answer {
 	t.Helper()
+	return postAs(t, url, appliance, outs, secret, nil)
+}
+
+// postAs is post with another Content-Type ("" sends none).
+func postAs(t *testing.T, url, appliance string, outs []*store.Outcome, secret []byte, contentType *string) answer {
+	t.Helper()
 	var body bytes.Buffer
 	for _, o := range outs {
 		line, err := EncodeRecord(o, keepAll{})
@@ -160,9 +189,13 @@ func post(t *testing.T, url, appliance string, outs []*store.Outcome, secret []b
 	}
 	req, err := http.NewRequest(http.MethodPost, url+OutcomesPath, bytes.NewReader(body.Bytes()))
 	require.NoError(t, err)
+	req.Header.Set("Content-Type", ContentType)
 	req.Header.Set(HeaderIdempotencyKey, IdempotencyKey(appliance, outs[0].Seq, outs[len(outs)-1].Seq))
 	req.Header.Set(HeaderSignature, Sign(secret, body.Bytes()))
 	req.Header.Set(HeaderChainHead, outs[len(outs)-1].Hash)
+	if contentType != nil {
+		req.Header.Set("Content-Type", *contentType)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -170,13 +203,21 @@ func post(t *testing.T, url, appliance string, outs []*store.Outcome, secret []b
 	return answer{resp.StatusCode, string(b)}
 }
 
-func TestCollectorRefusesBadBatches(t *testing.T) {
-	srv, _ := newCollector(t, t.TempDir(), "clinic-1")
+// collectorAndOutcomes serves a bbolt collector that knows clinic-1, and
+// returns n outcomes of clinic-1's ledger, not yet sent.
+func collectorAndOutcomes(t *testing.T, n int) (*httptest.Server, *BoltStore, []*store.Outcome) {
+	t.Helper()
+	srv, cst := newCollector(t, t.TempDir(), "clinic-1")
 	db := openAppliance(t, t.TempDir(), "clinic-1")
 	defer db.Close()
-	makeOutcomes(t, db, 6)
+	makeOutcomes(t, db, n)
 	outs, err := db.Outcomes(bg, 0, 0)
 	require.NoError(t, err)
+	return srv, cst, outs
+}
+
+func TestCollectorRefusesBadBatches(t *testing.T) {
+	srv, _, outs := collectorAndOutcomes(t, 6)
 
 	a := post(t, srv.URL, "clinic-1", outs[:2], []byte("wrong"))
 	assert.Equal(t, http.StatusUnauthorized, a.code)
@@ -192,6 +233,28 @@ func TestCollectorRefusesBadBatches(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, a.code)
 	a = post(t, srv.URL, "clinic-1", outs[:3], testSecret)
 	assert.Equal(t, http.StatusOK, a.code)
+}
+
+// A body that is not declared NDJSON is refused before anything is read
+// from it, even when it would otherwise pass: it did not come from an
+// uplink speaking the wire format.
+func TestCollectorRefusesOtherContentTypes(t *testing.T) {
+	srv, cst, outs := collectorAndOutcomes(t, 3)
+	for _, ct := range []string{"", "text/plain", "application/json", "multipart/form-data; boundary=x", "application/x-ndjson-but-not"} {
+		a := postAs(t, srv.URL, "clinic-1", outs, testSecret, &ct)
+		assert.Equal(t, http.StatusUnsupportedMediaType, a.code, "Content-Type %q", ct)
+		assert.Contains(t, a.body, `"code":"unsupported_media_type"`)
+		assert.Contains(t, a.body, ContentType)
+	}
+	got, err := cst.Records(bg, "clinic-1", 0, 0)
+	require.NoError(t, err)
+	assert.Empty(t, got, "a refused batch changes nothing")
+	assert.Empty(t, appliances(t, srv.URL))
+
+	for _, ct := range []string{ContentType, "application/x-ndjson; charset=utf-8", "Application/X-NDJSON"} {
+		a := postAs(t, srv.URL, "clinic-1", outs, testSecret, &ct)
+		assert.Equal(t, http.StatusOK, a.code, "Content-Type %q: %s", ct, a.body)
+	}
 }
 
 func TestRetriesAndParking(t *testing.T) {
@@ -222,11 +285,7 @@ func TestRetriesAndParking(t *testing.T) {
 		proxyTo(srv.URL, w, r)
 	}))
 	defer front.Close()
-	db := openAppliance(t, t.TempDir(), "clinic-1")
-	defer db.Close()
-	makeOutcomes(t, db, 3)
-	u, err := New(db, fastConfig(front.URL))
-	require.NoError(t, err)
+	db, u := applianceSendingTo(t, front.URL, 3)
 
 	// 5xx: retried with backoff until ctx ends, nothing dropped. The flush
 	// is stopped once it has tried three times, however slow the machine.
@@ -240,7 +299,7 @@ func TestRetriesAndParking(t *testing.T) {
 		}
 		cancel()
 	}()
-	err = u.Flush(ctx)
+	err := u.Flush(ctx)
 	<-stopped
 	require.Error(t, err)
 	assert.Greater(t, calls.Load(), int64(2))
@@ -485,4 +544,61 @@ func TestUplinkRefusesAnUnusableURL(t *testing.T) {
 	require.NoError(t, err)
 	_, err = New(db, Config{}) // no uplink: nothing to check
 	require.NoError(t, err)
+}
+
+// A network in the way (a captive portal, a proxy's error page) answers
+// with a page of its own. The status quotes the start of it, not the page:
+// last_error is shown by GET /api/v1/uplink and the console page.
+func TestOtherServersPagesAreQuotedShort(t *testing.T) {
+	page := "<!DOCTYPE html><html><head><title>Ship Wi-Fi: sign in</title></head><body>" +
+		strings.Repeat("<p>Accept the terms to continue.</p>", 2000) + "</body></html>"
+	for _, status := range []int{http.StatusOK, http.StatusBadGateway, http.StatusForbidden} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/html")
+				w.WriteHeader(status)
+				_, _ = io.WriteString(w, page)
+			}))
+			defer front.Close()
+			_, u := applianceSendingTo(t, front.URL, 2)
+			st := flushFailing(t, u)
+			assert.Equal(t, uint64(2), st.Backlog, "nothing is taken for acknowledged")
+			assert.Contains(t, st.LastError, "Ship Wi-Fi: sign in")
+			assert.Less(t, len(st.LastError), 600, "last error: %.200s…", st.LastError)
+			if st.Parked != nil {
+				assert.Less(t, len(st.Parked.Message), 400, "parked: %.200s…", st.Parked.Message)
+			}
+		})
+	}
+}
+
+// A collector that acknowledges more than it was sent (a bug, or another
+// appliance's answer behind a shared proxy) must not move the cursor past
+// records that never left: the batch is sent again, and nothing is lost.
+func TestAckBeyondTheBatchMovesNothing(t *testing.T) {
+	srv, cst := newCollector(t, t.TempDir(), "clinic-1")
+	var lie atomic.Bool
+	lie.Store(true)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if lie.Load() {
+			_, _ = io.ReadAll(r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"acked_seq": 1000}`)
+			return
+		}
+		proxyTo(srv.URL, w, r)
+	}))
+	defer front.Close()
+	_, u := applianceSendingTo(t, front.URL, 5)
+	st := flushFailing(t, u)
+	assert.Zero(t, st.AckedSeq)
+	assert.Equal(t, uint64(5), st.Backlog)
+	assert.Contains(t, st.LastError, "not {\"acked_seq\"} within the batch")
+
+	lie.Store(false)
+	require.NoError(t, u.Flush(bg))
+	got, err := cst.Records(bg, "clinic-1", 0, 0)
+	require.NoError(t, err)
+	assert.Len(t, got, 5)
+	assert.Zero(t, u.Status().Backlog)
 }

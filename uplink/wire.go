@@ -15,8 +15,9 @@ import (
 	"github.com/outpost-edge/outpost/store"
 )
 
-// Wire format. A batch is POST {collector}/v1/outcomes with an NDJSON body,
-// one outcome a line in seq order, and three headers:
+// Wire format. A batch is POST {collector}/v1/outcomes with an NDJSON body
+// (Content-Type: application/x-ndjson), one outcome a line in seq order,
+// and three headers:
 //
 //	Idempotency-Key:      {appliance}:{first_seq}-{last_seq}
 //	X-Outpost-Signature:  sha256=<hex HMAC-SHA256 of the body under the appliance's secret>
@@ -39,6 +40,9 @@ const (
 	HeaderIdempotencyKey = "Idempotency-Key"
 	HeaderSignature      = "X-Outpost-Signature"
 	HeaderChainHead      = "X-Outpost-Chain-Head"
+	// ContentType is a batch's media type; a collector refuses any other
+	// with 415.
+	ContentType = "application/x-ndjson"
 	// OutcomesPath is where a collector receives batches.
 	OutcomesPath = "/v1/outcomes"
 	// AppliancesPath is where a collector lists what it holds.

@@ -78,7 +78,13 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.Writer) error {
+	if url != "" {
+		if err := uplink.CheckURL(url); err != nil {
+			return err
+		}
+	}
 	var st uplink.Status
+	served := false
 	err := withStore(dir,
 		func(db *store.DB) error {
 			u, err := uplink.New(db, uplink.Config{URL: url})
@@ -89,17 +95,24 @@ func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.W
 			return nil
 		},
 		func(c *store.Control) error {
+			served = true
 			ls, err := c.Ledger(ctx)
-			st = uplink.Status{ApplianceID: ls.ApplianceID, AckedSeq: ls.AckedSeq, LastSeq: ls.LastSeq, Backlog: ls.Backlog()}
+			st = uplink.Status{ApplianceID: ls.ApplianceID, AckedSeq: ls.AckedSeq, LastSeq: ls.LastSeq, Backlog: ls.Backlog(), URL: url}
 			return err
 		})
 	if err != nil {
 		return err
 	}
+	// This command holds no secret, so it cannot tell a configured uplink
+	// by one: --url is how it is told there is one.
+	st.Configured = url != ""
 	if asJSON {
 		return printJSON(stdout, st)
 	}
 	printUplinkStatus(stdout, st)
+	if served {
+		fmt.Fprintf(stdout, "serve owns this store and sends its uplink: GET /api/v1/uplink shows its last error and last success\n")
+	}
 	return nil
 }
 

@@ -119,3 +119,40 @@ func TestFlushProgress(t *testing.T) {
 	p.Publish(sent(500))
 	assert.Empty(t, out.String(), "nothing before the interval")
 }
+
+// uplink status says what it can know: --url reports the uplink as
+// configured (it is what the flag is for), and while serve owns the store,
+// whose uplink only serve knows, the status says where to read its errors.
+func TestUplinkStatusSaysWhatItKnows(t *testing.T) {
+	app := t.TempDir()
+	code, _, errs := outpost(t, "run", "--data", app, "I forgot my metformin dose this morning")
+	require.Equal(t, 0, code, errs)
+
+	for _, owned := range []bool{false, true} {
+		if owned {
+			serveStore(t, app)
+		}
+		code, out, errs := outpost(t, "uplink", "status", "--data", app, "--json")
+		require.Equal(t, 0, code, errs)
+		var st uplink.Status
+		require.NoError(t, json.Unmarshal([]byte(out), &st))
+		assert.False(t, st.Configured, "owned %v: no --url", owned)
+		assert.Equal(t, uint64(1), st.Backlog)
+
+		code, out, errs = outpost(t, "uplink", "status", "--data", app, "--url", "http://127.0.0.1:1", "--json")
+		require.Equal(t, 0, code, errs)
+		st = uplink.Status{}
+		require.NoError(t, json.Unmarshal([]byte(out), &st))
+		assert.True(t, st.Configured, "owned %v: --url reports the uplink as configured", owned)
+		assert.Equal(t, "http://127.0.0.1:1", st.URL, "owned %v", owned)
+
+		code, out, errs = outpost(t, "uplink", "status", "--data", app)
+		require.Equal(t, 0, code, errs)
+		assert.Contains(t, out, "backlog 1")
+		if owned {
+			assert.Contains(t, out, "GET /api/v1/uplink", "serve holds the last error and the last success")
+		} else {
+			assert.NotContains(t, out, "GET /api/v1/uplink")
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -53,7 +54,12 @@ func New(baseURL string, hc *http.Client) *Client {
 		c.baseErr = fmt.Errorf("invalid Ollama URL %q: %w", baseURL, err)
 		return c
 	}
-	c.api = api.NewClient(u, hc)
+	// The stream's body is watched: api.Client ends a stream without an
+	// error both when the connection drops and when a line is too long
+	// for it, and only how the body's reading ended tells them apart.
+	watched := *hc
+	watched.Transport = watchTransport{base: hc.Transport}
+	c.api = api.NewClient(u, &watched)
 	return c
 }
 
@@ -83,6 +89,8 @@ func (c *Client) Chat(ctx context.Context, req models.Request, stream func(model
 		defer cancel()
 	}
 
+	end := &streamEnd{}
+	callCtx = context.WithValue(callCtx, streamEndKey{}, end)
 	start := time.Now()
 	acc := accumulator{model: req.Model}
 	err = c.api.Chat(callCtx, creq, func(r api.ChatResponse) error {
@@ -105,11 +113,37 @@ func (c *Client) Chat(ctx context.Context, req models.Request, stream func(model
 		if callCtx.Err() != nil {
 			return nil, c.contextError(callCtx, req.Model)
 		}
+		if end.err == nil {
+			// The body was neither read to its end nor cut: api.Client
+			// stopped at a line longer than it reads. The same call would
+			// stop there again.
+			return nil, c.newError(models.Stream, req.Model, errors.New("a line of the stream is longer than the 8 MB the Ollama client reads"))
+		}
 		return nil, c.newError(models.Stream, req.Model, fmt.Errorf("%w: the stream ended before its final chunk", models.ErrDropped))
+	}
+	if err := c.unfinished(req.Model, acc.doneReason); err != nil {
+		return nil, err
 	}
 	resp := acc.response(time.Since(start))
 	resp.RequestHash = models.HashRequest(req)
 	return resp, nil
+}
+
+// unfinished refuses a final chunk that does not end an answer. "stop" (and
+// no reason, from servers too old to give one) is a complete answer;
+// "length" is one cut at the token limit, which must not pass for a whole
+// answer; "load" and "unload" answer a request to load or unload the model,
+// not to chat.
+func (c *Client) unfinished(model, reason string) error {
+	switch reason {
+	case "length":
+		e := c.newError(models.Truncated, model, fmt.Errorf("done_reason %q", reason))
+		e.Hint = "raise the model's num_ctx, or ask for a shorter answer"
+		return e
+	case "load", "unload":
+		return c.newError(models.Stream, model, fmt.Errorf("the stream ended with done_reason %q and no answer", reason))
+	}
+	return nil
 }
 
 // Ping checks that the server answers /api/tags.
@@ -143,6 +177,43 @@ func (c *Client) list(ctx context.Context) (*api.ListResponse, error) {
 		return nil, c.classify(ctx, "", err)
 	}
 	return list, nil
+}
+
+// streamEnd is how the reading of a chat's response body ended: io.EOF at
+// its end, another error when it was cut, nil while it was not read to
+// either. It is read once Client.Chat's call to api.Client has returned;
+// the body is read on that call's goroutine.
+type streamEnd struct{ err error }
+
+type streamEndKey struct{}
+
+// watchTransport records in the request's streamEnd, if it has one, how
+// the response body's reading ended.
+type watchTransport struct{ base http.RoundTripper }
+
+func (t watchTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	base := t.base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	resp, err := base.RoundTrip(r)
+	if end, ok := r.Context().Value(streamEndKey{}).(*streamEnd); ok && err == nil {
+		resp.Body = &watchedBody{ReadCloser: resp.Body, end: end}
+	}
+	return resp, err
+}
+
+type watchedBody struct {
+	io.ReadCloser
+	end *streamEnd
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && b.end.err == nil {
+		b.end.err = err
+	}
+	return n, err
 }
 
 func withTag(name string) string {

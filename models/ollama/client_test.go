@@ -347,6 +347,7 @@ func TestChatRefusesBadInputBeforeSending(t *testing.T) {
 	c := New(srv.URL, srv.Client())
 	for name, mutate := range map[string]func(*models.Request){
 		"no model":        func(r *models.Request) { r.Model = "" },
+		"no messages":     func(r *models.Request) { r.Messages = nil },
 		"format not JSON": func(r *models.Request) { r.Format = json.RawMessage(`{schema`) },
 		"schema not obj":  func(r *models.Request) { r.Tools = []models.ToolDef{{Name: "x", Parameters: json.RawMessage(`[1]`)}} },
 		"args not object": func(r *models.Request) {
@@ -424,4 +425,175 @@ func TestErrorMessages(t *testing.T) {
 	srv := newFakeOllama(t, answerStatus(404, string(readFixture(t, "not_found.json"))))
 	_, err = New(srv.URL, nil).Chat(context.Background(), chatRequestFor("llama3.2"), nil)
 	require.EqualError(t, err, `model llama3.2 is not installed: run "ollama pull llama3.2"`)
+}
+
+// A final chunk that does not end an answer must not pass for one: "length"
+// means the model hit its token limit mid-answer, and "load" is what Ollama
+// answers when it only loaded the model (a chat with no messages).
+func TestChatRefusesAnswersThatDidNotFinish(t *testing.T) {
+	for _, tc := range []struct {
+		fixture  string
+		kind     models.ErrorKind
+		is       error
+		contains []string
+		chunks   int
+	}{
+		{"length.ndjson", models.Truncated, models.ErrTruncated,
+			[]string{"model llama3.2 stopped at its token limit", `done_reason "length"`, "num_ctx"}, 8},
+		{"load.ndjson", models.Stream, nil, []string{"model llama3.2 failed mid-answer", `done_reason "load"`}, 0},
+	} {
+		t.Run(tc.fixture, func(t *testing.T) {
+			srv := newFakeOllama(t, replayStream(t, tc.fixture))
+			c := New(srv.URL, srv.Client())
+			chunks := 0
+			resp, err := c.Chat(context.Background(), chatRequestFor("llama3.2"), func(models.Chunk) error { chunks++; return nil })
+			require.Nil(t, resp, "a cut-short answer is not returned as a complete one")
+			var me *models.Error
+			require.ErrorAs(t, err, &me)
+			require.Equal(t, tc.kind, me.Kind, "error: %v", err)
+			require.False(t, models.IsTransient(err), "the same call would stop the same way")
+			if tc.is != nil {
+				require.ErrorIs(t, err, tc.is)
+			}
+			for _, s := range tc.contains {
+				require.Contains(t, err.Error(), s)
+			}
+			require.Equal(t, tc.chunks, chunks, "the tokens that did come were still streamed")
+		})
+	}
+}
+
+// Ollama answers 404 both for a model it has not pulled and for a path it
+// does not serve (an --ollama URL with a path, or another server behind
+// the port). Only the first is fixed by "ollama pull".
+func TestChatTellsMissingModelFromWrongURL(t *testing.T) {
+	for _, tc := range []struct {
+		name, body, contentType string
+		kind                    models.ErrorKind
+		contains, excludes      []string
+	}{
+		{"older Ollama", `{"error":"model \"llama3.2\" not found, try pulling it first"}`, "application/json; charset=utf-8",
+			models.NotFound, []string{`run "ollama pull llama3.2"`}, nil},
+		{"newer Ollama", `{"error":"model 'llama3.2' not found"}`, "application/json; charset=utf-8",
+			models.NotFound, []string{`run "ollama pull llama3.2"`}, nil},
+		{"no such path", "404 page not found", "text/plain",
+			models.BadRequest, []string{"status 404", "404 page not found", "Ollama's base URL"}, []string{"ollama pull", "not installed"}},
+		{"proxy page", "<html><body><h1>404 Not Found</h1></body></html>", "text/html",
+			models.BadRequest, []string{"status 404", "Ollama's base URL"}, []string{"ollama pull"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.contentType)
+				w.WriteHeader(http.StatusNotFound)
+				_, _ = w.Write([]byte(tc.body))
+			})
+			_, err := New(srv.URL, srv.Client()).Chat(context.Background(), chatRequestFor("llama3.2"), nil)
+			var me *models.Error
+			require.ErrorAs(t, err, &me)
+			require.Equal(t, tc.kind, me.Kind, "error: %v", err)
+			require.Equal(t, http.StatusNotFound, me.Status)
+			require.False(t, models.IsTransient(err))
+			for _, s := range tc.contains {
+				require.Contains(t, err.Error(), s)
+			}
+			for _, s := range tc.excludes {
+				require.NotContains(t, err.Error(), s)
+			}
+		})
+	}
+}
+
+// A line that is not JSON (another server's page, a proxy's, a line cut
+// short) fails the call as a stream error that quotes the line, but only
+// its start: the error goes into events, the run's record and its outcome.
+func TestChatInvalidLineIsQuotedShort(t *testing.T) {
+	plain := fixtureLines(t, "plain.ndjson")
+	for name, bad := range map[string][]byte{
+		"cut short": plain[3][:40],
+		"html page": []byte("<!DOCTYPE html><html><body>" + strings.Repeat("<p>lorem ipsum</p>", 8000) + "</body></html>"),
+		"sse":       append([]byte("data: "), plain[3]...),
+	} {
+		t.Run(name, func(t *testing.T) {
+			chunks, err := failingStream(t, plain[0], plain[1], bad, plain[len(plain)-1])
+			require.Equal(t, 2, chunks, "the lines before it were streamed")
+			require.Contains(t, err.Error(), string(bad[:min(len(bad), 30)]))
+			require.Less(t, len(err.Error()), 600, "error: %.200s…", err)
+		})
+	}
+}
+
+// A proxy in front of Ollama answers a failure with its own page.
+func TestChatStatusPageIsQuotedShort(t *testing.T) {
+	page := "<html><head><title>502 Bad Gateway</title></head><body>" + strings.Repeat("<!-- padding -->", 4000) + "</body></html>"
+	srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusBadGateway)
+		_, _ = w.Write([]byte(page))
+	})
+	_, err := New(srv.URL, srv.Client()).Chat(context.Background(), chatRequestFor("llama3.2"), nil)
+	var me *models.Error
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, models.Server, me.Kind)
+	require.True(t, models.IsTransient(err))
+	require.Contains(t, err.Error(), "502 Bad Gateway")
+	require.Less(t, len(err.Error()), 600, "error: %.200s…", err)
+}
+
+// A deadline the caller set with a cause of its own (the engine's node
+// timeout, a run's wall time) ran out while the model stalled: that is a
+// timeout, worth the node's retry, and not a cancel.
+func TestChatCallerDeadlineWithCauseIsATimeout(t *testing.T) {
+	partial := fixtureLines(t, "plain.ndjson")[:2]
+	srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+		for _, line := range partial {
+			_, _ = w.Write(append(line, '\n'))
+		}
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	nodeTimedOut := errors.New(`node "generate_response" timed out after 150ms`)
+	ctx, cancel := context.WithTimeoutCause(context.Background(), 150*time.Millisecond, nodeTimedOut)
+	defer cancel()
+	_, err := New(srv.URL, srv.Client()).Chat(ctx, chatRequestFor("llama3.2"), nil)
+	var me *models.Error
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, models.Timeout, me.Kind, "error: %v", err)
+	require.True(t, models.IsTransient(err))
+	require.ErrorIs(t, err, models.ErrTimeout)
+	require.ErrorIs(t, err, nodeTimedOut, "the cause is kept")
+	require.Contains(t, err.Error(), `node "generate_response" timed out`)
+}
+
+// api.Client reads lines of up to 8 MB and stops reading, without an
+// error, at a longer one. That is not a dropped connection: the same call
+// would stop at the same line, so it is not worth a retry.
+func TestChatLineTooLong(t *testing.T) {
+	plain := fixtureLines(t, "plain.ndjson")
+	huge := fmt.Sprintf(`{"model":"llama3.2","created_at":"2025-06-12T09:14:02.118394Z","message":{"role":"assistant","content":%q},"done":false}`,
+		strings.Repeat("metformin ", 900_000))
+	chunks, err := failingStream(t, plain[0], []byte(huge), plain[len(plain)-1])
+	require.NotErrorIs(t, err, models.ErrDropped)
+	require.Contains(t, err.Error(), "longer than")
+	require.Equal(t, 1, chunks)
+}
+
+// failingStream answers a chat with lines as a 200 NDJSON stream, and
+// checks that it fails as a Stream error not worth a retry. It returns the
+// chunks streamed before the failure, and the error.
+func failingStream(t *testing.T, lines ...[]byte) (int, error) {
+	t.Helper()
+	srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		for _, line := range lines {
+			_, _ = w.Write(append(line, '\n'))
+		}
+	})
+	chunks := 0
+	resp, err := New(srv.URL, srv.Client()).Chat(context.Background(), chatRequestFor("llama3.2"), func(models.Chunk) error { chunks++; return nil })
+	require.Nil(t, resp)
+	var me *models.Error
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, models.Stream, me.Kind, "error: %v", err)
+	require.False(t, models.IsTransient(err), "error: %v", err)
+	return chunks, err
 }

@@ -18,6 +18,11 @@ func chatRequest(req models.Request) (*api.ChatRequest, error) {
 	if req.Model == "" {
 		return nil, fmt.Errorf("no model named")
 	}
+	if len(req.Messages) == 0 {
+		// Ollama takes a chat without messages as "load the model" and
+		// answers done_reason "load" with no text at all.
+		return nil, fmt.Errorf("no messages to answer")
+	}
 	streamOn := true
 	creq := &api.ChatRequest{Model: req.Model, Stream: &streamOn}
 

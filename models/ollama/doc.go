@@ -7,9 +7,12 @@
 // token counts from the final chunk. [Client.Ping] and [Client.HasModel] use
 // /api/tags for health checks.
 //
-// Every failure is a *models.Error: a 404 names the "ollama pull" command, a
-// refused connection names the URL, a timeout or a connection dropped
-// mid-stream is transient. The tests replay Ollama's NDJSON streams recorded
-// under testdata/ollama; run them with -update next to a real Ollama to
-// record fresh ones.
+// Every failure is a *models.Error: a 404 for the model names the "ollama
+// pull" command (a 404 for the path says the URL is not Ollama's), a refused
+// connection names the URL, a timeout or a connection dropped mid-stream is
+// transient (a line longer than the client reads is not), and an answer cut
+// at the token limit (done_reason "length") is a Truncated error, never a
+// complete answer. The tests replay Ollama's NDJSON streams recorded under
+// testdata/ollama; run them with -update next to a real Ollama to record
+// fresh ones.
 package ollama

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"syscall"
 	"time"
 
@@ -36,10 +37,12 @@ func (c *Client) newError(kind models.ErrorKind, model string, err error) *model
 }
 
 // contextError reports why ctx ended: its own deadline or the call's
-// timeout (Timeout, transient) or the caller's cancel (Canceled).
+// timeout (Timeout, transient) or the caller's cancel (Canceled). A deadline
+// is told by ctx.Err, not by the cause, which a caller may have set to its
+// own error (the engine's node timeout does).
 func (c *Client) contextError(ctx context.Context, model string) *models.Error {
 	cause := context.Cause(ctx)
-	if errors.Is(cause, context.DeadlineExceeded) {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(cause, context.DeadlineExceeded) {
 		e := c.newError(models.Timeout, model, cause)
 		e.Hint = "the model may still be loading; retry, raise the timeout, or use a smaller model"
 		return e
@@ -60,7 +63,7 @@ func (c *Client) classify(ctx context.Context, model string, err error) error {
 
 	var se api.StatusError
 	if errors.As(err, &se) {
-		return c.statusError(model, se.StatusCode, errors.New(se.ErrorMessage))
+		return c.statusError(model, se.StatusCode, errors.New(shorten(se.ErrorMessage)))
 	}
 	var ae api.AuthorizationError
 	if errors.As(err, &ae) {
@@ -85,18 +88,41 @@ func (c *Client) classify(ctx context.Context, model string, err error) error {
 		return c.newError(models.Stream, model, fmt.Errorf("%w: %v", models.ErrDropped, err))
 	}
 	// What remains came from the body of a 200 stream: an {"error": ...}
-	// line, or a line that was not JSON.
+	// line, or a line that was not JSON, which api.Client returns whole.
+	if msg := err.Error(); len(msg) > maxQuoted {
+		err = errors.New(shorten(msg))
+	}
 	return c.newError(models.Stream, model, err)
+}
+
+// maxQuoted bounds the server's text quoted in an error. A line that is
+// not JSON comes back whole (up to api.Client's 8 MB line), and an error
+// travels into events, the run's record and its outcome.
+const maxQuoted = 300
+
+func shorten(s string) string {
+	if len(s) <= maxQuoted {
+		return s
+	}
+	// A rune cut in two at the end is dropped.
+	return fmt.Sprintf("%s… (%d bytes in all)", strings.ToValidUTF8(s[:maxQuoted], ""), len(s))
 }
 
 func (c *Client) statusError(model string, status int, cause error) *models.Error {
 	var e *models.Error
 	switch {
-	case status == http.StatusNotFound:
+	case status == http.StatusNotFound && strings.Contains(cause.Error(), "model"):
+		// Ollama's own 404 names the model: "model 'x' not found".
 		e = c.newError(models.NotFound, model, cause)
 		if model != "" {
 			e.Hint = fmt.Sprintf("run \"ollama pull %s\"", model)
 		}
+	case status == http.StatusNotFound:
+		// A 404 that names no model is a path the server does not serve
+		// ("404 page not found"): the URL is not Ollama's base URL, or
+		// something else answers there. Pulling the model will not help.
+		e = c.newError(models.BadRequest, model, cause)
+		e.Hint = fmt.Sprintf("%s does not serve Ollama's API: is it Ollama's base URL, such as %s?", c.base, DefaultURL)
 	case status >= 500 || status == http.StatusTooManyRequests:
 		e = c.newError(models.Server, model, cause)
 	default:

@@ -112,7 +112,7 @@ type fakeOllama struct {
 	bodies [][]byte
 }
 
-func newFakeOllama(t *testing.T, chat http.HandlerFunc) *fakeOllama {
+func newFakeOllama(t testing.TB, chat http.HandlerFunc) *fakeOllama {
 	t.Helper()
 	f := &fakeOllama{chat: chat}
 	mux := http.NewServeMux()
