@@ -70,7 +70,7 @@ func (c *Config) defaults() {
 		c.Timeout = 30 * time.Second
 	}
 	if c.Client == nil {
-		c.Client = &http.Client{Timeout: c.Timeout}
+		c.Client = &http.Client{Timeout: c.Timeout, CheckRedirect: noRedirects}
 	}
 	if c.Poll <= 0 {
 		c.Poll = time.Second
@@ -389,6 +389,10 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	}
 	if resp.StatusCode != http.StatusOK {
 		se := &StatusError{StatusCode: resp.StatusCode, Message: quoteAnswer(answer)}
+		if loc := resp.Header.Get("Location"); resp.StatusCode >= 300 && resp.StatusCode < 400 {
+			se.Message = fmt.Sprintf("the collector redirects to %q, and outcomes go only to the URL configured: configure that URL if it is the collector's",
+				quoteAnswer([]byte(loc)))
+		}
 		var e struct {
 			Error struct {
 				Code, Message string
@@ -446,6 +450,13 @@ func (u *Uplink) sendBatch(ctx context.Context) (int, error) {
 	}
 	return int(*ack.AckedSeq - first + 1), nil
 }
+
+// noRedirects is the default client's redirect policy. Outcomes go only to
+// the collector's URL as configured: a redirect would send them (and their
+// signature) wherever it points, and one that turns the POST into a GET
+// would leave the batch parked for no visible reason. The 3xx answer is
+// reported as it is.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // failed records err as the last error, unless ctx has ended: an attempt
 // cut short by a shutdown or a caller's deadline says nothing about the

@@ -572,6 +572,34 @@ func TestOtherServersPagesAreQuotedShort(t *testing.T) {
 	}
 }
 
+// A collector URL that redirects (to another host, or from http to https)
+// is not followed: the outcomes and their signature go only where the
+// uplink was configured to send them, and the batch parks with the
+// redirect's target named. A 301 or 302 followed would also have turned the
+// POST into a GET.
+func TestRedirectsAreNotFollowed(t *testing.T) {
+	srv, cst := newCollector(t, t.TempDir(), "clinic-1")
+	for _, status := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, srv.URL+r.URL.Path, status)
+			}))
+			defer front.Close()
+			_, u := applianceSendingTo(t, front.URL, 2)
+			err := u.Flush(bg)
+			require.ErrorIs(t, err, ErrParked)
+			st := u.Status()
+			assert.Equal(t, uint64(2), st.Backlog)
+			require.NotNil(t, st.Parked)
+			assert.Equal(t, status, st.Parked.StatusCode)
+			assert.Contains(t, st.Parked.Message, "the collector redirects to \""+srv.URL+OutcomesPath+"\"")
+			got, err := cst.Records(bg, "clinic-1", 0, 0)
+			require.NoError(t, err)
+			assert.Empty(t, got, "the redirect's target received the batch")
+		})
+	}
+}
+
 // A collector that acknowledges more than it was sent (a bug, or another
 // appliance's answer behind a shared proxy) must not move the cursor past
 // records that never left: the batch is sent again, and nothing is lost.
