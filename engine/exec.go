@@ -29,7 +29,9 @@ type RunConfig struct {
 	StepLimit  int        // default DefaultStepLimit
 	// MaxConcurrency bounds the tasks of one superstep that run at once.
 	MaxConcurrency int // default 16
-	// MaxDuration is the run's wall-time budget (0: none).
+	// MaxDuration is the run's wall-time budget (0: none). It bounds the
+	// run's active time, summed over its stretches between pauses and
+	// restarts, without the time it waits for a person (see Run.Active).
 	MaxDuration time.Duration
 	Events      EventSink
 	Cache       *StateCache
@@ -128,6 +130,10 @@ type execution struct {
 	// startStatus is the status the input checkpoint is committed with
 	// (queued under the run manager).
 	startStatus RunStatus
+	// activeBefore is the run's active time before this execution, and
+	// activeFrom when this execution started running it (see active.go).
+	activeBefore time.Duration
+	activeFrom   time.Time
 }
 
 func (g *Graph) newExecution(cfg RunConfig) (*execution, error) {
@@ -431,9 +437,10 @@ func (e *execution) route(ran []string, sends []Send) ([]TaskSpec, error) {
 
 // loop runs supersteps until the run ends or pauses.
 func (e *execution) loop(ctx context.Context, decisions map[string]Decision) error {
+	e.startActive()
 	if e.cfg.MaxDuration > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, e.cfg.MaxDuration, ErrDeadline)
+		ctx, cancel = context.WithTimeoutCause(ctx, e.cfg.MaxDuration-e.activeBefore, ErrDeadline)
 		defer cancel()
 	}
 	if e.run.Status != StatusRunning {
@@ -698,6 +705,7 @@ func (e *execution) pause(ctx context.Context, results []taskResult, ins []Pendi
 	}
 	e.run.Status = StatusInterrupted
 	e.run.Interrupts = ins
+	e.stopActive()
 	e.runChanged = true
 	for _, in := range ins {
 		e.event(EventInterrupt, in.Node, in)
@@ -787,6 +795,7 @@ func (e *execution) stopped(ctx context.Context, cause error) error {
 func (e *execution) finish(ctx context.Context, c *Commit, status RunStatus, runErr error) error {
 	e.run.Status = status
 	e.run.EndedAt = time.Now().UTC()
+	e.stopActive()
 	if runErr != nil {
 		e.run.Error = runErr.Error()
 	}

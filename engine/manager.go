@@ -21,8 +21,9 @@ type Agent struct {
 	Output func(State) json.RawMessage
 	// StepLimit overrides the manager's default when positive.
 	StepLimit int
-	// MaxDuration, when positive, is the agent's wall-time budget per run;
-	// the manager's, when shorter, still holds.
+	// MaxDuration, when positive, is the agent's wall-time budget per run
+	// (its active time, see RunConfig.MaxDuration); the manager's, when
+	// shorter, still holds.
 	MaxDuration time.Duration
 	// Pin, when set, is called once as a run opens, before its record is
 	// first committed: what it puts in run.Meta (the resolved active tool

@@ -1,0 +1,94 @@
+package engine
+
+import (
+	"strconv"
+	"time"
+)
+
+// A run's active time: how long it has been running, summed over the
+// stretches between its start, its pauses and its end, without the time
+// it waited for a person or for the appliance to start again. The wall-time
+// budget (RunConfig.MaxDuration) bounds it, across resumes and recovery
+// alike, so that neither gives a run its whole budget again.
+//
+// The run record keeps it in Meta, written with the record at each pause
+// and at the end (the record is not rewritten at every step):
+//   - MetaActive, the active time of the stretches that ended, in
+//     milliseconds;
+//   - MetaRunningSince, while the run runs again after a pause or a
+//     recovery, when that stretch began.
+//
+// A crash ends a stretch without a word. Recovery counts it up to the
+// newest checkpoint the run committed, from MetaRunningSince, or from the
+// run's creation when no stretch has ended yet. A stretch that committed
+// nothing (exit durability) counts for nothing.
+const (
+	MetaActive       = "engine.active_ms"
+	MetaRunningSince = "engine.running_since"
+)
+
+// Active returns r's active time as its record holds it: the stretches
+// that ended before its last pause, or all of them once it has ended.
+func (r *Run) Active() time.Duration {
+	ms, _ := strconv.ParseInt(r.Meta[MetaActive], 10, 64)
+	return time.Duration(max(ms, 0)) * time.Millisecond
+}
+
+// startActive starts the clock of a stretch of the root run: it takes the
+// active time before it from the record, plus, after a crash, the stretch
+// the crash cut short. A stretch after a pause or a recovery is put on
+// record at the run's next commit, so that a later crash is counted from
+// it rather than from the time before the appliance stopped.
+func (e *execution) startActive() {
+	e.activeFrom = time.Now()
+	if e.cfg.ns != "" || e.run == nil {
+		return
+	}
+	before := e.run.Active()
+	_, paused := e.run.Meta[MetaActive]
+	since, err := time.Parse(time.RFC3339Nano, e.run.Meta[MetaRunningSince])
+	switch {
+	case err == nil:
+	case !paused:
+		since = e.run.CreatedAt
+	default:
+		since = time.Time{}
+	}
+	// A run's own input checkpoint ends no stretch: a run that starts
+	// from it (every new run) has nothing to count, nor to rewrite.
+	if h := e.head; h != nil && h.RunID == e.run.ID && h.Source != SourceInput && !since.IsZero() && h.Created.After(since) {
+		before += h.Created.Sub(since)
+	}
+	e.activeBefore = before
+	if before > 0 || paused {
+		e.setMeta(MetaActive, strconv.FormatInt(before.Milliseconds(), 10))
+		e.setMeta(MetaRunningSince, time.Now().UTC().Format(time.RFC3339Nano))
+		e.runChanged = true
+	}
+}
+
+// stopActive puts the active time, this stretch included, on the record.
+func (e *execution) stopActive() {
+	if e.cfg.ns != "" || e.run == nil {
+		return
+	}
+	total := e.activeBefore + time.Since(e.activeFrom)
+	e.setMeta(MetaActive, strconv.FormatInt(total.Milliseconds(), 10))
+	e.setMeta(MetaRunningSince, "")
+}
+
+// setMeta sets (or, with "", removes) a key of the run's Meta in a new map:
+// the one it replaces may be shared (with the request the run came from,
+// or a result handed out).
+func (e *execution) setMeta(k, v string) {
+	m := make(map[string]string, len(e.run.Meta)+1)
+	for key, val := range e.run.Meta {
+		m[key] = val
+	}
+	if v == "" {
+		delete(m, k)
+	} else {
+		m[k] = v
+	}
+	e.run.Meta = m
+}
