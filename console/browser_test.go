@@ -301,3 +301,30 @@ func TestConsoleInChromium(t *testing.T) {
 		t.Fatalf("run after the click: %v", run)
 	}
 }
+
+// TestReviewFormFollowsTheRun: the edit box and the reason belong to the
+// review on screen. An operator who looks at one run waiting for review
+// and then another must see the second run's draft, never carry the first
+// run's draft (or reason) over into a decision on the second.
+func TestReviewFormFollowsTheRun(t *testing.T) {
+	e := newEnv(t, nil)
+	_, a := e.startRun("form-a", "please review A", "10s")
+	_, b := e.startRun("form-b", "please review B", "10s")
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(a["id"].(string))+`); true`)
+	c.until(ctx, "run A's draft in the edit box", `document.getElementById("edit-value").value.includes("review A")`, shot)
+	c.eval(ctx, `document.getElementById("reason").value = "about A"; true`)
+	c.eval(ctx, `select(`+jsString(b["id"].(string))+`); true`)
+	c.until(ctx, "run B's review", `document.getElementById("interrupt-payload").textContent.includes("review B")`, shot)
+	form, _ := c.eval(ctx, `document.getElementById("edit-value").value + " | " + document.getElementById("reason").value`).(string)
+	if !strings.Contains(form, "review B") || strings.Contains(form, "review A") || strings.Contains(form, "about A") {
+		shot("review-form-carried-over")
+		t.Fatalf("run B's review form holds %q", form)
+	}
+	c.eval(ctx, `document.getElementById("edit").click(); true`)
+	got := e.waitStatus(b["id"].(string), "completed")
+	if out, _ := got["output"].(string); !strings.Contains(out, "review B") {
+		t.Fatalf("run B's answer after an edit: %q", out)
+	}
+}

@@ -234,7 +234,15 @@ function renderDetail(run) {
     const i = run.interrupts[0];
     text($("interrupt-node"), i.node);
     text($("interrupt-payload"), JSON.stringify(i.payload, null, 2));
-    if (!$("edit-value").value && i.payload && typeof i.payload.draft === "string") $("edit-value").value = i.payload.draft;
+    // The form belongs to the review on screen: another run's (or an
+    // earlier review's) draft and reason must never ride along into this
+    // decision.
+    if ($("interrupt").dataset.interrupt !== i.id) {
+      $("interrupt").dataset.interrupt = i.id;
+      $("edit-value").value = i.payload && typeof i.payload.draft === "string" ? i.payload.draft : "";
+      $("reason").value = "";
+      show($("decide-error"), false);
+    }
     state.current.set(run.id, i.node);
   }
   if (run.status === "completed" || run.status === "failed" || run.status === "cancelled") state.current.set(run.id, "");
@@ -304,7 +312,10 @@ async function decide(kind) {
   const run = state.runs.get(state.selected);
   if (!run) return;
   show($("decide-error"), false);
+  // Name the review the operator saw, so that the decision cannot land on
+  // a later one.
   const body = { decision: kind };
+  if ($("interrupt").dataset.interrupt) body.interrupt = $("interrupt").dataset.interrupt;
   if ($("reason").value.trim()) body.reason = $("reason").value.trim();
   if (kind === "edit") {
     const raw = $("edit-value").value;
