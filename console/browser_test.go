@@ -328,3 +328,35 @@ func TestReviewFormFollowsTheRun(t *testing.T) {
 		t.Fatalf("run B's answer after an edit: %q", out)
 	}
 }
+
+// TestReviewDecidedElsewhere: two operators decide the same review. The
+// page that comes second, here with its event stream cut so that nothing
+// told it, must say the review was already decided and by whom, show the
+// run as it now is, and leave the first decision the only one.
+func TestReviewDecidedElsewhere(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("twice", "please review this", "10s")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+	// No reconnection: the page learns nothing from the stream.
+	c.eval(ctx, `connect = () => {}; state.ws.close(); true`)
+	c.until(ctx, "the stream cut", `state.ws.readyState === WebSocket.CLOSED`, shot)
+	if r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "reject", "wait": "10s"}, "X-Operator", "Dr Other"); r.status != 200 {
+		t.Fatalf("first decision: %d %s", r.status, r.body)
+	}
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	c.until(ctx, "the page saying the review was decided elsewhere",
+		`document.getElementById("decide-error").offsetParent !== null &&
+		 document.getElementById("decide-error").textContent.includes("already decided") &&
+		 document.getElementById("decide-error").textContent.includes("Dr Other") &&
+		 document.getElementById("interrupt").hidden &&
+		 document.getElementById("run-status").dataset.status === "completed"`, shot)
+	shot("decided-elsewhere")
+	got := e.do("GET", "/api/v1/runs/"+id, nil).json(t)
+	if ds := got["decisions"].([]any); len(ds) != 1 || ds[0].(map[string]any)["decision"] != "reject" {
+		t.Fatalf("decisions: %v", ds)
+	}
+}

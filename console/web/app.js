@@ -183,6 +183,7 @@ async function refreshRun(id) {
 // ---- one run ----
 async function select(id) {
   state.selected = id;
+  show($("decide-error"), false);
   renderRuns();
   $("transcript").replaceChildren();
   state.streams.clear();
@@ -330,11 +331,29 @@ async function decide(kind) {
     renderRuns();
     renderDetail(r);
   } catch (e) {
-    text($("decide-error"), e.message);
+    let msg = e.message;
+    if (e.status === 409 || e.code === "unknown_interrupt") msg = await decidedElsewhere(run.id, body.interrupt) || msg;
+    text($("decide-error"), msg);
     show($("decide-error"), true);
   } finally {
     for (const b of ["approve", "edit", "reject"]) $(b).disabled = false;
   }
+}
+
+// decidedElsewhere rereads a run whose review another operator (or the
+// CLI) answered first, shows it as it now is, and says who decided.
+async function decidedElsewhere(id, interrupt) {
+  let now;
+  try { now = await api("GET", "/api/v1/runs/" + encodeURIComponent(id)); } catch (e) { return ""; }
+  state.runs.set(id, now);
+  renderRuns();
+  if (state.selected === id) renderDetail(now);
+  const ds = now.decisions || [];
+  const d = ds.find((x) => x.interrupt === interrupt);
+  const st = now.status === "interrupted" ? "waiting for review" : now.status;
+  if (!d) return "This review is no longer open: the run is now " + st + ". Your decision was not recorded.";
+  return "This review was already decided: " + d.decision + " by " + (d.by || "?") + " at " +
+    new Date(d.at).toLocaleTimeString() + ". Your decision was not recorded. The run is now " + st + ".";
 }
 
 // ---- live events ----
