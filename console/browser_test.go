@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/outpost-edge/outpost/console"
 )
 
 // findChromium returns Debian's chromium, or another Chromium-like browser.
@@ -358,5 +361,43 @@ func TestReviewDecidedElsewhere(t *testing.T) {
 	got := e.do("GET", "/api/v1/runs/"+id, nil).json(t)
 	if ds := got["decisions"].([]any); len(ds) != 1 || ds[0].(map[string]any)["decision"] != "reject" {
 		t.Fatalf("decisions: %v", ds)
+	}
+}
+
+// TestTokenNoLongerValid: the appliance restarts with a new token (the
+// old one was removed) while the page is open. The page must take the
+// operator back to the sign-in and say why, not go on reconnecting with
+// the old token, showing a console where every action fails.
+func TestTokenNoLongerValid(t *testing.T) {
+	var cfg console.Config
+	e := newEnv(t, func(c *console.Config) { cfg = *c })
+	var h atomic.Pointer[console.Server]
+	var dials atomic.Int64 // stream connections made
+	h.Store(e.console)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/v1/events" {
+			dials.Add(1)
+		}
+		h.Load().Handler().ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	e.url = srv.URL
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+
+	cfg.Token = "a-new-token-the-page-does-not-have"
+	rotated := console.New(cfg)
+	defer rotated.Close()
+	h.Store(rotated)
+	e.console.Close() // drops the page's stream, as a restart does
+	c.until(ctx, "the sign-in, saying the token is no longer valid",
+		`!document.getElementById("login").hidden && document.getElementById("main").hidden &&
+		 document.getElementById("login-error").textContent.includes("no longer valid")`, shot)
+	shot("token-no-longer-valid")
+	// And it stays there: no reconnecting with the old token.
+	n := dials.Load()
+	time.Sleep(2500 * time.Millisecond)
+	if v, _ := c.eval(ctx, `!document.getElementById("login").hidden`).(bool); !v || dials.Load() != n {
+		t.Fatalf("the page left the sign-in (%v) or went on connecting (%d times more)", !v, dials.Load()-n)
 	}
 }

@@ -15,6 +15,7 @@ const state = {
   current: new Map(),    // run id -> node to highlight
   lastSeq: 0,
   ws: null,
+  statusTimer: 0,
   streams: new Map(),    // run id + node -> <span> collecting tokens
   log: new Map(),        // run id -> its events seen by this page, to redraw a transcript
 };
@@ -26,6 +27,9 @@ async function api(method, path, body) {
   const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   let data = null;
   try { data = await res.json(); } catch (e) { data = null; }
+  // A token that stops being valid (the appliance made a new one) ends
+  // the session: every action would fail from here on.
+  if (res.status === 401 && !$("main").hidden) signOut("The token is no longer valid (the appliance may have made a new one): sign in again.");
   if (!res.ok && res.status !== 202) {
     const err = new Error(data && data.error ? data.error.message : res.statusText);
     err.status = res.status;
@@ -60,6 +64,25 @@ $("logout").addEventListener("click", () => {
   location.reload();
 });
 
+// signOut takes the operator back to the sign-in, saying why, and stops
+// everything that would go on using the token.
+function signOut(why) {
+  sessionStorage.removeItem("outpost.token");
+  state.token = "";
+  clearInterval(state.statusTimer);
+  if (state.ws) {
+    state.ws.onclose = null;
+    state.ws.close();
+    state.ws = null;
+  }
+  pill("stream", "down", "stream: signed out", "");
+  $("token").value = "";
+  text($("login-error"), why);
+  show($("login-error"), true);
+  show($("login"), true);
+  show($("main"), false);
+}
+
 async function signIn() {
   show($("login-error"), false);
   try {
@@ -78,7 +101,12 @@ async function signIn() {
   await loadAgents();
   await loadRuns();
   refreshStatus();
-  setInterval(refreshStatus, 10000);
+  clearInterval(state.statusTimer);
+  state.statusTimer = setInterval(refreshStatus, 10000);
+  if (state.ws) {
+    state.ws.onclose = null;
+    state.ws.close();
+  }
   connect();
 }
 
@@ -376,8 +404,12 @@ function connect() {
     onEvent(msg);
   };
   ws.onclose = (ev) => {
+    if (ev.reason.startsWith("unauthorized")) {
+      signOut("The token is no longer valid (the appliance may have made a new one): sign in again.");
+      return;
+    }
     pill("stream", "degraded", "stream: reconnecting", ev.reason || "");
-    setTimeout(connect, 1000);
+    setTimeout(() => { if (state.ws === ws) connect(); }, 1000);
   };
 }
 
