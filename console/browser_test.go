@@ -401,3 +401,19 @@ func TestTokenNoLongerValid(t *testing.T) {
 		t.Fatalf("the page left the sign-in (%v) or went on connecting (%d times more)", !v, dials.Load()-n)
 	}
 }
+
+// TestSignInShowsOnlySignIn: before sign-in the page shows the sign-in
+// form alone. Every element the page hides with the hidden attribute must
+// really be out of sight, whatever display the style sheet gives it.
+func TestSignInShowsOnlySignIn(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	c.call(ctx, "Page.enable", nil, nil)
+	c.call(ctx, "Page.navigate", map[string]any{"url": e.url + "/"}, nil)
+	c.until(ctx, "the sign-in form", `document.readyState === "complete" && document.getElementById("token")`, shot)
+	shown, _ := c.eval(ctx, `[...document.querySelectorAll("[hidden]")].filter(el => getComputedStyle(el).display !== "none").map(el => el.id).join(",")`).(string)
+	if shown != "" {
+		shot("hidden-but-shown")
+		t.Fatalf("hidden yet on screen before sign-in: %s", shown)
+	}
+}
