@@ -417,3 +417,28 @@ func TestSignInShowsOnlySignIn(t *testing.T) {
 		t.Fatalf("hidden yet on screen before sign-in: %s", shown)
 	}
 }
+
+// TestRunsListByKeyboard: an operator who works with the keyboard reaches
+// a run in the list with Tab and opens it with Enter, as with any button.
+func TestRunsListByKeyboard(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("keys", "please review by keyboard", "10s")
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.until(ctx, "the run in the list", `document.querySelector("#runs li")`, shot)
+	// Focus the control just before the list, then Tab into the list.
+	c.eval(ctx, `document.getElementById("filter-review").focus(); true`)
+	key := func(name, code string, vk int) {
+		for _, typ := range []string{"keyDown", "keyUp"} {
+			p := map[string]any{"type": typ, "key": name, "code": code, "windowsVirtualKeyCode": vk}
+			if typ == "keyDown" && name == "Enter" {
+				p["text"] = "\r" // the keypress that activates a button
+			}
+			c.call(ctx, "Input.dispatchKeyEvent", p, nil)
+		}
+	}
+	key("Tab", "Tab", 9)
+	c.until(ctx, "the run focused", `document.activeElement && document.activeElement.closest("#runs li")`, shot)
+	key("Enter", "Enter", 13)
+	c.until(ctx, "the run opened", `document.getElementById("run-id").textContent === `+jsString(run["id"].(string))+` && !document.getElementById("interrupt").hidden`, shot)
+}

@@ -172,11 +172,18 @@ function renderRuns() {
     if (onlyReview && r.status !== "interrupted") continue;
     const li = el("li");
     li.dataset.run = r.id;
-    if (r.id === state.selected) li.classList.add("selected");
-    const left = el("div");
-    left.append(el("div", "", short(r.input === undefined ? r.agent : r.input, 60)), el("div", "thread", r.thread + " · " + r.agent));
-    li.append(left, el("span", "status " + r.status, r.status === "interrupted" ? "waiting for review" : r.status));
-    li.addEventListener("click", () => select(r.id));
+    // A button, so that the keyboard reaches and opens a run as a mouse does.
+    const b = el("button", "run");
+    b.type = "button";
+    if (r.id === state.selected) {
+      li.classList.add("selected");
+      b.setAttribute("aria-current", "true");
+    }
+    const left = el("span");
+    left.append(el("span", "", short(r.input === undefined ? r.agent : r.input, 60)), el("span", "thread", r.thread + " · " + r.agent));
+    b.append(left, el("span", "status " + r.status, r.status === "interrupted" ? "waiting for review" : r.status));
+    b.addEventListener("click", () => select(r.id));
+    li.append(b);
     ul.append(li);
   }
 }
