@@ -442,3 +442,26 @@ func TestRunsListByKeyboard(t *testing.T) {
 	key("Enter", "Enter", 13)
 	c.until(ctx, "the run opened", `document.getElementById("run-id").textContent === `+jsString(run["id"].(string))+` && !document.getElementById("interrupt").hidden`, shot)
 }
+
+// TestOldReviewsStayListed: the list shows the newest runs, but a run
+// still waiting for review is listed however old it is. A clinic whose
+// appliance has run hundreds of turns since must not lose sight of a
+// review (the "waiting for review only" filter reads the list).
+func TestOldReviewsStayListed(t *testing.T) {
+	e := newEnv(t, nil)
+	_, old := e.startRun("old-review", "please review this old one", "10s")
+	if old["status"] != "interrupted" {
+		t.Fatalf("the old run: %v", old)
+	}
+	for i := 0; i < 505; i++ {
+		body := map[string]any{"agent": testAgent, "input": "hello", "wait": "10s"}
+		if r := e.do("POST", fmt.Sprintf("/api/v1/threads/later-%d/runs", i), body); r.status != http.StatusCreated {
+			t.Fatalf("run %d: %d %s", i, r.status, r.body)
+		}
+	}
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `document.getElementById("filter-review").click(); true`)
+	c.until(ctx, "the old run waiting for review",
+		`[...document.querySelectorAll("#runs li")].some(li => li.dataset.run === `+jsString(old["id"].(string))+`)`, shot)
+}

@@ -142,17 +142,26 @@ async function loadAgents() {
   }
 }
 
-async function loadRuns() {
+// listRuns reads up to 20 pages of GET /api/v1/runs with query.
+async function listRuns(query) {
   let after = "", all = [], damaged = [];
   for (let i = 0; i < 20; i++) {
-    const page = await api("GET", "/api/v1/runs?limit=1000" + (after ? "&after=" + encodeURIComponent(after) : ""));
+    const page = await api("GET", "/api/v1/runs?limit=1000" + query + (after ? "&after=" + encodeURIComponent(after) : ""));
     all = all.concat(page.runs);
     damaged = damaged.concat(page.damaged || []);
     if (!page.next) break;
     after = page.next;
   }
+  return { all, damaged };
+}
+
+async function loadRuns() {
+  const [{ all, damaged }, waiting] = await Promise.all([listRuns(""), listRuns("&status=interrupted")]);
   state.runs.clear();
   for (const r of all.slice(-500)) state.runs.set(r.id, r);
+  // The newest runs, and every run waiting for review however old: a
+  // review must never drop out of sight.
+  for (const r of waiting.all) state.runs.set(r.id, r);
   // Records the store cannot read are left out of the list: say so, or
   // the list would look whole.
   const keys = damaged.map((d) => d.key);
