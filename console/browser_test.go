@@ -465,3 +465,31 @@ func TestOldReviewsStayListed(t *testing.T) {
 	c.until(ctx, "the old run waiting for review",
 		`[...document.querySelectorAll("#runs li")].some(li => li.dataset.run === `+jsString(old["id"].(string))+`)`, shot)
 }
+
+// TestEditIsTheTextTyped: the edit box holds the edited answer as text.
+// What the operator types is sent as that text, even when it reads as
+// JSON (a bare number, say), and an empty box is refused on the page
+// rather than sent as an empty answer.
+func TestEditIsTheTextTyped(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("edit-text", "please review the dose", "10s")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the review", `document.getElementById("edit-value").value.includes("review the dose")`, shot)
+
+	c.eval(ctx, `document.getElementById("edit-value").value = "  "; document.getElementById("edit").click(); true`)
+	c.until(ctx, "the empty edit refused", `document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent.includes("empty")`, shot)
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "interrupted" {
+		t.Fatalf("after an empty edit the run is %v", got["status"])
+	}
+
+	c.eval(ctx, `document.getElementById("edit-value").value = "2"; document.getElementById("edit").click(); true`)
+	c.until(ctx, "the run ended", `["completed", "failed"].includes(document.getElementById("run-status").dataset.status)`, shot)
+	got := e.waitStatus(id, "completed")
+	if got["output"] != "2 Goodbye." {
+		t.Fatalf("answer after editing it to 2: %v", got["output"])
+	}
+}

@@ -364,7 +364,17 @@ async function decide(kind) {
   if ($("reason").value.trim()) body.reason = $("reason").value.trim();
   if (kind === "edit") {
     const raw = $("edit-value").value;
-    try { body.value = JSON.parse(raw); } catch (e) { body.value = raw; }
+    if (!raw.trim()) {
+      text($("decide-error"), "The edited answer is empty: write the answer to send, or approve or reject the draft.");
+      show($("decide-error"), true);
+      return;
+    }
+    // A review of a draft is edited as text: what the operator typed is
+    // the answer, even where it would read as JSON ("2", "null"). Other
+    // reviews take the JSON value they show.
+    const i = (run.interrupts || []).find((x) => x.id === $("interrupt").dataset.interrupt);
+    if (i && i.payload && typeof i.payload.draft === "string") body.value = raw;
+    else try { body.value = JSON.parse(raw); } catch (e) { body.value = raw; }
   }
   for (const b of ["approve", "edit", "reject"]) $(b).disabled = true;
   try {
