@@ -332,18 +332,27 @@ func TestReviewFormFollowsTheRun(t *testing.T) {
 	}
 }
 
+// openReview starts a run on thread that waits for review, signs a page
+// in and opens the run's review on it.
+func openReview(t *testing.T, thread, input string) (*env, *cdp, context.Context, func(string), string) {
+	t.Helper()
+	e := newEnv(t, nil)
+	_, run := e.startRun(thread, input, "10s")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden &&
+		document.getElementById("edit-value").value.includes(`+jsString(input)+`)`, shot)
+	return e, c, ctx, shot, id
+}
+
 // TestReviewDecidedElsewhere: two operators decide the same review. The
 // page that comes second, here with its event stream cut so that nothing
 // told it, must say the review was already decided and by whom, show the
 // run as it now is, and leave the first decision the only one.
 func TestReviewDecidedElsewhere(t *testing.T) {
-	e := newEnv(t, nil)
-	_, run := e.startRun("twice", "please review this", "10s")
-	id := run["id"].(string)
-	c, ctx, shot := openChromium(t)
-	signIn(ctx, t, c, e, shot)
-	c.eval(ctx, `select(`+jsString(id)+`); true`)
-	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+	e, c, ctx, shot, id := openReview(t, "twice", "please review this")
 	// No reconnection: the page learns nothing from the stream.
 	c.eval(ctx, `connect = () => {}; state.ws.close(); true`)
 	c.until(ctx, "the stream cut", `state.ws.readyState === WebSocket.CLOSED`, shot)
@@ -471,13 +480,7 @@ func TestOldReviewsStayListed(t *testing.T) {
 // JSON (a bare number, say), and an empty box is refused on the page
 // rather than sent as an empty answer.
 func TestEditIsTheTextTyped(t *testing.T) {
-	e := newEnv(t, nil)
-	_, run := e.startRun("edit-text", "please review the dose", "10s")
-	id := run["id"].(string)
-	c, ctx, shot := openChromium(t)
-	signIn(ctx, t, c, e, shot)
-	c.eval(ctx, `select(`+jsString(id)+`); true`)
-	c.until(ctx, "the review", `document.getElementById("edit-value").value.includes("review the dose")`, shot)
+	e, c, ctx, shot, id := openReview(t, "edit-text", "please review the dose")
 
 	c.eval(ctx, `document.getElementById("edit-value").value = "  "; document.getElementById("edit").click(); true`)
 	c.until(ctx, "the empty edit refused", `document.getElementById("decide-error").offsetParent !== null &&
