@@ -496,3 +496,22 @@ func TestEditIsTheTextTyped(t *testing.T) {
 		t.Fatalf("answer after editing it to 2: %v", got["output"])
 	}
 }
+
+// TestLongTextKeepsTheLayout: a long unbroken thread id, input or draft
+// wraps inside its panel at a small window (1024x700), instead of
+// widening the page so that the review and its buttons sit off screen.
+func TestLongTextKeepsTheLayout(t *testing.T) {
+	e := newEnv(t, nil)
+	long := strings.Repeat("abcdefghij", 300)
+	_, run := e.startRun(strings.Repeat("T", 150), "please review "+long, "10s")
+	c, ctx, shot := openChromium(t)
+	c.call(ctx, "Emulation.setDeviceMetricsOverride", map[string]any{"width": 1024, "height": 700, "deviceScaleFactor": 1, "mobile": false}, nil)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(run["id"].(string))+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+	c.until(ctx, "the transcript", `document.getElementById("transcript").textContent.includes("draft")`, shot)
+	if wide, _ := c.eval(ctx, `document.documentElement.scrollWidth > document.documentElement.clientWidth`).(bool); wide {
+		shot("long-text-too-wide")
+		t.Fatalf("the page is %v px wide in a %v px window", c.eval(ctx, `document.documentElement.scrollWidth`), c.eval(ctx, `document.documentElement.clientWidth`))
+	}
+}
