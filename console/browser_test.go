@@ -515,3 +515,21 @@ func TestLongTextKeepsTheLayout(t *testing.T) {
 		t.Fatalf("the page is %v px wide in a %v px window", c.eval(ctx, `document.documentElement.scrollWidth`), c.eval(ctx, `document.documentElement.clientWidth`))
 	}
 }
+
+// TestReconnectCatchesUp: a page that has seen no event yet loses its
+// stream (the network between it and the appliance drops), and a run
+// starts and waits for review meanwhile. When the stream is back the page
+// must show that run: it resumes from where the stream stood when it
+// first connected, not subscribe afresh from now.
+func TestReconnectCatchesUp(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `window.reconnect = connect; connect = () => {}; state.ws.close(); true`)
+	c.until(ctx, "the stream cut", `state.ws.readyState === WebSocket.CLOSED`, shot)
+	_, run := e.startRun("while-away", "please review this", "10s")
+	c.eval(ctx, `connect = window.reconnect; connect(); true`)
+	c.until(ctx, "the run started while the stream was down",
+		`[...document.querySelectorAll("#runs li")].some(li => li.dataset.run === `+jsString(run["id"].(string))+` &&
+		 li.querySelector(".status").textContent === "waiting for review")`, shot)
+}

@@ -13,7 +13,7 @@ const state = {
   selected: "",
   graphs: new Map(),     // agent -> {nodes}
   current: new Map(),    // run id -> node to highlight
-  lastSeq: 0,
+  lastSeq: null,         // null until the stream first says where it stands
   ws: null,
   statusTimer: 0,
   streams: new Map(),    // run id + node -> <span> collecting tokens
@@ -421,7 +421,16 @@ function connect() {
     try { msg = JSON.parse(m.data); } catch (e) { return; }
     if (msg.type === "ready") {
       pill("stream", "ok", "stream: live", "");
-      ws.send(JSON.stringify(state.lastSeq > 0 ? { type: "resume", seq: state.lastSeq } : { type: "subscribe" }));
+      // The first connection subscribes and notes where the stream
+      // stood; every later one resumes from the last event seen, or from
+      // that point, so that what came while the stream was down (a run
+      // now waiting for review, say) is caught up on.
+      if (state.lastSeq === null) {
+        state.lastSeq = msg.seq;
+        ws.send(JSON.stringify({ type: "subscribe" }));
+      } else {
+        ws.send(JSON.stringify({ type: "resume", seq: state.lastSeq }));
+      }
       return;
     }
     if (msg.type === "window_exceeded") { loadRuns(); return; }
