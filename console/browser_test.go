@@ -533,3 +533,24 @@ func TestReconnectCatchesUp(t *testing.T) {
 		`[...document.querySelectorAll("#runs li")].some(li => li.dataset.run === `+jsString(run["id"].(string))+` &&
 		 li.querySelector(".status").textContent === "waiting for review")`, shot)
 }
+
+// TestCancelFromThePage: an operator stops a run that hangs (a slow
+// model, a stuck tool) from the page, as the API allows, and sees it
+// cancelled; a run that has ended offers no cancel.
+func TestCancelFromThePage(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `document.getElementById("thread").value = "stuck";
+		document.getElementById("input").value = "block until cancelled";
+		document.getElementById("start").click(); true`)
+	c.until(ctx, "the run running with a cancel button", `["queued", "running"].includes(document.getElementById("run-status").dataset.status) &&
+		document.getElementById("cancel") && document.getElementById("cancel").offsetParent !== null`, shot)
+	id, _ := c.eval(ctx, `document.getElementById("run-id").textContent`).(string)
+	c.eval(ctx, `document.getElementById("cancel").click(); true`)
+	c.until(ctx, "the run cancelled, with no cancel button", `document.getElementById("run-status").dataset.status === "cancelled" &&
+		document.getElementById("cancel").offsetParent === null`, shot)
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "cancelled" {
+		t.Fatalf("run after cancel: %v", got["status"])
+	}
+}

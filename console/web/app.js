@@ -273,6 +273,7 @@ function renderDetail(run) {
       (d.value !== undefined ? " · value " + short(d.value, 80) : "") + (d.reason ? " · " + d.reason : "")));
   }
   show($("decisions-box"), (run.decisions || []).length > 0);
+  show($("cancel"), run.status === "queued" || run.status === "running" || run.status === "interrupted");
   const pending = run.status === "interrupted" && run.interrupts && run.interrupts.length > 0;
   show($("interrupt"), pending);
   if (pending) {
@@ -393,6 +394,24 @@ async function decide(kind) {
     for (const b of ["approve", "edit", "reject"]) $(b).disabled = false;
   }
 }
+
+$("cancel").addEventListener("click", async () => {
+  const id = state.selected;
+  show($("decide-error"), false);
+  $("cancel").disabled = true;
+  try {
+    const r = await api("POST", "/api/v1/runs/" + encodeURIComponent(id) + "/cancel");
+    state.runs.set(r.id, r);
+    renderRuns();
+    if (state.selected === r.id) renderDetail(r);
+  } catch (e) {
+    text($("decide-error"), "Cannot cancel the run: " + e.message);
+    show($("decide-error"), true);
+    refreshRun(id);
+  } finally {
+    $("cancel").disabled = false;
+  }
+});
 
 // decidedElsewhere rereads a run whose review another operator (or the
 // CLI) answered first, shows it as it now is, and says who decided.
