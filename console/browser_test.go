@@ -554,3 +554,26 @@ func TestCancelFromThePage(t *testing.T) {
 		t.Fatalf("run after cancel: %v", got["status"])
 	}
 }
+
+// TestWindowExceededRefreshesTheOpenRun: the stream was down for longer
+// than its replay window reaches back. The page reloads its list, and the
+// run it has open must show as it now is too, not as a review still
+// waiting that another operator has decided meanwhile.
+func TestWindowExceededRefreshesTheOpenRun(t *testing.T) {
+	e := newEnv(t, func(c *console.Config) { c.Events.Window = 3 })
+	_, run := e.startRun("window-a", "please review this", "10s")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+	c.eval(ctx, `window.reconnect = connect; connect = () => {}; state.ws.close(); true`)
+	c.until(ctx, "the stream cut", `state.ws.readyState === WebSocket.CLOSED`, shot)
+	if r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "approve", "wait": "10s"}, "X-Operator", "Dr Other"); r.status != 200 {
+		t.Fatalf("decision: %d %s", r.status, r.body)
+	}
+	e.startRun("window-b", "hello", "10s") // pushes the decided run's events out of the window
+	c.eval(ctx, `connect = window.reconnect; connect(); true`)
+	c.until(ctx, "the open run as it now is", `document.getElementById("run-status").dataset.status === "completed" &&
+		document.getElementById("interrupt").hidden`, shot)
+}

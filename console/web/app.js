@@ -452,7 +452,13 @@ function connect() {
       }
       return;
     }
-    if (msg.type === "window_exceeded") { loadRuns(); return; }
+    if (msg.type === "window_exceeded") {
+      // What was missed cannot be replayed: reread the list, and the open
+      // run, which may have been decided or ended meanwhile.
+      loadRuns();
+      if (state.selected) refreshRun(state.selected);
+      return;
+    }
     if (CONTROL.has(msg.type)) return; // other control messages
     if (msg.seq > state.lastSeq) state.lastSeq = msg.seq;
     onEvent(msg);
