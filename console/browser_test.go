@@ -577,3 +577,21 @@ func TestWindowExceededRefreshesTheOpenRun(t *testing.T) {
 	c.until(ctx, "the open run as it now is", `document.getElementById("run-status").dataset.status === "completed" &&
 		document.getElementById("interrupt").hidden`, shot)
 }
+
+// TestTranscriptNumbersFit: a transcript runs past ten lines, often past a
+// hundred; its numbers must fit in the room the list gives them, not be
+// cut to "0.", "1." at its left edge.
+func TestTranscriptNumbersFit(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	fits, _ := c.eval(ctx, `(() => {
+		const ol = document.getElementById("transcript"), cs = getComputedStyle(ol);
+		const g = document.createElement("canvas").getContext("2d");
+		g.font = cs.fontSize + " " + cs.fontFamily;
+		return parseFloat(cs.paddingLeft) >= g.measureText("100. ").width;
+	})()`).(bool)
+	if !fits {
+		t.Fatalf("the transcript's numbers do not fit: padding %v", c.eval(ctx, `getComputedStyle(document.getElementById("transcript")).paddingLeft`))
+	}
+}
