@@ -595,3 +595,22 @@ func TestTranscriptNumbersFit(t *testing.T) {
 		t.Fatalf("the transcript's numbers do not fit: padding %v", c.eval(ctx, `getComputedStyle(document.getElementById("transcript")).paddingLeft`))
 	}
 }
+
+// TestControlsHaveNames: every control an operator (or a screen reader)
+// meets once signed in has a name of its own, not only a placeholder or a
+// tooltip that is gone once something is typed.
+func TestControlsHaveNames(t *testing.T) {
+	e := newEnv(t, nil)
+	e.startRun("names", "please review this", "10s")
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `document.querySelector("#runs button.run").click(); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+	unnamed, _ := c.eval(ctx, `[...document.querySelectorAll("input, select, textarea, button")]
+		.filter(el => el.offsetParent !== null)
+		.filter(el => !(el.labels && el.labels.length) && !el.getAttribute("aria-label") && !(el.tagName === "BUTTON" && el.textContent.trim()))
+		.map(el => el.id || el.outerHTML.slice(0, 60)).join(", ")`).(string)
+	if unnamed != "" {
+		t.Fatalf("controls without a label: %s", unnamed)
+	}
+}
