@@ -614,3 +614,21 @@ func TestControlsHaveNames(t *testing.T) {
 		t.Fatalf("controls without a label: %s", unnamed)
 	}
 }
+
+// TestRefusedEditCanBeTriedAgain: the review refuses an edit (the API
+// answers 422). The operator sees the node's reason, keeps the text to
+// correct it, and a corrected edit goes through.
+func TestRefusedEditCanBeTriedAgain(t *testing.T) {
+	e, c, ctx, shot, id := openReview(t, "refused-edit", "please review this")
+	c.eval(ctx, `document.getElementById("edit-value").value = "an unsafe answer"; document.getElementById("edit").click(); true`)
+	c.until(ctx, "the node's reason", `document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent.includes("the edited answer says unsafe") &&
+		!document.getElementById("decide-error").textContent.includes("must be approve") &&
+		!document.getElementById("interrupt").hidden && !document.getElementById("edit").disabled &&
+		document.getElementById("edit-value").value === "an unsafe answer"`, shot)
+	shot("edit-refused")
+	c.eval(ctx, `document.getElementById("edit-value").value = "a safe answer"; document.getElementById("edit").click(); true`)
+	if got := e.waitStatus(id, "completed"); got["output"] != "a safe answer Goodbye." {
+		t.Fatalf("answer after the corrected edit: %v", got["output"])
+	}
+}

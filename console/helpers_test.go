@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 // testAgent is "review-test": draft streams its words as model tokens;
 // an input holding "review" pauses at review for a person; "deny" records
 // a refused tool call; "block" holds the run until the test releases it.
+// The review refuses an edit that says "unsafe" (the API answers 422).
 const testAgent = "review-test"
 
 type env struct {
@@ -84,7 +86,12 @@ func testGraph(release <-chan struct{}) (*engine.Agent, error) {
 			text = "withheld by a reviewer"
 		}
 		return []engine.Write{final.Set(text)}, nil
-	})
+	}, engine.CheckDecision(func(d engine.Decision) error {
+		if d.Kind == engine.Edit && strings.Contains(string(d.Value), "unsafe") {
+			return errors.New("the edited answer says unsafe")
+		}
+		return nil
+	}))
 	b.AddNode("closing", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
 		return []engine.Write{final.Set(final.Get(s) + " Goodbye.")}, nil
 	})
