@@ -632,3 +632,26 @@ func TestRefusedEditCanBeTriedAgain(t *testing.T) {
 		t.Fatalf("answer after the corrected edit: %v", got["output"])
 	}
 }
+
+// TestLongTranscriptIsWhole: a run that streams thousands of tokens, then
+// waits for review. Opened again after looking at another run, its
+// transcript still ends with the last token and the review, not cut off
+// where the page stopped keeping its events.
+func TestLongTranscriptIsWhole(t *testing.T) {
+	e := newEnv(t, nil)
+	_, other := e.startRun("short", "hello", "10s")
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `document.getElementById("thread").value = "verbose";
+		document.getElementById("input").value = "please review this verbose one";
+		document.getElementById("start").click(); true`)
+	c.until(ctx, "the long run waiting for review", `document.getElementById("run-status").dataset.status === "interrupted" &&
+		document.getElementById("transcript").textContent.includes("waiting for review")`, shot)
+	id, _ := c.eval(ctx, `document.getElementById("run-id").textContent`).(string)
+	c.eval(ctx, `select(`+jsString(other["id"].(string))+`); true`)
+	c.until(ctx, "the other run", `document.getElementById("run-id").textContent === `+jsString(other["id"].(string)), shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the whole transcript again", `document.getElementById("run-id").textContent === `+jsString(id)+` &&
+		document.getElementById("transcript").textContent.includes("w5999") &&
+		document.getElementById("transcript").textContent.includes("waiting for review")`, shot)
+}

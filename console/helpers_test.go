@@ -22,7 +22,8 @@ import (
 // testAgent is "review-test": draft streams its words as model tokens;
 // an input holding "review" pauses at review for a person; "deny" records
 // a refused tool call; "block" holds the run until the test releases it.
-// The review refuses an edit that says "unsafe" (the API answers 422).
+// "verbose" streams 6,000 more tokens. The review refuses an edit that
+// says "unsafe" (the API answers 422).
 const testAgent = "review-test"
 
 type env struct {
@@ -61,6 +62,11 @@ func testGraph(release <-chan struct{}) (*engine.Agent, error) {
 			engine.Announce(ctx, engine.EventToolDenied, map[string]any{"tool": "delete_records", "reason": "not in the active tool set"})
 		}
 		words := []string{"Take", "your", "dose", "now."}
+		if strings.Contains(in, "verbose") {
+			for i := 0; i < 6000; i++ {
+				words = append(words, fmt.Sprintf("w%d", i))
+			}
+		}
 		for _, w := range words {
 			engine.Emit(ctx, engine.EventModelToken, map[string]any{"content": w + " "})
 		}

@@ -236,7 +236,7 @@ async function select(id) {
   if (!run) return;
   renderDetail(run);
   const seen = state.log.get(id);
-  if (seen && seen.length && seen[0].type === "run.started") {
+  if (seen && seen.length && seen[0].type === "run.started" && !seen.truncated) {
     // This page saw the run from its start: its own events tell it all,
     // streamed tokens included.
     for (const e of seen) renderEvent(e);
@@ -490,7 +490,17 @@ function onEvent(e) {
     state.log.set(e.run, seen);
     if (state.log.size > 200) state.log.delete(state.log.keys().next().value);
   }
-  if (seen.length < 5000) seen.push(e);
+  const last = seen[seen.length - 1];
+  if (e.type === "model.token" && last && last.type === "model.token" && last.node === e.node) {
+    // A stream's tokens are kept run together, as one event, so that a
+    // long answer does not crowd the rest of the run out of the log.
+    const d = last.data || {};
+    seen[seen.length - 1] = { ...last, seq: e.seq, data: { ...d, content: (d.content || "") + ((e.data || {}).content || "") } };
+  } else if (seen.length < 5000) {
+    seen.push(e);
+  } else {
+    seen.truncated = true; // select reads the run's history instead
+  }
   if (e.run === state.selected) renderEvent(e);
 }
 
