@@ -263,6 +263,14 @@ func signIn(ctx context.Context, t *testing.T, c *cdp, e *env, shot func(string)
 
 func jsString(s string) string { b, _ := json.Marshal(s); return string(b) }
 
+// startFromPage starts a turn with the page's own form, as an operator does.
+func startFromPage(ctx context.Context, c *cdp, thread, input string) {
+	c.t.Helper()
+	c.eval(ctx, fmt.Sprintf(`document.getElementById("thread").value = %s;
+		document.getElementById("input").value = %s;
+		document.getElementById("start").click(); true`, jsString(thread), jsString(input)))
+}
+
 func TestConsoleInChromium(t *testing.T) {
 	e := newEnv(t, nil)
 	c, ctx, shot := openChromium(t)
@@ -277,9 +285,7 @@ func TestConsoleInChromium(t *testing.T) {
 	c.until(ctx, "the bundle and model", `document.getElementById("bundle").textContent.includes("test-bundle v3") && document.getElementById("uplink").textContent.includes("not configured")`, shot)
 	shot("2-signed-in")
 
-	c.eval(ctx, `document.getElementById("thread").value = "browser";
-		document.getElementById("input").value = "please review my dose";
-		document.getElementById("start").click(); true`)
+	startFromPage(ctx, c, "browser", "please review my dose")
 	c.until(ctx, "the run waiting for review",
 		`document.getElementById("run-status").dataset.status === "interrupted" && !document.getElementById("interrupt").hidden`, shot)
 	c.until(ctx, "the streamed tokens", `document.getElementById("transcript").textContent.includes("Take your dose now.")`, shot)
@@ -541,9 +547,7 @@ func TestCancelFromThePage(t *testing.T) {
 	e := newEnv(t, nil)
 	c, ctx, shot := openChromium(t)
 	signIn(ctx, t, c, e, shot)
-	c.eval(ctx, `document.getElementById("thread").value = "stuck";
-		document.getElementById("input").value = "block until cancelled";
-		document.getElementById("start").click(); true`)
+	startFromPage(ctx, c, "stuck", "block until cancelled")
 	c.until(ctx, "the run running with a cancel button", `["queued", "running"].includes(document.getElementById("run-status").dataset.status) &&
 		document.getElementById("cancel") && document.getElementById("cancel").offsetParent !== null`, shot)
 	id, _ := c.eval(ctx, `document.getElementById("run-id").textContent`).(string)
@@ -642,9 +646,7 @@ func TestLongTranscriptIsWhole(t *testing.T) {
 	_, other := e.startRun("short", "hello", "10s")
 	c, ctx, shot := openChromium(t)
 	signIn(ctx, t, c, e, shot)
-	c.eval(ctx, `document.getElementById("thread").value = "verbose";
-		document.getElementById("input").value = "please review this verbose one";
-		document.getElementById("start").click(); true`)
+	startFromPage(ctx, c, "verbose", "please review this verbose one")
 	c.until(ctx, "the long run waiting for review", `document.getElementById("run-status").dataset.status === "interrupted" &&
 		document.getElementById("transcript").textContent.includes("waiting for review")`, shot)
 	id, _ := c.eval(ctx, `document.getElementById("run-id").textContent`).(string)
@@ -654,4 +656,22 @@ func TestLongTranscriptIsWhole(t *testing.T) {
 	c.until(ctx, "the whole transcript again", `document.getElementById("run-id").textContent === `+jsString(id)+` &&
 		document.getElementById("transcript").textContent.includes("w5999") &&
 		document.getElementById("transcript").textContent.includes("waiting for review")`, shot)
+}
+
+// TestEndedRunHighlightsNoNode: a run that has ended, over budget as much
+// as completed, failed or cancelled, is at no node: the graph must not go
+// on marking the node it stopped at as the current one.
+func TestEndedRunHighlightsNoNode(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	startFromPage(ctx, c, "budget", "overspend")
+	c.until(ctx, "the run over budget", `document.getElementById("run-status").dataset.status === "budget_exceeded" &&
+		document.getElementById("transcript").textContent.includes("budget exceeded") &&
+		document.querySelectorAll("#graph rect").length > 0`, shot)
+	time.Sleep(300 * time.Millisecond) // let late events land
+	if cur, _ := c.eval(ctx, `(document.querySelector("#graph rect.current") || {dataset: {}}).dataset.node || ""`).(string); cur != "" {
+		shot("budget-still-current")
+		t.Fatalf("the graph marks %q as current on a run that has ended", cur)
+	}
 }

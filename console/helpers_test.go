@@ -22,7 +22,8 @@ import (
 // testAgent is "review-test": draft streams its words as model tokens;
 // an input holding "review" pauses at review for a person; "deny" records
 // a refused tool call; "block" holds the run until the test releases it.
-// "verbose" streams 6,000 more tokens. The review refuses an edit that
+// "verbose" streams 6,000 more tokens; "overspend" ends the run over
+// budget at closing. The review refuses an edit that
 // says "unsafe" (the API answers 422).
 const testAgent = "review-test"
 
@@ -99,6 +100,9 @@ func testGraph(release <-chan struct{}) (*engine.Agent, error) {
 		return nil
 	}))
 	b.AddNode("closing", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		if strings.Contains(input.Get(s), "overspend") {
+			return nil, fmt.Errorf("closing: token budget spent: %w", engine.ErrBudgetExceeded)
+		}
 		return []engine.Write{final.Set(final.Get(s) + " Goodbye.")}, nil
 	})
 	b.AddEdge(engine.Start, "draft")

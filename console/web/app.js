@@ -291,7 +291,7 @@ function renderDetail(run) {
     }
     state.current.set(run.id, i.node);
   }
-  if (run.status === "completed" || run.status === "failed" || run.status === "cancelled") state.current.set(run.id, "");
+  if (["completed", "failed", "cancelled", "budget_exceeded"].includes(run.status)) state.current.set(run.id, "");
   highlight(run);
 }
 
