@@ -248,12 +248,18 @@ func openChromium(t *testing.T) (*cdp, context.Context, func(string)) {
 	return c, ctx, shot
 }
 
-// signIn opens the console page of e and signs in with its token.
-func signIn(ctx context.Context, t *testing.T, c *cdp, e *env, shot func(string)) {
-	t.Helper()
+// openPage opens the console page of e, at its sign-in form.
+func openPage(ctx context.Context, c *cdp, e *env, shot func(string)) {
+	c.t.Helper()
 	c.call(ctx, "Page.enable", nil, nil)
 	c.call(ctx, "Page.navigate", map[string]any{"url": e.url + "/"}, nil)
 	c.until(ctx, "the sign-in form", `document.readyState === "complete" && document.getElementById("token")`, shot)
+}
+
+// signIn opens the console page of e and signs in with its token.
+func signIn(ctx context.Context, t *testing.T, c *cdp, e *env, shot func(string)) {
+	t.Helper()
+	openPage(ctx, c, e, shot)
 	shot("1-sign-in")
 	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s;
 		document.getElementById("operator").value = "Dr Test";
@@ -423,9 +429,7 @@ func TestTokenNoLongerValid(t *testing.T) {
 func TestSignInShowsOnlySignIn(t *testing.T) {
 	e := newEnv(t, nil)
 	c, ctx, shot := openChromium(t)
-	c.call(ctx, "Page.enable", nil, nil)
-	c.call(ctx, "Page.navigate", map[string]any{"url": e.url + "/"}, nil)
-	c.until(ctx, "the sign-in form", `document.readyState === "complete" && document.getElementById("token")`, shot)
+	openPage(ctx, c, e, shot)
 	shown, _ := c.eval(ctx, `[...document.querySelectorAll("[hidden]")].filter(el => getComputedStyle(el).display !== "none").map(el => el.id).join(",")`).(string)
 	if shown != "" {
 		shot("hidden-but-shown")
@@ -674,4 +678,31 @@ func TestEndedRunHighlightsNoNode(t *testing.T) {
 		shot("budget-still-current")
 		t.Fatalf("the graph marks %q as current on a run that has ended", cur)
 	}
+}
+
+// TestRunStartedDuringSignIn: a run starts (and pauses for review) after
+// the page has read the run list but before its stream is open. The page
+// must still list it: the stream is open, and its position noted, before
+// the list is read.
+func TestRunStartedDuringSignIn(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	openPage(ctx, c, e, shot)
+	// Right after the page's first read of the whole list, another
+	// client starts a run that waits for review.
+	c.eval(ctx, fmt.Sprintf(`const pageFetch = window.fetch;
+		let done = false;
+		window.fetch = async (path, opts) => {
+			const res = await pageFetch(path, opts);
+			if (!done && String(path).startsWith("/api/v1/runs?limit=1000") && !String(path).includes("status=")) {
+				done = true;
+				await pageFetch("/api/v1/threads/meanwhile/runs", { method: "POST",
+					headers: { "Authorization": "Bearer " + %s, "Content-Type": "application/json" },
+					body: JSON.stringify({ agent: %s, input: "please review this", wait: "10s" }) });
+			}
+			return res;
+		}; true`, jsString(e.token), jsString(testAgent)))
+	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s; document.getElementById("login-btn").click(); true`, jsString(e.token)))
+	c.until(ctx, "the run started during sign-in, waiting for review",
+		`[...document.querySelectorAll("#runs li .status")].some(s => s.textContent === "waiting for review")`, shot)
 }

@@ -16,6 +16,8 @@ const state = {
   lastSeq: null,         // null until the stream first says where it stands
   ws: null,
   statusTimer: 0,
+  onReady: null,         // resolves sign-in's wait for the stream
+  touched: null,         // runs evented while loadRuns reads the list
   streams: new Map(),    // run id + node -> <span> collecting tokens
   log: new Map(),        // run id -> its events seen by this page, to redraw a transcript
 };
@@ -98,16 +100,21 @@ async function signIn() {
   sessionStorage.setItem("outpost.operator", state.operator);
   show($("login"), false);
   show($("main"), true);
+  if (state.ws) {
+    state.ws.onclose = null;
+    state.ws.close();
+  }
+  // The stream first, then the list: a run that starts in between is then
+  // told by the stream, where it would otherwise be in neither. A stream
+  // that cannot open does not hold the list up for long.
+  const ready = new Promise((res) => { state.onReady = res; });
+  connect();
+  await Promise.race([ready, new Promise((res) => setTimeout(res, 5000))]);
   await loadAgents();
   await loadRuns();
   refreshStatus();
   clearInterval(state.statusTimer);
   state.statusTimer = setInterval(refreshStatus, 10000);
-  if (state.ws) {
-    state.ws.onclose = null;
-    state.ws.close();
-  }
-  connect();
 }
 
 // ---- status bar ----
@@ -156,7 +163,16 @@ async function listRuns(query) {
 }
 
 async function loadRuns() {
-  const [{ all, damaged }, waiting] = await Promise.all([listRuns(""), listRuns("&status=interrupted")]);
+  // Runs the stream tells of while the list is read may be newer than
+  // the list has them: they are read again once it is in.
+  const touched = state.touched = state.touched || new Set();
+  let all, damaged, waiting;
+  try {
+    [{ all, damaged }, waiting] = await Promise.all([listRuns(""), listRuns("&status=interrupted")]);
+  } finally {
+    if (state.touched === touched) state.touched = null;
+  }
+  for (const id of touched) refreshRun(id);
   state.runs.clear();
   for (const r of all.slice(-500)) state.runs.set(r.id, r);
   // The newest runs, and every run waiting for review however old: a
@@ -450,6 +466,10 @@ function connect() {
       } else {
         ws.send(JSON.stringify({ type: "resume", seq: state.lastSeq }));
       }
+      if (state.onReady) {
+        state.onReady();
+        state.onReady = null;
+      }
       return;
     }
     if (msg.type === "window_exceeded") {
@@ -474,6 +494,7 @@ function connect() {
 }
 
 function onEvent(e) {
+  if (state.touched) state.touched.add(e.run);
   switch (e.type) {
     case "run.started": case "run.resumed": case "interrupt": case "run.completed": case "run.failed": case "budget.exceeded":
       refreshRun(e.run);
