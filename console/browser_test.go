@@ -706,3 +706,35 @@ func TestRunStartedDuringSignIn(t *testing.T) {
 	c.until(ctx, "the run started during sign-in, waiting for review",
 		`[...document.querySelectorAll("#runs li .status")].some(s => s.textContent === "waiting for review")`, shot)
 }
+
+// TestOpenRunMidStream: the operator opens a run the page did not see
+// start (after a reload, say) while it is still going. Its past comes from
+// the thread's history; the events that arrive while that is read must
+// neither come before that past nor repeat what it already holds.
+func TestOpenRunMidStream(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("midstream", "block, then finish", "")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.until(ctx, "the run in the list", `state.runs.has(`+jsString(id)+`)`, shot)
+	// The history read waits until the test lets it go.
+	c.eval(ctx, `const pageFetch = window.fetch;
+		window.fetch = async (path, opts) => {
+			if (String(path).includes("/history")) while (!window.letHistory) await new Promise((r) => setTimeout(r, 20));
+			return pageFetch(path, opts);
+		}; true`)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	e.unblock()
+	e.waitStatus(id, "completed")
+	c.until(ctx, "the run's end on the page", `(state.log.get(`+jsString(id)+`) || []).some((e) => e.type === "run.completed")`, shot)
+	c.eval(ctx, `window.letHistory = true`)
+	c.until(ctx, "the whole transcript", `document.getElementById("transcript").textContent.includes("completed") &&
+		document.getElementById("transcript").textContent.includes("closing")`, shot)
+	time.Sleep(300 * time.Millisecond)
+	lines, _ := c.eval(ctx, `[...document.querySelectorAll("#transcript > li")].map((li) => li.textContent.split(" ")[0] + " " + li.textContent.split(" ")[1]).join("|")`).(string)
+	if want := "draft: Take|✓ draft|✓ review|✓ closing|■ completed"; lines != want {
+		shot("midstream-transcript")
+		t.Fatalf("transcript lines %q, want %q", lines, want)
+	}
+}

@@ -18,6 +18,8 @@ const state = {
   statusTimer: 0,
   onReady: null,         // resolves sign-in's wait for the stream
   touched: null,         // runs evented while loadRuns reads the list
+  drawing: "",           // the run whose history select is reading
+  selects: 0,            // counts selects, so that only the last one draws
   streams: new Map(),    // run id + node -> <span> collecting tokens
   log: new Map(),        // run id -> its events seen by this page, to redraw a transcript
 };
@@ -242,7 +244,9 @@ async function refreshRun(id) {
 
 // ---- one run ----
 async function select(id) {
+  const turn = ++state.selects;
   state.selected = id;
+  state.drawing = "";
   show($("decide-error"), false);
   renderRuns();
   $("transcript").replaceChildren();
@@ -260,15 +264,46 @@ async function select(id) {
     return;
   }
   // The past of the run, node by node, from its thread's checkpoints.
+  // Events that arrive meanwhile are held (onEvent logs them but does not
+  // draw them) and drawn in their place once the past is in.
+  const since = state.lastSeq || 0;
+  state.drawing = id;
+  let mine = [];
   try {
     const h = await api("GET", "/api/v1/threads/" + encodeURIComponent(run.thread) + "/history?limit=1000");
-    const mine = h.checkpoints.filter((c) => c.run === id).reverse();
-    if (state.selected !== id) return;
-    for (const c of mine) {
-      for (const n of c.nodes) line("node", "✓ " + n + (c.channels.length ? "  (wrote " + c.channels.join(", ") + ")" : ""));
-    }
+    mine = h.checkpoints.filter((c) => c.run === id).reverse();
   } catch (e) { /* history is best effort */ }
+  if (state.selects !== turn) return; // another select has the transcript now
+  state.drawing = "";
+  drawHeld(mine, (state.log.get(id) || []).filter((e) => e.seq > since));
   await drawGraph(run);
+}
+
+// drawHeld draws a run's past from its checkpoints, and the events held
+// while they were read: a step whose checkpoint the history already holds
+// is drawn from its events (tokens and tool calls included) instead of
+// twice, and the steps after it follow in order.
+function drawHeld(checkpoints, held) {
+  const steps = new Map(); // checkpoint id -> the events up to it
+  let step = [];
+  for (const e of held) {
+    step.push(e);
+    if (e.type === "checkpoint" && e.data && e.data.id) {
+      steps.set(e.data.id, step);
+      step = [];
+    }
+  }
+  for (const c of checkpoints) {
+    const evs = steps.get(c.id);
+    if (evs) {
+      evs.forEach(renderEvent);
+      steps.delete(c.id);
+      continue;
+    }
+    for (const n of c.nodes) line("node", "✓ " + n + (c.channels.length ? "  (wrote " + c.channels.join(", ") + ")" : ""));
+  }
+  for (const evs of steps.values()) evs.forEach(renderEvent);
+  step.forEach(renderEvent);
 }
 
 function renderDetail(run) {
@@ -522,7 +557,7 @@ function onEvent(e) {
   } else {
     seen.truncated = true; // select reads the run's history instead
   }
-  if (e.run === state.selected) renderEvent(e);
+  if (e.run === state.selected && state.drawing !== e.run) renderEvent(e);
 }
 
 function renderEvent(e) {
