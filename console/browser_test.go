@@ -264,7 +264,8 @@ func signIn(ctx context.Context, t *testing.T, c *cdp, e *env, shot func(string)
 	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s;
 		document.getElementById("operator").value = "Dr Test";
 		document.getElementById("login-btn").click(); true`, jsString(e.token)))
-	c.until(ctx, "the console", `!document.getElementById("main").hidden && document.getElementById("stream").textContent.includes("live")`, shot)
+	c.until(ctx, "the console", `!document.getElementById("main").hidden && document.getElementById("stream").textContent.includes("live") &&
+		document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
 }
 
 func jsString(s string) string { b, _ := json.Marshal(s); return string(b) }

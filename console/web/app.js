@@ -169,6 +169,7 @@ async function loadRuns() {
   // the list has them: they are read again once it is in.
   const touched = state.touched = state.touched || new Set();
   let all, damaged, waiting;
+  $("runs").setAttribute("aria-busy", "true");
   try {
     [{ all, damaged }, waiting] = await Promise.all([listRuns(""), listRuns("&status=interrupted")]);
   } finally {
@@ -188,6 +189,7 @@ async function loadRuns() {
   $("runs-damaged").title = damaged.map((d) => d.error).join("\n");
   show($("runs-damaged"), keys.length > 0);
   renderRuns();
+  $("runs").setAttribute("aria-busy", "false");
 }
 
 function renderRuns() {
