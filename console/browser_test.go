@@ -422,6 +422,15 @@ func TestTokenNoLongerValid(t *testing.T) {
 	if v, _ := c.eval(ctx, `!document.getElementById("login").hidden`).(bool); !v || dials.Load() != n {
 		t.Fatalf("the page left the sign-in (%v) or went on connecting (%d times more)", !v, dials.Load()-n)
 	}
+	// Signing in on the same page with the new token opens the console
+	// again, on one stream.
+	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s; document.getElementById("login-btn").click(); true`, jsString(cfg.Token)))
+	c.until(ctx, "the console again", `!document.getElementById("main").hidden && document.getElementById("stream").textContent.includes("live") &&
+		document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
+	time.Sleep(1500 * time.Millisecond)
+	if d := dials.Load() - n; d != 1 {
+		t.Fatalf("signing in again opened %d streams", d)
+	}
 }
 
 // TestSignInShowsOnlySignIn: before sign-in the page shows the sign-in
