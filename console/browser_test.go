@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/outpost-edge/outpost/console"
 )
 
 // findChromium returns Debian's chromium, or another Chromium-like browser.
@@ -245,20 +248,35 @@ func openChromium(t *testing.T) (*cdp, context.Context, func(string)) {
 	return c, ctx, shot
 }
 
-// signIn opens the console page of e and signs in with its token.
-func signIn(ctx context.Context, t *testing.T, c *cdp, e *env, shot func(string)) {
-	t.Helper()
+// openPage opens the console page of e, at its sign-in form.
+func openPage(ctx context.Context, c *cdp, e *env, shot func(string)) {
+	c.t.Helper()
 	c.call(ctx, "Page.enable", nil, nil)
 	c.call(ctx, "Page.navigate", map[string]any{"url": e.url + "/"}, nil)
 	c.until(ctx, "the sign-in form", `document.readyState === "complete" && document.getElementById("token")`, shot)
+}
+
+// signIn opens the console page of e and signs in with its token.
+func signIn(ctx context.Context, t *testing.T, c *cdp, e *env, shot func(string)) {
+	t.Helper()
+	openPage(ctx, c, e, shot)
 	shot("1-sign-in")
 	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s;
 		document.getElementById("operator").value = "Dr Test";
 		document.getElementById("login-btn").click(); true`, jsString(e.token)))
-	c.until(ctx, "the console", `!document.getElementById("main").hidden && document.getElementById("stream").textContent.includes("live")`, shot)
+	c.until(ctx, "the console", `!document.getElementById("main").hidden && document.getElementById("stream").textContent.includes("live") &&
+		document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
 }
 
 func jsString(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+// startFromPage starts a turn with the page's own form, as an operator does.
+func startFromPage(ctx context.Context, c *cdp, thread, input string) {
+	c.t.Helper()
+	c.eval(ctx, fmt.Sprintf(`document.getElementById("thread").value = %s;
+		document.getElementById("input").value = %s;
+		document.getElementById("start").click(); true`, jsString(thread), jsString(input)))
+}
 
 func TestConsoleInChromium(t *testing.T) {
 	e := newEnv(t, nil)
@@ -274,9 +292,7 @@ func TestConsoleInChromium(t *testing.T) {
 	c.until(ctx, "the bundle and model", `document.getElementById("bundle").textContent.includes("test-bundle v3") && document.getElementById("uplink").textContent.includes("not configured")`, shot)
 	shot("2-signed-in")
 
-	c.eval(ctx, `document.getElementById("thread").value = "browser";
-		document.getElementById("input").value = "please review my dose";
-		document.getElementById("start").click(); true`)
+	startFromPage(ctx, c, "browser", "please review my dose")
 	c.until(ctx, "the run waiting for review",
 		`document.getElementById("run-status").dataset.status === "interrupted" && !document.getElementById("interrupt").hidden`, shot)
 	c.until(ctx, "the streamed tokens", `document.getElementById("transcript").textContent.includes("Take your dose now.")`, shot)
@@ -299,5 +315,436 @@ func TestConsoleInChromium(t *testing.T) {
 	d := run["decisions"].([]any)[0].(map[string]any)
 	if run["status"] != "completed" || d["by"] != "Dr Test (console-token)" || d["decision"] != "approve" || d["reason"] != "cited correctly" {
 		t.Fatalf("run after the click: %v", run)
+	}
+}
+
+// TestReviewFormFollowsTheRun: the edit box and the reason belong to the
+// review on screen. An operator who looks at one run waiting for review
+// and then another must see the second run's draft, never carry the first
+// run's draft (or reason) over into a decision on the second.
+func TestReviewFormFollowsTheRun(t *testing.T) {
+	e := newEnv(t, nil)
+	_, a := e.startRun("form-a", "please review A", "10s")
+	_, b := e.startRun("form-b", "please review B", "10s")
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(a["id"].(string))+`); true`)
+	c.until(ctx, "run A's draft in the edit box", `document.getElementById("edit-value").value.includes("review A")`, shot)
+	c.eval(ctx, `document.getElementById("reason").value = "about A"; true`)
+	c.eval(ctx, `select(`+jsString(b["id"].(string))+`); true`)
+	c.until(ctx, "run B's review", `document.getElementById("interrupt-payload").textContent.includes("review B")`, shot)
+	form, _ := c.eval(ctx, `document.getElementById("edit-value").value + " | " + document.getElementById("reason").value`).(string)
+	if !strings.Contains(form, "review B") || strings.Contains(form, "review A") || strings.Contains(form, "about A") {
+		shot("review-form-carried-over")
+		t.Fatalf("run B's review form holds %q", form)
+	}
+	c.eval(ctx, `document.getElementById("edit").click(); true`)
+	got := e.waitStatus(b["id"].(string), "completed")
+	if out, _ := got["output"].(string); !strings.Contains(out, "review B") {
+		t.Fatalf("run B's answer after an edit: %q", out)
+	}
+}
+
+// openReview starts a run on thread that waits for review, signs a page
+// in and opens the run's review on it.
+func openReview(t *testing.T, thread, input string) (*env, *cdp, context.Context, func(string), string) {
+	t.Helper()
+	e := newEnv(t, nil)
+	_, run := e.startRun(thread, input, "10s")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden &&
+		document.getElementById("edit-value").value.includes(`+jsString(input)+`)`, shot)
+	return e, c, ctx, shot, id
+}
+
+// TestReviewDecidedElsewhere: two operators decide the same review. The
+// page that comes second, here with its event stream cut so that nothing
+// told it, must say the review was already decided and by whom, show the
+// run as it now is, and leave the first decision the only one.
+func TestReviewDecidedElsewhere(t *testing.T) {
+	e, c, ctx, shot, id := openReview(t, "twice", "please review this")
+	// No reconnection: the page learns nothing from the stream.
+	c.eval(ctx, `connect = () => {}; state.ws.close(); true`)
+	c.until(ctx, "the stream cut", `state.ws.readyState === WebSocket.CLOSED`, shot)
+	if r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "reject", "wait": "10s"}, "X-Operator", "Dr Other"); r.status != 200 {
+		t.Fatalf("first decision: %d %s", r.status, r.body)
+	}
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	c.until(ctx, "the page saying the review was decided elsewhere",
+		`document.getElementById("decide-error").offsetParent !== null &&
+		 document.getElementById("decide-error").textContent.includes("already decided") &&
+		 document.getElementById("decide-error").textContent.includes("Dr Other") &&
+		 document.getElementById("interrupt").hidden &&
+		 document.getElementById("run-status").dataset.status === "completed"`, shot)
+	shot("decided-elsewhere")
+	got := e.do("GET", "/api/v1/runs/"+id, nil).json(t)
+	if ds := got["decisions"].([]any); len(ds) != 1 || ds[0].(map[string]any)["decision"] != "reject" {
+		t.Fatalf("decisions: %v", ds)
+	}
+}
+
+// TestTokenNoLongerValid: the appliance restarts with a new token (the
+// old one was removed) while the page is open. The page must take the
+// operator back to the sign-in and say why, not go on reconnecting with
+// the old token, showing a console where every action fails.
+func TestTokenNoLongerValid(t *testing.T) {
+	var cfg console.Config
+	e := newEnv(t, func(c *console.Config) { cfg = *c })
+	var h atomic.Pointer[console.Server]
+	var dials atomic.Int64 // stream connections made
+	h.Store(e.console)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/v1/events" {
+			dials.Add(1)
+		}
+		h.Load().Handler().ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	e.url = srv.URL
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+
+	cfg.Token = "a-new-token-the-page-does-not-have"
+	rotated := console.New(cfg)
+	defer rotated.Close()
+	h.Store(rotated)
+	e.console.Close() // drops the page's stream, as a restart does
+	c.until(ctx, "the sign-in, saying the token is no longer valid",
+		`!document.getElementById("login").hidden && document.getElementById("main").hidden &&
+		 document.getElementById("login-error").textContent.includes("no longer valid")`, shot)
+	shot("token-no-longer-valid")
+	// And it stays there: no reconnecting with the old token.
+	n := dials.Load()
+	time.Sleep(2500 * time.Millisecond)
+	if v, _ := c.eval(ctx, `!document.getElementById("login").hidden`).(bool); !v || dials.Load() != n {
+		t.Fatalf("the page left the sign-in (%v) or went on connecting (%d times more)", !v, dials.Load()-n)
+	}
+	// Signing in on the same page with the new token opens the console
+	// again, on one stream.
+	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s; document.getElementById("login-btn").click(); true`, jsString(cfg.Token)))
+	c.until(ctx, "the console again", `!document.getElementById("main").hidden && document.getElementById("stream").textContent.includes("live") &&
+		document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
+	time.Sleep(1500 * time.Millisecond)
+	if d := dials.Load() - n; d != 1 {
+		t.Fatalf("signing in again opened %d streams", d)
+	}
+}
+
+// TestSignInShowsOnlySignIn: before sign-in the page shows the sign-in
+// form alone. Every element the page hides with the hidden attribute must
+// really be out of sight, whatever display the style sheet gives it.
+func TestSignInShowsOnlySignIn(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	openPage(ctx, c, e, shot)
+	shown, _ := c.eval(ctx, `[...document.querySelectorAll("[hidden]")].filter(el => getComputedStyle(el).display !== "none").map(el => el.id).join(",")`).(string)
+	if shown != "" {
+		shot("hidden-but-shown")
+		t.Fatalf("hidden yet on screen before sign-in: %s", shown)
+	}
+}
+
+// TestRunsListByKeyboard: an operator who works with the keyboard reaches
+// a run in the list with Tab and opens it with Enter, as with any button.
+func TestRunsListByKeyboard(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("keys", "please review by keyboard", "10s")
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.until(ctx, "the run in the list", `document.querySelector("#runs li")`, shot)
+	// Focus the control just before the list, then Tab into the list.
+	c.eval(ctx, `document.getElementById("filter-review").focus(); true`)
+	key := func(name, code string, vk int) {
+		for _, typ := range []string{"keyDown", "keyUp"} {
+			p := map[string]any{"type": typ, "key": name, "code": code, "windowsVirtualKeyCode": vk}
+			if typ == "keyDown" && name == "Enter" {
+				p["text"] = "\r" // the keypress that activates a button
+			}
+			c.call(ctx, "Input.dispatchKeyEvent", p, nil)
+		}
+	}
+	key("Tab", "Tab", 9)
+	c.until(ctx, "the run focused", `document.activeElement && document.activeElement.closest("#runs li")`, shot)
+	key("Enter", "Enter", 13)
+	c.until(ctx, "the run opened", `document.getElementById("run-id").textContent === `+jsString(run["id"].(string))+` && !document.getElementById("interrupt").hidden`, shot)
+}
+
+// TestOldReviewsStayListed: the list shows the newest runs, but a run
+// still waiting for review is listed however old it is. A clinic whose
+// appliance has run hundreds of turns since must not lose sight of a
+// review (the "waiting for review only" filter reads the list).
+func TestOldReviewsStayListed(t *testing.T) {
+	e := newEnv(t, nil)
+	_, old := e.startRun("old-review", "please review this old one", "10s")
+	if old["status"] != "interrupted" {
+		t.Fatalf("the old run: %v", old)
+	}
+	for i := 0; i < 505; i++ {
+		body := map[string]any{"agent": testAgent, "input": "hello", "wait": "10s"}
+		if r := e.do("POST", fmt.Sprintf("/api/v1/threads/later-%d/runs", i), body); r.status != http.StatusCreated {
+			t.Fatalf("run %d: %d %s", i, r.status, r.body)
+		}
+	}
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `document.getElementById("filter-review").click(); true`)
+	c.until(ctx, "the old run waiting for review",
+		`[...document.querySelectorAll("#runs li")].some(li => li.dataset.run === `+jsString(old["id"].(string))+`)`, shot)
+}
+
+// TestEditIsTheTextTyped: the edit box holds the edited answer as text.
+// What the operator types is sent as that text, even when it reads as
+// JSON (a bare number, say), and an empty box is refused on the page
+// rather than sent as an empty answer.
+func TestEditIsTheTextTyped(t *testing.T) {
+	e, c, ctx, shot, id := openReview(t, "edit-text", "please review the dose")
+
+	c.eval(ctx, `document.getElementById("edit-value").value = "  "; document.getElementById("edit").click(); true`)
+	c.until(ctx, "the empty edit refused", `document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent.includes("empty")`, shot)
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "interrupted" {
+		t.Fatalf("after an empty edit the run is %v", got["status"])
+	}
+
+	c.eval(ctx, `document.getElementById("edit-value").value = "2"; document.getElementById("edit").click(); true`)
+	c.until(ctx, "the run ended", `["completed", "failed"].includes(document.getElementById("run-status").dataset.status)`, shot)
+	got := e.waitStatus(id, "completed")
+	if got["output"] != "2 Goodbye." {
+		t.Fatalf("answer after editing it to 2: %v", got["output"])
+	}
+}
+
+// TestLongTextKeepsTheLayout: a long unbroken thread id, input or draft
+// wraps inside its panel at a small window (1024x700), instead of
+// widening the page so that the review and its buttons sit off screen.
+func TestLongTextKeepsTheLayout(t *testing.T) {
+	e := newEnv(t, nil)
+	long := strings.Repeat("abcdefghij", 300)
+	_, run := e.startRun(strings.Repeat("T", 150), "please review "+long, "10s")
+	c, ctx, shot := openChromium(t)
+	c.call(ctx, "Emulation.setDeviceMetricsOverride", map[string]any{"width": 1024, "height": 700, "deviceScaleFactor": 1, "mobile": false}, nil)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(run["id"].(string))+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+	c.until(ctx, "the transcript", `document.getElementById("transcript").textContent.includes("draft")`, shot)
+	if wide, _ := c.eval(ctx, `document.documentElement.scrollWidth > document.documentElement.clientWidth`).(bool); wide {
+		shot("long-text-too-wide")
+		t.Fatalf("the page is %v px wide in a %v px window", c.eval(ctx, `document.documentElement.scrollWidth`), c.eval(ctx, `document.documentElement.clientWidth`))
+	}
+}
+
+// TestReconnectCatchesUp: a page that has seen no event yet loses its
+// stream (the network between it and the appliance drops), and a run
+// starts and waits for review meanwhile. When the stream is back the page
+// must show that run: it resumes from where the stream stood when it
+// first connected, not subscribe afresh from now.
+func TestReconnectCatchesUp(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `window.reconnect = connect; connect = () => {}; state.ws.close(); true`)
+	c.until(ctx, "the stream cut", `state.ws.readyState === WebSocket.CLOSED`, shot)
+	_, run := e.startRun("while-away", "please review this", "10s")
+	c.eval(ctx, `connect = window.reconnect; connect(); true`)
+	c.until(ctx, "the run started while the stream was down",
+		`[...document.querySelectorAll("#runs li")].some(li => li.dataset.run === `+jsString(run["id"].(string))+` &&
+		 li.querySelector(".status").textContent === "waiting for review")`, shot)
+}
+
+// TestCancelFromThePage: an operator stops a run that hangs (a slow
+// model, a stuck tool) from the page, as the API allows, and sees it
+// cancelled; a run that has ended offers no cancel.
+func TestCancelFromThePage(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	startFromPage(ctx, c, "stuck", "block until cancelled")
+	c.until(ctx, "the run running with a cancel button", `["queued", "running"].includes(document.getElementById("run-status").dataset.status) &&
+		document.getElementById("cancel") && document.getElementById("cancel").offsetParent !== null`, shot)
+	id, _ := c.eval(ctx, `document.getElementById("run-id").textContent`).(string)
+	c.eval(ctx, `document.getElementById("cancel").click(); true`)
+	c.until(ctx, "the run cancelled, with no cancel button", `document.getElementById("run-status").dataset.status === "cancelled" &&
+		document.getElementById("cancel").offsetParent === null`, shot)
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "cancelled" {
+		t.Fatalf("run after cancel: %v", got["status"])
+	}
+}
+
+// TestWindowExceededRefreshesTheOpenRun: the stream was down for longer
+// than its replay window reaches back. The page reloads its list, and the
+// run it has open must show as it now is too, not as a review still
+// waiting that another operator has decided meanwhile.
+func TestWindowExceededRefreshesTheOpenRun(t *testing.T) {
+	e := newEnv(t, func(c *console.Config) { c.Events.Window = 3 })
+	_, run := e.startRun("window-a", "please review this", "10s")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+	c.eval(ctx, `window.reconnect = connect; connect = () => {}; state.ws.close(); true`)
+	c.until(ctx, "the stream cut", `state.ws.readyState === WebSocket.CLOSED`, shot)
+	if r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "approve", "wait": "10s"}, "X-Operator", "Dr Other"); r.status != 200 {
+		t.Fatalf("decision: %d %s", r.status, r.body)
+	}
+	e.startRun("window-b", "hello", "10s") // pushes the decided run's events out of the window
+	c.eval(ctx, `connect = window.reconnect; connect(); true`)
+	c.until(ctx, "the open run as it now is", `document.getElementById("run-status").dataset.status === "completed" &&
+		document.getElementById("interrupt").hidden`, shot)
+}
+
+// TestTranscriptNumbersFit: a transcript runs past ten lines, often past a
+// hundred; its numbers must fit in the room the list gives them, not be
+// cut to "0.", "1." at its left edge.
+func TestTranscriptNumbersFit(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	fits, _ := c.eval(ctx, `(() => {
+		const ol = document.getElementById("transcript"), cs = getComputedStyle(ol);
+		const g = document.createElement("canvas").getContext("2d");
+		g.font = cs.fontSize + " " + cs.fontFamily;
+		return parseFloat(cs.paddingLeft) >= g.measureText("100. ").width;
+	})()`).(bool)
+	if !fits {
+		t.Fatalf("the transcript's numbers do not fit: padding %v", c.eval(ctx, `getComputedStyle(document.getElementById("transcript")).paddingLeft`))
+	}
+}
+
+// TestControlsHaveNames: every control an operator (or a screen reader)
+// meets once signed in has a name of its own, not only a placeholder or a
+// tooltip that is gone once something is typed.
+func TestControlsHaveNames(t *testing.T) {
+	e := newEnv(t, nil)
+	e.startRun("names", "please review this", "10s")
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `document.querySelector("#runs button.run").click(); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+	unnamed, _ := c.eval(ctx, `[...document.querySelectorAll("input, select, textarea, button")]
+		.filter(el => el.offsetParent !== null)
+		.filter(el => !(el.labels && el.labels.length) && !el.getAttribute("aria-label") && !(el.tagName === "BUTTON" && el.textContent.trim()))
+		.map(el => el.id || el.outerHTML.slice(0, 60)).join(", ")`).(string)
+	if unnamed != "" {
+		t.Fatalf("controls without a label: %s", unnamed)
+	}
+}
+
+// TestRefusedEditCanBeTriedAgain: the review refuses an edit (the API
+// answers 422). The operator sees the node's reason, keeps the text to
+// correct it, and a corrected edit goes through.
+func TestRefusedEditCanBeTriedAgain(t *testing.T) {
+	e, c, ctx, shot, id := openReview(t, "refused-edit", "please review this")
+	c.eval(ctx, `document.getElementById("edit-value").value = "an unsafe answer"; document.getElementById("edit").click(); true`)
+	c.until(ctx, "the node's reason", `document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent.includes("the edited answer says unsafe") &&
+		!document.getElementById("decide-error").textContent.includes("must be approve") &&
+		!document.getElementById("interrupt").hidden && !document.getElementById("edit").disabled &&
+		document.getElementById("edit-value").value === "an unsafe answer"`, shot)
+	shot("edit-refused")
+	c.eval(ctx, `document.getElementById("edit-value").value = "a safe answer"; document.getElementById("edit").click(); true`)
+	if got := e.waitStatus(id, "completed"); got["output"] != "a safe answer Goodbye." {
+		t.Fatalf("answer after the corrected edit: %v", got["output"])
+	}
+}
+
+// TestLongTranscriptIsWhole: a run that streams thousands of tokens, then
+// waits for review. Opened again after looking at another run, its
+// transcript still ends with the last token and the review, not cut off
+// where the page stopped keeping its events.
+func TestLongTranscriptIsWhole(t *testing.T) {
+	e := newEnv(t, nil)
+	_, other := e.startRun("short", "hello", "10s")
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	startFromPage(ctx, c, "verbose", "please review this verbose one")
+	c.until(ctx, "the long run waiting for review", `document.getElementById("run-status").dataset.status === "interrupted" &&
+		document.getElementById("transcript").textContent.includes("waiting for review")`, shot)
+	id, _ := c.eval(ctx, `document.getElementById("run-id").textContent`).(string)
+	c.eval(ctx, `select(`+jsString(other["id"].(string))+`); true`)
+	c.until(ctx, "the other run", `document.getElementById("run-id").textContent === `+jsString(other["id"].(string)), shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the whole transcript again", `document.getElementById("run-id").textContent === `+jsString(id)+` &&
+		document.getElementById("transcript").textContent.includes("w5999") &&
+		document.getElementById("transcript").textContent.includes("waiting for review")`, shot)
+}
+
+// TestEndedRunHighlightsNoNode: a run that has ended, over budget as much
+// as completed, failed or cancelled, is at no node: the graph must not go
+// on marking the node it stopped at as the current one.
+func TestEndedRunHighlightsNoNode(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	startFromPage(ctx, c, "budget", "overspend")
+	c.until(ctx, "the run over budget", `document.getElementById("run-status").dataset.status === "budget_exceeded" &&
+		document.getElementById("transcript").textContent.includes("budget exceeded") &&
+		document.querySelectorAll("#graph rect").length > 0`, shot)
+	time.Sleep(300 * time.Millisecond) // let late events land
+	if cur, _ := c.eval(ctx, `(document.querySelector("#graph rect.current") || {dataset: {}}).dataset.node || ""`).(string); cur != "" {
+		shot("budget-still-current")
+		t.Fatalf("the graph marks %q as current on a run that has ended", cur)
+	}
+}
+
+// TestRunStartedDuringSignIn: a run starts (and pauses for review) after
+// the page has read the run list but before its stream is open. The page
+// must still list it: the stream is open, and its position noted, before
+// the list is read.
+func TestRunStartedDuringSignIn(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	openPage(ctx, c, e, shot)
+	// Right after the page's first read of the whole list, another
+	// client starts a run that waits for review.
+	c.eval(ctx, fmt.Sprintf(`const pageFetch = window.fetch;
+		let done = false;
+		window.fetch = async (path, opts) => {
+			const res = await pageFetch(path, opts);
+			if (!done && String(path).startsWith("/api/v1/runs?limit=1000") && !String(path).includes("status=")) {
+				done = true;
+				await pageFetch("/api/v1/threads/meanwhile/runs", { method: "POST",
+					headers: { "Authorization": "Bearer " + %s, "Content-Type": "application/json" },
+					body: JSON.stringify({ agent: %s, input: "please review this", wait: "10s" }) });
+			}
+			return res;
+		}; true`, jsString(e.token), jsString(testAgent)))
+	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s; document.getElementById("login-btn").click(); true`, jsString(e.token)))
+	c.until(ctx, "the run started during sign-in, waiting for review",
+		`[...document.querySelectorAll("#runs li .status")].some(s => s.textContent === "waiting for review")`, shot)
+}
+
+// TestOpenRunMidStream: the operator opens a run the page did not see
+// start (after a reload, say) while it is still going. Its past comes from
+// the thread's history; the events that arrive while that is read must
+// neither come before that past nor repeat what it already holds.
+func TestOpenRunMidStream(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("midstream", "block, then finish", "")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.until(ctx, "the run in the list", `state.runs.has(`+jsString(id)+`)`, shot)
+	// The history read waits until the test lets it go.
+	c.eval(ctx, `const pageFetch = window.fetch;
+		window.fetch = async (path, opts) => {
+			if (String(path).includes("/history")) while (!window.letHistory) await new Promise((r) => setTimeout(r, 20));
+			return pageFetch(path, opts);
+		}; true`)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	e.unblock()
+	e.waitStatus(id, "completed")
+	c.until(ctx, "the run's end on the page", `(state.log.get(`+jsString(id)+`) || []).some((e) => e.type === "run.completed")`, shot)
+	c.eval(ctx, `window.letHistory = true`)
+	c.until(ctx, "the whole transcript", `document.getElementById("transcript").textContent.includes("completed") &&
+		document.getElementById("transcript").textContent.includes("closing")`, shot)
+	time.Sleep(300 * time.Millisecond)
+	lines, _ := c.eval(ctx, `[...document.querySelectorAll("#transcript > li")].map((li) => li.textContent.split(" ")[0] + " " + li.textContent.split(" ")[1]).join("|")`).(string)
+	if want := "draft: Take|✓ draft|✓ review|✓ closing|■ completed"; lines != want {
+		shot("midstream-transcript")
+		t.Fatalf("transcript lines %q, want %q", lines, want)
 	}
 }

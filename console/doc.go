@@ -19,7 +19,8 @@
 // with its first message, {"type":"auth","token":"..."}, or with the
 // subprotocol "outpost.bearer.<token>" (never in the URL); it then sends
 // {"type":"subscribe","thread"?,"run"?} and, to catch up after a
-// reconnect, {"type":"resume","seq":N}. The server sends the events of
+// reconnect, {"type":"resume","seq":N}; a message with a field of
+// another name is answered with an "error", as a body is. The server sends the events of
 // DESIGN.md ("Events") as they are, and control messages of the types
 // "ready", "subscribed", "resumed", "window_exceeded" and "error" (no event
 // type is one of these). A

@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/strictjson"
 )
 
 // EventOptions tune the event stream.
@@ -334,9 +336,9 @@ func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request) {
 		}
 		var m clientMessage
 		var reply batch
-		switch err := json.Unmarshal(data, &m); {
+		switch err := decodeMessage(data, &m); {
 		case err != nil:
-			reply.msgs = []any{map[string]any{"type": msgError, "message": "malformed message: " + err.Error()}}
+			reply.msgs = []any{map[string]any{"type": msgError, "message": err.Error()}}
 		case m.Type == msgSubscribe:
 			reply = s.hub.subscribe(c, m.Thread, m.Run, false, 0)
 		case m.Type == msgResume:
@@ -359,6 +361,24 @@ func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request) {
 	}
 	cancel()
 	<-writerDone
+}
+
+// decodeMessage reads a client's stream message as strictly as the API
+// reads a body: a field the protocol does not have (a typo for "thread")
+// would otherwise be dropped, and the message taken as a subscribe to
+// every thread.
+func decodeMessage(data []byte, m *clientMessage) error {
+	_, err := strictjson.Decode(data, m)
+	var se *strictjson.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, strictjson.ErrUnknownField) && errors.As(err, &se):
+		return fmt.Errorf("unknown field %s in the message", quote(se.Field))
+	case errors.Is(err, strictjson.ErrDuplicateKey) && errors.As(err, &se):
+		return fmt.Errorf("field %s is given twice in the message", quote(se.Field))
+	}
+	return fmt.Errorf("malformed message: %v", err)
 }
 
 // currentFilter: a resume keeps the filter of an earlier subscribe unless

@@ -448,3 +448,23 @@ func TestWebsocketStreamsWithoutSubscribe(t *testing.T) {
 		t.Fatalf("resumed says %v replayed, the client got %d", got, replayed)
 	}
 }
+
+// TestWebsocketMessagesAreStrict: a stream message with a field the
+// protocol does not have (a typo for "thread", say) is answered with an
+// error naming it, not taken as a subscribe without a filter, which would
+// quietly stream every thread's events. The stream stays open for a
+// corrected message.
+func TestWebsocketMessagesAreStrict(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := testCtx(t)
+	c := e.connect(ctx)
+	c.send(ctx, map[string]any{"type": "subscribe", "threads": "mine"})
+	m := c.next(ctx)
+	if m["type"] != "error" || !strings.Contains(m["message"].(string), `"threads"`) {
+		t.Fatalf("a subscribe with an unknown field: %v", m)
+	}
+	c.send(ctx, map[string]any{"type": "subscribe", "thread": "mine"})
+	if m := c.next(ctx); m["type"] != "subscribed" || m["thread"] != "mine" {
+		t.Fatalf("the corrected subscribe: %v", m)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,6 +22,9 @@ import (
 // testAgent is "review-test": draft streams its words as model tokens;
 // an input holding "review" pauses at review for a person; "deny" records
 // a refused tool call; "block" holds the run until the test releases it.
+// "verbose" streams 6,000 more tokens; "overspend" ends the run over
+// budget at closing. The review refuses an edit that
+// says "unsafe" (the API answers 422).
 const testAgent = "review-test"
 
 type env struct {
@@ -59,6 +63,11 @@ func testGraph(release <-chan struct{}) (*engine.Agent, error) {
 			engine.Announce(ctx, engine.EventToolDenied, map[string]any{"tool": "delete_records", "reason": "not in the active tool set"})
 		}
 		words := []string{"Take", "your", "dose", "now."}
+		if strings.Contains(in, "verbose") {
+			for i := 0; i < 6000; i++ {
+				words = append(words, fmt.Sprintf("w%d", i))
+			}
+		}
 		for _, w := range words {
 			engine.Emit(ctx, engine.EventModelToken, map[string]any{"content": w + " "})
 		}
@@ -84,8 +93,16 @@ func testGraph(release <-chan struct{}) (*engine.Agent, error) {
 			text = "withheld by a reviewer"
 		}
 		return []engine.Write{final.Set(text)}, nil
-	})
+	}, engine.CheckDecision(func(d engine.Decision) error {
+		if d.Kind == engine.Edit && strings.Contains(string(d.Value), "unsafe") {
+			return errors.New("the edited answer says unsafe")
+		}
+		return nil
+	}))
 	b.AddNode("closing", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		if strings.Contains(input.Get(s), "overspend") {
+			return nil, fmt.Errorf("closing: token budget spent: %w", engine.ErrBudgetExceeded)
+		}
 		return []engine.Write{final.Set(final.Get(s) + " Goodbye.")}, nil
 	})
 	b.AddEdge(engine.Start, "draft")

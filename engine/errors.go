@@ -128,6 +128,20 @@ func (e *NodeError) Error() string {
 
 func (e *NodeError) Unwrap() error { return e.Err }
 
+// refusalError is a node's refusal of a person's decision (CheckDecision):
+// an ErrBadDecision that gives the node's reason, not the sentinel's words
+// about the decision's kind, which the person did choose well.
+type refusalError struct {
+	node, kind string
+	err        error
+}
+
+func (e *refusalError) Error() string {
+	return fmt.Sprintf("node %q refuses this %s: %v", e.node, e.kind, e.err)
+}
+
+func (e *refusalError) Unwrap() []error { return []error{ErrBadDecision, e.err} }
+
 // CompileError lists every problem Compile found.
 type CompileError struct {
 	Graph    string

@@ -86,7 +86,7 @@ func (g *Graph) checkDecision(ns string, in PendingInterrupt, d Decision) error 
 		return nil
 	}
 	if err := n.check(d); err != nil {
-		return fmt.Errorf("%w: %s on node %s: %v", ErrBadDecision, d.Kind, in.Node, err)
+		return &refusalError{node: in.Node, kind: d.Kind, err: err}
 	}
 	return nil
 }

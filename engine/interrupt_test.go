@@ -389,6 +389,10 @@ func TestCheckDecisionBeforeResume(t *testing.T) {
 	_, err = g.Resume(ctx, cfg, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(`{"x":1}`)}})
 	require.ErrorIs(t, err, engine.ErrBadDecision)
 	require.ErrorContains(t, err, "an edit is a JSON string")
+	// The person did choose approve, edit or reject: the message gives the
+	// node's reason, not the sentinel's words about the decision's kind.
+	require.ErrorContains(t, err, `node "ask" refuses this edit`)
+	require.NotContains(t, err.Error(), "must be approve")
 	run, err := store.Run(ctx, res.Run.ID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusInterrupted, run.Status, "the refused decision changed nothing")

@@ -475,6 +475,11 @@ func reviewEdit(v json.RawMessage) (string, error) {
 		}
 		edited = obj.Text
 	}
+	// An edit is the answer the person sends: an empty one would reach
+	// the patient as no answer at all.
+	if strings.TrimSpace(edited) == "" {
+		return "", errors.New("an edit's text is empty: write the answer, or approve or reject the draft")
+	}
 	return edited, nil
 }
 

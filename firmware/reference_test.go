@@ -399,9 +399,13 @@ func TestReviewRefusesAnUnusableEditUpFront(t *testing.T) {
 		t.Fatalf("want a review: %s %+v", o.run.Status, o.run.Interrupts)
 	}
 	in := o.run.Interrupts[0].ID
-	for _, bad := range []string{`{"foo":1}`, `12345`, `{"text":""}`} {
+	// An empty edit would send the patient an empty answer.
+	const notText, empty = `an edit's value must be a JSON string or {"text": ...}`, "an edit's text is empty"
+	for _, tc := range []struct{ bad, why string }{{`{"foo":1}`, notText}, {`12345`, notText}, {`{"text":""}`, notText},
+		{`""`, empty}, {`" \n "`, empty}, {`{"text":"  "}`, empty}} {
+		bad := tc.bad
 		_, err := h.m.Resume(ctx, o.run.ID, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(bad), By: "nurse"}})
-		if !errors.Is(err, engine.ErrBadDecision) || !strings.Contains(err.Error(), `an edit's value must be a JSON string or {"text": ...}`) {
+		if !errors.Is(err, engine.ErrBadDecision) || !strings.Contains(err.Error(), tc.why) {
 			t.Fatalf("edit %s: %v", bad, err)
 		}
 		r, err := h.store.Run(ctx, o.run.ID)

@@ -13,8 +13,13 @@ const state = {
   selected: "",
   graphs: new Map(),     // agent -> {nodes}
   current: new Map(),    // run id -> node to highlight
-  lastSeq: 0,
+  lastSeq: null,         // null until the stream first says where it stands
   ws: null,
+  statusTimer: 0,
+  onReady: null,         // resolves sign-in's wait for the stream
+  touched: null,         // runs evented while loadRuns reads the list
+  drawing: "",           // the run whose history select is reading
+  selects: 0,            // counts selects, so that only the last one draws
   streams: new Map(),    // run id + node -> <span> collecting tokens
   log: new Map(),        // run id -> its events seen by this page, to redraw a transcript
 };
@@ -26,6 +31,9 @@ async function api(method, path, body) {
   const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   let data = null;
   try { data = await res.json(); } catch (e) { data = null; }
+  // A token that stops being valid (the appliance made a new one) ends
+  // the session: every action would fail from here on.
+  if (res.status === 401 && !$("main").hidden) signOut("The token is no longer valid (the appliance may have made a new one): sign in again.");
   if (!res.ok && res.status !== 202) {
     const err = new Error(data && data.error ? data.error.message : res.statusText);
     err.status = res.status;
@@ -60,6 +68,25 @@ $("logout").addEventListener("click", () => {
   location.reload();
 });
 
+// signOut takes the operator back to the sign-in, saying why, and stops
+// everything that would go on using the token.
+function signOut(why) {
+  sessionStorage.removeItem("outpost.token");
+  state.token = "";
+  clearInterval(state.statusTimer);
+  if (state.ws) {
+    state.ws.onclose = null;
+    state.ws.close();
+    state.ws = null;
+  }
+  pill("stream", "down", "stream: signed out", "");
+  $("token").value = "";
+  text($("login-error"), why);
+  show($("login-error"), true);
+  show($("login"), true);
+  show($("main"), false);
+}
+
 async function signIn() {
   show($("login-error"), false);
   try {
@@ -75,11 +102,21 @@ async function signIn() {
   sessionStorage.setItem("outpost.operator", state.operator);
   show($("login"), false);
   show($("main"), true);
+  if (state.ws) {
+    state.ws.onclose = null;
+    state.ws.close();
+  }
+  // The stream first, then the list: a run that starts in between is then
+  // told by the stream, where it would otherwise be in neither. A stream
+  // that cannot open does not hold the list up for long.
+  const ready = new Promise((res) => { state.onReady = res; });
+  connect();
+  await Promise.race([ready, new Promise((res) => setTimeout(res, 5000))]);
   await loadAgents();
   await loadRuns();
   refreshStatus();
-  setInterval(refreshStatus, 10000);
-  connect();
+  clearInterval(state.statusTimer);
+  state.statusTimer = setInterval(refreshStatus, 10000);
 }
 
 // ---- status bar ----
@@ -114,17 +151,36 @@ async function loadAgents() {
   }
 }
 
-async function loadRuns() {
+// listRuns reads up to 20 pages of GET /api/v1/runs with query.
+async function listRuns(query) {
   let after = "", all = [], damaged = [];
   for (let i = 0; i < 20; i++) {
-    const page = await api("GET", "/api/v1/runs?limit=1000" + (after ? "&after=" + encodeURIComponent(after) : ""));
+    const page = await api("GET", "/api/v1/runs?limit=1000" + query + (after ? "&after=" + encodeURIComponent(after) : ""));
     all = all.concat(page.runs);
     damaged = damaged.concat(page.damaged || []);
     if (!page.next) break;
     after = page.next;
   }
+  return { all, damaged };
+}
+
+async function loadRuns() {
+  // Runs the stream tells of while the list is read may be newer than
+  // the list has them: they are read again once it is in.
+  const touched = state.touched = state.touched || new Set();
+  let all, damaged, waiting;
+  $("runs").setAttribute("aria-busy", "true");
+  try {
+    [{ all, damaged }, waiting] = await Promise.all([listRuns(""), listRuns("&status=interrupted")]);
+  } finally {
+    if (state.touched === touched) state.touched = null;
+  }
+  for (const id of touched) refreshRun(id);
   state.runs.clear();
   for (const r of all.slice(-500)) state.runs.set(r.id, r);
+  // The newest runs, and every run waiting for review however old: a
+  // review must never drop out of sight.
+  for (const r of waiting.all) state.runs.set(r.id, r);
   // Records the store cannot read are left out of the list: say so, or
   // the list would look whole.
   const keys = damaged.map((d) => d.key);
@@ -133,6 +189,7 @@ async function loadRuns() {
   $("runs-damaged").title = damaged.map((d) => d.error).join("\n");
   show($("runs-damaged"), keys.length > 0);
   renderRuns();
+  $("runs").setAttribute("aria-busy", "false");
 }
 
 function renderRuns() {
@@ -144,11 +201,18 @@ function renderRuns() {
     if (onlyReview && r.status !== "interrupted") continue;
     const li = el("li");
     li.dataset.run = r.id;
-    if (r.id === state.selected) li.classList.add("selected");
-    const left = el("div");
-    left.append(el("div", "", short(r.input === undefined ? r.agent : r.input, 60)), el("div", "thread", r.thread + " · " + r.agent));
-    li.append(left, el("span", "status " + r.status, r.status === "interrupted" ? "waiting for review" : r.status));
-    li.addEventListener("click", () => select(r.id));
+    // A button, so that the keyboard reaches and opens a run as a mouse does.
+    const b = el("button", "run");
+    b.type = "button";
+    if (r.id === state.selected) {
+      li.classList.add("selected");
+      b.setAttribute("aria-current", "true");
+    }
+    const left = el("span");
+    left.append(el("span", "", short(r.input === undefined ? r.agent : r.input, 60)), el("span", "thread", r.thread + " · " + r.agent));
+    b.append(left, el("span", "status " + r.status, r.status === "interrupted" ? "waiting for review" : r.status));
+    b.addEventListener("click", () => select(r.id));
+    li.append(b);
     ul.append(li);
   }
 }
@@ -182,7 +246,10 @@ async function refreshRun(id) {
 
 // ---- one run ----
 async function select(id) {
+  const turn = ++state.selects;
   state.selected = id;
+  state.drawing = "";
+  show($("decide-error"), false);
   renderRuns();
   $("transcript").replaceChildren();
   state.streams.clear();
@@ -191,7 +258,7 @@ async function select(id) {
   if (!run) return;
   renderDetail(run);
   const seen = state.log.get(id);
-  if (seen && seen.length && seen[0].type === "run.started") {
+  if (seen && seen.length && seen[0].type === "run.started" && !seen.truncated) {
     // This page saw the run from its start: its own events tell it all,
     // streamed tokens included.
     for (const e of seen) renderEvent(e);
@@ -199,15 +266,46 @@ async function select(id) {
     return;
   }
   // The past of the run, node by node, from its thread's checkpoints.
+  // Events that arrive meanwhile are held (onEvent logs them but does not
+  // draw them) and drawn in their place once the past is in.
+  const since = state.lastSeq || 0;
+  state.drawing = id;
+  let mine = [];
   try {
     const h = await api("GET", "/api/v1/threads/" + encodeURIComponent(run.thread) + "/history?limit=1000");
-    const mine = h.checkpoints.filter((c) => c.run === id).reverse();
-    if (state.selected !== id) return;
-    for (const c of mine) {
-      for (const n of c.nodes) line("node", "✓ " + n + (c.channels.length ? "  (wrote " + c.channels.join(", ") + ")" : ""));
-    }
+    mine = h.checkpoints.filter((c) => c.run === id).reverse();
   } catch (e) { /* history is best effort */ }
+  if (state.selects !== turn) return; // another select has the transcript now
+  state.drawing = "";
+  drawHeld(mine, (state.log.get(id) || []).filter((e) => e.seq > since));
   await drawGraph(run);
+}
+
+// drawHeld draws a run's past from its checkpoints, and the events held
+// while they were read: a step whose checkpoint the history already holds
+// is drawn from its events (tokens and tool calls included) instead of
+// twice, and the steps after it follow in order.
+function drawHeld(checkpoints, held) {
+  const steps = new Map(); // checkpoint id -> the events up to it
+  let step = [];
+  for (const e of held) {
+    step.push(e);
+    if (e.type === "checkpoint" && e.data && e.data.id) {
+      steps.set(e.data.id, step);
+      step = [];
+    }
+  }
+  for (const c of checkpoints) {
+    const evs = steps.get(c.id);
+    if (evs) {
+      evs.forEach(renderEvent);
+      steps.delete(c.id);
+      continue;
+    }
+    for (const n of c.nodes) line("node", "✓ " + n + (c.channels.length ? "  (wrote " + c.channels.join(", ") + ")" : ""));
+  }
+  for (const evs of steps.values()) evs.forEach(renderEvent);
+  step.forEach(renderEvent);
 }
 
 function renderDetail(run) {
@@ -228,16 +326,25 @@ function renderDetail(run) {
       (d.value !== undefined ? " · value " + short(d.value, 80) : "") + (d.reason ? " · " + d.reason : "")));
   }
   show($("decisions-box"), (run.decisions || []).length > 0);
+  show($("cancel"), run.status === "queued" || run.status === "running" || run.status === "interrupted");
   const pending = run.status === "interrupted" && run.interrupts && run.interrupts.length > 0;
   show($("interrupt"), pending);
   if (pending) {
     const i = run.interrupts[0];
     text($("interrupt-node"), i.node);
     text($("interrupt-payload"), JSON.stringify(i.payload, null, 2));
-    if (!$("edit-value").value && i.payload && typeof i.payload.draft === "string") $("edit-value").value = i.payload.draft;
+    // The form belongs to the review on screen: another run's (or an
+    // earlier review's) draft and reason must never ride along into this
+    // decision.
+    if ($("interrupt").dataset.interrupt !== i.id) {
+      $("interrupt").dataset.interrupt = i.id;
+      $("edit-value").value = i.payload && typeof i.payload.draft === "string" ? i.payload.draft : "";
+      $("reason").value = "";
+      show($("decide-error"), false);
+    }
     state.current.set(run.id, i.node);
   }
-  if (run.status === "completed" || run.status === "failed" || run.status === "cancelled") state.current.set(run.id, "");
+  if (["completed", "failed", "cancelled", "budget_exceeded"].includes(run.status)) state.current.set(run.id, "");
   highlight(run);
 }
 
@@ -304,11 +411,24 @@ async function decide(kind) {
   const run = state.runs.get(state.selected);
   if (!run) return;
   show($("decide-error"), false);
+  // Name the review the operator saw, so that the decision cannot land on
+  // a later one.
   const body = { decision: kind };
+  if ($("interrupt").dataset.interrupt) body.interrupt = $("interrupt").dataset.interrupt;
   if ($("reason").value.trim()) body.reason = $("reason").value.trim();
   if (kind === "edit") {
     const raw = $("edit-value").value;
-    try { body.value = JSON.parse(raw); } catch (e) { body.value = raw; }
+    if (!raw.trim()) {
+      text($("decide-error"), "The edited answer is empty: write the answer to send, or approve or reject the draft.");
+      show($("decide-error"), true);
+      return;
+    }
+    // A review of a draft is edited as text: what the operator typed is
+    // the answer, even where it would read as JSON ("2", "null"). Other
+    // reviews take the JSON value they show.
+    const i = (run.interrupts || []).find((x) => x.id === $("interrupt").dataset.interrupt);
+    if (i && i.payload && typeof i.payload.draft === "string") body.value = raw;
+    else try { body.value = JSON.parse(raw); } catch (e) { body.value = raw; }
   }
   for (const b of ["approve", "edit", "reject"]) $(b).disabled = true;
   try {
@@ -319,11 +439,47 @@ async function decide(kind) {
     renderRuns();
     renderDetail(r);
   } catch (e) {
-    text($("decide-error"), e.message);
+    let msg = e.message;
+    if (e.status === 409 || e.code === "unknown_interrupt") msg = await decidedElsewhere(run.id, body.interrupt) || msg;
+    text($("decide-error"), msg);
     show($("decide-error"), true);
   } finally {
     for (const b of ["approve", "edit", "reject"]) $(b).disabled = false;
   }
+}
+
+$("cancel").addEventListener("click", async () => {
+  const id = state.selected;
+  show($("decide-error"), false);
+  $("cancel").disabled = true;
+  try {
+    const r = await api("POST", "/api/v1/runs/" + encodeURIComponent(id) + "/cancel");
+    state.runs.set(r.id, r);
+    renderRuns();
+    if (state.selected === r.id) renderDetail(r);
+  } catch (e) {
+    text($("decide-error"), "Cannot cancel the run: " + e.message);
+    show($("decide-error"), true);
+    refreshRun(id);
+  } finally {
+    $("cancel").disabled = false;
+  }
+});
+
+// decidedElsewhere rereads a run whose review another operator (or the
+// CLI) answered first, shows it as it now is, and says who decided.
+async function decidedElsewhere(id, interrupt) {
+  let now;
+  try { now = await api("GET", "/api/v1/runs/" + encodeURIComponent(id)); } catch (e) { return ""; }
+  state.runs.set(id, now);
+  renderRuns();
+  if (state.selected === id) renderDetail(now);
+  const ds = now.decisions || [];
+  const d = ds.find((x) => x.interrupt === interrupt);
+  const st = now.status === "interrupted" ? "waiting for review" : now.status;
+  if (!d) return "This review is no longer open: the run is now " + st + ". Your decision was not recorded.";
+  return "This review was already decided: " + d.decision + " by " + (d.by || "?") + " at " +
+    new Date(d.at).toLocaleTimeString() + ". Your decision was not recorded. The run is now " + st + ".";
 }
 
 // ---- live events ----
@@ -337,21 +493,45 @@ function connect() {
     try { msg = JSON.parse(m.data); } catch (e) { return; }
     if (msg.type === "ready") {
       pill("stream", "ok", "stream: live", "");
-      ws.send(JSON.stringify(state.lastSeq > 0 ? { type: "resume", seq: state.lastSeq } : { type: "subscribe" }));
+      // The first connection subscribes and notes where the stream
+      // stood; every later one resumes from the last event seen, or from
+      // that point, so that what came while the stream was down (a run
+      // now waiting for review, say) is caught up on.
+      if (state.lastSeq === null) {
+        state.lastSeq = msg.seq;
+        ws.send(JSON.stringify({ type: "subscribe" }));
+      } else {
+        ws.send(JSON.stringify({ type: "resume", seq: state.lastSeq }));
+      }
+      if (state.onReady) {
+        state.onReady();
+        state.onReady = null;
+      }
       return;
     }
-    if (msg.type === "window_exceeded") { loadRuns(); return; }
+    if (msg.type === "window_exceeded") {
+      // What was missed cannot be replayed: reread the list, and the open
+      // run, which may have been decided or ended meanwhile.
+      loadRuns();
+      if (state.selected) refreshRun(state.selected);
+      return;
+    }
     if (CONTROL.has(msg.type)) return; // other control messages
     if (msg.seq > state.lastSeq) state.lastSeq = msg.seq;
     onEvent(msg);
   };
   ws.onclose = (ev) => {
+    if (ev.reason.startsWith("unauthorized")) {
+      signOut("The token is no longer valid (the appliance may have made a new one): sign in again.");
+      return;
+    }
     pill("stream", "degraded", "stream: reconnecting", ev.reason || "");
-    setTimeout(connect, 1000);
+    setTimeout(() => { if (state.ws === ws) connect(); }, 1000);
   };
 }
 
 function onEvent(e) {
+  if (state.touched) state.touched.add(e.run);
   switch (e.type) {
     case "run.started": case "run.resumed": case "interrupt": case "run.completed": case "run.failed": case "budget.exceeded":
       refreshRun(e.run);
@@ -368,8 +548,18 @@ function onEvent(e) {
     state.log.set(e.run, seen);
     if (state.log.size > 200) state.log.delete(state.log.keys().next().value);
   }
-  if (seen.length < 5000) seen.push(e);
-  if (e.run === state.selected) renderEvent(e);
+  const last = seen[seen.length - 1];
+  if (e.type === "model.token" && last && last.type === "model.token" && last.node === e.node) {
+    // A stream's tokens are kept run together, as one event, so that a
+    // long answer does not crowd the rest of the run out of the log.
+    const d = last.data || {};
+    seen[seen.length - 1] = { ...last, seq: e.seq, data: { ...d, content: (d.content || "") + ((e.data || {}).content || "") } };
+  } else if (seen.length < 5000) {
+    seen.push(e);
+  } else {
+    seen.truncated = true; // select reads the run's history instead
+  }
+  if (e.run === state.selected && state.drawing !== e.run) renderEvent(e);
 }
 
 function renderEvent(e) {
