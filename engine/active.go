@@ -62,7 +62,7 @@ func (e *execution) startActive() {
 	e.activeBefore = before
 	if before > 0 || paused {
 		e.setMeta(MetaActive, strconv.FormatInt(before.Milliseconds(), 10))
-		e.setMeta(MetaRunningSince, time.Now().UTC().Format(time.RFC3339Nano))
+		e.setMeta(MetaRunningSince, e.activeFrom.UTC().Format(time.RFC3339Nano))
 		e.runChanged = true
 	}
 }

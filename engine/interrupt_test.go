@@ -383,26 +383,35 @@ func TestCheckDecisionBeforeResume(t *testing.T) {
 	res, err := g.Invoke(ctx, cfg, engine.Push(log, "in"))
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusInterrupted, res.Run.Status)
-	in := res.Run.Interrupts[0].ID
-
-	cfg.Run = res.Run
-	_, err = g.Resume(ctx, cfg, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(`{"x":1}`)}})
-	require.ErrorIs(t, err, engine.ErrBadDecision)
-	require.ErrorContains(t, err, "an edit is a JSON string")
+	err = refuseThenAccept(t, g, cfg, store, res.Run, log)
 	// The person did choose approve, edit or reject: the message gives the
 	// node's reason, not the sentinel's words about the decision's kind.
 	require.ErrorContains(t, err, `node "ask" refuses this edit`)
 	require.NotContains(t, err.Error(), "must be approve")
-	run, err := store.Run(ctx, res.Run.ID)
+}
+
+// refuseThenAccept resumes paused, whose one interrupt asks for a JSON
+// string, with an edit that is not one: the refusal (returned) changes
+// nothing stored. A string then completes the run.
+func refuseThenAccept(t *testing.T, g *engine.Graph, cfg engine.RunConfig, store *engine.MemoryStore, paused *engine.Run, log engine.Chan[[]string]) error {
+	t.Helper()
+	ctx := context.Background()
+	in := paused.Interrupts[0].ID
+	cfg.Run = paused
+	_, refused := g.Resume(ctx, cfg, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(`{"x":1}`)}})
+	require.ErrorIs(t, refused, engine.ErrBadDecision)
+	require.ErrorContains(t, refused, "an edit is a JSON string")
+	run, err := store.Run(ctx, paused.ID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusInterrupted, run.Status, "the refused decision changed nothing")
 	require.Empty(t, run.Decisions)
 
 	cfg.Run = run
-	res, err = g.Resume(ctx, cfg, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(`"fine"`)}})
+	res, err := g.Resume(ctx, cfg, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(`"fine"`)}})
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusCompleted, res.Run.Status)
 	require.Equal(t, []string{"in", `"fine"`}, log.Get(res.State))
+	return refused
 }
 
 // The check of a node inside a subgraph (nested too) runs before the
@@ -445,20 +454,5 @@ func TestCheckDecisionInsideSubgraph(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusInterrupted, res.Run.Status)
 	require.NotEmpty(t, res.Run.Interrupts[0].NS)
-	in := res.Run.Interrupts[0].ID
-
-	cfg.Run = res.Run
-	_, err = g.Resume(ctx, cfg, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(`{"x":1}`)}})
-	require.ErrorIs(t, err, engine.ErrBadDecision)
-	require.ErrorContains(t, err, "an edit is a JSON string")
-	run, err := store.Run(ctx, res.Run.ID)
-	require.NoError(t, err)
-	require.Equal(t, engine.StatusInterrupted, run.Status, "the refused decision changed nothing")
-	require.Empty(t, run.Decisions)
-
-	cfg.Run = run
-	res, err = g.Resume(ctx, cfg, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(`"fine"`)}})
-	require.NoError(t, err)
-	require.Equal(t, engine.StatusCompleted, res.Run.Status)
-	require.Equal(t, []string{"in", `"fine"`}, log.Get(res.State))
+	refuseThenAccept(t, g, cfg, store, res.Run, log)
 }
