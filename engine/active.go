@@ -18,6 +18,12 @@ import (
 //   - MetaRunningSince, while the run runs again after a pause or a
 //     recovery, when that stretch began.
 //
+// A run that ran in one stretch, from its start to its end (most runs),
+// keeps neither: its active time is the span between StartedAt and
+// EndedAt, and its record is not made any larger for it. (A run that
+// waited in the manager's queue first keeps MetaActive: the wait does not
+// count.)
+//
 // A crash ends a stretch without a word. Recovery counts it up to the
 // newest checkpoint the run committed, from MetaRunningSince, or from the
 // run's creation when no stretch has ended yet. A stretch that committed
@@ -30,8 +36,18 @@ const (
 // Active returns r's active time as its record holds it: the stretches
 // that ended before its last pause, or all of them once it has ended.
 func (r *Run) Active() time.Duration {
-	ms, _ := strconv.ParseInt(r.Meta[MetaActive], 10, 64)
-	return time.Duration(max(ms, 0)) * time.Millisecond
+	if v, ok := r.Meta[MetaActive]; ok {
+		ms, _ := strconv.ParseInt(v, 10, 64)
+		return time.Duration(max(ms, 0)) * time.Millisecond
+	}
+	if r.EndedAt.IsZero() {
+		return 0
+	}
+	from := r.StartedAt
+	if from.IsZero() {
+		from = r.CreatedAt
+	}
+	return max(r.EndedAt.Sub(from), 0)
 }
 
 // startActive starts the clock of a stretch of the root run: it takes the
@@ -44,15 +60,17 @@ func (e *execution) startActive() {
 	if e.cfg.ns != "" || e.run == nil {
 		return
 	}
-	before := e.run.Active()
-	_, paused := e.run.Meta[MetaActive]
-	since, err := time.Parse(time.RFC3339Nano, e.run.Meta[MetaRunningSince])
-	switch {
-	case err == nil:
-	case !paused:
+	var before time.Duration
+	var since time.Time
+	v, paused := e.run.Meta[MetaActive]
+	if paused {
+		ms, _ := strconv.ParseInt(v, 10, 64)
+		before = time.Duration(max(ms, 0)) * time.Millisecond
+	}
+	if v, ok := e.run.Meta[MetaRunningSince]; ok {
+		since, _ = time.Parse(time.RFC3339Nano, v)
+	} else if !paused {
 		since = e.run.CreatedAt
-	default:
-		since = time.Time{}
 	}
 	// A run's own input checkpoint ends no stretch: a run that starts
 	// from it (every new run) has nothing to count, nor to rewrite.
@@ -60,35 +78,40 @@ func (e *execution) startActive() {
 		before += h.Created.Sub(since)
 	}
 	e.activeBefore = before
+	e.stretched = !e.fresh || before > 0 || paused
 	if before > 0 || paused {
-		e.setMeta(MetaActive, strconv.FormatInt(before.Milliseconds(), 10))
-		e.setMeta(MetaRunningSince, e.activeFrom.UTC().Format(time.RFC3339Nano))
+		e.setMeta(strconv.FormatInt(before.Milliseconds(), 10), e.activeFrom.UTC().Format(time.RFC3339Nano))
 		e.runChanged = true
 	}
 }
 
-// stopActive puts the active time, this stretch included, on the record.
+// stopActive puts the active time, this stretch included, on the record,
+// unless the run ran in one stretch from its start (see Run.Active).
 func (e *execution) stopActive() {
 	if e.cfg.ns != "" || e.run == nil {
 		return
 	}
+	if !e.stretched && e.run.Status.Terminal() && e.activeFrom.Sub(e.run.StartedAt) < time.Millisecond {
+		return // Run.Active is EndedAt - StartedAt, to the millisecond
+	}
+	e.stretched = true
 	total := e.activeBefore + time.Since(e.activeFrom)
-	e.setMeta(MetaActive, strconv.FormatInt(total.Milliseconds(), 10))
-	e.setMeta(MetaRunningSince, "")
+	e.setMeta(strconv.FormatInt(total.Milliseconds(), 10), "")
 }
 
-// setMeta sets (or, with "", removes) a key of the run's Meta in a new map:
-// the one it replaces may be shared (with the request the run came from,
-// or a result handed out).
-func (e *execution) setMeta(k, v string) {
-	m := make(map[string]string, len(e.run.Meta)+1)
+// setMeta sets the run's MetaActive to active and its MetaRunningSince to
+// since (or removes it, with ""), in a new map: the one it replaces may be
+// shared (with the request the run came from, or a result handed out).
+func (e *execution) setMeta(active, since string) {
+	m := make(map[string]string, len(e.run.Meta)+2)
 	for key, val := range e.run.Meta {
 		m[key] = val
 	}
-	if v == "" {
-		delete(m, k)
+	m[MetaActive] = active
+	if since == "" {
+		delete(m, MetaRunningSince)
 	} else {
-		m[k] = v
+		m[MetaRunningSince] = since
 	}
 	e.run.Meta = m
 }

@@ -118,3 +118,38 @@ func TestWallTimeBudgetHoldsAcrossRecovery(t *testing.T) {
 	require.Equal(t, engine.StatusBudgetExceeded, end.Status, "ran %s under a budget of %s", end.Active(), budget)
 	require.Less(t, end.Active(), 2*budget, "the time the appliance was down was counted")
 }
+
+// A run that runs from its start to its end in one stretch keeps no active
+// time in its record (most runs: the record stays as small as it was), and
+// Active reads it from StartedAt and EndedAt; a run that paused keeps it.
+func TestActiveTimeOfARunInOneStretch(t *testing.T) {
+	ctx := context.Background()
+	const step = 20 * time.Millisecond
+	for _, d := range []engine.Durability{engine.DurabilitySync, engine.DurabilityExit} {
+		t.Run(string(d), func(t *testing.T) {
+			s := engine.NewMemoryStore()
+			m := newManager(t, s, engine.ManagerOptions{Durability: d},
+				&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, step, false, nil)},
+				&engine.Agent{Name: "asks", Graph: sleepyGraph(t, step, true, nil)})
+			run, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: "sleepy"})
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusCompleted, run.Status)
+			stored, err := s.Run(ctx, run.ID)
+			require.NoError(t, err)
+			require.NotContains(t, stored.Meta, engine.MetaActive)
+			require.NotContains(t, stored.Meta, engine.MetaRunningSince)
+			require.GreaterOrEqual(t, stored.Active(), 2*step)
+			require.Equal(t, stored.EndedAt.Sub(stored.StartedAt), stored.Active())
+
+			run, err = m.Invoke(ctx, engine.RunRequest{Thread: "u", Agent: "asks"})
+			require.NoError(t, err)
+			_, err = m.Resume(ctx, run.ID, map[string]engine.Decision{run.Interrupts[0].ID: {Kind: engine.Approve}})
+			require.NoError(t, err)
+			end := waitFor(t, m, run.ID)
+			require.Equal(t, engine.StatusCompleted, end.Status)
+			require.Contains(t, end.Meta, engine.MetaActive)
+			require.NotContains(t, end.Meta, engine.MetaRunningSince)
+			require.GreaterOrEqual(t, end.Active(), 2*step)
+		})
+	}
+}

@@ -134,6 +134,11 @@ type execution struct {
 	// activeFrom when this execution started running it (see active.go).
 	activeBefore time.Duration
 	activeFrom   time.Time
+	// fresh: this execution started the run from its input. stretched:
+	// the run's record keeps its active time in Meta, for it has paused
+	// or been recovered, and is not running in one stretch from its start
+	// (see active.go).
+	fresh, stretched bool
 }
 
 func (g *Graph) newExecution(cfg RunConfig) (*execution, error) {
@@ -356,6 +361,7 @@ func (e *execution) applyInput(ctx context.Context, input []Write) error {
 	if e.run.StartedAt.IsZero() {
 		e.run.StartedAt = time.Now().UTC()
 	}
+	e.fresh = true
 	e.run.Status = StatusRunning
 	if e.startStatus != "" {
 		e.run.Status = e.startStatus
