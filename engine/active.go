@@ -19,10 +19,9 @@ import (
 //     recovery, when that stretch began.
 //
 // A run that ran in one stretch, from its start to its end (most runs),
-// keeps neither: its active time is the span between StartedAt and
-// EndedAt, and its record is not made any larger for it. (A run that
-// waited in the manager's queue first keeps MetaActive: the wait does not
-// count.)
+// keeps neither: its active time is the span between StartedAt (when it
+// began running, after any wait in the manager's queue) and EndedAt, and
+// its record is not made any larger for it.
 //
 // A crash ends a stretch without a word. Recovery counts it up to the
 // newest checkpoint the run committed, from MetaRunningSince, or from the
@@ -60,6 +59,11 @@ func (e *execution) startActive() {
 	if e.cfg.ns != "" || e.run == nil {
 		return
 	}
+	if e.fresh {
+		// A new run starts running now, after any wait in the manager's
+		// queue: its first stretch runs from StartedAt.
+		e.run.StartedAt = e.activeFrom.UTC()
+	}
 	var before time.Duration
 	var since time.Time
 	v, paused := e.run.Meta[MetaActive]
@@ -91,8 +95,8 @@ func (e *execution) stopActive() {
 	if e.cfg.ns != "" || e.run == nil {
 		return
 	}
-	if !e.stretched && e.run.Status.Terminal() && e.activeFrom.Sub(e.run.StartedAt) < time.Millisecond {
-		return // Run.Active is EndedAt - StartedAt, to the millisecond
+	if !e.stretched && e.run.Status.Terminal() {
+		return // Run.Active is EndedAt - StartedAt
 	}
 	e.stretched = true
 	total := e.activeBefore + time.Since(e.activeFrom)

@@ -153,3 +153,25 @@ func TestActiveTimeOfARunInOneStretch(t *testing.T) {
 		})
 	}
 }
+
+// A run's wait in the manager's queue, for a worker, is not active time.
+func TestActiveTimeLeavesOutTheQueue(t *testing.T) {
+	ctx := context.Background()
+	const step = 50 * time.Millisecond
+	s := engine.NewMemoryStore()
+	m := newManager(t, s, engine.ManagerOptions{Workers: 1, Durability: engine.DurabilitySync},
+		&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, step, false, nil)})
+	first, err := m.Start(ctx, engine.RunRequest{Thread: "a", Agent: "sleepy"})
+	require.NoError(t, err)
+	second, err := m.Start(ctx, engine.RunRequest{Thread: "b", Agent: "sleepy"})
+	require.NoError(t, err)
+	a, b := waitFor(t, m, first.ID), waitFor(t, m, second.ID)
+	end := b // the one the worker took second
+	if a.StartedAt.After(b.StartedAt) {
+		end = a
+	}
+	require.Equal(t, engine.StatusCompleted, end.Status)
+	require.NotContains(t, end.Meta, engine.MetaActive)
+	require.GreaterOrEqual(t, end.Active(), 2*step)
+	require.GreaterOrEqual(t, end.EndedAt.Sub(end.CreatedAt)-end.Active(), 3*step/2, "the wait for the first run's two steps was counted")
+}
