@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -249,4 +250,102 @@ func TestStepLimitHoldsAcrossAPauseInExitDurability(t *testing.T) {
 			require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
 		})
 	}
+}
+
+// sideEffectGraph is a -> b -> c; b calls EnsureDurable (twice: the second
+// finds nothing left to commit) before its side effect, and blocks there
+// until its run is stopped while block is set.
+func sideEffectGraph(t *testing.T, calls *counter, block *atomic.Bool, blocked chan<- struct{}) *engine.Graph {
+	b := engine.NewGraph("effect")
+	log := engine.Append[string](b, "log")
+	b.AddNode("a", calls.counted(writes(engine.Push(log, "a"))))
+	b.AddNode("b", calls.counted(func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		for range 2 {
+			if err := engine.EnsureDurable(ctx); err != nil {
+				return nil, err
+			}
+		}
+		if block.Load() {
+			blocked <- struct{}{}
+			<-ctx.Done()
+			return nil, context.Cause(ctx)
+		}
+		return []engine.Write{engine.Push(log, "b")}, nil
+	}))
+	b.AddNode("c", calls.counted(writes(engine.Push(log, "c"))))
+	b.AddEdge(engine.Start, "a")
+	b.AddEdge("a", "b")
+	b.AddEdge("b", "c")
+	return mustCompile(t, b)
+}
+
+// In exit durability, EnsureDurable commits the checkpoint the calling task
+// runs from with the run's record, once per step; a run that never calls it
+// commits once, at its end. In sync durability it commits nothing more.
+func TestEnsureDurableCommitsTheStepOnce(t *testing.T) {
+	ctx := context.Background()
+	for _, tt := range []struct {
+		durability engine.Durability
+		commits    int
+	}{
+		{engine.DurabilitySync, 4},
+		{engine.DurabilityExit, 2}, // b's step before its effect, then the end
+	} {
+		s := newRecordingStore()
+		var block atomic.Bool
+		g := sideEffectGraph(t, newCounter(), &block, nil)
+		res, err := g.Invoke(ctx, engine.RunConfig{Thread: "t", Store: s, Durability: tt.durability})
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusCompleted, res.Run.Status)
+		require.Equal(t, tt.commits, checkpointCommits(s), "durability %q", tt.durability)
+		if tt.durability == engine.DurabilityExit {
+			first := s.commits[0]
+			require.NotNil(t, first.Run, "the run's record commits with the step")
+			require.False(t, first.Run.Status.Terminal())
+			require.Equal(t, []string{"b"}, taskNodesOf(first.Checkpoint.Next), "the step b runs from")
+		}
+	}
+	require.ErrorContains(t, engine.EnsureDurable(ctx), "outside a running node")
+}
+
+func taskNodesOf(ts []engine.TaskSpec) []string {
+	var out []string
+	for _, t := range ts {
+		out = append(out, t.Node)
+	}
+	return out
+}
+
+// A crash after EnsureDurable in exit durability leaves a run that recovery
+// finds and resumes from the step that called it: the steps before it do
+// not run again, and the run ends.
+func TestEnsureDurableRunSurvivesACrashInExitDurability(t *testing.T) {
+	ctx := context.Background()
+	calls := newCounter()
+	var block atomic.Bool
+	block.Store(true)
+	blocked := make(chan struct{}, 1)
+	ag := &engine.Agent{Name: "effect", Graph: sideEffectGraph(t, calls, &block, blocked)}
+	store := engine.NewMemoryStore()
+	opts := engine.ManagerOptions{Durability: engine.DurabilityExit}
+
+	m1 := engine.NewManager(store, resolver(ag), opts)
+	run, err := m1.Start(ctx, engine.RunRequest{Thread: "t", Agent: "effect"})
+	require.NoError(t, err)
+	<-blocked
+	m1.Close()
+	stored, err := store.Run(ctx, run.ID)
+	require.NoError(t, err, "the run is on record before b's side effect")
+	require.False(t, stored.Status.Terminal())
+
+	block.Store(false)
+	m2 := newManager(t, store, opts, ag)
+	n, err := m2.Recover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	done := waitFor(t, m2, run.ID)
+	require.Equal(t, engine.StatusCompleted, done.Status, done.Error)
+	require.Equal(t, 1, calls.get("a"), "a's step was committed with b's")
+	require.Equal(t, 2, calls.get("b"))
+	require.Equal(t, 1, calls.get("c"))
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -44,6 +45,9 @@ type RunConfig struct {
 
 	ns         string
 	nodePrefix string
+	// parent is the execution whose task runs this one, as a subgraph
+	// node (nil for the root graph).
+	parent *execution
 }
 
 // Result is how a call to Invoke or Resume ended.
@@ -134,6 +138,8 @@ type execution struct {
 	// activeFrom when this execution started running it (see active.go).
 	activeBefore time.Duration
 	activeFrom   time.Time
+	// durable serializes ensureDurable between the step's tasks.
+	durable sync.Mutex
 	// fresh: this execution started the run from its input. stretched:
 	// the run's record keeps its active time in Meta, for it has paused
 	// or been recovered, and is not running in one stretch from its start
@@ -661,6 +667,29 @@ func (e *execution) uncommitted() (*Checkpoint, error) {
 		}
 	}
 	return e.head, nil
+}
+
+// ensureDurable commits, in exit durability, the head checkpoint (the one
+// the running step's tasks run from) with the run's record, and the
+// parents' first for a subgraph, unless they are committed already. The
+// step's tasks may call it concurrently; the loop is waiting for them
+// meanwhile, so nothing else touches what commit changes.
+func (e *execution) ensureDurable(ctx context.Context) error {
+	if e.commitsEachStep() {
+		return nil
+	}
+	if p := e.cfg.parent; p != nil {
+		if err := p.ensureDurable(ctx); err != nil {
+			return err
+		}
+	}
+	e.durable.Lock()
+	defer e.durable.Unlock()
+	head, err := e.uncommitted()
+	if err != nil || head == nil {
+		return err
+	}
+	return e.commit(ctx, &Commit{Checkpoint: head})
 }
 
 // pause records an interrupt or a failure: the finished tasks' writes are
