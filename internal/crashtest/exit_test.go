@@ -85,8 +85,11 @@ func writerLoop(t *testing.T, db *store.DB, tool agent.Tool, messages engine.Cha
 //   - "subgraph": the loop runs inside a subgraph node;
 //   - "second tool step": a second loop runs after a first that called the
 //     tool too, so the second's step starts from a checkpoint that no end
-//     or pause has committed.
-var exitShapes = map[string]int{"first step": 1, "subgraph": 1, "second tool step": 3}
+//     or pause has committed;
+//   - "after a resume": the loop runs after a person approved a review: the
+//     run is on record from its pause, but not the step the loop runs
+//     from.
+var exitShapes = map[string]int{"first step": 1, "subgraph": 1, "second tool step": 3, "after a resume": 1}
 
 func exitToolAgent(t *testing.T, db *store.DB, tool agent.Tool, shape string) *engine.Agent {
 	t.Helper()
@@ -116,6 +119,14 @@ func exitToolAgent(t *testing.T, db *store.DB, tool agent.Tool, shape string) *e
 		b.AddNode("loop2", writerLoop(t, db, tool, messages2, answer2))
 		b.AddEdge(engine.Start, "loop")
 		b.AddEdge("loop", "loop2")
+	case "after a resume":
+		b.AddNode("review", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+			_, err := engine.Interrupt(ctx, "go ahead?")
+			return nil, err
+		})
+		b.AddNode("loop", writerLoop(t, db, tool, messages, answer))
+		b.AddEdge(engine.Start, "review")
+		b.AddEdge("review", "loop")
 	default:
 		t.Fatalf("unknown shape %q", shape)
 	}
@@ -157,6 +168,13 @@ func TestExitDurabilityCrashDuringToolCall(t *testing.T) {
 			m := engine.NewManager(db, func(string, engine.BundleRef) (*engine.Agent, error) { return ag, nil }, opts)
 			run, err := m.Start(ctx, engine.RunRequest{Thread: "t1", Agent: "writer", Input: json.RawMessage(`"x"`)})
 			require.NoError(t, err)
+			if shape == "after a resume" {
+				paused, err := m.Wait(ctx, run.ID)
+				require.NoError(t, err)
+				require.Equal(t, engine.StatusInterrupted, paused.Status, paused.Error)
+				_, err = m.Resume(ctx, run.ID, map[string]engine.Decision{paused.Interrupts[0].ID: {Kind: engine.Approve}})
+				require.NoError(t, err)
+			}
 			<-before.blocked
 			// The process dies: nothing more is written for the run.
 			m.Close()
