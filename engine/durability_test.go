@@ -3,6 +3,8 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -348,4 +350,67 @@ func TestEnsureDurableRunSurvivesACrashInExitDurability(t *testing.T) {
 	require.Equal(t, 1, calls.get("a"), "a's step was committed with b's")
 	require.Equal(t, 2, calls.get("b"))
 	require.Equal(t, 1, calls.get("c"))
+}
+
+// dyingStore is a MemoryStore whose process dies at the first commit that
+// carries a run's record: that commit, and any after it, never happen.
+type dyingStore struct {
+	*engine.MemoryStore
+	mu   sync.Mutex
+	dead bool
+}
+
+var errDied = errors.New("the process died")
+
+func (d *dyingStore) Commit(ctx context.Context, c *engine.Commit) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.dead || c.Run != nil {
+		d.dead = true
+		return errDied
+	}
+	return d.MemoryStore.Commit(ctx, c)
+}
+
+// In exit durability a subgraph commits its own checkpoints when it ends or
+// pauses, before its run's record is committed. What it did must not be
+// announced until the run is durable: a crash in between takes the run
+// back, and a subscriber would have seen a pause or a step of a run that
+// the store does not know.
+func TestExitDurabilitySubgraphEventsWaitForTheRun(t *testing.T) {
+	for _, pauses := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ends", true: "pauses"}[pauses], func(t *testing.T) {
+			ctx := context.Background()
+			ib := engine.NewGraph("inner")
+			draft := engine.Replace[string](ib, "draft")
+			ib.AddNode("draft", writes(draft.Set("take it when remembered")))
+			ib.AddNode("review", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+				if pauses {
+					if _, err := engine.Interrupt(ctx, "ok?"); err != nil {
+						return nil, err
+					}
+				}
+				return nil, nil
+			})
+			ib.AddEdge(engine.Start, "draft")
+			ib.AddEdge("draft", "review")
+			ob := engine.NewGraph("outer")
+			engine.Replace[string](ob, "draft")
+			ob.AddSubgraph("reviewed", mustCompile(t, ib))
+			ob.AddEdge(engine.Start, "reviewed")
+			g := mustCompile(t, ob)
+
+			store := &dyingStore{MemoryStore: engine.NewMemoryStore()}
+			bus := engine.NewBus()
+			sub := bus.Subscribe(1000, nil)
+			res, err := g.Invoke(ctx, engine.RunConfig{Thread: "t", Store: store, Durability: engine.DurabilityExit, Events: bus})
+			require.ErrorIs(t, err, errDied)
+			bus.Close()
+			_, err = store.Run(ctx, res.Run.ID)
+			require.ErrorIs(t, err, engine.ErrRunNotFound, "the run died before its record was committed")
+			for e := range sub.C() {
+				require.True(t, e.Live, "%s event (node %q) of a run the store does not know: %s", e.Type, e.Node, e.Data)
+			}
+		})
+	}
 }

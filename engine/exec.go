@@ -329,7 +329,17 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 		e.blobBuf = map[BlobRef][]byte{}
 	}
 	if e.cfg.Events != nil && len(e.events) > 0 {
-		e.cfg.Events.Publish(e.events...)
+		if p := e.cfg.parent; p != nil && !e.commitsEachStep() {
+			// A subgraph in exit durability commits before its run's
+			// record may be: its events go out with the parent's next
+			// commit, so that a crash in between cannot take back a step
+			// or a pause that a subscriber has seen.
+			p.durable.Lock()
+			p.events = append(p.events, e.events...)
+			p.durable.Unlock()
+		} else {
+			e.cfg.Events.Publish(e.events...)
+		}
 	}
 	e.events = nil
 	return nil
@@ -647,21 +657,18 @@ func (e *execution) uncommitted() (*Checkpoint, error) {
 		}
 		// Its event, still waiting for this commit, no longer says it
 		// is a marker: a step's checkpoint event, or run.started when the
-		// head is still the input checkpoint.
+		// head is still the input checkpoint. A subgraph's events may
+		// follow it (see commit), their checkpoint events among them.
 		marker := checkpointData(e.head, false)
 		started := runStartedData(e.run.Agent, e.head, false)
 		for i := len(e.events) - 1; i >= 0; i-- {
 			ev := &e.events[i]
-			if ev.Type == EventCheckpoint {
-				if bytes.Equal(ev.Data, marker) {
-					ev.Data = checkpointData(e.head, true)
-				}
+			if ev.Type == EventCheckpoint && ev.Node == "" && bytes.Equal(ev.Data, marker) {
+				ev.Data = checkpointData(e.head, true)
 				break
 			}
-			if ev.Type == EventRunStarted {
-				if bytes.Equal(ev.Data, started) {
-					ev.Data = runStartedData(e.run.Agent, e.head, true)
-				}
+			if ev.Type == EventRunStarted && bytes.Equal(ev.Data, started) {
+				ev.Data = runStartedData(e.run.Agent, e.head, true)
 				break
 			}
 		}
