@@ -414,3 +414,56 @@ func TestExitDurabilitySubgraphEventsWaitForTheRun(t *testing.T) {
 		})
 	}
 }
+
+// The tasks of one step may call EnsureDurable at once, from the step
+// itself or from subgraphs they run: the step is committed once, and each
+// subgraph's own step once.
+func TestEnsureDurableFromConcurrentTasks(t *testing.T) {
+	ensure := func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		return nil, engine.EnsureDurable(ctx)
+	}
+	ib := engine.NewGraph("inner")
+	ib.AddNode("effect", ensure)
+	ib.AddEdge(engine.Start, "effect")
+	inner := mustCompile(t, ib)
+	for _, tt := range []struct {
+		name    string
+		commits int
+		add     func(b *engine.Builder)
+	}{
+		// The fan-out's step, then the end.
+		{"nodes", 2, func(b *engine.Builder) { b.AddNode("work", ensure) }},
+		// The same, plus each subgraph's input checkpoint, then its end.
+		{"subgraphs", 2 + 8*2, func(b *engine.Builder) { b.AddSubgraph("work", inner) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b := engine.NewGraph("fanout")
+			b.AddNode("plan", noop)
+			tt.add(b)
+			b.AddEdge(engine.Start, "plan")
+			b.AddFanout("plan", func(engine.State) []engine.Send {
+				sends := make([]engine.Send, 8)
+				for i := range sends {
+					sends[i] = engine.Send{Node: "work", Input: i}
+				}
+				return sends
+			}, "work")
+			g := mustCompile(t, b)
+			s := newRecordingStore()
+			bus := engine.NewBus()
+			sub := bus.Subscribe(1000, nil)
+			res, err := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: s, Durability: engine.DurabilityExit, Events: bus})
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusCompleted, res.Run.Status)
+			require.Equal(t, tt.commits, checkpointCommits(s))
+			bus.Close()
+			n := 0
+			for e := range sub.C() {
+				if e.Type == engine.EventRunCompleted {
+					n++
+				}
+			}
+			require.Equal(t, 1, n)
+		})
+	}
+}
