@@ -138,7 +138,8 @@ type execution struct {
 	// activeFrom when this execution started running it (see active.go).
 	activeBefore time.Duration
 	activeFrom   time.Time
-	// durable serializes ensureDurable between the step's tasks.
+	// durable serializes, between the step's tasks, ensureDurable and
+	// the subgraphs' hand-over of their events (see commit).
 	durable sync.Mutex
 	// fresh: this execution started the run from its input. stretched:
 	// the run's record keeps its active time in Meta, for it has paused
@@ -663,7 +664,7 @@ func (e *execution) uncommitted() (*Checkpoint, error) {
 		started := runStartedData(e.run.Agent, e.head, false)
 		for i := len(e.events) - 1; i >= 0; i-- {
 			ev := &e.events[i]
-			if ev.Type == EventCheckpoint && ev.Node == "" && bytes.Equal(ev.Data, marker) {
+			if ev.Type == EventCheckpoint && bytes.Equal(ev.Data, marker) {
 				ev.Data = checkpointData(e.head, true)
 				break
 			}
