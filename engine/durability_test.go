@@ -411,6 +411,25 @@ func TestExitDurabilitySubgraphEventsWaitForTheRun(t *testing.T) {
 			for e := range sub.C() {
 				require.True(t, e.Live, "%s event (node %q) of a run the store does not know: %s", e.Type, e.Node, e.Data)
 			}
+
+			// Without the crash, they go out with the run's commit.
+			bus = engine.NewBus()
+			sub = bus.Subscribe(1000, nil)
+			res, err = g.Invoke(ctx, engine.RunConfig{Thread: "t", Store: engine.NewMemoryStore(), Durability: engine.DurabilityExit, Events: bus})
+			require.NoError(t, err)
+			bus.Close()
+			var inner []string
+			for e := range sub.C() {
+				if e.Type == engine.EventNodeCompleted {
+					inner = append(inner, e.Node)
+				}
+			}
+			want := []string{"reviewed/draft", "reviewed/review", "reviewed"}
+			if pauses {
+				want = []string{"reviewed/draft"}
+				require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+			}
+			require.Equal(t, want, inner)
 		})
 	}
 }
