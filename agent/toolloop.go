@@ -287,6 +287,14 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 		return l.refuse(ctx, rec, fmt.Sprintf(textNoImpl, tool.Name), denied(layerImplementation, ErrNoTool.Error()))
 	}
 
+	// The intent may be left without an outcome by a crash. Before it is
+	// recorded, the run must be one that recovery finds, and this task one
+	// that it runs again under the same id, so with the same key: the
+	// intent is then found, and a person asked about it. (In exit
+	// durability nothing of the run may be committed yet.)
+	if err := engine.EnsureDurable(ctx); err != nil {
+		return "", fmt.Errorf("tool call %s: %w", key, err)
+	}
 	existing, err := intent(ctx, l.cfg.Log, rec)
 	if err != nil {
 		return "", fmt.Errorf("tool call %s: %w", key, err)

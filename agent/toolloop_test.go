@@ -382,3 +382,57 @@ func TestRefusedEditOfAnUncertainCallIsEvented(t *testing.T) {
 	require.Equal(t, policy.LayerSchema, denied[0]["layer"])
 	require.Contains(t, denied[0]["reason"], "operator's edit")
 }
+
+// checkingLog runs check before each intent it records.
+type checkingLog struct {
+	agent.CallLog
+	check func(rec agent.CallRecord)
+}
+
+func (c *checkingLog) Intent(ctx context.Context, rec agent.CallRecord) (*agent.CallRecord, error) {
+	c.check(rec)
+	return c.CallLog.Intent(ctx, rec)
+}
+
+// In exit durability nothing of a run is committed before it ends or
+// pauses, but a tool call's intent is. It is recorded only once the run's
+// record and the checkpoint the loop runs from are: a crash after it leaves
+// a run that recovery resumes and a call it asks about. A run whose model
+// calls no tool commits once, at its end, as before.
+func TestToolIntentFollowsItsRunInExitDurability(t *testing.T) {
+	ctx := context.Background()
+	var e *env
+	var seen []string
+	e = newEnv(t, withLog(func(l agent.CallLog) agent.CallLog {
+		return &checkingLog{CallLog: l, check: func(rec agent.CallRecord) {
+			if strings.HasPrefix(rec.Key, "model:") {
+				return
+			}
+			run, err := e.store.Run(ctx, rec.Run)
+			if err != nil {
+				seen = append(seen, rec.Tool+": "+err.Error())
+				return
+			}
+			seen = append(seen, rec.Tool+": run on record, "+string(run.Status))
+		}}
+	}))
+	cfg := e.config()
+	cfg.Durability = engine.DurabilityExit
+	res, err := e.graph.Invoke(ctx, cfg, engine.Push(e.messages, models.Message{Role: models.RoleUser, Content: "echo please"}))
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, []string{"echo: run on record, running"}, seen)
+	hist, err := e.store.History(ctx, e.thread, "", "", 0)
+	require.NoError(t, err)
+	require.Len(t, hist, 2, "the loop's step, before the call, and the end")
+
+	e.thread = "th-2"
+	cfg = e.config()
+	cfg.Durability = engine.DurabilityExit
+	res, err = e.graph.Invoke(ctx, cfg, engine.Push(e.messages, models.Message{Role: models.RoleUser, Content: "hello"}))
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	hist, err = e.store.History(ctx, e.thread, "", "", 0)
+	require.NoError(t, err)
+	require.Len(t, hist, 1, "no tool called: only the end is committed")
+}

@@ -33,5 +33,8 @@
 // its start, and Interrupt then returns the decision instead of pausing. Code
 // before an Interrupt call must therefore be idempotent: compute, read, and
 // prepare there, but perform side effects only after the decision (and use
-// InfoFrom for idempotency keys when a side effect may repeat).
+// InfoFrom for idempotency keys when a side effect may repeat). Call
+// EnsureDurable before a side effect: in exit durability nothing of a run
+// may be committed yet, and a crash would otherwise leave the effect
+// behind a run that recovery does not know.
 package engine

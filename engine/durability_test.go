@@ -3,6 +3,9 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -247,6 +250,239 @@ func TestStepLimitHoldsAcrossAPauseInExitDurability(t *testing.T) {
 			res, err = g.Resume(ctx, cfg, map[string]engine.Decision{res.Run.Interrupts[0].ID: {Kind: engine.Approve}})
 			require.ErrorIs(t, err, engine.ErrStepLimit)
 			require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
+		})
+	}
+}
+
+// sideEffectGraph is a -> b -> c; b calls EnsureDurable (twice: the second
+// finds nothing left to commit) before its side effect, and blocks there
+// until its run is stopped while block is set.
+func sideEffectGraph(t *testing.T, calls *counter, block *atomic.Bool, blocked chan<- struct{}) *engine.Graph {
+	b := engine.NewGraph("effect")
+	log := engine.Append[string](b, "log")
+	b.AddNode("a", calls.counted(writes(engine.Push(log, "a"))))
+	b.AddNode("b", calls.counted(func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		for range 2 {
+			if err := engine.EnsureDurable(ctx); err != nil {
+				return nil, err
+			}
+		}
+		if block.Load() {
+			blocked <- struct{}{}
+			<-ctx.Done()
+			return nil, context.Cause(ctx)
+		}
+		return []engine.Write{engine.Push(log, "b")}, nil
+	}))
+	b.AddNode("c", calls.counted(writes(engine.Push(log, "c"))))
+	b.AddEdge(engine.Start, "a")
+	b.AddEdge("a", "b")
+	b.AddEdge("b", "c")
+	return mustCompile(t, b)
+}
+
+// In exit durability, EnsureDurable commits the checkpoint the calling task
+// runs from with the run's record, once per step; a run that never calls it
+// commits once, at its end. In sync durability it commits nothing more.
+func TestEnsureDurableCommitsTheStepOnce(t *testing.T) {
+	ctx := context.Background()
+	for _, tt := range []struct {
+		durability engine.Durability
+		commits    int
+	}{
+		{engine.DurabilitySync, 4},
+		{engine.DurabilityExit, 2}, // b's step before its effect, then the end
+	} {
+		s := newRecordingStore()
+		var block atomic.Bool
+		g := sideEffectGraph(t, newCounter(), &block, nil)
+		res, err := g.Invoke(ctx, engine.RunConfig{Thread: "t", Store: s, Durability: tt.durability})
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusCompleted, res.Run.Status)
+		require.Equal(t, tt.commits, checkpointCommits(s), "durability %q", tt.durability)
+		if tt.durability == engine.DurabilityExit {
+			first := s.commits[0]
+			require.NotNil(t, first.Run, "the run's record commits with the step")
+			require.False(t, first.Run.Status.Terminal())
+			require.Equal(t, []string{"b"}, taskNodesOf(first.Checkpoint.Next), "the step b runs from")
+		}
+	}
+	require.ErrorContains(t, engine.EnsureDurable(ctx), "outside a running node")
+}
+
+func taskNodesOf(ts []engine.TaskSpec) []string {
+	var out []string
+	for _, t := range ts {
+		out = append(out, t.Node)
+	}
+	return out
+}
+
+// A crash after EnsureDurable in exit durability leaves a run that recovery
+// finds and resumes from the step that called it: the steps before it do
+// not run again, and the run ends.
+func TestEnsureDurableRunSurvivesACrashInExitDurability(t *testing.T) {
+	ctx := context.Background()
+	calls := newCounter()
+	var block atomic.Bool
+	block.Store(true)
+	blocked := make(chan struct{}, 1)
+	ag := &engine.Agent{Name: "effect", Graph: sideEffectGraph(t, calls, &block, blocked)}
+	store := engine.NewMemoryStore()
+	opts := engine.ManagerOptions{Durability: engine.DurabilityExit}
+
+	m1 := engine.NewManager(store, resolver(ag), opts)
+	run, err := m1.Start(ctx, engine.RunRequest{Thread: "t", Agent: "effect"})
+	require.NoError(t, err)
+	<-blocked
+	m1.Close()
+	stored, err := store.Run(ctx, run.ID)
+	require.NoError(t, err, "the run is on record before b's side effect")
+	require.False(t, stored.Status.Terminal())
+
+	block.Store(false)
+	m2 := newManager(t, store, opts, ag)
+	n, err := m2.Recover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	done := waitFor(t, m2, run.ID)
+	require.Equal(t, engine.StatusCompleted, done.Status, done.Error)
+	require.Equal(t, 1, calls.get("a"), "a's step was committed with b's")
+	require.Equal(t, 2, calls.get("b"))
+	require.Equal(t, 1, calls.get("c"))
+}
+
+// dyingStore is a MemoryStore whose process dies at the first commit that
+// carries a run's record: that commit, and any after it, never happen.
+type dyingStore struct {
+	*engine.MemoryStore
+	mu   sync.Mutex
+	dead bool
+}
+
+var errDied = errors.New("the process died")
+
+func (d *dyingStore) Commit(ctx context.Context, c *engine.Commit) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.dead || c.Run != nil {
+		d.dead = true
+		return errDied
+	}
+	return d.MemoryStore.Commit(ctx, c)
+}
+
+// In exit durability a subgraph commits its own checkpoints when it ends or
+// pauses, before its run's record is committed. What it did must not be
+// announced until the run is durable: a crash in between takes the run
+// back, and a subscriber would have seen a pause or a step of a run that
+// the store does not know.
+func TestExitDurabilitySubgraphEventsWaitForTheRun(t *testing.T) {
+	for _, pauses := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ends", true: "pauses"}[pauses], func(t *testing.T) {
+			ctx := context.Background()
+			ib := engine.NewGraph("inner")
+			draft := engine.Replace[string](ib, "draft")
+			ib.AddNode("draft", writes(draft.Set("take it when remembered")))
+			ib.AddNode("review", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+				if pauses {
+					if _, err := engine.Interrupt(ctx, "ok?"); err != nil {
+						return nil, err
+					}
+				}
+				return nil, nil
+			})
+			ib.AddEdge(engine.Start, "draft")
+			ib.AddEdge("draft", "review")
+			ob := engine.NewGraph("outer")
+			engine.Replace[string](ob, "draft")
+			ob.AddSubgraph("reviewed", mustCompile(t, ib))
+			ob.AddEdge(engine.Start, "reviewed")
+			g := mustCompile(t, ob)
+
+			store := &dyingStore{MemoryStore: engine.NewMemoryStore()}
+			bus := engine.NewBus()
+			sub := bus.Subscribe(1000, nil)
+			res, err := g.Invoke(ctx, engine.RunConfig{Thread: "t", Store: store, Durability: engine.DurabilityExit, Events: bus})
+			require.ErrorIs(t, err, errDied)
+			bus.Close()
+			_, err = store.Run(ctx, res.Run.ID)
+			require.ErrorIs(t, err, engine.ErrRunNotFound, "the run died before its record was committed")
+			for e := range sub.C() {
+				require.True(t, e.Live, "%s event (node %q) of a run the store does not know: %s", e.Type, e.Node, e.Data)
+			}
+
+			// Without the crash, they go out with the run's commit.
+			bus = engine.NewBus()
+			sub = bus.Subscribe(1000, nil)
+			res, err = g.Invoke(ctx, engine.RunConfig{Thread: "t", Store: engine.NewMemoryStore(), Durability: engine.DurabilityExit, Events: bus})
+			require.NoError(t, err)
+			bus.Close()
+			var inner []string
+			for e := range sub.C() {
+				if e.Type == engine.EventNodeCompleted {
+					inner = append(inner, e.Node)
+				}
+			}
+			want := []string{"reviewed/draft", "reviewed/review", "reviewed"}
+			if pauses {
+				want = []string{"reviewed/draft"}
+				require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+			}
+			require.Equal(t, want, inner)
+		})
+	}
+}
+
+// The tasks of one step may call EnsureDurable at once, from the step
+// itself or from subgraphs they run: the step is committed once, and each
+// subgraph's own step once.
+func TestEnsureDurableFromConcurrentTasks(t *testing.T) {
+	ensure := func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		return nil, engine.EnsureDurable(ctx)
+	}
+	ib := engine.NewGraph("inner")
+	ib.AddNode("effect", ensure)
+	ib.AddEdge(engine.Start, "effect")
+	inner := mustCompile(t, ib)
+	for _, tt := range []struct {
+		name    string
+		commits int
+		add     func(b *engine.Builder)
+	}{
+		// The fan-out's step, then the end.
+		{"nodes", 2, func(b *engine.Builder) { b.AddNode("work", ensure) }},
+		// The same, plus each subgraph's input checkpoint, then its end.
+		{"subgraphs", 2 + 8*2, func(b *engine.Builder) { b.AddSubgraph("work", inner) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b := engine.NewGraph("fanout")
+			b.AddNode("plan", noop)
+			tt.add(b)
+			b.AddEdge(engine.Start, "plan")
+			b.AddFanout("plan", func(engine.State) []engine.Send {
+				sends := make([]engine.Send, 8)
+				for i := range sends {
+					sends[i] = engine.Send{Node: "work", Input: i}
+				}
+				return sends
+			}, "work")
+			g := mustCompile(t, b)
+			s := newRecordingStore()
+			bus := engine.NewBus()
+			sub := bus.Subscribe(1000, nil)
+			res, err := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: s, Durability: engine.DurabilityExit, Events: bus})
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusCompleted, res.Run.Status)
+			require.Equal(t, tt.commits, checkpointCommits(s))
+			bus.Close()
+			n := 0
+			for e := range sub.C() {
+				if e.Type == engine.EventRunCompleted {
+					n++
+				}
+			}
+			require.Equal(t, 1, n)
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -44,6 +45,9 @@ type RunConfig struct {
 
 	ns         string
 	nodePrefix string
+	// parent is the execution whose task runs this one, as a subgraph
+	// node (nil for the root graph).
+	parent *execution
 }
 
 // Result is how a call to Invoke or Resume ended.
@@ -134,6 +138,9 @@ type execution struct {
 	// activeFrom when this execution started running it (see active.go).
 	activeBefore time.Duration
 	activeFrom   time.Time
+	// durable serializes, between the step's tasks, ensureDurable and
+	// the subgraphs' hand-over of their events (see commit).
+	durable sync.Mutex
 	// fresh: this execution started the run from its input. stretched:
 	// the run's record keeps its active time in Meta, for it has paused
 	// or been recovered, and is not running in one stretch from its start
@@ -323,7 +330,17 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 		e.blobBuf = map[BlobRef][]byte{}
 	}
 	if e.cfg.Events != nil && len(e.events) > 0 {
-		e.cfg.Events.Publish(e.events...)
+		if p := e.cfg.parent; p != nil && !e.commitsEachStep() {
+			// A subgraph in exit durability commits before its run's
+			// record may be: its events go out with the parent's next
+			// commit, so that a crash in between cannot take back a step
+			// or a pause that a subscriber has seen.
+			p.durable.Lock()
+			p.events = append(p.events, e.events...)
+			p.durable.Unlock()
+		} else {
+			e.cfg.Events.Publish(e.events...)
+		}
 	}
 	e.events = nil
 	return nil
@@ -641,26 +658,46 @@ func (e *execution) uncommitted() (*Checkpoint, error) {
 		}
 		// Its event, still waiting for this commit, no longer says it
 		// is a marker: a step's checkpoint event, or run.started when the
-		// head is still the input checkpoint.
+		// head is still the input checkpoint. A subgraph's events may
+		// follow it (see commit), their checkpoint events among them.
 		marker := checkpointData(e.head, false)
 		started := runStartedData(e.run.Agent, e.head, false)
 		for i := len(e.events) - 1; i >= 0; i-- {
 			ev := &e.events[i]
-			if ev.Type == EventCheckpoint {
-				if bytes.Equal(ev.Data, marker) {
-					ev.Data = checkpointData(e.head, true)
-				}
+			if ev.Type == EventCheckpoint && bytes.Equal(ev.Data, marker) {
+				ev.Data = checkpointData(e.head, true)
 				break
 			}
-			if ev.Type == EventRunStarted {
-				if bytes.Equal(ev.Data, started) {
-					ev.Data = runStartedData(e.run.Agent, e.head, true)
-				}
+			if ev.Type == EventRunStarted && bytes.Equal(ev.Data, started) {
+				ev.Data = runStartedData(e.run.Agent, e.head, true)
 				break
 			}
 		}
 	}
 	return e.head, nil
+}
+
+// ensureDurable commits, in exit durability, the head checkpoint (the one
+// the running step's tasks run from) with the run's record, and the
+// parents' first for a subgraph, unless they are committed already. The
+// step's tasks may call it concurrently; the loop is waiting for them
+// meanwhile, so nothing else touches what commit changes.
+func (e *execution) ensureDurable(ctx context.Context) error {
+	if e.commitsEachStep() {
+		return nil
+	}
+	if p := e.cfg.parent; p != nil {
+		if err := p.ensureDurable(ctx); err != nil {
+			return err
+		}
+	}
+	e.durable.Lock()
+	defer e.durable.Unlock()
+	head, err := e.uncommitted()
+	if err != nil || head == nil {
+		return err
+	}
+	return e.commit(ctx, &Commit{Checkpoint: head})
 }
 
 // pause records an interrupt or a failure: the finished tasks' writes are

@@ -135,6 +135,25 @@ func Emit(ctx context.Context, typ string, data any) { publish(ctx, typ, data, t
 // describes survives a crash.
 func Announce(ctx context.Context, typ string, data any) { publish(ctx, typ, data, false) }
 
+// EnsureDurable makes the running task's place in its run durable before
+// the node does something a crash cannot take back: a side effect, or a
+// record keyed by the task's identity (an idempotency key from InfoFrom).
+// In exit durability a run's steps are committed only when it ends or
+// pauses, so it commits the checkpoint the task runs from and the run's
+// record, unless they are committed already (and, in a subgraph, the
+// parent's, first). After a crash, recovery then finds the run, and runs
+// the task again under the same task id, so with the same idempotency
+// keys. In sync durability they always are committed, and it costs
+// nothing; in exit durability it costs one commit per superstep that
+// calls it, and none for a run that never does.
+func EnsureDurable(ctx context.Context) error {
+	sp := scratchFrom(ctx)
+	if sp == nil || sp.exec == nil {
+		return fmt.Errorf("engine.EnsureDurable called outside a running node")
+	}
+	return sp.exec.ensureDurable(ctx)
+}
+
 func publish(ctx context.Context, typ string, data any, live bool) {
 	sp := scratchFrom(ctx)
 	if sp == nil || sp.exec == nil || sp.exec.cfg.Events == nil {

@@ -211,8 +211,9 @@ func (m *Manager) release(a *active, paused bool) {
 }
 
 // Start opens a run. The run record and its input checkpoint are committed
-// before Start returns (in sync durability); the run then executes on a
-// worker. Use Wait for its end.
+// before Start returns in sync durability; in exit durability, when the run
+// ends or pauses, or before then if a node calls EnsureDurable. The run
+// then executes on a worker. Use Wait for its end.
 func (m *Manager) Start(ctx context.Context, req RunRequest) (*Run, error) {
 	a, e, err := m.open(ctx, req)
 	if err != nil {

@@ -337,7 +337,10 @@ const (
 	// before the next one starts. It is the default.
 	DurabilitySync Durability = "sync"
 	// DurabilityExit commits only when the run ends, pauses at an interrupt
-	// or fails. A crash loses the progress of runs in flight.
+	// or fails. A crash loses the progress of runs in flight, but for the
+	// steps a node made durable with EnsureDurable before a side effect
+	// (the tool loop does before each tool call): a run that has one is
+	// on record, and recovery resumes it from the newest.
 	DurabilityExit Durability = "exit"
 )
 
