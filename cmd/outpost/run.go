@@ -55,7 +55,7 @@ func modelFlags(fs *flag.FlagSet) *modelChoice {
 	mc := &modelChoice{keepAlive: keepAliveFlag{d: defaultKeepAlive, set: true}}
 	fs.StringVar(&mc.model, "model", "scripted", "model: scripted (the bundle's deterministic rules) or ollama:NAME (a local model in the agent's lane)")
 	fs.StringVar(&mc.ollama, "ollama", ollama.DefaultURL, "Ollama server URL, for --model ollama:NAME")
-	fs.Var(&mc.keepAlive, "ollama-keep-alive", "how long Ollama keeps the model loaded after each call: a duration, -1 until Ollama stops, or 0 to leave it to Ollama's OLLAMA_KEEP_ALIVE (five minutes unless set)")
+	fs.Var(&mc.keepAlive, "ollama-keep-alive", "how long Ollama keeps the model loaded after each call: a `duration`, -1 until Ollama stops, or 0 to leave it to Ollama's OLLAMA_KEEP_ALIVE (five minutes unless set)")
 	fs.DurationVar(&mc.stall, "ollama-stall-timeout", ollama.DefaultStallTimeout, "longest pause between two chunks of a streamed answer before the call fails and is retried (0 waits for the node's timeout alone)")
 	return mc
 }

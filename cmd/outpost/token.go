@@ -17,7 +17,7 @@ func init() {
 }
 
 func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newCmdFlags("token", "token [--data DIR] [--json]\n       token --collector [--data DIR] [--json]", stdout, stderr)
+	fs := newCmdFlags("token", "token [--data DIR] [--json]\n       outpost token --collector [--data DIR] [--json]", stdout, stderr)
 	data := dataFlag(fs.FlagSet)
 	collector := fs.Bool("collector", false, "print the collector's token, for its GET /v1/appliances (--data is the collector's, default "+defaultCollectorData+")")
 	asJSON := fs.Bool("json", false, "print JSON: {token}")
