@@ -22,7 +22,13 @@ const TokenFile = "console.token"
 // whether it was made now. A token file that others can read is tightened
 // to 0600 rather than trusted as is.
 func LoadOrCreateToken(dir string) (token string, created bool, err error) {
-	tok, err := ReadToken(dir)
+	return LoadOrCreateTokenFile(dir, TokenFile)
+}
+
+// LoadOrCreateTokenFile is LoadOrCreateToken for a token file of another
+// name in dir (the collector keeps its own, uplink.TokenFile).
+func LoadOrCreateTokenFile(dir, name string) (token string, created bool, err error) {
+	tok, err := ReadTokenFile(dir, name)
 	if err == nil {
 		return tok, false, nil
 	}
@@ -37,11 +43,11 @@ func LoadOrCreateToken(dir string) (token string, created bool, err error) {
 		return "", false, fmt.Errorf("%w: %w", ErrTokenFile, err)
 	}
 	tok = hex.EncodeToString(b[:])
-	path := filepath.Join(dir, TokenFile)
+	path := filepath.Join(dir, name)
 	// O_EXCL: two processes starting at once must not both write a token.
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, os.ErrExist) {
-		tok, err := ReadToken(dir)
+		tok, err := ReadTokenFile(dir, name)
 		return tok, false, err
 	}
 	if err != nil {
@@ -69,7 +75,12 @@ func LoadOrCreateToken(dir string) (token string, created bool, err error) {
 // ReadToken reads the token made by LoadOrCreateToken. A missing file is
 // reported with an error that wraps os.ErrNotExist.
 func ReadToken(dir string) (string, error) {
-	path := filepath.Join(dir, TokenFile)
+	return ReadTokenFile(dir, TokenFile)
+}
+
+// ReadTokenFile is ReadToken for a token file of another name in dir.
+func ReadTokenFile(dir, name string) (string, error) {
+	path := filepath.Join(dir, name)
 	fi, err := os.Stat(path)
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrTokenFile, err)

@@ -39,6 +39,13 @@ type Runtime struct {
 	// lane). Empty means the node's own model, or "scripted" when the
 	// scripted provider serves.
 	Model string
+	// Models, when set, is asked at each model call (a model node's, or
+	// a tool loop's start) which provider and model serve it, in place
+	// of Provider and Model; a nil provider means the scripted rules. It
+	// lets an appliance move new calls to a model server that came up
+	// after it started, while a call under way keeps what it began on.
+	// The provider it returns must be comparable (a pointer).
+	Models func() (models.Provider, string)
 	// Log records each model call and tool call (intent, then result), so
 	// that a re-executed task reuses them. Nil keeps them in memory.
 	Log agent.CallLog
@@ -79,20 +86,22 @@ func (rt *Runtime) init() {
 // provider picks who answers a node: the runtime's provider, or the
 // bundle's scripted rules for the node.
 func (rt *Runtime) provider(script *scripted.Provider, nodeModel string) (models.Provider, string, error) {
-	if rt.Provider != nil {
-		model := rt.Model
+	p, model := rt.Provider, rt.Model
+	if rt.Models != nil {
+		p, model = rt.Models()
+	}
+	if p != nil {
 		if model == "" {
 			model = nodeModel
 		}
 		if model == "" {
 			return nil, "", fmt.Errorf("%w: no model named by the appliance or the node", agent.ErrBadConfig)
 		}
-		return rt.Provider, model, nil
+		return p, model, nil
 	}
 	if script == nil {
 		return nil, "", fmt.Errorf("%w: the appliance has no model provider and the node has no scripted_rules", agent.ErrBadConfig)
 	}
-	model := rt.Model
 	if model == "" {
 		model = ScriptedModel
 	}
@@ -548,21 +557,29 @@ func buildToolLoop(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 	if b.Rules != nil {
 		rules = b.Rules.Approvals
 	}
+	type loopKey struct {
+		rt    *Runtime
+		p     models.Provider
+		model string
+	}
 	var (
 		mu    sync.Mutex
-		built = map[*Runtime]engine.NodeFunc{}
+		built = map[loopKey]engine.NodeFunc{}
 	)
-	// The loop is built on first use for each runtime, since the provider
-	// and the call log are the appliance's, not the bundle's.
+	// The loop is built on first use for each runtime and provider, since
+	// the provider and the call log are the appliance's, not the
+	// bundle's, and the provider may change (Runtime.Models) between runs
+	// of the node.
 	loopFor := func(rt *Runtime) (engine.NodeFunc, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if fn := built[rt]; fn != nil {
-			return fn, nil
-		}
 		p, model, err := rt.provider(script, c.Model)
 		if err != nil {
 			return nil, err
+		}
+		key := loopKey{rt, p, model}
+		mu.Lock()
+		defer mu.Unlock()
+		if fn := built[key]; fn != nil {
+			return fn, nil
 		}
 		lane := policy.Lane{Agent: c.Lane}
 		if l := c.lane(b); l != nil {
@@ -584,7 +601,7 @@ func buildToolLoop(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 		if err != nil {
 			return nil, err
 		}
-		built[rt] = fn
+		built[key] = fn
 		return fn, nil
 	}
 	return func(ctx context.Context, s engine.State) ([]engine.Write, error) {

@@ -159,7 +159,7 @@ type collectorProc struct {
 func startCollectorProc(t *testing.T, dir string) *collectorProc {
 	st, err := OpenBoltStore(dir)
 	require.NoError(t, err)
-	srv := httptest.NewServer(NewCollector(st, CollectorOptions{Secrets: map[string][]byte{"ship-1": testSecret}}))
+	srv := httptest.NewServer(NewCollector(st, CollectorOptions{Secrets: map[string][]byte{"ship-1": testSecret}, Token: testToken}))
 	return &collectorProc{st, srv}
 }
 

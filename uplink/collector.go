@@ -3,6 +3,8 @@ package uplink
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +13,7 @@ import (
 	"mime"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,7 +33,8 @@ type CollectorStore interface {
 	// PlanAppend with its head and stored hashes, and stores what the plan
 	// says, or nothing when PlanAppend fails. It returns the head after.
 	Append(ctx context.Context, appliance string, batch []*Record, now time.Time) (Head, error)
-	// MarkBroken records that a batch was refused for breaking the chain.
+	// MarkBroken records that a signed batch was refused for breaking the
+	// chain (a fork, a bad link or an altered record).
 	MarkBroken(ctx context.Context, appliance string, e *ChainError, now time.Time) error
 	// Appliances lists every appliance heard from, by id.
 	Appliances(ctx context.Context) ([]ApplianceStatus, error)
@@ -51,8 +55,10 @@ type ApplianceStatus struct {
 	ApplianceID string    `json:"appliance_id"`
 	LastSeq     uint64    `json:"last_seq"`
 	LastSeen    time.Time `json:"last_seen"`
-	// Chain is "ok", or "broken" once a batch was refused for a gap, a
-	// fork, a bad link or an altered record, until the chain grows past it.
+	// Chain is "ok", or "broken" once a batch the appliance signed showed
+	// a fork, a bad link or an altered record, until the chain grows past
+	// it. A batch refused for anything else (a bad signature, an unknown
+	// appliance, a malformed body, a gap) changes nothing.
 	Chain       string `json:"chain"`
 	BrokenAtSeq uint64 `json:"broken_at_seq,omitempty"`
 	Error       string `json:"error,omitempty"`
@@ -94,11 +100,16 @@ func PlanAppend(head Head, batch []*Record, hashOf func(seq uint64) (string, boo
 	return fresh, nil
 }
 
+// unknownSecret stands in for the secret of an appliance the collector
+// does not know, whose batch is verified all the same.
+var unknownSecret [32]byte
+
 // Collector is the receiving end of uplinks: an http.Handler serving
 // POST /v1/outcomes and GET /v1/appliances.
 type Collector struct {
 	store   CollectorStore
 	secrets map[string][]byte
+	token   string
 	log     *slog.Logger
 	mux     *http.ServeMux
 	now     func() time.Time
@@ -115,18 +126,41 @@ type CollectorOptions struct {
 	Secrets map[string][]byte
 	// Logger reports refused batches; nil uses slog.Default.
 	Logger *slog.Logger
+	// Token is the bearer token GET /v1/appliances asks for: the list
+	// names every appliance and how far its chain reaches. Empty answers
+	// the list to no one.
+	Token string
 }
 
 // NewCollector returns a collector storing into st.
 func NewCollector(st CollectorStore, opts CollectorOptions) *Collector {
-	c := &Collector{store: st, secrets: opts.Secrets, log: opts.Logger, now: time.Now, locks: map[string]*sync.Mutex{}}
+	c := &Collector{store: st, secrets: opts.Secrets, token: opts.Token, log: opts.Logger, now: time.Now, locks: map[string]*sync.Mutex{}}
 	if c.log == nil {
 		c.log = slog.Default()
 	}
+	// The methods are checked here rather than in the mux's patterns, whose
+	// 405 (like its 404) is plain text: every answer is in the API's
+	// error shape.
 	c.mux = http.NewServeMux()
-	c.mux.HandleFunc("POST "+OutcomesPath, c.receive)
-	c.mux.HandleFunc("GET "+AppliancesPath, c.appliances)
+	c.mux.HandleFunc(OutcomesPath, only(c.receive, http.MethodPost))
+	c.mux.HandleFunc(AppliancesPath, only(c.appliances, http.MethodGet, http.MethodHead))
+	c.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such path %q: a collector serves POST %s and GET %s", r.URL.Path, OutcomesPath, AppliancesPath))
+	})
 	return c
+}
+
+// only serves h for the methods given and answers others 405, naming them.
+func only(h http.HandlerFunc, methods ...string) http.HandlerFunc {
+	allow := strings.Join(methods, ", ")
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !slices.Contains(methods, r.Method) {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s %s: this path takes %s", r.Method, r.URL.Path, allow))
+			return
+		}
+		h(w, r)
+	}
 }
 
 func (c *Collector) ServeHTTP(w http.ResponseWriter, r *http.Request) { c.mux.ServeHTTP(w, r) }
@@ -160,11 +194,9 @@ func (c *Collector) receive(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "malformed", err.Error())
 		return
 	}
-	secret, ok := c.secrets[appliance]
-	if !ok {
-		writeError(w, http.StatusUnauthorized, "unknown_appliance", fmt.Sprintf("%v: %q", ErrUnknownAppliance, appliance))
-		return
-	}
+	// The body is read, and its size checked, before the appliance is
+	// looked up, and an unknown appliance is answered as a bad signature
+	// is: no answer tells which appliance ids the collector knows.
 	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBatchBytes+1))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "malformed", "read body: "+err.Error())
@@ -174,8 +206,20 @@ func (c *Collector) receive(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("a batch holds at most %d bytes", MaxBatchBytes))
 		return
 	}
-	if !verifySignature(secret, body, r.Header.Get(HeaderSignature)) {
-		writeError(w, http.StatusUnauthorized, "bad_signature", ErrSignature.Error()+": the body's HMAC-SHA256 does not match "+HeaderSignature)
+	secret, known := c.secrets[appliance]
+	if !known {
+		// Verified all the same, so that the answer takes as long.
+		secret = unknownSecret[:]
+	}
+	if !verifySignature(secret, body, r.Header.Get(HeaderSignature)) || !known {
+		cause := ErrSignature
+		if !known {
+			cause = ErrUnknownAppliance
+		}
+		c.log.Warn("collector: batch refused", "appliance", appliance, "batch", r.Header.Get(HeaderIdempotencyKey), "err", cause)
+		writeError(w, http.StatusUnauthorized, "unauthorized",
+			"the batch's "+HeaderSignature+" does not verify for the appliance its "+HeaderIdempotencyKey+
+				" names: the collector does not list that appliance id, or holds another secret for it")
 		return
 	}
 	batch, err := parseBatch(body, appliance, first, last, r.Header.Get(HeaderChainHead))
@@ -205,11 +249,17 @@ func (c *Collector) receive(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]uint64{"acked_seq": last})
 }
 
-// refuse answers a batch that would break the chain, and records it.
+// refuse answers a signed batch that does not extend the chain. A fork, a
+// bad link or an altered record is the appliance's own signed evidence of
+// a break, and is recorded; a gap is not: it says the collector lacks
+// records (it was restored from an older backup, or an old batch came
+// again), which the appliance sends again from the seq asked for.
 func (c *Collector) refuse(ctx context.Context, w http.ResponseWriter, appliance string, ce *ChainError) {
 	c.log.Warn("collector: batch refused", "appliance", appliance, "code", ce.Code, "seq", ce.Seq, "err", ce.Msg)
-	if err := c.store.MarkBroken(ctx, appliance, ce, c.now()); err != nil {
-		c.log.Error("collector: record broken chain", "appliance", appliance, "err", err)
+	if ce.Code != CodeGap {
+		if err := c.store.MarkBroken(ctx, appliance, ce, c.now()); err != nil {
+			c.log.Error("collector: record broken chain", "appliance", appliance, "err", err)
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(ce.HTTPStatus())
@@ -218,6 +268,18 @@ func (c *Collector) refuse(ctx context.Context, w http.ResponseWriter, appliance
 		e["expected_seq"] = ce.Expected
 	}
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": e})
+}
+
+// authorized reports whether r carries the collector's bearer token.
+func (c *Collector) authorized(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || c.token == "" {
+		return false
+	}
+	// Hashing first makes the comparison's time independent of the
+	// lengths too.
+	a, b := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(c.token))
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
 }
 
 // parseBatch decodes and verifies a batch on its own: every line a record
@@ -272,6 +334,12 @@ func parseBatch(body []byte, appliance string, first, last uint64, chainHead str
 }
 
 func (c *Collector) appliances(w http.ResponseWriter, r *http.Request) {
+	if !c.authorized(r) {
+		w.Header().Set("WWW-Authenticate", "Bearer")
+		writeError(w, http.StatusUnauthorized, "unauthorized",
+			"GET "+AppliancesPath+" needs the collector's token: Authorization: Bearer <token>")
+		return
+	}
 	list, err := c.store.Appliances(r.Context())
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, "store", err.Error())

@@ -23,7 +23,14 @@
 // application/x-ndjson (415), verifies the HMAC per appliance, each
 // record's hash and the chain's continuity (PlanAppend, shared by both
 // stores), stores each (appliance, seq) once and answers a repeated batch
-// as it did the first time. The conformance suite in
+// as it did the first time. An unknown appliance and a bad signature get
+// the same answer (401 "unauthorized"; the log tells them apart), so that
+// the answers do not tell which appliance ids exist. Only a signed batch
+// that shows a fork, a bad link or an altered record marks an
+// appliance's chain "broken"; a gap does not. GET /v1/appliances takes
+// the collector's bearer token (CollectorOptions.Token; outpost collector
+// keeps it in TokenFile). Every error, a stray path or method included, is
+// {"error": {"code", "message"}}. The conformance suite in
 // collectorstore_test.go runs against every CollectorStore.
 //
 // Examples are the best way to understand it: chaos_test.go runs an

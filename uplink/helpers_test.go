@@ -25,6 +25,9 @@ var bg = context.Background()
 
 var testSecret = []byte("s3cret-of-clinic")
 
+// testToken is the bearer token of the test collectors' GET /v1/appliances.
+const testToken = "collector-token-0123456789abcdef0123456789abcdef"
+
 func openAppliance(t testing.TB, dir, id string) *store.DB {
 	t.Helper()
 	db, err := store.OpenDir(dir, store.Options{ApplianceID: id, Timeout: 5 * time.Second})

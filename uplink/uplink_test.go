@@ -32,7 +32,7 @@ func newCollector(t *testing.T, dir, id string) (*httptest.Server, *BoltStore) {
 	t.Helper()
 	st, err := OpenBoltStore(dir)
 	require.NoError(t, err)
-	srv := httptest.NewServer(NewCollector(st, CollectorOptions{Secrets: map[string][]byte{id: testSecret}}))
+	srv := httptest.NewServer(NewCollector(st, CollectorOptions{Secrets: map[string][]byte{id: testSecret}, Token: testToken}))
 	t.Cleanup(func() { srv.Close(); st.Close() })
 	return srv, st
 }
@@ -221,10 +221,10 @@ func TestCollectorRefusesBadBatches(t *testing.T) {
 
 	a := post(t, srv.URL, "clinic-1", outs[:2], []byte("wrong"))
 	assert.Equal(t, http.StatusUnauthorized, a.code)
-	assert.Contains(t, a.body, "bad_signature")
+	assert.Contains(t, a.body, `"code":"unauthorized"`)
 	a = post(t, srv.URL, "clinic-9", outs[:2], testSecret)
 	assert.Equal(t, http.StatusUnauthorized, a.code)
-	assert.Contains(t, a.body, "unknown_appliance")
+	assert.Contains(t, a.body, `"code":"unauthorized"`)
 	a = post(t, srv.URL, "clinic-1", outs[3:5], testSecret)
 	assert.Equal(t, http.StatusConflict, a.code)
 	assert.Contains(t, a.body, `"code":"gap"`)
@@ -470,7 +470,7 @@ func TestUplinkResendsWhatTheCollectorLost(t *testing.T) {
 	require.NoError(t, err)
 	var handler atomic.Pointer[http.Handler]
 	serve := func(st CollectorStore) {
-		var h http.Handler = NewCollector(st, CollectorOptions{Secrets: map[string][]byte{"clinic-1": testSecret}})
+		var h http.Handler = NewCollector(st, CollectorOptions{Secrets: map[string][]byte{"clinic-1": testSecret}, Token: testToken})
 		handler.Store(&h)
 	}
 	serve(st)
@@ -521,7 +521,10 @@ func TestUplinkResendsWhatTheCollectorLost(t *testing.T) {
 // appliances reads a collector's GET /v1/appliances.
 func appliances(t *testing.T, url string) []ApplianceStatus {
 	t.Helper()
-	r, err := http.Get(url + AppliancesPath)
+	req, err := http.NewRequest(http.MethodGet, url+AppliancesPath, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	r, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer r.Body.Close()
 	require.Equal(t, http.StatusOK, r.StatusCode)

@@ -45,8 +45,12 @@ const (
 	ContentType = "application/x-ndjson"
 	// OutcomesPath is where a collector receives batches.
 	OutcomesPath = "/v1/outcomes"
-	// AppliancesPath is where a collector lists what it holds.
+	// AppliancesPath is where a collector lists what it holds, to those
+	// with its bearer token.
 	AppliancesPath = "/v1/appliances"
+	// TokenFile is the file, in a collector's data folder, of the bearer
+	// token GET /v1/appliances asks for (made at first start, mode 0600).
+	TokenFile = "collector.token"
 )
 
 // Redactor is what a bundle's redaction policy offers the uplink

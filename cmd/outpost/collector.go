@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"time"
 
+	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/uplink"
 )
 
@@ -17,12 +19,17 @@ func init() {
 	register("collector", "receive appliances' outcomes (the uplink's upstream end)", runCollector)
 }
 
+// defaultCollectorData is the collector's data folder unless --data says.
+const defaultCollectorData = "./collector-data"
+
 func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newCmdFlags("collector", "collector --listen ADDR --data DIR --secrets FILE [--postgres DSN]", stdout, stderr)
+	fs := newCmdFlags("collector", "collector --listen ADDR --data DIR --secrets FILE [--postgres DSN]\n\n"+
+		"GET /v1/appliances takes a bearer token, made at first start and kept in DIR/"+uplink.TokenFile+
+		" (mode 0600); print it with: outpost token --collector --data DIR", stdout, stderr)
 	listen := fs.String("listen", "127.0.0.1:7080", "address to listen on")
-	data := fs.String("data", "./collector-data", "data folder of the embedded (bbolt) store")
+	data := fs.String("data", defaultCollectorData, "data folder: the embedded (bbolt) store, and the token of GET /v1/appliances (with --postgres too)")
 	secrets := fs.String("secrets", "", "file of \"appliance_id secret\" lines, one per appliance")
-	pg := fs.String("postgres", "", "store into PostgreSQL at this DSN instead of bbolt (several collectors may share it)")
+	pg := fs.String("postgres", "", "store into PostgreSQL at this DSN instead of bbolt (several collectors may share it; copy one's "+uplink.TokenFile+" into the others' --data for one token)")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -30,6 +37,12 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("--secrets FILE is required: one \"appliance_id secret\" line per appliance")
 	}
 	keys, err := uplink.LoadSecrets(*secrets)
+	if err != nil {
+		return err
+	}
+	// The token is made before the store is opened, so that a data folder
+	// it cannot be written to stops the collector before it listens.
+	tok, created, err := console.LoadOrCreateTokenFile(*data, uplink.TokenFile)
 	if err != nil {
 		return err
 	}
@@ -50,9 +63,13 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("listen: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	srv := &http.Server{Handler: uplink.NewCollector(st, uplink.CollectorOptions{Secrets: keys, Logger: log}),
+	srv := &http.Server{Handler: uplink.NewCollector(st, uplink.CollectorOptions{Secrets: keys, Logger: log, Token: tok}),
 		ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 2 * time.Minute}
 	fmt.Fprintf(stdout, "collector listening on http://%s (%d appliances, store: %s)\n", l.Addr(), len(keys), where)
+	if created {
+		fmt.Fprintf(stdout, "  a bearer token for GET %s was made (%s, mode 0600)\n", uplink.AppliancesPath, filepath.Join(*data, uplink.TokenFile))
+	}
+	fmt.Fprintf(stdout, "  GET %s needs it: outpost token --collector --data %s\n", uplink.AppliancesPath, shellQuote(*data))
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -37,17 +37,77 @@ type session struct {
 	done sync.WaitGroup
 }
 
-// modelChoice is what --model and --ollama select.
+// modelChoice is what --model, --ollama and the --ollama-* flags select.
 type modelChoice struct {
-	model  string // "scripted" or "ollama:NAME"
-	ollama string // the Ollama server's URL
+	model     string // "scripted" or "ollama:NAME"
+	ollama    string // the Ollama server's URL
+	keepAlive keepAliveFlag
+	stall     time.Duration
 }
 
+// defaultKeepAlive keeps the model loaded through a clinic's quiet hours
+// and its night, so that the first question of the day does not wait for
+// it to load (Ollama's own default unloads it after five idle minutes).
+// Ollama still unloads an idle model when another needs the memory.
+const defaultKeepAlive = 24 * time.Hour
+
 func modelFlags(fs *flag.FlagSet) *modelChoice {
-	mc := &modelChoice{}
+	mc := &modelChoice{keepAlive: keepAliveFlag{d: defaultKeepAlive, set: true}}
 	fs.StringVar(&mc.model, "model", "scripted", "model: scripted (the bundle's deterministic rules) or ollama:NAME (a local model in the agent's lane)")
 	fs.StringVar(&mc.ollama, "ollama", ollama.DefaultURL, "Ollama server URL, for --model ollama:NAME")
+	fs.Var(&mc.keepAlive, "ollama-keep-alive", "how long Ollama keeps the model loaded after each call: a `duration`, -1 until Ollama stops, or 0 to leave it to Ollama's OLLAMA_KEEP_ALIVE (five minutes unless set)")
+	fs.DurationVar(&mc.stall, "ollama-stall-timeout", ollama.DefaultStallTimeout, "longest pause between two chunks of a streamed answer before the call fails and is retried (0 waits for the node's timeout alone)")
 	return mc
+}
+
+// keepAliveFlag is --ollama-keep-alive: a duration, -1 for "until Ollama
+// stops", or 0 for "not sent".
+type keepAliveFlag struct {
+	d   time.Duration
+	set bool // false: leave it to the server
+}
+
+func (k *keepAliveFlag) String() string {
+	switch {
+	case k == nil || !k.set:
+		return "0"
+	case k.d < 0:
+		return "-1"
+	}
+	return k.d.String()
+}
+
+func (k *keepAliveFlag) Set(s string) error {
+	s = strings.TrimSpace(s)
+	if s == "-1" {
+		k.d, k.set = -1, true
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if s == "0" {
+		d, err = 0, nil
+	}
+	if err != nil {
+		return fmt.Errorf("want a duration such as 24h, -1 (until Ollama stops) or 0 (Ollama's own setting)")
+	}
+	k.d, k.set = d, d != 0
+	if d < 0 {
+		k.d = -1
+	}
+	return nil
+}
+
+// client returns the Ollama client the flags describe.
+func (mc *modelChoice) client() *ollama.Client {
+	opts := ollama.Options{StallTimeout: mc.stall}
+	if mc.stall == 0 {
+		opts.StallTimeout = -1 // off: the flag's 0 means no stall timeout
+	}
+	if mc.keepAlive.set {
+		d := mc.keepAlive.d
+		opts.KeepAlive = &d
+	}
+	return ollama.NewWithOptions(mc.ollama, nil, opts)
 }
 
 // provider returns the model provider and model name chosen, or nil for the
@@ -61,7 +121,7 @@ func (mc *modelChoice) provider(ctx context.Context, stderr io.Writer) (models.P
 	if !ok || name == "" {
 		return nil, "", fmt.Errorf("--model %q: want scripted or ollama:NAME (such as ollama:llama3.2:3b)", mc.model)
 	}
-	client := ollama.New(mc.ollama, nil)
+	client := mc.client()
 	if err := ollamaReachable(ctx, client.URL()); err != nil {
 		fmt.Fprintf(stderr, "Ollama is not reachable at %s (%v): falling back to the scripted model\n", client.URL(), err)
 		return nil, "", nil

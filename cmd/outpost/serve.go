@@ -14,6 +14,7 @@ import (
 	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/internal/wiring"
 	"github.com/outpost-edge/outpost/models"
 	"github.com/outpost-edge/outpost/models/ollama"
 	"github.com/outpost-edge/outpost/store"
@@ -93,9 +94,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}()
 
+	// Start-up lines and the model switch's line may be written at once.
+	stdout = &lockedWriter{w: stdout}
 	p, model, err := mc.provider(ctx, stderr)
 	if err != nil {
 		return err
+	}
+	// An Ollama asked for that did not answer is probed in the
+	// background; new model calls move to it once it serves the model.
+	var sw *wiring.OllamaSwitch
+	if name, ok := strings.CutPrefix(mc.model, "ollama:"); ok && p == nil {
+		sw = wiring.NewOllamaSwitch(mc.client(), name, wiring.SwitchOptions{
+			Logf: func(f string, a ...any) { fmt.Fprintf(stdout, f+"\n", a...) }})
 	}
 	bus := engine.NewBus()
 	db, err := openStore(*data, bus)
@@ -113,6 +123,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rt, err := runtimeFor(db, *data, p, model)
 	if err != nil {
 		return err
+	}
+	if sw != nil {
+		rt.Models = sw.Models
 	}
 	// The bundle is announced below, once; the resolver's own notice
 	// would repeat it at the first run.
@@ -134,7 +147,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			agents = append(agents, b.Agents...)
 		}
 	}
-	modelHealth := modelCheck(ctx, mc, p, model, stdout)
+	modelHealth := modelCheck(ctx, mc, p, model, sw, stdout)
 
 	tok, created, err := console.LoadOrCreateToken(*data)
 	if err != nil {
@@ -172,20 +185,27 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Fprintf(stderr, "control socket: %v\n", err)
 		}
 	}()
-	upCtx, stopUp := context.WithCancel(context.Background())
+	bgCtx, stopBg := context.WithCancel(context.Background())
 	if up != nil {
 		bg.Add(1)
 		go func() {
 			defer bg.Done()
 			// A batch cut short by the stop is sent again at the next
 			// start: the collector answers a repeated batch the same way.
-			_ = up.Run(upCtx)
+			_ = up.Run(bgCtx)
+		}()
+	}
+	if sw != nil {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			_ = sw.Run(bgCtx)
 		}()
 	}
 	shutdown := func() {
 		srv.Close()
 		m.Close() // running steps finish or stop at a checkpoint; runs stay recoverable
-		stopUp()
+		stopBg()
 		stopCtl()
 		bus.Close()
 		bg.Wait()
@@ -273,9 +293,10 @@ func bundleInfo(dir string, rt *firmware.Runtime) ([]console.BundleInfo, error) 
 
 // modelCheck says which model serves and returns its health check: an
 // Ollama that answers and has the model is ok; the scripted model standing
-// in for an unreachable Ollama is degraded.
-func modelCheck(ctx context.Context, mc *modelChoice, p models.Provider, model string, stdout io.Writer) func(context.Context) console.Health {
-	client := ollama.New(mc.ollama, nil)
+// in for an unreachable Ollama is degraded until sw moves new model calls
+// to Ollama.
+func modelCheck(ctx context.Context, mc *modelChoice, p models.Provider, model string, sw *wiring.OllamaSwitch, stdout io.Writer) func(context.Context) console.Health {
+	client := mc.client()
 	if oc, ok := p.(*ollama.Client); ok {
 		client = oc
 	}
@@ -284,7 +305,7 @@ func modelCheck(ctx context.Context, mc *modelChoice, p models.Provider, model s
 	case p != nil:
 		fmt.Fprintf(stdout, "model: %s on Ollama at %s\n", model, client.URL())
 	case wantOllama:
-		fmt.Fprintf(stdout, "model: no Ollama reachable at %s: using the scripted model\n", client.URL())
+		fmt.Fprintf(stdout, "model: no Ollama reachable at %s: using the scripted model until it answers with %s; new model calls move to it then\n", client.URL(), asked)
 	default:
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
@@ -294,29 +315,59 @@ func modelCheck(ctx context.Context, mc *modelChoice, p models.Provider, model s
 			fmt.Fprintf(stdout, "model: scripted (the bundle's deterministic rules; no Ollama reachable at %s)\n", client.URL())
 		}
 	}
+	ollamaHealth := func(ctx context.Context, info map[string]any, detail string) console.Health {
+		info["model"] = asked
+		has, err := client.HasModel(ctx, asked)
+		switch {
+		case err != nil:
+			return console.Health{State: console.StateDown, Detail: fmt.Sprintf("Ollama at %s does not answer: %v", client.URL(), err), Info: info}
+		case !has:
+			return console.Health{State: console.StateDegraded, Detail: fmt.Sprintf("Ollama answers but has no model %s (ollama pull %s)", asked, asked), Info: info}
+		}
+		return console.Health{State: console.StateOK, Detail: detail, Info: info}
+	}
 	return func(ctx context.Context) console.Health {
 		info := map[string]any{"url": client.URL()}
 		switch {
 		case p != nil:
-			info["model"] = model
-			has, err := client.HasModel(ctx, model)
-			switch {
-			case err != nil:
-				return console.Health{State: console.StateDown, Detail: fmt.Sprintf("Ollama at %s does not answer: %v", client.URL(), err), Info: info}
-			case !has:
-				return console.Health{State: console.StateDegraded, Detail: fmt.Sprintf("Ollama answers but has no model %s (ollama pull %s)", model, model), Info: info}
-			}
-			return console.Health{State: console.StateOK, Detail: "ollama:" + model, Info: info}
+			return ollamaHealth(ctx, info, "ollama:"+model)
+		case wantOllama && sw != nil && sw.Status().Live:
+			st := sw.Status()
+			info["switched_at"] = st.SwitchedAt.UTC().Format(time.RFC3339)
+			return ollamaHealth(ctx, info, fmt.Sprintf("ollama:%s (since %s; the scripted model served until Ollama answered)",
+				asked, st.SwitchedAt.UTC().Format(time.RFC3339)))
 		case wantOllama:
 			info["model"] = firmware.ScriptedModel
 			info["asked"] = asked
-			detail := fmt.Sprintf("no Ollama reachable at %s at start: using the scripted model", client.URL())
-			if client.Ping(ctx) == nil {
-				detail = fmt.Sprintf("Ollama at %s answers now, but this process uses the scripted model: restart to use ollama:%s", client.URL(), asked)
+			detail := fmt.Sprintf("no Ollama reachable at %s at start: using the scripted model until it answers with %s", client.URL(), asked)
+			if sw != nil {
+				st := sw.Status()
+				if st.LastError != "" {
+					detail += "; last check: " + st.LastError
+					info["last_error"] = st.LastError
+				}
+				if !st.LastProbe.IsZero() {
+					info["last_check"] = st.LastProbe.UTC().Format(time.RFC3339)
+				}
+				if !st.NextProbe.IsZero() {
+					info["next_check"] = st.NextProbe.UTC().Format(time.RFC3339)
+				}
 			}
 			return console.Health{State: console.StateDegraded, Detail: detail, Info: info}
 		}
 		info["model"] = firmware.ScriptedModel
 		return console.Health{State: console.StateOK, Detail: "scripted model (--model scripted, the default: the bundle's deterministic rules)", Info: info}
 	}
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

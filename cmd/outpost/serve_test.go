@@ -252,7 +252,7 @@ func (s *serving) events(t *testing.T, runID string) (types []string, seqs []uin
 // default, not a flag the operator gave.
 func TestScriptedModelHealth(t *testing.T) {
 	var out strings.Builder
-	check := modelCheck(context.Background(), &modelChoice{model: "scripted", ollama: "http://127.0.0.1:1"}, nil, "", &out)
+	check := modelCheck(context.Background(), &modelChoice{model: "scripted", ollama: "http://127.0.0.1:1"}, nil, "", nil, &out)
 	h := check(context.Background())
 	assert.Equal(t, console.StateOK, h.State)
 	assert.Equal(t, "scripted model (--model scripted, the default: the bundle's deterministic rules)", h.Detail)

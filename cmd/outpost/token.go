@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 
 	"github.com/outpost-edge/outpost/console"
+	"github.com/outpost-edge/outpost/uplink"
 )
 
 func init() {
@@ -15,14 +17,31 @@ func init() {
 }
 
 func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newCmdFlags("token", "token [--data DIR] [--json]", stdout, stderr)
+	fs := newCmdFlags("token", "token [--data DIR] [--json]\n       outpost token --collector [--data DIR] [--json]", stdout, stderr)
 	data := dataFlag(fs.FlagSet)
+	collector := fs.Bool("collector", false, "print the collector's token, for its GET /v1/appliances (--data is the collector's, default "+defaultCollectorData+")")
 	asJSON := fs.Bool("json", false, "print JSON: {token}")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
-	tok, err := console.ReadToken(*data)
-	if errors.Is(err, os.ErrNotExist) {
+	if *collector {
+		dataSet := false
+		fs.Visit(func(f *flag.Flag) { dataSet = dataSet || f.Name == "data" })
+		if !dataSet {
+			*data = defaultCollectorData
+		}
+	}
+	var tok string
+	var err error
+	if *collector {
+		tok, err = console.ReadTokenFile(*data, uplink.TokenFile)
+	} else {
+		tok, err = console.ReadToken(*data)
+	}
+	switch {
+	case errors.Is(err, os.ErrNotExist) && *collector:
+		return fmt.Errorf("no collector token in %s yet: \"outpost collector --data %s\" makes one when it first starts", *data, shellQuote(*data))
+	case errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("no console token in %s yet: \"outpost serve --data %s\" makes one when it first starts", *data, *data)
 	}
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -80,6 +81,34 @@ func TestUplinkFlushToCollector(t *testing.T) {
 
 	code, out, errs = outpost(t, "db", "check", "--data", app)
 	require.Equal(t, 0, code, out+errs)
+
+	// The list of appliances takes the token the collector made.
+	assert.Contains(t, cout.String(), "outpost token --collector --data "+coll)
+	fi, err := os.Stat(filepath.Join(coll, uplink.TokenFile))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	code, tok, errs := outpost(t, "token", "--collector", "--data", coll)
+	require.Equal(t, 0, code, errs)
+	tok = strings.TrimSpace(tok)
+	require.NotEmpty(t, tok)
+	for auth, want := range map[string]int{"": http.StatusUnauthorized, "Bearer " + tok: http.StatusOK} {
+		req, err := http.NewRequest(http.MethodGet, url+uplink.AppliancesPath, nil)
+		require.NoError(t, err)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, want, resp.StatusCode, "%s", body)
+		if want == http.StatusOK {
+			assert.Contains(t, string(body), `"appliance_id":"`+st.ApplianceID+`"`)
+		}
+	}
+	code, _, errs = outpost(t, "token", "--collector", "--data", t.TempDir())
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "no collector token")
 
 	cancel()
 	require.Equal(t, 0, <-done)

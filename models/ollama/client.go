@@ -21,20 +21,51 @@ const DefaultURL = "http://127.0.0.1:11434"
 // providerName is Name() and Response.Provider.
 const providerName = "ollama"
 
+// DefaultStallTimeout is the longest wait for the next chunk of an answer
+// that has begun streaming, unless Options say otherwise. A model that is
+// generating sends a chunk every token or so; a pause of this length
+// means the runner hung. It is long enough for a slow machine working out
+// a tool call, which Ollama holds back until it is whole.
+const DefaultStallTimeout = 30 * time.Second
+
 // Client is a models.Provider backed by an Ollama server. It is safe for
 // concurrent use.
 type Client struct {
 	base    string // as shown in error messages
 	api     *api.Client
 	baseErr error // a base URL that cannot be parsed fails every call
+	opts    Options
+}
+
+// Options tune a Client. The zero value is what New uses.
+type Options struct {
+	// KeepAlive is sent with every call that sets no Request.KeepAlive of
+	// its own: how long Ollama keeps the model loaded after the call (a
+	// negative value keeps it loaded until Ollama stops). Nil leaves it
+	// to the server (OLLAMA_KEEP_ALIVE, five minutes unless set), after
+	// which the next call waits for the model to load again.
+	KeepAlive *time.Duration
+	// StallTimeout bounds the wait for each chunk after the first: a
+	// stream that stops for that long fails as a Timeout, which is
+	// transient. The wait for the first chunk (the model loading, the
+	// prompt read) is left to Request.Timeout and the caller's context,
+	// and the time the caller's stream callback takes does not count.
+	// Zero means DefaultStallTimeout; a negative value turns it off.
+	StallTimeout time.Duration
 }
 
 var _ models.Provider = (*Client)(nil)
 
 // New returns a Client for the Ollama server at baseURL ("host:port" is
-// taken as http). hc may be nil; it must not set an overall Timeout, which
-// would cut long streams short: use Request.Timeout instead.
+// taken as http), with the zero Options. hc may be nil; it must not set an
+// overall Timeout, which would cut long streams short: use Request.Timeout
+// instead.
 func New(baseURL string, hc *http.Client) *Client {
+	return NewWithOptions(baseURL, hc, Options{})
+}
+
+// NewWithOptions is New with Options.
+func NewWithOptions(baseURL string, hc *http.Client, opts Options) *Client {
 	if baseURL == "" {
 		baseURL = DefaultURL
 	}
@@ -45,7 +76,10 @@ func New(baseURL string, hc *http.Client) *Client {
 	if hc == nil {
 		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	}
-	c := &Client{base: baseURL}
+	if opts.StallTimeout == 0 {
+		opts.StallTimeout = DefaultStallTimeout
+	}
+	c := &Client{base: baseURL, opts: opts}
 	u, err := url.Parse(baseURL)
 	if err == nil && u.Host == "" {
 		err = errors.New("no host")
@@ -77,6 +111,9 @@ func (c *Client) Chat(ctx context.Context, req models.Request, stream func(model
 	if err := ctx.Err(); err != nil {
 		return nil, c.contextError(ctx, req.Model)
 	}
+	if req.KeepAlive == nil {
+		req.KeepAlive = c.opts.KeepAlive
+	}
 	creq, err := chatRequest(req)
 	if err != nil {
 		return nil, c.newError(models.BadRequest, req.Model, err)
@@ -89,20 +126,34 @@ func (c *Client) Chat(ctx context.Context, req models.Request, stream func(model
 		defer cancel()
 	}
 
+	// The stall watch is armed by each chunk and disarmed while the
+	// caller's callback runs; it does not run before the first chunk.
+	var watch *stallWatch
+	if c.opts.StallTimeout > 0 {
+		var cancel context.CancelFunc
+		watch = &stallWatch{d: c.opts.StallTimeout}
+		callCtx, cancel = watch.start(callCtx)
+		defer cancel()
+	}
+
 	end := &streamEnd{}
 	callCtx = context.WithValue(callCtx, streamEndKey{}, end)
 	start := time.Now()
 	acc := accumulator{model: req.Model}
 	err = c.api.Chat(callCtx, creq, func(r api.ChatResponse) error {
+		watch.pause()
 		chunk := acc.add(r)
 		if stream == nil || (chunk.Content == "" && chunk.Thinking == "" && len(chunk.ToolCalls) == 0) {
+			watch.arm()
 			return nil
 		}
 		if err := stream(chunk); err != nil {
 			return callbackError{err}
 		}
+		watch.arm()
 		return nil
 	})
+	watch.pause()
 	if err != nil {
 		return nil, c.classify(callCtx, req.Model, err)
 	}
@@ -127,6 +178,36 @@ func (c *Client) Chat(ctx context.Context, req models.Request, stream func(model
 	resp := acc.response(time.Since(start))
 	resp.RequestHash = models.HashRequest(req)
 	return resp, nil
+}
+
+// stallWatch cancels a call's context, with errStalled as the cause, when
+// it stays armed for d. A nil *stallWatch does nothing.
+type stallWatch struct {
+	d      time.Duration
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+}
+
+func (w *stallWatch) start(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	w.cancel = cancel
+	w.timer = time.AfterFunc(w.d, func() { cancel(errStalled{w.d}) })
+	w.timer.Stop()
+	return ctx, func() { w.timer.Stop(); cancel(context.Canceled) }
+}
+
+// arm starts the wait for the next chunk.
+func (w *stallWatch) arm() {
+	if w != nil {
+		w.timer.Reset(w.d)
+	}
+}
+
+// pause stops the wait: a chunk came, or the call is over.
+func (w *stallWatch) pause() {
+	if w != nil {
+		w.timer.Stop()
+	}
 }
 
 // unfinished refuses a final chunk that does not end an answer. "stop" (and

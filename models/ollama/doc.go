@@ -2,17 +2,20 @@
 // github.com/ollama/ollama/api.
 //
 // [New] returns a [Client] for a base URL (http://127.0.0.1:11434 when
-// empty). [Client.Chat] streams /api/chat with tools, a JSON-schema format,
-// sampling options, keep-alive, thinking and a per-call timeout, and reads the
-// token counts from the final chunk. [Client.Ping] and [Client.HasModel] use
-// /api/tags for health checks.
+// empty), and [NewWithOptions] one with [Options]: a keep-alive sent with
+// every call (so that the model stays loaded between turns) and the stall
+// timeout between chunks. [Client.Chat] streams /api/chat with tools, a
+// JSON-schema format, sampling options, keep-alive, thinking and a
+// per-call timeout, and reads the token counts from the final chunk.
+// [Client.Ping] and [Client.HasModel] use /api/tags for health checks.
 //
 // Every failure is a *models.Error: a 404 for the model names the "ollama
-// pull" command (a 404 for the path says the URL is not Ollama's), a refused
-// connection names the URL, a timeout or a connection dropped mid-stream is
-// transient (a line longer than the client reads is not), and an answer cut
-// at the token limit (done_reason "length") is a Truncated error, never a
-// complete answer. The tests replay Ollama's NDJSON streams recorded under
+// pull" command (a 404 for the path says the URL is not Ollama's), a
+// refused connection names the URL, a timeout, a stream that stalls
+// between chunks or a connection dropped mid-stream is transient (a line
+// longer than the client reads is not), and an answer cut at the token
+// limit (done_reason "length") is a Truncated error, never a complete
+// answer. The tests replay Ollama's NDJSON streams recorded under
 // testdata/ollama; run them with -update next to a real Ollama to record
 // fresh ones.
 package ollama

@@ -32,6 +32,16 @@ func (e errCallTimeout) Error() string {
 }
 func (e errCallTimeout) Unwrap() error { return context.DeadlineExceeded }
 
+// errStalled is the context cause when a stream sent no chunk for the
+// client's stall timeout. It wraps context.DeadlineExceeded: it is a
+// timeout, worth a retry, like the call's own.
+type errStalled struct{ d time.Duration }
+
+func (e errStalled) Error() string {
+	return fmt.Sprintf("the stream stalled: no chunk of the answer for %s", e.d)
+}
+func (e errStalled) Unwrap() error { return context.DeadlineExceeded }
+
 func (c *Client) newError(kind models.ErrorKind, model string, err error) *models.Error {
 	return &models.Error{Kind: kind, Provider: providerName, Model: model, URL: c.base, Err: err}
 }
@@ -42,6 +52,12 @@ func (c *Client) newError(kind models.ErrorKind, model string, err error) *model
 // own error (the engine's node timeout does).
 func (c *Client) contextError(ctx context.Context, model string) *models.Error {
 	cause := context.Cause(ctx)
+	var stalled errStalled
+	if errors.As(cause, &stalled) {
+		e := c.newError(models.Timeout, model, cause)
+		e.Hint = "the model stopped mid-answer; retry, or check Ollama's log for a runner that hung or ran out of memory"
+		return e
+	}
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(cause, context.DeadlineExceeded) {
 		e := c.newError(models.Timeout, model, cause)
 		e.Hint = "the model may still be loading; retry, raise the timeout, or use a smaller model"
