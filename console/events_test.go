@@ -418,6 +418,13 @@ func TestWebsocketStreamsWithoutSubscribe(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := testCtx(t)
 	_, before := e.startRun("early", "hello", "20s") // before the connection: only a resume brings it
+	// The hub follows the bus on its own goroutine: a client that replays
+	// the early run's end knows the hub holds all of it, so none of it
+	// can still come to the next connection as live.
+	c0 := e.connect(ctx)
+	c0.send(ctx, map[string]any{"type": "resume", "seq": 0, "run": before["id"]})
+	c0.until(ctx, func(m map[string]any) bool { return m["type"] == "run.completed" })
+	c0.conn.CloseNow()
 
 	c := e.connect(ctx)
 	_, run := e.startRun("late", "hello", "20s")
