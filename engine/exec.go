@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -44,6 +45,8 @@ type RunConfig struct {
 
 	ns         string
 	nodePrefix string
+	// parent is the execution a subgraph runs in (nil for the root run).
+	parent *execution
 }
 
 // Result is how a call to Invoke or Resume ended.
@@ -139,6 +142,9 @@ type execution struct {
 	// or been recovered, and is not running in one stretch from its start
 	// (see active.go).
 	fresh, stretched bool
+	// values holds what nodes keep with RunValue, made on first use.
+	values     *runValues
+	valuesOnce sync.Once
 }
 
 func (g *Graph) newExecution(cfg RunConfig) (*execution, error) {

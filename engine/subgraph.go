@@ -40,6 +40,7 @@ func runSubgraph(ctx context.Context, name string, sub *Graph, s State) ([]Write
 	cfg.nodePrefix = parent.cfg.nodePrefix + name + "/"
 	cfg.Run = parent.run
 	cfg.Output = nil
+	cfg.parent = parent
 
 	// The parent state a task sees is the same on every re-run of the task,
 	// so the subgraph's input can be derived again instead of stored.
