@@ -376,3 +376,40 @@ func TestTokenBudgetHoldsAcrossResumeAndRestart(t *testing.T) {
 		})
 	}
 }
+
+// A tool_loop node's max_iterations replaced the appliance's iteration
+// budget, so a bundle could raise it: it may only narrow it.
+func TestToolLoopIterationsNeverExceedTheAppliancesBudget(t *testing.T) {
+	loop := `{
+  "name": "looping",
+  "channels": [
+    {"name": "input", "type": "string", "reducer": "replace"},
+    {"name": "messages", "type": "messages", "reducer": "append"},
+    {"name": "answer", "type": "string", "reducer": "replace"}
+  ],
+  "input": "input",
+  "history": "messages",
+  "output": "answer",
+  "nodes": [{"name": "loop", "kind": "tool_loop", "config": {"messages": "messages", "answer": "answer", "max_iterations": %d}}],
+  "edges": [{"from": "START", "to": "loop"}, {"from": "loop", "to": "END"}]
+}`
+	for _, tc := range []struct {
+		appliance, node, want int
+	}{
+		{2, 10, 2}, // the node may not raise the appliance's
+		{4, 3, 3},  // it may narrow it
+		{0, 7, 7},  // with none from the appliance, the node's holds
+	} {
+		t.Run(fmt.Sprintf("appliance %d node %d", tc.appliance, tc.node), func(t *testing.T) {
+			p := &fixedModel{prompt: 1, completion: 1, answer: "again", toolCall: "lookup_schedule"}
+			rt := &firmware.Runtime{Provider: p, Model: budgetModel, Budget: policy.Budget{ToolIterations: tc.appliance}}
+			b := budgetBundle(t, rt, map[string]string{"looping": fmt.Sprintf(loop, tc.node)})
+			m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(b), engine.ManagerOptions{})
+			defer m.Close()
+			requireBudgetExceeded(t, runTurn(t, m, "looping", "t", "hello"), policy.BudgetToolIterations)
+			if got := int(p.calls.Load()) - 1; got != tc.want {
+				t.Fatalf("%d tool iterations ran, want %d", got, tc.want)
+			}
+		})
+	}
+}

@@ -488,7 +488,8 @@ type toolLoopConfig struct {
 	Messages string `json:"messages"`
 	Answer   string `json:"answer,omitempty"`
 	Tokens   string `json:"tokens,omitempty"`
-	// MaxIterations overrides the runtime's tool-iteration budget.
+	// MaxIterations narrows the runtime's tool-iteration budget (when the
+	// runtime sets none, it replaces the default of 5).
 	MaxIterations int `json:"max_iterations,omitempty"`
 }
 
@@ -559,8 +560,9 @@ func buildToolLoop(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 			lane = *l
 		}
 		budget := rt.Budget
-		if c.MaxIterations > 0 {
-			budget.ToolIterations = c.MaxIterations
+		if n := c.MaxIterations; n > 0 && (budget.ToolIterations <= 0 || n < budget.ToolIterations) {
+			// A bundle narrows the appliance's limit; it never raises it.
+			budget.ToolIterations = n
 		}
 		fn, err := agent.ToolLoop(agent.LoopConfig{
 			Provider: p, Model: model, Lane: lane, System: system, Options: c.options(),
