@@ -42,7 +42,8 @@ type ModelCall struct {
 	Log  CallLog
 	// Blobs stores the encoded responses (models.EncodeResponse).
 	Blobs engine.BlobStore
-	// TokenLimit, when positive, is the run's token budget. All the
+	// TokenLimit, when positive, is the run's token budget; the run's
+	// own (engine.RunInfo.MaxTokens), when smaller, holds. All the
 	// run's model calls count against it together (RunMeter), the
 	// concurrent calls of one superstep included: a call that the tokens
 	// spent and set aside by calls in flight leave no room for (by its
@@ -149,8 +150,12 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	if err := m.allow(ctx, info, req.Model); err != nil {
 		return nil, err
 	}
+	limit := m.TokenLimit
+	if n := info.MaxTokens; n > 0 && (limit <= 0 || n < limit) {
+		limit = n
+	}
 	var meter *policy.TokenMeter
-	if m.TokenLimit > 0 {
+	if limit > 0 {
 		var err error
 		if meter, err = RunMeter(ctx, m.Log); err != nil {
 			return nil, err
@@ -168,7 +173,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		if meter != nil {
 			// Counted when it was recorded; a run recovered past its
 			// budget stops here.
-			if err := meter.Settle(0, 0, m.TokenLimit); err != nil {
+			if err := meter.Settle(0, 0, limit); err != nil {
 				return nil, overBudget(key, err)
 			}
 		}
@@ -180,7 +185,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	reserved := 0
 	if meter != nil {
 		reserved = models.EstimatePromptTokens(req)
-		if err := meter.Reserve(reserved, m.TokenLimit); err != nil {
+		if err := meter.Reserve(reserved, limit); err != nil {
 			return nil, overBudget(key, err)
 		}
 	}
@@ -203,7 +208,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		spent := failedCallTokens(req, streamed, err)
 		var budgetErr error
 		if meter != nil {
-			budgetErr = meter.Settle(reserved, spent, m.TokenLimit)
+			budgetErr = meter.Settle(reserved, spent, limit)
 		}
 		if spent > 0 {
 			m.spent += spent
@@ -222,7 +227,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	spent := models.Spent(req, resp.PromptTokens, resp.CompletionTokens, resp.Message)
 	var budgetErr error
 	if meter != nil {
-		budgetErr = meter.Settle(reserved, spent, m.TokenLimit)
+		budgetErr = meter.Settle(reserved, spent, limit)
 	}
 	m.spent += spent
 	if resp.RequestHash != "" {

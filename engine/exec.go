@@ -34,8 +34,12 @@ type RunConfig struct {
 	// run's active time, summed over its stretches between pauses and
 	// restarts, without the time it waits for a person (see Run.Active).
 	MaxDuration time.Duration
-	Events      EventSink
-	Cache       *StateCache
+	// MaxTokens is the run's token budget (0: none). The engine does not
+	// count tokens: nodes that call models read it from RunInfo and count
+	// them against it (package agent does), subgraphs' nodes included.
+	MaxTokens int
+	Events    EventSink
+	Cache     *StateCache
 	// Output derives the run record's output from the final state.
 	Output func(State) json.RawMessage
 	// IDs, when set, supplies the ids of new checkpoints (an audit replay

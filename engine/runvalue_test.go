@@ -70,3 +70,44 @@ func TestRunValueIsSharedByTheRunsTasks(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int32(2), made.Load(), "another run makes its own")
 }
+
+// The run's token budget reaches its nodes, subgraphs' included: the
+// smaller of the manager's and the agent's.
+func TestMaxTokensReachesTheRunsNodes(t *testing.T) {
+	for _, tc := range []struct{ manager, agent, want int }{
+		{0, 0, 0}, {100, 0, 100}, {0, 50, 50}, {100, 50, 50}, {30, 50, 30},
+	} {
+		var seen, deep atomic.Int64
+		sb := engine.NewGraph("inner")
+		engine.Replace[string](sb, "x")
+		sb.AddNode("deep", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+			info, _ := engine.InfoFrom(ctx)
+			deep.Store(int64(info.MaxTokens))
+			return nil, nil
+		})
+		sb.AddEdge(engine.Start, "deep")
+		sb.AddEdge("deep", engine.End)
+		sub, err := sb.Compile()
+		require.NoError(t, err)
+		b := engine.NewGraph("outer")
+		x := engine.Replace[string](b, "x")
+		b.AddNode("a", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+			info, _ := engine.InfoFrom(ctx)
+			seen.Store(int64(info.MaxTokens))
+			return nil, nil
+		})
+		b.AddSubgraph("sub", sub)
+		b.AddEdge(engine.Start, "a")
+		b.AddEdge("a", "sub")
+		b.AddEdge("sub", engine.End)
+		g, err := b.Compile()
+		require.NoError(t, err)
+		ag := &engine.Agent{Name: "tok", Graph: g, MaxTokens: tc.agent}
+		m := newManager(t, engine.NewMemoryStore(), engine.ManagerOptions{MaxTokens: tc.manager}, ag)
+		run, err := m.Invoke(context.Background(), engine.RunRequest{Thread: "t", Agent: "tok", Writes: []engine.Write{x.Set("go")}})
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusCompleted, run.Status, run.Error)
+		require.Equal(t, int64(tc.want), seen.Load(), "manager %d agent %d", tc.manager, tc.agent)
+		require.Equal(t, int64(tc.want), deep.Load(), "in the subgraph")
+	}
+}

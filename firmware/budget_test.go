@@ -413,3 +413,38 @@ func TestToolLoopIterationsNeverExceedTheAppliancesBudget(t *testing.T) {
 		})
 	}
 }
+
+// An agent narrows the appliance's token and wall-time budgets with
+// max_tokens and max_run_time; it cannot widen them.
+func TestAgentNarrowsTheAppliancesBudgets(t *testing.T) {
+	with := func(fields string) string {
+		return strings.Replace(parallelGraph, `"output": "a",`, `"output": "a", `+fields, 1)
+	}
+	for _, tc := range []struct {
+		name, fields string
+		appliance    policy.Budget
+		which        string // "" for a run that completes
+	}{
+		{"tokens narrowed", `"max_tokens": 100,`, policy.Budget{Tokens: 1000}, policy.BudgetTokens},
+		{"tokens not widened", `"max_tokens": 1000,`, policy.Budget{Tokens: 100}, policy.BudgetTokens},
+		{"tokens within both", `"max_tokens": 1000,`, policy.Budget{Tokens: 500}, ""},
+		{"run time narrowed", `"max_run_time": "1ns",`, policy.Budget{WallTime: time.Hour}, "wall-time"},
+		{"run time not widened", `"max_run_time": "1h",`, policy.Budget{WallTime: time.Nanosecond}, "wall-time"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &fixedModel{prompt: 40, completion: 20, answer: "ok"}
+			rt := &firmware.Runtime{Provider: p, Model: budgetModel, Budget: tc.appliance}
+			b := budgetBundle(t, rt, map[string]string{"twin": with(tc.fields)})
+			m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(b), engine.ManagerOptions{})
+			defer m.Close()
+			r := runTurn(t, m, "twin", "t", "hello")
+			if tc.which == "" {
+				if r.Status != engine.StatusCompleted {
+					t.Fatalf("run ended %s (%s), want completed", r.Status, r.Error)
+				}
+				return
+			}
+			requireBudgetExceeded(t, r, tc.which)
+		})
+	}
+}

@@ -146,7 +146,8 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 	s.sub = s.bus.Subscribe(4096, nil)
 	// The manager's wall time holds for agents from outside a bundle too
 	// (the bench workload's).
-	s.m = engine.NewManager(db, resolve, engine.ManagerOptions{Durability: durability, Events: s.bus, MaxDuration: budget.WallTime})
+	s.m = engine.NewManager(db, resolve, engine.ManagerOptions{Durability: durability, Events: s.bus, MaxDuration: budget.WallTime,
+		MaxTokens: budget.Tokens})
 	s.done.Add(1)
 	go func() {
 		defer s.done.Done()

@@ -163,7 +163,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, "uplink: none configured (--uplink URL --uplink-secret FILE); outcomes stay on the appliance\n")
 	}
 	m := engine.NewManager(console.InstrumentStore(db, metrics), resolve, engine.ManagerOptions{Workers: *workers, Events: bus,
-		MaxDuration: budget.WallTime})
+		MaxDuration: budget.WallTime, MaxTokens: budget.Tokens})
 	srv := console.New(console.Config{Manager: m, Bus: bus, Resolve: resolve, Agents: agents, Token: tok,
 		AllowHosts: hosts, Bundles: func() []console.BundleInfo { return bundles }, Metrics: metrics,
 		Health: []console.HealthCheck{{Name: "model", Check: modelHealth}}, StoreSize: db.Size, StoreWrites: db.WriteErr,
