@@ -201,7 +201,6 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		}
 		return nil
 	}
-	hash := models.HashRequest(req)
 	resp, err := m.Provider.Chat(ctx, req, stream)
 	if err != nil {
 		err = fmt.Errorf("model call %s: %w", key, err)
@@ -212,7 +211,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		}
 		if spent > 0 {
 			m.spent += spent
-			if rerr := m.recordSpent(ctx, info, key, req.Model, hash, spent, err.Error()); rerr != nil {
+			if rerr := m.recordSpent(ctx, info, key, req.Model, models.HashRequest(req), spent, err.Error()); rerr != nil {
 				return nil, errors.Join(err, rerr)
 			}
 		}
@@ -230,8 +229,9 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		budgetErr = meter.Settle(reserved, spent, limit)
 	}
 	m.spent += spent
-	if resp.RequestHash != "" {
-		hash = resp.RequestHash
+	hash := resp.RequestHash
+	if hash == "" {
+		hash = models.HashRequest(req)
 	}
 	resp, err = m.record(ctx, info, key, req.Model, hash, resp, spent)
 	if err != nil {
