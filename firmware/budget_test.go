@@ -448,3 +448,48 @@ func TestAgentNarrowsTheAppliancesBudgets(t *testing.T) {
 		})
 	}
 }
+
+// A subgraph's model calls count with its parent's: the run, not each
+// graph, has the token budget, and a subgraph's overrun ends the whole
+// run budget_exceeded.
+func TestTokenBudgetCountsSubgraphModelCalls(t *testing.T) {
+	inner := `{
+  "name": "inner",
+  "channels": [
+    {"name": "input", "type": "string", "reducer": "replace"},
+    {"name": "b", "type": "string", "reducer": "replace"}
+  ],
+  "input": "input",
+  "output": "b",
+  "nodes": [{"name": "deep", "kind": "model", "config": {"input": "input", "out": "b"}}],
+  "edges": [{"from": "START", "to": "deep"}, {"from": "deep", "to": "END"}]
+}`
+	outer := `{
+  "name": "outer",
+  "channels": [
+    {"name": "input", "type": "string", "reducer": "replace"},
+    {"name": "a", "type": "string", "reducer": "replace"},
+    {"name": "b", "type": "string", "reducer": "replace"}
+  ],
+  "input": "input",
+  "output": "b",
+  "nodes": [
+    {"name": "first", "kind": "model", "config": {"input": "input", "out": "a", "lane": "inner"}},
+    {"name": "team", "kind": "subgraph", "config": {"graph": "agents/inner.json"}}
+  ],
+  "edges": [{"from": "START", "to": "first"}, {"from": "first", "to": "team"}, {"from": "team", "to": "END"}]
+}`
+	p := &fixedModel{prompt: 40, completion: 20, answer: "ok"}
+	rt := &firmware.Runtime{Provider: p, Model: budgetModel, Budget: policy.Budget{Tokens: 100}}
+	b := budgetBundle(t, rt, map[string]string{"inner": inner, "outer": outer})
+	events := &eventSink{}
+	m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(b), engine.ManagerOptions{Events: events})
+	defer m.Close()
+	requireBudgetExceeded(t, runTurn(t, m, "outer", "t", "hello"), policy.BudgetTokens)
+	if n := events.count(engine.EventBudgetExceeded); n != 1 {
+		t.Fatalf("%d budget.exceeded events, want 1", n)
+	}
+	if n := p.calls.Load(); n != 2 {
+		t.Fatalf("%d model calls, want 2", n)
+	}
+}
