@@ -224,6 +224,8 @@ func (g *Graph) Resume(ctx context.Context, cfg RunConfig, decisions map[string]
 		if err := e.adoptRun(ctx); err != nil {
 			return e.result(), err
 		}
+	} else if cfg.Run.Status == StatusBudgetExceeded {
+		return e.result(), overBudgetRun(cfg.Run)
 	}
 	if len(decisions) > 0 {
 		pending := e.pendingInterrupts()
@@ -259,6 +261,9 @@ func (e *execution) adoptRun(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load run %s: %w", e.head.RunID, err)
 	}
+	if run.Status == StatusBudgetExceeded {
+		return overBudgetRun(run)
+	}
 	if run.Status.Terminal() {
 		return nil
 	}
@@ -273,6 +278,13 @@ func (e *execution) adoptRun(ctx context.Context) error {
 	run.Durability = e.cfg.Durability
 	e.run = run
 	return nil
+}
+
+// overBudgetRun refuses to resume a run that ended over a budget: its
+// unfinished step would run on with every budget fresh (fail closed). A
+// new turn on the thread is a new run, with a budget of its own.
+func overBudgetRun(run *Run) error {
+	return fmt.Errorf("%w: run %s ended budget_exceeded (%s) and is not resumed; start a new run on the thread", ErrBudgetExceeded, run.ID, run.Error)
 }
 
 // commitsEachStep reports whether each superstep is committed as it ends
