@@ -274,8 +274,11 @@ func (m *ModelCall) record(ctx context.Context, info engine.RunInfo, key, model,
 }
 
 // recordSpent records tokens spent by a call whose answer is not the
-// recorded one, under the first free key + "#spent<n>".
+// recorded one, under the first free key + "#spent<n>". They are recorded
+// even when the run is being stopped (its wall time ran out, say): they
+// were spent all the same.
 func (m *ModelCall) recordSpent(ctx context.Context, info engine.RunInfo, key, model, hash string, spent int, why string) error {
+	ctx = context.WithoutCancel(ctx)
 	result, _ := json.Marshal(modelRef{Provider: m.Provider.Name(), Tokens: spent})
 	for n := 1; n <= maxSpentRecords; n++ {
 		k := key + "#spent" + strconv.Itoa(n)
@@ -287,7 +290,7 @@ func (m *ModelCall) recordSpent(ctx context.Context, info engine.RunInfo, key, m
 		case err != nil:
 			return fmt.Errorf("model call %s: record the tokens it spent: %w", k, err)
 		}
-		if err := m.Log.Done(context.WithoutCancel(ctx), k, result, why); err != nil {
+		if err := m.Log.Done(ctx, k, result, why); err != nil {
 			return fmt.Errorf("model call %s: record the tokens it spent: %w", k, err)
 		}
 		return nil
