@@ -13,6 +13,8 @@
 //     tokens as live model.token events, stores each response as a blob and
 //     records it in the CallLog before the node's writes are returned, so a
 //     re-executed task reuses the response instead of asking the model again.
+//     Every call, failed ones included, counts against the run's token
+//     budget, shared by all the run's calls (RunMeter).
 //   - ToolLoop (a LoopConfig) returns an engine.NodeFunc running the loop.
 //     Every call is checked against the run's pinned policy.ActiveSet, write
 //     tools go through policy.Approval (an engine interrupt when the answer

@@ -22,6 +22,18 @@ const EventModelRefused = "model.refused"
 // CallLog under ModelKey before the node's writes are returned, and a task
 // that runs again (after a crash, a retry or an interrupt) gets the recorded
 // response back instead of calling the model again.
+//
+// Tokens. Every call is counted against the run, whether it answers or
+// fails: the count its server reported (prompt and answer), each part
+// estimated by models.Spent's rule when it is missing (Ollama leaves the
+// prompt's count out when it served the prompt from its cache). A call
+// that fails counts the counts its error carries (a truncated answer's),
+// or else the estimate of its prompt and of what it streamed before it
+// failed; a call refused before the server did any work (unreachable, no
+// such model, a request refused as given) counts what it streamed, which
+// is nothing. A failed call is recorded under ModelKey + "#spent<n>", so
+// that the run's outcome counts it, and so do the budgets of its later
+// stretches. A recorded response that is reused costs nothing more.
 type ModelCall struct {
 	Provider models.Provider
 	// Lane is the agent's lane. It is required: a model call without a
@@ -30,9 +42,17 @@ type ModelCall struct {
 	Log  CallLog
 	// Blobs stores the encoded responses (models.EncodeResponse).
 	Blobs engine.BlobStore
-	// Tracker, when set, is fed each response's tokens; going over the
-	// token budget returns an error wrapping engine.ErrBudgetExceeded.
-	Tracker *policy.Tracker
+	// TokenLimit, when positive, is the run's token budget; the run's
+	// own (engine.RunInfo.MaxTokens), when smaller, holds. All the
+	// run's model calls count against it together (RunMeter), the
+	// concurrent calls of one superstep included: a call that the tokens
+	// spent and set aside by calls in flight leave no room for (by its
+	// prompt's estimate) is refused before it starts, and a call whose
+	// answer takes the run past it returns its response's error. Both
+	// errors wrap engine.ErrBudgetExceeded.
+	TokenLimit int
+
+	spent int
 }
 
 // ModelKey is the CallLog key of a node's call-th model call.
@@ -40,18 +60,82 @@ func ModelKey(info engine.RunInfo, call int) string {
 	return "model:" + callBase(info) + ":" + strconv.Itoa(call)
 }
 
+// ModelKeyPrefix starts the CallLog keys of every model call of run.
+func ModelKeyPrefix(run string) string { return "model:" + run + ":" }
+
 // callBase is the run, step and task part of every idempotency key; the
 // task id already names the checkpoint and the node.
 func callBase(info engine.RunInfo) string {
 	return info.Run + ":" + strconv.Itoa(info.Step) + ":" + info.Task
 }
 
-// modelRef is what a model call's record holds as its result.
+// modelRef is what a model call's record holds as its result. Tokens is
+// what the call counted against the run (see ModelCall).
 type modelRef struct {
-	Blob     string `json:"blob"`
+	Blob     string `json:"blob,omitempty"`
 	Provider string `json:"provider"`
 	Tokens   int    `json:"tokens"`
 }
+
+// TokenCounter is implemented by a CallLog that can total the tokens a
+// run's model calls recorded (the Tokens of their results, failed calls
+// included). RunMeter starts a run's count from it; with a log that does
+// not implement it, a run resumed or recovered counts from zero again.
+type TokenCounter interface {
+	ModelTokens(ctx context.Context, run string) (int, error)
+}
+
+// ModelTokens implements TokenCounter.
+func (m *MemoryCallLog) ModelTokens(ctx context.Context, run string) (int, error) {
+	n := 0
+	for _, r := range m.Records(ModelKeyPrefix(run)) {
+		n += RecordedTokens(r.Status, r.Result)
+	}
+	return n, nil
+}
+
+// RecordedTokens is what a model call's record counted against its run:
+// the tokens in the result of a record that is done.
+func RecordedTokens(status string, result []byte) int {
+	var ref modelRef
+	if status != StatusDone || json.Unmarshal(result, &ref) != nil {
+		return 0
+	}
+	return max(ref.Tokens, 0)
+}
+
+type runMeterKey struct{}
+
+// RunMeter returns the token meter of the run that the calling node
+// serves: one for all its model calls while it runs (engine.RunValue),
+// started from the tokens log recorded for the run before (see
+// TokenCounter), so that neither a resume nor a recovery gives a run its
+// budget again.
+func RunMeter(ctx context.Context, log CallLog) (*policy.TokenMeter, error) {
+	info, ok := engine.InfoFrom(ctx)
+	if !ok {
+		return nil, fmt.Errorf("%w: token meter outside a running node", ErrBadConfig)
+	}
+	v, err := engine.RunValue(ctx, runMeterKey{}, func() (any, error) {
+		used := 0
+		if tc, ok := log.(TokenCounter); ok {
+			n, err := tc.ModelTokens(ctx, info.Run)
+			if err != nil {
+				return nil, fmt.Errorf("count the tokens run %s spent: %w", info.Run, err)
+			}
+			used = n
+		}
+		return policy.NewTokenMeter(used), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*policy.TokenMeter), nil
+}
+
+// Spent returns the tokens of the calls made through m so far, recorded
+// responses reused included: what the node adds to a tokens channel.
+func (m *ModelCall) Spent() int { return m.spent }
 
 // Call makes the node's call-th model call (call numbers must be the same
 // every time the task runs). It must run inside a node.
@@ -66,6 +150,17 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	if err := m.allow(ctx, info, req.Model); err != nil {
 		return nil, err
 	}
+	limit := m.TokenLimit
+	if n := info.MaxTokens; n > 0 && (limit <= 0 || n < limit) {
+		limit = n
+	}
+	var meter *policy.TokenMeter
+	if limit > 0 {
+		var err error
+		if meter, err = RunMeter(ctx, m.Log); err != nil {
+			return nil, err
+		}
+	}
 	key := ModelKey(info, call)
 	rec, err := m.Log.Get(ctx, key)
 	switch {
@@ -74,12 +169,32 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		if err != nil {
 			return nil, err
 		}
-		return resp, m.count(resp)
+		m.spent += RecordedTokens(rec.Status, rec.Result)
+		if meter != nil {
+			// Counted when it was recorded; a run recovered past its
+			// budget stops here.
+			if err := meter.Settle(0, 0, limit); err != nil {
+				return nil, overBudget(key, err)
+			}
+		}
+		return resp, nil
 	case err != nil && !errors.Is(err, ErrCallNotFound):
 		return nil, fmt.Errorf("model call %s: %w", key, err)
 	}
 
+	reserved := 0
+	if meter != nil {
+		reserved = models.EstimatePromptTokens(req)
+		if err := meter.Reserve(reserved, limit); err != nil {
+			return nil, overBudget(key, err)
+		}
+	}
+	streamed := 0 // bytes of answer streamed, for a call that fails
 	stream := func(c models.Chunk) error {
+		streamed += len(c.Content) + len(c.Thinking)
+		for _, tc := range c.ToolCalls {
+			streamed += len(tc.Name) + len(tc.Arguments)
+		}
 		if c.Content != "" || c.Thinking != "" {
 			engine.Emit(ctx, engine.EventModelToken, map[string]any{
 				"call": key, "content": c.Content, "thinking": c.Thinking})
@@ -89,11 +204,49 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	resp, err := m.Provider.Chat(ctx, req, stream)
 	if err != nil {
 		err = fmt.Errorf("model call %s: %w", key, err)
+		spent := failedCallTokens(req, streamed, err)
+		var budgetErr error
+		if meter != nil {
+			budgetErr = meter.Settle(reserved, spent, limit)
+		}
+		if spent > 0 {
+			m.spent += spent
+			if rerr := m.recordSpent(ctx, info, key, req.Model, models.HashRequest(req), spent, err.Error()); rerr != nil {
+				return nil, errors.Join(err, rerr)
+			}
+		}
+		if budgetErr != nil {
+			return nil, errors.Join(overBudget(key, budgetErr), err)
+		}
 		if models.IsTransient(err) {
 			return nil, engine.MarkTransient(err)
 		}
 		return nil, engine.MarkPermanent(err)
 	}
+	spent := models.Spent(req, resp.PromptTokens, resp.CompletionTokens, resp.Message)
+	var budgetErr error
+	if meter != nil {
+		budgetErr = meter.Settle(reserved, spent, limit)
+	}
+	m.spent += spent
+	hash := resp.RequestHash
+	if hash == "" {
+		hash = models.HashRequest(req)
+	}
+	resp, err = m.record(ctx, info, key, req.Model, hash, resp, spent)
+	if err != nil {
+		return nil, err
+	}
+	if budgetErr != nil {
+		return nil, overBudget(key, budgetErr)
+	}
+	return resp, nil
+}
+
+// record stores a response and records it under key. A response recorded
+// meanwhile by an attempt that raced this one wins; this one's tokens are
+// then recorded as spent beside it.
+func (m *ModelCall) record(ctx context.Context, info engine.RunInfo, key, model, hash string, resp *models.Response, spent int) (*models.Response, error) {
 	enc, err := models.EncodeResponse(resp)
 	if err != nil {
 		return nil, fmt.Errorf("model call %s: %w", key, err)
@@ -102,29 +255,78 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	if err != nil {
 		return nil, fmt.Errorf("model call %s: store response: %w", key, err)
 	}
-	result, _ := json.Marshal(modelRef{Blob: ref.String(), Provider: resp.Provider,
-		Tokens: resp.PromptTokens + resp.CompletionTokens})
-	hash := resp.RequestHash
-	if hash == "" {
-		hash = models.HashRequest(req)
-	}
+	result, _ := json.Marshal(modelRef{Blob: ref.String(), Provider: resp.Provider, Tokens: spent})
 	existing, err := intent(ctx, m.Log, CallRecord{Key: key, Run: info.Run, Node: info.Node,
-		Tool: "model:" + req.Model, ArgsHash: hash, Decision: string(policy.DecisionAllow), DecidedBy: "lane:" + m.Lane.Agent})
+		Tool: "model:" + model, ArgsHash: hash, Decision: string(policy.DecisionAllow), DecidedBy: "lane:" + m.Lane.Agent})
 	if err != nil {
 		return nil, fmt.Errorf("model call %s: %w", key, err)
 	}
 	if existing.Done() {
-		// Recorded by an attempt that raced this one; the record wins.
-		resp, err := m.load(ctx, key, existing)
-		if err != nil {
+		if err := m.recordSpent(ctx, info, key, model, hash, spent, "an answer raced this one to the record"); err != nil {
 			return nil, err
 		}
-		return resp, m.count(resp)
+		return m.load(ctx, key, existing)
 	}
 	if err := m.Log.Done(ctx, key, result, ""); err != nil {
 		return nil, fmt.Errorf("model call %s: %w", key, err)
 	}
-	return resp, m.count(resp)
+	return resp, nil
+}
+
+// recordSpent records tokens spent by a call whose answer is not the
+// recorded one, under the first free key + "#spent<n>". They are recorded
+// even when the run is being stopped (its wall time ran out, say): they
+// were spent all the same.
+func (m *ModelCall) recordSpent(ctx context.Context, info engine.RunInfo, key, model, hash string, spent int, why string) error {
+	ctx = context.WithoutCancel(ctx)
+	result, _ := json.Marshal(modelRef{Provider: m.Provider.Name(), Tokens: spent})
+	for n := 1; n <= maxSpentRecords; n++ {
+		k := key + "#spent" + strconv.Itoa(n)
+		existing, err := m.Log.Intent(ctx, CallRecord{Key: k, Run: info.Run, Node: info.Node,
+			Tool: "model:" + model, ArgsHash: hash, Decision: string(policy.DecisionAllow), DecidedBy: "lane:" + m.Lane.Agent})
+		switch {
+		case errors.Is(err, ErrCallConflict) || (err == nil && existing != nil):
+			continue
+		case err != nil:
+			return fmt.Errorf("model call %s: record the tokens it spent: %w", k, err)
+		}
+		if err := m.Log.Done(ctx, k, result, why); err != nil {
+			return fmt.Errorf("model call %s: record the tokens it spent: %w", k, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("model call %s: more than %d failed attempts recorded", key, maxSpentRecords)
+}
+
+// maxSpentRecords bounds the failed attempts recorded for one call; a
+// node's retries are bounded far below it.
+const maxSpentRecords = 1000
+
+// failedCallTokens is what a failed call counts (see ModelCall): the
+// counts the error carries, else the estimate of the prompt and of what
+// was streamed; a call that the server refused before it did any work
+// counts only what was streamed.
+func failedCallTokens(req models.Request, streamed int, err error) int {
+	prompt, completion := 0, 0
+	var me *models.Error
+	if errors.As(err, &me) {
+		switch me.Kind {
+		case models.Unreachable, models.NotFound, models.BadRequest:
+			return models.EstimateBytes(streamed)
+		}
+		prompt, completion = me.PromptTokens, me.CompletionTokens
+	}
+	if prompt <= 0 {
+		prompt = models.EstimatePromptTokens(req)
+	}
+	if completion <= 0 {
+		completion = models.EstimateBytes(streamed)
+	}
+	return prompt + completion
+}
+
+func overBudget(key string, err error) error {
+	return engine.MarkPermanent(fmt.Errorf("%w: model call %s: %w", engine.ErrBudgetExceeded, key, err))
 }
 
 func (m *ModelCall) allow(ctx context.Context, info engine.RunInfo, model string) error {
@@ -160,16 +362,6 @@ func (m *ModelCall) load(ctx context.Context, key string, rec *CallRecord) (*mod
 		return nil, fmt.Errorf("model call %s: %w", key, err)
 	}
 	return resp, nil
-}
-
-func (m *ModelCall) count(resp *models.Response) error {
-	if m.Tracker == nil {
-		return nil
-	}
-	if err := m.Tracker.AddTokens(resp.PromptTokens + resp.CompletionTokens); err != nil {
-		return fmt.Errorf("%w: %w", engine.ErrBudgetExceeded, err)
-	}
-	return nil
 }
 
 // intent records rec's intent; when the key already holds a record (even

@@ -56,3 +56,40 @@ func TestStalledModelCallIsRetriedAfterTheNodeTimeout(t *testing.T) {
 	require.Equal(t, int32(2), calls.Load())
 	require.Equal(t, "ok", out.Get(res.State))
 }
+
+// A call cut off by the run's wall-time budget spent what its server read
+// and wrote before then: it is recorded, though the run is stopping, so
+// that the outcome and the run's token count hold it.
+func TestModelCallStoppedByTheRunsDeadlineIsRecorded(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		_, _ = w.Write([]byte(`{"model":"llama3.2","message":{"role":"assistant","content":"If you missed a dose"},"done":false}` + "\n"))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+	log := agent.NewMemoryCallLog()
+	store := engine.NewMemoryStore()
+	mc := &agent.ModelCall{Provider: ollama.New(srv.URL, srv.Client()), Lane: &policy.Lane{Agent: "a", Models: []string{"llama3.2"}},
+		Log: log, Blobs: store, TokenLimit: 1000}
+	b := engine.NewGraph("a")
+	out := engine.Replace[string](b, "out")
+	b.AddNode("gen", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		resp, err := mc.Call(ctx, models.Request{Model: "llama3.2", Messages: []models.Message{{Role: "user", Content: "I forgot my dose"}}}, 0)
+		if err != nil {
+			return nil, err
+		}
+		return []engine.Write{out.Set(resp.Message.Content)}, nil
+	})
+	b.AddEdge(engine.Start, "gen")
+	b.AddEdge("gen", engine.End)
+	g, err := b.Compile()
+	require.NoError(t, err)
+	res, err := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: store, MaxDuration: 300 * time.Millisecond})
+	require.ErrorIs(t, err, engine.ErrDeadline)
+	require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
+	tokens, err := log.ModelTokens(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	// 4 + 4 for the prompt's message, 5 for the 20 bytes streamed.
+	require.Equal(t, 13, tokens, "records: %+v", log.Records(agent.ModelKeyPrefix(res.Run.ID)))
+}

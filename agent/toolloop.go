@@ -67,7 +67,9 @@ type LoopConfig struct {
 	// Impls implements the tools by name.
 	Impls map[string]Tool
 	Rules []policy.ApprovalRule
-	// Budget bounds the loop's iterations (default 5) and the run's tokens.
+	// Budget bounds the loop's iterations (default 5) and the run's
+	// tokens, counted with all the run's other model calls (see
+	// ModelCall.TokenLimit).
 	Budget policy.Budget
 	Log    CallLog
 	Blobs  engine.BlobStore
@@ -84,8 +86,9 @@ type LoopConfig struct {
 	// text has entered the run; the loop reads it and sets it when a tool
 	// result is flagged.
 	Untrusted engine.Chan[bool]
-	// Tokens, when declared (a sum channel), counts the run's tokens; the
-	// token budget applies to it, and the loop adds what it used.
+	// Tokens, when declared (a sum channel), receives the tokens the
+	// loop's model calls used. It is a record, not the budget's count: the
+	// token budget counts every model call of the run (ModelCall).
 	Tokens engine.Chan[int]
 }
 
@@ -146,19 +149,17 @@ func (cfg *LoopConfig) run(ctx context.Context, s engine.State) ([]engine.Write,
 	if active == nil {
 		return nil, fmt.Errorf("%w: tool loop: no active tool set for run %s", ErrBadConfig, info.Run)
 	}
-	tokens0 := 0
-	if cfg.Tokens.Name() != "" {
-		tokens0 = cfg.Tokens.Get(s)
-	}
 	budget := cfg.Budget
-	budget.WallTime = 0 // the engine's MaxDuration bounds wall time
-	l := &loop{cfg: cfg, info: info, active: active,
-		tracker: policy.ResumeTracker(budget, cfg.Now(), policy.Usage{Tokens: tokens0})}
+	// The engine's MaxDuration bounds wall time, and the run's token meter
+	// its tokens (ModelCall.TokenLimit): the loop's tracker counts its
+	// iterations.
+	budget.WallTime, budget.Tokens = 0, 0
+	l := &loop{cfg: cfg, info: info, active: active, tracker: policy.NewTracker(budget, cfg.Now())}
 	if cfg.Untrusted.Name() != "" {
 		l.untrusted = cfg.Untrusted.Get(s)
 	}
 	untrusted0 := l.untrusted
-	mc := &ModelCall{Provider: cfg.Provider, Lane: &cfg.Lane, Log: cfg.Log, Blobs: cfg.Blobs, Tracker: l.tracker}
+	mc := &ModelCall{Provider: cfg.Provider, Lane: &cfg.Lane, Log: cfg.Log, Blobs: cfg.Blobs, TokenLimit: cfg.Budget.Tokens}
 
 	var defs []models.ToolDef
 	for _, t := range active.Tools() {
@@ -206,10 +207,8 @@ func (cfg *LoopConfig) run(ctx context.Context, s engine.State) ([]engine.Write,
 	if cfg.Untrusted.Name() != "" && l.untrusted != untrusted0 {
 		ws = append(ws, cfg.Untrusted.Set(l.untrusted))
 	}
-	if cfg.Tokens.Name() != "" {
-		if used := l.tracker.Usage().Tokens - tokens0; used > 0 {
-			ws = append(ws, cfg.Tokens.Set(used))
-		}
+	if cfg.Tokens.Name() != "" && mc.Spent() > 0 {
+		ws = append(ws, cfg.Tokens.Set(mc.Spent()))
 	}
 	return ws, nil
 }

@@ -34,8 +34,12 @@ type RunConfig struct {
 	// run's active time, summed over its stretches between pauses and
 	// restarts, without the time it waits for a person (see Run.Active).
 	MaxDuration time.Duration
-	Events      EventSink
-	Cache       *StateCache
+	// MaxTokens is the run's token budget (0: none). The engine does not
+	// count tokens: nodes that call models read it from RunInfo and count
+	// them against it (package agent does), subgraphs' nodes included.
+	MaxTokens int
+	Events    EventSink
+	Cache     *StateCache
 	// Output derives the run record's output from the final state.
 	Output func(State) json.RawMessage
 	// IDs, when set, supplies the ids of new checkpoints (an audit replay
@@ -146,6 +150,9 @@ type execution struct {
 	// or been recovered, and is not running in one stretch from its start
 	// (see active.go).
 	fresh, stretched bool
+	// values holds what nodes keep with RunValue, made on first use.
+	values     *runValues
+	valuesOnce sync.Once
 }
 
 func (g *Graph) newExecution(cfg RunConfig) (*execution, error) {
@@ -221,6 +228,8 @@ func (g *Graph) Resume(ctx context.Context, cfg RunConfig, decisions map[string]
 		if err := e.adoptRun(ctx); err != nil {
 			return e.result(), err
 		}
+	} else if cfg.Run.Status == StatusBudgetExceeded {
+		return e.result(), overBudgetRun(cfg.Run)
 	}
 	if len(decisions) > 0 {
 		pending := e.pendingInterrupts()
@@ -256,6 +265,9 @@ func (e *execution) adoptRun(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load run %s: %w", e.head.RunID, err)
 	}
+	if run.Status == StatusBudgetExceeded {
+		return overBudgetRun(run)
+	}
 	if run.Status.Terminal() {
 		return nil
 	}
@@ -270,6 +282,13 @@ func (e *execution) adoptRun(ctx context.Context) error {
 	run.Durability = e.cfg.Durability
 	e.run = run
 	return nil
+}
+
+// overBudgetRun refuses to resume a run that ended over a budget: its
+// unfinished step would run on with every budget fresh (fail closed). A
+// new turn on the thread is a new run, with a budget of its own.
+func overBudgetRun(run *Run) error {
+	return fmt.Errorf("%w: run %s ended budget_exceeded (%s) and is not resumed; start a new run on the thread", ErrBudgetExceeded, run.ID, run.Error)
 }
 
 // commitsEachStep reports whether each superstep is committed as it ends

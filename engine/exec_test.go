@@ -378,3 +378,34 @@ func TestFanoutInputSurvivesRestart(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"a": 1, "b": 2}, out.Get(res.State))
 }
+
+// Graph.Resume on a thread whose run ended over budget ran that run's
+// unfinished step on under a new run, with every budget fresh: resuming
+// again and again went on without end. It is refused.
+func TestResumeRefusesARunThatEndedOverBudget(t *testing.T) {
+	g, n := loopingGraph(t)
+	ctx := context.Background()
+	store := engine.NewMemoryStore()
+	cfg := engine.RunConfig{Thread: "t", Store: store, StepLimit: 3}
+	res, err := g.Invoke(ctx, cfg)
+	require.ErrorIs(t, err, engine.ErrStepLimit)
+	require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
+	over := res.Run.ID
+
+	res, err = g.Resume(ctx, cfg, nil)
+	require.ErrorIs(t, err, engine.ErrBudgetExceeded)
+	require.Contains(t, err.Error(), over)
+	require.Equal(t, 3, n.Get(res.State), "no step ran")
+	stored, err := store.Run(ctx, over)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusBudgetExceeded, stored.Status, "the run's record is left as it ended")
+
+	// Handing the run back is refused too.
+	_, err = g.Resume(ctx, engine.RunConfig{Thread: "t", Store: store, StepLimit: 3, Run: stored}, nil)
+	require.ErrorIs(t, err, engine.ErrBudgetExceeded)
+
+	// A new turn on the thread is a new run, with its own budget.
+	res, err = g.Invoke(ctx, cfg)
+	require.ErrorIs(t, err, engine.ErrStepLimit)
+	require.NotEqual(t, over, res.Run.ID)
+}

@@ -176,6 +176,9 @@ func publish(ctx context.Context, typ string, data any, live bool) {
 type RunInfo struct {
 	Run, Thread, NS, Checkpoint, Task, Node string
 	Step                                    int
+	// MaxTokens is the run's token budget (RunConfig.MaxTokens), for the
+	// node's model calls to count against; 0 means none.
+	MaxTokens int
 }
 
 // InfoFrom returns the running task's identity, or false outside a node.
@@ -185,5 +188,5 @@ func InfoFrom(ctx context.Context) (RunInfo, bool) {
 		return RunInfo{}, false
 	}
 	return RunInfo{Run: sp.exec.run.ID, Thread: sp.thread, NS: sp.ns, Checkpoint: sp.ckpt,
-		Task: sp.taskID, Node: sp.node, Step: sp.exec.step}, true
+		Task: sp.taskID, Node: sp.node, Step: sp.exec.step, MaxTokens: sp.exec.cfg.MaxTokens}, true
 }

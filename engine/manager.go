@@ -25,6 +25,9 @@ type Agent struct {
 	// (its active time, see RunConfig.MaxDuration); the manager's, when
 	// shorter, still holds.
 	MaxDuration time.Duration
+	// MaxTokens, when positive, is the agent's token budget per run (see
+	// RunConfig.MaxTokens); the manager's, when smaller, still holds.
+	MaxTokens int
 	// Pin, when set, is called once as a run opens, before its record is
 	// first committed: what it puts in run.Meta (the resolved active tool
 	// set, say) is stored with the run and holds for its whole life,
@@ -44,9 +47,12 @@ type ManagerOptions struct {
 	// Durability is sync (the default, also for "") or exit. Any other
 	// value is not read as either: the manager then refuses every run,
 	// start, resume and recovery alike, with ErrBadDurability.
-	Durability  Durability
-	StepLimit   int
+	Durability Durability
+	StepLimit  int
+	// MaxDuration and MaxTokens bound every run (0: no bound); an agent's
+	// own may only be smaller.
 	MaxDuration time.Duration
+	MaxTokens   int
 	Events      EventSink
 	CacheSize   int // materialized thread states kept; default 1024
 	// CacheBytes bounds the kept states by what their values take encoded;
@@ -154,8 +160,12 @@ func (m *Manager) config(a *Agent, run *Run) RunConfig {
 	if a.MaxDuration > 0 && (wall <= 0 || a.MaxDuration < wall) {
 		wall = a.MaxDuration
 	}
+	tokens := m.opts.MaxTokens
+	if a.MaxTokens > 0 && (tokens <= 0 || a.MaxTokens < tokens) {
+		tokens = a.MaxTokens
+	}
 	return RunConfig{Thread: run.Thread, Store: m.store, Blobs: m.store, Run: run, Durability: m.opts.Durability,
-		StepLimit: limit, MaxDuration: wall, Events: m.opts.Events, Cache: m.cache, Output: a.Output}
+		StepLimit: limit, MaxDuration: wall, MaxTokens: tokens, Events: m.opts.Events, Cache: m.cache, Output: a.Output}
 }
 
 // claim reserves the thread for a run, waiting if asked to.

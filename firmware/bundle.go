@@ -8,6 +8,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/models"
@@ -143,12 +144,11 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 		a := newAgent(name, cg, b.Ref())
 		a.Pin = b.pinTools
 		if rt != nil {
-			// The runtime's budget bounds the run too: the narrower
-			// step limit holds, and its wall time.
-			if s := rt.Budget.Steps; s > 0 && (a.StepLimit <= 0 || s < a.StepLimit) {
-				a.StepLimit = s
-			}
-			a.MaxDuration = rt.Budget.WallTime
+			// The runtime's budget bounds the run too: the narrower of
+			// it and the agent's own holds, for each dimension.
+			a.StepLimit = narrower(a.StepLimit, rt.Budget.Steps)
+			a.MaxDuration = narrower(a.MaxDuration, rt.Budget.WallTime)
+			a.MaxTokens = narrower(a.MaxTokens, rt.Budget.Tokens)
 		}
 		b.agents[name] = a
 	}
@@ -158,7 +158,8 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 // newAgent wraps a compiled graph as an engine agent: the request's input
 // goes to the graph's input channel, the output channel becomes the output.
 func newAgent(name string, cg *compiledGraph, ref engine.BundleRef) *engine.Agent {
-	a := &engine.Agent{Name: name, Graph: cg.graph, Bundle: ref, StepLimit: cg.spec.StepLimit}
+	a := &engine.Agent{Name: name, Graph: cg.graph, Bundle: ref, StepLimit: cg.spec.StepLimit,
+		MaxDuration: cg.spec.maxRunTime, MaxTokens: cg.spec.MaxTokens}
 	var turn []engine.Write
 	for _, r := range cg.spec.Reset {
 		w, _ := cg.channels[r].zeroWrite() // checked at compile time
@@ -298,4 +299,13 @@ func DecodeGolden(file string, data []byte) ([]Conversation, error) {
 		return nil, &FileError{File: file, Err: fmt.Errorf("%w: %v", ErrMalformed, err)}
 	}
 	return out, nil
+}
+
+// narrower returns the smaller of two limits, where 0 (or less) is no
+// limit.
+func narrower[T int | time.Duration](a, b T) T {
+	if a <= 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
 }

@@ -39,10 +39,18 @@ type GraphSpec struct {
 	Reset []string `json:"reset,omitempty"`
 	// History, when set, is a messages channel that receives each run's
 	// input as a user message (the conversation across turns).
-	History   string     `json:"history,omitempty"`
-	StepLimit int        `json:"step_limit,omitempty"`
-	Nodes     []NodeSpec `json:"nodes"`
-	Edges     []EdgeSpec `json:"edges"`
+	History   string `json:"history,omitempty"`
+	StepLimit int    `json:"step_limit,omitempty"`
+	// MaxTokens and MaxRunTime (a Go duration) are the agent's token and
+	// wall-time budgets per run. They narrow the appliance's (the
+	// runtime's Budget); they never widen them. They bound all of a run,
+	// its subgraphs included, and are read from an agent's own file only.
+	MaxTokens  int        `json:"max_tokens,omitempty"`
+	MaxRunTime string     `json:"max_run_time,omitempty"`
+	Nodes      []NodeSpec `json:"nodes"`
+	Edges      []EdgeSpec `json:"edges"`
+	// maxRunTime is MaxRunTime parsed.
+	maxRunTime time.Duration
 }
 
 // NodeSpec is one node of a graph file: its name, its kind and the kind's
@@ -191,6 +199,16 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		if c, ok := channels[spec.History]; !ok || c.Type != TypeMessages {
 			return nil, fail("history", "", "history: %q is not a declared messages channel", spec.History)
 		}
+	}
+	if spec.MaxTokens < 0 {
+		return nil, fail("max_tokens", "", "max_tokens must not be negative")
+	}
+	if spec.MaxRunTime != "" {
+		d, err := time.ParseDuration(spec.MaxRunTime)
+		if err != nil || d <= 0 {
+			return nil, fail("max_run_time", "", "max_run_time %q is not a positive duration", spec.MaxRunTime)
+		}
+		spec.maxRunTime = d
 	}
 
 	// Nodes.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/engine"
@@ -310,8 +309,9 @@ type modelConfig struct {
 	Context   string `json:"context,omitempty"`
 	Out       string `json:"out"`
 	ToolCalls string `json:"tool_calls,omitempty"`
-	// Tokens, an int sum channel, counts the run's tokens; the runtime's
-	// token budget applies to it.
+	// Tokens, an int sum channel, receives the tokens the node's model
+	// call used. The runtime's token budget counts every model call of the
+	// run, whether or not its node declares this channel.
 	Tokens string `json:"tokens,omitempty"`
 	// FlagRisks raises, on the graph's flags channel, what makes the
 	// answer high-risk, so that conditional edges can send it to review:
@@ -410,15 +410,7 @@ func buildModel(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 			v, _ := s.Value(input.Name)
 			conv = append(conv, models.Message{Role: models.RoleUser, Content: render(v)})
 		}
-		used := 0
-		if tokens.Name != "" {
-			v, _ := s.Value(tokens.Name)
-			used, _ = v.(int)
-		}
-		budget := rt.Budget
-		budget.WallTime = 0
-		tracker := policy.ResumeTracker(budget, time.Now(), policy.Usage{Tokens: used})
-		mc := &agent.ModelCall{Provider: p, Lane: c.lane(b), Log: rt.Log, Blobs: rt.Blobs, Tracker: tracker}
+		mc := &agent.ModelCall{Provider: p, Lane: c.lane(b), Log: rt.Log, Blobs: rt.Blobs, TokenLimit: rt.Budget.Tokens}
 		resp, err := mc.Call(ctx, models.Request{Model: model, Messages: conv, Options: c.options()}, 0)
 		if err != nil {
 			return nil, err
@@ -438,10 +430,8 @@ func buildModel(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 		if flags.Name != "" {
 			ws = append(ws, flagWrites(s, flags, b.risks(s, ctxCh, resp.Message.Content, names))...)
 		}
-		if tokens.Name != "" {
-			if n := tracker.Usage().Tokens - used; n > 0 {
-				ws = append(ws, engine.Write{Channel: tokens.Name, Value: n})
-			}
+		if tokens.Name != "" && mc.Spent() > 0 {
+			ws = append(ws, engine.Write{Channel: tokens.Name, Value: mc.Spent()})
 		}
 		return ws, nil
 	}, nil
@@ -507,7 +497,8 @@ type toolLoopConfig struct {
 	Messages string `json:"messages"`
 	Answer   string `json:"answer,omitempty"`
 	Tokens   string `json:"tokens,omitempty"`
-	// MaxIterations overrides the runtime's tool-iteration budget.
+	// MaxIterations narrows the runtime's tool-iteration budget (when the
+	// runtime sets none, it replaces the default of 5).
 	MaxIterations int `json:"max_iterations,omitempty"`
 }
 
@@ -586,8 +577,9 @@ func buildToolLoop(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 			lane = *l
 		}
 		budget := rt.Budget
-		if c.MaxIterations > 0 {
-			budget.ToolIterations = c.MaxIterations
+		if n := c.MaxIterations; n > 0 && (budget.ToolIterations <= 0 || n < budget.ToolIterations) {
+			// A bundle narrows the appliance's limit; it never raises it.
+			budget.ToolIterations = n
 		}
 		fn, err := agent.ToolLoop(agent.LoopConfig{
 			Provider: p, Model: model, Lane: lane, System: system, Options: c.options(),

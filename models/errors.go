@@ -91,6 +91,10 @@ type Error struct {
 	Err      error  // the underlying cause
 	// Hint is the remedy the provider knows, such as `run "ollama pull llama3.2"`.
 	Hint string
+	// PromptTokens and CompletionTokens are what the server reported the
+	// call spent, when it reported it before the call failed (a Truncated
+	// answer's final chunk holds them); zero when it did not.
+	PromptTokens, CompletionTokens int
 }
 
 func (e *Error) Error() string {

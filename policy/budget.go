@@ -183,3 +183,59 @@ func (t *Tracker) overLocked() *BudgetError {
 	}
 	return nil
 }
+
+// TokenMeter counts the tokens of one run's model calls, wherever they
+// are made: the calls of one superstep run concurrently, and each must see
+// what the others have spent and have set aside. A call reserves its
+// expected cost before it starts (Reserve), which refuses it when the run
+// could not afford it, and settles it with what it actually spent when it
+// ends (Settle), which reports the run over budget. The limit is given at
+// each call, so nodes of one run may hold different limits without
+// splitting the count. It is safe for concurrent use.
+type TokenMeter struct {
+	mu       sync.Mutex
+	used     int
+	reserved int
+}
+
+// NewTokenMeter starts a meter at the tokens the run has already spent.
+func NewTokenMeter(used int) *TokenMeter {
+	return &TokenMeter{used: max(used, 0)}
+}
+
+// Reserve sets n tokens aside for a call about to start. It refuses (a
+// *BudgetError) when the tokens spent, those set aside for calls in
+// flight and n would exceed limit; limit 0 means no limit. Every Reserve
+// that succeeds must be settled.
+func (m *TokenMeter) Reserve(n, limit int) error {
+	n = max(n, 0)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if want := m.used + m.reserved + n; limit > 0 && want > limit {
+		return &BudgetError{Which: BudgetTokens, Limit: int64(limit), Used: int64(want)}
+	}
+	m.reserved += n
+	return nil
+}
+
+// Settle ends a call that reserved tokens: it releases the reservation
+// and counts the tokens the call spent. It returns a *BudgetError when the
+// run has now spent more than limit (0: no limit): the overrun of the
+// call's answer is known only once it has been given.
+func (m *TokenMeter) Settle(reserved, spent, limit int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reserved = max(m.reserved-max(reserved, 0), 0)
+	m.used += max(spent, 0)
+	if limit > 0 && m.used > limit {
+		return &BudgetError{Which: BudgetTokens, Limit: int64(limit), Used: int64(m.used)}
+	}
+	return nil
+}
+
+// Used returns the tokens counted so far (reservations left out).
+func (m *TokenMeter) Used() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.used
+}

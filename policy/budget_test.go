@@ -119,3 +119,48 @@ func TestTrackerConcurrent(t *testing.T) {
 	assert.Equal(t, 1600, tr.Usage().Tokens)
 	assert.Equal(t, 600, failures, "every call past the limit is refused, none silently")
 }
+
+func TestTokenMeterReservesAndSettles(t *testing.T) {
+	m := NewTokenMeter(10)
+	require.NoError(t, m.Reserve(50, 100))
+	var be *BudgetError
+	err := m.Reserve(41, 100)
+	require.ErrorAs(t, err, &be, "10 spent and 50 set aside leave 40")
+	assert.Equal(t, BudgetTokens, be.Which)
+	assert.ErrorIs(t, err, ErrBudgetExceeded)
+	require.NoError(t, m.Reserve(40, 100))
+	require.NoError(t, m.Settle(50, 30, 100))
+	assert.Equal(t, 40, m.Used())
+	require.ErrorAs(t, m.Settle(40, 70, 100), &be, "the answer took the run past the limit")
+	assert.Equal(t, int64(110), be.Used)
+	require.Error(t, m.Reserve(0, 100), "a run over its budget starts no call")
+	require.NoError(t, m.Reserve(1<<20, 0), "0 is no limit")
+	require.NoError(t, m.Settle(1<<20, 5, 0))
+}
+
+// Calls in flight at once each see the others' reservations: together
+// they never start past the limit, and all of what they spent is counted.
+func TestTokenMeterConcurrent(t *testing.T) {
+	m := NewTokenMeter(0)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if m.Reserve(10, 100) != nil {
+				return
+			}
+			mu.Lock()
+			admitted++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, 10, admitted)
+	for range admitted {
+		_ = m.Settle(10, 10, 100)
+	}
+	assert.Equal(t, 100, m.Used())
+}

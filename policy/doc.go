@@ -33,6 +33,8 @@
 //     listed fields of outgoing records (Redactor.RedactJSON).
 //   - NewTracker counts steps, tool iterations, tokens and wall time against
 //     a Budget, returning a *BudgetError when one is exceeded.
+//   - NewTokenMeter counts one run's tokens across concurrent model calls:
+//     Reserve before a call, Settle after it.
 //   - Lane.Allow keeps an agent to its models.
 //
 // The examples are the best way to understand the package: start with

@@ -9,11 +9,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/outpost-edge/outpost/bench"
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/policy"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -27,6 +30,61 @@ func defaultDataDir() string {
 
 func dataFlag(fs *flag.FlagSet) *string {
 	return fs.String("data", defaultDataDir(), "data folder (or set $OUTPOST_DATA)")
+}
+
+// Default budgets of every run the appliance starts. A bundle's agent may
+// set less (its step_limit); it never gets more.
+const (
+	// defaultMaxRunTime bounds a run's active time (the time it waits for
+	// a person does not count): a few model calls on a slow CPU, with
+	// room to spare, and not an afternoon.
+	defaultMaxRunTime = 15 * time.Minute
+	// defaultMaxTokens bounds the tokens all of a run's model calls spend:
+	// the reference agents spend a few thousand a turn, a tool loop that
+	// runs out its five iterations a few tens of thousands.
+	defaultMaxTokens = 100_000
+)
+
+// budgetChoice is what --max-run-time and --max-tokens set.
+type budgetChoice struct {
+	runTime time.Duration
+	tokens  int
+}
+
+func budgetFlags(fs *flag.FlagSet) *budgetChoice {
+	bc := &budgetChoice{}
+	fs.DurationVar(&bc.runTime, "max-run-time", defaultMaxRunTime,
+		"wall-time budget of each run: its active time, not the time it waits for a person (0 for none); over it, the run ends budget_exceeded")
+	fs.IntVar(&bc.tokens, "max-tokens", defaultMaxTokens,
+		"token budget of each run: all its model calls, failed ones included (0 for none); over it, the run ends budget_exceeded")
+	return bc
+}
+
+// budget is the runtime budget chosen; negative values are refused.
+func (bc *budgetChoice) budget() (policy.Budget, error) {
+	if bc == nil {
+		return policy.Budget{}, nil
+	}
+	if bc.runTime < 0 {
+		return policy.Budget{}, fmt.Errorf("--max-run-time must not be negative (0 for no limit), not %s", bc.runTime)
+	}
+	if bc.tokens < 0 {
+		return policy.Budget{}, fmt.Errorf("--max-tokens must not be negative (0 for no limit), not %d", bc.tokens)
+	}
+	return policy.Budget{WallTime: bc.runTime, Tokens: bc.tokens}, nil
+}
+
+// describe says what the budget is, for the appliance's start.
+func (bc *budgetChoice) describe() string {
+	b, _ := bc.budget()
+	wall, tokens := "no wall-time limit", "no token limit"
+	if b.WallTime > 0 {
+		wall = b.WallTime.String() + " of run time"
+	}
+	if b.Tokens > 0 {
+		tokens = strconv.Itoa(b.Tokens) + " tokens"
+	}
+	return fmt.Sprintf("budgets: each run at most %s and %s (--max-run-time, --max-tokens; an agent may set less)", wall, tokens)
 }
 
 // openStore opens the store in dir, explaining the common failures.

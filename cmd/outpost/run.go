@@ -19,6 +19,7 @@ import (
 	"github.com/outpost-edge/outpost/internal/wiring"
 	"github.com/outpost-edge/outpost/models"
 	"github.com/outpost-edge/outpost/models/ollama"
+	"github.com/outpost-edge/outpost/policy"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -149,19 +150,24 @@ func ollamaReachable(ctx context.Context, base string) error {
 }
 
 // runtimeFor is what model nodes run with in a store-backed session: calls
-// recorded in the store, notes and follow-ups in files beside it.
-func runtimeFor(db *store.DB, dir string, p models.Provider, model string) (*firmware.Runtime, error) {
+// recorded in the store, notes and follow-ups in files beside it, and the
+// appliance's budget.
+func runtimeFor(db *store.DB, dir string, p models.Provider, model string, budget policy.Budget) (*firmware.Runtime, error) {
 	notes, err := agent.OpenFileNotes(filepath.Join(dir, "notes.jsonl"))
 	if err != nil {
 		return nil, err
 	}
-	return &firmware.Runtime{Provider: p, Model: model, Log: wiring.CallLog(db, db), Blobs: db, Runs: db,
+	return &firmware.Runtime{Provider: p, Model: model, Log: wiring.CallLog(db, db), Blobs: db, Runs: db, Budget: budget,
 		Notes: notes, Followups: &agent.FileFollowups{Path: filepath.Join(dir, "followups.jsonl")}}, nil
 }
 
 // openSession opens the store in dir, making it first when create is set
 // (run makes one; resume answers a run that must already be there).
-func openSession(ctx context.Context, dir string, create bool, durability engine.Durability, out, stderr io.Writer, asJSON bool, mc *modelChoice) (*session, error) {
+func openSession(ctx context.Context, dir string, create bool, durability engine.Durability, out, stderr io.Writer, asJSON bool, mc *modelChoice, bc *budgetChoice) (*session, error) {
+	budget, err := bc.budget()
+	if err != nil {
+		return nil, err
+	}
 	if !create {
 		if err := storeExists(dir); err != nil {
 			return nil, err
@@ -176,7 +182,7 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 	if err != nil {
 		return nil, err
 	}
-	rt, err := runtimeFor(db, dir, p, model)
+	rt, err := runtimeFor(db, dir, p, model, budget)
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -198,7 +204,10 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 		}
 	}()
 	s.sub = s.bus.Subscribe(4096, nil)
-	s.m = engine.NewManager(db, resolve, engine.ManagerOptions{Durability: durability, Events: s.bus})
+	// The manager's wall time holds for agents from outside a bundle too
+	// (the bench workload's).
+	s.m = engine.NewManager(db, resolve, engine.ManagerOptions{Durability: durability, Events: s.bus, MaxDuration: budget.WallTime,
+		MaxTokens: budget.Tokens})
 	s.done.Add(1)
 	go func() {
 		defer s.done.Done()
@@ -246,6 +255,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	thread := fs.String("thread", "default", "thread (conversation) to run the turn on")
 	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit only when the run ends or pauses)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
+	bc := budgetFlags(fs.FlagSet)
 	if err := fs.parse(args, true); err != nil {
 		return err
 	}
@@ -259,7 +269,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("--durability must be sync or exit, not %q", *durability)
 	}
 	input, _ := json.Marshal(strings.Join(fs.Args(), " "))
-	s, err := openSession(ctx, *data, true, dur, stdout, stderr, *asJSON, mc)
+	s, err := openSession(ctx, *data, true, dur, stdout, stderr, *asJSON, mc, bc)
 	if err != nil {
 		return err
 	}
@@ -323,6 +333,7 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	by := fs.String("by", "cli", "who decides (recorded with the decision)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
 	mc := modelFlags(fs.FlagSet)
+	bc := budgetFlags(fs.FlagSet)
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -343,7 +354,7 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := d.Validate(); err != nil {
 		return err
 	}
-	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc)
+	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc)
 	if err != nil {
 		return err
 	}

@@ -57,7 +57,7 @@ func consoleUplink(db *store.DB, up *uplink.Uplink) func(context.Context) (*cons
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newCmdFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--tls-cert FILE --tls-key FILE] [--allow-host NAME]", stdout, stderr)
+	fs := newCmdFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--tls-cert FILE --tls-key FILE] [--allow-host NAME] [--max-run-time DURATION] [--max-tokens N]", stdout, stderr)
 	data := dataFlag(fs.FlagSet)
 	listen := fs.String("listen", "127.0.0.1:7070", "address to serve on; beyond loopback it needs --tls-cert and --tls-key")
 	mc := modelFlags(fs.FlagSet)
@@ -69,7 +69,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	upURL := fs.String("uplink", "", "collector URL to send the outcome ledger to (e.g. https://collector.site:8443)")
 	applianceID := fs.String("appliance-id", "", "this appliance's id upstream (default: the store's)")
 	upSecret := fs.String("uplink-secret", "", "file holding the HMAC secret shared with the collector")
+	bc := budgetFlags(fs.FlagSet)
 	if err := fs.parse(args, false); err != nil {
+		return err
+	}
+	budget, err := bc.budget()
+	if err != nil {
 		return err
 	}
 	if (*upURL == "") != (*upSecret == "") {
@@ -120,7 +125,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	bus.StartAfter(epoch << 32)
-	rt, err := runtimeFor(db, *data, p, model)
+	rt, err := runtimeFor(db, *data, p, model, budget)
 	if err != nil {
 		return err
 	}
@@ -148,6 +153,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	modelHealth := modelCheck(ctx, mc, p, model, sw, stdout)
+	fmt.Fprintln(stdout, bc.describe())
 
 	tok, created, err := console.LoadOrCreateToken(*data)
 	if err != nil {
@@ -169,7 +175,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	} else {
 		fmt.Fprintf(stdout, "uplink: none configured (--uplink URL --uplink-secret FILE); outcomes stay on the appliance\n")
 	}
-	m := engine.NewManager(console.InstrumentStore(db, metrics), resolve, engine.ManagerOptions{Workers: *workers, Events: bus})
+	m := engine.NewManager(console.InstrumentStore(db, metrics), resolve, engine.ManagerOptions{Workers: *workers, Events: bus,
+		MaxDuration: budget.WallTime, MaxTokens: budget.Tokens})
 	srv := console.New(console.Config{Manager: m, Bus: bus, Resolve: resolve, Agents: agents, Token: tok,
 		AllowHosts: hosts, Bundles: func() []console.BundleInfo { return bundles }, Metrics: metrics,
 		Health: []console.HealthCheck{{Name: "model", Check: modelHealth}}, StoreSize: db.Size, StoreWrites: db.WriteErr,

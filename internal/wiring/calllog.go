@@ -156,3 +156,22 @@ func Records(ctx context.Context, log agent.CallLog, prefix string) ([]agent.Cal
 	}
 	return out, nil
 }
+
+// ModelTokens implements agent.TokenCounter: the tokens that run's model
+// calls recorded, so that a resumed or recovered run's token budget goes
+// on from what it spent before.
+func (c *callLog) ModelTokens(ctx context.Context, run string) (int, error) {
+	tcs, err := c.db.ToolCalls(ctx, agent.ModelKeyPrefix(run))
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, tc := range tcs {
+		res, err := c.bytes(ctx, tc.Result)
+		if err != nil {
+			return 0, fmt.Errorf("load call %s: result: %w", tc.Key, err)
+		}
+		n += agent.RecordedTokens(string(tc.Status), res)
+	}
+	return n, nil
+}

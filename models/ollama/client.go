@@ -173,6 +173,8 @@ func (c *Client) Chat(ctx context.Context, req models.Request, stream func(model
 		return nil, c.newError(models.Stream, req.Model, fmt.Errorf("%w: the stream ended before its final chunk", models.ErrDropped))
 	}
 	if err := c.unfinished(req.Model, acc.doneReason); err != nil {
+		// The answer is refused, but what it cost was spent: budgets count it.
+		err.PromptTokens, err.CompletionTokens = acc.metrics.PromptEvalCount, acc.metrics.EvalCount
 		return nil, err
 	}
 	resp := acc.response(time.Since(start))
@@ -215,7 +217,7 @@ func (w *stallWatch) pause() {
 // "length" is one cut at the token limit, which must not pass for a whole
 // answer; "load" and "unload" answer a request to load or unload the model,
 // not to chat.
-func (c *Client) unfinished(model, reason string) error {
+func (c *Client) unfinished(model, reason string) *models.Error {
 	switch reason {
 	case "length":
 		e := c.newError(models.Truncated, model, fmt.Errorf("done_reason %q", reason))

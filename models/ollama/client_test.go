@@ -432,15 +432,16 @@ func TestErrorMessages(t *testing.T) {
 // answers when it only loaded the model (a chat with no messages).
 func TestChatRefusesAnswersThatDidNotFinish(t *testing.T) {
 	for _, tc := range []struct {
-		fixture  string
-		kind     models.ErrorKind
-		is       error
-		contains []string
-		chunks   int
+		fixture        string
+		kind           models.ErrorKind
+		is             error
+		contains       []string
+		chunks         int
+		prompt, answer int // the counts the error carries: what the call spent
 	}{
 		{"length.ndjson", models.Truncated, models.ErrTruncated,
-			[]string{"model llama3.2 stopped at its token limit", `done_reason "length"`, "num_ctx"}, 8},
-		{"load.ndjson", models.Stream, nil, []string{"model llama3.2 failed mid-answer", `done_reason "load"`}, 0},
+			[]string{"model llama3.2 stopped at its token limit", `done_reason "length"`, "num_ctx"}, 8, 31, 8},
+		{"load.ndjson", models.Stream, nil, []string{"model llama3.2 failed mid-answer", `done_reason "load"`}, 0, 0, 0},
 	} {
 		t.Run(tc.fixture, func(t *testing.T) {
 			srv := newFakeOllama(t, replayStream(t, tc.fixture))
@@ -459,6 +460,8 @@ func TestChatRefusesAnswersThatDidNotFinish(t *testing.T) {
 				require.Contains(t, err.Error(), s)
 			}
 			require.Equal(t, tc.chunks, chunks, "the tokens that did come were still streamed")
+			require.Equal(t, tc.prompt, me.PromptTokens, "a refused answer's tokens were still spent")
+			require.Equal(t, tc.answer, me.CompletionTokens)
 		})
 	}
 }

@@ -1,0 +1,51 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// runValues holds the values RunValue keeps for one execution of a run.
+type runValues struct {
+	mu sync.Mutex
+	m  map[any]any
+}
+
+// RunValue returns the value kept under key for the run that the calling
+// node serves, made by make on first use. Every task of the run sees the
+// same value: the tasks of one superstep, which run concurrently, the
+// supersteps after them, and the nodes of its subgraphs. It is how nodes
+// share a running count, such as the tokens their model calls spent,
+// without waiting for the end of a superstep.
+//
+// The value lives as long as the Invoke or Resume call that runs the run:
+// a run resumed after a pause or recovered after a restart starts without
+// it, so make must rebuild it from what is durable (the run's state or a
+// record kept outside it). make runs once per key, under a lock that other
+// callers for the run wait on; its error is returned and nothing is kept.
+//
+// Runs that never call it pay nothing for it.
+func RunValue(ctx context.Context, key any, make func() (any, error)) (any, error) {
+	sp := scratchFrom(ctx)
+	if sp == nil || sp.exec == nil {
+		return nil, fmt.Errorf("engine.RunValue called outside a running node")
+	}
+	e := sp.exec
+	for e.cfg.parent != nil {
+		e = e.cfg.parent
+	}
+	e.valuesOnce.Do(func() { e.values = &runValues{m: map[any]any{}} })
+	rv := e.values
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	if v, ok := rv.m[key]; ok {
+		return v, nil
+	}
+	v, err := make()
+	if err != nil {
+		return nil, err
+	}
+	rv.m[key] = v
+	return v, nil
+}

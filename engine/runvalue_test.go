@@ -1,0 +1,113 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// The tasks of one superstep, the steps after them and the nodes of a
+// subgraph share one value per run; the next Invoke makes it again.
+func TestRunValueIsSharedByTheRunsTasks(t *testing.T) {
+	type key struct{}
+	var made atomic.Int32
+	bump := func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		v, err := engine.RunValue(ctx, key{}, func() (any, error) { made.Add(1); return new(atomic.Int32), nil })
+		if err != nil {
+			return nil, err
+		}
+		v.(*atomic.Int32).Add(1)
+		return nil, nil
+	}
+	var seen atomic.Int32
+	last := func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		v, err := engine.RunValue(ctx, key{}, func() (any, error) { return nil, errors.New("made twice") })
+		if err != nil {
+			return nil, err
+		}
+		seen.Store(v.(*atomic.Int32).Load())
+		return nil, nil
+	}
+	sb := engine.NewGraph("inner")
+	engine.Replace[string](sb, "x")
+	sb.AddNode("deep", bump)
+	sb.AddEdge(engine.Start, "deep")
+	sb.AddEdge("deep", engine.End)
+	sub, err := sb.Compile()
+	require.NoError(t, err)
+
+	b := engine.NewGraph("outer")
+	x := engine.Replace[string](b, "x")
+	b.AddNode("a", bump)
+	b.AddNode("b", bump)
+	b.AddSubgraph("sub", sub)
+	b.AddNode("last", last)
+	b.AddEdge(engine.Start, "a")
+	b.AddEdge(engine.Start, "b")
+	b.AddEdge("a", "sub")
+	b.AddEdge("b", "sub")
+	b.AddEdge("sub", "last")
+	b.AddEdge("last", engine.End)
+	g, err := b.Compile()
+	require.NoError(t, err)
+
+	store := engine.NewMemoryStore()
+	res, err := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: store}, x.Set("go"))
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, int32(1), made.Load(), "made once for the run")
+	require.Equal(t, int32(3), seen.Load(), "a, b and the subgraph's node counted on one value")
+
+	_, err = engine.RunValue(context.Background(), key{}, nil)
+	require.Error(t, err, "outside a node")
+
+	_, err = g.Invoke(context.Background(), engine.RunConfig{Thread: "t2", Store: store}, x.Set("go"))
+	require.NoError(t, err)
+	require.Equal(t, int32(2), made.Load(), "another run makes its own")
+}
+
+// The run's token budget reaches its nodes, subgraphs' included: the
+// smaller of the manager's and the agent's.
+func TestMaxTokensReachesTheRunsNodes(t *testing.T) {
+	for _, tc := range []struct{ manager, agent, want int }{
+		{0, 0, 0}, {100, 0, 100}, {0, 50, 50}, {100, 50, 50}, {30, 50, 30},
+	} {
+		var seen, deep atomic.Int64
+		sb := engine.NewGraph("inner")
+		engine.Replace[string](sb, "x")
+		sb.AddNode("deep", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+			info, _ := engine.InfoFrom(ctx)
+			deep.Store(int64(info.MaxTokens))
+			return nil, nil
+		})
+		sb.AddEdge(engine.Start, "deep")
+		sb.AddEdge("deep", engine.End)
+		sub, err := sb.Compile()
+		require.NoError(t, err)
+		b := engine.NewGraph("outer")
+		x := engine.Replace[string](b, "x")
+		b.AddNode("a", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+			info, _ := engine.InfoFrom(ctx)
+			seen.Store(int64(info.MaxTokens))
+			return nil, nil
+		})
+		b.AddSubgraph("sub", sub)
+		b.AddEdge(engine.Start, "a")
+		b.AddEdge("a", "sub")
+		b.AddEdge("sub", engine.End)
+		g, err := b.Compile()
+		require.NoError(t, err)
+		ag := &engine.Agent{Name: "tok", Graph: g, MaxTokens: tc.agent}
+		m := newManager(t, engine.NewMemoryStore(), engine.ManagerOptions{MaxTokens: tc.manager}, ag)
+		run, err := m.Invoke(context.Background(), engine.RunRequest{Thread: "t", Agent: "tok", Writes: []engine.Write{x.Set("go")}})
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusCompleted, run.Status, run.Error)
+		require.Equal(t, int64(tc.want), seen.Load(), "manager %d agent %d", tc.manager, tc.agent)
+		require.Equal(t, int64(tc.want), deep.Load(), "in the subgraph")
+	}
+}
