@@ -306,6 +306,9 @@ type RunFilter struct {
 	Thread string
 	After  string // run ID to start after, for paging
 	Limit  int
+	// Desc lists newest first (IDs are time-ordered): the runs before
+	// After, in descending ID order. The zero value lists oldest first.
+	Desc bool
 	// Damaged, when set, is told of each run record that cannot be read
 	// (a failed checksum or decoding), which is then left out, instead of
 	// failing the whole list. A store that never holds such records never

@@ -359,7 +359,10 @@ func (d *DB) Run(ctx context.Context, id string) (*engine.Run, error) {
 }
 
 // Runs lists runs in ID order (oldest first) that pass f's status, agent and
-// thread, starting after f.After, at most f.Limit (0 for all).
+// thread, starting after f.After, at most f.Limit (0 for all). With f.Desc
+// it walks the same keys backwards from the newest (run IDs are
+// time-ordered), or from the last one before f.After: the newest runs of a
+// long history cost what the oldest do.
 func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list runs: %w", err)
@@ -368,12 +371,28 @@ func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error
 	err := d.view(func(tx *bbolt.Tx) error {
 		c := bucket(tx, bucketRuns).Cursor()
 		var k, v []byte
-		if f.After == "" {
+		next := c.Next
+		switch {
+		case f.Desc && f.After == "":
+			k, v = c.Last()
+			next = c.Prev
+		case f.Desc:
+			// Seek lands on the first key at or past After (or nothing, when
+			// every key is below it): the one before it is the first below.
+			if k, _ = c.Seek([]byte(f.After)); k == nil {
+				k, v = c.Last()
+			} else {
+				k, v = c.Prev()
+			}
+			next = c.Prev
+		case f.After == "":
 			k, v = c.First()
-		} else if k, v = c.Seek([]byte(f.After)); k != nil && string(k) == f.After {
-			k, v = c.Next()
+		default:
+			if k, v = c.Seek([]byte(f.After)); k != nil && string(k) == f.After {
+				k, v = c.Next()
+			}
 		}
-		for ; k != nil; k, v = c.Next() {
+		for ; k != nil; k, v = next() {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
