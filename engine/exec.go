@@ -325,6 +325,9 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 	if e.cfg.Events != nil && len(e.events) > 0 {
 		e.cfg.Events.Publish(e.events...)
 	}
+	if e.cfg.Events != nil && len(c.Announce) > 0 {
+		e.cfg.Events.Publish(c.Announce...)
+	}
 	e.events = nil
 	return nil
 }

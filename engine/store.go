@@ -264,6 +264,12 @@ type Commit struct {
 	Writes []CommitWrites
 	Run    *Run
 	Events []Event
+	// Announce is the store's to fill during Commit: events about what it
+	// recorded besides c itself (the outcome record that a run's end or
+	// pause appends to a ledger). The commit's maker publishes them right
+	// after Events, so that no subscriber hears what a step's end recorded
+	// before it hears of the step.
+	Announce []Event
 	// Sync asks for the commit to be fsynced before Commit returns. When
 	// false a store may defer durability (the "exit" durability mode).
 	Sync bool

@@ -98,7 +98,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	bus := engine.NewBus()
-	db, err := openStore(*data, bus)
+	db, err := openStore(*data)
 	if err != nil {
 		return err
 	}
