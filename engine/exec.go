@@ -797,7 +797,12 @@ func (e *execution) stopped(ctx context.Context, cause error) error {
 	if errors.Is(cause, ErrDeadline) {
 		return e.budget(ctx, fmt.Errorf("%w (%s)", ErrDeadline, e.cfg.MaxDuration))
 	}
-	return e.end(ctx, StatusCancelled, fmt.Errorf("%w: %v", ErrCancelled, cause))
+	if !errors.Is(cause, ErrCancelled) {
+		// Another end of the context (a caller's own cancel) still reads
+		// as a cancel, with its cause; a cancel's own cause says it once.
+		cause = fmt.Errorf("%w: %v", ErrCancelled, cause)
+	}
+	return e.end(ctx, StatusCancelled, cause)
 }
 
 // finish commits the run's last checkpoint together with its final status.
