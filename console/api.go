@@ -345,7 +345,7 @@ type damagedView struct {
 }
 
 // listRuns answers GET /api/v1/runs: {"runs": [...], "next"?} (DESIGN.md
-// "HTTP API"), and "damaged": [{"key", "error"}] when the page's range of
+// "HTTP API"), oldest first, or newest first with order=desc, and "damaged": [{"key", "error"}] when the page's range of
 // run IDs holds run records that cannot be read (a failed checksum or
 // decoding). Those are left out of "runs" instead of failing the list, so
 // that one damaged record does not hide every other run; outpost db check
@@ -366,8 +366,20 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	if after := q.Get("after"); after != "" && !validRunID(after) {
 		return errorf(http.StatusBadRequest, "bad_after", fmt.Sprintf("after %s is not a run id: pass the \"next\" of the page before", quote(after)))
 	}
+	// order=desc lists newest first (run IDs are time-ordered), and "after"
+	// then pages on towards older runs. Oldest first stays the default.
+	var desc bool
+	switch order := q.Get("order"); order {
+	case "", "asc":
+	case "desc":
+		desc = true
+	default:
+		return errorf(http.StatusBadRequest, "bad_order", fmt.Sprintf("order %s is not \"asc\" or \"desc\"", quote(order)))
+	}
+	// before reports whether run ID a comes before b in the listing's order.
+	before := func(a, b string) bool { return a < b != desc }
 	damaged := map[string]string{} // key -> why it cannot be read
-	f := engine.RunFilter{Agent: q.Get("agent"), Thread: q.Get("thread"), After: q.Get("after"),
+	f := engine.RunFilter{Agent: q.Get("agent"), Thread: q.Get("thread"), After: q.Get("after"), Desc: desc,
 		Damaged: func(key string, err error) { damaged[key] = err.Error() }}
 	// The store keeps a run "queued" until it ends or pauses (a worker's
 	// progress is not rewritten at every step), so live status comes from
@@ -393,7 +405,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 			}
 			page = append(page, runs...)
 		}
-		sort.Slice(page, func(i, j int) bool { return page[i].ID < page[j].ID })
+		sort.Slice(page, func(i, j int) bool { return before(page[i].ID, page[j].ID) })
 		if len(page) > limit+1 {
 			page = page[:limit+1]
 		}
@@ -433,12 +445,12 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	// listing meets the same damaged key: the map names it once.
 	var keys []string
 	for key := range damaged {
-		if next == "" || key <= next {
+		if next == "" || !before(next, key) {
 			keys = append(keys, key)
 		}
 	}
 	if len(keys) > 0 {
-		sort.Strings(keys)
+		sort.Slice(keys, func(i, j int) bool { return before(keys[i], keys[j]) })
 		left := make([]damagedView, len(keys))
 		for i, key := range keys {
 			left[i] = damagedView{Key: keyText(key), Error: damaged[key]}

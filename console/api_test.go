@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -362,6 +363,72 @@ func TestListPaging(t *testing.T) {
 	m = e.do("GET", "/api/v1/runs?status=interrupted", nil).json(t)
 	if rs := m["runs"].([]any); len(rs) != 0 {
 		t.Fatalf("status filter: %v", m)
+	}
+}
+
+// TestListNewestFirst: order=desc lists the newest runs first, and its
+// "next" pages on towards older ones; the default order stays oldest
+// first. A status read from two stored statuses (running: the store's
+// queued and running) keeps the order too.
+func TestListNewestFirst(t *testing.T) {
+	e := newEnv(t, nil)
+	var ids []string
+	for _, th := range []string{"a", "b", "c", "d", "e"} {
+		_, run := e.startRun("desc-"+th, "hi", "20s")
+		ids = append(ids, run["id"].(string))
+	}
+	page := func(query string) (got []string, next string) {
+		t.Helper()
+		r := e.do("GET", "/api/v1/runs?"+query, nil)
+		if r.status != http.StatusOK {
+			t.Fatalf("GET /api/v1/runs?%s: %d %s", query, r.status, r.body)
+		}
+		m := r.json(t)
+		for _, run := range m["runs"].([]any) {
+			got = append(got, run.(map[string]any)["id"].(string))
+		}
+		next, _ = m["next"].(string)
+		return got, next
+	}
+	var got []string
+	after, pages := "", 0
+	for {
+		ps, next := page("order=desc&limit=2&after=" + after)
+		got = append(got, ps...)
+		pages++
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	want := slices.Clone(ids)
+	slices.Reverse(want)
+	if strings.Join(got, ",") != strings.Join(want, ",") || pages != 3 {
+		t.Fatalf("newest first: paged %v in %d pages, want %v", got, pages, want)
+	}
+	if got, _ := page("limit=2"); strings.Join(got, ",") != strings.Join(ids[:2], ",") {
+		t.Fatalf("the default order: %v, want %v", got, ids[:2])
+	}
+	if got, _ := page("order=asc&limit=2"); strings.Join(got, ",") != strings.Join(ids[:2], ",") {
+		t.Fatalf("order=asc: %v, want %v", got, ids[:2])
+	}
+	if got, _ := page("order=desc&thread=desc-c"); strings.Join(got, ",") != ids[2] {
+		t.Fatalf("newest first on one thread: %v", got)
+	}
+
+	// Two runs held running, listed newest first from both stored statuses.
+	_, r1 := e.startRun("desc-block-1", "block", "")
+	_, r2 := e.startRun("desc-block-2", "block", "")
+	for _, id := range []string{r1["id"].(string), r2["id"].(string)} {
+		e.waitStatus(id, "running")
+	}
+	if got, _ := page("order=desc&status=running"); strings.Join(got, ",") != r2["id"].(string)+","+r1["id"].(string) {
+		t.Fatalf("running runs newest first: %v, want %v then %v", got, r2["id"], r1["id"])
+	}
+	e.unblock()
+
+	if r := e.do("GET", "/api/v1/runs?order=newest", nil); r.status != http.StatusBadRequest || r.errCode(t) != "bad_order" {
+		t.Fatalf("order=newest: %d %s", r.status, r.body)
 	}
 }
 

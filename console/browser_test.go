@@ -21,6 +21,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/outpost-edge/outpost/console"
+	"github.com/outpost-edge/outpost/engine"
 )
 
 // findChromium returns Debian's chromium, or another Chromium-like browser.
@@ -565,11 +566,37 @@ func TestCancelFromThePage(t *testing.T) {
 	c.until(ctx, "the run running with a cancel button", `["queued", "running"].includes(document.getElementById("run-status").dataset.status) &&
 		document.getElementById("cancel") && document.getElementById("cancel").offsetParent !== null`, shot)
 	id, _ := c.eval(ctx, `document.getElementById("run-id").textContent`).(string)
+
+	// Cancel asks first, naming the run; keeping it changes nothing.
 	c.eval(ctx, `document.getElementById("cancel").click(); true`)
+	c.until(ctx, "the confirmation", `document.getElementById("cancel-confirm").open &&
+		document.getElementById("cancel-confirm").textContent.includes(`+jsString(id)+`) &&
+		document.activeElement === document.getElementById("cancel-no")`, shot)
+	shot("cancel-confirm")
+	time.Sleep(200 * time.Millisecond) // a cancel sent at the click would have landed
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "running" && got["status"] != "queued" {
+		t.Fatalf("the run before the cancel is confirmed: %v", got["status"])
+	}
+	c.eval(ctx, `document.getElementById("cancel-no").click(); true`)
+	c.until(ctx, "the confirmation gone", `!document.getElementById("cancel-confirm").open`, shot)
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "running" && got["status"] != "queued" {
+		t.Fatalf("the run kept running: %v", got["status"])
+	}
+
+	c.eval(ctx, `document.getElementById("cancel").click(); true`)
+	c.until(ctx, "the confirmation again", `document.getElementById("cancel-confirm").open`, shot)
+	c.eval(ctx, `document.getElementById("cancel-yes").click(); true`)
 	c.until(ctx, "the run cancelled, with no cancel button", `document.getElementById("run-status").dataset.status === "cancelled" &&
-		document.getElementById("cancel").offsetParent === null`, shot)
+		document.getElementById("cancel").offsetParent === null && !document.getElementById("cancel-confirm").open`, shot)
 	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "cancelled" {
 		t.Fatalf("run after cancel: %v", got["status"])
+	}
+	// The reason reads once, in the answer box and in the transcript.
+	c.until(ctx, "the end in the transcript", `document.getElementById("transcript").textContent.includes("■ cancelled")`, shot)
+	detail, _ := c.eval(ctx, `document.getElementById("detail").innerText`).(string)
+	if strings.Count(detail, "cancelled: run cancelled") > 0 || strings.Count(detail, "run cancelled") != 1 {
+		shot("cancel-message")
+		t.Fatalf("the cancelled run reads:\n%s", detail)
 	}
 }
 
@@ -746,5 +773,150 @@ func TestOpenRunMidStream(t *testing.T) {
 	if want := "draft: Take|✓ draft|✓ review|✓ closing|■ completed"; lines != want {
 		shot("midstream-transcript")
 		t.Fatalf("transcript lines %q, want %q", lines, want)
+	}
+}
+
+// TestNewestRunsPastManyRuns: an appliance that has kept more than 20,000
+// runs. The page lists the newest first, the run just started included,
+// and reads one page for them instead of paging through every run from
+// the oldest.
+func TestNewestRunsPastManyRuns(t *testing.T) {
+	if findChromium() == "" {
+		t.Skip("SKIPPING THE BROWSER TEST: no chromium found (apt-get install -y chromium; .ci/run installs it)")
+	}
+	e := newEnv(t, nil)
+	// Stored straight into the store, many commits sharing each group
+	// commit: through the API this many turns would take minutes.
+	const old, writers = 20_050, 50
+	ids := make([]string, old)
+	for i := range ids {
+		ids[i] = engine.NewRunID()
+	}
+	created := time.Now().UTC().Add(-time.Hour)
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < old; i += writers {
+				run := &engine.Run{ID: ids[i], Thread: fmt.Sprintf("old-%d", i), Agent: testAgent, Status: engine.StatusQueued,
+					Bundle: engine.BundleRef{Name: "test-bundle", Version: 3, Digest: "sha256:test"}, Input: json.RawMessage(`"old turn"`),
+					CreatedAt: created, Durability: engine.DurabilitySync}
+				if err := e.db.Commit(context.Background(), &engine.Commit{Run: run, Sync: true}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	_, newest := e.startRun("newest", "the newest turn", "10s")
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.until(ctx, "the newest run at the top of the list",
+		`(document.querySelector("#runs li") || {dataset: {}}).dataset.run === `+jsString(newest["id"].(string)), shot)
+	// Besides sign-in's check of the token (limit=1) and the list of runs
+	// waiting for review.
+	lists, _ := c.eval(ctx, `JSON.stringify(performance.getEntriesByType("resource").map((r) => new URL(r.name)).
+		filter((u) => u.pathname === "/api/v1/runs" && u.searchParams.get("limit") !== "1" && !u.searchParams.has("status")).map((u) => u.search))`).(string)
+	var pages []string
+	json.Unmarshal([]byte(lists), &pages)
+	if len(pages) != 1 {
+		t.Fatalf("the page read %d pages of runs to list the newest: %v", len(pages), pages)
+	}
+}
+
+// TestReviewButtonsInSight: at 1024x700, a run waiting for review shows
+// its approve, edit and reject buttons without scrolling, whole and not
+// covered, once its transcript is in: with a short draft and with a long
+// one.
+func TestReviewButtonsInSight(t *testing.T) {
+	for _, tc := range []struct{ name, input string }{
+		{"short", "please review my dose"},
+		{"long", "please review " + strings.Repeat("a long question about doses ", 80)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, nil)
+			c, ctx, shot := openChromium(t)
+			c.call(ctx, "Emulation.setDeviceMetricsOverride", map[string]any{"width": 1024, "height": 700, "deviceScaleFactor": 1, "mobile": false}, nil)
+			signIn(ctx, t, c, e, shot)
+			// Started from the page, so that the transcript is drawn line by
+			// line from the run's events, as an operator watching it sees it.
+			startFromPage(ctx, c, "in-sight", tc.input)
+			c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+			c.until(ctx, "the transcript", `document.getElementById("transcript").textContent.includes("waiting for review")`, shot)
+			time.Sleep(100 * time.Millisecond) // any scrolling the transcript would cause
+			shot("review-in-sight-" + tc.name)
+			got, _ := c.eval(ctx, `JSON.stringify(["approve", "edit", "reject"].map((id) => {
+				const b = document.getElementById(id), r = b.getBoundingClientRect();
+				const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+				return {id, top: r.top, bottom: r.bottom, left: r.left, right: r.right,
+					inside: r.height > 0 && r.top >= 0 && r.left >= 0 && r.bottom <= innerHeight && r.right <= innerWidth,
+					covered: hit !== b};
+			}).concat([{scrollY: scrollY, innerHeight: innerHeight, innerWidth: innerWidth}]))`).(string)
+			var boxes []struct {
+				ID      string  `json:"id"`
+				Inside  bool    `json:"inside"`
+				Covered bool    `json:"covered"`
+				ScrollY float64 `json:"scrollY"`
+			}
+			if err := json.Unmarshal([]byte(got), &boxes); err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range boxes[:3] {
+				if !b.Inside || b.Covered || boxes[3].ScrollY != 0 {
+					shot("review-below-the-fold")
+					t.Fatalf("at 1024x700 the %s button is not in sight without scrolling: %s", b.ID, got)
+				}
+			}
+		})
+	}
+}
+
+// TestTranscriptSignsHaveGlyphs: every sign the transcript draws (the
+// pause of a review, the ticks, arrows and crosses) renders with the
+// fonts the appliance has (Debian's defaults here), not as an empty box:
+// each character is drawn on a canvas in the transcript's font and
+// compared with one that no font has. The pause sign is drawn by the
+// stylesheet, as two bars.
+func TestTranscriptSignsHaveGlyphs(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	startFromPage(ctx, c, "glyphs", "please review deny")
+	c.until(ctx, "the review in the transcript", `document.querySelector("#transcript .icon-pause") !== null ||
+		document.getElementById("transcript").textContent.includes("waiting for review")`, shot)
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	c.until(ctx, "the end in the transcript", `document.getElementById("transcript").textContent.includes("completed")`, shot)
+	shot("glyphs")
+	missing, _ := c.eval(ctx, `JSON.stringify((() => {
+		const ol = document.getElementById("transcript");
+		const cv = document.createElement("canvas");
+		cv.width = cv.height = 40;
+		const g = cv.getContext("2d", { willReadFrequently: true });
+		g.font = "24px " + getComputedStyle(ol).fontFamily;
+		const draw = (ch) => { g.clearRect(0, 0, 40, 40); g.fillText(ch, 4, 30); return g.getImageData(0, 0, 40, 40).data.join(","); };
+		const none = draw("\u{10FFFD}");
+		const chars = [...new Set([...ol.textContent].filter((ch) => ch.codePointAt(0) > 127))];
+		return chars.filter((ch) => { const d = draw(ch); return d === none || !/[1-9]/.test(d); })
+			.map((ch) => "U+" + ch.codePointAt(0).toString(16).toUpperCase() + " " + ch);
+	})())`).(string)
+	if missing != "[]" {
+		t.Fatalf("the transcript draws characters no font here has: %s\n%s", missing, c.eval(ctx, `document.getElementById("transcript").innerText`))
+	}
+	bars, _ := c.eval(ctx, `(() => {
+		const i = document.querySelector("#transcript .icon-pause");
+		if (!i) return "no pause sign";
+		const r = i.getBoundingClientRect(), cs = getComputedStyle(i);
+		return r.width > 0 && r.height > 0 && parseFloat(cs.borderLeftWidth) > 0 && parseFloat(cs.borderRightWidth) > 0 &&
+			i.getAttribute("role") === "img" && i.getAttribute("aria-label") ? "ok" : JSON.stringify(r);
+	})()`).(string)
+	if bars != "ok" {
+		t.Fatalf("the pause sign: %s", bars)
 	}
 }

@@ -15,6 +15,11 @@
 //   - InstrumentStore wraps an engine.Store to time commits and count blob
 //     bytes for /metrics.
 //
+// Beyond DESIGN.md, GET /api/v1/runs takes order=desc (or asc, the
+// default): newest runs first, with "after" paging on towards older ones.
+// The console page lists runs that way, so that the newest are one page
+// however long the appliance's history.
+//
 // The event stream speaks JSON messages. A websocket client authenticates
 // with its first message, {"type":"auth","token":"..."}, or with the
 // subprotocol "outpost.bearer.<token>" (never in the URL); it then sends
@@ -23,7 +28,8 @@
 // another name is answered with an "error", as a body is. The server sends the events of
 // DESIGN.md ("Events") as they are, and control messages of the types
 // "ready", "subscribed", "resumed", "window_exceeded" and "error" (no event
-// type is one of these). A
+// type is one of these). The outcome.appended of a run that ends or
+// pauses comes after the events of the step that ended or paused it. A
 // client that falls behind by more than its queue is dropped with close
 // code 1008 and a reason; the runtime never waits for it.
 //

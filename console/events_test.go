@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -159,7 +160,9 @@ func TestWebsocketSubscribeAndResume(t *testing.T) {
 	}
 	e.startRun("theirs", "hello", "20s")
 	_, run := e.startRun("mine", "hello", "20s")
-	evs := c.until(ctx, func(m map[string]any) bool { return m["type"] == "run.completed" })
+	// A run's last event is the announcement of its outcome, after its
+	// run.completed.
+	evs := c.until(ctx, func(m map[string]any) bool { return m["type"] == engine.EventOutcomeAppended })
 	var types []string
 	var seqs []float64
 	tokens := 0
@@ -217,7 +220,7 @@ func TestWebsocketSubscribeAndResume(t *testing.T) {
 		}
 	}
 	_, run2 := e.startRun("mine", "again", "20s")
-	live := c2.until(ctx, func(m map[string]any) bool { return m["type"] == "run.completed" })
+	live := c2.until(ctx, func(m map[string]any) bool { return m["type"] == engine.EventOutcomeAppended })
 	if live[0]["run"] != run2["id"] || live[0]["type"] != engine.EventRunStarted {
 		t.Fatalf("live after resume: %v", live[0])
 	}
@@ -225,12 +228,13 @@ func TestWebsocketSubscribeAndResume(t *testing.T) {
 	c3 := e.connect(ctx)
 	_, run3 := e.startRun("mine", "review", "20s")
 	// The hub follows the bus on its own goroutine: once the first client
-	// has the interrupt, the replay window holds it too.
-	c.until(ctx, func(m map[string]any) bool { return m["type"] == engine.EventInterrupt })
+	// has the announcement of the outcome the pause left, after the
+	// interrupt, the replay window holds them too.
+	c.until(ctx, func(m map[string]any) bool { return m["type"] == engine.EventOutcomeAppended && m["run"] == run3["id"] })
 	c3.send(ctx, map[string]any{"type": "resume", "seq": 0, "run": run3["id"]})
 	got := c3.until(ctx, func(m map[string]any) bool { return m["type"] == "resumed" })
-	if got[len(got)-2]["type"] != engine.EventInterrupt {
-		t.Fatalf("run filter replay ends with %v", got[len(got)-2])
+	if got[len(got)-3]["type"] != engine.EventInterrupt || got[len(got)-2]["type"] != engine.EventOutcomeAppended {
+		t.Fatalf("run filter replay ends with %v, %v", got[len(got)-3], got[len(got)-2])
 	}
 	for _, m := range got[:len(got)-1] {
 		if m["run"] != run3["id"] {
@@ -385,7 +389,7 @@ func TestServerSentEvents(t *testing.T) {
 			t.Fatalf("SSE event: %v", ev)
 		}
 		ids = append(ids, ev.id)
-		if ev.event == "run.completed" {
+		if ev.event == engine.EventOutcomeAppended { // a run's last event
 			break
 		}
 	}
@@ -429,7 +433,8 @@ func TestWebsocketStreamsWithoutSubscribe(t *testing.T) {
 	c := e.connect(ctx)
 	_, run := e.startRun("late", "hello", "20s")
 	var live []float64
-	for _, m := range c.until(ctx, func(m map[string]any) bool { return m["type"] == "run.completed" }) {
+	// Up to the run's last event, the announcement of its outcome.
+	for _, m := range c.until(ctx, func(m map[string]any) bool { return m["type"] == engine.EventOutcomeAppended }) {
 		if m["run"] != run["id"] {
 			t.Fatalf("a live event of another run: %v", m)
 		}
@@ -474,4 +479,78 @@ func TestWebsocketMessagesAreStrict(t *testing.T) {
 	if m := c.next(ctx); m["type"] != "subscribed" || m["thread"] != "mine" {
 		t.Fatalf("the corrected subscribe: %v", m)
 	}
+}
+
+// TestEventsInOrderAndInShape: each event a websocket client receives has
+// the shape DESIGN gives (seq, time, type, run, thread, node?, data) and
+// nothing else, and the outcome a run leaves when it pauses or ends is
+// announced after the events of the step that led there: after the
+// interrupt, after the closing node's node.completed and run.completed,
+// after a paused run's cancel.
+func TestEventsInOrderAndInShape(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := testCtx(t)
+	c := e.connect(ctx)
+	c.send(ctx, map[string]any{"type": "subscribe"})
+	if m := c.next(ctx); m["type"] != "subscribed" {
+		t.Fatalf("subscribed: %v", m)
+	}
+	outcome := func(status string) func(map[string]any) bool {
+		return func(m map[string]any) bool {
+			d, _ := m["data"].(map[string]any)
+			return m["type"] == engine.EventOutcomeAppended && d["status"] == status
+		}
+	}
+	// Reads events until want's outcome is announced, checking each
+	// event's shape, and returns the types (with the node) read.
+	extra := map[string]bool{}
+	read := func(want string) []string {
+		t.Helper()
+		var got []string
+		for _, m := range c.until(ctx, outcome(want)) {
+			for k := range m {
+				switch k {
+				case "seq", "time", "type", "run", "thread", "node", "data":
+				default:
+					if !extra[k] {
+						extra[k] = true
+						t.Errorf("event %v has field %q, which DESIGN's event shape does not list", m["type"], k)
+					}
+				}
+			}
+			typ, _ := m["type"].(string)
+			if n, _ := m["node"].(string); n != "" {
+				typ += " " + n
+			}
+			got = append(got, typ)
+		}
+		return got
+	}
+	// before checks that each of types is among got before its last event
+	// (the outcome).
+	before := func(got []string, types ...string) {
+		t.Helper()
+		last := len(got) - 1
+		for _, typ := range types {
+			i := slices.Index(got, typ)
+			if i < 0 || i > last {
+				t.Errorf("%s is not before the outcome: %v", typ, got)
+			}
+		}
+	}
+
+	_, run := e.startRun("order", "please review", "10s")
+	id := run["id"].(string)
+	before(read("interrupted"), engine.EventRunStarted, engine.EventNodeCompleted+" draft", engine.EventInterrupt+" review")
+	if r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "approve"}); r.status != 200 {
+		t.Fatalf("resume: %d %s", r.status, r.body)
+	}
+	before(read("completed"), engine.EventRunResumed, engine.EventNodeCompleted+" review", engine.EventNodeCompleted+" closing", engine.EventRunCompleted)
+
+	_, run = e.startRun("order-cancel", "please review", "10s")
+	read("interrupted")
+	if r := e.do("POST", "/api/v1/runs/"+run["id"].(string)+"/cancel", nil); r.status != 200 {
+		t.Fatalf("cancel: %d %s", r.status, r.body)
+	}
+	before(read("cancelled"), engine.EventRunFailed)
 }

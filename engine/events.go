@@ -38,7 +38,9 @@ const (
 
 // Event is one typed event. Committed events describe state that is already
 // durable; Live events (model tokens, progress) describe work in progress and
-// are never stored.
+// are never stored. Live is for subscribers in this process (a filter may
+// leave such events out) and is not part of an event's JSON, whose shape is
+// DESIGN's: seq, time, type, run, thread, node and data.
 type Event struct {
 	Seq    uint64          `json:"seq"`
 	Time   time.Time       `json:"time"`
@@ -47,7 +49,7 @@ type Event struct {
 	Thread string          `json:"thread"`
 	Node   string          `json:"node,omitempty"`
 	Data   json.RawMessage `json:"data"`
-	Live   bool            `json:"live,omitempty"`
+	Live   bool            `json:"-"`
 }
 
 // EventSink receives events after their commit.

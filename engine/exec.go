@@ -361,6 +361,9 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 			e.cfg.Events.Publish(e.events...)
 		}
 	}
+	if e.cfg.Events != nil && len(c.Announce) > 0 {
+		e.cfg.Events.Publish(c.Announce...)
+	}
 	e.events = nil
 	return nil
 }
@@ -850,7 +853,12 @@ func (e *execution) stopped(ctx context.Context, cause error) error {
 	if errors.Is(cause, ErrDeadline) {
 		return e.budget(ctx, fmt.Errorf("%w (%s)", ErrDeadline, e.cfg.MaxDuration))
 	}
-	return e.end(ctx, StatusCancelled, fmt.Errorf("%w: %v", ErrCancelled, cause))
+	if !errors.Is(cause, ErrCancelled) {
+		// Another end of the context (a caller's own cancel) still reads
+		// as a cancel, with its cause; a cancel's own cause says it once.
+		cause = fmt.Errorf("%w: %v", ErrCancelled, cause)
+	}
+	return e.end(ctx, StatusCancelled, cause)
 }
 
 // finish commits the run's last checkpoint together with its final status.

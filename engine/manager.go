@@ -563,12 +563,14 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 	run.Interrupts = nil
 	ev := Event{Time: run.EndedAt, Type: EventRunFailed, Run: run.ID, Thread: run.Thread,
 		Data: json.RawMessage(`{"status":"cancelled"}`)}
-	if err := m.store.Commit(ctx, &Commit{Run: run, Events: []Event{ev}, Sync: true}); err != nil {
+	c := &Commit{Run: run, Events: []Event{ev}, Sync: true}
+	if err := m.store.Commit(ctx, c); err != nil {
 		m.release(a, true)
 		return fmt.Errorf("cancel run %s: %w", runID, err)
 	}
 	if m.opts.Events != nil {
 		m.opts.Events.Publish(ev)
+		m.opts.Events.Publish(c.Announce...)
 	}
 	m.release(a, false)
 	return nil
@@ -656,10 +658,14 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) error {
 	fail := func(err error) error {
 		m.dequeue()
 		run.Status, run.Error, run.EndedAt = StatusFailed, err.Error(), time.Now().UTC()
-		cerr := m.store.Commit(ctx, &Commit{Run: run, Sync: true})
+		c := &Commit{Run: run, Sync: true}
+		cerr := m.store.Commit(ctx, c)
 		m.release(a, false)
 		if cerr != nil {
 			return fmt.Errorf("recover run %s: %w", run.ID, cerr)
+		}
+		if m.opts.Events != nil {
+			m.opts.Events.Publish(c.Announce...)
 		}
 		return nil
 	}

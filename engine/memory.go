@@ -240,17 +240,23 @@ func (m *MemoryStore) Run(_ context.Context, id string) (*Run, error) {
 	return r.Clone(), nil
 }
 
-// Runs lists runs in ID order (oldest first).
+// Runs lists runs in ID order (oldest first), or newest first with f.Desc.
 func (m *MemoryStore) Runs(_ context.Context, f RunFilter) ([]*Run, error) {
 	m.runsMu.RLock()
 	defer m.runsMu.RUnlock()
 	var out []*Run
-	start := 0
-	if f.After != "" {
-		start = sort.Search(len(m.runIDs), func(i int) bool { return m.runIDs[i] > f.After })
+	ids, step := m.runIDs, 1
+	i := 0
+	switch {
+	case f.Desc && f.After != "":
+		i, step = sort.SearchStrings(ids, f.After)-1, -1 // the last ID below After
+	case f.Desc:
+		i, step = len(ids)-1, -1
+	case f.After != "":
+		i = sort.Search(len(ids), func(i int) bool { return ids[i] > f.After })
 	}
-	for _, id := range m.runIDs[start:] {
-		r := m.runs[id]
+	for ; i >= 0 && i < len(ids); i += step {
+		r := m.runs[ids[i]]
 		if !f.Match(r) {
 			continue
 		}

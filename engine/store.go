@@ -264,6 +264,12 @@ type Commit struct {
 	Writes []CommitWrites
 	Run    *Run
 	Events []Event
+	// Announce is the store's to fill during Commit: events about what it
+	// recorded besides c itself (the outcome record that a run's end or
+	// pause appends to a ledger). The commit's maker publishes them right
+	// after Events, so that no subscriber hears what a step's end recorded
+	// before it hears of the step.
+	Announce []Event
 	// Sync asks for the commit to be fsynced before Commit returns. When
 	// false a store may defer durability (the "exit" durability mode).
 	Sync bool
@@ -306,6 +312,9 @@ type RunFilter struct {
 	Thread string
 	After  string // run ID to start after, for paging
 	Limit  int
+	// Desc lists newest first (IDs are time-ordered): the runs before
+	// After, in descending ID order. The zero value lists oldest first.
+	Desc bool
 	// Damaged, when set, is told of each run record that cannot be read
 	// (a failed checksum or decoding), which is then left out, instead of
 	// failing the whole list. A store that never holds such records never

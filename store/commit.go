@@ -330,7 +330,8 @@ func failAll(rs []*request, err error) {
 // checkpoint and run. Concurrent commits share a transaction and its fsync.
 // Commits with Sync false are made just as durable: one fsync shared by a
 // batch is cheap enough not to need a weaker mode. Events are not stored:
-// the caller publishes them once Commit returns.
+// the caller publishes them once Commit returns, then c.Announce, where
+// Commit puts the outcome.appended event of an outcome it appended.
 func (d *DB) Commit(ctx context.Context, c *engine.Commit) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("commit: %w", err)
@@ -344,9 +345,11 @@ func (d *DB) Commit(ctx context.Context, c *engine.Commit) error {
 		return err
 	}
 	d.trail.add(c)
-	if o := *appended; o != nil && d.opts.Events != nil {
+	if o := *appended; o != nil {
+		// Announced by the commit's maker, after the commit's own events
+		// (the step that ended or paused the run), not here, before them.
 		data, _ := json.Marshal(map[string]any{"seq": o.Seq, "outcome_id": o.OutcomeID, "status": o.Status, "hash": o.Hash})
-		d.opts.Events.Publish(engine.Event{Time: now.UTC(), Type: engine.EventOutcomeAppended, Run: o.Run, Thread: o.Thread, Data: data})
+		c.Announce = append(c.Announce, engine.Event{Time: now.UTC(), Type: engine.EventOutcomeAppended, Run: o.Run, Thread: o.Thread, Data: data})
 	}
 	return nil
 }

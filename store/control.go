@@ -427,7 +427,7 @@ func queryLimit(q map[string]string) (int, error) {
 // serveReads adds the reads that runs list, show and history make.
 func serveReads(mux *http.ServeMux, db *DB) {
 	mux.HandleFunc("GET /runs", func(w http.ResponseWriter, r *http.Request) {
-		q, err := queryParams(r, "status", "agent", "thread", "after", "limit", "damaged")
+		q, err := queryParams(r, "status", "agent", "thread", "after", "limit", "damaged", "desc")
 		if err != nil {
 			writeControl(w, nil, fmt.Errorf("list runs: %w", err))
 			return
@@ -437,7 +437,8 @@ func serveReads(mux *http.ServeMux, db *DB) {
 			writeControl(w, nil, fmt.Errorf("list runs: %w", err))
 			return
 		}
-		f := engine.RunFilter{Status: engine.RunStatus(q["status"]), Agent: q["agent"], Thread: q["thread"], After: q["after"], Limit: limit}
+		f := engine.RunFilter{Status: engine.RunStatus(q["status"]), Agent: q["agent"], Thread: q["thread"], After: q["after"], Limit: limit,
+			Desc: q["desc"] == "1"}
 		ans := runsAnswer{Runs: [][]byte{}}
 		if q["damaged"] == "1" {
 			f.Damaged = func(key string, err error) {
@@ -513,6 +514,9 @@ func (c *Control) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, 
 	}
 	if f.Damaged != nil {
 		q.Set("damaged", "1")
+	}
+	if f.Desc {
+		q.Set("desc", "1")
 	}
 	var ans runsAnswer
 	if err := c.do(ctx, http.MethodGet, "/runs?"+q.Encode(), &ans); err != nil {

@@ -205,7 +205,8 @@ func TestControlReads(t *testing.T) {
 	}
 	c := serveControl(t, d, dir)
 
-	for _, f := range []engine.RunFilter{{}, {Limit: 2}, {After: "run-a"}, {Status: engine.StatusCompleted}, {Agent: "agent-c"}, {Thread: "a"}} {
+	for _, f := range []engine.RunFilter{{}, {Limit: 2}, {After: "run-a"}, {Status: engine.StatusCompleted}, {Agent: "agent-c"}, {Thread: "a"},
+		{Desc: true, Limit: 2}, {Desc: true, After: "run-c"}} {
 		want, err := d.Runs(bg, f)
 		require.NoError(t, err)
 		got, err := c.Runs(bg, f)

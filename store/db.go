@@ -123,9 +123,6 @@ type Options struct {
 	// one recorded at first start (minted then when none was given). It
 	// can change only while the ledger is empty (ErrApplianceID).
 	ApplianceID string
-	// Events, when set, is told of each outcome appended
-	// (engine.EventOutcomeAppended), after its commit.
-	Events engine.EventSink
 }
 
 // DefaultTimeout is how long Open waits for a store that another process

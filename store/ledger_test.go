@@ -52,8 +52,7 @@ func (l *eventLog) Publish(evs ...engine.Event) {
 }
 
 func TestLedgerAppendsWithTheFinalCommit(t *testing.T) {
-	events := &eventLog{}
-	d, err := Open(filepath.Join(t.TempDir(), FileName), Options{ApplianceID: "clinic-7", Events: events})
+	d, err := Open(filepath.Join(t.TempDir(), FileName), Options{ApplianceID: "clinic-7"})
 	require.NoError(t, err)
 	defer d.Close()
 
@@ -74,7 +73,8 @@ func TestLedgerAppendsWithTheFinalCommit(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, got, "a running step leaves no outcome")
 
-	require.NoError(t, d.Commit(bg, finalCommit("t1", "r1", engine.StatusCompleted, "0002", []string{"acute"})))
+	final := finalCommit("t1", "r1", engine.StatusCompleted, "0002", []string{"acute"})
+	require.NoError(t, d.Commit(bg, final))
 	got, err = d.Outcomes(bg, 0, 0)
 	require.NoError(t, err)
 	require.Len(t, got, 1)
@@ -92,8 +92,11 @@ func TestLedgerAppendsWithTheFinalCommit(t *testing.T) {
 	h, err := o.ComputeHash()
 	require.NoError(t, err)
 	assert.Equal(t, h, o.Hash)
-	require.Len(t, events.ev, 1)
-	assert.Equal(t, engine.EventOutcomeAppended, events.ev[0].Type)
+	// Announced by the commit's maker, after the commit's own events.
+	require.Len(t, final.Announce, 1)
+	assert.Equal(t, engine.EventOutcomeAppended, final.Announce[0].Type)
+	assert.Equal(t, "r1", final.Announce[0].Run)
+	assert.Empty(t, running.Announce, "a running step announces nothing")
 
 	// The same final state committed again appends nothing.
 	require.NoError(t, d.Commit(bg, finalCommit("t1", "r1", engine.StatusCompleted, "0002", []string{"acute"})))

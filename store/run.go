@@ -358,8 +358,37 @@ func (d *DB) Run(ctx context.Context, id string) (*engine.Run, error) {
 	return out, nil
 }
 
+// filteredOut reports whether the run record v fails f's status, agent or
+// thread, read from the head of the record (ID, thread, agent and status
+// come first) with nothing decoded or copied: a filtered listing of a long
+// history (the runs waiting for review, one thread's runs) then decodes
+// only the runs it returns, not every record it passes. A record it cannot
+// read so (version 1, a failed checksum, a head cut short) is not filtered
+// out here: the full decode reads it, or reports it as damaged. One whose
+// checksum holds is as it was written, so its head can be trusted.
+func filteredOut(v []byte, f engine.RunFilter) bool {
+	if (f.Status == "" && f.Agent == "" && f.Thread == "") || len(v) == 0 || v[0] != runVersion {
+		return false
+	}
+	payload, err := openRecord(v, runVersion)
+	if err != nil {
+		return false
+	}
+	d := decoder{b: payload}
+	d.raw(d.uvarint()) // the ID
+	thread, agent, status := d.raw(d.uvarint()), d.raw(d.uvarint()), d.raw(d.uvarint())
+	if d.err != nil {
+		return false
+	}
+	return (f.Thread != "" && string(thread) != f.Thread) || (f.Agent != "" && string(agent) != f.Agent) ||
+		(f.Status != "" && string(status) != string(f.Status))
+}
+
 // Runs lists runs in ID order (oldest first) that pass f's status, agent and
-// thread, starting after f.After, at most f.Limit (0 for all).
+// thread, starting after f.After, at most f.Limit (0 for all). With f.Desc
+// it walks the same keys backwards from the newest (run IDs are
+// time-ordered), or from the last one before f.After: the newest runs of a
+// long history cost what the oldest do.
 func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list runs: %w", err)
@@ -368,16 +397,32 @@ func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error
 	err := d.view(func(tx *bbolt.Tx) error {
 		c := bucket(tx, bucketRuns).Cursor()
 		var k, v []byte
-		if f.After == "" {
+		next := c.Next
+		switch {
+		case f.Desc && f.After == "":
+			k, v = c.Last()
+			next = c.Prev
+		case f.Desc:
+			// Seek lands on the first key at or past After (or nothing, when
+			// every key is below it): the one before it is the first below.
+			if k, _ = c.Seek([]byte(f.After)); k == nil {
+				k, v = c.Last()
+			} else {
+				k, v = c.Prev()
+			}
+			next = c.Prev
+		case f.After == "":
 			k, v = c.First()
-		} else if k, v = c.Seek([]byte(f.After)); k != nil && string(k) == f.After {
-			k, v = c.Next()
+		default:
+			if k, v = c.Seek([]byte(f.After)); k != nil && string(k) == f.After {
+				k, v = c.Next()
+			}
 		}
-		for ; k != nil; k, v = c.Next() {
+		for ; k != nil; k, v = next() {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if isOutcomeIndexKey(k) {
+			if isOutcomeIndexKey(k) || filteredOut(v, f) {
 				continue
 			}
 			r, rb, err := decodeRun(v)

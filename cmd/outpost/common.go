@@ -87,15 +87,12 @@ func (bc *budgetChoice) describe() string {
 	return fmt.Sprintf("budgets: each run at most %s and %s (--max-run-time, --max-tokens; an agent may set less)", wall, tokens)
 }
 
-// openStore opens the store in dir, explaining the common failures.
-// events, when given, is told of each outcome the store appends to its
-// ledger (the outcome.appended event).
-func openStore(dir string, events ...engine.EventSink) (*store.DB, error) {
-	var opts store.Options
-	if len(events) > 0 {
-		opts.Events = events[0]
-	}
-	db, err := store.OpenDir(dir, opts)
+// openStore opens the store in dir, explaining the common failures. The
+// outcome.appended events of the outcomes it appends reach the event bus
+// through the run manager, which publishes them after the commit's own
+// events (engine.Commit.Announce).
+func openStore(dir string) (*store.DB, error) {
+	db, err := store.OpenDir(dir, store.Options{})
 	if err != nil {
 		return nil, explainOpen(dir, err)
 	}

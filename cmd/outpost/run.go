@@ -178,7 +178,7 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 		return nil, err
 	}
 	bus := engine.NewBus()
-	db, err := openStore(dir, bus)
+	db, err := openStore(dir)
 	if err != nil {
 		return nil, err
 	}

@@ -113,7 +113,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			Logf: func(f string, a ...any) { fmt.Fprintf(stdout, f+"\n", a...) }})
 	}
 	bus := engine.NewBus()
-	db, err := openStore(*data, bus)
+	db, err := openStore(*data)
 	if err != nil {
 		return err
 	}

@@ -241,7 +241,7 @@ func (s *serving) events(t *testing.T, runID string) (types []string, seqs []uin
 		}
 		if typ, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
 			types = append(types, typ)
-			if typ == "run.completed" && slices.Contains(types, "outcome.appended") {
+			if slices.Contains(types, "run.completed") && slices.Contains(types, "outcome.appended") {
 				break
 			}
 		}

@@ -151,11 +151,12 @@ async function loadAgents() {
   }
 }
 
-// listRuns reads up to 20 pages of GET /api/v1/runs with query.
-async function listRuns(query) {
+// listRuns reads up to pages pages of GET /api/v1/runs with query, newest
+// first.
+async function listRuns(query, pages) {
   let after = "", all = [], damaged = [];
-  for (let i = 0; i < 20; i++) {
-    const page = await api("GET", "/api/v1/runs?limit=1000" + query + (after ? "&after=" + encodeURIComponent(after) : ""));
+  for (let i = 0; i < pages; i++) {
+    const page = await api("GET", "/api/v1/runs?limit=1000&order=desc" + query + (after ? "&after=" + encodeURIComponent(after) : ""));
     all = all.concat(page.runs);
     damaged = damaged.concat(page.damaged || []);
     if (!page.next) break;
@@ -171,18 +172,23 @@ async function loadRuns() {
   let all, damaged, waiting;
   $("runs").setAttribute("aria-busy", "true");
   try {
-    [{ all, damaged }, waiting] = await Promise.all([listRuns(""), listRuns("&status=interrupted")]);
+    // The newest runs are one page, however many the appliance holds.
+    [{ all, damaged }, waiting] = await Promise.all([listRuns("", 1), listRuns("&status=interrupted", 20)]);
   } finally {
     if (state.touched === touched) state.touched = null;
   }
   for (const id of touched) refreshRun(id);
   state.runs.clear();
-  for (const r of all.slice(-500)) state.runs.set(r.id, r);
+  for (const r of all.slice(0, 500)) state.runs.set(r.id, r);
   // The newest runs, and every run waiting for review however old: a
   // review must never drop out of sight.
   for (const r of waiting.all) state.runs.set(r.id, r);
   // Records the store cannot read are left out of the list: say so, or
-  // the list would look whole.
+  // the list would look whole. The list of reviews reads back further
+  // than the newest page: a damaged record either meets is named, once.
+  const named = new Map();
+  for (const d of damaged.concat(waiting.damaged)) named.set(d.key, d);
+  damaged = [...named.values()];
   const keys = damaged.map((d) => d.key);
   text($("runs-damaged"), keys.length + " run record(s) cannot be read and are left out of this list: " +
     short(keys.join(", "), 200) + " (run outpost db check)");
@@ -396,10 +402,16 @@ function highlight(run) {
   }
 }
 
+// line adds a line to the transcript. The transcript follows its newest
+// line by scrolling itself, never the page: scrolling the page would take
+// the review and its buttons, above it, out of sight. A reader who has
+// scrolled back up is left where they are.
 function line(cls, s) {
+  const ol = $("transcript");
+  const following = ol.scrollHeight - ol.scrollTop - ol.clientHeight < 40;
   const li = el("li", cls, s);
-  $("transcript").append(li);
-  li.scrollIntoView({ block: "nearest" });
+  ol.append(li);
+  if (following) ol.scrollTop = ol.scrollHeight;
   return li;
 }
 
@@ -448,8 +460,23 @@ async function decide(kind) {
   }
 }
 
-$("cancel").addEventListener("click", async () => {
-  const id = state.selected;
+// Cancel asks first, in a dialog of the page's own (a modal <dialog>:
+// focus stays in it, Escape keeps the run), naming the run it would stop;
+// the run confirmed is the one cancelled, whatever is selected by then.
+$("cancel").addEventListener("click", () => {
+  const d = $("cancel-confirm");
+  d.dataset.run = state.selected;
+  text($("cancel-confirm-run"), state.selected);
+  d.showModal();
+});
+$("cancel-no").addEventListener("click", () => $("cancel-confirm").close());
+$("cancel-yes").addEventListener("click", () => {
+  const d = $("cancel-confirm");
+  d.close();
+  if (d.dataset.run) cancelRun(d.dataset.run);
+});
+
+async function cancelRun(id) {
   show($("decide-error"), false);
   $("cancel").disabled = true;
   try {
@@ -464,7 +491,7 @@ $("cancel").addEventListener("click", async () => {
   } finally {
     $("cancel").disabled = false;
   }
-});
+}
 
 // decidedElsewhere rereads a run whose review another operator (or the
 // CLI) answered first, shows it as it now is, and says who decided.
@@ -585,10 +612,26 @@ function renderEvent(e) {
     case "tool.called": line("tool", "→ tool " + (d.tool || d.name || "") + " " + short(d.args || "", 80)); break;
     case "tool.result": line("tool", "← " + (d.tool || d.name || "") + " " + short(d.result || d.status || "", 80)); break;
     case "tool.unauthorized": line("denied", "✗ denied: " + (d.tool || d.name || "") + " " + (d.reason || "")); break;
-    case "interrupt": line("flag", "⏸ waiting for review at " + e.node + (d.payload && d.payload.reason ? " (" + d.payload.reason + ")" : "")); break;
+    case "interrupt": {
+      // The pause sign is drawn by the stylesheet: no font that Debian
+      // installs by default has a glyph for U+23F8, which drew as a box.
+      const li = line("flag", " waiting for review at " + e.node + (d.payload && d.payload.reason ? " (" + d.payload.reason + ")" : ""));
+      const icon = el("span", "icon-pause");
+      icon.setAttribute("role", "img");
+      icon.setAttribute("aria-label", "paused:");
+      li.prepend(icon);
+      break;
+    }
     case "run.resumed": line("node", "▶ resumed"); break;
     case "run.completed": line("node", "■ completed"); break;
-    case "run.failed": line("denied", "■ " + (d.status || "failed") + (d.error ? ": " + d.error : "")); break;
+    case "run.failed": {
+      // A cancel's error is "run cancelled", with its cause when it has
+      // one: after "■ cancelled" only the cause is worth reading.
+      const st = d.status || "failed";
+      const why = st === "cancelled" ? (d.error || "").replace(/^run cancelled(: )?/, "") : d.error;
+      line("denied", "■ " + st + (why ? ": " + why : ""));
+      break;
+    }
     case "budget.exceeded": line("denied", "■ budget exceeded"); break;
     case "events.lost": line("flag", "(" + (d.lost || "some") + " events missed)"); break;
   }

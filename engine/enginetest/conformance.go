@@ -601,6 +601,13 @@ func testRunsFilterPaging(t *testing.T, s engine.Store) {
 		{"after the last", engine.RunFilter{After: "r5"}, []string{}},
 		{"filter then page", engine.RunFilter{Status: engine.StatusCompleted, After: "r1", Limit: 1}, []string{"r4"}},
 		{"no match", engine.RunFilter{Agent: "nobody"}, []string{}},
+		{"newest first", engine.RunFilter{Desc: true}, []string{"r5", "r4", "r3", "r2", "r1"}},
+		{"newest first, limit", engine.RunFilter{Desc: true, Limit: 2}, []string{"r5", "r4"}},
+		{"newest first, after", engine.RunFilter{Desc: true, After: "r4", Limit: 2}, []string{"r3", "r2"}},
+		{"newest first, after an absent id", engine.RunFilter{Desc: true, After: "r3x"}, []string{"r3", "r2", "r1"}},
+		{"newest first, after one past the last", engine.RunFilter{Desc: true, After: "r9"}, []string{"r5", "r4", "r3", "r2", "r1"}},
+		{"newest first, after the first", engine.RunFilter{Desc: true, After: "r1"}, []string{}},
+		{"newest first, filtered", engine.RunFilter{Desc: true, Status: engine.StatusCompleted, After: "r5"}, []string{"r4", "r1"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -622,6 +629,18 @@ func testRunsFilterPaging(t *testing.T, s engine.Store) {
 		after = rs[len(rs)-1].ID
 	}
 	assert.Equal(t, []string{"r1", "r2", "r3", "r4", "r5"}, all)
+	// And backwards, newest first.
+	all, after = nil, ""
+	for {
+		rs, err := s.Runs(ctx, engine.RunFilter{After: after, Limit: 2, Desc: true})
+		require.NoError(t, err)
+		if len(rs) == 0 {
+			break
+		}
+		all = append(all, runIDs(rs)...)
+		after = rs[len(rs)-1].ID
+	}
+	assert.Equal(t, []string{"r5", "r4", "r3", "r2", "r1"}, all)
 }
 
 func testConcurrentCommits(t *testing.T, s engine.Store) {
