@@ -51,7 +51,8 @@ func sleepyGraph(t *testing.T, d time.Duration, ask bool, gate <-chan struct{}) 
 // waited for the person does not count.
 func TestWallTimeBudgetHoldsAcrossAPause(t *testing.T) {
 	ctx := context.Background()
-	const step, budget = 150 * time.Millisecond, 250 * time.Millisecond
+	// Each stretch has a third of a step to spare, for a loaded machine.
+	const step, budget = 400 * time.Millisecond, 600 * time.Millisecond
 	for _, d := range []engine.Durability{engine.DurabilitySync, engine.DurabilityExit} {
 		t.Run(string(d), func(t *testing.T) {
 			s := engine.NewMemoryStore()
@@ -92,7 +93,8 @@ func TestWallTimeBudgetHoldsAcrossAPause(t *testing.T) {
 // checkpoint, and the time the appliance was down does not.
 func TestWallTimeBudgetHoldsAcrossRecovery(t *testing.T) {
 	ctx := context.Background()
-	const step, budget = 150 * time.Millisecond, 250 * time.Millisecond
+	// Each stretch has a third of a step to spare, for a loaded machine.
+	const step, budget = 400 * time.Millisecond, 600 * time.Millisecond
 	s := engine.NewMemoryStore()
 	gate := make(chan struct{}) // never opened: b waits until the stop
 	m := engine.NewManager(s, resolver(&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, step, false, gate), MaxDuration: budget}),
