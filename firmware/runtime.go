@@ -68,7 +68,60 @@ type Runtime struct {
 	Impls map[string]agent.Tool
 
 	initOnce sync.Once
-	pinned   sync.Map // run id -> *policy.ActiveSet
+	pinned   pins
+}
+
+// maxPins is how many runs' tool sets read from their records the runtime
+// keeps at once (see pins).
+const maxPins = 1024
+
+// pins keeps the active tool sets ActiveTools found, by run id. A set read
+// from the run's record can be read from it again, so only the last
+// maxPins of those are kept: an appliance runs for months, and one entry
+// per run it ever ran would grow without end. A set resolved for a run the
+// store does not know (a graph invoked directly) could not be found again
+// as it was, and is kept for the life of the process.
+type pins struct {
+	mu   sync.Mutex
+	sets map[string]*policy.ActiveSet
+	ring [maxPins]string // the kept runs whose set came from their record
+	next int             // ring's oldest entry, replaced next
+}
+
+func (p *pins) get(run string) (*policy.ActiveSet, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	set, ok := p.sets[run]
+	return set, ok
+}
+
+// put keeps set for run, unless another caller kept one first; it returns
+// the one kept.
+func (p *pins) put(run string, set *policy.ActiveSet, fromRecord bool) *policy.ActiveSet {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if kept, ok := p.sets[run]; ok {
+		return kept
+	}
+	if p.sets == nil {
+		p.sets = map[string]*policy.ActiveSet{}
+	}
+	p.sets[run] = set
+	if fromRecord {
+		if old := p.ring[p.next]; old != "" {
+			delete(p.sets, old)
+		}
+		p.ring[p.next] = run
+		p.next = (p.next + 1) % maxPins
+	}
+	return set
+}
+
+// size is how many sets are kept.
+func (p *pins) size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.sets)
 }
 
 func (rt *Runtime) init() {
@@ -155,22 +208,24 @@ func (b *Bundle) pinTools(run *engine.Run) error {
 // here: the bundle's registry, narrowed by the appliance's restriction
 // (Tools), narrowed by the request's override (Meta[MetaTools]), which may
 // name no tool outside the first two (*UnknownToolsError). Either way it is
-// kept for the life of the process.
+// kept for the run's next calls (see pins).
 func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run string) (*policy.ActiveSet, error) {
-	if v, ok := rt.pinned.Load(run); ok {
-		return v.(*policy.ActiveSet), nil
+	if set, ok := rt.pinned.get(run); ok {
+		return set, nil
 	}
 	if reg == nil {
 		reg, _ = policy.NewRegistry(nil)
 	}
 	var override []string
 	var set *policy.ActiveSet
+	recorded := false
 	if rt.Runs != nil && run != "" {
 		r, err := rt.Runs.Run(ctx, run)
 		if err != nil && !errors.Is(err, engine.ErrRunNotFound) {
 			return nil, fmt.Errorf("read run %s for its tool set: %w", run, err)
 		}
 		if r != nil {
+			recorded = true
 			if v, ok := r.Meta[MetaActiveTools]; ok {
 				if set, err = policy.DecodeActiveSet([]byte(v)); err != nil {
 					return nil, fmt.Errorf("run %s: its pinned tool set: %w", run, err)
@@ -189,8 +244,7 @@ func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run st
 			return nil, &UnknownToolsError{Names: ignored}
 		}
 	}
-	actual, _ := rt.pinned.LoadOrStore(run, set)
-	return actual.(*policy.ActiveSet), nil
+	return rt.pinned.put(run, set, recorded), nil
 }
 
 // ParseToolList reads a comma-separated list of tool names; "" is the
