@@ -458,3 +458,33 @@ func TestBenchUsage(t *testing.T) {
 	require.Contains(t, stderr, "no data folder "+typo)
 	require.NoDirExists(t, typo, "a listing makes nothing")
 }
+
+// runs list --newest-first lists the newest runs first, and --after pages
+// on towards older ones.
+func TestRunsListNewestFirst(t *testing.T) {
+	dir := t.TempDir()
+	for _, th := range []string{"a", "b", "c"} {
+		code, _, stderr := outpost(t, "run", "--data", dir, "--thread", th, "hello")
+		require.Zero(t, code, stderr)
+	}
+	ids := func(args ...string) ([]string, string) {
+		code, stdout, stderr := outpost(t, append([]string{"runs", "list", "--data", dir, "--json"}, args...)...)
+		require.Zero(t, code, stderr)
+		var page struct {
+			Runs []struct{ ID, Thread string } `json:"runs"`
+			Next string                        `json:"next"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(stdout), &page), stdout)
+		var out []string
+		for _, r := range page.Runs {
+			out = append(out, r.Thread)
+		}
+		return out, page.Next
+	}
+	all, _ := ids()
+	require.Equal(t, []string{"a", "b", "c"}, all)
+	newest, next := ids("--newest-first", "--limit", "2")
+	require.Equal(t, []string{"c", "b"}, newest)
+	rest, _ := ids("--newest-first", "--after", next)
+	require.Equal(t, []string{"a"}, rest)
+}

@@ -88,6 +88,7 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	thread := fs.String("thread", "", "only runs on this thread")
 	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many, 1 to %d", maxLimit))
 	after := fs.String("after", "", "start after this run id (the previous page's last)")
+	newest := fs.Bool("newest-first", false, "list the newest runs first (--after then pages on towards older ones)")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -107,7 +108,7 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	var runs []*engine.Run
 	err := readRuns(*data, func(rs runReader) (err error) {
 		runs, err = rs.Runs(ctx, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit + 1,
-			Damaged: func(_ string, err error) { damaged = append(damaged, err) }})
+			Desc: *newest, Damaged: func(_ string, err error) { damaged = append(damaged, err) }})
 		return err
 	})
 	if err != nil {
