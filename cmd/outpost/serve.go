@@ -302,6 +302,37 @@ func bundleInfo(dir string, rt *firmware.Runtime) ([]console.BundleInfo, error) 
 // Ollama that answers and has the model is ok; the scripted model standing
 // in for an unreachable Ollama is degraded until sw moves new model calls
 // to Ollama.
+// healthTTL is how long /healthz answers from its last look at Ollama's
+// models: anyone may call /healthz, and a monitor that polls it often
+// should not become a stream of requests to the model server.
+const healthTTL = 5 * time.Second
+
+// cachedHasModel is client.HasModel(name), asked at most once per
+// healthTTL; concurrent callers wait for the one asking. An answer cut
+// short by its caller's context is not kept.
+func cachedHasModel(client *ollama.Client, name string) func(context.Context) (bool, error) {
+	var (
+		mu  sync.Mutex
+		at  time.Time
+		has bool
+		err error
+	)
+	return func(ctx context.Context) (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !at.IsZero() && time.Since(at) < healthTTL {
+			return has, err
+		}
+		has, err = client.HasModel(ctx, name)
+		if ctx.Err() != nil {
+			at = time.Time{}
+		} else {
+			at = time.Now()
+		}
+		return has, err
+	}
+}
+
 func modelCheck(ctx context.Context, mc *modelChoice, p models.Provider, model string, sw *wiring.OllamaSwitch, stdout io.Writer) func(context.Context) console.Health {
 	client := mc.client()
 	if oc, ok := p.(*ollama.Client); ok {
@@ -322,9 +353,10 @@ func modelCheck(ctx context.Context, mc *modelChoice, p models.Provider, model s
 			fmt.Fprintf(stdout, "model: scripted (the bundle's deterministic rules; no Ollama reachable at %s)\n", client.URL())
 		}
 	}
+	hasModel := cachedHasModel(client, asked)
 	ollamaHealth := func(ctx context.Context, info map[string]any, detail string) console.Health {
 		info["model"] = asked
-		has, err := client.HasModel(ctx, asked)
+		has, err := hasModel(ctx)
 		switch {
 		case err != nil:
 			return console.Health{State: console.StateDown, Detail: fmt.Sprintf("Ollama at %s does not answer: %v", client.URL(), err), Info: info}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-edge/outpost/console"
+	"github.com/outpost-edge/outpost/models/ollama"
 )
 
 // fakeOllama answers as Ollama does, with llama3.2:3b pulled, streaming
@@ -172,4 +175,40 @@ func TestOllamaKeepAliveFlag(t *testing.T) {
 	code, _, errs := outpost(t, "run", "--data", t.TempDir(), "--ollama-keep-alive", "a while", "hello")
 	assert.NotZero(t, code)
 	assert.Contains(t, errs, "want a duration such as 24h")
+}
+
+// /healthz, which anyone may call, asks Ollama for its models at most once
+// per healthTTL, however often it is polled.
+func TestHealthAsksOllamaOncePerTTL(t *testing.T) {
+	var tags atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/tags" {
+			tags.Add(1)
+		}
+		(&fakeOllama{}).ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	mc := &modelChoice{model: "ollama:llama3.2:3b", ollama: srv.URL}
+	check := modelCheck(context.Background(), mc, ollama.New(srv.URL, nil), "llama3.2:3b", nil, io.Discard)
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h := check(context.Background())
+			assert.Equal(t, console.StateOK, h.State, h.Detail)
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, int64(1), tags.Load(), "20 health checks asked Ollama for its models")
+
+	// A check its caller gave up on is not the answer for the next ones.
+	cached := cachedHasModel(ollama.New(srv.URL, nil), "llama3.2:3b")
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := cached(gone)
+	require.Error(t, err)
+	has, err := cached(context.Background())
+	require.NoError(t, err)
+	require.True(t, has)
 }
