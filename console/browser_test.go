@@ -594,7 +594,8 @@ func TestCancelFromThePage(t *testing.T) {
 	// The reason reads once, in the answer box and in the transcript.
 	c.until(ctx, "the end in the transcript", `document.getElementById("transcript").textContent.includes("■ cancelled")`, shot)
 	detail, _ := c.eval(ctx, `document.getElementById("detail").innerText`).(string)
-	if strings.Count(detail, "cancelled: run cancelled") > 0 || strings.Count(detail, "run cancelled") != 1 {
+	if strings.Count(detail, "cancelled: run cancelled") > 0 || strings.Count(detail, "run cancelled") != 1 ||
+		strings.Contains(detail, "error:") || !strings.Contains(detail, "stopped: run cancelled") {
 		shot("cancel-message")
 		t.Fatalf("the cancelled run reads:\n%s", detail)
 	}

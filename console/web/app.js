@@ -323,7 +323,9 @@ function renderDetail(run) {
   text($("run-meta"), "thread " + run.thread + " · agent " + run.agent + " · bundle " + run.bundle.name + " v" + run.bundle.version +
     " · started " + new Date(run.created_at).toLocaleTimeString() + (run.ended_at ? " · ended " + new Date(run.ended_at).toLocaleTimeString() : ""));
   const out = run.output === undefined ? "" : (typeof run.output === "string" ? run.output : JSON.stringify(run.output, null, 2));
-  text($("output"), out + (run.error ? "\nerror: " + run.error : ""));
+  // A run an operator cancelled, or a budget stopped, did not fail.
+  const why = run.status === "cancelled" || run.status === "budget_exceeded" ? "stopped" : "error";
+  text($("output"), out + (run.error ? "\n" + why + ": " + run.error : ""));
   show($("output-box"), out !== "" || !!run.error);
   const ds = $("decisions");
   ds.replaceChildren();
