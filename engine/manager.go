@@ -105,6 +105,10 @@ type active struct {
 	// nil: opened, or being resumed); launch and execute stop it at once.
 	cancelled bool
 	done      chan struct{}
+	// opened is the run's record as it opened, kept in exit durability,
+	// where the store has no record of the run before it pauses or ends
+	// (or calls a tool): Run answers from it meanwhile.
+	opened *Run
 }
 
 var errShutdown = errors.New("run manager shutting down")
@@ -286,6 +290,9 @@ func (m *Manager) open(ctx context.Context, req RunRequest) (*active, *execution
 	a.runID = run.ID
 	m.mu.Lock()
 	m.runs[run.ID] = a
+	if m.opts.Durability == DurabilityExit {
+		a.opened = run.Clone()
+	}
 	m.mu.Unlock()
 
 	e, err := ag.Graph.newExecution(m.config(ag, run))
@@ -398,14 +405,20 @@ func (m *Manager) Wait(ctx context.Context, runID string) (*Run, error) {
 
 // Run returns a run's record. The store is not rewritten at every step, so
 // a run that a worker is executing is reported running even while its
-// stored record still says queued.
+// stored record still says queued. In exit durability, a run this manager
+// opened and has not yet stored is reported from its record as it opened.
 func (m *Manager) Run(ctx context.Context, runID string) (*Run, error) {
 	r, err := m.store.Run(ctx, runID)
-	if err != nil {
-		return nil, err
-	}
 	m.mu.Lock()
 	a := m.runs[runID]
+	if errors.Is(err, ErrRunNotFound) && a != nil && a.opened != nil {
+		// Exit durability: not stored yet, but opened here and not ended.
+		r, err = a.opened.Clone(), nil
+	}
+	if err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
 	if a != nil && a.working && r.Status == StatusQueued {
 		r.Status = StatusRunning
 	}

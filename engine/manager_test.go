@@ -488,3 +488,27 @@ func TestCancelWhileResumePrepares(t *testing.T) {
 	require.Equal(t, engine.StatusCancelled, end.Status)
 	require.Zero(t, calls.get("after"), "the cancelled run went on past the decision")
 }
+
+// In exit durability a run is stored only when it pauses or ends; until
+// then the manager that runs it still answers for it, as the API's
+// GET /runs/{id} asks right after the run's id is returned.
+func TestExitRunIsKnownBeforeItIsStored(t *testing.T) {
+	ctx := context.Background()
+	s := engine.NewMemoryStore()
+	gate := make(chan struct{})
+	m := newManager(t, s, engine.ManagerOptions{Durability: engine.DurabilityExit},
+		&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, time.Millisecond, false, gate)})
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "sleepy"})
+	require.NoError(t, err)
+	_, err = s.Run(ctx, run.ID)
+	require.ErrorIs(t, err, engine.ErrRunNotFound, "exit durability stored the run as it opened")
+	got, err := m.Run(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, run.ID, got.ID)
+	require.Contains(t, []engine.RunStatus{engine.StatusQueued, engine.StatusRunning}, got.Status)
+	close(gate)
+	end := waitFor(t, m, run.ID)
+	require.Equal(t, engine.StatusCompleted, end.Status)
+	_, err = m.Run(ctx, "run_unknown")
+	require.ErrorIs(t, err, engine.ErrRunNotFound)
+}
