@@ -13,6 +13,7 @@ import (
 	"mime"
 	"net/http"
 	"os"
+	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -163,7 +164,16 @@ func only(h http.HandlerFunc, methods ...string) http.HandlerFunc {
 	}
 }
 
-func (c *Collector) ServeHTTP(w http.ResponseWriter, r *http.Request) { c.mux.ServeHTTP(w, r) }
+func (c *Collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if p := r.URL.Path; p != path.Clean(p) {
+		// The mux would redirect a path like //v1/outcomes to its clean
+		// form, with an HTML page, and a client that follows it turns a
+		// POST into a GET: a collector's paths are exact.
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such path %q: a collector serves POST %s and GET %s", p, OutcomesPath, AppliancesPath))
+		return
+	}
+	c.mux.ServeHTTP(w, r)
+}
 
 func (c *Collector) lock(appliance string) func() {
 	c.mu.Lock()

@@ -43,6 +43,8 @@ func TestCollectorAnswersStrayRequestsInJSON(t *testing.T) {
 		{http.MethodGet, "/", http.StatusNotFound, "not_found", ""},
 		{http.MethodPost, "/v1/outcome", http.StatusNotFound, "not_found", ""},
 		{http.MethodGet, "/v1/appliances/clinic-1", http.StatusNotFound, "not_found", ""},
+		{http.MethodPost, "/" + OutcomesPath, http.StatusNotFound, "not_found", ""},
+		{http.MethodGet, "/v1/./appliances", http.StatusNotFound, "not_found", ""},
 		{http.MethodGet, OutcomesPath, http.StatusMethodNotAllowed, "method_not_allowed", "POST"},
 		{http.MethodPut, OutcomesPath, http.StatusMethodNotAllowed, "method_not_allowed", "POST"},
 		{http.MethodPost, AppliancesPath, http.StatusMethodNotAllowed, "method_not_allowed", "GET, HEAD"},
