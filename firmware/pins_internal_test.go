@@ -2,6 +2,7 @@ package firmware
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -12,13 +13,14 @@ import (
 	"github.com/outpost-edge/outpost/policy"
 )
 
-// The runtime keeps the tool sets of at most maxPins runs that have a
-// record to read them from again, however many runs an appliance runs; an
-// evicted run's set is read from its record at its next call.
+// The runtime keeps the tool sets of at most maxPins runs, however many runs
+// an appliance runs; a run's set no longer kept is found again as it was
+// at its next call.
 func TestPinsAreBounded(t *testing.T) {
 	ctx := context.Background()
 	s := engine.NewMemoryStore()
-	reg, err := policy.NewRegistry(nil)
+	reg, err := policy.NewRegistry([]policy.Tool{{Name: "kb_search", Kind: policy.KindRead,
+		Description: "search", Schema: json.RawMessage(`{"type":"object"}`)}})
 	require.NoError(t, err)
 	set, err := policy.Resolve(reg, nil, nil)
 	require.NoError(t, err)
@@ -45,14 +47,19 @@ func TestPinsAreBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, string(raw), string(again))
 
-	// A run the store does not know keeps its set for the process's life.
+	// A run the store does not know gets the same set again once it is no
+	// longer kept.
 	direct, err := rt.ActiveTools(ctx, reg, "run_direct")
 	require.NoError(t, err)
 	for i := range maxPins + 10 {
 		_, err := rt.ActiveTools(ctx, reg, fmt.Sprintf("run_%05d", i))
 		require.NoError(t, err)
 	}
-	kept, ok := rt.pinned.get("run_direct")
-	require.True(t, ok)
-	require.Same(t, direct, kept)
+	_, kept := rt.pinned.get("run_direct")
+	require.False(t, kept)
+	again2, err := rt.ActiveTools(ctx, reg, "run_direct")
+	require.NoError(t, err)
+	require.Equal(t, []string{"kb_search"}, again2.Names())
+	require.Equal(t, direct.Names(), again2.Names())
+	require.LessOrEqual(t, rt.pinned.size(), maxPins)
 }

@@ -71,21 +71,20 @@ type Runtime struct {
 	pinned   pins
 }
 
-// maxPins is how many runs' tool sets read from their records the runtime
-// keeps at once (see pins).
+// maxPins is how many runs' tool sets the runtime keeps at once (see
+// pins).
 const maxPins = 1024
 
-// pins keeps the active tool sets ActiveTools found, by run id. A set read
-// from the run's record can be read from it again, so only the last
-// maxPins of those are kept: an appliance runs for months, and one entry
-// per run it ever ran would grow without end. A set resolved for a run the
-// store does not know (a graph invoked directly) could not be found again
-// as it was, and is kept for the life of the process.
+// pins keeps the active tool sets ActiveTools found, by run id, the last
+// maxPins of them: an appliance runs for months, and one entry per run it
+// ever ran would grow without end. A set no longer kept is found again as
+// it was: read from the run's record, or resolved again from the same
+// registry, the runtime's Tools (fixed for its life) and no override.
 type pins struct {
 	mu   sync.Mutex
 	sets map[string]*policy.ActiveSet
-	ring [maxPins]string // the kept runs whose set came from their record
-	next int             // ring's oldest entry, replaced next
+	ring [maxPins]string // the kept runs, oldest at next
+	next int
 }
 
 func (p *pins) get(run string) (*policy.ActiveSet, bool) {
@@ -97,7 +96,7 @@ func (p *pins) get(run string) (*policy.ActiveSet, bool) {
 
 // put keeps set for run, unless another caller kept one first; it returns
 // the one kept.
-func (p *pins) put(run string, set *policy.ActiveSet, fromRecord bool) *policy.ActiveSet {
+func (p *pins) put(run string, set *policy.ActiveSet) *policy.ActiveSet {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if kept, ok := p.sets[run]; ok {
@@ -107,13 +106,11 @@ func (p *pins) put(run string, set *policy.ActiveSet, fromRecord bool) *policy.A
 		p.sets = map[string]*policy.ActiveSet{}
 	}
 	p.sets[run] = set
-	if fromRecord {
-		if old := p.ring[p.next]; old != "" {
-			delete(p.sets, old)
-		}
-		p.ring[p.next] = run
-		p.next = (p.next + 1) % maxPins
+	if old := p.ring[p.next]; old != "" {
+		delete(p.sets, old)
 	}
+	p.ring[p.next] = run
+	p.next = (p.next + 1) % maxPins
 	return set
 }
 
@@ -218,14 +215,12 @@ func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run st
 	}
 	var override []string
 	var set *policy.ActiveSet
-	recorded := false
 	if rt.Runs != nil && run != "" {
 		r, err := rt.Runs.Run(ctx, run)
 		if err != nil && !errors.Is(err, engine.ErrRunNotFound) {
 			return nil, fmt.Errorf("read run %s for its tool set: %w", run, err)
 		}
 		if r != nil {
-			recorded = true
 			if v, ok := r.Meta[MetaActiveTools]; ok {
 				if set, err = policy.DecodeActiveSet([]byte(v)); err != nil {
 					return nil, fmt.Errorf("run %s: its pinned tool set: %w", run, err)
@@ -244,7 +239,7 @@ func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run st
 			return nil, &UnknownToolsError{Names: ignored}
 		}
 	}
-	return rt.pinned.put(run, set, recorded), nil
+	return rt.pinned.put(run, set), nil
 }
 
 // ParseToolList reads a comma-separated list of tool names; "" is the
