@@ -29,7 +29,11 @@ type Metrics struct {
 	commitFails atomic.Uint64
 
 	mu       sync.Mutex
-	lastStep map[string]time.Time // run -> its last step boundary
+	lastStep map[string]stepMark // run -> its last step boundary
+	// stepRing holds the tracked runs in the order they were first
+	// tracked (see stepRunsMax); stepNext is the slot the next one takes.
+	stepRing []string
+	stepNext int
 
 	runsMu      sync.Mutex
 	runsAt      time.Time
@@ -41,7 +45,46 @@ var latencyBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 
 
 // NewMetrics returns empty metrics.
 func NewMetrics() *Metrics {
-	return &Metrics{step: newHistogram(latencyBuckets), commit: newHistogram(latencyBuckets), lastStep: map[string]time.Time{}}
+	return &Metrics{step: newHistogram(latencyBuckets), commit: newHistogram(latencyBuckets), lastStep: map[string]stepMark{}}
+}
+
+// stepRunsMax bounds the runs whose last step boundary the metrics keep (a
+// variable so that tests can make it small). A run is tracked from its
+// start or resume to its end or pause, so only the runs queued or running
+// need an entry: the manager's queue and workers, 1,032 by default. A run
+// whose end the metrics never see (its last commit failed, so the end was
+// never announced, or the stream lost the event) would otherwise stay for
+// the life of the process. When a new run finds the ring full, the run
+// tracked longest ago is forgotten: if it is still running, its next
+// checkpoint tracks it again, and one step goes unmeasured.
+var stepRunsMax = 4096
+
+// stepMark is a run's last step boundary, and its slot in the ring.
+type stepMark struct {
+	at   time.Time
+	slot int
+}
+
+// markStep records at as run's last step boundary. Call with m.mu held.
+func (m *Metrics) markStep(run string, at time.Time) {
+	if mk, ok := m.lastStep[run]; ok {
+		m.lastStep[run] = stepMark{at: at, slot: mk.slot}
+		return
+	}
+	if m.stepRing == nil {
+		m.stepRing = make([]string, max(stepRunsMax, 1))
+	}
+	i := m.stepNext
+	if old := m.stepRing[i]; old != "" {
+		// The slot's run is forgotten, unless it ended and came back
+		// since (it then holds another slot).
+		if mk, ok := m.lastStep[old]; ok && mk.slot == i {
+			delete(m.lastStep, old)
+		}
+	}
+	m.stepRing[i] = run
+	m.stepNext = (i + 1) % len(m.stepRing)
+	m.lastStep[run] = stepMark{at: at, slot: i}
 }
 
 type histogram struct {
@@ -88,14 +131,14 @@ func (m *Metrics) observeEvent(e engine.Event) {
 		m.denied.Add(1)
 	case engine.EventRunStarted, engine.EventRunResumed:
 		m.mu.Lock()
-		m.lastStep[e.Run] = e.Time
+		m.markStep(e.Run, e.Time)
 		m.mu.Unlock()
 	case engine.EventCheckpoint:
 		m.mu.Lock()
-		if t, ok := m.lastStep[e.Run]; ok && !e.Time.Before(t) {
-			m.step.observe(e.Time.Sub(t))
+		if mk, ok := m.lastStep[e.Run]; ok && !e.Time.Before(mk.at) {
+			m.step.observe(e.Time.Sub(mk.at))
 		}
-		m.lastStep[e.Run] = e.Time
+		m.markStep(e.Run, e.Time)
 		m.mu.Unlock()
 	case engine.EventInterrupt, engine.EventRunCompleted, engine.EventRunFailed, engine.EventBudgetExceeded:
 		m.mu.Lock()
