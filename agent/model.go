@@ -150,10 +150,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	if err := m.allow(ctx, info, req.Model); err != nil {
 		return nil, err
 	}
-	limit := m.TokenLimit
-	if n := info.MaxTokens; n > 0 && (limit <= 0 || n < limit) {
-		limit = n
-	}
+	limit := engine.Narrower(m.TokenLimit, info.MaxTokens)
 	var meter *policy.TokenMeter
 	if limit > 0 {
 		var err error

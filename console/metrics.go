@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/bounded"
 )
 
 // Metrics collects what /metrics reports that the store and manager do not
@@ -29,11 +30,7 @@ type Metrics struct {
 	commitFails atomic.Uint64
 
 	mu       sync.Mutex
-	lastStep map[string]stepMark // run -> its last step boundary
-	// stepRing holds the tracked runs in the order they were first
-	// tracked (see stepRunsMax); stepNext is the slot the next one takes.
-	stepRing []string
-	stepNext int
+	lastStep *bounded.Map[string, time.Time] // run -> its last step boundary (see stepRunsMax); made on first use
 
 	runsMu      sync.Mutex
 	runsAt      time.Time
@@ -45,7 +42,7 @@ var latencyBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 
 
 // NewMetrics returns empty metrics.
 func NewMetrics() *Metrics {
-	return &Metrics{step: newHistogram(latencyBuckets), commit: newHistogram(latencyBuckets), lastStep: map[string]stepMark{}}
+	return &Metrics{step: newHistogram(latencyBuckets), commit: newHistogram(latencyBuckets)}
 }
 
 // stepRunsMax bounds the runs whose last step boundary the metrics keep (a
@@ -54,37 +51,17 @@ func NewMetrics() *Metrics {
 // need an entry: the manager's queue and workers, 1,032 by default. A run
 // whose end the metrics never see (its last commit failed, so the end was
 // never announced, or the stream lost the event) would otherwise stay for
-// the life of the process. When a new run finds the ring full, the run
-// tracked longest ago is forgotten: if it is still running, its next
-// checkpoint tracks it again, and one step goes unmeasured.
+// the life of the process. When a new run finds the map full, the run
+// tracked longest ago is forgotten (bounded.Map): if it is still running,
+// its next checkpoint tracks it again, and one step goes unmeasured.
 var stepRunsMax = 4096
-
-// stepMark is a run's last step boundary, and its slot in the ring.
-type stepMark struct {
-	at   time.Time
-	slot int
-}
 
 // markStep records at as run's last step boundary. Call with m.mu held.
 func (m *Metrics) markStep(run string, at time.Time) {
-	if mk, ok := m.lastStep[run]; ok {
-		m.lastStep[run] = stepMark{at: at, slot: mk.slot}
-		return
+	if m.lastStep == nil {
+		m.lastStep = bounded.New[string, time.Time](stepRunsMax)
 	}
-	if m.stepRing == nil {
-		m.stepRing = make([]string, max(stepRunsMax, 1))
-	}
-	i := m.stepNext
-	if old := m.stepRing[i]; old != "" {
-		// The slot's run is forgotten, unless it ended and came back
-		// since (it then holds another slot).
-		if mk, ok := m.lastStep[old]; ok && mk.slot == i {
-			delete(m.lastStep, old)
-		}
-	}
-	m.stepRing[i] = run
-	m.stepNext = (i + 1) % len(m.stepRing)
-	m.lastStep[run] = stepMark{at: at, slot: i}
+	m.lastStep.Put(run, at)
 }
 
 type histogram struct {
@@ -135,14 +112,18 @@ func (m *Metrics) observeEvent(e engine.Event) {
 		m.mu.Unlock()
 	case engine.EventCheckpoint:
 		m.mu.Lock()
-		if mk, ok := m.lastStep[e.Run]; ok && !e.Time.Before(mk.at) {
-			m.step.observe(e.Time.Sub(mk.at))
+		if m.lastStep != nil {
+			if t, ok := m.lastStep.Get(e.Run); ok && !e.Time.Before(t) {
+				m.step.observe(e.Time.Sub(t))
+			}
 		}
 		m.markStep(e.Run, e.Time)
 		m.mu.Unlock()
 	case engine.EventInterrupt, engine.EventRunCompleted, engine.EventRunFailed, engine.EventBudgetExceeded:
 		m.mu.Lock()
-		delete(m.lastStep, e.Run)
+		if m.lastStep != nil {
+			m.lastStep.Delete(e.Run)
+		}
 		m.mu.Unlock()
 	}
 }

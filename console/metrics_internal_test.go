@@ -81,7 +81,7 @@ func TestStepMetricForgetsRunsWithoutAnEnd(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	m.mu.Lock()
-	tracked := len(m.lastStep)
+	tracked := m.lastStep.Len()
 	m.mu.Unlock()
 	if m.commitFails.Load() != runs {
 		t.Fatalf("%d final commits failed, want %d", m.commitFails.Load(), runs)
@@ -115,7 +115,7 @@ func TestStepMetricKeepsARunTrackedAgain(t *testing.T) {
 		t.Fatalf("%d steps measured, want 1 (r1's, from its resume)", m.step.n)
 	}
 	ev(engine.EventRunStarted, "r4") // slot 1: r2 goes
-	if _, ok := m.lastStep["r2"]; ok || len(m.lastStep) != 3 {
+	if _, ok := m.lastStep.Get("r2"); ok || m.lastStep.Len() != 3 {
 		t.Fatalf("tracked %v; want r1, r3 and r4", m.lastStep)
 	}
 }

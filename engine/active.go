@@ -35,9 +35,8 @@ const (
 // Active returns r's active time as its record holds it: the stretches
 // that ended before its last pause, or all of them once it has ended.
 func (r *Run) Active() time.Duration {
-	if v, ok := r.Meta[MetaActive]; ok {
-		ms, _ := strconv.ParseInt(v, 10, 64)
-		return time.Duration(max(ms, 0)) * time.Millisecond
+	if d, ok := r.recordedActive(); ok {
+		return d
 	}
 	if r.EndedAt.IsZero() {
 		return 0
@@ -47,6 +46,17 @@ func (r *Run) Active() time.Duration {
 		from = r.CreatedAt
 	}
 	return max(r.EndedAt.Sub(from), 0)
+}
+
+// recordedActive is the active time r's record keeps (MetaActive), and
+// whether it keeps one.
+func (r *Run) recordedActive() (time.Duration, bool) {
+	v, ok := r.Meta[MetaActive]
+	if !ok {
+		return 0, false
+	}
+	ms, _ := strconv.ParseInt(v, 10, 64)
+	return time.Duration(max(ms, 0)) * time.Millisecond, true
 }
 
 // startActive starts the clock of a stretch of the root run: it takes the
@@ -64,13 +74,8 @@ func (e *execution) startActive() {
 		// queue: its first stretch runs from StartedAt.
 		e.run.StartedAt = e.activeFrom.UTC()
 	}
-	var before time.Duration
+	before, paused := e.run.recordedActive()
 	var since time.Time
-	v, paused := e.run.Meta[MetaActive]
-	if paused {
-		ms, _ := strconv.ParseInt(v, 10, 64)
-		before = time.Duration(max(ms, 0)) * time.Millisecond
-	}
 	if v, ok := e.run.Meta[MetaRunningSince]; ok {
 		since, _ = time.Parse(time.RFC3339Nano, v)
 	} else if !paused {
@@ -98,7 +103,6 @@ func (e *execution) stopActive() {
 	if !e.stretched && e.run.Status.Terminal() {
 		return // Run.Active is EndedAt - StartedAt
 	}
-	e.stretched = true
 	total := e.activeBefore + time.Since(e.activeFrom)
 	e.setMeta(strconv.FormatInt(total.Milliseconds(), 10), "")
 }

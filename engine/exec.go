@@ -150,9 +150,10 @@ type execution struct {
 	// or been recovered, and is not running in one stretch from its start
 	// (see active.go).
 	fresh, stretched bool
-	// values holds what nodes keep with RunValue, made on first use.
-	values     *runValues
-	valuesOnce sync.Once
+	// runValues holds what nodes keep with RunValue, made on first use,
+	// under runValuesMu.
+	runValuesMu sync.Mutex
+	runValues   map[any]any
 }
 
 func (g *Graph) newExecution(cfg RunConfig) (*execution, error) {

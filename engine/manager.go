@@ -160,16 +160,18 @@ func (m *Manager) config(a *Agent, run *Run) RunConfig {
 	if a.StepLimit > 0 {
 		limit = a.StepLimit
 	}
-	wall := m.opts.MaxDuration
-	if a.MaxDuration > 0 && (wall <= 0 || a.MaxDuration < wall) {
-		wall = a.MaxDuration
-	}
-	tokens := m.opts.MaxTokens
-	if a.MaxTokens > 0 && (tokens <= 0 || a.MaxTokens < tokens) {
-		tokens = a.MaxTokens
-	}
 	return RunConfig{Thread: run.Thread, Store: m.store, Blobs: m.store, Run: run, Durability: m.opts.Durability,
-		StepLimit: limit, MaxDuration: wall, MaxTokens: tokens, Events: m.opts.Events, Cache: m.cache, Output: a.Output}
+		StepLimit: limit, MaxDuration: Narrower(m.opts.MaxDuration, a.MaxDuration), MaxTokens: Narrower(m.opts.MaxTokens, a.MaxTokens),
+		Events: m.opts.Events, Cache: m.cache, Output: a.Output}
+}
+
+// Narrower returns the smaller of two limits, where 0 (or less) is no
+// limit: the budget that holds when both bound a run.
+func Narrower[T int | time.Duration](a, b T) T {
+	if a <= 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // claim reserves the thread for a run, waiting if asked to.

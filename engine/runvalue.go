@@ -3,14 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
-	"sync"
 )
-
-// runValues holds the values RunValue keeps for one execution of a run.
-type runValues struct {
-	mu sync.Mutex
-	m  map[any]any
-}
 
 // RunValue returns the value kept under key for the run that the calling
 // node serves, made by make on first use. Every task of the run sees the
@@ -35,17 +28,18 @@ func RunValue(ctx context.Context, key any, make func() (any, error)) (any, erro
 	for e.cfg.parent != nil {
 		e = e.cfg.parent
 	}
-	e.valuesOnce.Do(func() { e.values = &runValues{m: map[any]any{}} })
-	rv := e.values
-	rv.mu.Lock()
-	defer rv.mu.Unlock()
-	if v, ok := rv.m[key]; ok {
+	e.runValuesMu.Lock()
+	defer e.runValuesMu.Unlock()
+	if v, ok := e.runValues[key]; ok {
 		return v, nil
 	}
 	v, err := make()
 	if err != nil {
 		return nil, err
 	}
-	rv.m[key] = v
+	if e.runValues == nil {
+		e.runValues = map[any]any{}
+	}
+	e.runValues[key] = v
 	return v, nil
 }

@@ -8,7 +8,6 @@ import (
 	"path"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/models"
@@ -146,9 +145,9 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 		if rt != nil {
 			// The runtime's budget bounds the run too: the narrower of
 			// it and the agent's own holds, for each dimension.
-			a.StepLimit = narrower(a.StepLimit, rt.Budget.Steps)
-			a.MaxDuration = narrower(a.MaxDuration, rt.Budget.WallTime)
-			a.MaxTokens = narrower(a.MaxTokens, rt.Budget.Tokens)
+			a.StepLimit = engine.Narrower(a.StepLimit, rt.Budget.Steps)
+			a.MaxDuration = engine.Narrower(a.MaxDuration, rt.Budget.WallTime)
+			a.MaxTokens = engine.Narrower(a.MaxTokens, rt.Budget.Tokens)
 		}
 		b.agents[name] = a
 	}
@@ -299,13 +298,4 @@ func DecodeGolden(file string, data []byte) ([]Conversation, error) {
 		return nil, &FileError{File: file, Err: fmt.Errorf("%w: %v", ErrMalformed, err)}
 	}
 	return out, nil
-}
-
-// narrower returns the smaller of two limits, where 0 (or less) is no
-// limit.
-func narrower[T int | time.Duration](a, b T) T {
-	if a <= 0 || (b > 0 && b < a) {
-		return b
-	}
-	return a
 }

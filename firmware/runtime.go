@@ -10,6 +10,7 @@ import (
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/bounded"
 	"github.com/outpost-edge/outpost/models"
 	"github.com/outpost-edge/outpost/models/scripted"
 	"github.com/outpost-edge/outpost/policy"
@@ -82,16 +83,16 @@ const maxPins = 1024
 // registry, the runtime's Tools (fixed for its life) and no override.
 type pins struct {
 	mu   sync.Mutex
-	sets map[string]*policy.ActiveSet
-	ring [maxPins]string // the kept runs, oldest at next
-	next int
+	sets *bounded.Map[string, *policy.ActiveSet] // made on first use
 }
 
 func (p *pins) get(run string) (*policy.ActiveSet, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	set, ok := p.sets[run]
-	return set, ok
+	if p.sets == nil {
+		return nil, false
+	}
+	return p.sets.Get(run)
 }
 
 // put keeps set for run, unless another caller kept one first; it returns
@@ -99,18 +100,13 @@ func (p *pins) get(run string) (*policy.ActiveSet, bool) {
 func (p *pins) put(run string, set *policy.ActiveSet) *policy.ActiveSet {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if kept, ok := p.sets[run]; ok {
+	if p.sets == nil {
+		p.sets = bounded.New[string, *policy.ActiveSet](maxPins)
+	}
+	if kept, ok := p.sets.Get(run); ok {
 		return kept
 	}
-	if p.sets == nil {
-		p.sets = map[string]*policy.ActiveSet{}
-	}
-	p.sets[run] = set
-	if old := p.ring[p.next]; old != "" {
-		delete(p.sets, old)
-	}
-	p.ring[p.next] = run
-	p.next = (p.next + 1) % maxPins
+	p.sets.Put(run, set)
 	return set
 }
 
@@ -118,7 +114,10 @@ func (p *pins) put(run string, set *policy.ActiveSet) *policy.ActiveSet {
 func (p *pins) size() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.sets)
+	if p.sets == nil {
+		return 0
+	}
+	return p.sets.Len()
 }
 
 func (rt *Runtime) init() {
@@ -626,10 +625,8 @@ func buildToolLoop(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 			lane = *l
 		}
 		budget := rt.Budget
-		if n := c.MaxIterations; n > 0 && (budget.ToolIterations <= 0 || n < budget.ToolIterations) {
-			// A bundle narrows the appliance's limit; it never raises it.
-			budget.ToolIterations = n
-		}
+		// A bundle narrows the appliance's limit; it never raises it.
+		budget.ToolIterations = engine.Narrower(budget.ToolIterations, c.MaxIterations)
 		fn, err := agent.ToolLoop(agent.LoopConfig{
 			Provider: p, Model: model, Lane: lane, System: system, Options: c.options(),
 			ActiveTools: func(ctx context.Context, _ engine.State) (*policy.ActiveSet, error) {
