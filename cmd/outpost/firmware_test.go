@@ -150,9 +150,10 @@ func TestFirmwareErrors(t *testing.T) {
 	require.Contains(t, stderr, "sign needs --key FILE and one bundle folder (usage: outpost firmware sign --key FILE DIR)")
 }
 
-// With --model ollama:NAME and nothing listening, run says so and answers
-// with the scripted model; the embedded bundle is announced.
-func TestRunOllamaFallback(t *testing.T) {
+// With --model ollama:NAME and nothing listening, run refuses the turn and
+// says why, rather than answering with the scripted rules in the model's
+// place; nothing is stored. --model scripted runs it.
+func TestRunOllamaDownRunsNothing(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := l.Addr().String()
@@ -160,9 +161,16 @@ func TestRunOllamaFallback(t *testing.T) {
 
 	dir := t.TempDir()
 	code, stdout, stderr := outpost(t, "run", "--data", dir, "--model", "ollama:llama3.2", "--ollama", "http://"+addr, "When should I take levothyroxine?")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "--model ollama:llama3.2: Ollama is not reachable at http://"+addr)
+	require.Contains(t, stderr, "nothing was run")
+	require.Contains(t, stderr, "use --model scripted")
+	require.NotContains(t, stdout, "Take levothyroxine")
+	_, err = os.Stat(filepath.Join(dir, store.FileName))
+	require.ErrorIs(t, err, os.ErrNotExist, "no store is made for a turn that did not run")
+
+	code, stdout, stderr = outpost(t, "run", "--data", dir, "--model", "scripted", "When should I take levothyroxine?")
 	require.Zero(t, code, stderr)
-	require.Contains(t, stderr, "Ollama is not reachable at http://"+addr)
-	require.Contains(t, stderr, "falling back to the scripted model")
 	require.Contains(t, stderr, "running the development-signed reference bundle")
 	require.Contains(t, stdout, "Take levothyroxine as your prescription label says")
 	require.Contains(t, stdout, ": completed")

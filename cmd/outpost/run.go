@@ -112,9 +112,13 @@ func (mc *modelChoice) client() *ollama.Client {
 }
 
 // provider returns the model provider and model name chosen, or nil for the
-// scripted rules. An Ollama that does not answer is not an error: the
-// command says plainly that it falls back to the scripted model.
-func (mc *modelChoice) provider(ctx context.Context, stderr io.Writer) (models.Provider, string, error) {
+// scripted rules. An Ollama that does not answer is an error for a command
+// that runs one turn and ends (run, resume): the person asked for that
+// model, and an answer from the scripted rules in its place is not one.
+// With fallback (serve, which keeps running and moves to Ollama once it
+// answers), the command says plainly that it falls back to the scripted
+// model.
+func (mc *modelChoice) provider(ctx context.Context, stderr io.Writer, fallback bool) (models.Provider, string, error) {
 	if mc == nil || mc.model == "" || mc.model == "scripted" {
 		return nil, "", nil
 	}
@@ -124,6 +128,9 @@ func (mc *modelChoice) provider(ctx context.Context, stderr io.Writer) (models.P
 	}
 	client := mc.client()
 	if err := ollamaReachable(ctx, client.URL()); err != nil {
+		if !fallback {
+			return nil, "", fmt.Errorf("--model %s: Ollama is not reachable at %s (%v); nothing was run. Start Ollama (ollama serve), or use --model scripted for the bundle's deterministic rules", mc.model, client.URL(), err)
+		}
 		fmt.Fprintf(stderr, "Ollama is not reachable at %s (%v): falling back to the scripted model\n", client.URL(), err)
 		return nil, "", nil
 	}
@@ -173,7 +180,7 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 			return nil, err
 		}
 	}
-	p, model, err := mc.provider(ctx, stderr)
+	p, model, err := mc.provider(ctx, stderr, false)
 	if err != nil {
 		return nil, err
 	}

@@ -101,7 +101,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	// Start-up lines and the model switch's line may be written at once.
 	stdout = &lockedWriter{w: stdout}
-	p, model, err := mc.provider(ctx, stderr)
+	p, model, err := mc.provider(ctx, stderr, true)
 	if err != nil {
 		return err
 	}
