@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/outpost-edge/outpost/internal/bounded"
 	"github.com/outpost-edge/outpost/internal/fsync"
 	"github.com/outpost-edge/outpost/policy"
 )
@@ -232,17 +233,26 @@ type Notes interface {
 
 // FileNotes keeps notes in a file of JSON lines, one note per key. It is
 // safe for concurrent use within one process.
+//
+// It remembers the keys of the newest NoteKeys notes, not of all: the file
+// grows for as long as the appliance runs, and its memory must not. A key
+// comes back only when a call's intent was recorded and its result was
+// not, the call that a crash cut short, which recovery runs again at the
+// next start: its note, if it was written, is among the last ones.
 type FileNotes struct {
 	mu   sync.Mutex
 	path string
-	keys map[string]bool
+	keys *bounded.Map[string, struct{}]
 }
 
-// OpenFileNotes opens (or creates) a notes file and loads its keys. A torn
-// last line, left by a crash mid-write, is ignored: its note was never
-// reported as stored.
+// NoteKeys is how many of the newest notes' keys FileNotes remembers.
+var NoteKeys = 1 << 16
+
+// OpenFileNotes opens (or creates) a notes file and loads its newest keys.
+// A torn last line, left by a crash mid-write, is ignored: its note was
+// never reported as stored.
 func OpenFileNotes(path string) (*FileNotes, error) {
-	n := &FileNotes{path: path, keys: map[string]bool{}}
+	n := &FileNotes{path: path, keys: bounded.New[string, struct{}](NoteKeys)}
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return n, nil
@@ -256,7 +266,7 @@ func OpenFileNotes(path string) (*FileNotes, error) {
 	for sc.Scan() {
 		var note Note
 		if json.Unmarshal(sc.Bytes(), &note) == nil && note.Key != "" {
-			n.keys[note.Key] = true
+			n.keys.Put(note.Key, struct{}{})
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -273,7 +283,7 @@ func (n *FileNotes) Put(_ context.Context, note Note) (bool, error) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.keys[note.Key] {
+	if _, ok := n.keys.Get(note.Key); ok {
 		return false, nil
 	}
 	line, err := json.Marshal(note)
@@ -283,7 +293,7 @@ func (n *FileNotes) Put(_ context.Context, note Note) (bool, error) {
 	if err := appendLine(n.path, line); err != nil {
 		return false, fmt.Errorf("write note: %w", err)
 	}
-	n.keys[note.Key] = true
+	n.keys.Put(note.Key, struct{}{})
 	return true, nil
 }
 

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -105,6 +106,34 @@ func TestRecordNoteIsIdempotentByKey(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
 	require.Len(t, lines, 3, "two notes and the torn line")
 	require.True(t, json.Valid([]byte(lines[2])), "the new note starts on its own line")
+}
+
+// The keys FileNotes remembers are bounded, at open and as notes come:
+// the newest ones, where a call cut short by a crash finds its note.
+func TestNoteKeysAreBounded(t *testing.T) {
+	defer func(n int) { agent.NoteKeys = n }(agent.NoteKeys)
+	agent.NoteKeys = 8
+	path := filepath.Join(t.TempDir(), "notes.jsonl")
+	notes, err := agent.OpenFileNotes(path)
+	require.NoError(t, err)
+	ctx := context.Background()
+	put := func(notes *agent.FileNotes, i int) bool {
+		created, err := notes.Put(ctx, agent.Note{Key: fmt.Sprintf("run_1:%d:t:0", i), Text: "n"})
+		require.NoError(t, err)
+		return created
+	}
+	for i := range 20 {
+		require.True(t, put(notes, i))
+	}
+	assert.Equal(t, 8, agent.NoteKeysHeld(notes))
+	assert.False(t, put(notes, 19), "the newest keys are remembered")
+	assert.False(t, put(notes, 12))
+
+	notes, err = agent.OpenFileNotes(path)
+	require.NoError(t, err)
+	assert.Equal(t, 8, agent.NoteKeysHeld(notes), "a reopen loads the newest keys only")
+	assert.False(t, put(notes, 19))
+	assert.False(t, put(notes, 12))
 }
 
 // The notes file's name is made durable when the first note makes the
