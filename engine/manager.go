@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -58,7 +60,22 @@ type ManagerOptions struct {
 	// CacheBytes bounds the kept states by what their values take encoded;
 	// default DefaultCacheBytes, and negative for no bound.
 	CacheBytes int64
+	// MaxRecoveries bounds how many times in a row a run is recovered
+	// after a crash without making progress in between; the next start
+	// ends it failed with ErrCrashLoop instead of running it again (see
+	// Recover). Default DefaultMaxRecoveries; negative for no bound.
+	MaxRecoveries int
 }
+
+// DefaultMaxRecoveries is how many times in a row a run is recovered, by
+// default, before it is taken for the cause of its crashes.
+const DefaultMaxRecoveries = 3
+
+// MetaRecoveries is the key of Run.Meta that counts the times a run has
+// been recovered since it last made progress. It is on record only in
+// between: the first commit that carries the run's record after a
+// recovery (its next step, a pause or its end) leaves it out.
+const MetaRecoveries = "engine.recoveries"
 
 // RunRequest asks for one turn on a thread.
 type RunRequest struct {
@@ -109,6 +126,9 @@ type active struct {
 	// where the store has no record of the run before it pauses or ends
 	// (or calls a tool): Run answers from it meanwhile.
 	opened *Run
+	// recovered: Recover put a recovery on the run's record (see
+	// guardRecovery), which a shutdown takes back.
+	recovered bool
 }
 
 var errShutdown = errors.New("run manager shutting down")
@@ -130,6 +150,9 @@ func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
 	}
 	if opts.CacheBytes == 0 {
 		opts.CacheBytes = DefaultCacheBytes
+	}
+	if opts.MaxRecoveries == 0 {
+		opts.MaxRecoveries = DefaultMaxRecoveries
 	}
 	ctx, stop := context.WithCancelCause(context.Background())
 	m := &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize, opts.CacheBytes),
@@ -377,11 +400,15 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 	m.mu.Lock()
 	a.working = true
 	m.mu.Unlock()
+	var err error
 	if ctx.Err() == nil {
-		_ = e.loop(ctx, decisions)
+		err = e.loop(ctx, decisions)
 		<-m.sem
 	} else {
-		_ = e.stopped(ctx, context.Cause(ctx))
+		err = e.stopped(ctx, context.Cause(ctx))
+	}
+	if a.recovered && errors.Is(err, errShutdown) {
+		m.takeBackRecovery(e.run.ID)
 	}
 	m.release(a, e.run.Status == StatusInterrupted)
 }
@@ -610,6 +637,18 @@ func (e *DamagedRunsError) Error() string {
 // the others: Recover leaves it out and returns a *DamagedRunsError after
 // recovering the rest. One damaged record of a finished run should not
 // keep the appliance from starting.
+//
+// A run that kills the process would kill it again at every start, so
+// Recover counts each recovery on the run's record before the run executes
+// anything, and a run that has been recovered ManagerOptions.MaxRecoveries
+// times in a row is not run again: it ends failed with ErrCrashLoop (and
+// run.failed and its outcome, as any run that cannot be recovered). The
+// count starts again when the run makes progress, which its record shows
+// at once: its next commit of a step of its own graph, a pause for a
+// person, or its end. A run stopped by Close, not a crash, is not counted.
+// Runs that a crash cut short along with the one that caused it are
+// counted too, but they seldom go MaxRecoveries starts without committing
+// a step.
 func (m *Manager) Recover(ctx context.Context) (int, error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
@@ -639,10 +678,11 @@ func (m *Manager) Recover(ctx context.Context) (int, error) {
 			}
 			after = runs[len(runs)-1].ID
 			for _, run := range runs {
-				if err := m.recoverOne(ctx, run); err != nil {
+				resumed, err := m.recoverOne(ctx, run)
+				if err != nil {
 					return n, err
 				}
-				if st != StatusInterrupted {
+				if resumed {
 					n++
 				}
 			}
@@ -654,11 +694,14 @@ func (m *Manager) Recover(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-func (m *Manager) recoverOne(ctx context.Context, run *Run) error {
+// recoverOne recovers one run the listing found: it registers a paused one,
+// and resumes one left queued or running, or fails it when it cannot be
+// (resumed says which). err is a store that failed to record the failure.
+func (m *Manager) recoverOne(ctx context.Context, run *Run) (resumed bool, err error) {
 	m.mu.Lock()
 	if m.threads[run.Thread] != nil {
 		m.mu.Unlock()
-		return nil
+		return false, nil
 	}
 	a := &active{runID: run.ID, thread: run.Thread, done: make(chan struct{}), paused: run.Status == StatusInterrupted}
 	m.threads[run.Thread] = a
@@ -668,22 +711,31 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) error {
 	}
 	m.mu.Unlock()
 	if a.paused {
-		return nil
+		return false, nil
 	}
-	fail := func(err error) error {
+	fail := func(err error) (bool, error) {
 		m.dequeue()
 		run.Status, run.Error, run.EndedAt = StatusFailed, err.Error(), time.Now().UTC()
-		c := &Commit{Run: run, Sync: true}
+		ev := Event{Time: run.EndedAt, Type: EventRunFailed, Run: run.ID, Thread: run.Thread}
+		ev.Data, _ = json.Marshal(map[string]any{"status": run.Status, "error": run.Error})
+		c := &Commit{Run: run, Events: []Event{ev}, Sync: true}
 		cerr := m.store.Commit(ctx, c)
 		m.release(a, false)
 		if cerr != nil {
-			return fmt.Errorf("recover run %s: %w", run.ID, cerr)
+			return false, fmt.Errorf("recover run %s: %w", run.ID, cerr)
 		}
 		if m.opts.Events != nil {
+			m.opts.Events.Publish(c.Events...)
 			m.opts.Events.Publish(c.Announce...)
 		}
-		return nil
+		return false, nil
 	}
+	// Before anything of the run is loaded or run: a crash in either is
+	// the run's crash.
+	if err := m.guardRecovery(ctx, run); err != nil {
+		return fail(err)
+	}
+	a.recovered = true
 	ag, err := m.resolve(run.Agent, run.Bundle)
 	if err != nil {
 		return fail(fmt.Errorf("recover: %w", err))
@@ -692,8 +744,80 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) error {
 	if err != nil {
 		return fail(err)
 	}
+	// The execution's record leaves the count out, and is written with
+	// the run's first commit, which only progress makes: a step of its
+	// own graph, a pause or its end (a subgraph's steps do not write
+	// it). That commit writes the record anyway (its active time is on
+	// record since guardRecovery), so resetting the count costs nothing.
+	meta := maps.Clone(e.run.Meta)
+	delete(meta, MetaRecoveries)
+	e.run.Meta = meta
+	e.runChanged = true
 	m.launch(a, e, nil)
+	return true, nil
+}
+
+// guardRecovery is the crash-loop guard. A run whose step kills the
+// process (out of memory, a hung host, a crashing bug) would be recovered
+// at every start and kill it again, and the appliance would never serve
+// anyone. So before a recovered run executes anything, its record counts
+// the recovery (MetaRecoveries), with its active time up to its newest
+// commit and the time the new stretch begins (see active.go), committed
+// with fsync. A run already recovered MaxRecoveries times without making
+// progress in between is not run again: guardRecovery returns ErrCrashLoop,
+// and the run ends failed. Its thread is free for a new run.
+func (m *Manager) guardRecovery(ctx context.Context, run *Run) error {
+	n := 0
+	if v, ok := run.Meta[MetaRecoveries]; ok {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 0 {
+			return fmt.Errorf("recover run %s: its record's recovery count %q is not a count; not run again", run.ID, v)
+		}
+	}
+	head, err := m.store.Checkpoint(ctx, run.Thread, "", "")
+	if errors.Is(err, ErrCheckpointNotFound) {
+		head = nil
+	} else if err != nil {
+		return fmt.Errorf("recover run %s: %w", run.ID, err)
+	}
+	active, _ := run.activeUpTo(head)
+	meta := maps.Clone(run.Meta)
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	meta[MetaActive] = strconv.FormatInt(active.Milliseconds(), 10)
+	if limit := m.opts.MaxRecoveries; limit > 0 && n >= limit {
+		delete(meta, MetaRunningSince)
+		run.Meta = meta
+		return fmt.Errorf("%w: run %s was recovered %d times and crashed each time before it made progress; not run again (its thread is free: start a new run on it)", ErrCrashLoop, run.ID, n)
+	}
+	meta[MetaRunningSince] = time.Now().UTC().Format(time.RFC3339Nano)
+	meta[MetaRecoveries] = strconv.Itoa(n + 1)
+	run.Meta = meta
+	if err := m.store.Commit(ctx, &Commit{Run: run.Clone(), Sync: true}); err != nil {
+		return fmt.Errorf("recover run %s: record the recovery: %w", run.ID, err)
+	}
 	return nil
+}
+
+// takeBackRecovery takes the count of the recovery that guardRecovery put
+// on a run's record off again when the run stopped for a shutdown, not a
+// crash, before it made progress: a restart is not the run's fault. A
+// write that fails leaves the count on record, which errs on the safe
+// side, and a store that fails it fails the next start's recovery too.
+func (m *Manager) takeBackRecovery(runID string) {
+	ctx := context.Background()
+	run, err := m.store.Run(ctx, runID)
+	if err != nil || run.Status.Terminal() || run.Status == StatusInterrupted {
+		return
+	}
+	if _, ok := run.Meta[MetaRecoveries]; !ok {
+		return // progress made: the count is gone already
+	}
+	meta := maps.Clone(run.Meta)
+	delete(meta, MetaRecoveries)
+	run.Meta = meta
+	_ = m.store.Commit(ctx, &Commit{Run: run, Sync: true})
 }
 
 // Active reports how many runs are executing or queued.
