@@ -126,9 +126,10 @@ type active struct {
 	// where the store has no record of the run before it pauses or ends
 	// (or calls a tool): Run answers from it meanwhile.
 	opened *Run
-	// recovered: Recover put a recovery on the run's record (see
-	// guardRecovery), which a shutdown takes back.
-	recovered bool
+	// recovery is the number of this recovery of the run in a row, which
+	// the worker that takes the run puts on its record before it runs it
+	// (see markRecovery); 0 when the run is not being recovered.
+	recovery int
 }
 
 var errShutdown = errors.New("run manager shutting down")
@@ -401,13 +402,22 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 	a.working = true
 	m.mu.Unlock()
 	var err error
+	marked := false
 	if ctx.Err() == nil {
-		err = e.loop(ctx, decisions)
+		if a.recovery > 0 {
+			// A run that cannot be marked is not run: it stays as it is
+			// in the store, whose failed write stops all writes.
+			err = m.markRecovery(ctx, e, a.recovery)
+			marked = err == nil
+		}
+		if err == nil {
+			err = e.loop(ctx, decisions)
+		}
 		<-m.sem
 	} else {
 		err = e.stopped(ctx, context.Cause(ctx))
 	}
-	if a.recovered && errors.Is(err, errShutdown) {
+	if marked && errors.Is(err, errShutdown) {
 		m.takeBackRecovery(e.run.ID)
 	}
 	m.release(a, e.run.Status == StatusInterrupted)
@@ -638,17 +648,18 @@ func (e *DamagedRunsError) Error() string {
 // recovering the rest. One damaged record of a finished run should not
 // keep the appliance from starting.
 //
-// A run that kills the process would kill it again at every start, so
-// Recover counts each recovery on the run's record before the run executes
-// anything, and a run that has been recovered ManagerOptions.MaxRecoveries
-// times in a row is not run again: it ends failed with ErrCrashLoop (and
-// run.failed and its outcome, as any run that cannot be recovered). The
-// count starts again when the run makes progress, which its record shows
-// at once: its next commit of a step of its own graph, a pause for a
-// person, or its end. A run stopped by Close, not a crash, is not counted.
-// Runs that a crash cut short along with the one that caused it are
-// counted too, but they seldom go MaxRecoveries starts without committing
-// a step.
+// A run that kills the process would kill it again at every start. So the
+// worker that takes a recovered run counts the recovery on the run's
+// record before it runs anything (see markRecovery), and a run that has
+// been recovered ManagerOptions.MaxRecoveries times in a row is not run
+// again: Recover ends it failed with ErrCrashLoop (and run.failed and its
+// outcome, as any run that cannot be recovered). The count starts again
+// when the run makes progress, which its record shows at once: its next
+// commit of a step of its own graph, a pause for a person, or its end. A
+// run stopped by Close, not a crash, is not counted, nor one that waited
+// in the queue for a worker all along. Runs that a crash cut short along
+// with the one that caused it are counted too, but they seldom go
+// MaxRecoveries starts without committing a step.
 func (m *Manager) Recover(ctx context.Context) (int, error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
@@ -730,12 +741,16 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (resumed bool, err e
 		}
 		return false, nil
 	}
-	// Before anything of the run is loaded or run: a crash in either is
-	// the run's crash.
-	if err := m.guardRecovery(ctx, run); err != nil {
-		return fail(err)
+	n := 0
+	if v, ok := run.Meta[MetaRecoveries]; ok {
+		if n, err = strconv.Atoi(v); err != nil || n < 0 {
+			return fail(fmt.Errorf("recover run %s: its record's recovery count %q is not a count; not run again", run.ID, v))
+		}
 	}
-	a.recovered = true
+	if limit := m.opts.MaxRecoveries; limit > 0 && n >= limit {
+		m.stopCrashLoop(ctx, run)
+		return fail(fmt.Errorf("%w: run %s was recovered %d times and crashed each time before it made progress; not run again (its thread is free: start a new run on it)", ErrCrashLoop, run.ID, n))
+	}
 	ag, err := m.resolve(run.Agent, run.Bundle)
 	if err != nil {
 		return fail(fmt.Errorf("recover: %w", err))
@@ -744,63 +759,66 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (resumed bool, err e
 	if err != nil {
 		return fail(err)
 	}
-	// The execution's record leaves the count out, and is written with
-	// the run's first commit, which only progress makes: a step of its
-	// own graph, a pause or its end (a subgraph's steps do not write
-	// it). That commit writes the record anyway (its active time is on
-	// record since guardRecovery), so resetting the count costs nothing.
-	meta := maps.Clone(e.run.Meta)
-	delete(meta, MetaRecoveries)
-	e.run.Meta = meta
-	e.runChanged = true
+	a.recovery = n + 1
 	m.launch(a, e, nil)
 	return true, nil
 }
 
-// guardRecovery is the crash-loop guard. A run whose step kills the
-// process (out of memory, a hung host, a crashing bug) would be recovered
-// at every start and kill it again, and the appliance would never serve
-// anyone. So before a recovered run executes anything, its record counts
-// the recovery (MetaRecoveries), with its active time up to its newest
-// commit and the time the new stretch begins (see active.go), committed
-// with fsync. A run already recovered MaxRecoveries times without making
-// progress in between is not run again: guardRecovery returns ErrCrashLoop,
-// and the run ends failed. Its thread is free for a new run.
-func (m *Manager) guardRecovery(ctx context.Context, run *Run) error {
-	n := 0
-	if v, ok := run.Meta[MetaRecoveries]; ok {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 0 {
-			return fmt.Errorf("recover run %s: its record's recovery count %q is not a count; not run again", run.ID, v)
-		}
-	}
+// stopCrashLoop puts the active time of a run that is not run again on its
+// record, up to its newest commit, as its end would (see active.go). A
+// thread head it cannot read leaves the time the record has.
+func (m *Manager) stopCrashLoop(ctx context.Context, run *Run) {
 	head, err := m.store.Checkpoint(ctx, run.Thread, "", "")
-	if errors.Is(err, ErrCheckpointNotFound) {
-		head = nil
-	} else if err != nil {
-		return fmt.Errorf("recover run %s: %w", run.ID, err)
+	if err != nil && !errors.Is(err, ErrCheckpointNotFound) {
+		return
 	}
 	active, _ := run.activeUpTo(head)
 	meta := maps.Clone(run.Meta)
+	meta[MetaActive] = strconv.FormatInt(active.Milliseconds(), 10)
+	delete(meta, MetaRunningSince)
+	run.Meta = meta
+}
+
+// markRecovery is the crash-loop guard. A run whose step kills the process
+// (out of memory, a hung host, a crashing bug) would be recovered at every
+// start and kill it again, and the appliance would never serve anyone. So
+// before a recovered run executes anything, the worker that takes it puts
+// on its record how many times in a row it has been recovered, this time
+// included (count, in MetaRecoveries), with its active time up to its
+// newest commit and the time its new stretch begins (see active.go),
+// committed with fsync; Recover stops a run whose count has reached
+// MaxRecoveries. A run waiting in the queue is not counted: a crash then
+// is not its doing. Its state is loaded before (at Recover), so a crash
+// while loading it is not counted either; that state was in memory when
+// its last step committed it.
+//
+// The execution's own record leaves the count out. It is written with the
+// run's first commit, which only progress makes: a step of its own graph,
+// a pause or its end (a subgraph's steps do not write it). That commit
+// carries the record anyway, since its active time changed, so taking the
+// count off costs no write of its own.
+func (m *Manager) markRecovery(ctx context.Context, e *execution, count int) error {
+	active, _ := e.run.activeUpTo(e.head)
+	meta := maps.Clone(e.run.Meta)
 	if meta == nil {
 		meta = map[string]string{}
 	}
 	meta[MetaActive] = strconv.FormatInt(active.Milliseconds(), 10)
-	if limit := m.opts.MaxRecoveries; limit > 0 && n >= limit {
-		delete(meta, MetaRunningSince)
-		run.Meta = meta
-		return fmt.Errorf("%w: run %s was recovered %d times and crashed each time before it made progress; not run again (its thread is free: start a new run on it)", ErrCrashLoop, run.ID, n)
-	}
 	meta[MetaRunningSince] = time.Now().UTC().Format(time.RFC3339Nano)
-	meta[MetaRecoveries] = strconv.Itoa(n + 1)
-	run.Meta = meta
-	if err := m.store.Commit(ctx, &Commit{Run: run.Clone(), Sync: true}); err != nil {
-		return fmt.Errorf("recover run %s: record the recovery: %w", run.ID, err)
+	meta[MetaRecoveries] = strconv.Itoa(count)
+	rec := e.run.Clone()
+	rec.Meta = meta
+	if err := m.store.Commit(context.WithoutCancel(ctx), &Commit{Run: rec, Sync: true}); err != nil {
+		return fmt.Errorf("recover run %s: record the recovery: %w", e.run.ID, err)
 	}
+	meta = maps.Clone(meta)
+	delete(meta, MetaRecoveries)
+	e.run.Meta = meta
+	e.runChanged = true
 	return nil
 }
 
-// takeBackRecovery takes the count of the recovery that guardRecovery put
+// takeBackRecovery takes the count of the recovery that markRecovery put
 // on a run's record off again when the run stopped for a shutdown, not a
 // crash, before it made progress: a restart is not the run's fault. A
 // write that fails leaves the count on record, which errs on the safe

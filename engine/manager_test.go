@@ -731,3 +731,38 @@ func TestRecoveryLimitShutdownIsNotACrash(t *testing.T) {
 	m.Close()
 	require.Empty(t, recoveries(t, store, run.ID), "a shutdown takes the count back")
 }
+
+// A recovered run that waits in the queue for a worker is not counted when
+// the process dies: the crash was not its doing.
+func TestRecoveryLimitSkipsQueuedRuns(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 2)
+	agent := hangAgent(t, entered)
+	l := &life{Store: store}
+	m := engine.NewManager(l, resolver(agent), engine.ManagerOptions{Workers: 2})
+	var ids []string
+	for _, thread := range []string{"a", "b"} {
+		run, err := m.Start(ctx, engine.RunRequest{Thread: thread, Agent: "hang"})
+		require.NoError(t, err)
+		ids = append(ids, run.ID)
+	}
+	<-entered
+	<-entered
+	l.crash(m)
+
+	l = &life{Store: store}
+	m = engine.NewManager(l, resolver(agent), engine.ManagerOptions{Workers: 1})
+	n, err := m.Recover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	ran := <-entered
+	for _, id := range ids {
+		want := ""
+		if id == ran {
+			want = "1"
+		}
+		require.Equal(t, want, recoveries(t, store, id), "run %s (the worker took %s)", id, ran)
+	}
+	l.crash(m)
+}
