@@ -530,6 +530,17 @@ func (l *life) Commit(ctx context.Context, c *engine.Commit) error {
 	return l.Store.Commit(ctx, c)
 }
 
+// startLife starts a process over store: a manager that has recovered what
+// the last process left running. n is the number of runs it resumed.
+func startLife(t *testing.T, store engine.Store, opts engine.ManagerOptions, agents ...*engine.Agent) (l *life, m *engine.Manager, n int) {
+	t.Helper()
+	l = &life{Store: store}
+	m = engine.NewManager(l, resolver(agents...), opts)
+	n, err := m.Recover(context.Background())
+	require.NoError(t, err)
+	return l, m, n
+}
+
 // crash kills the process that m runs in: its store takes no more
 // commits, then its goroutines are let go.
 func (l *life) crash(m *engine.Manager) {
@@ -572,8 +583,7 @@ func TestRecoveryLimitEndsACrashLoop(t *testing.T) {
 	close(gate)
 	agents := []*engine.Agent{hangAgent(t, entered), gatedAgent(t, "ok", gate, nil)}
 
-	l := &life{Store: store}
-	m := engine.NewManager(l, resolver(agents...), engine.ManagerOptions{})
+	l, m, _ := startLife(t, store, engine.ManagerOptions{}, agents...)
 	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "hang"})
 	require.NoError(t, err)
 	require.Equal(t, run.ID, <-entered)
@@ -581,10 +591,7 @@ func TestRecoveryLimitEndsACrashLoop(t *testing.T) {
 	require.Empty(t, recoveries(t, store, run.ID), "a run that was never recovered keeps no count")
 
 	for i := 1; i <= engine.DefaultMaxRecoveries; i++ {
-		l = &life{Store: store}
-		m = engine.NewManager(l, resolver(agents...), engine.ManagerOptions{})
-		n, err := m.Recover(ctx)
-		require.NoError(t, err)
+		l, m, n := startLife(t, store, engine.ManagerOptions{}, agents...)
 		require.Equal(t, 1, n)
 		require.Equal(t, run.ID, <-entered)
 		require.Equal(t, fmt.Sprint(i), recoveries(t, store, run.ID), "the recovery is on record before the run executes")
@@ -653,17 +660,13 @@ func TestRecoveryLimitCountsCrashesWithoutProgress(t *testing.T) {
 	agent := &engine.Agent{Name: "flaky", Graph: mustCompile(t, b)}
 	opts := engine.ManagerOptions{MaxRecoveries: 1}
 
-	l := &life{Store: store}
-	m := engine.NewManager(l, resolver(agent), opts)
+	l, m, _ := startLife(t, store, opts, agent)
 	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "flaky"})
 	require.NoError(t, err)
 	require.Equal(t, "s0", <-entered)
 	l.crash(m)
 	for i := 1; i < steps; i++ {
-		l = &life{Store: store}
-		m = engine.NewManager(l, resolver(agent), opts)
-		n, err := m.Recover(ctx)
-		require.NoError(t, err)
+		l, m, n := startLife(t, store, opts, agent)
 		require.Equal(t, 1, n, "recovery %d: the step before committed, so this is the first crash in a row", i)
 		require.Equal(t, fmt.Sprintf("s%d", i), <-entered)
 		require.Empty(t, recoveries(t, store, run.ID), "the step the run committed took the count off")
@@ -683,17 +686,13 @@ func TestRecoveryLimitCountsCrashesWithoutProgress(t *testing.T) {
 	// No limit: a hanging run is recovered past the default limit.
 	unbounded := engine.ManagerOptions{MaxRecoveries: -1}
 	hang := hangAgent(t, entered)
-	l = &life{Store: store}
-	m = engine.NewManager(l, resolver(hang), unbounded)
+	l, m, _ = startLife(t, store, unbounded, hang)
 	run, err = m.Start(ctx, engine.RunRequest{Thread: "u", Agent: "hang"})
 	require.NoError(t, err)
 	<-entered
 	l.crash(m)
 	for i := 1; i <= engine.DefaultMaxRecoveries+1; i++ {
-		l = &life{Store: store}
-		m = engine.NewManager(l, resolver(hang), unbounded)
-		n, err := m.Recover(ctx)
-		require.NoError(t, err)
+		l, m, n := startLife(t, store, unbounded, hang)
 		require.Equal(t, 1, n)
 		<-entered
 		l.crash(m)
@@ -709,8 +708,7 @@ func TestRecoveryLimitShutdownIsNotACrash(t *testing.T) {
 	ctx := context.Background()
 	entered := make(chan string, 1)
 	agent := hangAgent(t, entered)
-	l := &life{Store: store}
-	m := engine.NewManager(l, resolver(agent), engine.ManagerOptions{})
+	l, m, _ := startLife(t, store, engine.ManagerOptions{}, agent)
 	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "hang"})
 	require.NoError(t, err)
 	<-entered
@@ -739,8 +737,7 @@ func TestRecoveryLimitSkipsQueuedRuns(t *testing.T) {
 	ctx := context.Background()
 	entered := make(chan string, 2)
 	agent := hangAgent(t, entered)
-	l := &life{Store: store}
-	m := engine.NewManager(l, resolver(agent), engine.ManagerOptions{Workers: 2})
+	l, m, _ := startLife(t, store, engine.ManagerOptions{Workers: 2}, agent)
 	var ids []string
 	for _, thread := range []string{"a", "b"} {
 		run, err := m.Start(ctx, engine.RunRequest{Thread: thread, Agent: "hang"})
@@ -751,10 +748,7 @@ func TestRecoveryLimitSkipsQueuedRuns(t *testing.T) {
 	<-entered
 	l.crash(m)
 
-	l = &life{Store: store}
-	m = engine.NewManager(l, resolver(agent), engine.ManagerOptions{Workers: 1})
-	n, err := m.Recover(ctx)
-	require.NoError(t, err)
+	l, m, n := startLife(t, store, engine.ManagerOptions{Workers: 1}, agent)
 	require.Equal(t, 2, n)
 	ran := <-entered
 	for _, id := range ids {
