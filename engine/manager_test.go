@@ -615,6 +615,8 @@ func TestRecoveryLimitEndsACrashLoop(t *testing.T) {
 	require.Contains(t, done.Error, engine.ErrCrashLoop.Error())
 	require.Contains(t, done.Error, "recovered 3 times and crashed each time")
 	require.False(t, done.EndedAt.IsZero())
+	require.Contains(t, done.Meta, engine.MetaActive, "its active time is on record")
+	require.NotContains(t, done.Meta, engine.MetaRunningSince, "and no stretch is open")
 	ev := <-sub.C()
 	require.Equal(t, engine.EventRunFailed, ev.Type)
 	require.Equal(t, run.ID, ev.Run)
