@@ -26,7 +26,14 @@ import (
 // A crash ends a stretch without a word. Recovery counts it up to the
 // newest checkpoint the run committed, from MetaRunningSince, or from the
 // run's creation when no stretch has ended yet. A stretch that committed
-// nothing (exit durability) counts for nothing.
+// nothing (exit durability) counts for nothing. The run manager puts both
+// keys on record as it recovers a run, before the run executes anything
+// (see Manager.Recover), so that the next stretch is counted from the
+// recovery even when it too ends in a crash. What a crash cuts off after
+// a run's newest commit is not counted: no record says how long it ran.
+// The recovery limit (ManagerOptions.MaxRecoveries) bounds how many such
+// stretches a run that makes no progress gets, and each stretch is cut at
+// the budget that is left.
 const (
 	MetaActive       = "engine.active_ms"
 	MetaRunningSince = "engine.running_since"
@@ -59,6 +66,26 @@ func (r *Run) recordedActive() (time.Duration, bool) {
 	return time.Duration(max(ms, 0)) * time.Millisecond, true
 }
 
+// activeUpTo is r's active time as a resume or a recovery finds it, with
+// head the thread's newest checkpoint: what the record keeps, plus the
+// stretch a crash cut short, counted up to head when r committed it. kept
+// says the record keeps its active time (MetaActive).
+func (r *Run) activeUpTo(head *Checkpoint) (d time.Duration, kept bool) {
+	d, kept = r.recordedActive()
+	var since time.Time
+	if v, ok := r.Meta[MetaRunningSince]; ok {
+		since, _ = time.Parse(time.RFC3339Nano, v)
+	} else if !kept {
+		since = r.CreatedAt
+	}
+	// A run's own input checkpoint ends no stretch: a run that starts
+	// from it (every new run) has nothing to count, nor to rewrite.
+	if head != nil && head.RunID == r.ID && head.Source != SourceInput && !since.IsZero() && head.Created.After(since) {
+		d += head.Created.Sub(since)
+	}
+	return d, kept
+}
+
 // startActive starts the clock of a stretch of the root run: it takes the
 // active time before it from the record, plus, after a crash, the stretch
 // the crash cut short. A stretch after a pause or a recovery is put on
@@ -74,18 +101,7 @@ func (e *execution) startActive() {
 		// queue: its first stretch runs from StartedAt.
 		e.run.StartedAt = e.activeFrom.UTC()
 	}
-	before, paused := e.run.recordedActive()
-	var since time.Time
-	if v, ok := e.run.Meta[MetaRunningSince]; ok {
-		since, _ = time.Parse(time.RFC3339Nano, v)
-	} else if !paused {
-		since = e.run.CreatedAt
-	}
-	// A run's own input checkpoint ends no stretch: a run that starts
-	// from it (every new run) has nothing to count, nor to rewrite.
-	if h := e.head; h != nil && h.RunID == e.run.ID && h.Source != SourceInput && !since.IsZero() && h.Created.After(since) {
-		before += h.Created.Sub(since)
-	}
+	before, paused := e.run.activeUpTo(e.head)
 	e.activeBefore = before
 	e.stretched = !e.fresh || before > 0 || paused
 	if before > 0 || paused {

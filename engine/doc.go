@@ -23,7 +23,8 @@
 //   - Bus fans events out to subscribers, after the state they describe has
 //     been committed, and never blocks on a slow one.
 //   - NewManager runs agents on a bounded worker pool, one active run per
-//     thread, and recovers runs left running by a crash.
+//     thread, and recovers runs left running by a crash, except a run that
+//     crashed the process at each of its last MaxRecoveries recoveries.
 //
 // The examples are the best way to understand the package: start with
 // ExampleGraph_Invoke and ExampleInterrupt.

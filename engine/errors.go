@@ -37,6 +37,10 @@ var (
 	ErrThreadBusy    = errors.New("thread already has an active run")
 	ErrUnknownAgent  = errors.New("unknown agent")
 	ErrManagerClosed = errors.New("run manager is closed")
+	// ErrCrashLoop ends a run that was recovered after a crash
+	// ManagerOptions.MaxRecoveries times in a row, without making
+	// progress in between: it is not run again (see Manager.Recover).
+	ErrCrashLoop = errors.New("crash loop")
 )
 
 // ErrorKind sorts node errors for the retry policy.

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -58,7 +60,22 @@ type ManagerOptions struct {
 	// CacheBytes bounds the kept states by what their values take encoded;
 	// default DefaultCacheBytes, and negative for no bound.
 	CacheBytes int64
+	// MaxRecoveries bounds how many times in a row a run is recovered
+	// after a crash without making progress in between; the next start
+	// ends it failed with ErrCrashLoop instead of running it again (see
+	// Recover). Default DefaultMaxRecoveries; negative for no bound.
+	MaxRecoveries int
 }
+
+// DefaultMaxRecoveries is how many times in a row a run is recovered, by
+// default, before it is taken for the cause of its crashes.
+const DefaultMaxRecoveries = 3
+
+// MetaRecoveries is the key of Run.Meta that counts the times a run has
+// been recovered since it last made progress. It is on record only in
+// between: the first commit that carries the run's record after a
+// recovery (its next step, a pause or its end) leaves it out.
+const MetaRecoveries = "engine.recoveries"
 
 // RunRequest asks for one turn on a thread.
 type RunRequest struct {
@@ -109,6 +126,10 @@ type active struct {
 	// where the store has no record of the run before it pauses or ends
 	// (or calls a tool): Run answers from it meanwhile.
 	opened *Run
+	// recovery is the number of this recovery of the run in a row, which
+	// the worker that takes the run puts on its record before it runs it
+	// (see markRecovery); 0 when the run is not being recovered.
+	recovery int
 }
 
 var errShutdown = errors.New("run manager shutting down")
@@ -130,6 +151,9 @@ func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
 	}
 	if opts.CacheBytes == 0 {
 		opts.CacheBytes = DefaultCacheBytes
+	}
+	if opts.MaxRecoveries == 0 {
+		opts.MaxRecoveries = DefaultMaxRecoveries
 	}
 	ctx, stop := context.WithCancelCause(context.Background())
 	m := &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize, opts.CacheBytes),
@@ -377,11 +401,24 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 	m.mu.Lock()
 	a.working = true
 	m.mu.Unlock()
+	var err error
+	marked := false
 	if ctx.Err() == nil {
-		_ = e.loop(ctx, decisions)
+		if a.recovery > 0 {
+			// A run that cannot be marked is not run: it stays as it is
+			// in the store, whose failed write stops all writes.
+			err = m.markRecovery(ctx, e, a.recovery)
+			marked = err == nil
+		}
+		if err == nil {
+			err = e.loop(ctx, decisions)
+		}
 		<-m.sem
 	} else {
-		_ = e.stopped(ctx, context.Cause(ctx))
+		err = e.stopped(ctx, context.Cause(ctx))
+	}
+	if marked && errors.Is(err, errShutdown) {
+		m.takeBackRecovery(e.run.ID)
 	}
 	m.release(a, e.run.Status == StatusInterrupted)
 }
@@ -610,6 +647,19 @@ func (e *DamagedRunsError) Error() string {
 // the others: Recover leaves it out and returns a *DamagedRunsError after
 // recovering the rest. One damaged record of a finished run should not
 // keep the appliance from starting.
+//
+// A run that kills the process would kill it again at every start. So the
+// worker that takes a recovered run counts the recovery on the run's
+// record before it runs anything (see markRecovery), and a run that has
+// been recovered ManagerOptions.MaxRecoveries times in a row is not run
+// again: Recover ends it failed with ErrCrashLoop (and run.failed and its
+// outcome, as any run that cannot be recovered). The count starts again
+// when the run makes progress, which its record shows at once: its next
+// commit of a step of its own graph, a pause for a person, or its end. A
+// run stopped by Close, not a crash, is not counted, nor one that waited
+// in the queue for a worker all along. Runs that a crash cut short along
+// with the one that caused it are counted too, but they seldom go
+// MaxRecoveries starts without committing a step.
 func (m *Manager) Recover(ctx context.Context) (int, error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
@@ -639,10 +689,11 @@ func (m *Manager) Recover(ctx context.Context) (int, error) {
 			}
 			after = runs[len(runs)-1].ID
 			for _, run := range runs {
-				if err := m.recoverOne(ctx, run); err != nil {
+				resumed, err := m.recoverOne(ctx, run)
+				if err != nil {
 					return n, err
 				}
-				if st != StatusInterrupted {
+				if resumed {
 					n++
 				}
 			}
@@ -654,11 +705,14 @@ func (m *Manager) Recover(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-func (m *Manager) recoverOne(ctx context.Context, run *Run) error {
+// recoverOne recovers one run the listing found: it registers a paused one,
+// and resumes one left queued or running, or fails it when it cannot be
+// (resumed says which). err is a store that failed to record the failure.
+func (m *Manager) recoverOne(ctx context.Context, run *Run) (resumed bool, err error) {
 	m.mu.Lock()
 	if m.threads[run.Thread] != nil {
 		m.mu.Unlock()
-		return nil
+		return false, nil
 	}
 	a := &active{runID: run.ID, thread: run.Thread, done: make(chan struct{}), paused: run.Status == StatusInterrupted}
 	m.threads[run.Thread] = a
@@ -668,21 +722,34 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) error {
 	}
 	m.mu.Unlock()
 	if a.paused {
-		return nil
+		return false, nil
 	}
-	fail := func(err error) error {
+	fail := func(err error) (bool, error) {
 		m.dequeue()
 		run.Status, run.Error, run.EndedAt = StatusFailed, err.Error(), time.Now().UTC()
-		c := &Commit{Run: run, Sync: true}
+		ev := Event{Time: run.EndedAt, Type: EventRunFailed, Run: run.ID, Thread: run.Thread}
+		ev.Data, _ = json.Marshal(map[string]any{"status": run.Status, "error": run.Error})
+		c := &Commit{Run: run, Events: []Event{ev}, Sync: true}
 		cerr := m.store.Commit(ctx, c)
 		m.release(a, false)
 		if cerr != nil {
-			return fmt.Errorf("recover run %s: %w", run.ID, cerr)
+			return false, fmt.Errorf("recover run %s: %w", run.ID, cerr)
 		}
 		if m.opts.Events != nil {
+			m.opts.Events.Publish(c.Events...)
 			m.opts.Events.Publish(c.Announce...)
 		}
-		return nil
+		return false, nil
+	}
+	n := 0
+	if v, ok := run.Meta[MetaRecoveries]; ok {
+		if n, err = strconv.Atoi(v); err != nil || n < 0 {
+			return fail(fmt.Errorf("recover run %s: its record's recovery count %q is not a count; not run again", run.ID, v))
+		}
+	}
+	if limit := m.opts.MaxRecoveries; limit > 0 && n >= limit {
+		m.stopCrashLoop(ctx, run)
+		return fail(fmt.Errorf("%w: run %s was recovered %d times and crashed each time before it made progress; not run again (its thread is free: start a new run on it)", ErrCrashLoop, run.ID, n))
 	}
 	ag, err := m.resolve(run.Agent, run.Bundle)
 	if err != nil {
@@ -692,8 +759,83 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) error {
 	if err != nil {
 		return fail(err)
 	}
+	a.recovery = n + 1
 	m.launch(a, e, nil)
+	return true, nil
+}
+
+// stopCrashLoop puts the active time of a run that is not run again on its
+// record, up to its newest commit, as its end would (see active.go). A
+// thread head it cannot read leaves the time the record has.
+func (m *Manager) stopCrashLoop(ctx context.Context, run *Run) {
+	head, err := m.store.Checkpoint(ctx, run.Thread, "", "")
+	if err != nil && !errors.Is(err, ErrCheckpointNotFound) {
+		return
+	}
+	active, _ := run.activeUpTo(head)
+	meta := maps.Clone(run.Meta)
+	meta[MetaActive] = strconv.FormatInt(active.Milliseconds(), 10)
+	delete(meta, MetaRunningSince)
+	run.Meta = meta
+}
+
+// markRecovery is the crash-loop guard. A run whose step kills the process
+// (out of memory, a hung host, a crashing bug) would be recovered at every
+// start and kill it again, and the appliance would never serve anyone. So
+// before a recovered run executes anything, the worker that takes it puts
+// on its record how many times in a row it has been recovered, this time
+// included (count, in MetaRecoveries), with its active time up to its
+// newest commit and the time its new stretch begins (see active.go),
+// committed with fsync; Recover stops a run whose count has reached
+// MaxRecoveries. A run waiting in the queue is not counted: a crash then
+// is not its doing. Its state is loaded before (at Recover), so a crash
+// while loading it is not counted either; that state was in memory when
+// its last step committed it.
+//
+// The execution's own record leaves the count out. It is written with the
+// run's first commit, which only progress makes: a step of its own graph,
+// a pause or its end (a subgraph's steps do not write it). That commit
+// carries the record anyway, since its active time changed, so taking the
+// count off costs no write of its own.
+func (m *Manager) markRecovery(ctx context.Context, e *execution, count int) error {
+	active, _ := e.run.activeUpTo(e.head)
+	meta := maps.Clone(e.run.Meta)
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	meta[MetaActive] = strconv.FormatInt(active.Milliseconds(), 10)
+	meta[MetaRunningSince] = time.Now().UTC().Format(time.RFC3339Nano)
+	meta[MetaRecoveries] = strconv.Itoa(count)
+	rec := e.run.Clone()
+	rec.Meta = meta
+	if err := m.store.Commit(context.WithoutCancel(ctx), &Commit{Run: rec, Sync: true}); err != nil {
+		return fmt.Errorf("recover run %s: record the recovery: %w", e.run.ID, err)
+	}
+	meta = maps.Clone(meta)
+	delete(meta, MetaRecoveries)
+	e.run.Meta = meta
+	e.runChanged = true
 	return nil
+}
+
+// takeBackRecovery takes the count of the recovery that markRecovery put
+// on a run's record off again when the run stopped for a shutdown, not a
+// crash, before it made progress: a restart is not the run's fault. A
+// write that fails leaves the count on record, which errs on the safe
+// side, and a store that fails it fails the next start's recovery too.
+func (m *Manager) takeBackRecovery(runID string) {
+	ctx := context.Background()
+	run, err := m.store.Run(ctx, runID)
+	if err != nil || run.Status.Terminal() || run.Status == StatusInterrupted {
+		return
+	}
+	if _, ok := run.Meta[MetaRecoveries]; !ok {
+		return // progress made: the count is gone already
+	}
+	meta := maps.Clone(run.Meta)
+	delete(meta, MetaRecoveries)
+	run.Meta = meta
+	_ = m.store.Commit(ctx, &Commit{Run: run, Sync: true})
 }
 
 // Active reports how many runs are executing or queued.

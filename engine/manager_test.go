@@ -512,3 +512,253 @@ func TestExitRunIsKnownBeforeItIsStored(t *testing.T) {
 	_, err = m.Run(ctx, "run_unknown")
 	require.ErrorIs(t, err, engine.ErrRunNotFound)
 }
+
+// life is one process's view of a store that outlives it: once the
+// process dies, nothing it does reaches the store, and whatever it was
+// running stays as the last commit left it.
+type life struct {
+	engine.Store
+	dead atomic.Bool
+}
+
+var errDead = errors.New("the process is dead")
+
+func (l *life) Commit(ctx context.Context, c *engine.Commit) error {
+	if l.dead.Load() {
+		return errDead
+	}
+	return l.Store.Commit(ctx, c)
+}
+
+// startLife starts a process over store: a manager that has recovered what
+// the last process left running. n is the number of runs it resumed.
+func startLife(t *testing.T, store engine.Store, opts engine.ManagerOptions, agents ...*engine.Agent) (l *life, m *engine.Manager, n int) {
+	t.Helper()
+	l = &life{Store: store}
+	m = engine.NewManager(l, resolver(agents...), opts)
+	n, err := m.Recover(context.Background())
+	require.NoError(t, err)
+	return l, m, n
+}
+
+// crash kills the process that m runs in: its store takes no more
+// commits, then its goroutines are let go.
+func (l *life) crash(m *engine.Manager) {
+	l.dead.Store(true)
+	m.Close()
+}
+
+// hangAgent's node "work" reports that it runs, then hangs until the
+// process dies, on every call: a step that kills the process each time.
+func hangAgent(t *testing.T, entered chan<- string) *engine.Agent {
+	b := engine.NewGraph("hang")
+	out := engine.Replace[string](b, "out")
+	b.AddNode("work", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		info, _ := engine.InfoFrom(ctx)
+		entered <- info.Run
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	b.AddNode("after", writes(out.Set("never")))
+	b.AddEdge(engine.Start, "work")
+	b.AddEdge("work", "after")
+	return &engine.Agent{Name: "hang", Graph: mustCompile(t, b)}
+}
+
+func recoveries(t *testing.T, s engine.Store, runID string) string {
+	t.Helper()
+	r, err := s.Run(context.Background(), runID)
+	require.NoError(t, err)
+	return r.Meta[engine.MetaRecoveries]
+}
+
+// A run whose step kills the process every time is recovered
+// MaxRecoveries times; at the next start it ends failed, with
+// ErrCrashLoop, run.failed and its thread free, and the manager serves on.
+func TestRecoveryLimitEndsACrashLoop(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 1)
+	gate := make(chan struct{})
+	close(gate)
+	agents := []*engine.Agent{hangAgent(t, entered), gatedAgent(t, "ok", gate, nil)}
+
+	l, m, _ := startLife(t, store, engine.ManagerOptions{}, agents...)
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "hang"})
+	require.NoError(t, err)
+	require.Equal(t, run.ID, <-entered)
+	l.crash(m)
+	require.Empty(t, recoveries(t, store, run.ID), "a run that was never recovered keeps no count")
+
+	for i := 1; i <= engine.DefaultMaxRecoveries; i++ {
+		l, m, n := startLife(t, store, engine.ManagerOptions{}, agents...)
+		require.Equal(t, 1, n)
+		require.Equal(t, run.ID, <-entered)
+		require.Equal(t, fmt.Sprint(i), recoveries(t, store, run.ID), "the recovery is on record before the run executes")
+		l.crash(m)
+	}
+
+	bus := engine.NewBus()
+	sub := bus.Subscribe(16, nil)
+	m = newManager(t, store, engine.ManagerOptions{Events: bus}, agents...)
+	n, err := m.Recover(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "the run is not resumed")
+	select {
+	case id := <-entered:
+		t.Fatalf("run %s ran again", id)
+	default:
+	}
+	done, err := store.Run(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusFailed, done.Status)
+	require.Contains(t, done.Error, engine.ErrCrashLoop.Error())
+	require.Contains(t, done.Error, "recovered 3 times and crashed each time")
+	require.False(t, done.EndedAt.IsZero())
+	require.Contains(t, done.Meta, engine.MetaActive, "its active time is on record")
+	require.NotContains(t, done.Meta, engine.MetaRunningSince, "and no stretch is open")
+	ev := <-sub.C()
+	require.Equal(t, engine.EventRunFailed, ev.Type)
+	require.Equal(t, run.ID, ev.Run)
+	require.JSONEq(t, fmt.Sprintf(`{"status":"failed","error":%q}`, done.Error), string(ev.Data))
+
+	next, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "ok"})
+	require.NoError(t, err, "the thread is free")
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next.ID).Status)
+}
+
+// The limit counts recoveries in a row: a run that commits a step after
+// each recovery is making progress, and is recovered as often as it
+// crashes. With no limit, a run is recovered whatever its count.
+func TestRecoveryLimitCountsCrashesWithoutProgress(t *testing.T) {
+	const steps = 4
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 1)
+	var mu sync.Mutex
+	ran := map[string]bool{}
+	b := engine.NewGraph("flaky")
+	out := engine.Sum[int](b, "out")
+	prev := engine.Start
+	for i := range steps {
+		node := fmt.Sprintf("s%d", i)
+		// Each step hangs until the process dies the first time it
+		// runs, and finishes the second.
+		b.AddNode(node, func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+			mu.Lock()
+			again := ran[node]
+			ran[node] = true
+			mu.Unlock()
+			if !again {
+				entered <- node
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+			return []engine.Write{out.Set(1)}, nil
+		})
+		b.AddEdge(prev, node)
+		prev = node
+	}
+	agent := &engine.Agent{Name: "flaky", Graph: mustCompile(t, b)}
+	opts := engine.ManagerOptions{MaxRecoveries: 1}
+
+	l, m, _ := startLife(t, store, opts, agent)
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "flaky"})
+	require.NoError(t, err)
+	require.Equal(t, "s0", <-entered)
+	l.crash(m)
+	for i := 1; i < steps; i++ {
+		l, m, n := startLife(t, store, opts, agent)
+		require.Equal(t, 1, n, "recovery %d: the step before committed, so this is the first crash in a row", i)
+		require.Equal(t, fmt.Sprintf("s%d", i), <-entered)
+		require.Empty(t, recoveries(t, store, run.ID), "the step the run committed took the count off")
+		l.crash(m)
+	}
+	m = newManager(t, store, opts, agent)
+	n, err := m.Recover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	done := waitFor(t, m, run.ID)
+	require.Equal(t, engine.StatusCompleted, done.Status, done.Error)
+	require.Empty(t, done.Meta[engine.MetaRecoveries])
+	snap, err := agent.Graph.StateAt(ctx, engine.RunConfig{Thread: "t", Store: store}, "")
+	require.NoError(t, err)
+	require.Equal(t, steps, out.Get(snap))
+
+	// No limit: a hanging run is recovered past the default limit.
+	unbounded := engine.ManagerOptions{MaxRecoveries: -1}
+	hang := hangAgent(t, entered)
+	l, m, _ = startLife(t, store, unbounded, hang)
+	run, err = m.Start(ctx, engine.RunRequest{Thread: "u", Agent: "hang"})
+	require.NoError(t, err)
+	<-entered
+	l.crash(m)
+	for i := 1; i <= engine.DefaultMaxRecoveries+1; i++ {
+		l, m, n := startLife(t, store, unbounded, hang)
+		require.Equal(t, 1, n)
+		<-entered
+		l.crash(m)
+	}
+	require.Equal(t, fmt.Sprint(engine.DefaultMaxRecoveries+1), recoveries(t, store, run.ID))
+}
+
+// A run stopped by Close, a shutdown and not a crash, is not counted as
+// crashed, and the time before the crash and after the recovery is on
+// record.
+func TestRecoveryLimitShutdownIsNotACrash(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 1)
+	agent := hangAgent(t, entered)
+	l, m, _ := startLife(t, store, engine.ManagerOptions{}, agent)
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "hang"})
+	require.NoError(t, err)
+	<-entered
+	l.crash(m)
+
+	m = engine.NewManager(store, resolver(agent), engine.ManagerOptions{})
+	before := time.Now()
+	_, err = m.Recover(ctx)
+	require.NoError(t, err)
+	<-entered
+	stored, err := store.Run(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, "1", stored.Meta[engine.MetaRecoveries])
+	require.Contains(t, stored.Meta, engine.MetaActive)
+	since, err := time.Parse(time.RFC3339Nano, stored.Meta[engine.MetaRunningSince])
+	require.NoError(t, err)
+	require.False(t, since.Before(before.Add(-time.Millisecond)), "the new stretch is counted from the recovery")
+	m.Close()
+	require.Empty(t, recoveries(t, store, run.ID), "a shutdown takes the count back")
+}
+
+// A recovered run that waits in the queue for a worker is not counted when
+// the process dies: the crash was not its doing.
+func TestRecoveryLimitSkipsQueuedRuns(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 2)
+	agent := hangAgent(t, entered)
+	l, m, _ := startLife(t, store, engine.ManagerOptions{Workers: 2}, agent)
+	var ids []string
+	for _, thread := range []string{"a", "b"} {
+		run, err := m.Start(ctx, engine.RunRequest{Thread: thread, Agent: "hang"})
+		require.NoError(t, err)
+		ids = append(ids, run.ID)
+	}
+	<-entered
+	<-entered
+	l.crash(m)
+
+	l, m, n := startLife(t, store, engine.ManagerOptions{Workers: 1}, agent)
+	require.Equal(t, 2, n)
+	ran := <-entered
+	for _, id := range ids {
+		want := ""
+		if id == ran {
+			want = "1"
+		}
+		require.Equal(t, want, recoveries(t, store, id), "run %s (the worker took %s)", id, ran)
+	}
+	l.crash(m)
+}

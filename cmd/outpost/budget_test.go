@@ -16,6 +16,8 @@ func TestRunBudgetFlags(t *testing.T) {
 	require.Contains(t, stdout, "(default 15m0s)")
 	require.Contains(t, stdout, "-max-tokens")
 	require.Contains(t, stdout, "(default 100000)")
+	require.Contains(t, stdout, "-max-recoveries")
+	require.Contains(t, stdout, "(default 3)")
 
 	for _, tc := range []struct {
 		flag, value, says string
@@ -35,4 +37,7 @@ func TestRunBudgetFlags(t *testing.T) {
 	code, _, stderr := outpost(t, "run", "--data", t.TempDir(), "--max-tokens", "-1", "hello")
 	require.NotZero(t, code)
 	require.Contains(t, stderr, "--max-tokens must not be negative")
+	code, _, stderr = outpost(t, "resume", "--data", t.TempDir(), "--max-recoveries", "-1", "run_x", "--decision", "approve")
+	require.NotZero(t, code)
+	require.Contains(t, stderr, "--max-recoveries must not be negative")
 }

@@ -45,10 +45,12 @@ const (
 	defaultMaxTokens = 100_000
 )
 
-// budgetChoice is what --max-run-time and --max-tokens set.
+// budgetChoice is what --max-run-time, --max-tokens and --max-recoveries
+// set.
 type budgetChoice struct {
-	runTime time.Duration
-	tokens  int
+	runTime    time.Duration
+	tokens     int
+	recoveries int
 }
 
 func budgetFlags(fs *flag.FlagSet) *budgetChoice {
@@ -57,6 +59,9 @@ func budgetFlags(fs *flag.FlagSet) *budgetChoice {
 		"wall-time budget of each run: its active time, not the time it waits for a person (0 for none); over it, the run ends budget_exceeded")
 	fs.IntVar(&bc.tokens, "max-tokens", defaultMaxTokens,
 		"token budget of each run: all its model calls, failed ones included (0 for none); over it, the run ends budget_exceeded")
+	fs.IntVar(&bc.recoveries, "max-recoveries", engine.DefaultMaxRecoveries,
+		"times in a row a run left running by a crash is resumed at start without making progress (0 for no limit); "+
+			"at the next start it ends failed instead, so that a run that crashes the appliance does not crash it at every start")
 	return bc
 }
 
@@ -71,6 +76,9 @@ func (bc *budgetChoice) budget() (policy.Budget, error) {
 	if bc.tokens < 0 {
 		return policy.Budget{}, fmt.Errorf("--max-tokens must not be negative (0 for no limit), not %d", bc.tokens)
 	}
+	if bc.recoveries < 0 {
+		return policy.Budget{}, fmt.Errorf("--max-recoveries must not be negative (0 for no limit), not %d", bc.recoveries)
+	}
 	return policy.Budget{WallTime: bc.runTime, Tokens: bc.tokens}, nil
 }
 
@@ -84,7 +92,24 @@ func (bc *budgetChoice) describe() string {
 	if b.Tokens > 0 {
 		tokens = strconv.Itoa(b.Tokens) + " tokens"
 	}
-	return fmt.Sprintf("budgets: each run at most %s and %s (--max-run-time, --max-tokens; an agent may set less)", wall, tokens)
+	recoveries := "as often as it crashes"
+	if bc.recoveries > 0 {
+		recoveries = fmt.Sprintf("%d times in a row at most", bc.recoveries)
+	}
+	return fmt.Sprintf("budgets: each run at most %s and %s (--max-run-time, --max-tokens; an agent may set less); "+
+		"a run a crash left running is resumed %s (--max-recoveries)", wall, tokens, recoveries)
+}
+
+// maxRecoveries is --max-recoveries as engine.ManagerOptions.MaxRecoveries
+// takes it, where 0 is the default and a negative number no limit.
+func (bc *budgetChoice) maxRecoveries() int {
+	if bc == nil {
+		return 0
+	}
+	if bc.recoveries == 0 {
+		return -1
+	}
+	return bc.recoveries
 }
 
 // openStore opens the store in dir, explaining the common failures. The

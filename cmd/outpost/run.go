@@ -214,7 +214,7 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 	// The manager's wall time holds for agents from outside a bundle too
 	// (the bench workload's).
 	s.m = engine.NewManager(db, resolve, engine.ManagerOptions{Durability: durability, Events: s.bus, MaxDuration: budget.WallTime,
-		MaxTokens: budget.Tokens})
+		MaxTokens: budget.Tokens, MaxRecoveries: bc.maxRecoveries()})
 	s.done.Add(1)
 	go func() {
 		defer s.done.Done()

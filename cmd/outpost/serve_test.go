@@ -110,6 +110,7 @@ func startServe(t *testing.T, bin, data string) *serving {
 	assert.Contains(t, stderr.String(), "falling back to the scripted model", "no Ollama: it says so plainly")
 	assert.Contains(t, strings.Join(head, "\n"), "bundle: medication-adherence")
 	assert.Contains(t, strings.Join(head, "\n"), "budgets: each run at most 15m0s of run time and 100000 tokens", "the default budgets are shown")
+	assert.Contains(t, strings.Join(head, "\n"), "a run a crash left running is resumed 3 times in a row at most (--max-recoveries)", "and the recovery limit")
 	tok, err := os.ReadFile(filepath.Join(data, console.TokenFile))
 	require.NoError(t, err)
 	s.token = strings.TrimSpace(string(tok))

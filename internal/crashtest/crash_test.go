@@ -150,8 +150,9 @@ func child(dir string) error {
 		return err
 	}
 	agent := &engine.Agent{Name: "crash", Graph: g, StepLimit: 100}
+	// The kills are the test's, not the runs' (see toolChild).
 	m := engine.NewManager(rs, func(string, engine.BundleRef) (*engine.Agent, error) { return agent, nil },
-		engine.ManagerOptions{Workers: 6})
+		engine.ManagerOptions{Workers: 6, MaxRecoveries: -1})
 	ctx := context.Background()
 	if _, err := m.Recover(ctx); err != nil {
 		return err

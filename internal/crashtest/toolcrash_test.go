@@ -134,8 +134,10 @@ func toolChild(dir string) error {
 	if err != nil {
 		return err
 	}
+	// The kills are the test's, not the runs': a run they cut short
+	// again and again before it commits its step is not a crash loop.
 	m := engine.NewManager(db, func(string, engine.BundleRef) (*engine.Agent, error) { return ag, nil },
-		engine.ManagerOptions{Workers: 6})
+		engine.ManagerOptions{Workers: 6, MaxRecoveries: -1})
 	ctx := context.Background()
 	if _, err := m.Recover(ctx); err != nil {
 		return err
