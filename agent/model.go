@@ -45,11 +45,17 @@ type ModelCall struct {
 	// TokenLimit, when positive, is the run's token budget; the run's
 	// own (engine.RunInfo.MaxTokens), when smaller, holds. All the
 	// run's model calls count against it together (RunMeter), the
-	// concurrent calls of one superstep included: a call that the tokens
-	// spent and set aside by calls in flight leave no room for (by its
-	// prompt's estimate) is refused before it starts, and a call whose
-	// answer takes the run past it returns its response's error. Both
-	// errors wrap engine.ErrBudgetExceeded.
+	// concurrent calls of one superstep included. A call sets aside its
+	// prompt's estimate and the most its answer may take: what the budget
+	// has left after the tokens spent, those set aside by calls in flight
+	// and its prompt, or the request's own Options.MaxOutputTokens when
+	// that is smaller. That answer cap is sent with the request (Ollama's
+	// num_predict), so that no answer, nor the answers of calls in flight
+	// together, takes the run past its budget. A call that leaves no room
+	// for a token of answer is refused before it is sent; one whose
+	// answer the budget's cap cut short, or whose server reported more
+	// than was set aside, returns an error. These errors wrap
+	// engine.ErrBudgetExceeded.
 	TokenLimit int
 
 	spent int
@@ -179,12 +185,15 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		return nil, fmt.Errorf("model call %s: %w", key, err)
 	}
 
-	reserved := 0
+	reserved, budgetCap := 0, false
 	if meter != nil {
-		reserved = models.EstimatePromptTokens(req)
-		if err := meter.Reserve(reserved, limit); err != nil {
+		prompt, own := models.EstimatePromptTokens(req), req.Options.MaxOutputTokens
+		answer, err := meter.Reserve(prompt, own, limit)
+		if err != nil {
 			return nil, overBudget(key, err)
 		}
+		reserved, budgetCap = prompt+answer, own <= 0 || answer < own
+		req.Options.MaxOutputTokens = answer
 	}
 	streamed := 0 // bytes of answer streamed, for a call that fails
 	stream := func(c models.Chunk) error {
@@ -211,6 +220,11 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 			if rerr := m.recordSpent(ctx, info, key, req.Model, models.HashRequest(req), spent, err.Error()); rerr != nil {
 				return nil, errors.Join(err, rerr)
 			}
+		}
+		if budgetErr == nil && budgetCap && errors.Is(err, models.ErrTruncated) {
+			// Cut at what the budget had left: the run could not afford
+			// the whole answer.
+			budgetErr = &policy.BudgetError{Which: policy.BudgetTokens, Limit: int64(limit), Used: int64(meter.Used())}
 		}
 		if budgetErr != nil {
 			return nil, errors.Join(overBudget(key, budgetErr), err)

@@ -2,8 +2,12 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,4 +96,137 @@ func TestModelCallStoppedByTheRunsDeadlineIsRecorded(t *testing.T) {
 	require.NoError(t, err)
 	// 4 + 4 for the prompt's message, 5 for the 20 bytes streamed.
 	require.Equal(t, 13, tokens, "records: %+v", log.Records(agent.ModelKeyPrefix(res.Run.ID)))
+}
+
+// cappedModel answers every call with answer tokens of text (4 bytes a
+// token), reporting the prompt's estimate as its prompt count; it honours
+// the request's answer cap as a model server does, cutting the answer
+// there and failing as truncated with what it spent. Its calls can be
+// made to wait for one another (together), so that the calls of one
+// superstep are in flight at once.
+type cappedModel struct {
+	answer   int
+	together int
+
+	mu      sync.Mutex
+	caps    []int
+	waiting int
+	release chan struct{}
+}
+
+func (p *cappedModel) Name() string { return "capped" }
+
+func (p *cappedModel) Chat(ctx context.Context, req models.Request, stream func(models.Chunk) error) (*models.Response, error) {
+	p.mu.Lock()
+	p.caps = append(p.caps, req.Options.MaxOutputTokens)
+	if p.release == nil {
+		p.release = make(chan struct{})
+	}
+	if p.waiting++; p.waiting == p.together {
+		close(p.release)
+	}
+	ch := p.release
+	p.mu.Unlock()
+	if p.together > 0 {
+		select {
+		case <-ch:
+		case <-time.After(300 * time.Millisecond): // the other was refused
+		}
+	}
+	prompt, n := models.EstimatePromptTokens(req), p.answer
+	if c := req.Options.MaxOutputTokens; c > 0 && c < n {
+		text := strings.Repeat("abcd", c)
+		_ = stream(models.Chunk{Content: text})
+		return nil, &models.Error{Kind: models.Truncated, Provider: p.Name(), Model: req.Model,
+			Err: errors.New(`done_reason "length"`), PromptTokens: prompt, CompletionTokens: c}
+	}
+	msg := models.Message{Role: models.RoleAssistant, Content: strings.Repeat("abcd", n)}
+	_ = stream(models.Chunk{Content: msg.Content})
+	return &models.Response{Provider: p.Name(), Model: req.Model, Message: msg, PromptTokens: prompt,
+		CompletionTokens: n, DoneReason: "stop"}, nil
+}
+
+func (p *cappedModel) sent() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]int(nil), p.caps...)
+}
+
+// capGraph runs one model call ("hi": a 5-token prompt) in each of nodes
+// parallel tasks of one superstep, with the request's own answer cap
+// own, under a token budget of limit.
+func capGraph(t *testing.T, p models.Provider, log agent.CallLog, nodes, own, limit int) (*engine.Result, error) {
+	t.Helper()
+	store := engine.NewMemoryStore()
+	mc := &agent.ModelCall{Provider: p, Lane: &policy.Lane{Agent: "a", Models: []string{"m"}}, Log: log, Blobs: store, TokenLimit: limit}
+	b := engine.NewGraph("a")
+	out := engine.Append[string](b, "out")
+	for i := range nodes {
+		name := "gen" + strconv.Itoa(i)
+		b.AddNode(name, func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+			// One ModelCall per node: Spent is the node's own count.
+			mc := *mc
+			req := models.Request{Model: "m", Messages: []models.Message{{Role: "user", Content: "hi"}}}
+			req.Options.MaxOutputTokens = own
+			resp, err := mc.Call(ctx, req, 0)
+			if err != nil {
+				return nil, err
+			}
+			return []engine.Write{out.Set([]string{resp.Message.Content})}, nil
+		})
+		b.AddEdge(engine.Start, name)
+		b.AddEdge(name, engine.End)
+	}
+	g, err := b.Compile()
+	require.NoError(t, err)
+	return g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: store})
+}
+
+// One call's answer could take the run past its token budget, for the
+// request said nothing of how long an answer might be: it now carries
+// what the budget has left after its prompt, and an answer cut there
+// ends the run over budget having spent no more than the budget.
+func TestTokenBudgetCapsTheAnswer(t *testing.T) {
+	p := &cappedModel{answer: 100}
+	log := agent.NewMemoryCallLog()
+	res, runErr := capGraph(t, p, log, 1, 0, 40)
+	spent, err := log.ModelTokens(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.LessOrEqual(t, spent, 40, "spent %d of a 40-token budget", spent)
+	require.ErrorIs(t, runErr, engine.ErrBudgetExceeded)
+	require.ErrorIs(t, runErr, models.ErrTruncated)
+	require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
+	require.Equal(t, []int{35}, p.sent(), "the answer's cap: 40 less the prompt's 5")
+}
+
+// Calls of one superstep each reserved only their prompts, so all of them
+// were let in together and their answers took the run past its budget.
+// The first now sets aside the room its answer may take, and the second,
+// for which nothing is left, is refused before it is sent.
+func TestTokenBudgetCapsConcurrentAnswers(t *testing.T) {
+	p := &cappedModel{answer: 100, together: 2}
+	log := agent.NewMemoryCallLog()
+	res, err := capGraph(t, p, log, 2, 0, 100)
+	require.ErrorIs(t, err, engine.ErrBudgetExceeded)
+	require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
+	spent, err := log.ModelTokens(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.LessOrEqual(t, spent, 100, "spent %d of a 100-token budget", spent)
+	require.Equal(t, []int{95}, p.sent(), "one call sent, with the room its prompt leaves")
+}
+
+// A request's own answer cap holds when it is the smaller, and sets aside
+// no more than it: parallel calls that fit in the budget together run.
+func TestTokenBudgetKeepsTheRequestsSmallerCap(t *testing.T) {
+	p := &cappedModel{answer: 10, together: 2}
+	res, err := capGraph(t, p, agent.NewMemoryCallLog(), 2, 20, 100)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, []int{20, 20}, p.sent())
+
+	p = &cappedModel{answer: 10}
+	res, err = capGraph(t, p, agent.NewMemoryCallLog(), 1, 20, 0)
+	require.NoError(t, err, "no budget: the request's own cap is sent as it is")
+	require.Equal(t, []int{20}, p.sent())
+	require.Equal(t, engine.StatusCompleted, res.Run.Status)
 }

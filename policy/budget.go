@@ -186,10 +186,11 @@ func (t *Tracker) overLocked() *BudgetError {
 
 // TokenMeter counts the tokens of one run's model calls, wherever they
 // are made: the calls of one superstep run concurrently, and each must see
-// what the others have spent and have set aside. A call reserves its
-// expected cost before it starts (Reserve), which refuses it when the run
-// could not afford it, and settles it with what it actually spent when it
-// ends (Settle), which reports the run over budget. The limit is given at
+// what the others have spent and have set aside. A call reserves the most
+// it may spend before it starts (Reserve): its prompt's expected cost and
+// the cap on its answer, which refuses it when the run could not afford
+// an answer at all; it settles with what it actually spent when it ends
+// (Settle), which reports the run over budget. The limit is given at
 // each call, so nodes of one run may hold different limits without
 // splitting the count. It is safe for concurrent use.
 type TokenMeter struct {
@@ -203,19 +204,31 @@ func NewTokenMeter(used int) *TokenMeter {
 	return &TokenMeter{used: max(used, 0)}
 }
 
-// Reserve sets n tokens aside for a call about to start. It refuses (a
-// *BudgetError) when the tokens spent, those set aside for calls in
-// flight and n would exceed limit; limit 0 means no limit. Every Reserve
-// that succeeds must be settled.
-func (m *TokenMeter) Reserve(n, limit int) error {
-	n = max(n, 0)
+// Reserve sets aside what a call about to start may spend: prompt tokens
+// for its prompt and the cap on its answer, which it returns. The cap is
+// what limit leaves after the tokens spent, those set aside for calls in
+// flight and the prompt, or answer when that is smaller; answer 0 asks for
+// no cap of the call's own, and limit 0 means no limit (the cap is then
+// answer). Reserve refuses the call (a *BudgetError) when the limit leaves
+// no room for a single token of answer. Every Reserve that succeeds must
+// be settled, with prompt plus the cap as reserved.
+func (m *TokenMeter) Reserve(prompt, answer, limit int) (int, error) {
+	prompt, answer = max(prompt, 0), max(answer, 0)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if want := m.used + m.reserved + n; limit > 0 && want > limit {
-		return &BudgetError{Which: BudgetTokens, Limit: int64(limit), Used: int64(want)}
+	if limit > 0 {
+		room := limit - m.used - m.reserved - prompt
+		if room < 1 {
+			// Used is the least the call would take: its prompt and one
+			// token of answer.
+			return 0, &BudgetError{Which: BudgetTokens, Limit: int64(limit), Used: int64(limit - room + 1)}
+		}
+		if answer == 0 || answer > room {
+			answer = room
+		}
 	}
-	m.reserved += n
-	return nil
+	m.reserved += prompt + answer
+	return answer, nil
 }
 
 // Settle ends a call that reserved tokens: it releases the reservation

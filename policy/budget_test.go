@@ -122,19 +122,30 @@ func TestTrackerConcurrent(t *testing.T) {
 
 func TestTokenMeterReservesAndSettles(t *testing.T) {
 	m := NewTokenMeter(10)
-	require.NoError(t, m.Reserve(50, 100))
+	answer, err := m.Reserve(20, 30, 100)
+	require.NoError(t, err)
+	assert.Equal(t, 30, answer, "the call's own cap, within the room")
 	var be *BudgetError
-	err := m.Reserve(41, 100)
-	require.ErrorAs(t, err, &be, "10 spent and 50 set aside leave 40")
+	_, err = m.Reserve(40, 0, 100)
+	require.ErrorAs(t, err, &be, "10 spent and 50 set aside leave 40: no room for an answer after a prompt of 40")
 	assert.Equal(t, BudgetTokens, be.Which)
+	assert.Equal(t, int64(101), be.Used, "the prompt and one token of answer")
 	assert.ErrorIs(t, err, ErrBudgetExceeded)
-	require.NoError(t, m.Reserve(40, 100))
+	answer, err = m.Reserve(30, 0, 100)
+	require.NoError(t, err)
+	assert.Equal(t, 10, answer, "no cap of its own: the answer may take the room left")
 	require.NoError(t, m.Settle(50, 30, 100))
 	assert.Equal(t, 40, m.Used())
 	require.ErrorAs(t, m.Settle(40, 70, 100), &be, "the answer took the run past the limit")
 	assert.Equal(t, int64(110), be.Used)
-	require.Error(t, m.Reserve(0, 100), "a run over its budget starts no call")
-	require.NoError(t, m.Reserve(1<<20, 0), "0 is no limit")
+	_, err = m.Reserve(0, 0, 100)
+	require.Error(t, err, "a run over its budget starts no call")
+	answer, err = m.Reserve(1<<20, 0, 0)
+	require.NoError(t, err, "0 is no limit")
+	assert.Equal(t, 0, answer, "and no cap")
+	answer, err = m.Reserve(1<<20, 7, 0)
+	require.NoError(t, err)
+	assert.Equal(t, 7, answer, "the call's own cap still holds")
 	require.NoError(t, m.Settle(1<<20, 5, 0))
 }
 
@@ -149,7 +160,7 @@ func TestTokenMeterConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if m.Reserve(10, 100) != nil {
+			if _, err := m.Reserve(5, 5, 100); err != nil {
 				return
 			}
 			mu.Lock()
@@ -163,4 +174,23 @@ func TestTokenMeterConcurrent(t *testing.T) {
 		_ = m.Settle(10, 10, 100)
 	}
 	assert.Equal(t, 100, m.Used())
+
+	// Calls that ask for no cap of their own: the first takes the room
+	// left for its answer, and the others, which its answer could leave
+	// nothing to, are refused.
+	m = NewTokenMeter(0)
+	admitted = 0
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := m.Reserve(5, 0, 100); err == nil {
+				mu.Lock()
+				admitted++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, 1, admitted)
 }
