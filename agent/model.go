@@ -85,8 +85,10 @@ type modelRef struct {
 
 // TokenCounter is implemented by a CallLog that can total the tokens a
 // run's model calls recorded (the Tokens of their results, failed calls
-// included). RunMeter starts a run's count from it; with a log that does
-// not implement it, a run resumed or recovered counts from zero again.
+// included). RunMeter starts a resumed or recovered run's count from it.
+// A log that does not implement it cannot say what such a run spent, and
+// its model calls under a token budget are refused (ErrTokensUncounted):
+// counting from zero would give the run its budget again.
 type TokenCounter interface {
 	ModelTokens(ctx context.Context, run string) (int, error)
 }
@@ -113,23 +115,29 @@ func RecordedTokens(status string, result []byte) int {
 type runMeterKey struct{}
 
 // RunMeter returns the token meter of the run that the calling node
-// serves: one for all its model calls while it runs (engine.RunValue),
-// started from the tokens log recorded for the run before (see
-// TokenCounter), so that neither a resume nor a recovery gives a run its
-// budget again.
+// serves: one for all its model calls while it runs (engine.RunValue).
+// A resumed or recovered run's starts from the tokens log recorded for it
+// before (see TokenCounter), so that neither a resume nor a recovery gives
+// a run its budget again; with a log that cannot count them, it fails
+// with an error wrapping ErrTokensUncounted (fail closed: an estimate
+// could only guess low, for a log read by key cannot list a run's calls).
 func RunMeter(ctx context.Context, log CallLog) (*policy.TokenMeter, error) {
 	info, ok := engine.InfoFrom(ctx)
 	if !ok {
 		return nil, fmt.Errorf("%w: token meter outside a running node", ErrBadConfig)
 	}
 	v, err := engine.RunValue(ctx, runMeterKey{}, func() (any, error) {
-		used := 0
-		if tc, ok := log.(TokenCounter); ok {
-			n, err := tc.ModelTokens(ctx, info.Run)
-			if err != nil {
-				return nil, fmt.Errorf("count the tokens run %s spent: %w", info.Run, err)
-			}
-			used = n
+		tc, ok := log.(TokenCounter)
+		switch {
+		case !ok && !info.Resumed:
+			return policy.NewTokenMeter(0), nil // the run began in this call
+		case !ok:
+			return nil, engine.MarkPermanent(fmt.Errorf("%w: run %s was resumed, and its call log (%T) cannot say what it spent before: "+
+				"give the log a ModelTokens method (agent.TokenCounter), or run without a token budget", ErrTokensUncounted, info.Run, log))
+		}
+		used, err := tc.ModelTokens(ctx, info.Run)
+		if err != nil {
+			return nil, fmt.Errorf("count the tokens run %s spent: %w", info.Run, err)
 		}
 		return policy.NewTokenMeter(used), nil
 	})

@@ -230,3 +230,53 @@ func TestTokenBudgetKeepsTheRequestsSmallerCap(t *testing.T) {
 	require.Equal(t, []int{20}, p.sent())
 	require.Equal(t, engine.StatusCompleted, res.Run.Status)
 }
+
+// opaqueLog is a CallLog that cannot count tokens: it hides the memory
+// log's ModelTokens.
+type opaqueLog struct{ agent.CallLog }
+
+// A run resumed with a call log that cannot count its tokens started its
+// token count from zero again, with its whole budget. Its model calls are
+// now refused (fail closed), with an error that says what to do; a run
+// that began in the same call counts from zero, as it should.
+func TestResumedRunWithALogThatCannotCountIsRefused(t *testing.T) {
+	p := &cappedModel{answer: 10}
+	store, log := engine.NewMemoryStore(), agent.NewMemoryCallLog()
+	mc := &agent.ModelCall{Provider: p, Lane: &policy.Lane{Agent: "a", Models: []string{"m"}},
+		Log: opaqueLog{log}, Blobs: store, TokenLimit: 25}
+	b := engine.NewGraph("a")
+	out := engine.Append[string](b, "out")
+	gen := func(call string) engine.NodeFunc {
+		return func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+			resp, err := mc.Call(ctx, models.Request{Model: "m", Messages: []models.Message{{Role: "user", Content: call}}}, 0)
+			if err != nil {
+				return nil, err
+			}
+			return []engine.Write{out.Set([]string{resp.Message.Content})}, nil
+		}
+	}
+	b.AddNode("first", gen("hi"))
+	b.AddNode("review", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		_, err := engine.Interrupt(ctx, "go on?")
+		return nil, err
+	})
+	b.AddNode("second", gen("hi again"))
+	b.AddEdge(engine.Start, "first")
+	b.AddEdge("first", "review")
+	b.AddEdge("review", "second")
+	b.AddEdge("second", engine.End)
+	g, err := b.Compile()
+	require.NoError(t, err)
+	cfg := engine.RunConfig{Thread: "t", Store: store}
+	res, err := g.Invoke(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, res.Run.Status, "the first call, 15 of 25 tokens, ran: %s", res.Run.Error)
+
+	cfg.Run = res.Run
+	res, err = g.Resume(context.Background(), cfg, map[string]engine.Decision{res.Run.Interrupts[0].ID: {Kind: engine.Approve}})
+	require.NotEqual(t, engine.StatusCompleted, res.Run.Status, "the second call (16 more tokens) ran as if the run had spent none")
+	require.ErrorIs(t, err, agent.ErrTokensUncounted)
+	require.Equal(t, engine.StatusFailed, res.Run.Status)
+	require.Contains(t, res.Run.Error, "agent.TokenCounter")
+	require.Len(t, p.sent(), 1, "the second call was not sent")
+}

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -110,4 +111,44 @@ func TestMaxTokensReachesTheRunsNodes(t *testing.T) {
 		require.Equal(t, int64(tc.want), seen.Load(), "manager %d agent %d", tc.manager, tc.agent)
 		require.Equal(t, int64(tc.want), deep.Load(), "in the subgraph")
 	}
+}
+
+// RunInfo.Resumed tells a node whether its run began in an earlier call,
+// and so whether a RunValue must be rebuilt from a record: false in the
+// call that starts the run, true once it is resumed, in its subgraphs too.
+func TestRunInfoSaysWhetherTheRunWasResumed(t *testing.T) {
+	var resumed []bool
+	var mu sync.Mutex
+	note := func(ctx context.Context) {
+		info, _ := engine.InfoFrom(ctx)
+		mu.Lock()
+		resumed = append(resumed, info.Resumed)
+		mu.Unlock()
+	}
+	sb := engine.NewGraph("inner")
+	sb.AddNode("deep", func(ctx context.Context, _ engine.State) ([]engine.Write, error) { note(ctx); return nil, nil })
+	sb.AddEdge(engine.Start, "deep")
+	sb.AddEdge("deep", engine.End)
+	sub, err := sb.Compile()
+	require.NoError(t, err)
+	b := engine.NewGraph("outer")
+	b.AddNode("ask", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		note(ctx)
+		_, err := engine.Interrupt(ctx, "go on?")
+		return nil, err
+	})
+	b.AddSubgraph("sub", sub)
+	b.AddEdge(engine.Start, "ask")
+	b.AddEdge("ask", "sub")
+	b.AddEdge("sub", engine.End)
+	g, err := b.Compile()
+	require.NoError(t, err)
+	cfg := engine.RunConfig{Thread: "t"}
+	cfg.Store = engine.NewMemoryStore()
+	res, err := g.Invoke(context.Background(), cfg)
+	require.NoError(t, err)
+	cfg.Run = res.Run
+	_, err = g.Resume(context.Background(), cfg, map[string]engine.Decision{res.Run.Interrupts[0].ID: {Kind: engine.Approve}})
+	require.NoError(t, err)
+	require.Equal(t, []bool{false, true, true}, resumed, "ask, ask again on the resume, then the subgraph's node")
 }
