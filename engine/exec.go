@@ -568,14 +568,11 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 	}
 }
 
-// A run's step limit bounds all of its supersteps, those of its
-// subgraphs at any depth included: the root run's record counts them all
-// (Run.Steps), and a subgraph counts its steps there, under the root's
-// durable lock, for the subgraphs of one step run concurrently.
-
 // stepsTaken is what the step limit is checked against before a step: the
 // run's supersteps so far, plus, in a subgraph, the steps of the graphs
-// around it that are running it, which count when they end.
+// around it that are running it, which count when they end. The limit
+// bounds all of a run's supersteps, its subgraphs' at any depth included:
+// the root run's record counts them all (Run.Steps, see countStep).
 func (e *execution) stepsTaken() int {
 	r := e.root()
 	if r == e {
@@ -590,7 +587,9 @@ func (e *execution) stepsTaken() int {
 	return r.run.Steps + depth
 }
 
-// countStep counts a superstep that has run against the run.
+// countStep counts a superstep that has run in the root run's record; a
+// subgraph's, under the root's durable lock, for the subgraphs of one step
+// run concurrently.
 func (e *execution) countStep() {
 	r := e.root()
 	if r == e {

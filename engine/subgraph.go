@@ -78,10 +78,10 @@ func runSubgraph(ctx context.Context, name string, sub *Graph, s State) ([]Write
 			res, err = sub.Resume(ctx, cfg, ds)
 		}
 	}
-	if errors.Is(err, ErrStepLimit) {
+	if errors.Is(err, ErrStepLimit) && !errors.Is(err, ErrBudgetExceeded) {
 		// The run's step limit, which the subgraph's steps count against
 		// (see countStep): the run ends budget_exceeded, as at its own.
-		return nil, MarkPermanent(fmt.Errorf("%w: subgraph %q: %w", ErrBudgetExceeded, name, err))
+		err = MarkPermanent(fmt.Errorf("%w: %w", ErrBudgetExceeded, err))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("subgraph %q: %w", name, err)
