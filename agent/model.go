@@ -51,11 +51,14 @@ type ModelCall struct {
 	// and its prompt, or the request's own Options.MaxOutputTokens when
 	// that is smaller. That answer cap is sent with the request (Ollama's
 	// num_predict), so that no answer, nor the answers of calls in flight
-	// together, takes the run past its budget. A call that leaves no room
-	// for a token of answer is refused before it is sent; one whose
-	// answer the budget's cap cut short, or whose server reported more
-	// than was set aside, returns an error. These errors wrap
-	// engine.ErrBudgetExceeded.
+	// together, takes the run past its budget. A call for which the calls
+	// in flight leave no room waits for them to end (a call without a cap
+	// of its own sets aside all that is left: give the request one, a
+	// model node's num_predict, to let parallel calls run together). A
+	// call for which the tokens spent leave no room for a token of answer
+	// is refused before it is sent; one whose answer the budget's cap cut
+	// short, or whose server reported more than was set aside, returns an
+	// error. These errors wrap engine.ErrBudgetExceeded.
 	TokenLimit int
 
 	spent int
@@ -193,14 +196,21 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		return nil, fmt.Errorf("model call %s: %w", key, err)
 	}
 
-	reserved, budgetCap := 0, false
+	var res *reservation
+	budgetCap := false // the budget, not the request, set the answer's cap
 	if meter != nil {
 		prompt, own := models.EstimatePromptTokens(req), req.Options.MaxOutputTokens
-		answer, err := meter.Reserve(prompt, own, limit)
-		if err != nil {
+		answer, err := meter.Reserve(ctx, prompt, own, limit)
+		var be *policy.BudgetError
+		switch {
+		case errors.As(err, &be):
 			return nil, overBudget(key, err)
+		case err != nil: // the run stopped while the call waited for room
+			return nil, fmt.Errorf("model call %s: %w", key, err)
 		}
-		reserved, budgetCap = prompt+answer, own <= 0 || answer < own
+		res = &reservation{meter: meter, tokens: prompt + answer, limit: limit}
+		defer res.release()
+		budgetCap = own <= 0 || answer < own
 		req.Options.MaxOutputTokens = answer
 	}
 	streamed := 0 // bytes of answer streamed, for a call that fails
@@ -219,10 +229,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	if err != nil {
 		err = fmt.Errorf("model call %s: %w", key, err)
 		spent := failedCallTokens(req, streamed, err)
-		var budgetErr error
-		if meter != nil {
-			budgetErr = meter.Settle(reserved, spent, limit)
-		}
+		budgetErr := res.settle(spent)
 		if spent > 0 {
 			m.spent += spent
 			if rerr := m.recordSpent(ctx, info, key, req.Model, models.HashRequest(req), spent, err.Error()); rerr != nil {
@@ -243,10 +250,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		return nil, engine.MarkPermanent(err)
 	}
 	spent := models.Spent(req, resp.PromptTokens, resp.CompletionTokens, resp.Message)
-	var budgetErr error
-	if meter != nil {
-		budgetErr = meter.Settle(reserved, spent, limit)
-	}
+	budgetErr := res.settle(spent)
 	m.spent += spent
 	hash := resp.RequestHash
 	if hash == "" {
@@ -260,6 +264,31 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		return nil, overBudget(key, budgetErr)
 	}
 	return resp, nil
+}
+
+// reservation is what a model call has set aside on its run's meter. It
+// is settled once: with what the call spent (settle), or, when the call
+// never got that far (a provider that panicked), with nothing (release),
+// so that the calls waiting for room do not wait for it until the run
+// ends. A nil reservation (no token budget) settles to nothing.
+type reservation struct {
+	meter         *policy.TokenMeter
+	tokens, limit int
+	done          bool
+}
+
+func (r *reservation) settle(spent int) error {
+	if r == nil {
+		return nil
+	}
+	r.done = true
+	return r.meter.Settle(r.tokens, spent, r.limit)
+}
+
+func (r *reservation) release() {
+	if r != nil && !r.done {
+		_ = r.settle(0)
+	}
 }
 
 // record stores a response and records it under key. A response recorded

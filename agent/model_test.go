@@ -201,8 +201,8 @@ func TestTokenBudgetCapsTheAnswer(t *testing.T) {
 
 // Calls of one superstep each reserved only their prompts, so all of them
 // were let in together and their answers took the run past its budget.
-// The first now sets aside the room its answer may take, and the second,
-// for which nothing is left, is refused before it is sent.
+// The first now sets aside the room its answer may take; the second waits
+// for it, and, with nothing left then, is refused before it is sent.
 func TestTokenBudgetCapsConcurrentAnswers(t *testing.T) {
 	p := &cappedModel{answer: 100, together: 2}
 	log := agent.NewMemoryCallLog()
@@ -213,6 +213,17 @@ func TestTokenBudgetCapsConcurrentAnswers(t *testing.T) {
 	require.NoError(t, err)
 	require.LessOrEqual(t, spent, 100, "spent %d of a 100-token budget", spent)
 	require.Equal(t, []int{95}, p.sent(), "one call sent, with the room its prompt leaves")
+}
+
+// A call that the calls in flight leave no room for waits for them and
+// then runs with what they left: parallel calls within the budget all
+// run, though the first, with no cap of its own, set aside all of it.
+func TestTokenBudgetParallelCallsWaitForRoom(t *testing.T) {
+	p := &cappedModel{answer: 10, together: 2}
+	res, err := capGraph(t, p, agent.NewMemoryCallLog(), 2, 0, 1000)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, []int{995, 980}, p.sent(), "the second call's cap: what the first's 15 tokens and its prompt left")
 }
 
 // A request's own answer cap holds when it is the smaller, and sets aside
@@ -279,4 +290,40 @@ func TestResumedRunWithALogThatCannotCountIsRefused(t *testing.T) {
 	require.Equal(t, engine.StatusFailed, res.Run.Status)
 	require.Contains(t, res.Run.Error, "agent.TokenCounter")
 	require.Len(t, p.sent(), 1, "the second call was not sent")
+}
+
+// panicky panics on its first call, once a second call is waiting.
+type panicky struct {
+	cappedModel
+	calls atomic.Int32
+}
+
+func (p *panicky) Chat(ctx context.Context, req models.Request, stream func(models.Chunk) error) (*models.Response, error) {
+	if p.calls.Add(1) == 1 {
+		time.Sleep(50 * time.Millisecond) // the other call waits for room
+		panic("provider bug")
+	}
+	return p.cappedModel.Chat(ctx, req, stream)
+}
+
+// A call whose provider panics never settles; what it set aside is given
+// back all the same, or the calls waiting for room would wait for it
+// until the run ended (or forever, with no wall-time budget).
+func TestTokenBudgetPanickingCallGivesItsRoomBack(t *testing.T) {
+	p := &panicky{cappedModel: cappedModel{answer: 10}}
+	done := make(chan struct{})
+	var res *engine.Result
+	var err error
+	go func() {
+		defer close(done)
+		res, err = capGraph(t, p, agent.NewMemoryCallLog(), 2, 0, 100)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call waiting for room waited for a call that had panicked")
+	}
+	require.ErrorContains(t, err, "provider bug")
+	require.Equal(t, engine.StatusFailed, res.Run.Status)
+	require.Equal(t, int32(2), p.calls.Load(), "the waiting call ran once the room came back")
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
@@ -188,15 +189,17 @@ func (t *Tracker) overLocked() *BudgetError {
 // are made: the calls of one superstep run concurrently, and each must see
 // what the others have spent and have set aside. A call reserves the most
 // it may spend before it starts (Reserve): its prompt's expected cost and
-// the cap on its answer, which refuses it when the run could not afford
-// an answer at all; it settles with what it actually spent when it ends
-// (Settle), which reports the run over budget. The limit is given at
+// the cap on its answer; it settles with what it actually spent when it
+// ends (Settle), which reports the run over budget. The limit is given at
 // each call, so nodes of one run may hold different limits without
 // splitting the count. It is safe for concurrent use.
 type TokenMeter struct {
 	mu       sync.Mutex
 	used     int
 	reserved int
+	// settled is closed, and cleared, when a call settles: Reserve calls
+	// that wait for room wait on it.
+	settled chan struct{}
 }
 
 // NewTokenMeter starts a meter at the tokens the run has already spent.
@@ -209,26 +212,44 @@ func NewTokenMeter(used int) *TokenMeter {
 // what limit leaves after the tokens spent, those set aside for calls in
 // flight and the prompt, or answer when that is smaller; answer 0 asks for
 // no cap of the call's own, and limit 0 means no limit (the cap is then
-// answer). Reserve refuses the call (a *BudgetError) when the limit leaves
-// no room for a single token of answer. Every Reserve that succeeds must
-// be settled, with prompt plus the cap as reserved.
-func (m *TokenMeter) Reserve(prompt, answer, limit int) (int, error) {
+// answer).
+//
+// When the calls in flight leave no room for a single token of answer,
+// Reserve waits for them to settle, since their unspent reservations
+// come back, or for ctx to end (its cause is returned). It refuses the
+// call (a *BudgetError) when the tokens spent leave no room, whatever the
+// calls in flight spend. Every Reserve that succeeds must be settled,
+// with prompt plus the cap as reserved.
+func (m *TokenMeter) Reserve(ctx context.Context, prompt, answer, limit int) (int, error) {
 	prompt, answer = max(prompt, 0), max(answer, 0)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if limit > 0 {
+	for {
+		m.mu.Lock()
 		room := limit - m.used - m.reserved - prompt
-		if room < 1 {
+		if limit <= 0 || room >= 1 {
+			if limit > 0 && (answer == 0 || answer > room) {
+				answer = room
+			}
+			m.reserved += prompt + answer
+			m.mu.Unlock()
+			return answer, nil
+		}
+		if m.reserved == 0 || limit-m.used-prompt < 1 {
+			m.mu.Unlock()
 			// Used is the least the call would take: its prompt and one
 			// token of answer.
-			return 0, &BudgetError{Which: BudgetTokens, Limit: int64(limit), Used: int64(limit - room + 1)}
+			return 0, &BudgetError{Which: BudgetTokens, Limit: int64(limit), Used: int64(m.used + prompt + 1)}
 		}
-		if answer == 0 || answer > room {
-			answer = room
+		if m.settled == nil {
+			m.settled = make(chan struct{})
+		}
+		settled := m.settled
+		m.mu.Unlock()
+		select {
+		case <-settled:
+		case <-ctx.Done():
+			return 0, context.Cause(ctx)
 		}
 	}
-	m.reserved += prompt + answer
-	return answer, nil
 }
 
 // Settle ends a call that reserved tokens: it releases the reservation
@@ -240,6 +261,10 @@ func (m *TokenMeter) Settle(reserved, spent, limit int) error {
 	defer m.mu.Unlock()
 	m.reserved = max(m.reserved-max(reserved, 0), 0)
 	m.used += max(spent, 0)
+	if m.settled != nil {
+		close(m.settled)
+		m.settled = nil
+	}
 	if limit > 0 && m.used > limit {
 		return &BudgetError{Which: BudgetTokens, Limit: int64(limit), Used: int64(m.used)}
 	}
