@@ -51,10 +51,9 @@ type ModelCall struct {
 	// and its prompt, or the request's own Options.MaxOutputTokens when
 	// that is smaller. That answer cap is sent with the request (Ollama's
 	// num_predict), so that no answer, nor the answers of calls in flight
-	// together, takes the run past its budget. A call for which the calls
-	// in flight leave no room waits for them to end (a call without a cap
-	// of its own sets aside all that is left: give the request one, a
-	// model node's num_predict, to let parallel calls run together). A
+	// together, takes the run past its budget. A request without a cap of
+	// its own is given DefaultAnswerTokens. A call for which the calls in
+	// flight leave no room waits for them to end. A
 	// call for which the tokens spent leave no room for a token of answer
 	// is refused before it is sent; one whose answer the budget's cap cut
 	// short, or whose server reported more than was set aside, returns an
@@ -63,6 +62,14 @@ type ModelCall struct {
 
 	spent int
 }
+
+// DefaultAnswerTokens caps the answer of a call under a token budget whose
+// request sets no cap of its own (a model node's num_predict). Without it
+// such a call would set aside all the budget has left, and the parallel
+// calls of a run would wait for one another. It is more than a local
+// model writes in one answer on Ollama's default context (4,096 tokens,
+// prompt included), and it stops a model that does not stop.
+const DefaultAnswerTokens = 8192
 
 // ModelKey is the CallLog key of a node's call-th model call.
 func ModelKey(info engine.RunInfo, call int) string {
@@ -197,9 +204,13 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	}
 
 	var res *reservation
-	budgetCap := false // the budget, not the request, set the answer's cap
+	budgetCap := false  // the budget, not the request, set the answer's cap
+	defaultCap := false // the request set none: DefaultAnswerTokens did
 	if meter != nil {
 		prompt, own := models.EstimatePromptTokens(req), req.Options.MaxOutputTokens
+		if own <= 0 {
+			own, defaultCap = DefaultAnswerTokens, true
+		}
 		answer, err := meter.Reserve(ctx, prompt, own, limit)
 		var be *policy.BudgetError
 		switch {
@@ -210,7 +221,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		}
 		res = &reservation{meter: meter, tokens: prompt + answer, limit: limit}
 		defer res.release()
-		budgetCap = own <= 0 || answer < own
+		budgetCap = answer < own
 		req.Options.MaxOutputTokens = answer
 	}
 	streamed := 0 // bytes of answer streamed, for a call that fails
@@ -243,6 +254,9 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		}
 		if budgetErr != nil {
 			return nil, errors.Join(overBudget(key, budgetErr), err)
+		}
+		if defaultCap && errors.Is(err, models.ErrTruncated) {
+			err = fmt.Errorf("%w (cut at %d tokens, the answer cap of a call under a token budget whose node sets no num_predict)", err, DefaultAnswerTokens)
 		}
 		if models.IsTransient(err) {
 			return nil, engine.MarkTransient(err)

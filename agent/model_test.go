@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -107,6 +108,8 @@ func TestModelCallStoppedByTheRunsDeadlineIsRecorded(t *testing.T) {
 type cappedModel struct {
 	answer   int
 	together int
+	wait     time.Duration // for the other calls (default 300 ms)
+	waited   bool          // a call gave up waiting for the others
 
 	mu      sync.Mutex
 	caps    []int
@@ -130,7 +133,10 @@ func (p *cappedModel) Chat(ctx context.Context, req models.Request, stream func(
 	if p.together > 0 {
 		select {
 		case <-ch:
-		case <-time.After(300 * time.Millisecond): // the other was refused
+		case <-time.After(cmp.Or(p.wait, 300*time.Millisecond)): // the other was refused
+			p.mu.Lock()
+			p.waited = true
+			p.mu.Unlock()
 		}
 	}
 	prompt, n := models.EstimatePromptTokens(req), p.answer
@@ -144,6 +150,12 @@ func (p *cappedModel) Chat(ctx context.Context, req models.Request, stream func(
 	_ = stream(models.Chunk{Content: msg.Content})
 	return &models.Response{Provider: p.Name(), Model: req.Model, Message: msg, PromptTokens: prompt,
 		CompletionTokens: n, DoneReason: "stop"}, nil
+}
+
+func (p *cappedModel) timedOut() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waited
 }
 
 func (p *cappedModel) sent() []int {
@@ -224,6 +236,29 @@ func TestTokenBudgetParallelCallsWaitForRoom(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
 	require.Equal(t, []int{995, 980}, p.sent(), "the second call's cap: what the first's 15 tokens and its prompt left")
+}
+
+// Under a budget with room for both, parallel calls whose requests set no
+// cap run together, each capped at DefaultAnswerTokens: a call without a
+// cap does not set aside all the budget has left.
+func TestTokenBudgetDefaultCapLetsParallelCallsRunTogether(t *testing.T) {
+	p := &cappedModel{answer: 10, together: 2, wait: 10 * time.Second}
+	res, err := capGraph(t, p, agent.NewMemoryCallLog(), 2, 0, 100_000)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, []int{agent.DefaultAnswerTokens, agent.DefaultAnswerTokens}, p.sent())
+	require.False(t, p.timedOut(), "the two calls were in flight together")
+}
+
+// An answer cut at the default cap is the model's failure, not the
+// budget's, and the error says where the cap came from.
+func TestTokenBudgetDefaultCapCutsARunawayAnswer(t *testing.T) {
+	p := &cappedModel{answer: agent.DefaultAnswerTokens + 1}
+	res, err := capGraph(t, p, agent.NewMemoryCallLog(), 1, 0, 100_000)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, engine.ErrBudgetExceeded)
+	require.Equal(t, engine.StatusFailed, res.Run.Status)
+	require.Contains(t, res.Run.Error, "cut at 8192 tokens, the answer cap of a call under a token budget whose node sets no num_predict")
 }
 
 // A request's own answer cap holds when it is the smaller, and sets aside
