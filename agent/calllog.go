@@ -28,6 +28,10 @@ var (
 	ErrNoTool = errors.New("tool has no implementation")
 	// ErrBadConfig: a LoopConfig or ModelCall is missing what it needs.
 	ErrBadConfig = errors.New("bad agent configuration")
+	// ErrTokensUncounted: a resumed run's model call under a token budget
+	// is refused, for its call log cannot count what the run spent
+	// before (see TokenCounter).
+	ErrTokensUncounted = errors.New("the tokens the run spent are not known")
 )
 
 // Call record statuses.

@@ -45,15 +45,31 @@ type ModelCall struct {
 	// TokenLimit, when positive, is the run's token budget; the run's
 	// own (engine.RunInfo.MaxTokens), when smaller, holds. All the
 	// run's model calls count against it together (RunMeter), the
-	// concurrent calls of one superstep included: a call that the tokens
-	// spent and set aside by calls in flight leave no room for (by its
-	// prompt's estimate) is refused before it starts, and a call whose
-	// answer takes the run past it returns its response's error. Both
-	// errors wrap engine.ErrBudgetExceeded.
+	// concurrent calls of one superstep included. A call sets aside its
+	// prompt's estimate and the most its answer may take: what the budget
+	// has left after the tokens spent, those set aside by calls in flight
+	// and its prompt, or the request's own Options.MaxOutputTokens when
+	// that is smaller. That answer cap is sent with the request (Ollama's
+	// num_predict), so that no answer, nor the answers of calls in flight
+	// together, takes the run past its budget. A request without a cap of
+	// its own is given DefaultAnswerTokens. A call for which the calls in
+	// flight leave no room waits for them to end. A
+	// call for which the tokens spent leave no room for a token of answer
+	// is refused before it is sent; one whose answer the budget's cap cut
+	// short, or whose server reported more than was set aside, returns an
+	// error. These errors wrap engine.ErrBudgetExceeded.
 	TokenLimit int
 
 	spent int
 }
+
+// DefaultAnswerTokens caps the answer of a call under a token budget whose
+// request sets no cap of its own (a model node's num_predict). Without it
+// such a call would set aside all the budget has left, and the parallel
+// calls of a run would wait for one another. It is more than a local
+// model writes in one answer on Ollama's default context (4,096 tokens,
+// prompt included), and it stops a model that does not stop.
+const DefaultAnswerTokens = 8192
 
 // ModelKey is the CallLog key of a node's call-th model call.
 func ModelKey(info engine.RunInfo, call int) string {
@@ -79,8 +95,10 @@ type modelRef struct {
 
 // TokenCounter is implemented by a CallLog that can total the tokens a
 // run's model calls recorded (the Tokens of their results, failed calls
-// included). RunMeter starts a run's count from it; with a log that does
-// not implement it, a run resumed or recovered counts from zero again.
+// included). RunMeter starts a resumed or recovered run's count from it.
+// A log that does not implement it cannot say what such a run spent, and
+// its model calls under a token budget are refused (ErrTokensUncounted):
+// counting from zero would give the run its budget again.
 type TokenCounter interface {
 	ModelTokens(ctx context.Context, run string) (int, error)
 }
@@ -107,23 +125,29 @@ func RecordedTokens(status string, result []byte) int {
 type runMeterKey struct{}
 
 // RunMeter returns the token meter of the run that the calling node
-// serves: one for all its model calls while it runs (engine.RunValue),
-// started from the tokens log recorded for the run before (see
-// TokenCounter), so that neither a resume nor a recovery gives a run its
-// budget again.
+// serves: one for all its model calls while it runs (engine.RunValue).
+// A resumed or recovered run's starts from the tokens log recorded for it
+// before (see TokenCounter), so that neither a resume nor a recovery gives
+// a run its budget again; with a log that cannot count them, it fails
+// with an error wrapping ErrTokensUncounted (fail closed: an estimate
+// could only guess low, for a log read by key cannot list a run's calls).
 func RunMeter(ctx context.Context, log CallLog) (*policy.TokenMeter, error) {
 	info, ok := engine.InfoFrom(ctx)
 	if !ok {
 		return nil, fmt.Errorf("%w: token meter outside a running node", ErrBadConfig)
 	}
 	v, err := engine.RunValue(ctx, runMeterKey{}, func() (any, error) {
-		used := 0
-		if tc, ok := log.(TokenCounter); ok {
-			n, err := tc.ModelTokens(ctx, info.Run)
-			if err != nil {
-				return nil, fmt.Errorf("count the tokens run %s spent: %w", info.Run, err)
-			}
-			used = n
+		tc, ok := log.(TokenCounter)
+		switch {
+		case !ok && !info.Resumed:
+			return policy.NewTokenMeter(0), nil // the run began in this call
+		case !ok:
+			return nil, engine.MarkPermanent(fmt.Errorf("%w: run %s was resumed, and its call log (%T) cannot say what it spent before: "+
+				"give the log a ModelTokens method (agent.TokenCounter), or run without a token budget", ErrTokensUncounted, info.Run, log))
+		}
+		used, err := tc.ModelTokens(ctx, info.Run)
+		if err != nil {
+			return nil, fmt.Errorf("count the tokens run %s spent: %w", info.Run, err)
 		}
 		return policy.NewTokenMeter(used), nil
 	})
@@ -179,12 +203,26 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		return nil, fmt.Errorf("model call %s: %w", key, err)
 	}
 
-	reserved := 0
+	var res *reservation
+	budgetCap := false  // the budget, not the request, set the answer's cap
+	defaultCap := false // the request set none: DefaultAnswerTokens did
 	if meter != nil {
-		reserved = models.EstimatePromptTokens(req)
-		if err := meter.Reserve(reserved, limit); err != nil {
-			return nil, overBudget(key, err)
+		prompt, own := models.EstimatePromptTokens(req), req.Options.MaxOutputTokens
+		if own <= 0 {
+			own, defaultCap = DefaultAnswerTokens, true
 		}
+		answer, err := meter.Reserve(ctx, prompt, own, limit)
+		var be *policy.BudgetError
+		switch {
+		case errors.As(err, &be):
+			return nil, overBudget(key, err)
+		case err != nil: // the run stopped while the call waited for room
+			return nil, fmt.Errorf("model call %s: %w", key, err)
+		}
+		res = &reservation{meter: meter, tokens: prompt + answer, limit: limit}
+		defer res.release()
+		budgetCap = answer < own
+		req.Options.MaxOutputTokens = answer
 	}
 	streamed := 0 // bytes of answer streamed, for a call that fails
 	stream := func(c models.Chunk) error {
@@ -202,18 +240,23 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	if err != nil {
 		err = fmt.Errorf("model call %s: %w", key, err)
 		spent := failedCallTokens(req, streamed, err)
-		var budgetErr error
-		if meter != nil {
-			budgetErr = meter.Settle(reserved, spent, limit)
-		}
+		budgetErr := res.settle(spent)
 		if spent > 0 {
 			m.spent += spent
 			if rerr := m.recordSpent(ctx, info, key, req.Model, models.HashRequest(req), spent, err.Error()); rerr != nil {
 				return nil, errors.Join(err, rerr)
 			}
 		}
+		if budgetErr == nil && budgetCap && errors.Is(err, models.ErrTruncated) {
+			// Cut at what the budget had left: the run could not afford
+			// the whole answer.
+			budgetErr = &policy.BudgetError{Which: policy.BudgetTokens, Limit: int64(limit), Used: int64(meter.Used())}
+		}
 		if budgetErr != nil {
 			return nil, errors.Join(overBudget(key, budgetErr), err)
+		}
+		if defaultCap && errors.Is(err, models.ErrTruncated) {
+			err = fmt.Errorf("%w (cut at %d tokens, the answer cap of a call under a token budget whose node sets no num_predict)", err, DefaultAnswerTokens)
 		}
 		if models.IsTransient(err) {
 			return nil, engine.MarkTransient(err)
@@ -221,10 +264,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		return nil, engine.MarkPermanent(err)
 	}
 	spent := models.Spent(req, resp.PromptTokens, resp.CompletionTokens, resp.Message)
-	var budgetErr error
-	if meter != nil {
-		budgetErr = meter.Settle(reserved, spent, limit)
-	}
+	budgetErr := res.settle(spent)
 	m.spent += spent
 	hash := resp.RequestHash
 	if hash == "" {
@@ -238,6 +278,31 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		return nil, overBudget(key, budgetErr)
 	}
 	return resp, nil
+}
+
+// reservation is what a model call has set aside on its run's meter. It
+// is settled once: with what the call spent (settle), or, when the call
+// never got that far (a provider that panicked), with nothing (release),
+// so that the calls waiting for room do not wait for it until the run
+// ends. A nil reservation (no token budget) settles to nothing.
+type reservation struct {
+	meter         *policy.TokenMeter
+	tokens, limit int
+	done          bool
+}
+
+func (r *reservation) settle(spent int) error {
+	if r == nil {
+		return nil
+	}
+	r.done = true
+	return r.meter.Settle(r.tokens, spent, r.limit)
+}
+
+func (r *reservation) release() {
+	if r != nil && !r.done {
+		_ = r.settle(0)
+	}
 }
 
 // record stores a response and records it under key. A response recorded

@@ -1,9 +1,14 @@
 package agent_test
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,4 +97,268 @@ func TestModelCallStoppedByTheRunsDeadlineIsRecorded(t *testing.T) {
 	require.NoError(t, err)
 	// 4 + 4 for the prompt's message, 5 for the 20 bytes streamed.
 	require.Equal(t, 13, tokens, "records: %+v", log.Records(agent.ModelKeyPrefix(res.Run.ID)))
+}
+
+// cappedModel answers every call with answer tokens of text (4 bytes a
+// token), reporting the prompt's estimate as its prompt count; it honours
+// the request's answer cap as a model server does, cutting the answer
+// there and failing as truncated with what it spent. Its calls can be
+// made to wait for one another (together), so that the calls of one
+// superstep are in flight at once.
+type cappedModel struct {
+	answer   int
+	together int
+	wait     time.Duration // for the other calls (default 300 ms)
+	waited   bool          // a call gave up waiting for the others
+
+	mu      sync.Mutex
+	caps    []int
+	waiting int
+	release chan struct{}
+}
+
+func (p *cappedModel) Name() string { return "capped" }
+
+func (p *cappedModel) Chat(ctx context.Context, req models.Request, stream func(models.Chunk) error) (*models.Response, error) {
+	p.mu.Lock()
+	p.caps = append(p.caps, req.Options.MaxOutputTokens)
+	if p.release == nil {
+		p.release = make(chan struct{})
+	}
+	if p.waiting++; p.waiting == p.together {
+		close(p.release)
+	}
+	ch := p.release
+	p.mu.Unlock()
+	if p.together > 0 {
+		select {
+		case <-ch:
+		case <-time.After(cmp.Or(p.wait, 300*time.Millisecond)): // the other was refused
+			p.mu.Lock()
+			p.waited = true
+			p.mu.Unlock()
+		}
+	}
+	prompt, n := models.EstimatePromptTokens(req), p.answer
+	if c := req.Options.MaxOutputTokens; c > 0 && c < n {
+		text := strings.Repeat("abcd", c)
+		_ = stream(models.Chunk{Content: text})
+		return nil, &models.Error{Kind: models.Truncated, Provider: p.Name(), Model: req.Model,
+			Err: errors.New(`done_reason "length"`), PromptTokens: prompt, CompletionTokens: c}
+	}
+	msg := models.Message{Role: models.RoleAssistant, Content: strings.Repeat("abcd", n)}
+	_ = stream(models.Chunk{Content: msg.Content})
+	return &models.Response{Provider: p.Name(), Model: req.Model, Message: msg, PromptTokens: prompt,
+		CompletionTokens: n, DoneReason: "stop"}, nil
+}
+
+func (p *cappedModel) timedOut() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waited
+}
+
+func (p *cappedModel) sent() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]int(nil), p.caps...)
+}
+
+// capGraph runs one model call ("hi": a 5-token prompt) in each of nodes
+// parallel tasks of one superstep, with the request's own answer cap
+// own, under a token budget of limit.
+func capGraph(t *testing.T, p models.Provider, log agent.CallLog, nodes, own, limit int) (*engine.Result, error) {
+	t.Helper()
+	store := engine.NewMemoryStore()
+	mc := &agent.ModelCall{Provider: p, Lane: &policy.Lane{Agent: "a", Models: []string{"m"}}, Log: log, Blobs: store, TokenLimit: limit}
+	b := engine.NewGraph("a")
+	out := engine.Append[string](b, "out")
+	for i := range nodes {
+		name := "gen" + strconv.Itoa(i)
+		b.AddNode(name, func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+			// One ModelCall per node: Spent is the node's own count.
+			mc := *mc
+			req := models.Request{Model: "m", Messages: []models.Message{{Role: "user", Content: "hi"}}}
+			req.Options.MaxOutputTokens = own
+			resp, err := mc.Call(ctx, req, 0)
+			if err != nil {
+				return nil, err
+			}
+			return []engine.Write{out.Set([]string{resp.Message.Content})}, nil
+		})
+		b.AddEdge(engine.Start, name)
+		b.AddEdge(name, engine.End)
+	}
+	g, err := b.Compile()
+	require.NoError(t, err)
+	return g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: store})
+}
+
+// One call's answer could take the run past its token budget, for the
+// request said nothing of how long an answer might be: it now carries
+// what the budget has left after its prompt, and an answer cut there
+// ends the run over budget having spent no more than the budget.
+func TestTokenBudgetCapsTheAnswer(t *testing.T) {
+	p := &cappedModel{answer: 100}
+	log := agent.NewMemoryCallLog()
+	res, runErr := capGraph(t, p, log, 1, 0, 40)
+	spent, err := log.ModelTokens(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.LessOrEqual(t, spent, 40, "spent %d of a 40-token budget", spent)
+	require.ErrorIs(t, runErr, engine.ErrBudgetExceeded)
+	require.ErrorIs(t, runErr, models.ErrTruncated)
+	require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
+	require.Equal(t, []int{35}, p.sent(), "the answer's cap: 40 less the prompt's 5")
+}
+
+// Calls of one superstep each reserved only their prompts, so all of them
+// were let in together and their answers took the run past its budget.
+// The first now sets aside the room its answer may take; the second waits
+// for it, and, with nothing left then, is refused before it is sent.
+func TestTokenBudgetCapsConcurrentAnswers(t *testing.T) {
+	p := &cappedModel{answer: 100, together: 2}
+	log := agent.NewMemoryCallLog()
+	res, err := capGraph(t, p, log, 2, 0, 100)
+	require.ErrorIs(t, err, engine.ErrBudgetExceeded)
+	require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
+	spent, err := log.ModelTokens(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.LessOrEqual(t, spent, 100, "spent %d of a 100-token budget", spent)
+	require.Equal(t, []int{95}, p.sent(), "one call sent, with the room its prompt leaves")
+}
+
+// A call that the calls in flight leave no room for waits for them and
+// then runs with what they left: parallel calls within the budget all
+// run, though the first, with no cap of its own, set aside all of it.
+func TestTokenBudgetParallelCallsWaitForRoom(t *testing.T) {
+	p := &cappedModel{answer: 10, together: 2}
+	res, err := capGraph(t, p, agent.NewMemoryCallLog(), 2, 0, 1000)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, []int{995, 980}, p.sent(), "the second call's cap: what the first's 15 tokens and its prompt left")
+}
+
+// Under a budget with room for both, parallel calls whose requests set no
+// cap run together, each capped at DefaultAnswerTokens: a call without a
+// cap does not set aside all the budget has left.
+func TestTokenBudgetDefaultCapLetsParallelCallsRunTogether(t *testing.T) {
+	p := &cappedModel{answer: 10, together: 2, wait: 10 * time.Second}
+	res, err := capGraph(t, p, agent.NewMemoryCallLog(), 2, 0, 100_000)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, []int{agent.DefaultAnswerTokens, agent.DefaultAnswerTokens}, p.sent())
+	require.False(t, p.timedOut(), "the two calls were in flight together")
+}
+
+// An answer cut at the default cap is the model's failure, not the
+// budget's, and the error says where the cap came from.
+func TestTokenBudgetDefaultCapCutsARunawayAnswer(t *testing.T) {
+	p := &cappedModel{answer: agent.DefaultAnswerTokens + 1}
+	res, err := capGraph(t, p, agent.NewMemoryCallLog(), 1, 0, 100_000)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, engine.ErrBudgetExceeded)
+	require.Equal(t, engine.StatusFailed, res.Run.Status)
+	require.Contains(t, res.Run.Error, "cut at 8192 tokens, the answer cap of a call under a token budget whose node sets no num_predict")
+}
+
+// A request's own answer cap holds when it is the smaller, and sets aside
+// no more than it: parallel calls that fit in the budget together run.
+func TestTokenBudgetKeepsTheRequestsSmallerCap(t *testing.T) {
+	p := &cappedModel{answer: 10, together: 2}
+	res, err := capGraph(t, p, agent.NewMemoryCallLog(), 2, 20, 100)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, []int{20, 20}, p.sent())
+
+	p = &cappedModel{answer: 10}
+	res, err = capGraph(t, p, agent.NewMemoryCallLog(), 1, 20, 0)
+	require.NoError(t, err, "no budget: the request's own cap is sent as it is")
+	require.Equal(t, []int{20}, p.sent())
+	require.Equal(t, engine.StatusCompleted, res.Run.Status)
+}
+
+// opaqueLog is a CallLog that cannot count tokens: it hides the memory
+// log's ModelTokens.
+type opaqueLog struct{ agent.CallLog }
+
+// A run resumed with a call log that cannot count its tokens started its
+// token count from zero again, with its whole budget. Its model calls are
+// now refused (fail closed), with an error that says what to do; a run
+// that began in the same call counts from zero, as it should.
+func TestResumedRunWithALogThatCannotCountIsRefused(t *testing.T) {
+	p := &cappedModel{answer: 10}
+	store, log := engine.NewMemoryStore(), agent.NewMemoryCallLog()
+	mc := &agent.ModelCall{Provider: p, Lane: &policy.Lane{Agent: "a", Models: []string{"m"}},
+		Log: opaqueLog{log}, Blobs: store, TokenLimit: 25}
+	b := engine.NewGraph("a")
+	out := engine.Append[string](b, "out")
+	gen := func(call string) engine.NodeFunc {
+		return func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+			resp, err := mc.Call(ctx, models.Request{Model: "m", Messages: []models.Message{{Role: "user", Content: call}}}, 0)
+			if err != nil {
+				return nil, err
+			}
+			return []engine.Write{out.Set([]string{resp.Message.Content})}, nil
+		}
+	}
+	b.AddNode("first", gen("hi"))
+	b.AddNode("review", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		_, err := engine.Interrupt(ctx, "go on?")
+		return nil, err
+	})
+	b.AddNode("second", gen("hi again"))
+	b.AddEdge(engine.Start, "first")
+	b.AddEdge("first", "review")
+	b.AddEdge("review", "second")
+	b.AddEdge("second", engine.End)
+	g, err := b.Compile()
+	require.NoError(t, err)
+	cfg := engine.RunConfig{Thread: "t", Store: store}
+	res, err := g.Invoke(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, res.Run.Status, "the first call, 15 of 25 tokens, ran: %s", res.Run.Error)
+
+	cfg.Run = res.Run
+	res, err = g.Resume(context.Background(), cfg, map[string]engine.Decision{res.Run.Interrupts[0].ID: {Kind: engine.Approve}})
+	require.NotEqual(t, engine.StatusCompleted, res.Run.Status, "the second call (16 more tokens) ran as if the run had spent none")
+	require.ErrorIs(t, err, agent.ErrTokensUncounted)
+	require.Equal(t, engine.StatusFailed, res.Run.Status)
+	require.Contains(t, res.Run.Error, "agent.TokenCounter")
+	require.Len(t, p.sent(), 1, "the second call was not sent")
+}
+
+// panicky panics on its first call, once a second call is waiting.
+type panicky struct {
+	cappedModel
+	calls atomic.Int32
+}
+
+func (p *panicky) Chat(ctx context.Context, req models.Request, stream func(models.Chunk) error) (*models.Response, error) {
+	if p.calls.Add(1) == 1 {
+		time.Sleep(50 * time.Millisecond) // the other call waits for room
+		panic("provider bug")
+	}
+	return p.cappedModel.Chat(ctx, req, stream)
+}
+
+// A call whose provider panics never settles; what it set aside is given
+// back all the same, or the calls waiting for room would wait for it
+// until the run ended (or forever, with no wall-time budget).
+func TestTokenBudgetPanickingCallGivesItsRoomBack(t *testing.T) {
+	p := &panicky{cappedModel: cappedModel{answer: 10}}
+	done := make(chan struct{})
+	var res *engine.Result
+	var err error
+	go func() {
+		defer close(done)
+		res, err = capGraph(t, p, agent.NewMemoryCallLog(), 2, 0, 100)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call waiting for room waited for a call that had panicked")
+	}
+	require.ErrorContains(t, err, "provider bug")
+	require.Equal(t, engine.StatusFailed, res.Run.Status)
+	require.Equal(t, int32(2), p.calls.Load(), "the waiting call ran once the room came back")
 }

@@ -27,7 +27,10 @@ type RunConfig struct {
 	// starts a new one.
 	Run        *Run
 	Durability Durability // default sync
-	StepLimit  int        // default DefaultStepLimit
+	// StepLimit bounds the run's supersteps, its subgraphs' included
+	// (Run.Steps); default DefaultStepLimit. Past it the run ends
+	// budget_exceeded.
+	StepLimit int
 	// MaxConcurrency bounds the tasks of one superstep that run at once.
 	MaxConcurrency int // default 16
 	// MaxDuration is the run's wall-time budget (0: none). It bounds the
@@ -142,8 +145,9 @@ type execution struct {
 	// activeFrom when this execution started running it (see active.go).
 	activeBefore time.Duration
 	activeFrom   time.Time
-	// durable serializes, between the step's tasks, ensureDurable and
-	// the subgraphs' hand-over of their events (see commit).
+	// durable serializes, between the step's tasks, ensureDurable, the
+	// subgraphs' hand-over of their events (see commit) and, in the root
+	// execution, the subgraphs' count of their steps (see countStep).
 	durable sync.Mutex
 	// fresh: this execution started the run from its input. stretched:
 	// the run's record keeps its active time in Meta, for it has paused
@@ -275,7 +279,7 @@ func (e *execution) adoptRun(ctx context.Context) error {
 	if err := run.Durability.check(); err != nil {
 		return fmt.Errorf("resume run %s: recorded durability: %w", run.ID, err)
 	}
-	steps, err := countSteps(ctx, e.store, e.head, run.ID)
+	steps, err := countSteps(ctx, e.store, e.g, e.head, run.ID)
 	if err != nil {
 		return err
 	}
@@ -529,7 +533,7 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 		if len(e.next) == 0 {
 			return e.complete(ctx)
 		}
-		if e.run.Steps >= e.cfg.StepLimit {
+		if e.stepsTaken() >= e.cfg.StepLimit {
 			return e.budget(ctx, fmt.Errorf("%w: %d supersteps (raise the limit with RunConfig.StepLimit)", ErrStepLimit, e.cfg.StepLimit))
 		}
 		results := e.runStep(ctx, decisions)
@@ -564,6 +568,39 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 	}
 }
 
+// stepsTaken is what the step limit is checked against before a step: the
+// run's supersteps so far, plus, in a subgraph, the steps of the graphs
+// around it that are running it, which count when they end. The limit
+// bounds all of a run's supersteps, its subgraphs' at any depth included:
+// the root run's record counts them all (Run.Steps, see countStep).
+func (e *execution) stepsTaken() int {
+	r := e.root()
+	if r == e {
+		return e.run.Steps
+	}
+	depth := 0
+	for p := e; p.cfg.parent != nil; p = p.cfg.parent {
+		depth++
+	}
+	r.durable.Lock()
+	defer r.durable.Unlock()
+	return r.run.Steps + depth
+}
+
+// countStep counts a superstep that has run in the root run's record; a
+// subgraph's, under the root's durable lock, for the subgraphs of one step
+// run concurrently.
+func (e *execution) countStep() {
+	r := e.root()
+	if r == e {
+		e.run.Steps++
+		return
+	}
+	r.durable.Lock()
+	r.run.Steps++
+	r.durable.Unlock()
+}
+
 // advance applies the step's writes in task order, routes, and commits the
 // new checkpoint (in sync mode).
 func (e *execution) advance(ctx context.Context, results []taskResult) error {
@@ -577,7 +614,7 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 	}
 	e.apply(all)
 	e.step++
-	e.run.Steps++
+	e.countStep()
 	next, err := e.route(ran, nil)
 	if err != nil {
 		return e.fail(ctx, err)

@@ -179,6 +179,11 @@ type RunInfo struct {
 	// MaxTokens is the run's token budget (RunConfig.MaxTokens), for the
 	// node's model calls to count against; 0 means none.
 	MaxTokens int
+	// Resumed says the run began in an earlier Invoke or Resume call: it
+	// was resumed after a pause, or recovered after a restart. What it
+	// did before is durable, but no RunValue holds it: a count kept there
+	// must be rebuilt from a record (see RunValue).
+	Resumed bool
 }
 
 // InfoFrom returns the running task's identity, or false outside a node.
@@ -188,5 +193,6 @@ func InfoFrom(ctx context.Context) (RunInfo, bool) {
 		return RunInfo{}, false
 	}
 	return RunInfo{Run: sp.exec.run.ID, Thread: sp.thread, NS: sp.ns, Checkpoint: sp.ckpt,
-		Task: sp.taskID, Node: sp.node, Step: sp.exec.step, MaxTokens: sp.exec.cfg.MaxTokens}, true
+		Task: sp.taskID, Node: sp.node, Step: sp.exec.step, MaxTokens: sp.exec.cfg.MaxTokens,
+		Resumed: !sp.exec.root().fresh}, true
 }

@@ -540,7 +540,7 @@ func (m *Manager) prepareResume(ctx context.Context, ag *Agent, run *Run) (*exec
 	if err := e.load(ctx, ""); err != nil {
 		return nil, fmt.Errorf("resume run %s: %w", run.ID, err)
 	}
-	steps, err := countSteps(ctx, m.store, e.head, run.ID)
+	steps, err := countSteps(ctx, m.store, ag.Graph, e.head, run.ID)
 	if err != nil {
 		return nil, fmt.Errorf("resume run %s: %w", run.ID, err)
 	}
@@ -552,14 +552,21 @@ func (m *Manager) prepareResume(ctx context.Context, ag *Agent, run *Run) (*exec
 }
 
 // countSteps counts the supersteps a run has committed, walking back from
-// the thread's head through the run's own checkpoints. The stored run record
-// is not rewritten at every step, so this is where its step count lives.
-func countSteps(ctx context.Context, store Checkpointer, head *Checkpoint, runID string) (int, error) {
+// the thread's head through the run's own checkpoints, and down the
+// namespaces of the subgraphs its tasks ran (see countStep). The stored run
+// record is not rewritten at every step, so this is where its step count
+// lives.
+func countSteps(ctx context.Context, store Checkpointer, g *Graph, head *Checkpoint, runID string) (int, error) {
 	n := 0
 	for c := head; c != nil && c.RunID == runID; {
 		if c.Source == SourceLoop {
 			n++
 		}
+		sub, err := countSubgraphSteps(ctx, store, g, c, runID)
+		if err != nil {
+			return 0, err
+		}
+		n += sub
 		if c.ParentID == "" {
 			break
 		}
@@ -568,6 +575,35 @@ func countSteps(ctx context.Context, store Checkpointer, head *Checkpoint, runID
 			return 0, fmt.Errorf("count steps: %w", err)
 		}
 		c = p
+	}
+	return n, nil
+}
+
+// countSubgraphSteps counts the supersteps of the subgraphs that c's tasks
+// ran (or began) in the run.
+func countSubgraphSteps(ctx context.Context, store Checkpointer, g *Graph, c *Checkpoint, runID string) (int, error) {
+	n := 0
+	for i, t := range c.Next {
+		nd := g.nodes[t.Node]
+		if nd == nil || nd.subgraph == nil {
+			continue
+		}
+		id := t.ID
+		if id == "" {
+			id = taskID(c.ID, t.Node, i) // as runStep names it
+		}
+		head, err := store.Checkpoint(ctx, c.Thread, subgraphNS(c.NS, t.Node, id), "")
+		if errors.Is(err, ErrCheckpointNotFound) {
+			continue // not begun, or not committed (exit durability)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("count steps: %w", err)
+		}
+		k, err := countSteps(ctx, store, nd.subgraph, head, runID)
+		if err != nil {
+			return 0, err
+		}
+		n += k
 	}
 	return n, nil
 }

@@ -15,7 +15,8 @@ import (
 // The value lives as long as the Invoke or Resume call that runs the run:
 // a run resumed after a pause or recovered after a restart starts without
 // it, so make must rebuild it from what is durable (the run's state or a
-// record kept outside it). make runs once per key, under a lock that other
+// record kept outside it); RunInfo.Resumed says whether there is anything
+// to rebuild. make runs once per key, under a lock that other
 // callers for the run wait on; its error is returned and nothing is kept.
 //
 // Runs that never call it pay nothing for it.
@@ -24,10 +25,7 @@ func RunValue(ctx context.Context, key any, make func() (any, error)) (any, erro
 	if sp == nil || sp.exec == nil {
 		return nil, fmt.Errorf("engine.RunValue called outside a running node")
 	}
-	e := sp.exec
-	for e.cfg.parent != nil {
-		e = e.cfg.parent
-	}
+	e := sp.exec.root()
 	e.runValuesMu.Lock()
 	defer e.runValuesMu.Unlock()
 	if v, ok := e.runValues[key]; ok {
@@ -42,4 +40,13 @@ func RunValue(ctx context.Context, key any, make func() (any, error)) (any, erro
 	}
 	e.runValues[key] = v
 	return v, nil
+}
+
+// root is the execution of the run's root graph: e itself, or the one
+// whose task runs e as a subgraph (at any depth).
+func (e *execution) root() *execution {
+	for e.cfg.parent != nil {
+		e = e.cfg.parent
+	}
+	return e
 }

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -33,14 +34,7 @@ func TestRunValueIsSharedByTheRunsTasks(t *testing.T) {
 		seen.Store(v.(*atomic.Int32).Load())
 		return nil, nil
 	}
-	sb := engine.NewGraph("inner")
-	engine.Replace[string](sb, "x")
-	sb.AddNode("deep", bump)
-	sb.AddEdge(engine.Start, "deep")
-	sb.AddEdge("deep", engine.End)
-	sub, err := sb.Compile()
-	require.NoError(t, err)
-
+	sub := oneNodeSubgraph(t, bump)
 	b := engine.NewGraph("outer")
 	x := engine.Replace[string](b, "x")
 	b.AddNode("a", bump)
@@ -78,30 +72,15 @@ func TestMaxTokensReachesTheRunsNodes(t *testing.T) {
 		{0, 0, 0}, {100, 0, 100}, {0, 50, 50}, {100, 50, 50}, {30, 50, 30},
 	} {
 		var seen, deep atomic.Int64
-		sb := engine.NewGraph("inner")
-		engine.Replace[string](sb, "x")
-		sb.AddNode("deep", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		g, x := nodeThenSubgraph(t, func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+			info, _ := engine.InfoFrom(ctx)
+			seen.Store(int64(info.MaxTokens))
+			return nil, nil
+		}, func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
 			info, _ := engine.InfoFrom(ctx)
 			deep.Store(int64(info.MaxTokens))
 			return nil, nil
 		})
-		sb.AddEdge(engine.Start, "deep")
-		sb.AddEdge("deep", engine.End)
-		sub, err := sb.Compile()
-		require.NoError(t, err)
-		b := engine.NewGraph("outer")
-		x := engine.Replace[string](b, "x")
-		b.AddNode("a", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
-			info, _ := engine.InfoFrom(ctx)
-			seen.Store(int64(info.MaxTokens))
-			return nil, nil
-		})
-		b.AddSubgraph("sub", sub)
-		b.AddEdge(engine.Start, "a")
-		b.AddEdge("a", "sub")
-		b.AddEdge("sub", engine.End)
-		g, err := b.Compile()
-		require.NoError(t, err)
 		ag := &engine.Agent{Name: "tok", Graph: g, MaxTokens: tc.agent}
 		m := newManager(t, engine.NewMemoryStore(), engine.ManagerOptions{MaxTokens: tc.manager}, ag)
 		run, err := m.Invoke(context.Background(), engine.RunRequest{Thread: "t", Agent: "tok", Writes: []engine.Write{x.Set("go")}})
@@ -110,4 +89,60 @@ func TestMaxTokensReachesTheRunsNodes(t *testing.T) {
 		require.Equal(t, int64(tc.want), seen.Load(), "manager %d agent %d", tc.manager, tc.agent)
 		require.Equal(t, int64(tc.want), deep.Load(), "in the subgraph")
 	}
+}
+
+// RunInfo.Resumed tells a node whether its run began in an earlier call,
+// and so whether a RunValue must be rebuilt from a record: false in the
+// call that starts the run, true once it is resumed, in its subgraphs too.
+func TestRunInfoSaysWhetherTheRunWasResumed(t *testing.T) {
+	var resumed []bool
+	var mu sync.Mutex
+	note := func(ctx context.Context) {
+		info, _ := engine.InfoFrom(ctx)
+		mu.Lock()
+		resumed = append(resumed, info.Resumed)
+		mu.Unlock()
+	}
+	g, _ := nodeThenSubgraph(t, func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		note(ctx)
+		_, err := engine.Interrupt(ctx, "go on?")
+		return nil, err
+	}, func(ctx context.Context, _ engine.State) ([]engine.Write, error) { note(ctx); return nil, nil })
+	cfg := engine.RunConfig{Thread: "t", Store: engine.NewMemoryStore()}
+	res, err := g.Invoke(context.Background(), cfg)
+	require.NoError(t, err)
+	cfg.Run = res.Run
+	_, err = g.Resume(context.Background(), cfg, map[string]engine.Decision{res.Run.Interrupts[0].ID: {Kind: engine.Approve}})
+	require.NoError(t, err)
+	require.Equal(t, []bool{false, true, true}, resumed, "a, a again on the resume, then the subgraph's node")
+}
+
+// oneNodeSubgraph is a graph, to run as a subgraph, of one node ("deep")
+// and the channel x.
+func oneNodeSubgraph(t *testing.T, deep engine.NodeFunc) *engine.Graph {
+	t.Helper()
+	sb := engine.NewGraph("inner")
+	engine.Replace[string](sb, "x")
+	sb.AddNode("deep", deep)
+	sb.AddEdge(engine.Start, "deep")
+	sb.AddEdge("deep", engine.End)
+	sub, err := sb.Compile()
+	require.NoError(t, err)
+	return sub
+}
+
+// nodeThenSubgraph is a graph that runs first (node "a"), then a subgraph
+// ("sub") that runs deep; both share the channel x it returns.
+func nodeThenSubgraph(t *testing.T, first, deep engine.NodeFunc) (*engine.Graph, engine.Chan[string]) {
+	t.Helper()
+	b := engine.NewGraph("outer")
+	x := engine.Replace[string](b, "x")
+	b.AddNode("a", first)
+	b.AddSubgraph("sub", oneNodeSubgraph(t, deep))
+	b.AddEdge(engine.Start, "a")
+	b.AddEdge("a", "sub")
+	b.AddEdge("sub", engine.End)
+	g, err := b.Compile()
+	require.NoError(t, err)
+	return g, x
 }

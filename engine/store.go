@@ -219,12 +219,14 @@ type Run struct {
 	Interrupts    []PendingInterrupt `json:"interrupts,omitempty"`
 	Decisions     []DecisionRecord   `json:"decisions,omitempty"`
 	Checkpoint    string             `json:"checkpoint,omitempty"`
-	Steps         int                `json:"steps"`
-	Durability    Durability         `json:"durability,omitempty"`
-	Meta          map[string]string  `json:"meta,omitempty"`
-	CreatedAt     time.Time          `json:"created_at"`
-	StartedAt     time.Time          `json:"started_at,omitzero"`
-	EndedAt       time.Time          `json:"ended_at,omitzero"`
+	// Steps counts the run's supersteps, its subgraphs' (at any depth)
+	// included: what RunConfig.StepLimit bounds.
+	Steps      int               `json:"steps"`
+	Durability Durability        `json:"durability,omitempty"`
+	Meta       map[string]string `json:"meta,omitempty"`
+	CreatedAt  time.Time         `json:"created_at"`
+	StartedAt  time.Time         `json:"started_at,omitzero"`
+	EndedAt    time.Time         `json:"ended_at,omitzero"`
 }
 
 // Clone returns a copy that shares nothing mutable with r. Input and Output

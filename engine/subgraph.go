@@ -36,7 +36,7 @@ func runSubgraph(ctx context.Context, name string, sub *Graph, s State) ([]Write
 	}
 	parent := sp.exec
 	cfg := parent.cfg
-	cfg.ns = strings.TrimPrefix(sp.ns+"/"+name+":"+sp.taskID, "/")
+	cfg.ns = subgraphNS(sp.ns, name, sp.taskID)
 	cfg.nodePrefix = parent.cfg.nodePrefix + name + "/"
 	cfg.Run = parent.run
 	cfg.Output = nil
@@ -78,6 +78,11 @@ func runSubgraph(ctx context.Context, name string, sub *Graph, s State) ([]Write
 			res, err = sub.Resume(ctx, cfg, ds)
 		}
 	}
+	if errors.Is(err, ErrStepLimit) && !errors.Is(err, ErrBudgetExceeded) {
+		// The run's step limit, which the subgraph's steps count against
+		// (see countStep): the run ends budget_exceeded, as at its own.
+		err = MarkPermanent(fmt.Errorf("%w: %w", ErrBudgetExceeded, err))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("subgraph %q: %w", name, err)
 	}
@@ -111,6 +116,12 @@ func runSubgraph(ctx context.Context, name string, sub *Graph, s State) ([]Write
 		}
 	}
 	return out, nil
+}
+
+// subgraphNS is the checkpoint namespace in which the task task of the
+// subgraph node node runs, for a graph that runs in namespace ns.
+func subgraphNS(ns, node, task string) string {
+	return strings.TrimPrefix(ns+"/"+node+":"+task, "/")
 }
 
 // subgraphDecisions keeps the decisions that answer interrupts pending in the

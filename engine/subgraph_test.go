@@ -176,3 +176,101 @@ func TestSubgraphAndSiblingInterruptTogether(t *testing.T) {
 	require.Equal(t, engine.StatusCompleted, res.Run.Status)
 	require.Equal(t, []string{"inner approve", "sibling approve"}, msgs.Get(res.State))
 }
+
+// looping is a graph of one node that runs n supersteps, one after the
+// other, counting them in a channel of its own.
+func looping(t *testing.T, n int) *engine.Graph {
+	sb := engine.NewGraph("looping")
+	count := engine.Sum[int](sb, "count")
+	sb.AddNode("x", writes(count.Set(1)))
+	sb.AddEdge(engine.Start, "x")
+	sb.AddConditionalEdge("x", func(s engine.State) []string {
+		if count.Get(s) >= n {
+			return []string{engine.End}
+		}
+		return []string{"x"}
+	}, "x", engine.End)
+	return mustCompile(t, sb)
+}
+
+// A subgraph's supersteps counted against a limit of their own, the
+// run's StepLimit afresh, so a run could take the limit's steps in each
+// subgraph it ran. They now count against the run's: all of its steps, at
+// any depth of subgraphs, and the run ends budget_exceeded at the limit.
+func TestSubgraphStepsCountAgainstTheRunsStepLimit(t *testing.T) {
+	for depth := 1; depth <= 2; depth++ {
+		t.Run(map[int]string{1: "subgraph", 2: "nested"}[depth], func(t *testing.T) {
+			inner := looping(t, 4) // 4 steps, each within the limit alone
+			for range depth - 1 {
+				mb := engine.NewGraph("middle")
+				mb.AddSubgraph("deeper", inner)
+				mb.AddEdge(engine.Start, "deeper")
+				inner = mustCompile(t, mb)
+			}
+			b := engine.NewGraph("outer")
+			log := engine.Append[string](b, "log")
+			prev := engine.Start
+			for _, n := range []string{"a", "b", "c"} {
+				b.AddNode(n, writes(engine.Push(log, n)))
+				b.AddEdge(prev, n)
+				prev = n
+			}
+			b.AddSubgraph("team", inner)
+			b.AddEdge(prev, "team")
+			g := mustCompile(t, b)
+
+			res, err := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", StepLimit: 5})
+			require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status,
+				"3 steps, then the subgraph's 4 ran under a limit of 5 (%d counted): %v", res.Run.Steps, err)
+			require.ErrorIs(t, err, engine.ErrBudgetExceeded)
+			require.ErrorIs(t, err, engine.ErrStepLimit)
+			require.LessOrEqual(t, res.Run.Steps, 5)
+
+			res, err = g.Invoke(context.Background(), engine.RunConfig{Thread: "t", StepLimit: 7 + depth})
+			require.NoError(t, err, "3 + 4 + the steps that run the subgraphs fit")
+			require.Equal(t, engine.StatusCompleted, res.Run.Status)
+			require.Equal(t, 7+depth, res.Run.Steps, "a run's steps are all of its supersteps")
+		})
+	}
+}
+
+// The run record is not rewritten at every step: a run recovered or
+// resumed counts its steps from its checkpoints, its subgraphs' included.
+func TestStepCountOfAResumedRunIncludesItsSubgraphs(t *testing.T) {
+	ctx := context.Background()
+	b := engine.NewGraph("outer")
+	log := engine.Append[string](b, "log")
+	b.AddSubgraph("team", looping(t, 3))
+	b.AddNode("ask", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		if _, err := engine.Interrupt(ctx, "go on?"); err != nil {
+			return nil, err
+		}
+		return []engine.Write{engine.Push(log, "ask")}, nil
+	})
+	b.AddEdge(engine.Start, "team")
+	b.AddEdge("team", "ask")
+	prev := "ask"
+	for _, n := range []string{"d", "e"} {
+		b.AddNode(n, writes(engine.Push(log, n)))
+		b.AddEdge(prev, n)
+		prev = n
+	}
+	g := mustCompile(t, b)
+	store := engine.NewMemoryStore()
+	cfg := engine.RunConfig{Thread: "t", Store: store, StepLimit: 6}
+	res, err := g.Invoke(ctx, cfg)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+	require.Equal(t, 4, res.Run.Steps, "the subgraph's 3 and the step that ran it")
+
+	// A record written before the subgraph ran, as a crash leaves it.
+	stale := res.Run.Clone()
+	stale.Steps = 0
+	require.NoError(t, store.Commit(ctx, &engine.Commit{Run: stale, Sync: true}))
+
+	cfg.Run = nil // adopted from the store, as after a restart
+	res, err = g.Resume(ctx, cfg, map[string]engine.Decision{res.Run.Interrupts[0].ID: {Kind: engine.Approve}})
+	require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status, "ask, d and e ran past the limit of 6 (%d counted): %v", res.Run.Steps, err)
+	require.ErrorIs(t, err, engine.ErrStepLimit)
+	require.Equal(t, 6, res.Run.Steps)
+}

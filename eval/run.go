@@ -30,6 +30,12 @@ type Options struct {
 	FinalChannel string
 	// Timeout bounds one conversation; default one minute.
 	Timeout time.Duration
+	// MaxDuration and MaxTokens are every run's wall-time and token
+	// budgets (engine.ManagerOptions; 0: none), as the appliance sets
+	// them: a replayed turn over one ends budget_exceeded, as it would
+	// on the appliance.
+	MaxDuration time.Duration
+	MaxTokens   int
 	// Progress, when set, is called as each conversation ends, one call at
 	// a time, with how many have ended out of how many.
 	Progress func(done, total int, c *Case)
@@ -137,7 +143,8 @@ func replay(parent context.Context, c *Conversation, opts *Options) (cs Case) {
 	bus := engine.NewBus()
 	defer bus.Close()
 	cv := &conversation{opts: opts, sub: bus.Subscribe(eventBuffer, func(e engine.Event) bool { return !e.Live })}
-	cv.m = engine.NewManager(engine.NewMemoryStore(), opts.Resolver, engine.ManagerOptions{Workers: 1, Events: bus})
+	cv.m = engine.NewManager(engine.NewMemoryStore(), opts.Resolver, engine.ManagerOptions{Workers: 1, Events: bus,
+		MaxDuration: opts.MaxDuration, MaxTokens: opts.MaxTokens})
 	defer cv.m.Close()
 
 	thread := "eval-" + c.Name

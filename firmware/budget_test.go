@@ -43,6 +43,8 @@ type fixedModel struct {
 	// fail, when set, is returned by call n (1-based) instead of answering;
 	// stream is what the call streams first.
 	fail func(n int) (stream string, err error)
+	// caps are the answer caps the calls were sent with, in order.
+	caps []int
 }
 
 func (p *fixedModel) Name() string { return "fixed" }
@@ -65,6 +67,9 @@ func (p *fixedModel) Chat(ctx context.Context, req models.Request, stream func(m
 		case <-time.After(time.Second):
 		}
 	}
+	p.mu.Lock()
+	p.caps = append(p.caps, req.Options.MaxOutputTokens)
+	p.mu.Unlock()
 	if p.fail != nil {
 		if text, err := p.fail(n); err != nil {
 			if text != "" && stream != nil {
@@ -491,5 +496,43 @@ func TestTokenBudgetCountsSubgraphModelCalls(t *testing.T) {
 	}
 	if n := p.calls.Load(); n != 2 {
 		t.Fatalf("%d model calls, want 2", n)
+	}
+}
+
+// A model node's num_predict is its answers' cap; the run's token budget
+// narrows it, never widens it, and a negative one is refused at load.
+func TestModelNodeNumPredictCapsItsAnswers(t *testing.T) {
+	graph := strings.Replace(chainGraph("chain", 0), `"config": {"input": "input", "out": "a"}`,
+		`"config": {"input": "input", "out": "a", "num_predict": %d}`, 1)
+	for _, tc := range []struct {
+		name         string
+		numPredict   int
+		budget, want int // want: the first call's cap
+	}{
+		{"no budget", 30, 0, 30},
+		{"within the budget", 30, 1000, 30},
+		{"the budget is smaller", 30, 20, 20 - 6}, // 6: the estimate of the prompt, one message of "hello"
+		{"none: the budget's", 0, 1000, 1000 - 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &fixedModel{prompt: 1, completion: 1, answer: "ok"}
+			rt := &firmware.Runtime{Provider: p, Model: budgetModel, Budget: policy.Budget{Tokens: tc.budget}}
+			b := budgetBundle(t, rt, map[string]string{"chain": fmt.Sprintf(graph, tc.numPredict)})
+			m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(b), engine.ManagerOptions{})
+			defer m.Close()
+			runTurn(t, m, "chain", "t", "hello")
+			if len(p.caps) == 0 || p.caps[0] != tc.want {
+				t.Fatalf("answer caps sent %v, want %d first", p.caps, tc.want)
+			}
+		})
+	}
+
+	dir := variant(t, 2, func(dir string) {
+		writeFile(t, dir, "agents/chain.json", fmt.Sprintf(graph, -1))
+		editManifest(t, dir, func(m map[string]any) { m["agents"].(map[string]any)["chain"] = "agents/chain.json" })
+	})
+	_, err := firmware.Load(dir, testKeyring(t))
+	if err == nil || !strings.Contains(err.Error(), "num_predict must not be negative") {
+		t.Fatalf("a negative num_predict loaded: %v", err)
 	}
 }

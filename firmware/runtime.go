@@ -301,9 +301,15 @@ type modelCommon struct {
 	Temperature   *float64 `json:"temperature,omitempty"`
 	Seed          *int     `json:"seed,omitempty"`
 	NumCtx        int      `json:"num_ctx,omitempty"`
+	// NumPredict caps each answer's tokens (0: no cap of the node's own);
+	// the run's token budget caps it further (see agent.ModelCall).
+	NumPredict int `json:"num_predict,omitempty"`
 }
 
 func (c *modelCommon) prepare(env *Env) (system string, script *scripted.Provider, err error) {
+	if c.NumPredict < 0 {
+		return "", nil, env.Errorf("num_predict must not be negative (0 is no cap)")
+	}
 	if c.Lane == "" {
 		c.Lane = env.Graph
 	}
@@ -328,7 +334,7 @@ func (c *modelCommon) prepare(env *Env) (system string, script *scripted.Provide
 }
 
 func (c *modelCommon) options() models.Options {
-	return models.Options{Temperature: c.Temperature, Seed: c.Seed, NumCtx: c.NumCtx}
+	return models.Options{Temperature: c.Temperature, Seed: c.Seed, NumCtx: c.NumCtx, MaxOutputTokens: c.NumPredict}
 }
 
 // lane returns the lane of the node's agent, or nil (which refuses every

@@ -137,7 +137,11 @@ func DecodeResponse(b []byte) (*Response, error) {
 
 // HashRequest fingerprints what a request asks of the model: model, messages,
 // tools, format, options and think. Timeout and KeepAlive are left out
-// because they change how a call is served, not what it answers. The result
+// because they change how a call is served, not what it answers, and so is
+// Options.MaxOutputTokens: it follows what the run's token budget has left
+// when the call is made, which a retry, a recovery or a replay of the same
+// call does not find the same (an answer it cut is an error, never
+// recorded as an answer). The result
 // is "sha256:" followed by hex; JSON payloads are compacted first, so
 // whitespace does not change it.
 func HashRequest(req Request) string {

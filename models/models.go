@@ -47,6 +47,12 @@ type Options struct {
 	Temperature *float64
 	Seed        *int
 	NumCtx      int // context window in tokens; 0 keeps the model's default
+	// MaxOutputTokens caps the answer's tokens (Ollama's num_predict); 0
+	// means no cap. An answer that reaches it is cut there and reported
+	// as an *Error of kind Truncated, with the tokens it spent. A caller
+	// with a token budget sets it to what the budget has left (see
+	// agent.ModelCall).
+	MaxOutputTokens int
 }
 
 // Request is one chat call.

@@ -161,8 +161,9 @@ func TestHashRequest(t *testing.T) {
 	keep := time.Hour
 	same.KeepAlive = &keep
 	same.Format = json.RawMessage("{ \"type\" : \"object\" }")
+	same.Options.MaxOutputTokens = 17
 	same.Messages = []models.Message{base.Messages[0], {Role: "assistant", ToolCalls: []models.ToolCall{{Name: "t", Arguments: json.RawMessage(`{"a":1}`)}}}}
-	require.Equal(t, h, models.HashRequest(same), "serving options and whitespace do not change what is asked")
+	require.Equal(t, h, models.HashRequest(same), "serving options, the answer cap and whitespace do not change what is asked")
 
 	seed := 1
 	for name, mutate := range map[string]func(*models.Request){

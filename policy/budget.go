@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
@@ -186,9 +187,9 @@ func (t *Tracker) overLocked() *BudgetError {
 
 // TokenMeter counts the tokens of one run's model calls, wherever they
 // are made: the calls of one superstep run concurrently, and each must see
-// what the others have spent and have set aside. A call reserves its
-// expected cost before it starts (Reserve), which refuses it when the run
-// could not afford it, and settles it with what it actually spent when it
+// what the others have spent and have set aside. A call reserves the most
+// it may spend before it starts (Reserve): its prompt's expected cost and
+// the cap on its answer; it settles with what it actually spent when it
 // ends (Settle), which reports the run over budget. The limit is given at
 // each call, so nodes of one run may hold different limits without
 // splitting the count. It is safe for concurrent use.
@@ -196,6 +197,9 @@ type TokenMeter struct {
 	mu       sync.Mutex
 	used     int
 	reserved int
+	// settled is closed, and cleared, when a call settles: Reserve calls
+	// that wait for room wait on it.
+	settled chan struct{}
 }
 
 // NewTokenMeter starts a meter at the tokens the run has already spent.
@@ -203,19 +207,49 @@ func NewTokenMeter(used int) *TokenMeter {
 	return &TokenMeter{used: max(used, 0)}
 }
 
-// Reserve sets n tokens aside for a call about to start. It refuses (a
-// *BudgetError) when the tokens spent, those set aside for calls in
-// flight and n would exceed limit; limit 0 means no limit. Every Reserve
-// that succeeds must be settled.
-func (m *TokenMeter) Reserve(n, limit int) error {
-	n = max(n, 0)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if want := m.used + m.reserved + n; limit > 0 && want > limit {
-		return &BudgetError{Which: BudgetTokens, Limit: int64(limit), Used: int64(want)}
+// Reserve sets aside what a call about to start may spend: prompt tokens
+// for its prompt and the cap on its answer, which it returns. The cap is
+// what limit leaves after the tokens spent, those set aside for calls in
+// flight and the prompt, or answer when that is smaller; answer 0 asks for
+// no cap of the call's own, and limit 0 means no limit (the cap is then
+// answer).
+//
+// When the calls in flight leave no room for a single token of answer,
+// Reserve waits for them to settle, since their unspent reservations
+// come back, or for ctx to end (its cause is returned). It refuses the
+// call (a *BudgetError) when the tokens spent leave no room, whatever the
+// calls in flight spend. Every Reserve that succeeds must be settled,
+// with prompt plus the cap as reserved.
+func (m *TokenMeter) Reserve(ctx context.Context, prompt, answer, limit int) (int, error) {
+	prompt, answer = max(prompt, 0), max(answer, 0)
+	for {
+		m.mu.Lock()
+		room := limit - m.used - m.reserved - prompt
+		if limit <= 0 || room >= 1 {
+			if limit > 0 && (answer == 0 || answer > room) {
+				answer = room
+			}
+			m.reserved += prompt + answer
+			m.mu.Unlock()
+			return answer, nil
+		}
+		if m.reserved == 0 || limit-m.used-prompt < 1 {
+			m.mu.Unlock()
+			// Used is the least the call would take: its prompt and one
+			// token of answer.
+			return 0, &BudgetError{Which: BudgetTokens, Limit: int64(limit), Used: int64(m.used + prompt + 1)}
+		}
+		if m.settled == nil {
+			m.settled = make(chan struct{})
+		}
+		settled := m.settled
+		m.mu.Unlock()
+		select {
+		case <-settled:
+		case <-ctx.Done():
+			return 0, context.Cause(ctx)
+		}
 	}
-	m.reserved += n
-	return nil
 }
 
 // Settle ends a call that reserved tokens: it releases the reservation
@@ -227,6 +261,10 @@ func (m *TokenMeter) Settle(reserved, spent, limit int) error {
 	defer m.mu.Unlock()
 	m.reserved = max(m.reserved-max(reserved, 0), 0)
 	m.used += max(spent, 0)
+	if m.settled != nil {
+		close(m.settled)
+		m.settled = nil
+	}
 	if limit > 0 && m.used > limit {
 		return &BudgetError{Which: BudgetTokens, Limit: int64(limit), Used: int64(m.used)}
 	}

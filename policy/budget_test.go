@@ -1,8 +1,10 @@
 package policy
 
 import (
+	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,46 +123,94 @@ func TestTrackerConcurrent(t *testing.T) {
 }
 
 func TestTokenMeterReservesAndSettles(t *testing.T) {
+	ctx := context.Background()
 	m := NewTokenMeter(10)
-	require.NoError(t, m.Reserve(50, 100))
+	answer, err := m.Reserve(ctx, 20, 30, 100)
+	require.NoError(t, err)
+	assert.Equal(t, 30, answer, "the call's own cap, within the room")
 	var be *BudgetError
-	err := m.Reserve(41, 100)
-	require.ErrorAs(t, err, &be, "10 spent and 50 set aside leave 40")
+	_, err = m.Reserve(ctx, 95, 0, 100)
+	require.ErrorAs(t, err, &be, "the 10 spent leave no room for an answer after a prompt of 95")
 	assert.Equal(t, BudgetTokens, be.Which)
+	assert.Equal(t, int64(106), be.Used, "the tokens spent, the prompt and one token of answer")
 	assert.ErrorIs(t, err, ErrBudgetExceeded)
-	require.NoError(t, m.Reserve(40, 100))
+	answer, err = m.Reserve(ctx, 30, 0, 100)
+	require.NoError(t, err)
+	assert.Equal(t, 10, answer, "no cap of its own: the answer may take the room left")
 	require.NoError(t, m.Settle(50, 30, 100))
 	assert.Equal(t, 40, m.Used())
 	require.ErrorAs(t, m.Settle(40, 70, 100), &be, "the answer took the run past the limit")
 	assert.Equal(t, int64(110), be.Used)
-	require.Error(t, m.Reserve(0, 100), "a run over its budget starts no call")
-	require.NoError(t, m.Reserve(1<<20, 0), "0 is no limit")
+	_, err = m.Reserve(ctx, 0, 0, 100)
+	require.Error(t, err, "a run over its budget starts no call")
+	answer, err = m.Reserve(ctx, 1<<20, 0, 0)
+	require.NoError(t, err, "0 is no limit")
+	assert.Equal(t, 0, answer, "and no cap")
+	answer, err = m.Reserve(ctx, 1<<20, 7, 0)
+	require.NoError(t, err)
+	assert.Equal(t, 7, answer, "the call's own cap still holds")
 	require.NoError(t, m.Settle(1<<20, 5, 0))
 }
 
-// Calls in flight at once each see the others' reservations: together
-// they never start past the limit, and all of what they spent is counted.
-func TestTokenMeterConcurrent(t *testing.T) {
+// A call for which the calls in flight leave no room waits for them to
+// settle, then gets the room they left; or it stops with its context.
+func TestTokenMeterWaitsForCallsInFlight(t *testing.T) {
+	ctx := context.Background()
 	m := NewTokenMeter(0)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	admitted := 0
-	for range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if m.Reserve(10, 100) != nil {
-				return
+	answer, err := m.Reserve(ctx, 10, 0, 100)
+	require.NoError(t, err)
+	require.Equal(t, 90, answer)
+	got := make(chan int, 1)
+	go func() {
+		a, err := m.Reserve(ctx, 10, 0, 100)
+		assert.NoError(t, err)
+		got <- a
+	}()
+	select {
+	case a := <-got:
+		t.Fatalf("a call went on with no room left (cap %d)", a)
+	case <-time.After(50 * time.Millisecond):
+	}
+	require.NoError(t, m.Settle(100, 30, 100))
+	assert.Equal(t, 60, <-got, "100 less the 30 spent and its prompt")
+
+	stopped, stop := context.WithCancelCause(ctx)
+	time.AfterFunc(20*time.Millisecond, func() { stop(errors.New("run stopped")) })
+	_, err = m.Reserve(stopped, 10, 0, 100)
+	require.EqualError(t, err, "run stopped")
+}
+
+// Calls in flight at once each see the others' reservations: together
+// they never set aside more than the limit, and what they spend never
+// passes it. Calls that ask for no cap of their own take the room left,
+// one at a time.
+func TestTokenMeterConcurrent(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		answer, admitted, n int
+	}{
+		{"capped calls", 5, 10, 16},
+		{"calls with no cap", 0, 1, 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewTokenMeter(0)
+			var wg sync.WaitGroup
+			var admitted atomic.Int32
+			for range tc.n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					answer, err := m.Reserve(context.Background(), 5, tc.answer, 100)
+					if err != nil {
+						return
+					}
+					admitted.Add(1)
+					_ = m.Settle(5+answer, 5+answer, 100) // each spends all it set aside
+				}()
 			}
-			mu.Lock()
-			admitted++
-			mu.Unlock()
-		}()
+			wg.Wait()
+			assert.Equal(t, int32(tc.admitted), admitted.Load())
+			assert.Equal(t, 100, m.Used())
+		})
 	}
-	wg.Wait()
-	assert.Equal(t, 10, admitted)
-	for range admitted {
-		_ = m.Settle(10, 10, 100)
-	}
-	assert.Equal(t, 100, m.Used())
 }

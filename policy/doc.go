@@ -34,7 +34,8 @@
 //   - NewTracker counts steps, tool iterations, tokens and wall time against
 //     a Budget, returning a *BudgetError when one is exceeded.
 //   - NewTokenMeter counts one run's tokens across concurrent model calls:
-//     Reserve before a call, Settle after it.
+//     Reserve before a call (its prompt and the cap on its answer, waiting
+//     while calls in flight hold the room), Settle after it.
 //   - Lane.Allow keeps an agent to its models.
 //
 // The examples are the best way to understand the package: start with

@@ -16,7 +16,7 @@ func init() {
 	register("eval", "replay golden conversations and report where an agent departs from them", runEval)
 }
 
-const evalSynopsis = "eval [--bundle PATH [--keys DIR]] [--json] [--parallel N] FILE.jsonl..."
+const evalSynopsis = "eval [--bundle PATH [--keys DIR]] [--json] [--parallel N] [--max-run-time DURATION] [--max-tokens N] FILE.jsonl..."
 
 func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("eval", evalSynopsis, stdout, stderr)
@@ -27,6 +27,7 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	flagsCh := fs.String("flags-channel", "flags", "the channel that a turn's expected flags are checked against")
 	finalCh := fs.String("final-channel", "final", "the channel holding the final answer (the run's output when the agent has none)")
 	timeout := fs.Duration("timeout", time.Minute, "the longest one conversation may take")
+	bc := budgetFlags(fs.FlagSet)
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -41,6 +42,10 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *parallel < 1 {
 		return usageError("--parallel must be at least 1")
 	}
+	budget, err := bc.budget()
+	if err != nil {
+		return usageError(err.Error())
+	}
 	convs, err := eval.Load(files...)
 	if err != nil {
 		return usageError(err.Error())
@@ -49,7 +54,8 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return usageError(err.Error())
 	}
-	opts := eval.Options{Resolver: resolve, Parallel: *parallel, FlagsChannel: *flagsCh, FinalChannel: *finalCh, Timeout: *timeout}
+	opts := eval.Options{Resolver: resolve, Parallel: *parallel, FlagsChannel: *flagsCh, FinalChannel: *finalCh, Timeout: *timeout,
+		MaxDuration: budget.WallTime, MaxTokens: budget.Tokens}
 	if isTerminal(stderr) {
 		opts.Progress = eval.TerminalProgress(stderr)
 	}

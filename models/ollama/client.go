@@ -172,7 +172,7 @@ func (c *Client) Chat(ctx context.Context, req models.Request, stream func(model
 		}
 		return nil, c.newError(models.Stream, req.Model, fmt.Errorf("%w: the stream ended before its final chunk", models.ErrDropped))
 	}
-	if err := c.unfinished(req.Model, acc.doneReason); err != nil {
+	if err := c.unfinished(req, acc.doneReason); err != nil {
 		// The answer is refused, but what it cost was spent: budgets count it.
 		err.PromptTokens, err.CompletionTokens = acc.metrics.PromptEvalCount, acc.metrics.EvalCount
 		return nil, err
@@ -215,16 +215,20 @@ func (w *stallWatch) pause() {
 // unfinished refuses a final chunk that does not end an answer. "stop" (and
 // no reason, from servers too old to give one) is a complete answer;
 // "length" is one cut at the token limit, which must not pass for a whole
-// answer; "load" and "unload" answer a request to load or unload the model,
-// not to chat.
-func (c *Client) unfinished(model, reason string) *models.Error {
+// answer (at the request's answer cap, num_predict, when it has one, or
+// else at the model's context window); "load" and "unload" answer a
+// request to load or unload the model, not to chat.
+func (c *Client) unfinished(req models.Request, reason string) *models.Error {
 	switch reason {
 	case "length":
-		e := c.newError(models.Truncated, model, fmt.Errorf("done_reason %q", reason))
+		e := c.newError(models.Truncated, req.Model, fmt.Errorf("done_reason %q", reason))
 		e.Hint = "raise the model's num_ctx, or ask for a shorter answer"
+		if n := req.Options.MaxOutputTokens; n > 0 {
+			e.Hint = fmt.Sprintf("the answer reached its cap of %d tokens (num_predict): raise the cap (or the run's token budget it follows), or ask for a shorter answer", n)
+		}
 		return e
 	case "load", "unload":
-		return c.newError(models.Stream, model, fmt.Errorf("the stream ended with done_reason %q and no answer", reason))
+		return c.newError(models.Stream, req.Model, fmt.Errorf("the stream ended with done_reason %q and no answer", reason))
 	}
 	return nil
 }

@@ -79,6 +79,9 @@ func chatRequest(req models.Request) (*api.ChatRequest, error) {
 	if req.Options.NumCtx > 0 {
 		opts["num_ctx"] = req.Options.NumCtx
 	}
+	if req.Options.MaxOutputTokens > 0 {
+		opts["num_predict"] = req.Options.MaxOutputTokens
+	}
 	if len(opts) > 0 {
 		creq.Options = opts
 	}

@@ -2,6 +2,7 @@ package ollama
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
@@ -99,4 +100,41 @@ func TestChatSendsTheClientsKeepAlive(t *testing.T) {
 	_, err = c.Chat(context.Background(), chatRequestFor("llama3.2"), nil)
 	require.NoError(t, err)
 	require.EqualValues(t, -1, srv.lastBody(t)["keep_alive"], "a negative keep-alive keeps the model loaded")
+}
+
+// An answer cap goes to Ollama as num_predict, in the options map the
+// real client sends, and an answer stopped by it is refused as truncated,
+// with the tokens it spent and a hint that names the cap, not num_ctx.
+func TestChatSendsTheAnswerCapAsNumPredict(t *testing.T) {
+	var sent map[string]any
+	length := replayStream(t, "length.ndjson")
+	var srv *fakeOllama
+	srv = newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+		srv.mu.Lock()
+		raw := srv.bodies[len(srv.bodies)-1] // the body, read by the fake
+		srv.mu.Unlock()
+		var body struct {
+			Options map[string]any `json:"options"`
+		}
+		if err := json.Unmarshal(raw, &body); err != nil || body.Options["num_predict"] == nil {
+			http.Error(w, `{"error":"no num_predict in the request's options"}`, http.StatusBadRequest)
+			return
+		}
+		sent = body.Options
+		length(w, r)
+	})
+	c := New(srv.URL, srv.Client())
+	req := chatRequestFor("llama3.2")
+	req.Options.MaxOutputTokens = 8
+	resp, err := c.Chat(context.Background(), req, nil)
+	require.Nil(t, resp)
+	require.ErrorIs(t, err, models.ErrTruncated)
+	require.Equal(t, map[string]any{"num_predict": float64(8)}, sent)
+	var me *models.Error
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, 8, me.CompletionTokens, "what the cut answer spent is still counted")
+	require.Contains(t, err.Error(), "cap of 8 tokens (num_predict)")
+
+	_, err = c.Chat(context.Background(), chatRequestFor("llama3.2"), nil)
+	require.ErrorContains(t, err, "no num_predict", "no cap, no num_predict: the model's default holds")
 }

@@ -22,4 +22,8 @@
 // ("fail": "timeout"), so retry paths can be tested without a flaky server.
 //
 // Answers stream in a few chunks and report approximate token counts (words).
+// A request's answer cap (Options.MaxOutputTokens) is honoured as a model
+// server honours it: an answer longer than the cap, by models' rule of 4
+// bytes a token, streams cut to it and fails as an *models.Error of kind
+// Truncated, with what it spent, as Ollama's done_reason "length" does.
 package scripted

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/outpost-edge/outpost/models"
 )
@@ -107,6 +108,14 @@ func (p *Provider) Chat(ctx context.Context, req models.Request, stream func(mod
 		})
 	}
 
+	// A real model stops at the answer cap; so does this one, by the
+	// byte rule that budgets count tokens with.
+	capped := req.Options.MaxOutputTokens
+	cut := capped > 0 && models.EstimateAnswerTokens(msg) > capped
+	if cut {
+		msg = truncate(msg, capped*models.BytesPerToken)
+	}
+
 	if stream != nil {
 		for _, chunk := range splitChunks(msg) {
 			if err := ctx.Err(); err != nil {
@@ -125,6 +134,13 @@ func (p *Provider) Chat(ctx context.Context, req models.Request, stream func(mod
 	prompt := 0
 	for _, m := range req.Messages {
 		prompt += countWords(m.Content)
+	}
+	if cut {
+		// Refused as Ollama's done_reason "length" is, with what it spent.
+		return nil, &models.Error{Kind: models.Truncated, Provider: Name, Model: model,
+			Err:          fmt.Errorf("the answer reached its cap of %d tokens", capped),
+			Hint:         "raise the answer cap (or the run's token budget it follows), or ask for a shorter answer",
+			PromptTokens: max(prompt, 1), CompletionTokens: models.EstimateAnswerTokens(msg)}
 	}
 	return &models.Response{
 		Provider:         Name,
@@ -253,6 +269,29 @@ func splitWords(s string, n int) []string {
 		parts = append(parts, strings.Join(words[i:min(i+per, len(words))], ""))
 	}
 	return parts
+}
+
+// truncate cuts an answer to its first n bytes: thinking first, then
+// the content, at a character's boundary. The tool calls, which come at
+// the end of an answer, are not reached.
+func truncate(msg models.Message, n int) models.Message {
+	msg.Thinking = cutBytes(msg.Thinking, n)
+	msg.Content = cutBytes(msg.Content, n-len(msg.Thinking))
+	msg.ToolCalls = nil
+	return msg
+}
+
+// cutBytes returns the longest prefix of s of at most n bytes that ends
+// at a character's boundary.
+func cutBytes(s string, n int) string {
+	if n >= len(s) {
+		return s
+	}
+	n = max(n, 0)
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func countWords(s string) int { return len(strings.Fields(s)) }

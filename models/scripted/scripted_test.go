@@ -261,3 +261,42 @@ func TestContextLeavesOutResultFences(t *testing.T) {
 		require.Equal(t, tc.want, resp.Message.Content)
 	}
 }
+
+// An answer cap cuts the answer to about that many tokens, by the byte
+// rule budgets count with, and the call is refused as truncated, as a
+// real model's answer stopped by num_predict is; an answer within its cap
+// is whole.
+func TestAnswerCapTruncates(t *testing.T) {
+	p := newMedication(t)
+	req := models.Request{Model: "m", Messages: []models.Message{user("chest pain")}} // "This may be an emergency: call 911 now."
+	req.Options.MaxOutputTokens = 3
+	var streamed strings.Builder
+	resp, err := p.Chat(context.Background(), req, func(c models.Chunk) error { streamed.WriteString(c.Content); return nil })
+	require.Nil(t, resp)
+	require.ErrorIs(t, err, models.ErrTruncated)
+	var me *models.Error
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, models.Truncated, me.Kind)
+	require.Equal(t, "This may be ", streamed.String(), "what was streamed is the cut answer: 12 bytes, 3 tokens")
+	require.Equal(t, 3, me.CompletionTokens)
+	require.Positive(t, me.PromptTokens)
+	require.False(t, models.IsTransient(err))
+
+	req.Options.MaxOutputTokens = 10
+	resp, err = p.Chat(context.Background(), req, nil)
+	require.NoError(t, err)
+	require.Equal(t, "This may be an emergency: call 911 now.", resp.Message.Content)
+
+	// Thinking counts first, and the tool calls at the end are not reached.
+	req = models.Request{Model: "m", Messages: []models.Message{user("I forgot my metformin")}}
+	req.Options.MaxOutputTokens = 2
+	var got models.Message
+	_, err = p.Chat(context.Background(), req, func(c models.Chunk) error {
+		got.Thinking += c.Thinking
+		got.Content += c.Content
+		got.ToolCalls = append(got.ToolCalls, c.ToolCalls...)
+		return nil
+	})
+	require.ErrorIs(t, err, models.ErrTruncated)
+	require.Equal(t, models.Message{Thinking: "The user"}, got)
+}
