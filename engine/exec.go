@@ -524,7 +524,7 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 		e.runChanged = true
 	}
 	for {
-		if err := context.Cause(ctx); err != nil {
+		if err := e.cause(ctx); err != nil {
 			return e.stopped(ctx, err)
 		}
 		if paused, err := e.staticInterrupt(ctx, decisions); paused || err != nil {
@@ -543,7 +543,7 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 				return err
 			}
 		}
-		if err := context.Cause(ctx); err != nil {
+		if err := e.cause(ctx); err != nil {
 			return e.stopped(ctx, err)
 		}
 		var ins []PendingInterrupt
@@ -566,6 +566,21 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 			return err
 		}
 	}
+}
+
+// cause is why the run must stop at this safe point, or nil: ctx's cause,
+// or ErrDeadline once the run's active time has reached its wall-time
+// budget. The clock is read here too, since the timer that cancels ctx at
+// the deadline runs its cancel on a goroutine of its own, which a busy
+// machine may not have run yet when the step that overran it ends.
+func (e *execution) cause(ctx context.Context) error {
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	if d := e.cfg.MaxDuration; d > 0 && e.activeBefore+time.Since(e.activeFrom) >= d {
+		return ErrDeadline
+	}
+	return nil
 }
 
 // stepsTaken is what the step limit is checked against before a step: the
