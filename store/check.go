@@ -198,7 +198,7 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 		if err != nil {
 			return err
 		}
-		uc := newUnfinishedCheck(tx, add)
+		uc := newUnfinishedCheck(tx, d.noIndex, add)
 		err = forEach(ctx, tx, bucketRuns, func(k, v []byte) {
 			if isOutcomeIndexKey(k) {
 				checkOutcomeIndex(rep, add, bucketRuns, k, v)

@@ -502,8 +502,10 @@ func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error
 			f.Damaged(err.Key, err)
 			return nil
 		}
+		// A file of version 6 or before, opened read-only, holds no index
+		// this binary kept (d.noIndex): its records are walked.
 		idx := bucket(tx, bucketUnfinished)
-		viaIndex := idx != nil && unfinishedValue(f.Status) != nil
+		viaIndex := idx != nil && !d.noIndex && unfinishedValue(f.Status) != nil
 		var c *bbolt.Cursor
 		if viaIndex {
 			c = idx.Cursor()

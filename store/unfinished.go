@@ -138,8 +138,12 @@ type unfinishedCheck struct {
 	add       func(bucket string, key []byte, format string, args ...any)
 }
 
-func newUnfinishedCheck(tx *bbolt.Tx, add func(string, []byte, string, ...any)) *unfinishedCheck {
-	return &unfinishedCheck{idx: bucket(tx, bucketUnfinished), runs: bucket(tx, bucketRuns), add: add}
+func newUnfinishedCheck(tx *bbolt.Tx, noIndex bool, add func(string, []byte, string, ...any)) *unfinishedCheck {
+	u := &unfinishedCheck{runs: bucket(tx, bucketRuns), add: add}
+	if !noIndex {
+		u.idx = bucket(tx, bucketUnfinished)
+	}
+	return u
 }
 
 // run checks the entry of the run under key k, whose status is st.

@@ -80,6 +80,18 @@ func TestReviewListingReadsOnlyTheUnfinishedRuns(t *testing.T) {
 	const n = 20000
 	waiting := []int{17, 9000, 19998}
 	writeHistory(t, path, n, waiting...)
+	// A bucket of that name in a version 6 file was not kept by this
+	// binary: it is not trusted, and the first writable open replaces it.
+	bdb, err := bbolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error {
+		b, err := tx.CreateBucket([]byte(bucketUnfinished))
+		if err == nil {
+			err = b.Put([]byte(historyRunID(1)), []byte("interrupted"))
+		}
+		return err
+	}))
+	require.NoError(t, bdb.Close())
 	want := []string{historyRunID(17), historyRunID(9000), historyRunID(19998)}
 	interrupted := engine.RunFilter{Status: engine.StatusInterrupted}
 
@@ -101,6 +113,7 @@ func TestReviewListingReadsOnlyTheUnfinishedRuns(t *testing.T) {
 		assert.Equal(t, strconv7, string(bucket(tx, bucketMeta).Get(metaVersion)))
 		return nil
 	}))
+	assert.Len(t, indexed(t, d), len(waiting))
 	require.NoError(t, d.Close())
 	d, err = Open(path, Options{})
 	require.NoError(t, err)
