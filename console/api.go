@@ -36,6 +36,14 @@ type runView struct {
 	Interrupts    []interruptView         `json:"interrupts,omitempty"`
 	Decisions     []engine.DecisionRecord `json:"decisions,omitempty"`
 	Error         string                  `json:"error,omitempty"`
+
+	// InputTruncated and OutputTruncated mark, in a list, an input or
+	// output too large to list (above engine.BlobThreshold): "input" or
+	// "output" is then a short preview, a JSON string ending in "…", or
+	// absent when the run's record keeps none. GET /api/v1/runs/{id}
+	// returns both whole.
+	InputTruncated  bool `json:"input_truncated,omitempty"`
+	OutputTruncated bool `json:"output_truncated,omitempty"`
 }
 
 type interruptView struct {
@@ -47,7 +55,7 @@ type interruptView struct {
 func viewRun(r *engine.Run) runView {
 	v := runView{ID: r.ID, Thread: r.Thread, Agent: r.Agent, Status: r.Status, Bundle: r.Bundle,
 		CorrelationID: r.CorrelationID, CreatedAt: r.CreatedAt, Input: r.Input, Output: r.Output,
-		Decisions: r.Decisions, Error: r.Error}
+		InputTruncated: r.InputTruncated, OutputTruncated: r.OutputTruncated, Decisions: r.Decisions, Error: r.Error}
 	if !r.EndedAt.IsZero() {
 		t := r.EndedAt
 		v.EndedAt = &t
@@ -351,8 +359,14 @@ type damagedView struct {
 // that one damaged record does not hide every other run; outpost db check
 // names them too. The field is there only when something was left out. A
 // damaged record's fields cannot be trusted, so it is named whatever the
-// status, agent or thread asked for, on the one page whose range holds its
-// key: after "after", up to "next" when there is one.
+// agent or thread asked for, on the one page whose range holds its key:
+// after "after", up to "next" when there is one. A listing of queued,
+// running or interrupted runs reads only the runs that the store's index
+// of unfinished runs names (store/unfinished.go), so it names only theirs.
+//
+// Each run is a summary (engine.RunFilter.Summary): an input or output
+// above engine.BlobThreshold is a preview, marked input_truncated or
+// output_truncated (runView), so that a page costs no blob reads.
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	q := r.URL.Query()
 	status := engine.RunStatus(q.Get("status"))
@@ -379,7 +393,10 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	// before reports whether run ID a comes before b in the listing's order.
 	before := func(a, b string) bool { return a < b != desc }
 	damaged := map[string]string{} // key -> why it cannot be read
-	f := engine.RunFilter{Agent: q.Get("agent"), Thread: q.Get("thread"), After: q.Get("after"), Desc: desc,
+	// A list shows a summary of each run: a large input or output is a
+	// preview (input_truncated, output_truncated), and listing costs no
+	// blob reads.
+	f := engine.RunFilter{Agent: q.Get("agent"), Thread: q.Get("thread"), After: q.Get("after"), Desc: desc, Summary: true,
 		Damaged: func(key string, err error) { damaged[key] = err.Error() }}
 	// The store keeps a run "queued" until it ends or pauses (a worker's
 	// progress is not rewritten at every step), so live status comes from
@@ -413,11 +430,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 			break
 		}
 		for _, run := range page {
-			if run.Status == engine.StatusQueued {
-				if live, err := s.cfg.Manager.Run(r.Context(), run.ID); err == nil {
-					run = live
-				}
-			}
+			run.Status = s.cfg.Manager.LiveStatus(run)
 			if want(run) {
 				out = append(out, run)
 			}
@@ -695,7 +708,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) *apiError {
 		}
 		return errorf(http.StatusConflict, "thread_busy", fmt.Sprintf("run %s on the thread is %s: cancel or finish it before forking", id, status))
 	}
-	runs, err := s.cfg.Manager.Store().Runs(r.Context(), engine.RunFilter{Thread: thread, Damaged: func(string, error) {}})
+	runs, err := s.cfg.Manager.Store().Runs(r.Context(), engine.RunFilter{Thread: thread, Summary: true, Damaged: func(string, error) {}})
 	if err != nil {
 		return errorf(http.StatusInternalServerError, "read_failed", err.Error())
 	}

@@ -921,3 +921,23 @@ func TestTranscriptSignsHaveGlyphs(t *testing.T) {
 		t.Fatalf("the pause sign: %s", bars)
 	}
 }
+
+// TestLargeOutputIsWholeInTheDetail: a run list holds a preview of a large
+// output (output_truncated); the run's detail shows it whole, read on its
+// own.
+func TestLargeOutputIsWholeInTheDetail(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("large-output", "verbose please", "20s")
+	if run["status"] != "completed" {
+		t.Fatalf("the run: %v", run["status"])
+	}
+	listed := e.do("GET", "/api/v1/runs?thread=large-output", nil).json(t)["runs"].([]any)[0].(map[string]any)
+	if listed["output_truncated"] != true {
+		t.Fatalf("the listed run's output is not a preview: %v", listed["output_truncated"])
+	}
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(run["id"].(string))+`); true`)
+	c.until(ctx, "the whole output", `document.getElementById("output").textContent.includes("w5999") &&
+		document.getElementById("output").textContent.includes("Goodbye.")`, shot)
+}

@@ -69,15 +69,18 @@ func TestListRunsLeavesOutDamagedRecords(t *testing.T) {
 		query    string
 		runs     []string
 		maxPages int
+		damaged  []string
 	}{
-		{"", readable, 1},
-		{"limit=1", readable, 3},
-		{"limit=2", readable, 2},
-		{"limit=1&agent=" + testAgent, readable, 3},
-		{"status=completed&limit=2", readable, 2},
-		// Queued and running are listed from both stored statuses: a
-		// damaged record met by each listing is named once.
-		{"status=running", nil, 1},
+		{"", readable, 1, broken},
+		{"limit=1", readable, 3, broken},
+		{"limit=2", readable, 2, broken},
+		{"limit=1&agent=" + testAgent, readable, 3, broken},
+		{"status=completed&limit=2", readable, 2, broken},
+		// Queued, running and interrupted runs are listed through the
+		// store's index of them, which the damaged records of finished
+		// runs are not in: they are not met, and not named.
+		{"status=running", nil, 1, nil},
+		{"status=interrupted", nil, 1, nil},
 	} {
 		t.Run(tc.query, func(t *testing.T) {
 			var runs, damaged []string
@@ -102,7 +105,7 @@ func TestListRunsLeavesOutDamagedRecords(t *testing.T) {
 				after = p.Next
 			}
 			assert.Equal(t, tc.runs, runs)
-			assert.Equal(t, broken, damaged)
+			assert.Equal(t, tc.damaged, damaged)
 		})
 	}
 

@@ -86,7 +86,7 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 // counts them all.
 func (s *Server) storeHealth(ctx context.Context) Health {
 	damaged := ""
-	f := engine.RunFilter{Limit: 1, Damaged: func(_ string, err error) {
+	f := engine.RunFilter{Limit: 1, Summary: true, Damaged: func(_ string, err error) {
 		if damaged == "" {
 			damaged = err.Error()
 		}

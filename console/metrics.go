@@ -180,7 +180,7 @@ func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int
 	bad := map[string]bool{}
 	after := ""
 	for {
-		runs, err := s.cfg.Manager.Store().Runs(ctx, engine.RunFilter{After: after, Limit: 1000,
+		runs, err := s.cfg.Manager.Store().Runs(ctx, engine.RunFilter{After: after, Limit: 1000, Summary: true,
 			Damaged: func(key string, _ error) { bad[key] = true }})
 		if err != nil {
 			return nil, 0, err

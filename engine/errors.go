@@ -32,6 +32,9 @@ var (
 	ErrBlobNotFound       = errors.New("blob not found")
 	ErrBlobCollision      = errors.New("blob digest collision: different bytes share a digest")
 	ErrRunNotFound        = errors.New("run not found")
+	// ErrRunSummary refuses to commit a run whose input or output is a
+	// listing's preview (Run.IsSummary): it would replace the value.
+	ErrRunSummary = errors.New("run holds a preview of its input or output, not the value")
 
 	// Run manager.
 	ErrThreadBusy    = errors.New("thread already has an active run")

@@ -458,11 +458,28 @@ func (m *Manager) Run(ctx context.Context, runID string) (*Run, error) {
 		m.mu.Unlock()
 		return nil, err
 	}
-	if a != nil && a.working && r.Status == StatusQueued {
-		r.Status = StatusRunning
-	}
+	r.Status = a.liveStatus(r.Status)
 	m.mu.Unlock()
 	return r, nil
+}
+
+// LiveStatus is the status of run r, as a store listed it, as the manager
+// knows it now: a run that a worker is executing is running, though its
+// record still says queued (see Run). Unlike Run, it reads nothing from
+// the store, so a listing of many runs costs no more for it.
+func (m *Manager) LiveStatus(r *Run) RunStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.runs[r.ID].liveStatus(r.Status)
+}
+
+// liveStatus is the status of a's run, whose record says stored; a may be
+// nil (the manager holds no such run). The caller holds m.mu.
+func (a *active) liveStatus(stored RunStatus) RunStatus {
+	if a != nil && a.working && stored == StatusQueued {
+		return StatusRunning
+	}
+	return stored
 }
 
 // Resume answers an interrupted run's pending interrupts and runs it on.

@@ -75,6 +75,9 @@ func (m *MemoryStore) thread(name string, create bool) *memThread {
 // failed commit changes nothing. Blobs go in first, so a reader that sees a
 // checkpoint finds what it refers to.
 func (m *MemoryStore) Commit(_ context.Context, c *Commit) error {
+	if c.Run != nil && c.Run.IsSummary() {
+		return fmt.Errorf("commit run %s: %w", c.Run.ID, ErrRunSummary)
+	}
 	for ref, data := range c.Blobs {
 		if RefOf(data) != ref {
 			return fmt.Errorf("commit: blob %s does not match its bytes", ref)

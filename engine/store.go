@@ -227,7 +227,18 @@ type Run struct {
 	CreatedAt  time.Time         `json:"created_at"`
 	StartedAt  time.Time         `json:"started_at,omitzero"`
 	EndedAt    time.Time         `json:"ended_at,omitzero"`
+	// InputTruncated and OutputTruncated say that Input or Output is not
+	// the value but a short preview of it, a JSON string (or nothing, when
+	// the store keeps no preview): a run as a listing with
+	// RunFilter.Summary returns it. RunStore.Run returns the whole run.
+	// Such a run is never committed (ErrRunSummary).
+	InputTruncated  bool `json:"input_truncated,omitempty"`
+	OutputTruncated bool `json:"output_truncated,omitempty"`
 }
+
+// IsSummary reports whether r holds a preview in place of its input or
+// output (see Run.InputTruncated).
+func (r *Run) IsSummary() bool { return r.InputTruncated || r.OutputTruncated }
 
 // Clone returns a copy that shares nothing mutable with r. Input and Output
 // are shared: they are replaced, never modified in place.
@@ -317,6 +328,13 @@ type RunFilter struct {
 	// Desc lists newest first (IDs are time-ordered): the runs before
 	// After, in descending ID order. The zero value lists oldest first.
 	Desc bool
+	// Summary lets a store leave out what a list does not show: an input
+	// or output that it keeps out of line (a blob, above BlobThreshold)
+	// comes back as a short preview, marked by Run.InputTruncated or
+	// Run.OutputTruncated, and costs no blob read. A list of many runs
+	// with large inputs then reads only their records. Without it every
+	// run comes back whole.
+	Summary bool
 	// Damaged, when set, is told of each run record that cannot be read
 	// (a failed checksum or decoding), which is then left out, instead of
 	// failing the whole list. A store that never holds such records never

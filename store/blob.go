@@ -122,6 +122,9 @@ func (d *DB) Blob(ctx context.Context, ref engine.BlobRef) ([]byte, error) {
 // load returns a blob's bytes (valid for the transaction), or
 // engine.ErrBlobNotFound, or an error naming the corrupt record.
 func (b *blobs) load(ref engine.BlobRef) ([]byte, error) {
+	if probe.blobLoaded != nil {
+		probe.blobLoaded(ref)
+	}
 	k := b.locate(ref)
 	if k == nil {
 		return nil, engine.ErrBlobNotFound

@@ -86,7 +86,8 @@ func spaceOf(tx *bbolt.Tx) *Space {
 // while others write: bbolt's own page checks, every record's checksum and
 // decoding, that every key matches its record, that every checkpoint's
 // parent exists, that the heads and branches buckets record exactly each
-// namespace's leaves, that every blob that anything refers to exists, and
+// namespace's leaves, that the unfinished index agrees with the run
+// records, that every blob that anything refers to exists, and
 // that the outcome ledger's hash chain is whole (the first broken link is
 // named by bucket and seq, with "broken chain" in its message). It
 // returns an error only when it could not finish; what it found is in the
@@ -197,6 +198,7 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 		if err != nil {
 			return err
 		}
+		uc := newUnfinishedCheck(tx, d.noIndex, add)
 		err = forEach(ctx, tx, bucketRuns, func(k, v []byte) {
 			if isOutcomeIndexKey(k) {
 				checkOutcomeIndex(rep, add, bucketRuns, k, v)
@@ -211,10 +213,14 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 			if r.ID != string(k) {
 				add(bucketRuns, k, "key does not match run ID %q", r.ID)
 			}
+			uc.run(k, r.Status)
 			runRefs(r, refsOf(bucketRuns, k))
 			rb.each(refsOf(bucketRuns, k))
 		})
 		if err != nil {
+			return err
+		}
+		if err := uc.finish(ctx, tx, rep); err != nil {
 			return err
 		}
 		err = forEach(ctx, tx, bucketToolCalls, func(k, v []byte) {

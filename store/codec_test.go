@@ -443,7 +443,10 @@ func TestStoreReadsVersion1Runs(t *testing.T) {
 	v1, err := encodeJSONRecord(runVersionJSON, &rec)
 	require.NoError(t, err)
 	require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
-		return bucket(tx, bucketRuns).Put([]byte(run.ID), v1)
+		if err := bucket(tx, bucketRuns).Put([]byte(run.ID), v1); err != nil {
+			return err
+		}
+		return buildUnfinished(tx) // as the store's first writable open does
 	}))
 
 	got, err := d.Run(bg, run.ID)

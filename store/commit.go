@@ -366,6 +366,13 @@ type encodedKV struct {
 	key, rec []byte
 }
 
+// encodedRun is a run record to write, and its unfinished index value
+// (nil when the run is not indexed).
+type encodedRun struct {
+	encodedKV
+	unfinished []byte
+}
+
 // prepareCommit checks c and encodes its records outside the transaction,
 // so concurrent committers encode in parallel and the leader only writes.
 // When c ends the run (or pauses it at an interrupt), the run's outcome is
@@ -406,14 +413,17 @@ func prepareCommit(c *engine.Commit, now time.Time, appliance string, trail *fla
 		}
 		ckpts = append(ckpts, encodedCheckpoint{cp, encodeCheckpoint(cp)})
 	}
-	var run *encodedKV
+	var run *encodedRun
 	var outcome *pendingOutcome
 	if c.Run != nil {
 		if err := validKeyPart("run ID", c.Run.ID, true); err != nil {
 			return nil, nil, fmt.Errorf("commit run: %w", err)
 		}
+		if c.Run.IsSummary() {
+			return nil, nil, fmt.Errorf("commit run %s: %w", c.Run.ID, engine.ErrRunSummary)
+		}
 		rec, extra := encodeRun(c.Run)
-		run = &encodedKV{[]byte(c.Run.ID), rec}
+		run = &encodedRun{encodedKV{[]byte(c.Run.ID), rec}, unfinishedValue(c.Run.Status)}
 		if leavesOutcome(c.Run.Status) {
 			var data []byte
 			var err error
@@ -476,6 +486,9 @@ func prepareCommit(c *engine.Commit, now time.Time, appliance string, trail *fla
 			}
 			if run != nil {
 				if err := bucket(tx, bucketRuns).Put(run.key, run.rec); err != nil {
+					return fmt.Errorf("commit run %s: %w", c.Run.ID, err)
+				}
+				if err := indexRun(tx, run.key, run.unfinished); err != nil {
 					return fmt.Errorf("commit run %s: %w", c.Run.ID, err)
 				}
 			}

@@ -357,6 +357,16 @@ func NewHistoryEntry(c *engine.Checkpoint) HistoryEntry {
 type runsAnswer struct {
 	Runs    [][]byte        `json:"runs"`
 	Damaged []damagedRecord `json:"damaged,omitempty"`
+	// Truncated, asked for a summary, says of each run whether its input
+	// and output are previews (engine.Run.InputTruncated).
+	Truncated []truncation `json:"truncated,omitempty"`
+}
+
+// truncation is a listed run's engine.Run.InputTruncated and
+// OutputTruncated.
+type truncation struct {
+	Input  bool `json:"input,omitempty"`
+	Output bool `json:"output,omitempty"`
 }
 
 // damagedRecord is a run record that RunFilter.Damaged was told of.
@@ -389,7 +399,7 @@ func decodeRunWhole(b []byte) (*engine.Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	if rb != (runBlobs{}) {
+	if rb.outOfLine() {
 		return nil, errors.New("the run's input or output is out of line")
 	}
 	return r, nil
@@ -427,7 +437,7 @@ func queryLimit(q map[string]string) (int, error) {
 // serveReads adds the reads that runs list, show and history make.
 func serveReads(mux *http.ServeMux, db *DB) {
 	mux.HandleFunc("GET /runs", func(w http.ResponseWriter, r *http.Request) {
-		q, err := queryParams(r, "status", "agent", "thread", "after", "limit", "damaged", "desc")
+		q, err := queryParams(r, "status", "agent", "thread", "after", "limit", "damaged", "desc", "summary")
 		if err != nil {
 			writeControl(w, nil, fmt.Errorf("list runs: %w", err))
 			return
@@ -438,7 +448,7 @@ func serveReads(mux *http.ServeMux, db *DB) {
 			return
 		}
 		f := engine.RunFilter{Status: engine.RunStatus(q["status"]), Agent: q["agent"], Thread: q["thread"], After: q["after"], Limit: limit,
-			Desc: q["desc"] == "1"}
+			Desc: q["desc"] == "1", Summary: q["summary"] == "1"}
 		ans := runsAnswer{Runs: [][]byte{}}
 		if q["damaged"] == "1" {
 			f.Damaged = func(key string, err error) {
@@ -459,6 +469,9 @@ func serveReads(mux *http.ServeMux, db *DB) {
 				return
 			}
 			ans.Runs = append(ans.Runs, b)
+			if f.Summary {
+				ans.Truncated = append(ans.Truncated, truncation{Input: run.InputTruncated, Output: run.OutputTruncated})
+			}
 		}
 		writeControl(w, ans, nil)
 	})
@@ -518,6 +531,9 @@ func (c *Control) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, 
 	if f.Desc {
 		q.Set("desc", "1")
 	}
+	if f.Summary {
+		q.Set("summary", "1")
+	}
 	var ans runsAnswer
 	if err := c.do(ctx, http.MethodGet, "/runs?"+q.Encode(), &ans); err != nil {
 		return nil, err
@@ -527,6 +543,9 @@ func (c *Control) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, 
 		r, err := decodeRunWhole(b)
 		if err != nil {
 			return nil, fmt.Errorf("list runs: the store owner's run %d: %w", i+1, err)
+		}
+		if i < len(ans.Truncated) {
+			r.InputTruncated, r.OutputTruncated = ans.Truncated[i].Input, ans.Truncated[i].Output
 		}
 		out = append(out, r)
 	}

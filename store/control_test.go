@@ -206,13 +206,19 @@ func TestControlReads(t *testing.T) {
 	c := serveControl(t, d, dir)
 
 	for _, f := range []engine.RunFilter{{}, {Limit: 2}, {After: "run-a"}, {Status: engine.StatusCompleted}, {Agent: "agent-c"}, {Thread: "a"},
-		{Desc: true, Limit: 2}, {Desc: true, After: "run-c"}} {
+		{Desc: true, Limit: 2}, {Desc: true, After: "run-c"}, {Summary: true}, {Summary: true, Status: engine.StatusCompleted}} {
 		want, err := d.Runs(bg, f)
 		require.NoError(t, err)
 		got, err := c.Runs(bg, f)
 		require.NoError(t, err)
 		require.Equal(t, want, got, "%+v", f)
 	}
+	// A summary across the socket is marked as the local one is.
+	sum, err := c.Runs(bg, engine.RunFilter{Summary: true, Thread: "b"})
+	require.NoError(t, err)
+	require.Len(t, sum, 1)
+	assert.True(t, sum[0].OutputTruncated)
+	assert.False(t, sum[0].InputTruncated)
 	want, err := d.Run(bg, "run-b")
 	require.NoError(t, err)
 	require.Equal(t, big, []byte(want.Output))

@@ -43,11 +43,20 @@ const FileName = "outpost.db"
 // of version 5 would read those entries as corrupt run records. A file of
 // version 3 to 5 is read as it is, and migrated and stamped version 6 when
 // first opened for writing.
+// Version 7 adds the unfinished bucket (unfinished.go), which indexes the
+// runs that are queued, running or interrupted, kept in step with their
+// records by every commit. A binary of version 6 would write run records
+// without it, and the index would then miss runs that recovery must
+// resume: it refuses the file instead. A file of version 3 to 6 is read
+// as it is (its listings walk the run records), and stamped version 7,
+// with the index built from its run records, when first opened for
+// writing. The index is derived: a writable open that finds it missing
+// builds it, whatever the version says.
 // Version 1 files are refused: no store of that version was deployed, so
 // there is no migration.
 const (
 	formatName    = "outpost-store"
-	formatVersion = 6
+	formatVersion = 7
 )
 
 // Bucket names. Keys:
@@ -60,6 +69,7 @@ const (
 //	bloblog      seq (8 bytes) | hash (8 bytes) | length (4 bytes), big endian
 //	blobindex    hash (8 bytes) | length (4 bytes)  -> seq (8 bytes)
 //	runs         run ID; run ID \x00 "o" -> the run's outcome index entry
+//	unfinished   run ID -> its status, for runs queued, running or interrupted
 //	toolcalls    idempotency key
 //
 // Checkpoint IDs are time-ordered, so keying checkpoints by ID first makes
@@ -78,6 +88,8 @@ const (
 	bucketBlobIndex   = "blobindex"
 	bucketRuns        = "runs"
 	bucketToolCalls   = "toolcalls"
+	// bucketUnfinished (unfinished.go) is defined with the index.
+	//
 	// The outcome ledger (ledger.go): outcomes by seq (8 bytes, big
 	// endian), and the uplink cursor.
 	bucketOutcomes = "outcomes"
@@ -89,7 +101,7 @@ const (
 )
 
 var dataBuckets = []string{bucketCheckpoints, bucketRecent, bucketHeads, bucketBranches, bucketWrites, bucketBlobLog, bucketBlobIndex, bucketRuns, bucketToolCalls,
-	bucketOutcomes, bucketUplink}
+	bucketOutcomes, bucketUplink, bucketUnfinished}
 
 // knownBuckets are the buckets a store file may hold: the meta bucket, the
 // data buckets, and those of older versions that a writable open migrates.
@@ -186,6 +198,9 @@ type DB struct {
 	// noRecent is set when a version 3 or 4 file is opened read-only: it
 	// has no recent bucket (recent.go).
 	noRecent bool
+	// noIndex is set when a file of version 6 or before is opened
+	// read-only: it has no unfinished bucket (unfinished.go).
+	noIndex bool
 }
 
 var _ engine.Store = (*DB)(nil)
@@ -348,6 +363,9 @@ func createStore(path string, opts Options) (bool, error) {
 
 // init stamps a new file with the format, or checks an existing file's.
 func (d *DB) init() error {
+	// stale is set for a file of a version before the unfinished index:
+	// whatever such a bucket it holds is not to be trusted.
+	stale := false
 	check := func(tx *bbolt.Tx) (fresh bool, err error) {
 		meta := tx.Bucket([]byte(bucketMeta))
 		if meta == nil {
@@ -367,17 +385,20 @@ func (d *DB) init() error {
 				return false, fmt.Errorf("open store %s: %w: format version 2 is upgraded to version %d the first time it is opened "+
 					"for writing (outpost serve or run do that), not read-only", d.path, ErrFormat, formatVersion)
 			}
+			stale = true
 			return false, migrateBlobs(tx)
 		}
-		if err == nil && v >= 3 && v <= 5 {
+		if err == nil && v >= 3 && v < formatVersion {
 			if !tx.Writable() {
 				// Its records are all of versions this binary reads. A
 				// version 3 or 4 file has no recent bucket, which reads as
 				// empty; the outcome index of any of them is in its old
-				// bucket, which check reads.
-				d.noRecent = v < 5
+				// bucket, which check reads; none has the unfinished index,
+				// and its listings walk the run records.
+				d.noRecent, d.noIndex = v < 5, true
 				return false, nil
 			}
+			stale = true
 			return false, meta.Put(metaVersion, []byte(strconv.Itoa(formatVersion)))
 		}
 		if err == nil && v < formatVersion {
@@ -425,6 +446,13 @@ func (d *DB) init() error {
 		}
 		if !fresh {
 			if err := d.checkBuckets(tx, true); err != nil {
+				return err
+			}
+		}
+		// Before the other buckets are made: a missing runs bucket is
+		// made empty, and so is the index of its runs.
+		if stale || tx.Bucket([]byte(bucketUnfinished)) == nil {
+			if err := buildUnfinished(tx); err != nil {
 				return err
 			}
 		}
@@ -498,8 +526,17 @@ func (d *DB) checkBuckets(tx *bbolt.Tx, writable bool) error {
 }
 
 // needs reports whether the file must hold the data bucket name: all of
-// them, but the recent bucket of a version 3 or 4 file opened read-only.
-func (d *DB) needs(name string) bool { return name != bucketRecent || !d.noRecent }
+// them, but the recent bucket of a version 3 or 4 file opened read-only,
+// and the unfinished bucket of a file of version 6 or before opened so.
+func (d *DB) needs(name string) bool {
+	switch name {
+	case bucketRecent:
+		return !d.noRecent
+	case bucketUnfinished:
+		return !d.noIndex
+	}
+	return true
+}
 
 // Close releases the file. Commits still in flight finish first.
 func (d *DB) Close() error {

@@ -42,7 +42,12 @@
 // together, and found through an index written in batches; the newest,
 // unindexed blobs are kept in memory and read back at open (bloblog.go).
 // An outcome is prepared outside the transaction that appends it, which
-// only chains it (ledger.go).
+// only chains it (ledger.go). The runs that are queued, running or
+// interrupted are indexed by the commits that write their records, so that
+// the review list and recovery at start read those runs alone, not the
+// months of finished ones (unfinished.go); a listing with
+// engine.RunFilter.Summary shows a large input or output by the preview
+// its record keeps, and reads no blob (run.go).
 //
 // A commit writes every page from a changed record up to its bucket's
 // root, and its fsync costs about as much again per page: new stores get

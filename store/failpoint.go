@@ -1,5 +1,7 @@
 package store
 
+import "github.com/outpost-edge/outpost/engine"
+
 // failpoint holds test hooks at the store's durability boundaries, in the
 // spirit of bbolt's gofail points. Every hook is nil in production; tests
 // set them before starting writers and clear them when the writers are done.
@@ -30,4 +32,15 @@ var failpoint struct {
 	// compactCopied runs once CompactFile has written the compacted copy,
 	// before it renames it into place and lets go of the store.
 	compactCopied func()
+}
+
+// probe holds test hooks that count what a read touches, for tests of its
+// cost that do not measure time. Every hook is nil in production; tests
+// set them before the reads and clear them after.
+var probe struct {
+	// runRead runs for each run record that a listing (Runs) reads, with
+	// its key.
+	runRead func(key []byte)
+	// blobLoaded runs for each blob read whole (blobs.load).
+	blobLoaded func(ref engine.BlobRef)
 }

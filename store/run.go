@@ -10,6 +10,7 @@ import (
 	"maps"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"go.etcd.io/bbolt"
 
@@ -72,7 +73,12 @@ type decisionRecord struct {
 // runBlobs names the blobs that hold a stored run's large input and output:
 // like any value above engine.BlobThreshold, they are kept out of line (and
 // an output equal to the final state's value shares its blob).
-type runBlobs struct{ input, output engine.BlobRef }
+// The record keeps a short preview of each in its place (previewOf), for
+// listings, which show a run without reading its blobs.
+type runBlobs struct {
+	input, output               engine.BlobRef
+	inputPreview, outputPreview []byte
+}
 
 func (rb runBlobs) each(fn func(engine.BlobRef)) {
 	for _, ref := range []engine.BlobRef{rb.input, rb.output} {
@@ -80,6 +86,62 @@ func (rb runBlobs) each(fn func(engine.BlobRef)) {
 			fn(ref)
 		}
 	}
+}
+
+// outOfLine reports whether the run's input or output is a blob.
+func (rb runBlobs) outOfLine() bool { return !rb.input.IsZero() || !rb.output.IsZero() }
+
+// previewBytes bounds the text of a preview (previewOf): about two lines,
+// more than a list shows of a run.
+const previewBytes = 120
+
+// previewOf is a short preview of v, a value kept out of line: a JSON
+// string holding about its first previewBytes bytes and "…". Of a JSON
+// string it is the string cut short, escapes kept whole; of anything else
+// (an object, text that is not JSON), the start of its text, as a string.
+// It is computed when the record is written, from v's first bytes only.
+func previewOf(v []byte) []byte {
+	if p := stringPreview(v); p != nil {
+		return p
+	}
+	n := min(len(v), previewBytes)
+	for n > 0 && n < len(v) && !utf8.RuneStart(v[n]) {
+		n--
+	}
+	return engine.AppendJSONString(make([]byte, 0, n+8), string(v[:n])+"…")
+}
+
+// stringPreview is previewOf v when v is a JSON string longer than the
+// preview, or nil.
+func stringPreview(v []byte) []byte {
+	if len(v) == 0 || v[0] != '"' {
+		return nil
+	}
+	i := 1
+	for i <= previewBytes {
+		if i >= len(v) || v[i] == '"' {
+			return nil // cut short, or over before the preview is
+		}
+		switch c := v[i]; {
+		case c == '\\' && i+1 < len(v) && v[i+1] == 'u':
+			i += 6
+		case c == '\\':
+			i += 2
+		case c < utf8.RuneSelf:
+			i++
+		default:
+			_, size := utf8.DecodeRune(v[i:])
+			i += size
+		}
+	}
+	if i > len(v) {
+		return nil
+	}
+	p := append(append(make([]byte, 0, i+4), v[:i]...), "…\""...)
+	if !json.Valid(p) {
+		return nil
+	}
+	return p
 }
 
 // encodeRun encodes r, returning the blobs that must be stored with it.
@@ -107,7 +169,7 @@ func newRunRecord(r *engine.Run) (runRecord, map[engine.BlobRef][]byte) {
 		}
 		r := engine.RefOf(v)
 		blobs[r] = v
-		*field, *ref = nil, r.String()
+		*field, *ref = previewOf(v), r.String()
 	}
 	outOfLine(r.Input, &rec.Input, &rec.InputRef)
 	outOfLine(r.Output, &rec.Output, &rec.OutputRef)
@@ -241,7 +303,8 @@ func decodeRunRecord(b []byte) (*runRecord, error) {
 }
 
 // decodeRun decodes a run record. A large input or output comes back empty,
-// named by the returned runBlobs: resolveRun fills it in.
+// named by the returned runBlobs: resolveRun fills it in, or summarize
+// puts its preview in its place.
 func decodeRun(b []byte) (*engine.Run, runBlobs, error) {
 	var rb runBlobs
 	rec, err := decodeRunRecord(b)
@@ -249,9 +312,11 @@ func decodeRun(b []byte) (*engine.Run, runBlobs, error) {
 		return nil, rb, err
 	}
 	for _, f := range []struct {
-		s   string
-		ref *engine.BlobRef
-	}{{rec.InputRef, &rb.input}, {rec.OutputRef, &rb.output}} {
+		s       string
+		ref     *engine.BlobRef
+		inline  *[]byte
+		preview *[]byte
+	}{{rec.InputRef, &rb.input, &rec.Input, &rb.inputPreview}, {rec.OutputRef, &rb.output, &rec.Output, &rb.outputPreview}} {
 		if f.s == "" {
 			continue
 		}
@@ -259,7 +324,9 @@ func decodeRun(b []byte) (*engine.Run, runBlobs, error) {
 		if err != nil {
 			return nil, rb, err
 		}
-		*f.ref = ref
+		// What the record holds beside a reference is the value's preview
+		// (nil in a record of an older binary), not the value.
+		*f.ref, *f.preview, *f.inline = ref, *f.inline, nil
 	}
 	r := &engine.Run{
 		ID: rec.ID, Thread: rec.Thread, Agent: rec.Agent, Status: rec.Status, Bundle: rec.Bundle,
@@ -276,6 +343,18 @@ func decodeRun(b []byte) (*engine.Run, runBlobs, error) {
 			Interrupt: dr.Interrupt, Decision: dr.Decision, Value: dr.Value, Reason: dr.Reason, By: dr.By, At: dr.At})
 	}
 	return r, rb, nil
+}
+
+// summarize puts the previews of a run's out-of-line input and output in
+// their place, and marks them so (engine.Run.InputTruncated): what a
+// listing with RunFilter.Summary returns, with no blob read.
+func summarize(r *engine.Run, rb runBlobs) {
+	if !rb.input.IsZero() {
+		r.Input, r.InputTruncated = rb.inputPreview, true
+	}
+	if !rb.output.IsZero() {
+		r.Output, r.OutputTruncated = rb.outputPreview, true
+	}
 }
 
 // resolveRun reads a run's out-of-line input and output from blobs.
@@ -358,86 +437,125 @@ func (d *DB) Run(ctx context.Context, id string) (*engine.Run, error) {
 	return out, nil
 }
 
-// filteredOut reports whether the run record v fails f's status, agent or
-// thread, read from the head of the record (ID, thread, agent and status
-// come first) with nothing decoded or copied: a filtered listing of a long
-// history (the runs waiting for review, one thread's runs) then decodes
-// only the runs it returns, not every record it passes. A record it cannot
-// read so (version 1, a failed checksum, a head cut short) is not filtered
-// out here: the full decode reads it, or reports it as damaged. One whose
-// checksum holds is as it was written, so its head can be trusted.
-func filteredOut(v []byte, f engine.RunFilter) bool {
-	if (f.Status == "" && f.Agent == "" && f.Thread == "") || len(v) == 0 || v[0] != runVersion {
-		return false
+// runHeadFields are the fields at the head of a version 2 run record,
+// aliasing it.
+type runHeadFields struct{ thread, agent, status []byte }
+
+// runHead reads the head of the run record v (ID, thread, agent and status
+// come first) with nothing decoded or copied. It fails (false) for a
+// record it cannot read so: version 1, a failed checksum, a head cut
+// short. One whose checksum holds is as it was written, so its head can
+// be trusted.
+func runHead(v []byte) (runHeadFields, bool) {
+	if len(v) == 0 || v[0] != runVersion {
+		return runHeadFields{}, false
 	}
 	payload, err := openRecord(v, runVersion)
 	if err != nil {
-		return false
+		return runHeadFields{}, false
 	}
 	d := decoder{b: payload}
 	d.raw(d.uvarint()) // the ID
-	thread, agent, status := d.raw(d.uvarint()), d.raw(d.uvarint()), d.raw(d.uvarint())
-	if d.err != nil {
+	h := runHeadFields{thread: d.raw(d.uvarint()), agent: d.raw(d.uvarint()), status: d.raw(d.uvarint())}
+	return h, d.err == nil
+}
+
+// filteredOut reports whether the run record v fails f's status, agent or
+// thread, read from the record's head (runHead): a filtered listing of a
+// long history (one thread's runs) then decodes only the runs it returns,
+// not every record it passes. A record whose head cannot be read is not
+// filtered out here: the full decode reads it, or reports it as damaged.
+func filteredOut(v []byte, f engine.RunFilter) bool {
+	if f.Status == "" && f.Agent == "" && f.Thread == "" {
 		return false
 	}
-	return (f.Thread != "" && string(thread) != f.Thread) || (f.Agent != "" && string(agent) != f.Agent) ||
-		(f.Status != "" && string(status) != string(f.Status))
+	h, ok := runHead(v)
+	if !ok {
+		return false
+	}
+	return (f.Thread != "" && string(h.thread) != f.Thread) || (f.Agent != "" && string(h.agent) != f.Agent) ||
+		(f.Status != "" && string(h.status) != string(f.Status))
 }
 
 // Runs lists runs in ID order (oldest first) that pass f's status, agent and
 // thread, starting after f.After, at most f.Limit (0 for all). With f.Desc
 // it walks the same keys backwards from the newest (run IDs are
 // time-ordered), or from the last one before f.After: the newest runs of a
-// long history cost what the oldest do.
+// long history cost what the oldest do. Runs in status queued, running or
+// interrupted are listed through the unfinished index, at the cost of the
+// unfinished runs alone, when the file has it (unfinished.go). With
+// f.Summary, a run's out-of-line input and output are left as their
+// previews (summarize), and no blob is read.
 func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list runs: %w", err)
 	}
 	var out []*engine.Run
 	err := d.view(func(tx *bbolt.Tx) error {
-		c := bucket(tx, bucketRuns).Cursor()
-		var k, v []byte
-		next := c.Next
-		switch {
-		case f.Desc && f.After == "":
-			k, v = c.Last()
-			next = c.Prev
-		case f.Desc:
-			// Seek lands on the first key at or past After (or nothing, when
-			// every key is below it): the one before it is the first below.
-			if k, _ = c.Seek([]byte(f.After)); k == nil {
-				k, v = c.Last()
-			} else {
-				k, v = c.Prev()
+		runs := bucket(tx, bucketRuns)
+		// damaged reports a record or an index entry that cannot be read,
+		// or fails the listing when f has no Damaged.
+		damaged := func(err *CorruptError) error {
+			if f.Damaged == nil {
+				return err
 			}
-			next = c.Prev
-		case f.After == "":
-			k, v = c.First()
-		default:
-			if k, v = c.Seek([]byte(f.After)); k != nil && string(k) == f.After {
-				k, v = c.Next()
-			}
+			f.Damaged(err.Key, err)
+			return nil
 		}
+		// A file of version 6 or before, opened read-only, holds no index
+		// this binary kept (d.noIndex): its records are walked.
+		idx := bucket(tx, bucketUnfinished)
+		viaIndex := idx != nil && !d.noIndex && unfinishedValue(f.Status) != nil
+		var c *bbolt.Cursor
+		if viaIndex {
+			c = idx.Cursor()
+		} else {
+			c = runs.Cursor()
+		}
+		k, v, next := seekRuns(c, f)
 		for ; k != nil; k, v = next() {
 			if err := ctx.Err(); err != nil {
 				return err
+			}
+			if viaIndex {
+				st, err := decodeUnfinished(k, v)
+				if err != nil {
+					if err := damaged(corrupt(bucketUnfinished, k, err)); err != nil {
+						return err
+					}
+					continue
+				}
+				if st != f.Status {
+					continue
+				}
+				if v = runs.Get(k); v == nil {
+					if err := damaged(corrupt(bucketUnfinished, k, errNoRecord)); err != nil {
+						return err
+					}
+					continue
+				}
+			}
+			if probe.runRead != nil {
+				probe.runRead(k)
 			}
 			if isOutcomeIndexKey(k) || filteredOut(v, f) {
 				continue
 			}
 			r, rb, err := decodeRun(v)
 			if err != nil {
-				err = corrupt(bucketRuns, k, err)
-				if f.Damaged == nil {
+				if err := damaged(corrupt(bucketRuns, k, err)); err != nil {
 					return err
 				}
-				f.Damaged(string(k), err)
 				continue
 			}
+			// Through the index, a run whose record disagrees with its
+			// entry is left to its record (db check names the entry).
 			if !f.Match(r) {
 				continue
 			}
-			if err := resolveRun(r, rb, openBlobs(tx, &d.tail, nil)); err != nil {
+			if f.Summary {
+				summarize(r, rb)
+			} else if err := resolveRun(r, rb, openBlobs(tx, &d.tail, nil)); err != nil {
 				return err
 			}
 			out = append(out, r)
@@ -451,4 +569,31 @@ func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error
 		return nil, fmt.Errorf("list runs: %w", err)
 	}
 	return out, nil
+}
+
+// seekRuns positions c, a cursor on a bucket keyed by run ID, on the first
+// key f lists, and returns it with the step to the next.
+func seekRuns(c *bbolt.Cursor, f engine.RunFilter) (k, v []byte, next func() ([]byte, []byte)) {
+	next = c.Next
+	switch {
+	case f.Desc && f.After == "":
+		k, v = c.Last()
+		next = c.Prev
+	case f.Desc:
+		// Seek lands on the first key at or past After (or nothing, when
+		// every key is below it): the one before it is the first below.
+		if k, _ = c.Seek([]byte(f.After)); k == nil {
+			k, v = c.Last()
+		} else {
+			k, v = c.Prev()
+		}
+		next = c.Prev
+	case f.After == "":
+		k, v = c.First()
+	default:
+		if k, v = c.Seek([]byte(f.After)); k != nil && string(k) == f.After {
+			k, v = c.Next()
+		}
+	}
+	return k, v, next
 }

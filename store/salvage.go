@@ -232,6 +232,10 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 			case !e.bucket || !slices.Contains(knownBuckets, name):
 				w.lost("", nil, "the root bucket holds %q, which the store does not know; it is left out", e.k)
 				continue
+			case name == bucketUnfinished:
+				// An index of the run records, which may have lost some:
+				// Open builds it anew from those the copy holds.
+				continue
 			case len(e.v) < inBucketSize:
 				w.lost(name, nil, "its header in the root page is cut short: its records are lost")
 				continue
@@ -242,7 +246,7 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 			}
 		}
 		for _, name := range append([]string{bucketMeta}, dataBuckets...) {
-			if !copied[name] {
+			if !copied[name] && name != bucketUnfinished {
 				w.lost(name, nil, "the root bucket does not name this bucket: its records are lost")
 			}
 		}

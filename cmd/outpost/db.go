@@ -374,7 +374,7 @@ func chainVerified(rep *store.CheckReport) bool {
 var recordKinds = []struct{ bucket, name string }{
 	{"checkpoints", "checkpoints"}, {"recent", "recent checkpoints"}, {"heads", "thread heads"}, {"branches", "branches"},
 	{"writes", "pending writes"}, {"bloblog", "blobs"}, {"blobindex", "blob index entries"}, {"runs", "runs"},
-	{"outcomeruns", "outcome index entries"}, {"toolcalls", "tool calls"}, {"outcomes", "outcomes"},
+	{"outcomeruns", "outcome index entries"}, {"unfinished", "unfinished run index entries"}, {"toolcalls", "tool calls"}, {"outcomes", "outcomes"},
 	{"uplink", "uplink cursor"}, {"meta", "meta records"},
 }
 

@@ -108,7 +108,7 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	var runs []*engine.Run
 	err := readRuns(*data, func(rs runReader) (err error) {
 		runs, err = rs.Runs(ctx, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit + 1,
-			Desc: *newest, Damaged: func(_ string, err error) { damaged = append(damaged, err) }})
+			Desc: *newest, Summary: true, Damaged: func(_ string, err error) { damaged = append(damaged, err) }})
 		return err
 	})
 	if err != nil {
@@ -410,7 +410,7 @@ func runsFork(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 func forkThread(ctx context.Context, db *store.DB, th, checkpoint string, asJSON bool, stdout io.Writer) error {
-	runs, err := db.Runs(ctx, engine.RunFilter{Thread: th})
+	runs, err := db.Runs(ctx, engine.RunFilter{Thread: th, Summary: true})
 	if err != nil {
 		return err
 	}

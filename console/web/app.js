@@ -263,6 +263,9 @@ async function select(id) {
   const run = state.runs.get(id);
   if (!run) return;
   renderDetail(run);
+  // A list holds a preview of a large input or output: the run is read
+  // whole for its detail.
+  if (run.input_truncated || run.output_truncated) refreshRun(id);
   const seen = state.log.get(id);
   if (seen && seen.length && seen[0].type === "run.started" && !seen.truncated) {
     // This page saw the run from its start: its own events tell it all,
