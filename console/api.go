@@ -365,8 +365,9 @@ type damagedView struct {
 // of unfinished runs names (store/unfinished.go), so it names only theirs.
 //
 // Each run is a summary (engine.RunFilter.Summary): an input or output
-// above engine.BlobThreshold is a preview, marked input_truncated or
-// output_truncated (runView), so that a page costs no blob reads.
+// over store.SummaryBytes (8 KiB) is a preview, marked input_truncated or
+// output_truncated (runView), so that a page of runs with large inputs
+// stays small and reads no blob of theirs.
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	q := r.URL.Query()
 	status := engine.RunStatus(q.Get("status"))

@@ -328,12 +328,12 @@ type RunFilter struct {
 	// Desc lists newest first (IDs are time-ordered): the runs before
 	// After, in descending ID order. The zero value lists oldest first.
 	Desc bool
-	// Summary lets a store leave out what a list does not show: an input
-	// or output that it keeps out of line (a blob, above BlobThreshold)
-	// comes back as a short preview, marked by Run.InputTruncated or
-	// Run.OutputTruncated, and costs no blob read. A list of many runs
-	// with large inputs then reads only their records. Without it every
-	// run comes back whole.
+	// Summary lets a store leave out what a list does not show: a large
+	// input or output that it keeps out of line (the bbolt store: over 8
+	// KiB, store.SummaryBytes) comes back as a short preview, marked by
+	// Run.InputTruncated or Run.OutputTruncated, and costs no blob read.
+	// A list of many runs with large inputs then stays small. Without it
+	// every run comes back whole.
 	Summary bool
 	// Damaged, when set, is told of each run record that cannot be read
 	// (a failed checksum or decoding), which is then left out, instead of

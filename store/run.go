@@ -345,16 +345,28 @@ func decodeRun(b []byte) (*engine.Run, runBlobs, error) {
 	return r, rb, nil
 }
 
-// summarize puts the previews of a run's out-of-line input and output in
-// their place, and marks them so (engine.Run.InputTruncated): what a
-// listing with RunFilter.Summary returns, with no blob read.
-func summarize(r *engine.Run, rb runBlobs) {
-	if !rb.input.IsZero() {
+// SummaryBytes is the largest input or output a listing with
+// RunFilter.Summary returns whole: a larger one comes back as its preview.
+// A model's answer is seldom longer, so list items keep their values as
+// they were; a page of runs with megabytes of input each is what it
+// keeps small.
+const SummaryBytes = 8 << 10
+
+// summarize fills in a listed run's out-of-line input and output: each one
+// of at most SummaryBytes from its blob, as resolveRun does, and a larger
+// one as its preview, marked so (engine.Run.InputTruncated), without
+// reading its blob.
+func summarize(r *engine.Run, rb runBlobs, blobs *blobs) error {
+	whole := rb
+	if rb.input.Len > SummaryBytes {
 		r.Input, r.InputTruncated = rb.inputPreview, true
+		whole.input = engine.BlobRef{}
 	}
-	if !rb.output.IsZero() {
+	if rb.output.Len > SummaryBytes {
 		r.Output, r.OutputTruncated = rb.outputPreview, true
+		whole.output = engine.BlobRef{}
 	}
+	return resolveRun(r, whole, blobs)
 }
 
 // resolveRun reads a run's out-of-line input and output from blobs.
@@ -553,9 +565,11 @@ func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error
 			if !f.Match(r) {
 				continue
 			}
+			resolve := resolveRun
 			if f.Summary {
-				summarize(r, rb)
-			} else if err := resolveRun(r, rb, openBlobs(tx, &d.tail, nil)); err != nil {
+				resolve = summarize
+			}
+			if err := resolve(r, rb, openBlobs(tx, &d.tail, nil)); err != nil {
 				return err
 			}
 			out = append(out, r)

@@ -314,6 +314,26 @@ func TestDBCommandsKeepTheUnfinishedIndex(t *testing.T) {
 	}
 }
 
+// A summary listing returns an input or output kept out of line whole
+// when it is at most SummaryBytes, as listings did before summaries: an
+// answer of a few kilobytes is not cut to a preview.
+func TestSummaryListingKeepsMidSizedValuesWhole(t *testing.T) {
+	d, err := Open(filepath.Join(t.TempDir(), FileName), Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	output := json.RawMessage(`"` + strings.Repeat("take it with food; ", 200) + `"`) // 3.8 KB, a blob
+	require.Greater(t, len(output), engine.BlobThreshold)
+	require.LessOrEqual(t, len(output), SummaryBytes)
+	c := finalCommit("t1", "run_mid", engine.StatusCompleted, "0001", nil)
+	c.Run.Output = output
+	require.NoError(t, d.Commit(bg, c))
+	runs, err := d.Runs(bg, engine.RunFilter{Summary: true})
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	assert.Equal(t, output, runs[0].Output)
+	assert.False(t, runs[0].IsSummary())
+}
+
 // A listing with RunFilter.Summary shows a run with a large input and
 // output from its record alone: previews in their place, marked, and no
 // blob read. One run, or a listing without Summary, reads them whole.
