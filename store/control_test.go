@@ -182,7 +182,7 @@ func TestControlReads(t *testing.T) {
 	d, err := OpenDir(dir, Options{})
 	require.NoError(t, err)
 	defer d.Close()
-	big := []byte(`{"text": "` + string(bytes.Repeat([]byte("x"), 2*engine.BlobThreshold)) + `"}`)
+	big := []byte(`{"text": "` + string(bytes.Repeat([]byte("x"), 2*SummaryBytes)) + `"}`)
 	for i, th := range []string{"a", "b", "c"} {
 		c := stepCommit(th, i+1)
 		c.Run.Agent = "agent-" + th
