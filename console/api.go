@@ -423,6 +423,15 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 			}
 			page = append(page, runs...)
 		}
+		if status == "" || len(stored) == 2 {
+			// In exit durability the store has no record of a run until
+			// it pauses, ends or calls a tool: the manager has it meanwhile.
+			for _, run := range s.cfg.Manager.Unstored(f) {
+				if !slices.ContainsFunc(page, func(p *engine.Run) bool { return p.ID == run.ID }) {
+					page = append(page, run)
+				}
+			}
+		}
 		sort.Slice(page, func(i, j int) bool { return before(page[i].ID, page[j].ID) })
 		if len(page) > limit+1 {
 			page = page[:limit+1]

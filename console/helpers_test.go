@@ -138,6 +138,13 @@ func newEnv(t *testing.T, mod func(*console.Config)) *env {
 // be changed behind its back and opened again.
 func newEnvIn(t *testing.T, dir string, mod func(*console.Config)) *env {
 	t.Helper()
+	return newEnvWith(t, dir, engine.ManagerOptions{}, mod)
+}
+
+// newEnvWith is newEnvIn with the run manager's options (its workers and
+// events are the env's).
+func newEnvWith(t *testing.T, dir string, opts engine.ManagerOptions, mod func(*console.Config)) *env {
+	t.Helper()
 	db, err := store.OpenDir(dir, store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +161,8 @@ func newEnvIn(t *testing.T, dir string, mod func(*console.Config)) *env {
 		return nil, fmt.Errorf("%w %q", engine.ErrUnknownAgent, name)
 	}
 	metrics := console.NewMetrics()
-	e.mgr = engine.NewManager(console.InstrumentStore(db, metrics), resolve, engine.ManagerOptions{Workers: 4, Events: e.bus})
+	opts.Workers, opts.Events = 4, e.bus
+	e.mgr = engine.NewManager(console.InstrumentStore(db, metrics), resolve, opts)
 	tok, _, err := console.LoadOrCreateToken(dir)
 	if err != nil {
 		t.Fatal(err)

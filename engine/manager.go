@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -461,6 +463,34 @@ func (m *Manager) Run(ctx context.Context, runID string) (*Run, error) {
 	r.Status = a.liveStatus(r.Status)
 	m.mu.Unlock()
 	return r, nil
+}
+
+// Unstored returns the runs this manager opened in exit durability and
+// still runs, which the store may have no record of yet (it has one once a
+// run pauses, ends or calls a tool), as they opened, with their live
+// status: those of f's agent and thread, after f.After in f's order, in
+// that order. A listing of the store merges them in, keeping a stored
+// record over its opened one.
+func (m *Manager) Unstored(f RunFilter) []*Run {
+	m.mu.Lock()
+	var out []*Run
+	for _, a := range m.runs {
+		r := a.opened
+		if r == nil || (f.Agent != "" && r.Agent != f.Agent) || (f.Thread != "" && r.Thread != f.Thread) || !f.comesAfter(r.ID) {
+			continue
+		}
+		r = r.Clone()
+		r.Status = a.liveStatus(r.Status)
+		out = append(out, r)
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b *Run) int {
+		if f.Desc {
+			return strings.Compare(b.ID, a.ID)
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
 }
 
 // LiveStatus is the status of run r, as a store listed it, as the manager

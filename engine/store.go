@@ -236,6 +236,18 @@ type Run struct {
 	OutputTruncated bool `json:"output_truncated,omitempty"`
 }
 
+// comesAfter reports whether run id comes after f.After in f's order
+// (every id does when After is empty).
+func (f RunFilter) comesAfter(id string) bool {
+	switch {
+	case f.After == "":
+		return true
+	case f.Desc:
+		return id < f.After
+	}
+	return id > f.After
+}
+
 // IsSummary reports whether r holds a preview in place of its input or
 // output (see Run.InputTruncated).
 func (r *Run) IsSummary() bool { return r.InputTruncated || r.OutputTruncated }

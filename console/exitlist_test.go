@@ -1,0 +1,55 @@
+package console_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// In exit durability the store has no record of a run until it pauses or
+// ends, but the runs list shows it while it runs, from the run manager:
+// in every order and filter that takes it in, once, and once stored, once.
+func TestListRunsShowsExitRunsNotStoredYet(t *testing.T) {
+	e := newEnvWith(t, t.TempDir(), engine.ManagerOptions{Durability: engine.DurabilityExit}, nil)
+	_, done := e.startRun("done", "hello", "20s")
+	require.Equal(t, "completed", done["status"])
+	_, live := e.startRun("live", "block me", "")
+	e.waitStatus(live["id"].(string), "running")
+	_, err := e.db.Run(t.Context(), live["id"].(string))
+	require.ErrorIs(t, err, engine.ErrRunNotFound, "exit durability stores the run when it ends")
+
+	liveStatus := "running"
+	ids := func(query string) []any {
+		r := e.do("GET", "/api/v1/runs"+query, nil)
+		require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+		var out []any
+		for _, item := range r.json(t)["runs"].([]any) {
+			run := item.(map[string]any)
+			out = append(out, run["id"])
+			if run["id"] == live["id"] {
+				assert.Equal(t, liveStatus, run["status"], query)
+			}
+		}
+		return out
+	}
+	both := []any{done["id"], live["id"]}
+	assert.Equal(t, both, ids(""))
+	assert.Equal(t, []any{live["id"], done["id"]}, ids("?order=desc"))
+	assert.Equal(t, []any{live["id"]}, ids("?status=running"))
+	assert.Equal(t, []any{live["id"]}, ids("?thread=live"))
+	assert.Empty(t, ids("?status=interrupted"))
+	assert.Equal(t, []any{live["id"]}, ids("?after="+done["id"].(string)))
+	assert.Equal(t, []any{done["id"]}, ids("?order=desc&after="+live["id"].(string)))
+	first := e.do("GET", "/api/v1/runs?limit=1", nil).json(t)
+	assert.Len(t, first["runs"], 1)
+	assert.Equal(t, done["id"], first["next"], "the opened run is on the next page")
+
+	e.unblock()
+	e.waitStatus(live["id"].(string), "completed")
+	liveStatus = "completed"
+	assert.Equal(t, both, ids(""), "stored, it is listed once")
+}
