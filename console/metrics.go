@@ -35,7 +35,8 @@ type Metrics struct {
 	runsMu      sync.Mutex
 	runsAt      time.Time
 	runsByStat  map[engine.RunStatus]int
-	runsDamaged int // run records that cannot be read, left out of runsByStat
+	runsDamaged int           // run records that cannot be read, left out of runsByStat
+	runsTook    time.Duration // how long the last count took
 }
 
 var latencyBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
@@ -161,16 +162,28 @@ func (s *instrumented) PutBlob(ctx context.Context, data []byte) (engine.BlobRef
 	return ref, err
 }
 
-// runCounts counts stored runs by status, at most every few seconds: it
-// reads every run record. A record that cannot be read is counted apart,
-// in damaged, instead of failing the count.
+// runCountsEvery is the least time between two counts of the stored runs
+// (runCounts), and runCountsShare the most of the time that their walks
+// of the runs take: a count that took a second is kept for 20. Variables,
+// so that tests can make the least time short.
+var (
+	runCountsEvery               = 5 * time.Second
+	runCountsShare time.Duration = 20
+)
+
+// runCounts counts stored runs by status. It reads every run record, so
+// it counts at most every runCountsEvery, and at most 1/runCountsShare of
+// the time: a store of months of runs, scraped every few seconds, would
+// otherwise keep a core busy. A record that cannot be read is counted
+// apart, in damaged, instead of failing the count.
 func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int, damaged int, err error) {
 	m := s.metrics
 	m.runsMu.Lock()
 	defer m.runsMu.Unlock()
-	if m.runsByStat != nil && time.Since(m.runsAt) < 5*time.Second {
+	if m.runsByStat != nil && time.Since(m.runsAt) < max(runCountsEvery, runCountsShare*m.runsTook) {
 		return m.runsByStat, m.runsDamaged, nil
 	}
+	start := time.Now()
 	counts = map[engine.RunStatus]int{}
 	for st := range statuses {
 		counts[st] = 0
@@ -199,7 +212,7 @@ func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int
 	moved := min(active, counts[engine.StatusQueued])
 	counts[engine.StatusQueued] -= moved
 	counts[engine.StatusRunning] += moved
-	m.runsByStat, m.runsDamaged, m.runsAt = counts, len(bad), time.Now()
+	m.runsByStat, m.runsDamaged, m.runsAt, m.runsTook = counts, len(bad), time.Now(), time.Since(start)
 	return counts, len(bad), nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,5 +118,56 @@ func TestStepMetricKeepsARunTrackedAgain(t *testing.T) {
 	ev(engine.EventRunStarted, "r4") // slot 1: r2 goes
 	if _, ok := m.lastStep.Get("r2"); ok || m.lastStep.Len() != 3 {
 		t.Fatalf("tracked %v; want r1, r3 and r4", m.lastStep)
+	}
+}
+
+// slowRuns is a store whose run listings take delay each, and counts them.
+type slowRuns struct {
+	engine.Store
+	delay time.Duration
+	calls atomic.Int32
+}
+
+func (s *slowRuns) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
+	s.calls.Add(1)
+	time.Sleep(s.delay)
+	return s.Store.Runs(ctx, f)
+}
+
+// /metrics counts the stored runs by reading every record. On a store of
+// months of runs, scraped every few seconds, that kept a core busy: a
+// count is now kept for 20 times as long as it took, if that is longer
+// than the least time between counts.
+func TestRunCountsTakeAtMostAShareOfTheTime(t *testing.T) {
+	defer func(d time.Duration) { runCountsEvery = d }(runCountsEvery)
+	runCountsEvery = 10 * time.Millisecond
+	st := &slowRuns{Store: engine.NewMemoryStore(), delay: 40 * time.Millisecond}
+	mgr := engine.NewManager(st, func(string, engine.BundleRef) (*engine.Agent, error) { return nil, engine.ErrUnknownAgent },
+		engine.ManagerOptions{})
+	defer mgr.Close()
+	s := New(Config{Manager: mgr, Metrics: NewMetrics()})
+	defer s.Close()
+	ctx := context.Background()
+	count := func() int32 {
+		t.Helper()
+		if _, _, err := s.runCounts(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return st.calls.Load()
+	}
+	first := count()
+	if first == 0 {
+		t.Fatal("the first count reads the runs")
+	}
+	time.Sleep(100 * time.Millisecond) // past runCountsEvery, not past 20 × 40 ms
+	if n := count(); n != first {
+		t.Fatalf("a count that took 40 ms was read again after 100 ms (%d listings, then %d)", first, n)
+	}
+	s.metrics.runsMu.Lock()
+	hold := runCountsShare * s.metrics.runsTook // 800 ms or more
+	s.metrics.runsMu.Unlock()
+	time.Sleep(hold)
+	if n := count(); n == first {
+		t.Fatal("a count is read again once 20 times its duration has passed")
 	}
 }
