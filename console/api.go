@@ -414,7 +414,14 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	var out []*engine.Run
 	more := false
 	for len(out) <= limit {
-		var page []*engine.Run
+		var page, unstored []*engine.Run
+		if status == "" || len(stored) == 2 {
+			// In exit durability the store has no record of a run until
+			// it pauses, ends or calls a tool: the manager has it
+			// meanwhile. It is asked first: a run it no longer has was
+			// stored before, and the store's listing below has it.
+			unstored = s.cfg.Manager.Unstored(f)
+		}
 		for _, st := range stored {
 			f.Status, f.Limit = st, limit+1
 			runs, err := s.cfg.Manager.Store().Runs(r.Context(), f)
@@ -423,13 +430,9 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 			}
 			page = append(page, runs...)
 		}
-		if status == "" || len(stored) == 2 {
-			// In exit durability the store has no record of a run until
-			// it pauses, ends or calls a tool: the manager has it meanwhile.
-			for _, run := range s.cfg.Manager.Unstored(f) {
-				if !slices.ContainsFunc(page, func(p *engine.Run) bool { return p.ID == run.ID }) {
-					page = append(page, run)
-				}
+		for _, run := range unstored {
+			if !slices.ContainsFunc(page, func(p *engine.Run) bool { return p.ID == run.ID }) {
+				page = append(page, run)
 			}
 		}
 		sort.Slice(page, func(i, j int) bool { return before(page[i].ID, page[j].ID) })

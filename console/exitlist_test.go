@@ -1,7 +1,9 @@
 package console_test
 
 import (
+	"context"
 	"net/http"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -52,4 +54,44 @@ func TestListRunsShowsExitRunsNotStoredYet(t *testing.T) {
 	e.waitStatus(live["id"].(string), "completed")
 	liveStatus = "completed"
 	assert.Equal(t, both, ids(""), "stored, it is listed once")
+}
+
+// hookedRuns calls after, when set, once a listing of the store returns.
+type hookedRuns struct {
+	engine.Store
+	after atomic.Pointer[func()]
+}
+
+func (h *hookedRuns) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
+	runs, err := h.Store.Runs(ctx, f)
+	if after := h.after.Swap(nil); after != nil {
+		(*after)()
+	}
+	return runs, err
+}
+
+// A run that ends and is stored while the list reads the store is listed:
+// the list asks the manager for its unstored runs before the store, not
+// after, when the run has left the manager and the store read missed it.
+func TestListRunsShowsExitRunEndingDuringTheList(t *testing.T) {
+	h := &hookedRuns{}
+	e := newEnvWithStore(t, t.TempDir(), engine.ManagerOptions{Durability: engine.DurabilityExit},
+		func(s engine.Store) engine.Store { h.Store = s; return h }, nil)
+	_, live := e.startRun("live", "block me", "")
+	id := live["id"].(string)
+	e.waitStatus(id, "running")
+	end := func() {
+		e.unblock()
+		run, err := e.mgr.Wait(t.Context(), id)
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusCompleted, run.Status)
+	}
+	h.after.Store(&end)
+	r := e.do("GET", "/api/v1/runs", nil)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	var ids []any
+	for _, item := range r.json(t)["runs"].([]any) {
+		ids = append(ids, item.(map[string]any)["id"])
+	}
+	assert.Equal(t, []any{id}, ids, "the run ended during the list, and is in it")
 }

@@ -145,6 +145,13 @@ func newEnvIn(t *testing.T, dir string, mod func(*console.Config)) *env {
 // events are the env's).
 func newEnvWith(t *testing.T, dir string, opts engine.ManagerOptions, mod func(*console.Config)) *env {
 	t.Helper()
+	return newEnvWithStore(t, dir, opts, nil, mod)
+}
+
+// newEnvWithStore is newEnvWith with the run manager's store wrapped by
+// wrap (when not nil), for a test that steps in between its calls.
+func newEnvWithStore(t *testing.T, dir string, opts engine.ManagerOptions, wrap func(engine.Store) engine.Store, mod func(*console.Config)) *env {
+	t.Helper()
 	db, err := store.OpenDir(dir, store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +169,11 @@ func newEnvWith(t *testing.T, dir string, opts engine.ManagerOptions, mod func(*
 	}
 	metrics := console.NewMetrics()
 	opts.Workers, opts.Events = 4, e.bus
-	e.mgr = engine.NewManager(console.InstrumentStore(db, metrics), resolve, opts)
+	st := console.InstrumentStore(db, metrics)
+	if wrap != nil {
+		st = wrap(st)
+	}
+	e.mgr = engine.NewManager(st, resolve, opts)
 	tok, _, err := console.LoadOrCreateToken(dir)
 	if err != nil {
 		t.Fatal(err)
