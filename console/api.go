@@ -18,6 +18,7 @@ import (
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/internal/strictjson"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // runView is a run as the API shows it (DESIGN.md "HTTP API"), plus the
@@ -38,7 +39,7 @@ type runView struct {
 	Error         string                  `json:"error,omitempty"`
 
 	// InputTruncated and OutputTruncated mark, in a list, an input or
-	// output too large to list (above engine.BlobThreshold): "input" or
+	// output too large to list (over store.SummaryBytes): "input" or
 	// "output" is then a short preview, a JSON string ending in "…", or
 	// absent when the run's record keeps none. GET /api/v1/runs/{id}
 	// returns both whole.
@@ -395,8 +396,8 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	before := func(a, b string) bool { return a < b != desc }
 	damaged := map[string]string{} // key -> why it cannot be read
 	// A list shows a summary of each run: a large input or output is a
-	// preview (input_truncated, output_truncated), and listing costs no
-	// blob reads.
+	// preview (input_truncated, output_truncated), and listing reads no
+	// blob of one.
 	f := engine.RunFilter{Agent: q.Get("agent"), Thread: q.Get("thread"), After: q.Get("after"), Desc: desc, Summary: true,
 		Damaged: func(key string, err error) { damaged[key] = err.Error() }}
 	// The store keeps a run "queued" until it ends or pauses (a worker's
@@ -432,6 +433,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 		}
 		for _, run := range unstored {
 			if !slices.ContainsFunc(page, func(p *engine.Run) bool { return p.ID == run.ID }) {
+				store.Summarize(run) // a copy (Unstored), summarized as the store's are
 				page = append(page, run)
 			}
 		}

@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // In exit durability the store has no record of a run until it pauses or
@@ -94,4 +96,23 @@ func TestListRunsShowsExitRunEndingDuringTheList(t *testing.T) {
 		ids = append(ids, item.(map[string]any)["id"])
 	}
 	assert.Equal(t, []any{id}, ids, "the run ended during the list, and is in it")
+}
+
+// A run the list takes from the manager (exit durability, not stored yet)
+// is a summary too: an input over store.SummaryBytes is a preview, marked
+// input_truncated, as a stored run's is.
+func TestListRunsSummarizesExitRunsNotStoredYet(t *testing.T) {
+	e := newEnvWith(t, t.TempDir(), engine.ManagerOptions{Durability: engine.DurabilityExit}, nil)
+	big := "block me " + strings.Repeat("x", store.SummaryBytes)
+	_, live := e.startRun("live", big, "")
+	e.waitStatus(live["id"].(string), "running")
+	r := e.do("GET", "/api/v1/runs", nil)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	runs := r.json(t)["runs"].([]any)
+	require.Len(t, runs, 1)
+	run := runs[0].(map[string]any)
+	assert.Equal(t, true, run["input_truncated"], "the input is previewed")
+	preview, _ := run["input"].(string)
+	assert.True(t, strings.HasPrefix(preview, "block me x"), "a preview of the input: %.40q", preview)
+	assert.Less(t, len(preview), 1024, "a preview, not the input")
 }

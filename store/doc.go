@@ -46,8 +46,8 @@
 // interrupted are indexed by the commits that write their records, so that
 // the review list and recovery at start read those runs alone, not the
 // months of finished ones (unfinished.go); a listing with
-// engine.RunFilter.Summary shows a large input or output by the preview
-// its record keeps, and reads no blob (run.go).
+// engine.RunFilter.Summary shows an input or output over SummaryBytes by
+// the preview its record keeps, and reads no blob of it (run.go).
 //
 // A commit writes every page from a changed record up to its bucket's
 // root, and its fsync costs about as much again per page: new stores get

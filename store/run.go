@@ -369,6 +369,20 @@ func summarize(r *engine.Run, rb runBlobs, blobs *blobs) error {
 	return resolveRun(r, whole, blobs)
 }
 
+// Summarize makes r, a run that no store holds yet (one the run manager
+// has opened and not stored, engine.Manager.Unstored), what a listing
+// with RunFilter.Summary would return of it: an input or output over
+// SummaryBytes is replaced by its preview and marked so. r is changed in
+// place; its Input and Output are replaced, never modified.
+func Summarize(r *engine.Run) {
+	if len(r.Input) > SummaryBytes {
+		r.Input, r.InputTruncated = previewOf(r.Input), true
+	}
+	if len(r.Output) > SummaryBytes {
+		r.Output, r.OutputTruncated = previewOf(r.Output), true
+	}
+}
+
 // resolveRun reads a run's out-of-line input and output from blobs.
 func resolveRun(r *engine.Run, rb runBlobs, blobs *blobs) error {
 	for _, f := range []struct {
@@ -496,8 +510,8 @@ func filteredOut(v []byte, f engine.RunFilter) bool {
 // long history cost what the oldest do. Runs in status queued, running or
 // interrupted are listed through the unfinished index, at the cost of the
 // unfinished runs alone, when the file has it (unfinished.go). With
-// f.Summary, a run's out-of-line input and output are left as their
-// previews (summarize), and no blob is read.
+// f.Summary, a run's input and output over SummaryBytes are left as
+// their previews (summarize), and no blob of theirs is read.
 func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list runs: %w", err)
