@@ -116,3 +116,27 @@ func TestListRunsSummarizesExitRunsNotStoredYet(t *testing.T) {
 	assert.True(t, strings.HasPrefix(preview, "block me x"), "a preview of the input: %.40q", preview)
 	assert.Less(t, len(preview), 1024, "a preview, not the input")
 }
+
+// A run that paused is stored, interrupted: the manager, which still holds
+// it for its resume, does not list it again as it opened, queued.
+func TestListRunsDoesNotListAPausedExitRunAsQueued(t *testing.T) {
+	e := newEnvWith(t, t.TempDir(), engine.ManagerOptions{Durability: engine.DurabilityExit}, nil)
+	_, paused := e.startRun("paused", "please review", "")
+	id := paused["id"].(string)
+	e.waitStatus(id, "interrupted")
+	for _, query := range []string{"?status=queued", "?status=running", "?status=interrupted", ""} {
+		r := e.do("GET", "/api/v1/runs"+query, nil)
+		require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+		var got []any
+		for _, item := range r.json(t)["runs"].([]any) {
+			run := item.(map[string]any)
+			got = append(got, run["status"])
+		}
+		switch query {
+		case "?status=queued", "?status=running":
+			assert.Empty(t, got, query)
+		default:
+			assert.Equal(t, []any{"interrupted"}, got, query)
+		}
+	}
+}

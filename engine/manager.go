@@ -242,6 +242,9 @@ func (m *Manager) release(a *active, paused bool) {
 	a.working = false
 	if paused {
 		a.paused = true
+		// Its pause stored its record: it is no longer one of Unstored's,
+		// whose record as it opened would list it queued again.
+		a.opened = nil
 		old := a.done
 		a.done = make(chan struct{})
 		close(old)
