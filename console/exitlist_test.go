@@ -58,10 +58,19 @@ func TestListRunsShowsExitRunsNotStoredYet(t *testing.T) {
 	assert.Equal(t, both, ids(""), "stored, it is listed once")
 }
 
-// hookedRuns calls after, when set, once a listing of the store returns.
+// hookedRuns calls after, when set, once a listing of the store returns,
+// and afterRun once a read of one run does.
 type hookedRuns struct {
 	engine.Store
-	after atomic.Pointer[func()]
+	after, afterRun atomic.Pointer[func()]
+}
+
+func (h *hookedRuns) Run(ctx context.Context, id string) (*engine.Run, error) {
+	run, err := h.Store.Run(ctx, id)
+	if after := h.afterRun.Swap(nil); after != nil {
+		(*after)()
+	}
+	return run, err
 }
 
 func (h *hookedRuns) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
@@ -139,4 +148,24 @@ func TestListRunsDoesNotListAPausedExitRunAsQueued(t *testing.T) {
 			assert.Equal(t, []any{"interrupted"}, got, query)
 		}
 	}
+}
+
+// A run read while it ends and is stored is found: the manager keeps what
+// it holds of the run before the store is read, not after, when the run
+// has left it and the store read missed it.
+func TestGetRunFindsAnExitRunEndingDuringTheRead(t *testing.T) {
+	h := &hookedRuns{}
+	e := newEnvWithStore(t, t.TempDir(), engine.ManagerOptions{Durability: engine.DurabilityExit},
+		func(s engine.Store) engine.Store { h.Store = s; return h }, nil)
+	_, live := e.startRun("live", "block me", "")
+	id := live["id"].(string)
+	e.waitStatus(id, "running")
+	end := func() {
+		e.unblock()
+		_, err := e.mgr.Wait(t.Context(), id)
+		require.NoError(t, err)
+	}
+	h.afterRun.Store(&end)
+	r := e.do("GET", "/api/v1/runs/"+id, nil)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 }

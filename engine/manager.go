@@ -452,18 +452,25 @@ func (m *Manager) Wait(ctx context.Context, runID string) (*Run, error) {
 // stored record still says queued. In exit durability, a run this manager
 // opened and has not yet stored is reported from its record as it opened.
 func (m *Manager) Run(ctx context.Context, runID string) (*Run, error) {
-	r, err := m.store.Run(ctx, runID)
+	// The record as it opened is taken before the store is read: a run
+	// that has left the manager by then was stored before that read.
+	var opened *Run
 	m.mu.Lock()
-	a := m.runs[runID]
-	if errors.Is(err, ErrRunNotFound) && a != nil && a.opened != nil {
+	if a := m.runs[runID]; a != nil && a.opened != nil {
+		opened = a.opened.Clone()
+		opened.Status = a.liveStatus(opened.Status)
+	}
+	m.mu.Unlock()
+	r, err := m.store.Run(ctx, runID)
+	if errors.Is(err, ErrRunNotFound) && opened != nil {
 		// Exit durability: not stored yet, but opened here and not ended.
-		r, err = a.opened.Clone(), nil
+		return opened, nil
 	}
 	if err != nil {
-		m.mu.Unlock()
 		return nil, err
 	}
-	r.Status = a.liveStatus(r.Status)
+	m.mu.Lock()
+	r.Status = m.runs[runID].liveStatus(r.Status)
 	m.mu.Unlock()
 	return r, nil
 }
