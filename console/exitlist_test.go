@@ -81,22 +81,30 @@ func (h *hookedRuns) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Ru
 	return runs, err
 }
 
-// A run that ends and is stored while the list reads the store is listed:
-// the list asks the manager for its unstored runs before the store, not
-// after, when the run has left the manager and the store read missed it.
-func TestListRunsShowsExitRunEndingDuringTheList(t *testing.T) {
-	h := &hookedRuns{}
-	e := newEnvWithStore(t, t.TempDir(), engine.ManagerOptions{Durability: engine.DurabilityExit},
+// exitRunToEnd starts a run in exit durability on a store that h hooks,
+// and returns with it running, and end, which ends it and waits until it
+// is stored and has left the manager.
+func exitRunToEnd(t *testing.T) (e *env, h *hookedRuns, id string, end func()) {
+	h = &hookedRuns{}
+	e = newEnvWithStore(t, t.TempDir(), engine.ManagerOptions{Durability: engine.DurabilityExit},
 		func(s engine.Store) engine.Store { h.Store = s; return h }, nil)
 	_, live := e.startRun("live", "block me", "")
-	id := live["id"].(string)
+	id = live["id"].(string)
 	e.waitStatus(id, "running")
-	end := func() {
+	end = func() {
 		e.unblock()
 		run, err := e.mgr.Wait(t.Context(), id)
 		require.NoError(t, err)
 		require.Equal(t, engine.StatusCompleted, run.Status)
 	}
+	return e, h, id, end
+}
+
+// A run that ends and is stored while the list reads the store is listed:
+// the list asks the manager for its unstored runs before the store, not
+// after, when the run has left the manager and the store read missed it.
+func TestListRunsShowsExitRunEndingDuringTheList(t *testing.T) {
+	e, h, id, end := exitRunToEnd(t)
 	h.after.Store(&end)
 	r := e.do("GET", "/api/v1/runs", nil)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
@@ -154,17 +162,7 @@ func TestListRunsDoesNotListAPausedExitRunAsQueued(t *testing.T) {
 // it holds of the run before the store is read, not after, when the run
 // has left it and the store read missed it.
 func TestGetRunFindsAnExitRunEndingDuringTheRead(t *testing.T) {
-	h := &hookedRuns{}
-	e := newEnvWithStore(t, t.TempDir(), engine.ManagerOptions{Durability: engine.DurabilityExit},
-		func(s engine.Store) engine.Store { h.Store = s; return h }, nil)
-	_, live := e.startRun("live", "block me", "")
-	id := live["id"].(string)
-	e.waitStatus(id, "running")
-	end := func() {
-		e.unblock()
-		_, err := e.mgr.Wait(t.Context(), id)
-		require.NoError(t, err)
-	}
+	e, h, id, end := exitRunToEnd(t)
 	h.afterRun.Store(&end)
 	r := e.do("GET", "/api/v1/runs/"+id, nil)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
