@@ -416,7 +416,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	more := false
 	for len(out) <= limit {
 		var page, unstored []*engine.Run
-		if status == "" || len(stored) == 2 {
+		if status == "" || status == engine.StatusQueued || status == engine.StatusRunning {
 			// In exit durability the store has no record of a run until
 			// it pauses, ends or calls a tool: the manager has it
 			// meanwhile. It is asked first: a run it no longer has was

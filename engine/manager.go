@@ -482,11 +482,12 @@ func (m *Manager) Run(ctx context.Context, runID string) (*Run, error) {
 // that order. A listing of the store merges them in, keeping a stored
 // record over its opened one.
 func (m *Manager) Unstored(f RunFilter) []*Run {
+	f.Status = "" // a stored status the caller lists; these runs are live
 	m.mu.Lock()
 	var out []*Run
 	for _, a := range m.runs {
 		r := a.opened
-		if r == nil || (f.Agent != "" && r.Agent != f.Agent) || (f.Thread != "" && r.Thread != f.Thread) || !f.comesAfter(r.ID) {
+		if r == nil || !f.Match(r) || !f.comesAfter(r.ID) {
 			continue
 		}
 		r = r.Clone()

@@ -116,6 +116,15 @@ func budgetBundle(t *testing.T, rt *firmware.Runtime, agents map[string]string) 
 }
 
 // runTurn runs one turn of agent on thread and returns the run as it ended.
+// budgetManager is a run manager over a memory store, for a bundle of
+// agents built by budgetBundle with rt; it is closed when the test ends.
+func budgetManager(t *testing.T, rt *firmware.Runtime, agents map[string]string) *engine.Manager {
+	t.Helper()
+	m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(budgetBundle(t, rt, agents)), engine.ManagerOptions{})
+	t.Cleanup(m.Close)
+	return m
+}
+
 func runTurn(t *testing.T, m *engine.Manager, agent, thread, input string) *engine.Run {
 	t.Helper()
 	raw, _ := json.Marshal(input)
@@ -221,9 +230,7 @@ func chainGraph(name string, retries int) string {
 func TestTokenBudgetBoundsTheRunWithoutATokensChannel(t *testing.T) {
 	p := &fixedModel{prompt: 40, completion: 20, answer: "ok"}
 	rt := &firmware.Runtime{Provider: p, Model: budgetModel, Budget: policy.Budget{Tokens: 100}}
-	b := budgetBundle(t, rt, map[string]string{"chain": chainGraph("chain", 0)})
-	m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(b), engine.ManagerOptions{})
-	defer m.Close()
+	m := budgetManager(t, rt, map[string]string{"chain": chainGraph("chain", 0)})
 	requireBudgetExceeded(t, runTurn(t, m, "chain", "t", "hello"), policy.BudgetTokens)
 }
 
@@ -245,9 +252,7 @@ func TestTokenBudgetIsPerRunNotPerThread(t *testing.T) {
   "nodes": [{"name": "left", "kind": "model", "config": {"input": "input", "out": "a", "tokens": "tokens"}}],
   "edges": [{"from": "START", "to": "left"}, {"from": "left", "to": "END"}]
 }`
-	b := budgetBundle(t, rt, map[string]string{"one": one})
-	m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(b), engine.ManagerOptions{})
-	defer m.Close()
+	m := budgetManager(t, rt, map[string]string{"one": one})
 	for turn := range 3 {
 		if r := runTurn(t, m, "one", "t", "hello"); r.Status != engine.StatusCompleted {
 			t.Fatalf("turn %d ended %s (%s): each run spends 60 of its own 100 tokens", turn, r.Status, r.Error)
@@ -266,9 +271,7 @@ func TestFailedModelCallsCountAgainstTheTokenBudget(t *testing.T) {
 		return "", nil
 	}}
 	rt := &firmware.Runtime{Provider: p, Model: budgetModel, Budget: policy.Budget{Tokens: 150}}
-	b := budgetBundle(t, rt, map[string]string{"chain": chainGraph("chain", 3)})
-	m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(b), engine.ManagerOptions{})
-	defer m.Close()
+	m := budgetManager(t, rt, map[string]string{"chain": chainGraph("chain", 3)})
 	requireBudgetExceeded(t, runTurn(t, m, "chain", "t", "hello"), policy.BudgetTokens)
 }
 
@@ -297,9 +300,7 @@ func TestTruncatedModelCallCountsAgainstTheTokenBudget(t *testing.T) {
 		`{"model":"budget-test","message":{"role":"assistant","content":"If you"},"done":false}`,
 		`{"model":"budget-test","message":{"role":"assistant","content":""},"done_reason":"length","done":true,"prompt_eval_count":500,"eval_count":300}`)
 	rt := &firmware.Runtime{Provider: ollama.New(srv.URL, nil), Model: budgetModel, Budget: policy.Budget{Tokens: 500}}
-	b := budgetBundle(t, rt, map[string]string{"chain": chainGraph("chain", 0)})
-	m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(b), engine.ManagerOptions{})
-	defer m.Close()
+	m := budgetManager(t, rt, map[string]string{"chain": chainGraph("chain", 0)})
 	requireBudgetExceeded(t, runTurn(t, m, "chain", "t", "hello"), policy.BudgetTokens)
 }
 
@@ -310,9 +311,7 @@ func TestMissingPromptCountIsEstimated(t *testing.T) {
 		`{"model":"budget-test","message":{"role":"assistant","content":"ok"},"done":false}`,
 		`{"model":"budget-test","message":{"role":"assistant","content":""},"done_reason":"stop","done":true,"eval_count":10}`)
 	rt := &firmware.Runtime{Provider: ollama.New(srv.URL, nil), Model: budgetModel, Budget: policy.Budget{Tokens: 1500}}
-	b := budgetBundle(t, rt, map[string]string{"chain": chainGraph("chain", 0)})
-	m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(b), engine.ManagerOptions{})
-	defer m.Close()
+	m := budgetManager(t, rt, map[string]string{"chain": chainGraph("chain", 0)})
 	// About 1000 tokens of prompt by any count: two calls do not fit in 1500.
 	requireBudgetExceeded(t, runTurn(t, m, "chain", "t", strings.Repeat("dose ", 800)), policy.BudgetTokens)
 }
@@ -408,9 +407,7 @@ func TestToolLoopIterationsNeverExceedTheAppliancesBudget(t *testing.T) {
 		t.Run(fmt.Sprintf("appliance %d node %d", tc.appliance, tc.node), func(t *testing.T) {
 			p := &fixedModel{prompt: 1, completion: 1, answer: "again", toolCall: "lookup_schedule"}
 			rt := &firmware.Runtime{Provider: p, Model: budgetModel, Budget: policy.Budget{ToolIterations: tc.appliance}}
-			b := budgetBundle(t, rt, map[string]string{"looping": fmt.Sprintf(loop, tc.node)})
-			m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(b), engine.ManagerOptions{})
-			defer m.Close()
+			m := budgetManager(t, rt, map[string]string{"looping": fmt.Sprintf(loop, tc.node)})
 			requireBudgetExceeded(t, runTurn(t, m, "looping", "t", "hello"), policy.BudgetToolIterations)
 			if got := int(p.calls.Load()) - 1; got != tc.want {
 				t.Fatalf("%d tool iterations ran, want %d", got, tc.want)
@@ -439,9 +436,7 @@ func TestAgentNarrowsTheAppliancesBudgets(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &fixedModel{prompt: 40, completion: 20, answer: "ok"}
 			rt := &firmware.Runtime{Provider: p, Model: budgetModel, Budget: tc.appliance}
-			b := budgetBundle(t, rt, map[string]string{"twin": with(tc.fields)})
-			m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(b), engine.ManagerOptions{})
-			defer m.Close()
+			m := budgetManager(t, rt, map[string]string{"twin": with(tc.fields)})
 			r := runTurn(t, m, "twin", "t", "hello")
 			if tc.which == "" {
 				if r.Status != engine.StatusCompleted {
@@ -517,9 +512,7 @@ func TestModelNodeNumPredictCapsItsAnswers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &fixedModel{prompt: 1, completion: 1, answer: "ok"}
 			rt := &firmware.Runtime{Provider: p, Model: budgetModel, Budget: policy.Budget{Tokens: tc.budget}}
-			b := budgetBundle(t, rt, map[string]string{"chain": fmt.Sprintf(graph, tc.numPredict)})
-			m := engine.NewManager(engine.NewMemoryStore(), firmware.BundleResolver(b), engine.ManagerOptions{})
-			defer m.Close()
+			m := budgetManager(t, rt, map[string]string{"chain": fmt.Sprintf(graph, tc.numPredict)})
 			runTurn(t, m, "chain", "t", "hello")
 			if len(p.caps) == 0 || p.caps[0] != tc.want {
 				t.Fatalf("answer caps sent %v, want %d first", p.caps, tc.want)
