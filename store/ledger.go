@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -194,7 +193,11 @@ func appendJSONList[T any](dst []byte, xs []T, item func([]byte, T) []byte) []by
 }
 
 // Positions in OutcomeFields (and fieldJSON) that the ledger sets itself.
-var seqField, flagsField, outputField = fieldIndex("seq"), fieldIndex("flags"), fieldIndex("output")
+var (
+	seqField, flagsField, outputField = fieldIndex("seq"), fieldIndex("flags"), fieldIndex("output")
+	causationField, toolsField        = fieldIndex("causation_id"), fieldIndex("tools")
+	modelCallsField, tokensField      = fieldIndex("model_calls"), fieldIndex("tokens")
+)
 
 func fieldIndex(name string) int {
 	i := slices.Index(OutcomeFields, name)
@@ -204,10 +207,21 @@ func fieldIndex(name string) int {
 	return i
 }
 
-func digestsOf(vals [][]byte) map[string]string {
-	d := make(map[string]string, len(vals))
-	for i, f := range OutcomeFields {
-		d[f] = FieldDigest(vals[i])
+// fieldDigests holds the digest of each of OutcomeFields, by position: the
+// ledger's writer copies and hashes it in every append, inside the
+// transaction, where a map's clone and lookups cost more than the hash.
+type fieldDigests [19]string
+
+func init() {
+	if len(fieldDigests{}) != len(OutcomeFields) {
+		panic("store: fieldDigests does not match OutcomeFields")
+	}
+}
+
+func digestsOf(vals [][]byte) fieldDigests {
+	var d fieldDigests
+	for i := range OutcomeFields {
+		d[i] = FieldDigest(vals[i])
 	}
 	return d
 }
@@ -224,32 +238,46 @@ func (o *Outcome) Digests() (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return digestsOf(vals), nil
+	d := digestsOf(vals)
+	m := make(map[string]string, len(d))
+	for i, f := range OutcomeFields {
+		m[f] = d[i]
+	}
+	return m, nil
 }
 
 // ComputeHash returns the hash o should carry, given its PrevHash.
 func (o *Outcome) ComputeHash() (string, error) {
-	d, err := o.Digests()
+	vals, err := o.fieldJSON(false)
 	if err != nil {
 		return "", err
 	}
-	return OutcomeHash(o.PrevHash, d)
+	d := digestsOf(vals)
+	return chainHash(o.PrevHash, &d), nil
 }
 
 // OutcomeHash chains field digests to prevHash (see OutcomeFields). Every
 // field must have a digest.
 func OutcomeHash(prevHash string, digests map[string]string) (string, error) {
-	b := make([]byte, 0, 2048)
-	b = append(append(append(b, "outpost-outcome/1\nprev_hash="...), prevHash...), '\n')
-	for _, f := range OutcomeFields {
-		d, ok := digests[f]
-		if !ok {
+	var d fieldDigests
+	for i, f := range OutcomeFields {
+		var ok bool
+		if d[i], ok = digests[f]; !ok {
 			return "", fmt.Errorf("outcome hash: no digest for field %s", f)
 		}
-		b = append(append(append(append(b, f...), '='), d...), '\n')
+	}
+	return chainHash(prevHash, &d), nil
+}
+
+// chainHash is OutcomeHash of digests by position.
+func chainHash(prevHash string, d *fieldDigests) string {
+	b := make([]byte, 0, 2048)
+	b = append(append(append(b, "outpost-outcome/1\nprev_hash="...), prevHash...), '\n')
+	for i, f := range OutcomeFields {
+		b = append(append(append(append(b, f...), '='), d[i]...), '\n')
 	}
 	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:]), nil
+	return hex.EncodeToString(sum[:])
 }
 
 // encodeOutcome encodes o for the ledger; with a non-zero outputBlob the
@@ -501,7 +529,7 @@ func leavesOutcome(s engine.RunStatus) bool {
 type pendingOutcome struct {
 	run     *engine.Run
 	o       Outcome
-	digests map[string]string
+	digests fieldDigests
 	// flagsKnown says o.Flags holds the run's final flags, read outside
 	// the transaction; otherwise appendOutcome reads them from the store.
 	flagsKnown bool
@@ -604,24 +632,27 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome) (*Outcome, error) {
 		return nil, err
 	}
 	body := p.body
-	d := maps.Clone(p.digests)
+	d := p.digests
 	if o.CausationID == "" && prev != nil {
 		o.CausationID, body = prev.OutcomeID, nil
-		if err := setDigest(d, "causation_id", o.CausationID); err != nil {
+		if err := setDigest(&d, causationField, o.CausationID); err != nil {
 			return nil, err
 		}
 	}
 	if len(o.Tools) > 0 || o.ModelCalls > 0 || o.Tokens > 0 {
 		body = nil
-		for f, v := range map[string]any{"tools": o.Tools, "model_calls": o.ModelCalls, "tokens": o.Tokens} {
-			if err := setDigest(d, f, v); err != nil {
+		for _, f := range [...]struct {
+			i int
+			v any
+		}{{toolsField, o.Tools}, {modelCallsField, o.ModelCalls}, {tokensField, o.Tokens}} {
+			if err := setDigest(&d, f.i, f.v); err != nil {
 				return nil, err
 			}
 		}
 	}
 	if !p.flagsKnown {
 		o.Flags, body = finalFlags(writeBlobs(tx), r), nil
-		if err := setDigest(d, "flags", o.Flags); err != nil {
+		if err := setDigest(&d, flagsField, o.Flags); err != nil {
 			return nil, err
 		}
 	}
@@ -632,12 +663,10 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome) (*Outcome, error) {
 		return nil, err
 	}
 	o.Seq, o.PrevHash = head.seq+1, head.hash
-	if err := setDigest(d, "seq", o.Seq); err != nil {
+	if err := setDigest(&d, seqField, o.Seq); err != nil {
 		return nil, err
 	}
-	if o.Hash, err = OutcomeHash(o.PrevHash, d); err != nil {
-		return nil, err
-	}
+	o.Hash = chainHash(o.PrevHash, &d)
 	if body == nil {
 		if body, err = encodeOutcomeBody(&o, p.outputBlob); err != nil {
 			return nil, fmt.Errorf("append outcome: %w", err)
@@ -661,14 +690,14 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome) (*Outcome, error) {
 	return &o, nil
 }
 
-// setDigest sets d[field] to the digest of v's canonical JSON, as
-// FieldValues encodes it.
-func setDigest(d map[string]string, field string, v any) error {
+// setDigest sets the digest of OutcomeFields[i] to that of v's canonical
+// JSON, as FieldValues encodes it.
+func setDigest(d *fieldDigests, i int, v any) error {
 	b, err := appendFieldJSON(nil, v)
 	if err != nil {
-		return fmt.Errorf("outcome field %s: %w", field, err)
+		return fmt.Errorf("outcome field %s: %w", OutcomeFields[i], err)
 	}
-	d[field] = FieldDigest(b)
+	d[i] = FieldDigest(b)
 	return nil
 }
 

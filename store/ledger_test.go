@@ -2,6 +2,8 @@ package store
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -674,4 +676,28 @@ func TestOutcomeIndexSortsBesideItsRun(t *testing.T) {
 		return bucket(tx, bucketRuns).ForEach(func(k, _ []byte) error { keys = append(keys, string(k)); return nil })
 	}))
 	assert.Equal(t, []string{"r1", "r1\x00o", "r2", "r2\x00o"}, keys)
+}
+
+// The chain's preimage is part of the uplink's contract: a collector
+// recomputes it. This spells it out by hand, field by field.
+func TestOutcomeHashPreimage(t *testing.T) {
+	digests := map[string]string{}
+	var pre strings.Builder
+	pre.WriteString("outpost-outcome/1\nprev_hash=p0\n")
+	for i, f := range []string{
+		"appliance_id", "seq", "outcome_id", "correlation_id", "causation_id", "thread", "run", "agent",
+		"bundle", "status", "started_at", "ended_at", "steps", "tokens", "model_calls", "tools", "flags",
+		"output", "error",
+	} {
+		digests[f] = fmt.Sprintf("d%02d", i)
+		fmt.Fprintf(&pre, "%s=d%02d\n", f, i)
+	}
+	sum := sha256.Sum256([]byte(pre.String()))
+	got, err := OutcomeHash("p0", digests)
+	require.NoError(t, err)
+	assert.Equal(t, hex.EncodeToString(sum[:]), got)
+
+	delete(digests, "tools")
+	_, err = OutcomeHash("p0", digests)
+	assert.ErrorContains(t, err, "no digest for field tools")
 }
