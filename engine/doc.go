@@ -24,7 +24,10 @@
 //     been committed, and never blocks on a slow one.
 //   - NewManager runs agents on a bounded worker pool, one active run per
 //     thread, and recovers runs left running by a crash, except a run that
-//     crashed the process at each of its last MaxRecoveries recoveries.
+//     crashed the process at each of its last MaxRecoveries recoveries. A
+//     run recovered a second time in a row runs alone, so that a crash
+//     counts against the run that caused it, not the ones beside it (see
+//     Manager.Recover).
 //
 // The examples are the best way to understand the package: start with
 // ExampleGraph_Invoke and ExampleInterrupt.

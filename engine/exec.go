@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -158,6 +159,13 @@ type execution struct {
 	// under runValuesMu.
 	runValuesMu sync.Mutex
 	runValues   map[any]any
+	// countOnRecord says, in a recovered run's root execution, that the
+	// stored record still holds the recovery count that run leaves out
+	// (see Manager.markRecovery). The first commit of progress that
+	// carries the record, the root's or a subgraph's step, takes it off
+	// and calls progressed.
+	countOnRecord atomic.Bool
+	progressed    func()
 }
 
 func (g *Graph) newExecution(cfg RunConfig) (*execution, error) {
@@ -283,7 +291,7 @@ func (e *execution) adoptRun(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	run.Steps = max(steps, run.Steps) // see Manager.prepareResume
+	run.Steps = max(steps, run.Steps) // see Manager.loadResume
 	run.Durability = e.cfg.Durability
 	e.run = run
 	return nil
@@ -318,12 +326,24 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 	if c.Checkpoint != nil {
 		e.run.Checkpoint = c.Checkpoint.ID
 	}
+	var root *execution // whose record c carries
 	if e.cfg.ns == "" && (e.runChanged || e.run.Status.Terminal()) {
 		// Intermediate steps leave the stored record alone: its status is
 		// what recovery needs, and the step count is rebuilt from the
-		// checkpoints (see Manager.prepareResume).
+		// checkpoints (see Manager.loadResume).
 		c.Run = e.run.Clone()
 		e.runChanged = false
+		root = e
+	} else if r := e.root(); r != e && c.Checkpoint != nil && c.Checkpoint.Source == SourceLoop && r.countOnRecord.Load() {
+		// A subgraph's step is its run's progress too, but the root
+		// writes its record only when its own step ends, which a long
+		// subgraph may never reach between crashes: the subgraph's first
+		// step after a recovery takes the count off. Its siblings run
+		// concurrently, and may carry the record as well.
+		r.durable.Lock()
+		c.Run = r.run.Clone()
+		r.durable.Unlock()
+		root = r
 	}
 	if len(e.blobBuf) > 0 {
 		c.Blobs = e.blobBuf
@@ -332,6 +352,9 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 	c.Sync = true
 	if err := e.store.Commit(context.WithoutCancel(ctx), c); err != nil {
 		return fmt.Errorf("commit step %d of run %s: %w", e.step, e.run.ID, err)
+	}
+	if root != nil && root.countOnRecord.CompareAndSwap(true, false) && root.progressed != nil {
+		root.progressed()
 	}
 	if fp := failpoints.afterCommitBeforePublish; fp != nil {
 		if err := fp(c); err != nil {

@@ -64,8 +64,10 @@ type ManagerOptions struct {
 	CacheBytes int64
 	// MaxRecoveries bounds how many times in a row a run is recovered
 	// after a crash without making progress in between; the next start
-	// ends it failed with ErrCrashLoop instead of running it again (see
-	// Recover). Default DefaultMaxRecoveries; negative for no bound.
+	// ends it failed with ErrCrashLoop instead of running it again. From
+	// its second recovery in a row on, a run runs alone, so that only its
+	// own crashes count (see Recover). Default DefaultMaxRecoveries;
+	// negative for no bound.
 	MaxRecoveries int
 }
 
@@ -76,7 +78,8 @@ const DefaultMaxRecoveries = 3
 // MetaRecoveries is the key of Run.Meta that counts the times a run has
 // been recovered since it last made progress. It is on record only in
 // between: the first commit that carries the run's record after a
-// recovery (its next step, a pause or its end) leaves it out.
+// recovery (its next step or a subgraph's, a pause or its end) leaves it
+// out.
 const MetaRecoveries = "engine.recoveries"
 
 // RunRequest asks for one turn on a thread.
@@ -112,6 +115,14 @@ type Manager struct {
 	queued  int
 	threads map[string]*active // thread -> its running or paused run
 	runs    map[string]*active // run id -> the same
+	// suspects counts the crash-loop guard's suspects (see Recover) that
+	// have not yet made progress, paused or ended. While there are any,
+	// cleared is open and other runs wait for it to close; solo is the
+	// turn that one suspect at a time holds while it takes every worker
+	// slot, to run alone.
+	suspects int
+	cleared  chan struct{}
+	solo     chan struct{}
 }
 
 type active struct {
@@ -132,6 +143,12 @@ type active struct {
 	// the worker that takes the run puts on its record before it runs it
 	// (see markRecovery); 0 when the run is not being recovered.
 	recovery int
+	// suspect: the run is one of the crash-loop guard's suspects and has
+	// not yet made progress, paused or ended (see Recover). slots is how
+	// many worker slots the run holds: one, or all of them (and the solo
+	// turn) while a suspect runs alone.
+	suspect bool
+	slots   int
 }
 
 var errShutdown = errors.New("run manager shutting down")
@@ -159,7 +176,7 @@ func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
 	}
 	ctx, stop := context.WithCancelCause(context.Background())
 	m := &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize, opts.CacheBytes),
-		sem: make(chan struct{}, opts.Workers), ctx: ctx, stop: stop,
+		sem: make(chan struct{}, opts.Workers), solo: make(chan struct{}, 1), ctx: ctx, stop: stop,
 		threads: map[string]*active{}, runs: map[string]*active{}}
 	if err := opts.Durability.check(); err != nil {
 		m.bad = fmt.Errorf("run manager options: %w", err)
@@ -398,34 +415,114 @@ func (m *Manager) execute(caller context.Context, a *active, e *execution, decis
 // run waits for a worker slot, then runs e's loop to its end or pause.
 func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *active, e *execution, decisions map[string]Decision) {
 	defer cancel(nil)
-	select {
-	case m.sem <- struct{}{}:
-	case <-ctx.Done():
-	}
+	slots := m.takeWorker(ctx, a)
 	m.dequeue()
 	m.mu.Lock()
 	a.working = true
+	a.slots = slots
 	m.mu.Unlock()
 	var err error
 	marked := false
-	if ctx.Err() == nil {
+	if slots > 0 && ctx.Err() == nil {
 		if a.recovery > 0 {
-			// A run that cannot be marked is not run: it stays as it is
-			// in the store, whose failed write stops all writes.
-			err = m.markRecovery(ctx, e, a.recovery)
-			marked = err == nil
+			marked, err = m.startRecovered(ctx, a, e)
 		}
 		if err == nil {
 			err = e.loop(ctx, decisions)
 		}
-		<-m.sem
 	} else {
+		if a.recovery > 0 && !errors.Is(context.Cause(ctx), errShutdown) {
+			m.recountSteps(ctx, e) // it ends now, its state not loaded
+		}
 		err = e.stopped(ctx, context.Cause(ctx))
 	}
+	m.freeWorker(a)
 	if marked && errors.Is(err, errShutdown) {
 		m.takeBackRecovery(e.run.ID)
 	}
 	m.release(a, e.run.Status == StatusInterrupted)
+}
+
+// takeWorker waits for a worker slot for a's run, or for ctx to end, and
+// returns how many slots it took: none when ctx ended. A suspect of the
+// crash-loop guard takes the solo turn and then every slot, to run alone
+// (see Recover); any other run waits for the suspects to be cleared first.
+func (m *Manager) takeWorker(ctx context.Context, a *active) int {
+	m.mu.Lock()
+	suspect, cleared := a.suspect, m.cleared
+	m.mu.Unlock()
+	if suspect {
+		return m.takeEveryWorker(ctx)
+	}
+	if cleared != nil {
+		select {
+		case <-cleared:
+		case <-ctx.Done():
+			return 0
+		}
+	}
+	select {
+	case m.sem <- struct{}{}:
+		return 1
+	case <-ctx.Done():
+		return 0
+	}
+}
+
+// takeEveryWorker takes the solo turn, then every worker slot as the runs
+// that hold them let go, or nothing if ctx ends first.
+func (m *Manager) takeEveryWorker(ctx context.Context) int {
+	select {
+	case m.solo <- struct{}{}:
+	case <-ctx.Done():
+		return 0
+	}
+	n := 0
+	for n < cap(m.sem) {
+		select {
+		case m.sem <- struct{}{}:
+			n++
+		case <-ctx.Done():
+			for ; n > 0; n-- {
+				<-m.sem
+			}
+			<-m.solo
+			return 0
+		}
+	}
+	return n
+}
+
+// freeWorker gives back the worker slots a's run holds, as its worker is
+// done with it, and clears it if it is a suspect.
+func (m *Manager) freeWorker(a *active) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.clearSuspect(a)
+	for ; a.slots > 0; a.slots-- {
+		<-m.sem
+	}
+}
+
+// clearSuspect ends a's time as a suspect, if it is one: the others may run
+// again. It keeps one worker slot of those it holds, and lets go of the
+// solo turn. The caller holds m.mu.
+func (m *Manager) clearSuspect(a *active) {
+	if !a.suspect {
+		return
+	}
+	a.suspect = false
+	if a.slots > 0 {
+		for ; a.slots > 1; a.slots-- {
+			<-m.sem
+		}
+		<-m.solo
+	}
+	m.suspects--
+	if m.suspects == 0 {
+		close(m.cleared)
+		m.cleared = nil
+	}
 }
 
 // Wait blocks until the run is no longer executing (it ended or paused at an
@@ -585,28 +682,57 @@ func (m *Manager) Resume(ctx context.Context, runID string, decisions map[string
 }
 
 func (m *Manager) prepareResume(ctx context.Context, ag *Agent, run *Run) (*execution, error) {
+	e, err := m.resumeExecution(ag, run)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.loadResume(ctx, e); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// resumeExecution is the execution that resumes run, its state not loaded
+// yet (see loadResume).
+func (m *Manager) resumeExecution(ag *Agent, run *Run) (*execution, error) {
 	// The run goes on in the manager's durability, but a recorded one that
 	// is neither sync nor exit says the record cannot be trusted as to how
 	// it ran so far.
 	if err := run.Durability.check(); err != nil {
 		return nil, fmt.Errorf("resume run %s: recorded durability: %w", run.ID, err)
 	}
-	e, err := ag.Graph.newExecution(m.config(ag, run))
-	if err != nil {
-		return nil, err
-	}
+	return ag.Graph.newExecution(m.config(ag, run))
+}
+
+// loadResume loads the state that e resumes its run from, and counts the
+// steps the run has taken.
+func (m *Manager) loadResume(ctx context.Context, e *execution) error {
 	if err := e.load(ctx, ""); err != nil {
-		return nil, fmt.Errorf("resume run %s: %w", run.ID, err)
+		return fmt.Errorf("resume run %s: %w", e.run.ID, err)
 	}
-	steps, err := countSteps(ctx, m.store, ag.Graph, e.head, run.ID)
+	steps, err := countSteps(ctx, m.store, e.g, e.head, e.run.ID)
 	if err != nil {
-		return nil, fmt.Errorf("resume run %s: %w", run.ID, err)
+		return fmt.Errorf("resume run %s: %w", e.run.ID, err)
 	}
 	// In exit durability only the checkpoint the run paused at is stored,
 	// so the steps before it are not there to be counted; the record
 	// written at the pause holds them.
-	e.run.Steps = max(steps, run.Steps)
-	return e, nil
+	e.run.Steps = max(steps, e.run.Steps)
+	return nil
+}
+
+// recountSteps counts the steps of a recovered run that ends before its
+// state is loaded (it is cancelled while it waits for a worker), so that
+// its last record holds them. A count that fails leaves the record's.
+func (m *Manager) recountSteps(ctx context.Context, e *execution) {
+	ctx = context.WithoutCancel(ctx)
+	head, err := m.threadHead(ctx, e.run.Thread)
+	if err != nil {
+		return
+	}
+	if steps, err := countSteps(ctx, m.store, e.g, head, e.run.ID); err == nil {
+		e.run.Steps = max(steps, e.run.Steps)
+	}
 }
 
 // countSteps counts the supersteps a run has committed, walking back from
@@ -737,28 +863,50 @@ func (e *DamagedRunsError) Error() string {
 
 // Recover resumes every run that a crash left queued or running, from its
 // last checkpoint, and registers interrupted runs as paused. It returns the
-// number of runs resumed. A run record that cannot be read does not stop
-// the others: Recover leaves it out and returns a *DamagedRunsError after
-// recovering the rest. One damaged record of a finished run should not
-// keep the appliance from starting.
+// number of runs it resumes: it hands them to workers, which load their
+// state. A run record that cannot be read does not stop the others:
+// Recover leaves it out and returns a *DamagedRunsError after recovering
+// the rest. One damaged record of a finished run should not keep the
+// appliance from starting.
 //
 // A run that kills the process would kill it again at every start. So the
 // worker that takes a recovered run counts the recovery on the run's
-// record before it runs anything (see markRecovery), and a run that has
-// been recovered ManagerOptions.MaxRecoveries times in a row is not run
-// again: Recover ends it failed with ErrCrashLoop (and run.failed and its
-// outcome, as any run that cannot be recovered). The count starts again
-// when the run makes progress, which its record shows at once: its next
-// commit of a step of its own graph, a pause for a person, or its end. A
-// run stopped by Close, not a crash, is not counted, nor one that waited
-// in the queue for a worker all along. Runs that a crash cut short along
-// with the one that caused it are counted too, but they seldom go
-// MaxRecoveries starts without committing a step.
-func (m *Manager) Recover(ctx context.Context) (int, error) {
+// record before it loads or runs anything (see markRecovery), and a run
+// that has been recovered ManagerOptions.MaxRecoveries times in a row is
+// not run again: Recover ends it failed with ErrCrashLoop (and run.failed
+// and its outcome, as any run that cannot be recovered). The count starts
+// again when the run makes progress, which its record shows at once: its
+// next commit of a step (of its own graph or of a subgraph), a pause for a
+// person, or its end. A run stopped by Close, not a crash, is not counted,
+// nor one that waited for a worker all along.
+//
+// A crash cuts short every run that was running, not only the one that
+// caused it, so a count in company is no proof. A recovered run whose
+// record holds a count already (the process died again under it before it
+// made progress) is a suspect, and suspects run first, one at a time and
+// alone: while one runs, no other run executes, recovered or new; they wait
+// for a worker until it makes progress, pauses or ends. A suspect waits for
+// every other run to let go of its worker before it starts. A crash while
+// a suspect runs alone counts against it only, and a run that was cut
+// short beside the guilty one makes progress when it runs alone, which
+// clears its count. Runs recovered for the first time run together, as
+// new runs do. With MaxRecoveries 1 there is no turn alone: a crash in the
+// first recovery fails every run it cut short. And a suspect whose step is
+// only slow holds up the others until the step ends.
+func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
 	}
-	n := 0
+	// The runs go to workers once all are registered, suspects first, so
+	// that no other run takes a worker before the suspects. This also
+	// counts them: the returns below leave resumed to it.
+	var suspects, others []recovered
+	defer func() {
+		resumed = len(suspects) + len(others)
+		for _, r := range append(suspects, others...) {
+			m.launch(r.a, r.e, nil)
+		}
+	}()
 	var damaged *DamagedRunsError
 	seen := map[string]bool{}
 	onDamaged := func(key string, err error) {
@@ -776,37 +924,47 @@ func (m *Manager) Recover(ctx context.Context) (int, error) {
 		for {
 			runs, err := m.store.Runs(ctx, RunFilter{Status: st, After: after, Limit: 500, Damaged: onDamaged})
 			if err != nil {
-				return n, fmt.Errorf("recover: list %s runs: %w", st, err)
+				return 0, fmt.Errorf("recover: list %s runs: %w", st, err)
 			}
 			if len(runs) == 0 {
 				break
 			}
 			after = runs[len(runs)-1].ID
 			for _, run := range runs {
-				resumed, err := m.recoverOne(ctx, run)
-				if err != nil {
-					return n, err
-				}
-				if resumed {
-					n++
+				r, err := m.recoverOne(ctx, run)
+				switch {
+				case err != nil:
+					return 0, err
+				case r.a == nil:
+				case r.a.suspect:
+					suspects = append(suspects, r)
+				default:
+					others = append(others, r)
 				}
 			}
 		}
 	}
 	if damaged != nil {
-		return n, damaged
+		return 0, damaged
 	}
-	return n, nil
+	return 0, nil
+}
+
+// recovered is a run that Recover hands to a worker to resume.
+type recovered struct {
+	a *active
+	e *execution
 }
 
 // recoverOne recovers one run the listing found: it registers a paused one,
-// and resumes one left queued or running, or fails it when it cannot be
-// (resumed says which). err is a store that failed to record the failure.
-func (m *Manager) recoverOne(ctx context.Context, run *Run) (resumed bool, err error) {
+// and one left queued or running for a worker to resume, which it returns,
+// or fails it when it cannot be resumed. err is a store that failed to
+// record the failure.
+func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 	m.mu.Lock()
 	if m.threads[run.Thread] != nil {
 		m.mu.Unlock()
-		return false, nil
+		return recovered{}, nil
 	}
 	a := &active{runID: run.ID, thread: run.Thread, done: make(chan struct{}), paused: run.Status == StatusInterrupted}
 	m.threads[run.Thread] = a
@@ -816,9 +974,9 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (resumed bool, err e
 	}
 	m.mu.Unlock()
 	if a.paused {
-		return false, nil
+		return recovered{}, nil
 	}
-	fail := func(err error) (bool, error) {
+	fail := func(err error) (recovered, error) {
 		m.dequeue()
 		run.Status, run.Error, run.EndedAt = StatusFailed, err.Error(), time.Now().UTC()
 		ev := Event{Time: run.EndedAt, Type: EventRunFailed, Run: run.ID, Thread: run.Thread}
@@ -827,16 +985,17 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (resumed bool, err e
 		cerr := m.store.Commit(ctx, c)
 		m.release(a, false)
 		if cerr != nil {
-			return false, fmt.Errorf("recover run %s: %w", run.ID, cerr)
+			return recovered{}, fmt.Errorf("recover run %s: %w", run.ID, cerr)
 		}
 		if m.opts.Events != nil {
 			m.opts.Events.Publish(c.Events...)
 			m.opts.Events.Publish(c.Announce...)
 		}
-		return false, nil
+		return recovered{}, nil
 	}
 	n := 0
 	if v, ok := run.Meta[MetaRecoveries]; ok {
+		var err error
 		if n, err = strconv.Atoi(v); err != nil || n < 0 {
 			return fail(fmt.Errorf("recover run %s: its record's recovery count %q is not a count; not run again", run.ID, v))
 		}
@@ -849,21 +1008,29 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (resumed bool, err e
 	if err != nil {
 		return fail(fmt.Errorf("recover: %w", err))
 	}
-	e, err := m.prepareResume(ctx, ag, run)
+	e, err := m.resumeExecution(ag, run)
 	if err != nil {
 		return fail(err)
 	}
 	a.recovery = n + 1
-	m.launch(a, e, nil)
-	return true, nil
+	if n > 0 {
+		m.mu.Lock()
+		a.suspect = true
+		if m.suspects == 0 {
+			m.cleared = make(chan struct{})
+		}
+		m.suspects++
+		m.mu.Unlock()
+	}
+	return recovered{a, e}, nil
 }
 
 // stopCrashLoop puts the active time of a run that is not run again on its
 // record, up to its newest commit, as its end would (see active.go). A
 // thread head it cannot read leaves the time the record has.
 func (m *Manager) stopCrashLoop(ctx context.Context, run *Run) {
-	head, err := m.store.Checkpoint(ctx, run.Thread, "", "")
-	if err != nil && !errors.Is(err, ErrCheckpointNotFound) {
+	head, err := m.threadHead(ctx, run.Thread)
+	if err != nil {
 		return
 	}
 	active, _ := run.activeUpTo(head)
@@ -873,33 +1040,65 @@ func (m *Manager) stopCrashLoop(ctx context.Context, run *Run) {
 	run.Meta = meta
 }
 
+// threadHead is thread's newest checkpoint, nil when it has none.
+func (m *Manager) threadHead(ctx context.Context, thread string) (*Checkpoint, error) {
+	head, err := m.store.Checkpoint(ctx, thread, "", "")
+	if errors.Is(err, ErrCheckpointNotFound) {
+		return nil, nil
+	}
+	return head, err
+}
+
+// startRecovered is what the worker that takes a recovered run does before
+// it runs it: it counts the recovery on the run's record (see
+// markRecovery), then loads the run's state. marked says the count is on
+// record. A run whose state cannot be loaded ends failed.
+func (m *Manager) startRecovered(ctx context.Context, a *active, e *execution) (marked bool, err error) {
+	head, err := m.threadHead(ctx, e.run.Thread)
+	if err != nil {
+		return false, e.fail(ctx, fmt.Errorf("recover run %s: %w", e.run.ID, err))
+	}
+	if err := m.markRecovery(ctx, a, e, head); err != nil {
+		// Not run: it stays as it is in the store, whose failed write
+		// stops all writes.
+		return false, err
+	}
+	if err := m.loadResume(ctx, e); err != nil {
+		return true, e.fail(ctx, err)
+	}
+	return true, nil
+}
+
 // markRecovery is the crash-loop guard. A run whose step kills the process
 // (out of memory, a hung host, a crashing bug) would be recovered at every
 // start and kill it again, and the appliance would never serve anyone. So
-// before a recovered run executes anything, the worker that takes it puts
-// on its record how many times in a row it has been recovered, this time
-// included (count, in MetaRecoveries), with its active time up to its
-// newest commit and the time its new stretch begins (see active.go),
-// committed with fsync; Recover stops a run whose count has reached
-// MaxRecoveries. A run waiting in the queue is not counted: a crash then
-// is not its doing. Its state is loaded before (at Recover), so a crash
-// while loading it is not counted either; that state was in memory when
-// its last step committed it.
+// before a recovered run loads its state or executes anything, the worker
+// that takes it puts on its record how many times in a row it has been
+// recovered, this time included (a.recovery, in MetaRecoveries), with its
+// active time up to its newest commit (head) and the time its new stretch
+// begins (see active.go), committed with fsync; Recover stops a run whose
+// count has reached MaxRecoveries, and runs one whose count is not 0 alone.
+// A run waiting in the queue is not counted: a crash then is not its
+// doing. Loading its state is counted, as a crash while loading it (too
+// large a state, say) would come again at every start; only the head's
+// checkpoint is read before, for the active time. A run that is not
+// recovered costs the guard nothing.
 //
 // The execution's own record leaves the count out. It is written with the
-// run's first commit, which only progress makes: a step of its own graph,
-// a pause or its end (a subgraph's steps do not write it). That commit
-// carries the record anyway, since its active time changed, so taking the
-// count off costs no write of its own.
-func (m *Manager) markRecovery(ctx context.Context, e *execution, count int) error {
-	active, _ := e.run.activeUpTo(e.head)
+// run's first commit that only progress makes: a step of its own graph or
+// of a subgraph, a pause or its end (see execution.countOnRecord). That
+// commit carries the record anyway, since its active time changed, or
+// shares the subgraph step's fsync, so taking the count off costs no write
+// of its own. It clears a suspect too: the others may run again.
+func (m *Manager) markRecovery(ctx context.Context, a *active, e *execution, head *Checkpoint) error {
+	active, _ := e.run.activeUpTo(head)
 	meta := maps.Clone(e.run.Meta)
 	if meta == nil {
 		meta = map[string]string{}
 	}
 	meta[MetaActive] = strconv.FormatInt(active.Milliseconds(), 10)
 	meta[MetaRunningSince] = time.Now().UTC().Format(time.RFC3339Nano)
-	meta[MetaRecoveries] = strconv.Itoa(count)
+	meta[MetaRecoveries] = strconv.Itoa(a.recovery)
 	rec := e.run.Clone()
 	rec.Meta = meta
 	if err := m.store.Commit(context.WithoutCancel(ctx), &Commit{Run: rec, Sync: true}); err != nil {
@@ -909,6 +1108,12 @@ func (m *Manager) markRecovery(ctx context.Context, e *execution, count int) err
 	delete(meta, MetaRecoveries)
 	e.run.Meta = meta
 	e.runChanged = true
+	e.progressed = func() {
+		m.mu.Lock()
+		m.clearSuspect(a)
+		m.mu.Unlock()
+	}
+	e.countOnRecord.Store(true)
 	return nil
 }
 

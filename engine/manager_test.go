@@ -565,6 +565,20 @@ func hangAgent(t *testing.T, entered chan<- string) *engine.Agent {
 	return &engine.Agent{Name: "hang", Graph: mustCompile(t, b)}
 }
 
+// crashedHangRun starts a hangAgent run on thread "t" over store and lets
+// its process die in its step: a first start that crashed. It returns the
+// agent and the run's id.
+func crashedHangRun(t *testing.T, store engine.Store, entered chan string) (*engine.Agent, string) {
+	t.Helper()
+	agent := hangAgent(t, entered)
+	l, m, _ := startLife(t, store, engine.ManagerOptions{}, agent)
+	run, err := m.Start(context.Background(), engine.RunRequest{Thread: "t", Agent: "hang"})
+	require.NoError(t, err)
+	require.Equal(t, run.ID, <-entered)
+	l.crash(m)
+	return agent, run.ID
+}
+
 func recoveries(t *testing.T, s engine.Store, runID string) string {
 	t.Helper()
 	r, err := s.Run(context.Background(), runID)
@@ -627,23 +641,16 @@ func TestRecoveryLimitEndsACrashLoop(t *testing.T) {
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next.ID).Status)
 }
 
-// The limit counts recoveries in a row: a run that commits a step after
-// each recovery is making progress, and is recovered as often as it
-// crashes. With no limit, a run is recovered whatever its count.
-func TestRecoveryLimitCountsCrashesWithoutProgress(t *testing.T) {
-	const steps = 4
-	store := engine.NewMemoryStore()
-	ctx := context.Background()
-	entered := make(chan string, 1)
+// flakySteps adds the steps s0, s1, ... in a row to b, from Start. Each
+// hangs until the process dies the first time it runs, reporting its name
+// on entered, and adds 1 to the returned channel the second time.
+func flakySteps(b *engine.Builder, steps int, entered chan<- string) engine.Chan[int] {
 	var mu sync.Mutex
 	ran := map[string]bool{}
-	b := engine.NewGraph("flaky")
 	out := engine.Sum[int](b, "out")
 	prev := engine.Start
 	for i := range steps {
 		node := fmt.Sprintf("s%d", i)
-		// Each step hangs until the process dies the first time it
-		// runs, and finishes the second.
 		b.AddNode(node, func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
 			mu.Lock()
 			again := ran[node]
@@ -659,11 +666,20 @@ func TestRecoveryLimitCountsCrashesWithoutProgress(t *testing.T) {
 		b.AddEdge(prev, node)
 		prev = node
 	}
-	agent := &engine.Agent{Name: "flaky", Graph: mustCompile(t, b)}
-	opts := engine.ManagerOptions{MaxRecoveries: 1}
+	return out
+}
 
+// crashAtEachStep starts agent's run on thread "t", whose steps are
+// flakySteps, lets the process die at each step in turn and starts it
+// again, with MaxRecoveries 1: each step that commits must take the count
+// off the run's record, or the next start fails the run. It returns the
+// run as it ends.
+func crashAtEachStep(t *testing.T, store engine.Store, agent *engine.Agent, entered <-chan string, steps int) *engine.Run {
+	t.Helper()
+	ctx := context.Background()
+	opts := engine.ManagerOptions{MaxRecoveries: 1}
 	l, m, _ := startLife(t, store, opts, agent)
-	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "flaky"})
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: agent.Name})
 	require.NoError(t, err)
 	require.Equal(t, "s0", <-entered)
 	l.crash(m)
@@ -681,6 +697,21 @@ func TestRecoveryLimitCountsCrashesWithoutProgress(t *testing.T) {
 	done := waitFor(t, m, run.ID)
 	require.Equal(t, engine.StatusCompleted, done.Status, done.Error)
 	require.Empty(t, done.Meta[engine.MetaRecoveries])
+	return done
+}
+
+// The limit counts recoveries in a row: a run that commits a step after
+// each recovery is making progress, and is recovered as often as it
+// crashes. With no limit, a run is recovered whatever its count.
+func TestRecoveryLimitCountsCrashesWithoutProgress(t *testing.T) {
+	const steps = 4
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 1)
+	b := engine.NewGraph("flaky")
+	out := flakySteps(b, steps, entered)
+	agent := &engine.Agent{Name: "flaky", Graph: mustCompile(t, b)}
+	crashAtEachStep(t, store, agent, entered, steps)
 	snap, err := agent.Graph.StateAt(ctx, engine.RunConfig{Thread: "t", Store: store}, "")
 	require.NoError(t, err)
 	require.Equal(t, steps, out.Get(snap))
@@ -688,8 +719,8 @@ func TestRecoveryLimitCountsCrashesWithoutProgress(t *testing.T) {
 	// No limit: a hanging run is recovered past the default limit.
 	unbounded := engine.ManagerOptions{MaxRecoveries: -1}
 	hang := hangAgent(t, entered)
-	l, m, _ = startLife(t, store, unbounded, hang)
-	run, err = m.Start(ctx, engine.RunRequest{Thread: "u", Agent: "hang"})
+	l, m, _ := startLife(t, store, unbounded, hang)
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "u", Agent: "hang"})
 	require.NoError(t, err)
 	<-entered
 	l.crash(m)
@@ -709,19 +740,14 @@ func TestRecoveryLimitShutdownIsNotACrash(t *testing.T) {
 	store := engine.NewMemoryStore()
 	ctx := context.Background()
 	entered := make(chan string, 1)
-	agent := hangAgent(t, entered)
-	l, m, _ := startLife(t, store, engine.ManagerOptions{}, agent)
-	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "hang"})
-	require.NoError(t, err)
-	<-entered
-	l.crash(m)
+	agent, runID := crashedHangRun(t, store, entered)
 
-	m = engine.NewManager(store, resolver(agent), engine.ManagerOptions{})
+	m := engine.NewManager(store, resolver(agent), engine.ManagerOptions{})
 	before := time.Now()
-	_, err = m.Recover(ctx)
+	_, err := m.Recover(ctx)
 	require.NoError(t, err)
 	<-entered
-	stored, err := store.Run(ctx, run.ID)
+	stored, err := store.Run(ctx, runID)
 	require.NoError(t, err)
 	require.Equal(t, "1", stored.Meta[engine.MetaRecoveries])
 	require.Contains(t, stored.Meta, engine.MetaActive)
@@ -729,7 +755,7 @@ func TestRecoveryLimitShutdownIsNotACrash(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, since.Before(before.Add(-time.Millisecond)), "the new stretch is counted from the recovery")
 	m.Close()
-	require.Empty(t, recoveries(t, store, run.ID), "a shutdown takes the count back")
+	require.Empty(t, recoveries(t, store, runID), "a shutdown takes the count back")
 }
 
 // A recovered run that waits in the queue for a worker is not counted when

@@ -21,14 +21,22 @@ import (
 	"github.com/outpost-edge/outpost/store"
 )
 
-// The child runs from init, before TestMain, as the tool crash test's does.
+// The children of this file's test and of bystander_test.go's run from
+// init, before TestMain, as the tool crash test's does. PREFIX_CHILD names
+// a child's store, and PREFIX_START asks it to start the first runs.
 func init() {
-	if dir := os.Getenv("OUTPOST_CRASHLOOP_CHILD"); dir != "" {
-		if err := crashLoopChild(dir, os.Getenv("OUTPOST_CRASHLOOP_START") != ""); err != nil {
-			fmt.Fprintln(os.Stderr, "crash-loop child:", err)
-			os.Exit(3)
+	children := map[string]applianceStart{
+		"OUTPOST_CRASHLOOP": {crashLoopAgents, crashLoopChild},
+		"OUTPOST_BYSTANDER": {bystanderAgents, bystanderChild},
+	}
+	for prefix, c := range children {
+		if dir := os.Getenv(prefix + "_CHILD"); dir != "" {
+			if err := c.start(dir, os.Getenv(prefix+"_START") != ""); err != nil {
+				fmt.Fprintf(os.Stderr, "%s child: %v\n", prefix, err)
+				os.Exit(3)
+			}
+			os.Exit(0)
 		}
-		os.Exit(0)
 	}
 }
 
@@ -38,14 +46,7 @@ func crashLoopAgents() (engine.Resolver, error) {
 	boom := engine.NewGraph("boom")
 	engine.Replace[string](boom, "out")
 	boom.AddNode("kill", func(context.Context, engine.State) ([]engine.Write, error) {
-		self, err := os.FindProcess(os.Getpid())
-		if err == nil {
-			err = self.Kill() // SIGKILL: no deferred call, no clean shutdown
-		}
-		if err != nil {
-			return nil, err
-		}
-		select {} // the signal is on its way
+		return nil, killSelf()
 	})
 	boom.AddEdge(engine.Start, "kill")
 	ok := engine.NewGraph("ok")
@@ -54,8 +55,26 @@ func crashLoopAgents() (engine.Resolver, error) {
 		return []engine.Write{out.Set("served")}, nil
 	})
 	ok.AddEdge(engine.Start, "answer")
+	return compileAgents(boom, ok)
+}
+
+// killSelf sends the process SIGKILL: no deferred call runs, and nothing
+// shuts down cleanly. It returns only an error.
+func killSelf() error {
+	self, err := os.FindProcess(os.Getpid())
+	if err == nil {
+		err = self.Kill()
+	}
+	if err != nil {
+		return err
+	}
+	select {} // the signal is on its way
+}
+
+// compileAgents resolves each graph's name to an agent that runs it.
+func compileAgents(graphs ...*engine.Builder) (engine.Resolver, error) {
 	agents := map[string]*engine.Agent{}
-	for _, b := range []*engine.Builder{boom, ok} {
+	for _, b := range graphs {
 		g, err := b.Compile()
 		if err != nil {
 			return nil, err
@@ -70,27 +89,39 @@ func crashLoopAgents() (engine.Resolver, error) {
 	}, nil
 }
 
-// crashLoopChild is one start of the appliance, with the manager's
-// default options: it recovers what an earlier start left running and
-// waits for it, then starts the boom run (start) or serves two runs, one
-// on the boom run's thread.
-func crashLoopChild(dir string, start bool) error {
+// applianceStart is one start of the appliance in a child process: its
+// agents, and what it does once it has recovered what an earlier start
+// left running (start: it is the first start).
+type applianceStart struct {
+	agents func() (engine.Resolver, error)
+	run    func(ctx context.Context, db *store.DB, m *engine.Manager, start bool) error
+}
+
+// start opens the store in dir and a manager with the default options
+// over it, recovers, and runs the child.
+func (c applianceStart) start(dir string, start bool) error {
 	ctx := context.Background()
+	resolve, err := c.agents()
+	if err != nil {
+		return err
+	}
 	db, err := store.OpenDir(dir, store.Options{})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	resolve, err := crashLoopAgents()
-	if err != nil {
-		return err
-	}
 	m := engine.NewManager(db, resolve, engine.ManagerOptions{})
 	defer m.Close()
 	if _, err := m.Recover(ctx); err != nil {
 		return err
 	}
-	runs, err := db.Runs(ctx, engine.RunFilter{Thread: "loop"})
+	return c.run(ctx, db, m, start)
+}
+
+// waitUnfinished waits for the runs on thread ("" for all) that are not
+// over yet: those the manager recovered.
+func waitUnfinished(ctx context.Context, db *store.DB, m *engine.Manager, thread string) error {
+	runs, err := db.Runs(ctx, engine.RunFilter{Thread: thread})
 	if err != nil {
 		return err
 	}
@@ -100,6 +131,15 @@ func crashLoopChild(dir string, start bool) error {
 				return err
 			}
 		}
+	}
+	return nil
+}
+
+// crashLoopChild waits for what the start recovered, then starts the boom
+// run (start) or serves two runs, one on the boom run's thread.
+func crashLoopChild(ctx context.Context, db *store.DB, m *engine.Manager, start bool) error {
+	if err := waitUnfinished(ctx, db, m, "loop"); err != nil {
+		return err
 	}
 	if start {
 		_, err := m.Invoke(ctx, engine.RunRequest{Thread: "loop", Agent: "boom"})
@@ -117,21 +157,22 @@ func crashLoopChild(dir string, start bool) error {
 	return nil
 }
 
+// startChild runs one start of the appliance, this test binary with env
+// added, to its end and reports how it ended.
+func startChild(t *testing.T, env ...string) error {
+	return childStarter(t, env...)().Wait()
+}
+
+// killed says the child ended by a signal: its own SIGKILL.
+func killed(err error) bool {
+	var ee *exec.ExitError
+	return errors.As(err, &ee) && !ee.Exited()
+}
+
 func TestCrashLoopIsStopped(t *testing.T) {
 	dir := t.TempDir()
-	// startChild runs one start of the appliance to its end and reports
-	// how it ended.
 	startChild := func(env ...string) error {
-		self, err := os.Executable()
-		require.NoError(t, err)
-		cmd := exec.Command(self, "-test.run=^$")
-		cmd.Env = append(append(os.Environ(), "OUTPOST_CRASHLOOP_CHILD="+dir), env...)
-		cmd.Stderr = os.Stderr
-		return cmd.Run()
-	}
-	killed := func(err error) bool {
-		var ee *exec.ExitError
-		return errors.As(err, &ee) && !ee.Exited() // ended by a signal
+		return startChild(t, append(env, "OUTPOST_CRASHLOOP_CHILD="+dir)...)
 	}
 
 	err := startChild("OUTPOST_CRASHLOOP_START=1")

@@ -1,0 +1,279 @@
+package engine_test
+
+// The crash-loop guard's attribution: which recovered runs a crash counts
+// against, and what progress clears the count. The guard's basics are in
+// manager_test.go (TestRecoveryLimit...), with life and startLife.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/stretchr/testify/require"
+)
+
+// heldAgent's node reports that it runs, then waits for its thread's gate
+// (or the end of its process) to finish.
+func heldAgent(t *testing.T, entered chan<- string, gates map[string]chan struct{}) *engine.Agent {
+	b := engine.NewGraph("held")
+	out := engine.Replace[string](b, "out")
+	b.AddNode("work", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		info, _ := engine.InfoFrom(ctx)
+		entered <- info.Run
+		select {
+		case <-gates[info.Thread]:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return []engine.Write{out.Set("done")}, nil
+	})
+	b.AddEdge(engine.Start, "work")
+	return &engine.Agent{Name: "held", Graph: mustCompile(t, b)}
+}
+
+// noneEnters fails the test if a run enters its node within a moment.
+func noneEnters(t *testing.T, entered <-chan string, why string) {
+	t.Helper()
+	select {
+	case id := <-entered:
+		t.Fatalf("run %s ran: %s", id, why)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// startOn starts a run of agent on each thread, and returns their ids in
+// the same order.
+func startOn(t *testing.T, m *engine.Manager, agent string, threads ...string) []string {
+	t.Helper()
+	ids := make([]string, len(threads))
+	for i, th := range threads {
+		run, err := m.Start(context.Background(), engine.RunRequest{Thread: th, Agent: agent})
+		require.NoError(t, err)
+		ids[i] = run.ID
+	}
+	return ids
+}
+
+func liveStatus(t *testing.T, m *engine.Manager, runID string) engine.RunStatus {
+	t.Helper()
+	r, err := m.Run(context.Background(), runID)
+	require.NoError(t, err)
+	return r.Status
+}
+
+// Two runs cut short together twice are both suspects at the next start:
+// they run one at a time and alone, and a run started meanwhile waits for
+// both. Only the suspect that runs is counted; the one that waits for its
+// turn is not, and neither is the new run.
+func TestRecoverySuspectsRunOneAtATimeAndAlone(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 3)
+	gates := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
+	open := make(chan struct{})
+	close(open)
+	agents := []*engine.Agent{heldAgent(t, entered, gates), gatedAgent(t, "ok", open, nil)}
+	opts := engine.ManagerOptions{Workers: 4}
+
+	l, m, _ := startLife(t, store, opts, agents...)
+	ids := startOn(t, m, "held", "a", "b")
+	thread := map[string]string{ids[0]: "a", ids[1]: "b"}
+	<-entered
+	<-entered
+	l.crash(m)
+	l, m, n := startLife(t, store, opts, agents...)
+	require.Equal(t, 2, n)
+	<-entered
+	<-entered
+	for id := range thread {
+		require.Equal(t, "1", recoveries(t, store, id), "the first recovery runs both together and counts both")
+	}
+	l.crash(m)
+
+	_, m, n = startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 2, n)
+	next, err := m.Start(ctx, engine.RunRequest{Thread: "new", Agent: "ok"})
+	require.NoError(t, err)
+	first := <-entered
+	noneEnters(t, entered, "a suspect runs alone")
+	var second string
+	for id := range thread {
+		if id != first {
+			second = id
+		}
+	}
+	require.Equal(t, "2", recoveries(t, store, first))
+	require.Equal(t, "1", recoveries(t, store, second), "a suspect waiting for its turn is not counted")
+	require.Equal(t, engine.StatusQueued, liveStatus(t, m, next.ID), "a new run waits for the suspects")
+
+	close(gates[thread[first]])
+	require.Equal(t, second, <-entered, "the next suspect runs once the first one is done")
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, first).Status)
+	require.Equal(t, "2", recoveries(t, store, second))
+	require.Equal(t, engine.StatusQueued, liveStatus(t, m, next.ID))
+
+	close(gates[thread[second]])
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, second).Status)
+	done := waitFor(t, m, next.ID)
+	require.Equal(t, engine.StatusCompleted, done.Status)
+	require.Empty(t, done.Meta[engine.MetaRecoveries])
+}
+
+// A suspect holds the others up only until it makes progress: once its
+// step commits, a new run goes on beside it.
+func TestRecoverySuspectLetsOthersRunOnceItProgresses(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 1)
+	gate := make(chan struct{})
+	calls := newCounter()
+	b := engine.NewGraph("slowstart")
+	out := engine.Sum[int](b, "out")
+	// s0 hangs until the process dies the first two times it runs.
+	b.AddNode("s0", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		if calls.inc("s0") <= 2 {
+			entered <- "s0"
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return []engine.Write{out.Set(1)}, nil
+	})
+	b.AddNode("s1", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		entered <- "s1"
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return []engine.Write{out.Set(1)}, nil
+	})
+	b.AddEdge(engine.Start, "s0")
+	b.AddEdge("s0", "s1")
+	open := make(chan struct{})
+	close(open)
+	agents := []*engine.Agent{{Name: "slowstart", Graph: mustCompile(t, b)}, gatedAgent(t, "ok", open, nil)}
+
+	l, m, _ := startLife(t, store, engine.ManagerOptions{}, agents...)
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "slowstart"})
+	require.NoError(t, err)
+	require.Equal(t, "s0", <-entered)
+	l.crash(m)
+	l, m, _ = startLife(t, store, engine.ManagerOptions{}, agents...)
+	require.Equal(t, "s0", <-entered)
+	l.crash(m)
+
+	_, m, _ = startLife(t, store, engine.ManagerOptions{}, agents...)
+	defer m.Close()
+	next, err := m.Start(ctx, engine.RunRequest{Thread: "new", Agent: "ok"})
+	require.NoError(t, err)
+	require.Equal(t, "s1", <-entered, "s0 runs to its end this time")
+	require.Empty(t, recoveries(t, store, run.ID), "s0's commit took the count off")
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next.ID).Status, "the new run goes on beside the suspect")
+	require.Equal(t, engine.StatusRunning, liveStatus(t, m, run.ID))
+	close(gate)
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, run.ID).Status)
+}
+
+// A run whose only node is a long subgraph makes progress with each of the
+// subgraph's steps, though its own step does not end between crashes:
+// the first subgraph step after a recovery takes the count off the run's
+// record, and the run is recovered as often as it crashes.
+func TestRecoveryLimitCountsSubgraphStepsAsProgress(t *testing.T) {
+	const steps = 4
+	entered := make(chan string, 1)
+	ib := engine.NewGraph("inner")
+	flakySteps(ib, steps, entered)
+	ob := engine.NewGraph("outer")
+	engine.Sum[int](ob, "out")
+	ob.AddSubgraph("inner", mustCompile(t, ib))
+	ob.AddEdge(engine.Start, "inner")
+	agent := &engine.Agent{Name: "outer", Graph: mustCompile(t, ob)}
+	done := crashAtEachStep(t, engine.NewMemoryStore(), agent, entered, steps)
+	require.Equal(t, steps+1, done.Steps, "the subgraph's and its own")
+}
+
+// loadDeath is a process that dies while a recovered run loads its state:
+// the store's read of the run's pending writes (the last part of loading)
+// kills it.
+type loadDeath struct {
+	*life
+	died chan struct{}
+	once sync.Once
+}
+
+func (d *loadDeath) Writes(ctx context.Context, thread, ns, ckpt string) ([]engine.PendingWrite, error) {
+	d.dead.Store(true)
+	d.once.Do(func() { close(d.died) })
+	return nil, errDead
+}
+
+// A run whose state kills the process as it is loaded (too large a state,
+// say) is counted before it loads, so it too is stopped at the limit.
+func TestRecoveryLimitCountsLoadingTheState(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 1)
+	agent, runID := crashedHangRun(t, store, entered)
+	for i := 1; i <= engine.DefaultMaxRecoveries; i++ {
+		d := &loadDeath{life: &life{Store: store}, died: make(chan struct{})}
+		m := engine.NewManager(d, resolver(agent), engine.ManagerOptions{})
+		// What fails after the death is the dead process's own doing.
+		_, _ = m.Recover(ctx)
+		<-d.died
+		m.Close()
+		require.Equal(t, fmt.Sprint(i), recoveries(t, store, runID), "start %d: the recovery is on record before the state loads", i)
+	}
+	m := newManager(t, store, engine.ManagerOptions{}, agent)
+	n, err := m.Recover(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	done, err := store.Run(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusFailed, done.Status)
+	require.Contains(t, done.Error, engine.ErrCrashLoop.Error())
+}
+
+// A recovered run cancelled while it waits for a worker ends without its
+// state loaded, and is not counted; its record still holds the steps it
+// took.
+func TestRecoveredRunCancelledInTheQueueKeepsItsSteps(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 2)
+	b := engine.NewGraph("twostep")
+	out := engine.Sum[int](b, "out")
+	b.AddNode("s0", writes(out.Set(1)))
+	b.AddNode("s1", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		info, _ := engine.InfoFrom(ctx)
+		entered <- info.Run
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	b.AddEdge(engine.Start, "s0")
+	b.AddEdge("s0", "s1")
+	agent := &engine.Agent{Name: "twostep", Graph: mustCompile(t, b)}
+
+	l, m, _ := startLife(t, store, engine.ManagerOptions{Workers: 2}, agent)
+	ids := startOn(t, m, "twostep", "a", "b")
+	<-entered
+	<-entered
+	l.crash(m)
+
+	_, m, _ = startLife(t, store, engine.ManagerOptions{Workers: 1}, agent)
+	defer m.Close()
+	running := <-entered
+	for _, id := range ids {
+		if id == running {
+			continue
+		}
+		require.NoError(t, m.Cancel(ctx, id))
+		done := waitFor(t, m, id)
+		require.Equal(t, engine.StatusCancelled, done.Status)
+		require.Equal(t, 1, done.Steps, "the step it took before the crash")
+		require.Empty(t, done.Meta[engine.MetaRecoveries], "it never ran")
+	}
+}
