@@ -224,12 +224,9 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		budgetCap = answer < own
 		req.Options.MaxOutputTokens = answer
 	}
-	streamed := 0 // bytes of answer streamed, for a call that fails
+	var streamed models.AnswerEstimate // for a call that fails
 	stream := func(c models.Chunk) error {
-		streamed += len(c.Content) + len(c.Thinking)
-		for _, tc := range c.ToolCalls {
-			streamed += len(tc.Name) + len(tc.Arguments)
-		}
+		streamed.Add(c)
 		if c.Content != "" || c.Thinking != "" {
 			engine.Emit(ctx, engine.EventModelToken, map[string]any{
 				"call": key, "content": c.Content, "thinking": c.Thinking})
@@ -239,7 +236,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	resp, err := m.Provider.Chat(ctx, req, stream)
 	if err != nil {
 		err = fmt.Errorf("model call %s: %w", key, err)
-		spent := failedCallTokens(req, streamed, err)
+		spent := failedCallTokens(req, streamed.Tokens(), err)
 		budgetErr := res.settle(spent)
 		if spent > 0 {
 			m.spent += spent
@@ -374,7 +371,7 @@ func failedCallTokens(req models.Request, streamed int, err error) int {
 	if errors.As(err, &me) {
 		switch me.Kind {
 		case models.Unreachable, models.NotFound, models.BadRequest:
-			return models.EstimateBytes(streamed)
+			return streamed
 		}
 		prompt, completion = me.PromptTokens, me.CompletionTokens
 	}
@@ -382,7 +379,7 @@ func failedCallTokens(req models.Request, streamed int, err error) int {
 		prompt = models.EstimatePromptTokens(req)
 	}
 	if completion <= 0 {
-		completion = models.EstimateBytes(streamed)
+		completion = streamed
 	}
 	return prompt + completion
 }

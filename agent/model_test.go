@@ -95,8 +95,9 @@ func TestModelCallStoppedByTheRunsDeadlineIsRecorded(t *testing.T) {
 	require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
 	tokens, err := log.ModelTokens(context.Background(), res.Run.ID)
 	require.NoError(t, err)
-	// 4 + 4 for the prompt's message, 5 for the 20 bytes streamed.
-	require.Equal(t, 13, tokens, "records: %+v", log.Records(agent.ModelKeyPrefix(res.Run.ID)))
+	// 4 + 5 for the prompt's message (I, forgot, my, dose), 6 for what
+	// was streamed (If, you, missed, a, dose).
+	require.Equal(t, 15, tokens, "records: %+v", log.Records(agent.ModelKeyPrefix(res.Run.ID)))
 }
 
 // cappedModel answers every call with answer tokens of text (4 bytes a
@@ -107,6 +108,7 @@ func TestModelCallStoppedByTheRunsDeadlineIsRecorded(t *testing.T) {
 // superstep are in flight at once.
 type cappedModel struct {
 	answer   int
+	prompt   int // the prompt count it reports; 0: the prompt's estimate
 	together int
 	wait     time.Duration // for the other calls (default 300 ms)
 	waited   bool          // a call gave up waiting for the others
@@ -139,7 +141,7 @@ func (p *cappedModel) Chat(ctx context.Context, req models.Request, stream func(
 			p.mu.Unlock()
 		}
 	}
-	prompt, n := models.EstimatePromptTokens(req), p.answer
+	prompt, n := cmp.Or(p.prompt, models.EstimatePromptTokens(req)), p.answer
 	if c := req.Options.MaxOutputTokens; c > 0 && c < n {
 		text := strings.Repeat("abcd", c)
 		_ = stream(models.Chunk{Content: text})
@@ -209,6 +211,32 @@ func TestTokenBudgetCapsTheAnswer(t *testing.T) {
 	require.ErrorIs(t, runErr, models.ErrTruncated)
 	require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
 	require.Equal(t, []int{35}, p.sent(), "the answer's cap: 40 less the prompt's 5")
+}
+
+// A Chinese prompt, counted 4 bytes a token, was set aside at two thirds
+// of what a tokenizer makes of it, so the answer's cap left the prompt's
+// real count and the answer more than the budget: the run spent past it.
+// The prompt's estimate now counts high, and the run spends within it.
+func TestTokenBudgetHoldsForANonLatinPrompt(t *testing.T) {
+	// 51 characters: 63 tokens for cl100k, 45 for Llama 3.
+	const zh = "我今天早上忘记吃二甲双胍了，我该怎么办？如果您漏服了一剂，请在想起时尽快服用，除非快到下一剂的时间了。"
+	p := &cappedModel{answer: 100, prompt: models.TokensPerMessage + 63}
+	store, log := engine.NewMemoryStore(), agent.NewMemoryCallLog()
+	mc := &agent.ModelCall{Provider: p, Lane: &policy.Lane{Agent: "a", Models: []string{"m"}}, Log: log, Blobs: store, TokenLimit: 100}
+	b := engine.NewGraph("a")
+	b.AddNode("gen", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		_, err := mc.Call(ctx, models.Request{Model: "m", Messages: []models.Message{{Role: "user", Content: zh}}}, 0)
+		return nil, err
+	})
+	b.AddEdge(engine.Start, "gen")
+	b.AddEdge("gen", engine.End)
+	g, err := b.Compile()
+	require.NoError(t, err)
+	res, runErr := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: store})
+	require.ErrorIs(t, runErr, engine.ErrBudgetExceeded, "the answer was cut at what the budget had left")
+	spent, err := log.ModelTokens(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.LessOrEqual(t, spent, 100, "spent %d of a 100-token budget (caps sent: %v)", spent, p.sent())
 }
 
 // Calls of one superstep each reserved only their prompts, so all of them
