@@ -39,11 +39,11 @@ var errAnswerCut = errors.New("the answer reached its cap")
 //
 // Because the estimate counts high, an answer that a provider would have
 // ended within its cap can be cut short of it: English prose is counted
-// at about 1.2 times what Llama 3's tokenizer makes of it, code and JSON
-// at up to 1.6, Cyrillic at up to 3 (see EstimateTokens). A provider
-// that counts its answer as it streams would let the count be exact;
-// none of Outpost's does (Ollama reports its counts in the final chunk
-// only, which ChatCapped then takes).
+// at 1.2 to 1.4 times what Llama 3's tokenizer makes of it, code and
+// JSON at up to 1.6, Cyrillic at up to 3 (see EstimateTokens). A
+// provider that counted its answer as it streamed would let the count be
+// exact; none of Outpost's does (Ollama reports its counts in its final
+// chunk only, and ChatCapped takes them from the response).
 func ChatCapped(ctx context.Context, p Provider, req Request, stream func(Chunk) error) (*Response, error) {
 	limit := req.Options.MaxOutputTokens
 	if limit <= 0 {

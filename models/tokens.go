@@ -26,17 +26,17 @@ import "unicode/utf8"
 //
 // Counting 4 bytes a token, as Outpost once did, counted Chinese text
 // below Llama 3's tokenizer and Chinese, Korean and Arabic at about half
-// of Llama 2's, and digits, code and JSON low as well. Measured against the tokenizers of
-// Llama 3, OpenAI's cl100k and o200k (tiktoken), Llama 2 and Mistral 7B
-// (SentencePiece), this rule counts English prose, code, JSON, digits and
-// Chinese, Japanese, Korean, Hindi, Thai, Arabic and Russian text at or
-// above the first three: English prose at about 1.2 times Llama 3's
-// count, code and JSON at 1.4 to 1.6, CJK at 1.7 to 2, Cyrillic at up to
-// 3. It is an upper bound in practice, not a proof: random letters
-// (base64), Hebrew, Polish and Amharic text count below Llama 3's, and
-// SentencePiece tokenizers that fall back to bytes take more than it
-// counts for Korean, Arabic and Persian. A server's own counts, when it
-// reports them, replace the estimate (Spent).
+// of Llama 2's, and digits, code and JSON low as well. Measured against
+// the tokenizers of Llama 3, OpenAI's cl100k and o200k (tiktoken), Llama 2
+// and Mistral 7B (SentencePiece), this rule counts English prose, code,
+// JSON, digits and Chinese, Japanese, Korean, Hindi, Thai, Arabic and
+// Russian text at or above the first three: English prose at 1.2 to 1.4
+// times Llama 3's count, code and JSON at 1.4 to 1.6, CJK at 1.7 to 2,
+// Cyrillic at up to 3. It is an upper bound in practice, not a proof:
+// random letters (base64), Hebrew, Polish and Amharic text count below
+// Llama 3's, and SentencePiece tokenizers that fall back to bytes take
+// more than it counts for Korean, Arabic and Persian. A server's own
+// counts, when it reports them, replace the estimate (Spent).
 const TokensPerMessage = 4
 
 // EstimateTokens is the token count of text by the rule above.
