@@ -77,16 +77,52 @@ func TestChatCappedStopsAProviderThatIgnoresTheCap(t *testing.T) {
 }
 
 // An answer that comes whole, not streamed, cannot be stopped at its
-// cap: it is refused when it holds more, and charged what it spent.
+// cap: it is refused when it holds more, by the low count (a third of the
+// estimate here: one chunk), and charged what it spent, by the estimate.
 func TestChatCappedRefusesAWholeAnswerPastTheCap(t *testing.T) {
-	p := &runaway{words: 50, silent: true}
+	p := &runaway{words: 60, silent: true}
 	resp, err := models.ChatCapped(context.Background(), p, cappedRequest(20), nil)
 	require.Nil(t, resp)
 	require.ErrorIs(t, err, models.ErrTruncated)
 	var me *models.Error
 	require.ErrorAs(t, err, &me)
-	require.Equal(t, 50, me.CompletionTokens, "its estimate, as it reported no count")
+	require.Equal(t, 60, me.CompletionTokens, "its estimate, as it reported no count")
 	require.Equal(t, 7, me.PromptTokens, "the prompt count it reported")
+
+	p = &runaway{words: 57, silent: true}
+	resp, err = models.ChatCapped(context.Background(), p, cappedRequest(20), nil)
+	require.NoError(t, err, "57 words may be as few as 19 tokens: the answer is not refused on a guess")
+	require.NotNil(t, resp)
+}
+
+// An honest answer just under its cap is never cut short, however high the
+// estimate counts its text: here Cyrillic, counted a token a letter, and
+// streamed a token a chunk, as Ollama streams.
+func TestChatCappedDoesNotCutAnHonestAnswerShort(t *testing.T) {
+	word := " дом" // a token to a tokenizer, three to the estimate
+	p := &honest{chunks: 19, piece: word}
+	resp, err := models.ChatCapped(context.Background(), p, cappedRequest(20), nil)
+	require.NoError(t, err)
+	require.Equal(t, strings.Repeat(word, 19), resp.Message.Content)
+	require.Greater(t, models.EstimateTokens(resp.Message.Content), 20, "the estimate alone would have cut it")
+}
+
+// honest streams chunks pieces and stops, reporting no count.
+type honest struct {
+	chunks int
+	piece  string
+}
+
+func (p *honest) Name() string { return "honest" }
+
+func (p *honest) Chat(ctx context.Context, req models.Request, stream func(models.Chunk) error) (*models.Response, error) {
+	for range p.chunks {
+		if err := stream(models.Chunk{Content: p.piece}); err != nil {
+			return nil, err
+		}
+	}
+	return &models.Response{Provider: p.Name(), Model: req.Model, DoneReason: "stop",
+		Message: models.Message{Role: models.RoleAssistant, Content: strings.Repeat(p.piece, p.chunks)}}, nil
 }
 
 // reporting answers briefly, streamed, but reports a count of its own.

@@ -17,9 +17,9 @@
 //
 // A request's answer cap (Options.MaxOutputTokens) is asked of the
 // provider; [ChatCapped] also holds the provider to it, counting the
-// answer as it streams by the estimate of [EstimateTokens] (made to count
-// high, for every script) and stopping the call once the answer reaches
-// the cap. Token budgets count with [Spent]: the server's counts, or that
+// answer low as it streams ([AnswerFloor]: a token a chunk, or a third of
+// the estimate of [EstimateTokens], which is made to count high for every
+// script) and stopping the call once the answer reaches the cap. Token budgets count with [Spent]: the server's counts, or that
 // estimate where it gives none.
 //
 // Failures are [*Error] values whose [ErrorKind] says what went wrong and whose
