@@ -42,22 +42,26 @@ type ModelCall struct {
 	Log  CallLog
 	// Blobs stores the encoded responses (models.EncodeResponse).
 	Blobs engine.BlobStore
-	// TokenLimit, when positive, is the run's token budget; the run's
-	// own (engine.RunInfo.MaxTokens), when smaller, holds. All the
-	// run's model calls count against it together (RunMeter), the
-	// concurrent calls of one superstep included. A call sets aside its
-	// prompt's estimate and the most its answer may take: what the budget
-	// has left after the tokens spent, those set aside by calls in flight
-	// and its prompt, or the request's own Options.MaxOutputTokens when
-	// that is smaller. That answer cap is sent with the request (Ollama's
-	// num_predict), so that no answer, nor the answers of calls in flight
+	// TokenLimit, when positive, is the run's token budget; the run's own
+	// (engine.RunInfo.MaxTokens), when smaller, holds. All the run's model
+	// calls count against it together (RunMeter), the concurrent calls of
+	// one superstep included. A call sets aside its prompt's estimate and
+	// the most its answer may take: what the budget has left after the
+	// tokens spent, those set aside by calls in flight and its prompt, or
+	// the request's own Options.MaxOutputTokens when that is smaller. That
+	// answer cap is sent with the request (Ollama's num_predict), and held
+	// at this side of the seam too (models.ChatCapped: a provider that
+	// streams on past it is stopped when its answer, counted as it streams,
+	// reaches it), so that no answer, nor the answers of calls in flight
 	// together, takes the run past its budget. A request without a cap of
 	// its own is given DefaultAnswerTokens. A call for which the calls in
-	// flight leave no room waits for them to end. A
-	// call for which the tokens spent leave no room for a token of answer
-	// is refused before it is sent; one whose answer the budget's cap cut
-	// short, or whose server reported more than was set aside, returns an
-	// error. These errors wrap engine.ErrBudgetExceeded.
+	// flight leave no room waits for them to end. A call for which the
+	// tokens spent leave no room for a token of answer is refused before it
+	// is sent; one whose answer the budget's cap cut short (its server, or
+	// models.ChatCapped), or whose server reported more than was set aside,
+	// returns an error. These errors wrap engine.ErrBudgetExceeded. A
+	// provider that does not stream cannot be stopped at the cap: its
+	// answer, past it, is refused and counted once it has been given whole.
 	TokenLimit int
 
 	spent int
@@ -224,22 +228,21 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		budgetCap = answer < own
 		req.Options.MaxOutputTokens = answer
 	}
-	streamed := 0 // bytes of answer streamed, for a call that fails
+	var streamed models.AnswerEstimate // for a call that fails
 	stream := func(c models.Chunk) error {
-		streamed += len(c.Content) + len(c.Thinking)
-		for _, tc := range c.ToolCalls {
-			streamed += len(tc.Name) + len(tc.Arguments)
-		}
+		streamed.Add(c)
 		if c.Content != "" || c.Thinking != "" {
 			engine.Emit(ctx, engine.EventModelToken, map[string]any{
 				"call": key, "content": c.Content, "thinking": c.Thinking})
 		}
 		return nil
 	}
-	resp, err := m.Provider.Chat(ctx, req, stream)
+	// The cap is held here too, not only asked of the provider: a
+	// provider that ignores it is cut at it (models.ChatCapped).
+	resp, err := models.ChatCapped(ctx, m.Provider, req, stream)
 	if err != nil {
 		err = fmt.Errorf("model call %s: %w", key, err)
-		spent := failedCallTokens(req, streamed, err)
+		spent := failedCallTokens(req, streamed.Tokens(), err)
 		budgetErr := res.settle(spent)
 		if spent > 0 {
 			m.spent += spent
@@ -374,7 +377,7 @@ func failedCallTokens(req models.Request, streamed int, err error) int {
 	if errors.As(err, &me) {
 		switch me.Kind {
 		case models.Unreachable, models.NotFound, models.BadRequest:
-			return models.EstimateBytes(streamed)
+			return streamed
 		}
 		prompt, completion = me.PromptTokens, me.CompletionTokens
 	}
@@ -382,7 +385,7 @@ func failedCallTokens(req models.Request, streamed int, err error) int {
 		prompt = models.EstimatePromptTokens(req)
 	}
 	if completion <= 0 {
-		completion = models.EstimateBytes(streamed)
+		completion = streamed
 	}
 	return prompt + completion
 }

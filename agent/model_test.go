@@ -3,6 +3,7 @@ package agent_test
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -95,8 +96,9 @@ func TestModelCallStoppedByTheRunsDeadlineIsRecorded(t *testing.T) {
 	require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
 	tokens, err := log.ModelTokens(context.Background(), res.Run.ID)
 	require.NoError(t, err)
-	// 4 + 4 for the prompt's message, 5 for the 20 bytes streamed.
-	require.Equal(t, 13, tokens, "records: %+v", log.Records(agent.ModelKeyPrefix(res.Run.ID)))
+	// 4 + 5 for the prompt's message (I, forgot, my, dose), 6 for what
+	// was streamed (If, you, missed, a, dose).
+	require.Equal(t, 15, tokens, "records: %+v", log.Records(agent.ModelKeyPrefix(res.Run.ID)))
 }
 
 // cappedModel answers every call with answer tokens of text (4 bytes a
@@ -107,6 +109,7 @@ func TestModelCallStoppedByTheRunsDeadlineIsRecorded(t *testing.T) {
 // superstep are in flight at once.
 type cappedModel struct {
 	answer   int
+	prompt   int // the prompt count it reports; 0: the prompt's estimate
 	together int
 	wait     time.Duration // for the other calls (default 300 ms)
 	waited   bool          // a call gave up waiting for the others
@@ -139,7 +142,7 @@ func (p *cappedModel) Chat(ctx context.Context, req models.Request, stream func(
 			p.mu.Unlock()
 		}
 	}
-	prompt, n := models.EstimatePromptTokens(req), p.answer
+	prompt, n := cmp.Or(p.prompt, models.EstimatePromptTokens(req)), p.answer
 	if c := req.Options.MaxOutputTokens; c > 0 && c < n {
 		text := strings.Repeat("abcd", c)
 		_ = stream(models.Chunk{Content: text})
@@ -194,6 +197,19 @@ func capGraph(t *testing.T, p models.Provider, log agent.CallLog, nodes, own, li
 	return g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: store})
 }
 
+// requireCutAtTheBudget checks that a run whose answer was cut at what
+// its token budget had left ended over budget, having spent no more than
+// limit.
+func requireCutAtTheBudget(t *testing.T, log *agent.MemoryCallLog, res *engine.Result, runErr error, limit int) {
+	t.Helper()
+	spent, err := log.ModelTokens(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.LessOrEqual(t, spent, limit, "spent %d of a %d-token budget", spent, limit)
+	require.ErrorIs(t, runErr, engine.ErrBudgetExceeded)
+	require.ErrorIs(t, runErr, models.ErrTruncated)
+	require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
+}
+
 // One call's answer could take the run past its token budget, for the
 // request said nothing of how long an answer might be: it now carries
 // what the budget has left after its prompt, and an answer cut there
@@ -202,13 +218,34 @@ func TestTokenBudgetCapsTheAnswer(t *testing.T) {
 	p := &cappedModel{answer: 100}
 	log := agent.NewMemoryCallLog()
 	res, runErr := capGraph(t, p, log, 1, 0, 40)
+	requireCutAtTheBudget(t, log, res, runErr, 40)
+	require.Equal(t, []int{35}, p.sent(), "the answer's cap: 40 less the prompt's 5")
+}
+
+// A Chinese prompt, counted 4 bytes a token, was set aside at two thirds
+// of what a tokenizer makes of it, so the answer's cap left the prompt's
+// real count and the answer more than the budget: the run spent past it.
+// The prompt's estimate now counts high, and the run spends within it.
+func TestTokenBudgetHoldsForANonLatinPrompt(t *testing.T) {
+	// 51 characters: 63 tokens for cl100k, 45 for Llama 3.
+	const zh = "我今天早上忘记吃二甲双胍了，我该怎么办？如果您漏服了一剂，请在想起时尽快服用，除非快到下一剂的时间了。"
+	p := &cappedModel{answer: 100, prompt: models.TokensPerMessage + 63}
+	store, log := engine.NewMemoryStore(), agent.NewMemoryCallLog()
+	mc := &agent.ModelCall{Provider: p, Lane: &policy.Lane{Agent: "a", Models: []string{"m"}}, Log: log, Blobs: store, TokenLimit: 100}
+	b := engine.NewGraph("a")
+	b.AddNode("gen", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		_, err := mc.Call(ctx, models.Request{Model: "m", Messages: []models.Message{{Role: "user", Content: zh}}}, 0)
+		return nil, err
+	})
+	b.AddEdge(engine.Start, "gen")
+	b.AddEdge("gen", engine.End)
+	g, err := b.Compile()
+	require.NoError(t, err)
+	res, runErr := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: store})
+	require.ErrorIs(t, runErr, engine.ErrBudgetExceeded, "the answer was cut at what the budget had left")
 	spent, err := log.ModelTokens(context.Background(), res.Run.ID)
 	require.NoError(t, err)
-	require.LessOrEqual(t, spent, 40, "spent %d of a 40-token budget", spent)
-	require.ErrorIs(t, runErr, engine.ErrBudgetExceeded)
-	require.ErrorIs(t, runErr, models.ErrTruncated)
-	require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
-	require.Equal(t, []int{35}, p.sent(), "the answer's cap: 40 less the prompt's 5")
+	require.LessOrEqual(t, spent, 100, "spent %d of a 100-token budget (caps sent: %v)", spent, p.sent())
 }
 
 // Calls of one superstep each reserved only their prompts, so all of them
@@ -361,4 +398,107 @@ func TestTokenBudgetPanickingCallGivesItsRoomBack(t *testing.T) {
 	require.ErrorContains(t, err, "provider bug")
 	require.Equal(t, engine.StatusFailed, res.Run.Status)
 	require.Equal(t, int32(2), p.calls.Load(), "the waiting call ran once the room came back")
+}
+
+// runawayModel ignores the answer cap: it streams " dose" (a token a
+// chunk) until its context ends or the stream callback refuses a chunk,
+// up to a 1,000 chunks, and then answers with all it streamed, counted.
+type runawayModel struct{ sent atomic.Int32 }
+
+func (p *runawayModel) Name() string { return "runaway" }
+
+func (p *runawayModel) Chat(ctx context.Context, req models.Request, stream func(models.Chunk) error) (*models.Response, error) {
+	n := 0
+	for ; n < 1000; n++ {
+		if err := ctx.Err(); err != nil {
+			return nil, &models.Error{Kind: models.Canceled, Provider: p.Name(), Model: req.Model, Err: context.Cause(ctx)}
+		}
+		if err := stream(models.Chunk{Content: " dose"}); err != nil {
+			return nil, err
+		}
+		p.sent.Add(1)
+	}
+	return &models.Response{Provider: p.Name(), Model: req.Model, PromptTokens: 5, CompletionTokens: n, DoneReason: "stop",
+		Message: models.Message{Role: models.RoleAssistant, Content: strings.Repeat(" dose", n)}}, nil
+}
+
+// A provider that ignores the answer's cap streamed on until it was
+// done, and the run spent many times its budget before the count after
+// the call found it out. It is now cut when its answer reaches the cap:
+// the run ends over budget having spent no more than the budget.
+func TestTokenBudgetHoldsAgainstAProviderThatIgnoresTheCap(t *testing.T) {
+	p := &runawayModel{}
+	log := agent.NewMemoryCallLog()
+	res, runErr := capGraph(t, p, log, 1, 0, 40)
+	requireCutAtTheBudget(t, log, res, runErr, 40)
+	require.LessOrEqual(t, p.sent.Load(), int32(35), "the provider was stopped at the cap: 40 less the prompt's 5")
+}
+
+// Under a budget with room to spare, a provider that ignores the cap of
+// the node's own (num_predict) is cut at it: the node fails, as with an
+// answer its server cut there, and the error names the cap.
+func TestNodeAnswerCapHoldsAgainstAProviderThatIgnoresIt(t *testing.T) {
+	p := &runawayModel{}
+	log := agent.NewMemoryCallLog()
+	res, runErr := capGraph(t, p, log, 1, 10, 100_000)
+	require.Equal(t, engine.StatusFailed, res.Run.Status, "the answer passed its cap of 10 tokens")
+	require.ErrorIs(t, runErr, models.ErrTruncated)
+	require.NotErrorIs(t, runErr, engine.ErrBudgetExceeded)
+	require.Contains(t, res.Run.Error, "reached its cap of 10 tokens (num_predict) and Runaway did not stop it")
+	spent, err := log.ModelTokens(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.Equal(t, 5+10, spent, "the prompt's estimate and the answer up to its cap are charged")
+}
+
+// An Ollama that ignores num_predict streams on past the budget's cap:
+// its stream is cut there, the server sees the client go away, and the
+// run ends over budget having spent no more than its budget.
+func TestTokenBudgetHoldsAgainstAnOllamaThatIgnoresNumPredict(t *testing.T) {
+	var (
+		mu         sync.Mutex
+		numPredict any
+		streamed   int
+		gone       bool
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Options map[string]any `json:"options"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		numPredict = body.Options["num_predict"]
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		for range 5000 {
+			if _, err := w.Write([]byte(`{"model":"llama3.2","created_at":"2025-06-12T09:14:02.118394Z","message":{"role":"assistant","content":" dose"},"done":false}` + "\n")); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			mu.Lock()
+			streamed++
+			mu.Unlock()
+			select {
+			case <-r.Context().Done():
+				mu.Lock()
+				gone = true
+				mu.Unlock()
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+		_, _ = w.Write([]byte(`{"model":"llama3.2","created_at":"2025-06-12T09:14:07.118394Z","message":{"role":"assistant","content":""},"done_reason":"stop","done":true,"prompt_eval_count":12,"eval_count":5000}` + "\n"))
+	}))
+	defer srv.Close()
+	log := agent.NewMemoryCallLog()
+	res, runErr := capGraph(t, ollama.New(srv.URL, srv.Client()), log, 1, 0, 40)
+	requireCutAtTheBudget(t, log, res, runErr, 40)
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return gone
+	}, 5*time.Second, 5*time.Millisecond, "the server never saw the client go away")
+	mu.Lock()
+	defer mu.Unlock()
+	require.EqualValues(t, 35, numPredict, "the cap was asked of the server: 40 less the prompt's 5")
+	require.Less(t, streamed, 1000, "the server streamed %d of its 5000 chunks", streamed)
 }

@@ -15,6 +15,13 @@
 //     audit can re-execute that run exactly.
 //   - models/modelstest holds the conformance suite every Provider passes.
 //
+// A request's answer cap (Options.MaxOutputTokens) is asked of the
+// provider; [ChatCapped] also holds the provider to it, counting the
+// answer low as it streams ([AnswerFloor]: a token a chunk, or a third of
+// the estimate of [EstimateTokens], which is made to count high for every
+// script) and stopping the call once the answer reaches the cap. Token budgets count with [Spent]: the server's counts, or that
+// estimate where it gives none.
+//
 // Failures are [*Error] values whose [ErrorKind] says what went wrong and whose
 // message says what to do about it. [IsTransient] tells a retry policy which
 // of them are worth another attempt; [ErrModelNotFound], [ErrUnreachable],

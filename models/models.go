@@ -51,7 +51,8 @@ type Options struct {
 	// means no cap. An answer that reaches it is cut there and reported
 	// as an *Error of kind Truncated, with the tokens it spent. A caller
 	// with a token budget sets it to what the budget has left (see
-	// agent.ModelCall).
+	// agent.ModelCall), and calls through ChatCapped, which holds a
+	// provider that does not honour the cap to it.
 	MaxOutputTokens int
 }
 

@@ -23,7 +23,8 @@
 //
 // Answers stream in a few chunks and report approximate token counts (words).
 // A request's answer cap (Options.MaxOutputTokens) is honoured as a model
-// server honours it: an answer longer than the cap, by models' rule of 4
-// bytes a token, streams cut to it and fails as an *models.Error of kind
-// Truncated, with what it spent, as Ollama's done_reason "length" does.
+// server honours it: an answer longer than the cap, by the rule models
+// estimates tokens with (models.EstimateTokens), streams cut to it and
+// fails as an *models.Error of kind Truncated, with what it spent, as
+// Ollama's done_reason "length" does.
 package scripted

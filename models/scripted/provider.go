@@ -8,7 +8,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/outpost-edge/outpost/models"
 )
@@ -109,11 +108,11 @@ func (p *Provider) Chat(ctx context.Context, req models.Request, stream func(mod
 	}
 
 	// A real model stops at the answer cap; so does this one, by the
-	// byte rule that budgets count tokens with.
+	// rule that budgets estimate tokens with.
 	capped := req.Options.MaxOutputTokens
 	cut := capped > 0 && models.EstimateAnswerTokens(msg) > capped
 	if cut {
-		msg = truncate(msg, capped*models.BytesPerToken)
+		msg = truncate(msg, capped)
 	}
 
 	if stream != nil {
@@ -271,27 +270,14 @@ func splitWords(s string, n int) []string {
 	return parts
 }
 
-// truncate cuts an answer to its first n bytes: thinking first, then
-// the content, at a character's boundary. The tool calls, which come at
-// the end of an answer, are not reached.
+// truncate cuts an answer to its first n tokens (models.CutTokens):
+// thinking first, then the content. The tool calls, which come at the
+// end of an answer, are not reached.
 func truncate(msg models.Message, n int) models.Message {
-	msg.Thinking = cutBytes(msg.Thinking, n)
-	msg.Content = cutBytes(msg.Content, n-len(msg.Thinking))
+	msg.Thinking = models.CutTokens(msg.Thinking, n)
+	msg.Content = models.CutTokens(msg.Content, n-models.EstimateTokens(msg.Thinking))
 	msg.ToolCalls = nil
 	return msg
-}
-
-// cutBytes returns the longest prefix of s of at most n bytes that ends
-// at a character's boundary.
-func cutBytes(s string, n int) string {
-	if n >= len(s) {
-		return s
-	}
-	n = max(n, 0)
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }
 
 func countWords(s string) int { return len(strings.Fields(s)) }

@@ -262,8 +262,8 @@ func TestContextLeavesOutResultFences(t *testing.T) {
 	}
 }
 
-// An answer cap cuts the answer to about that many tokens, by the byte
-// rule budgets count with, and the call is refused as truncated, as a
+// An answer cap cuts the answer to about that many tokens, by the rule
+// budgets estimate with, and the call is refused as truncated, as a
 // real model's answer stopped by num_predict is; an answer within its cap
 // is whole.
 func TestAnswerCapTruncates(t *testing.T) {
@@ -277,12 +277,12 @@ func TestAnswerCapTruncates(t *testing.T) {
 	var me *models.Error
 	require.ErrorAs(t, err, &me)
 	require.Equal(t, models.Truncated, me.Kind)
-	require.Equal(t, "This may be ", streamed.String(), "what was streamed is the cut answer: 12 bytes, 3 tokens")
+	require.Equal(t, "This may be ", streamed.String(), "what was streamed is the cut answer: 3 words, 3 tokens")
 	require.Equal(t, 3, me.CompletionTokens)
 	require.Positive(t, me.PromptTokens)
 	require.False(t, models.IsTransient(err))
 
-	req.Options.MaxOutputTokens = 10
+	req.Options.MaxOutputTokens = 14 // This may be an emerg ency : call 9 1 1 now .
 	resp, err = p.Chat(context.Background(), req, nil)
 	require.NoError(t, err)
 	require.Equal(t, "This may be an emergency: call 911 now.", resp.Message.Content)
@@ -298,5 +298,5 @@ func TestAnswerCapTruncates(t *testing.T) {
 		return nil
 	})
 	require.ErrorIs(t, err, models.ErrTruncated)
-	require.Equal(t, models.Message{Thinking: "The user"}, got)
+	require.Equal(t, models.Message{Thinking: "The user "}, got)
 }
