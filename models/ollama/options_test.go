@@ -56,20 +56,23 @@ func TestChatStallMidStreamIsATransientTimeout(t *testing.T) {
 func TestChatStallTimeoutSparesSlowStartsAndSlowCallers(t *testing.T) {
 	lines := fixtureLines(t, "plain.ndjson")
 	srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(300 * time.Millisecond) // loading the model
+		time.Sleep(1200 * time.Millisecond) // loading the model
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		for _, line := range lines {
 			_, _ = w.Write(append(line, '\n'))
 			w.(http.Flusher).Flush()
-			time.Sleep(40 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond)
 		}
 	})
-	c := NewWithOptions(srv.URL, srv.Client(), Options{StallTimeout: 100 * time.Millisecond})
+	// The chunks come 50 ms apart, well within the stall timeout even on a
+	// loaded machine; the model's loading and the caller's first event
+	// each take several times as long.
+	c := NewWithOptions(srv.URL, srv.Client(), Options{StallTimeout: 400 * time.Millisecond})
 	first := true
 	resp, err := c.Chat(context.Background(), chatRequestFor("llama3.2"), func(models.Chunk) error {
 		if first {
 			first = false
-			time.Sleep(250 * time.Millisecond) // the caller stores its first event
+			time.Sleep(1000 * time.Millisecond) // the caller stores its first event
 		}
 		return nil
 	})
