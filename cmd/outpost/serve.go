@@ -188,7 +188,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	bg.Add(1)
 	go func() {
 		defer bg.Done()
-		if err := store.ServeControl(ctl, db, *data); err != nil {
+		if err := store.ServeControl(ctl, db, *data, m); err != nil {
 			fmt.Fprintf(stderr, "control socket: %v\n", err)
 		}
 	}()
