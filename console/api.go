@@ -363,7 +363,8 @@ type damagedView struct {
 // agent or thread asked for, on the one page whose range holds its key:
 // after "after", up to "next" when there is one. A listing of queued,
 // running or interrupted runs reads only the runs that the store's index
-// of unfinished runs names (store/unfinished.go), so it names only theirs.
+// of unfinished runs names (store/unfinished.go), so it names only theirs,
+// and the records the index found unreadable when it was built.
 //
 // Each run is a summary (engine.RunFilter.Summary): an input or output
 // over store.SummaryBytes (8 KiB) is a preview, marked input_truncated or
