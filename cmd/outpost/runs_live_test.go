@@ -19,38 +19,14 @@ import (
 
 	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/engine/enginetest"
 	"github.com/outpost-edge/outpost/store"
 )
 
-// holdAgent is an agent of one node, which holds a run whose input is
-// "hold" until release is closed.
+// holdAgent resolves the agent "hold" (enginetest.HoldAgent), which holds
+// a run whose input is "hold" until release is closed.
 func holdAgent(t *testing.T, release <-chan struct{}) engine.Resolver {
-	t.Helper()
-	b := engine.NewGraph("hold")
-	input := engine.Replace[string](b, "input")
-	b.AddNode("work", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
-		if input.Get(s) == "hold" {
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		return nil, nil
-	})
-	b.AddEdge(engine.Start, "work")
-	b.AddEdge("work", engine.End)
-	g, err := b.Compile()
-	require.NoError(t, err)
-	ag := &engine.Agent{Name: "hold", Graph: g, Bundle: engine.BundleRef{Name: "test", Version: 1, Digest: "sha256:test"},
-		Input: func(raw json.RawMessage) ([]engine.Write, error) {
-			var s string
-			if err := json.Unmarshal(raw, &s); err != nil {
-				return nil, err
-			}
-			return []engine.Write{input.Set(s)}, nil
-		},
-		Output: func(engine.State) json.RawMessage { return json.RawMessage(`"done"`) }}
+	ag := enginetest.HoldAgent(t, "hold", release)
 	return func(name string, _ engine.BundleRef) (*engine.Agent, error) {
 		if name != "hold" {
 			return nil, fmt.Errorf("%w %q", engine.ErrUnknownAgent, name)
