@@ -86,7 +86,15 @@ func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns) error 
 			writeControl(w, nil, fmt.Errorf("older_than: %w", err))
 			return
 		}
-		rep, err := db.Prune(r.Context(), d, time.Now())
+		// The runs in flight that have no record yet keep their call
+		// records, however old.
+		inFlight := map[string]bool{}
+		if live != nil {
+			for _, run := range live.Unstored(engine.RunFilter{}) {
+				inFlight[run.ID] = true
+			}
+		}
+		rep, err := db.prune(r.Context(), d, time.Now(), inFlight)
 		writeControl(w, rep, err)
 	})
 	serveReads(mux, db, live)
