@@ -32,8 +32,8 @@ const runsUsage = `Usage: outpost runs <list|show|history|fork|replay> [flags]
 
 Every subcommand takes --data DIR and --json; "outpost runs SUB -h" lists its flags.
 list, show and history only read: while serve owns the store, they ask it through its
-control socket, and list and show the runs as its HTTP API does. fork and replay need the store to themselves: stop serve first (or
-fork through its HTTP API).
+control socket, and list and show the runs as its HTTP API does. fork and replay need
+the store to themselves: stop serve first (or fork through its HTTP API).
 `
 
 // maxLimit bounds a page of runs or checkpoints, as the HTTP API does.
