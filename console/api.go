@@ -363,7 +363,8 @@ type damagedView struct {
 // agent or thread asked for, on the one page whose range holds its key:
 // after "after", up to "next" when there is one. A listing of queued,
 // running or interrupted runs reads only the runs that the store's index
-// of unfinished runs names (store/unfinished.go), so it names only theirs.
+// of unfinished runs names (store/unfinished.go), so it names only theirs,
+// and the records the index found unreadable when it was built.
 //
 // Each run is a summary (engine.RunFilter.Summary): an input or output
 // over store.SummaryBytes (8 KiB) is a preview, marked input_truncated or
@@ -397,64 +398,17 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	damaged := map[string]string{} // key -> why it cannot be read
 	// A list shows a summary of each run: a large input or output is a
 	// preview (input_truncated, output_truncated), and listing reads no
-	// blob of one.
-	f := engine.RunFilter{Agent: q.Get("agent"), Thread: q.Get("thread"), After: q.Get("after"), Desc: desc, Summary: true,
-		Damaged: func(key string, err error) { damaged[key] = err.Error() }}
-	// The store keeps a run "queued" until it ends or pauses (a worker's
-	// progress is not rewritten at every step), so live status comes from
-	// the manager, and "queued" and "running" are both read from the
-	// stored "queued" and "running" runs.
-	want := func(run *engine.Run) bool { return status == "" || run.Status == status }
-	var stored []engine.RunStatus
-	switch status {
-	case engine.StatusQueued, engine.StatusRunning:
-		stored = []engine.RunStatus{engine.StatusQueued, engine.StatusRunning}
-	default:
-		stored = []engine.RunStatus{status}
+	// blob of one. One more than the page, to know whether another
+	// follows.
+	f := engine.RunFilter{Status: status, Agent: q.Get("agent"), Thread: q.Get("thread"), After: q.Get("after"), Limit: limit + 1,
+		Desc: desc, Summary: true, Damaged: func(key string, err error) { damaged[key] = err.Error() }}
+	// Live statuses, and the runs that exit durability has not stored
+	// yet, come from the manager.
+	out, err := store.ListLive(r.Context(), s.cfg.Manager.Store(), s.cfg.Manager, f)
+	if err != nil {
+		return errorf(http.StatusInternalServerError, "read_failed", err.Error())
 	}
-	var out []*engine.Run
 	more := false
-	for len(out) <= limit {
-		var page, unstored []*engine.Run
-		if status == "" || status == engine.StatusQueued || status == engine.StatusRunning {
-			// In exit durability the store has no record of a run until
-			// it pauses, ends or calls a tool: the manager has it
-			// meanwhile. It is asked first: a run it no longer has was
-			// stored before, and the store's listing below has it.
-			unstored = s.cfg.Manager.Unstored(f)
-		}
-		for _, st := range stored {
-			f.Status, f.Limit = st, limit+1
-			runs, err := s.cfg.Manager.Store().Runs(r.Context(), f)
-			if err != nil {
-				return errorf(http.StatusInternalServerError, "read_failed", err.Error())
-			}
-			page = append(page, runs...)
-		}
-		for _, run := range unstored {
-			if !slices.ContainsFunc(page, func(p *engine.Run) bool { return p.ID == run.ID }) {
-				store.Summarize(run) // a copy (Unstored), summarized as the store's are
-				page = append(page, run)
-			}
-		}
-		sort.Slice(page, func(i, j int) bool { return before(page[i].ID, page[j].ID) })
-		if len(page) > limit+1 {
-			page = page[:limit+1]
-		}
-		if len(page) == 0 {
-			break
-		}
-		for _, run := range page {
-			run.Status = s.cfg.Manager.LiveStatus(run)
-			if want(run) {
-				out = append(out, run)
-			}
-		}
-		f.After = page[len(page)-1].ID
-		if len(page) <= limit {
-			break
-		}
-	}
 	if len(out) > limit {
 		out, more = out[:limit], true
 	}
@@ -468,9 +422,8 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 		next = out[len(out)-1].ID
 		resp["next"] = next
 	}
-	// Every listing above read the keys up to the end of its page, past
-	// next; a key after next is the next page's to name. Each status's
-	// listing meets the same damaged key: the map names it once.
+	// The listing read the keys up to the end of its page, past next; a
+	// key after next is the next page's to name.
 	var keys []string
 	for key := range damaged {
 		if next == "" || !before(next, key) {

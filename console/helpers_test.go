@@ -180,7 +180,7 @@ func newEnvWithStore(t *testing.T, dir string, opts engine.ManagerOptions, wrap 
 	}
 	e.token = tok
 	cfg := console.Config{Manager: e.mgr, Bus: e.bus, Resolve: resolve, Agents: []string{testAgent}, Token: tok,
-		Metrics: metrics, StoreSize: db.Size, Logf: t.Logf,
+		Metrics: metrics, StoreSize: db.Size, CountRuns: db.CountRuns, Logf: t.Logf,
 		Bundles: func() []console.BundleInfo {
 			return []console.BundleInfo{{Name: "test-bundle", Version: 3, Digest: "sha256:test", Agents: []string{testAgent}, Active: true, Source: "embedded"}}
 		}}

@@ -171,11 +171,12 @@ var (
 	runCountsShare time.Duration = 20
 )
 
-// runCounts counts stored runs by status. It reads every run record, so
-// it counts at most every runCountsEvery, and at most 1/runCountsShare of
-// the time: a store of months of runs, scraped every few seconds, would
-// otherwise keep a core busy. A record that cannot be read is counted
-// apart, in damaged, instead of failing the count.
+// runCounts counts runs by status: the stored ones, and in exit
+// durability those the manager has not stored yet. It reads every run
+// record, so it counts at most every runCountsEvery, and at most
+// 1/runCountsShare of the time: a store of months of runs, scraped every
+// few seconds, would otherwise keep a core busy. A record that cannot be
+// read is counted apart, in damaged, instead of failing the count.
 func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int, damaged int, err error) {
 	m := s.metrics
 	m.runsMu.Lock()
@@ -184,16 +185,57 @@ func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int
 		return m.runsByStat, m.runsDamaged, nil
 	}
 	start := time.Now()
+	// Asked first, as the runs list does: a run the manager no longer has
+	// was stored before, and the count of the store has it. One it has is
+	// counted as it has it, and its record, should it have one by now
+	// (written by a tool call), is not.
+	unstored := s.cfg.Manager.Unstored(engine.RunFilter{})
+	skip := make(map[string]bool, len(unstored))
+	for _, r := range unstored {
+		skip[r.ID] = true
+	}
+	count := s.cfg.CountRuns
+	if count == nil {
+		count = func(ctx context.Context, skip map[string]bool) (map[engine.RunStatus]int, int, error) {
+			return countListed(ctx, s.cfg.Manager.Store(), skip)
+		}
+	}
+	stored, damaged, err := count(ctx, skip)
+	if err != nil {
+		return nil, 0, err
+	}
 	counts = map[engine.RunStatus]int{}
 	for st := range statuses {
 		counts[st] = 0
 	}
+	for st, n := range stored {
+		counts[st] += n
+	}
+	// Stored "queued" covers runs a worker is executing; the manager
+	// knows how many are live, the unstored ones among them, which are
+	// counted with their live status already.
+	active := max(s.cfg.Manager.Active()-len(unstored), 0)
+	moved := min(active, counts[engine.StatusQueued])
+	counts[engine.StatusQueued] -= moved
+	counts[engine.StatusRunning] += moved
+	for _, r := range unstored {
+		counts[r.Status]++
+	}
+	m.runsByStat, m.runsDamaged, m.runsAt, m.runsTook = counts, damaged, time.Now(), time.Since(start)
+	return counts, damaged, nil
+}
+
+// countListed counts the runs rs lists by status, but for those skip
+// names, and the records that cannot be read: Config.CountRuns for a
+// store that has no cheaper count.
+func countListed(ctx context.Context, rs engine.RunStore, skip map[string]bool) (counts map[engine.RunStatus]int, damaged int, err error) {
+	counts = map[engine.RunStatus]int{}
 	// By key: the listing after the last run, which finds none, meets
 	// again the damaged records that the one before read past that run.
 	bad := map[string]bool{}
 	after := ""
 	for {
-		runs, err := s.cfg.Manager.Store().Runs(ctx, engine.RunFilter{After: after, Limit: 1000, Summary: true,
+		runs, err := rs.Runs(ctx, engine.RunFilter{After: after, Limit: 1000, Summary: true,
 			Damaged: func(key string, _ error) { bad[key] = true }})
 		if err != nil {
 			return nil, 0, err
@@ -202,17 +244,12 @@ func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int
 			break
 		}
 		for _, r := range runs {
-			counts[r.Status]++
+			if !skip[r.ID] {
+				counts[r.Status]++
+			}
 		}
 		after = runs[len(runs)-1].ID
 	}
-	// Stored "queued" covers runs a worker is executing; the manager
-	// knows how many are live.
-	active := s.cfg.Manager.Active()
-	moved := min(active, counts[engine.StatusQueued])
-	counts[engine.StatusQueued] -= moved
-	counts[engine.StatusRunning] += moved
-	m.runsByStat, m.runsDamaged, m.runsAt, m.runsTook = counts, len(bad), time.Now(), time.Since(start)
 	return counts, len(bad), nil
 }
 
@@ -224,7 +261,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(http.StatusInternalServerError, "read_failed", err.Error()))
 		return
 	}
-	b.WriteString("# HELP outpost_runs Runs in the store by status.\n# TYPE outpost_runs gauge\n")
+	b.WriteString("# HELP outpost_runs Runs by status: those in the store, and those in exit durability not stored yet.\n# TYPE outpost_runs gauge\n")
 	keys := make([]string, 0, len(counts))
 	for st := range counts {
 		keys = append(keys, string(st))

@@ -2,13 +2,23 @@ package console
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/engine/enginetest"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // endlessStore refuses the commit that ends a run, as a full or failing
@@ -170,4 +180,80 @@ func TestRunCountsTakeAtMostAShareOfTheTime(t *testing.T) {
 	if n := count(); n == first {
 		t.Fatal("a count is read again once 20 times its duration has passed")
 	}
+}
+
+// /metrics counts runs by status. In exit durability the store has no
+// record of a run until it pauses or ends, and /metrics left such a run
+// out; one that called a tool has a record by then (EnsureDurable), and is
+// counted once all the same, as the manager has it. Once stored, each is
+// counted by its record.
+func TestMetricsCountExitRunsNotStoredYet(t *testing.T) {
+	db, err := store.OpenDir(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	release := make(chan struct{})
+	ag := enginetest.HoldAgent(t, "hold", release)
+	mgr := engine.NewManager(db, func(string, engine.BundleRef) (*engine.Agent, error) { return ag, nil },
+		engine.ManagerOptions{Durability: engine.DurabilityExit, Workers: 4})
+	defer mgr.Close()
+	s := New(Config{Manager: mgr, Token: "secret", CountRuns: db.CountRuns})
+	defer s.Close()
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+
+	ctx := t.Context()
+	start := func(thread, in string) string {
+		raw, _ := json.Marshal(in)
+		r, err := mgr.Start(ctx, engine.RunRequest{Thread: thread, Agent: "hold", Input: raw})
+		require.NoError(t, err)
+		return r.ID
+	}
+	// runs scrapes /metrics afresh, and returns outpost_runs by status.
+	runs := func() map[string]string {
+		t.Helper()
+		s.metrics.runsMu.Lock()
+		s.metrics.runsByStat = nil
+		s.metrics.runsMu.Unlock()
+		req, err := http.NewRequest(http.MethodGet, srv.URL+"/metrics", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer secret")
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+		out := map[string]string{}
+		for _, m := range regexp.MustCompile(`(?m)^outpost_runs\{status="(\w+)"\} (\d+)$`).FindAllStringSubmatch(string(body), -1) {
+			if m[2] != "0" {
+				out[m[1]] = m[2]
+			}
+		}
+		return out
+	}
+
+	done := start("done", "go")
+	_, err = mgr.Wait(ctx, done)
+	require.NoError(t, err)
+	held, durable := start("held", "hold"), start("durable", "durable hold")
+	for _, id := range []string{held, durable} {
+		require.Eventually(t, func() bool {
+			r, _ := mgr.Run(ctx, id)
+			return r != nil && r.Status == engine.StatusRunning
+		}, 5*time.Second, time.Millisecond)
+	}
+	require.Eventually(t, func() bool {
+		_, err := db.Run(ctx, durable)
+		return err == nil
+	}, 5*time.Second, time.Millisecond, "EnsureDurable stores the run")
+	_, err = db.Run(ctx, held)
+	require.ErrorIs(t, err, engine.ErrRunNotFound, "exit durability stores the run when it ends")
+	assert.Equal(t, map[string]string{"completed": "1", "running": "2"}, runs())
+
+	close(release)
+	for _, id := range []string{held, durable} {
+		_, err := mgr.Wait(ctx, id)
+		require.NoError(t, err)
+	}
+	assert.Equal(t, map[string]string{"completed": "3"}, runs())
 }

@@ -42,6 +42,12 @@ type Config struct {
 	// write or fsync), or nil while it does; /healthz then reports the
 	// store down. Optional.
 	StoreWrites func() error
+	// CountRuns counts the stored runs by status for /metrics, and the
+	// records that cannot be read, leaving out the runs that skip names
+	// (store.DB.CountRuns, which reads the statuses alone). Nil counts
+	// through the manager's store's run listings, which read what a
+	// listing does.
+	CountRuns func(ctx context.Context, skip map[string]bool) (counts map[engine.RunStatus]int, damaged int, err error)
 
 	Events EventOptions
 	// MaxBody bounds a request body (default 1 MiB).

@@ -29,8 +29,12 @@ import (
 const ControlSocket = "outpost.sock"
 
 // ServeControl serves db's online operations on the control socket in dir
-// until ctx ends. Call it from the process that owns the store.
-func ServeControl(ctx context.Context, db *DB, dir string) error {
+// until ctx ends. Call it from the process that owns the store, with the
+// run manager that works db as live (nil when none does): the runs
+// commands then read runs as the HTTP API shows them (ListLive), with
+// their live status, and the runs that exit durability has not stored
+// yet.
+func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns) error {
 	path := filepath.Join(dir, ControlSocket)
 	// A socket left by a killed owner is stale: we hold the lock now.
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -82,10 +86,18 @@ func ServeControl(ctx context.Context, db *DB, dir string) error {
 			writeControl(w, nil, fmt.Errorf("older_than: %w", err))
 			return
 		}
-		rep, err := db.Prune(r.Context(), d, time.Now())
+		// The runs in flight that have no record yet keep their call
+		// records, however old.
+		inFlight := map[string]bool{}
+		if live != nil {
+			for _, run := range live.Unstored(engine.RunFilter{}) {
+				inFlight[run.ID] = true
+			}
+		}
+		rep, err := db.prune(r.Context(), d, time.Now(), inFlight)
 		writeControl(w, rep, err)
 	})
-	serveReads(mux, db)
+	serveReads(mux, db, live)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
@@ -434,8 +446,9 @@ func queryLimit(q map[string]string) (int, error) {
 	return n, nil
 }
 
-// serveReads adds the reads that runs list, show and history make.
-func serveReads(mux *http.ServeMux, db *DB) {
+// serveReads adds the reads that runs list, show and history make: of
+// runs as live knows them, when it is not nil.
+func serveReads(mux *http.ServeMux, db *DB, live LiveRuns) {
 	mux.HandleFunc("GET /runs", func(w http.ResponseWriter, r *http.Request) {
 		q, err := queryParams(r, "status", "agent", "thread", "after", "limit", "damaged", "desc", "summary")
 		if err != nil {
@@ -455,7 +468,7 @@ func serveReads(mux *http.ServeMux, db *DB) {
 				ans.Damaged = append(ans.Damaged, damagedRecord{Key: []byte(key), Error: newControlError(err)})
 			}
 		}
-		runs, err := db.Runs(r.Context(), f)
+		runs, err := ListLive(r.Context(), db, live, f)
 		if err != nil {
 			writeControl(w, nil, err)
 			return
@@ -481,7 +494,12 @@ func serveReads(mux *http.ServeMux, db *DB) {
 			writeControl(w, nil, fmt.Errorf("load run: %w", err))
 			return
 		}
-		run, err := db.Run(r.Context(), q["id"])
+		var run *engine.Run
+		if live != nil {
+			run, err = live.Run(r.Context(), q["id"])
+		} else {
+			run, err = db.Run(r.Context(), q["id"])
+		}
 		if err != nil {
 			writeControl(w, nil, err)
 			return
@@ -512,9 +530,10 @@ func serveReads(mux *http.ServeMux, db *DB) {
 	})
 }
 
-// Runs lists runs in the owning process, as DB.Runs does. f.Damaged, when
-// set, is told of each run record the owner could not read, after the
-// list has arrived.
+// Runs lists runs in the owning process, as ListLive does with the run
+// manager the owner serves the socket with (as DB.Runs does when it has
+// none): the runs the HTTP API lists. f.Damaged, when set, is told of
+// each run record the owner could not read, after the list has arrived.
 func (c *Control) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
 	q := url.Values{}
 	for k, v := range map[string]string{"status": string(f.Status), "agent": f.Agent, "thread": f.Thread, "after": f.After} {
@@ -557,8 +576,9 @@ func (c *Control) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, 
 	return out, nil
 }
 
-// Run reads one run in the owning process, as DB.Run does: a run that is
-// not there is engine.ErrRunNotFound.
+// Run reads one run in the owning process, as its run manager's Run does
+// (DB.Run when it has none): a run that is not there is
+// engine.ErrRunNotFound.
 func (c *Control) Run(ctx context.Context, id string) (*engine.Run, error) {
 	var ans runAnswer
 	if err := c.do(ctx, http.MethodGet, "/run?"+url.Values{"id": {id}}.Encode(), &ans); err != nil {

@@ -20,6 +20,9 @@
 //   - DB.Check, DB.Backup, DB.Compact (and CompactFile) and DB.Prune are
 //     the operations behind "outpost db"; Salvage copies what can still be
 //     read out of a store too damaged to open (salvage.go).
+//   - ListLive lists runs as the run manager that works the store has
+//     them (live statuses, runs not stored yet): GET /api/v1/runs, and
+//     "outpost runs list" through the control socket (ServeControl).
 //
 // Only one process may open a store for writing: a second Open fails
 // within Options.Timeout with ErrInUse. A file of another format or

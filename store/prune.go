@@ -24,6 +24,9 @@ type PruneReport struct {
 	WritesRemoved      int   `json:"writes_removed"`
 	BlobsRemoved       int   `json:"blobs_removed"`
 	BlobBytesRemoved   int64 `json:"blob_bytes_removed"`
+	// CallsRemoved counts the tool-call records (model calls among them)
+	// of runs that have no run record, removed (see Prune).
+	CallsRemoved int `json:"calls_removed"`
 	// Skipped lists threads that qualified but could not be cut, and why.
 	Skipped []Problem `json:"skipped"`
 }
@@ -49,6 +52,17 @@ func (r PruneReport) MarshalJSON() ([]byte, error) {
 // values, no parent): the thread's state is unchanged. The namespace's
 // branches go with their checkpoints; its heads entry stays as it was.
 //
+// The tool-call records of a run that has no run record are removed once
+// they are as old as an unreferenced blob must be to go: those of a run
+// in exit durability that a crash cut short before it stored anything
+// (its model calls: a tool call stores the run first), which no recovery
+// will resume, and whose records would otherwise keep their blobs for
+// ever. A run still in flight has a record within blobGrace of its
+// start, but for one in exit durability that runs longer without a tool
+// call: Prune through the control socket of the process that runs it
+// keeps its records (ServeControl's run manager knows it), and no other
+// process runs one while Prune has the store.
+//
 // Then blobs are marked and swept. A blob survives when any checkpoint,
 // pending write, run or tool call names it (in a typed field or as text in
 // a value), when a surviving blob names it, or when it is young: stored
@@ -61,6 +75,12 @@ func (r PruneReport) MarshalJSON() ([]byte, error) {
 // store as it was. A corrupt record aborts the prune (run Check first),
 // since the collector cannot know what it names.
 func (d *DB) Prune(ctx context.Context, olderThan time.Duration, now time.Time) (*PruneReport, error) {
+	return d.prune(ctx, olderThan, now, nil)
+}
+
+// prune is Prune, keeping the call records of the runs inFlight names
+// however old they are: runs in flight that have no run record yet.
+func (d *DB) prune(ctx context.Context, olderThan time.Duration, now time.Time, inFlight map[string]bool) (*PruneReport, error) {
 	cutoff := now.Add(-olderThan)
 	blobCutoff := cutoff
 	if grace := now.Add(-blobGrace); grace.Before(blobCutoff) {
@@ -72,7 +92,7 @@ func (d *DB) Prune(ctx context.Context, olderThan time.Duration, now time.Time) 
 	err := d.q.do(&request{
 		apply: func(tx *bbolt.Tx) error {
 			rep = &PruneReport{} // a batch may apply a request twice
-			p := &pruner{ctx: ctx, tx: tx, blobs: writeBlobs(tx), rep: rep, cutoff: cutoff, blobCutoff: blobCutoff}
+			p := &pruner{ctx: ctx, tx: tx, blobs: writeBlobs(tx), rep: rep, cutoff: cutoff, blobCutoff: blobCutoff, inFlight: inFlight}
 			if err := p.cutHistories(); err != nil {
 				return err
 			}
@@ -99,6 +119,9 @@ type pruner struct {
 	cutoff time.Time
 	// blobCutoff: an unreferenced blob stored before it is swept.
 	blobCutoff time.Time
+	// inFlight names runs whose call records stay though the runs have
+	// no record (see prune).
+	inFlight map[string]bool
 }
 
 func (p *pruner) cutHistories() error {
@@ -494,14 +517,8 @@ func (p *pruner) collectBlobs() error {
 	}); err != nil {
 		return err
 	}
-	if err := p.walk(bucketToolCalls, func(k, v []byte) error {
-		tc, err := decodeToolCall(v)
-		if err != nil {
-			return corrupt(bucketToolCalls, k, err)
-		}
-		toolCallRefs(tc, mark)
-		return nil
-	}); err != nil {
+	orphans, err := p.markCalls(mark)
+	if err != nil {
 		return err
 	}
 	bb := p.blobs
@@ -546,7 +563,38 @@ func (p *pruner) collectBlobs() error {
 		}
 	}
 	p.rep.BlobsRemoved = len(sweep)
+	tb := bucket(p.tx, bucketToolCalls)
+	for _, k := range orphans {
+		if err := tb.Delete(k); err != nil {
+			return fmt.Errorf("remove call record %s: %w", renderKey(bucketToolCalls, k), err)
+		}
+	}
+	p.rep.CallsRemoved = len(orphans)
 	return nil
+}
+
+// markCalls marks the blobs the tool-call records name, but for those of
+// runs that have no run record and are older than the blob cutoff: it
+// returns their keys instead, to be removed.
+func (p *pruner) markCalls(mark func(engine.BlobRef)) (orphans [][]byte, err error) {
+	runs := bucket(p.tx, bucketRuns)
+	lastRun, stored := "", false // the records of one run are together
+	err = p.walk(bucketToolCalls, func(k, v []byte) error {
+		tc, err := decodeToolCall(v)
+		if err != nil {
+			return corrupt(bucketToolCalls, k, err)
+		}
+		if tc.RunID != lastRun {
+			lastRun, stored = tc.RunID, tc.RunID == "" || p.inFlight[tc.RunID] || runs.Get([]byte(tc.RunID)) != nil
+		}
+		if !stored && tc.IntentAt.Before(p.blobCutoff) && tc.DoneAt.Before(p.blobCutoff) {
+			orphans = append(orphans, bytes.Clone(k))
+			return nil
+		}
+		toolCallRefs(tc, mark)
+		return nil
+	})
+	return orphans, err
 }
 
 // walk visits a bucket's records, stopping at the first error.

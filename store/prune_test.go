@@ -331,3 +331,52 @@ func TestPruneReportsProgress(t *testing.T) {
 		assert.Equal(t, 3*(i+1), n)
 	}
 }
+
+// A run in exit durability that a crash cuts short before it stores
+// anything leaves the records of its model calls, and their answers as
+// blobs, and no run record: no recovery resumes it, and nothing collected
+// them. Prune removes such records once they are as old as an
+// unreferenced blob must be, and then the blobs only they named; those of
+// a stored run stay, and so do a young run's, which may still be running.
+func TestPruneRemovesTheCallsOfRunsLostInACrash(t *testing.T) {
+	d := openTest(t)
+	now := time.Now()
+	call := func(run, key, answer string) engine.BlobRef {
+		t.Helper()
+		ref, err := d.PutBlob(bg, []byte(answer))
+		require.NoError(t, err)
+		require.NoError(t, d.PutToolIntent(bg, key, ToolCall{RunID: run, Tool: "model:m", ArgsHash: "h"}))
+		require.NoError(t, d.PutToolResult(bg, key, ToolCall{Result: engine.Value{Blob: ref}}))
+		return ref
+	}
+	require.NoError(t, d.Commit(bg, finalCommit("t1", "run_kept", engine.StatusCompleted, "0001", nil)))
+	kept := call("run_kept", "model:run_kept:1:a:0", `{"text": "`+strings.Repeat("kept ", 200)+`"}`)
+	lost := call("run_lost", "model:run_lost:1:b:0", `{"text": "`+strings.Repeat("lost ", 200)+`"}`)
+	call("run_lost", "model:run_lost:2:c:0", `{"text": "`+strings.Repeat("also lost ", 200)+`"}`)
+
+	rep, err := d.Prune(bg, time.Hour, now.Add(2*time.Hour))
+	require.NoError(t, err)
+	assert.Zero(t, rep.CallsRemoved, "within blobGrace, the run may still be running")
+	// The owner's prune (through its control socket) keeps the records
+	// of the runs its manager runs, however old.
+	rep, err = d.prune(bg, time.Hour, now.Add(48*time.Hour), map[string]bool{"run_lost": true})
+	require.NoError(t, err)
+	assert.Zero(t, rep.CallsRemoved, "a run in flight")
+
+	rep, err = d.Prune(bg, time.Hour, now.Add(48*time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, 2, rep.CallsRemoved)
+	assert.Equal(t, 2, rep.BlobsRemoved, "the lost run's answers")
+	_, err = d.ToolCall(bg, "model:run_lost:1:b:0")
+	require.ErrorIs(t, err, ErrToolCallNotFound)
+	_, err = d.Blob(bg, lost)
+	require.ErrorIs(t, err, engine.ErrBlobNotFound)
+	tc, err := d.ToolCall(bg, "model:run_kept:1:a:0")
+	require.NoError(t, err)
+	assert.Equal(t, kept, tc.Result.Blob)
+	_, err = d.Blob(bg, kept)
+	require.NoError(t, err)
+	check, err := d.Check(bg)
+	require.NoError(t, err)
+	assert.True(t, check.OK(), "%v", check.Problems)
+}

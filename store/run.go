@@ -551,7 +551,7 @@ func (d *DB) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error
 					}
 					continue
 				}
-				if st != f.Status {
+				if st != f.Status && st != unreadable {
 					continue
 				}
 				if v = runs.Get(k); v == nil {

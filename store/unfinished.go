@@ -11,8 +11,8 @@ import (
 )
 
 // The unfinished bucket (format version 7) indexes the runs that are not
-// over: run ID -> the run's status, "queued", "running" or "interrupted".
-// Runs that end leave it. The runs waiting for review (interrupted), and
+// over: run ID -> the run's status, "queued", "running" or "interrupted"
+// (or "unreadable", below). Runs that end leave it. The runs waiting for review (interrupted), and
 // those that recovery at start resumes (queued and running), are a few
 // among the months of finished runs that an appliance keeps: listed
 // through the index, they cost what they number, where a walk of the runs
@@ -42,6 +42,17 @@ var unfinishedValues = map[engine.RunStatus][]byte{
 // run in s is not indexed.
 func unfinishedValue(s engine.RunStatus) []byte { return unfinishedValues[s] }
 
+// unreadable is the index value of a run record that could not be read
+// when the index was built. Its status is unknown, so a listing of each
+// status the index holds reads the record and reports it damaged
+// (engine.RunFilter.Damaged), as a walk of the records did: recovery at
+// every start, and the review list, name it as they did before the index,
+// instead of losing sight of it. A commit that writes the run's record
+// (none will, while it cannot be read) replaces the entry as any other.
+const unreadable engine.RunStatus = "unreadable"
+
+var unreadableValue = []byte(unreadable)
+
 // indexRun brings run id's index entry in step with its status, whose
 // index value is want (unfinishedValue): it writes only when the entry
 // changes.
@@ -62,15 +73,15 @@ func indexRun(tx *bbolt.Tx, id, want []byte) error {
 	return b.Put(id, want)
 }
 
-// decodeUnfinished reads an index entry: the status it records, or an
-// error saying what is wrong with it.
+// decodeUnfinished reads an index entry: the status it records (or
+// unreadable), or an error saying what is wrong with it.
 func decodeUnfinished(k, v []byte) (engine.RunStatus, error) {
 	if err := validKeyPart("run ID", string(k), true); err != nil {
 		return "", err
 	}
 	st := engine.RunStatus(v)
-	if unfinishedValue(st) == nil {
-		return "", fmt.Errorf("malformed entry %q: want queued, running or interrupted", v)
+	if unfinishedValue(st) == nil && st != unreadable {
+		return "", fmt.Errorf("malformed entry %q: want queued, running, interrupted or unreadable", v)
 	}
 	return st, nil
 }
@@ -80,8 +91,9 @@ func decodeUnfinished(k, v []byte) (engine.RunStatus, error) {
 var errNoRecord = errors.New("names a run that has no record")
 
 // buildUnfinished makes the index anew from the run records. A record
-// that cannot be read is left out: its status is unknown, db check names
-// it, and so do the listings that walk the records.
+// that cannot be read is indexed as unreadable: its status is unknown,
+// and the listings through the index report it, as db check and the
+// listings that walk the records do.
 func buildUnfinished(tx *bbolt.Tx) error {
 	if tx.Bucket([]byte(bucketUnfinished)) != nil {
 		if err := tx.DeleteBucket([]byte(bucketUnfinished)); err != nil {
@@ -101,11 +113,11 @@ func buildUnfinished(tx *bbolt.Tx) error {
 		if isOutcomeIndexKey(k) {
 			continue
 		}
-		st, ok := recordStatus(v)
-		if !ok {
-			continue
+		want := unreadableValue
+		if st, ok := recordStatus(v); ok {
+			want = unfinishedValue(st)
 		}
-		if want := unfinishedValue(st); want != nil {
+		if want != nil {
 			if err := idx.Put(k, want); err != nil {
 				return fmt.Errorf("build the %s index: %w", bucketUnfinished, err)
 			}
@@ -177,7 +189,13 @@ func (u *unfinishedCheck) finish(ctx context.Context, tx *bbolt.Tx, rep *CheckRe
 			u.add(bucketUnfinished, k, "%v", errNoRecord)
 			return
 		}
-		if st, ok := recordStatus(rec); ok && unfinishedValue(st) == nil {
+		st, ok := recordStatus(rec)
+		switch {
+		case !ok:
+			// The runs bucket's check names the record.
+		case string(v) == string(unreadableValue):
+			u.add(bucketUnfinished, k, "says the record cannot be read, but it can: the run is %s", st)
+		case unfinishedValue(st) == nil:
 			u.add(bucketUnfinished, k, "names a run that is %s, not queued, running or interrupted", st)
 		}
 	})

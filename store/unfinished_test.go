@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -234,7 +235,7 @@ func TestCheckAndListingsNameBadIndexEntries(t *testing.T) {
 	assert.ElementsMatch(t, []string{
 		"unfinished run_0: is missing: the run is interrupted",
 		"unfinished run_1: names a run that is completed, not queued, running or interrupted",
-		`unfinished run_2: malformed entry "\xffbogus": want queued, running or interrupted`,
+		`unfinished run_2: malformed entry "\xffbogus": want queued, running, interrupted or unreadable`,
 		`unfinished run_3: says "queued", but the run is running`,
 		"unfinished run_9: names a run that has no record",
 	}, got)
@@ -424,4 +425,88 @@ func FuzzDecodeUnfinished(f *testing.F) {
 			t.Fatalf("entry %q -> %q accepted as %q", k, v, st)
 		}
 	})
+}
+
+// A run record that cannot be read when the index is built (here cut
+// short, in a version 6 file) is indexed as unreadable: its status is
+// unknown. Before the index, recovery and the listings by status walked
+// the records and named it at every start; they still do, through the
+// index, and db check names the record (and not its entry).
+func TestIndexKeepsAnUnreadableRecordInSight(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	writeHistory(t, path, 6, 2)
+	cut := historyRunID(4)
+	var whole []byte
+	putRecord := func(v func() []byte) {
+		bdb, err := bbolt.Open(path, 0o600, nil)
+		require.NoError(t, err)
+		require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error {
+			runs := tx.Bucket([]byte(bucketRuns))
+			if whole == nil {
+				whole = bytes.Clone(runs.Get([]byte(cut)))
+			}
+			return runs.Put([]byte(cut), v())
+		}))
+		require.NoError(t, bdb.Close())
+	}
+	putRecord(func() []byte { return whole[:len(whole)/2] })
+
+	// What each start sees: the listings of the statuses the index holds,
+	// recovery and db check.
+	named := func(d *DB) {
+		t.Helper()
+		for _, st := range []engine.RunStatus{engine.StatusQueued, engine.StatusRunning, engine.StatusInterrupted} {
+			var keys []string
+			runs, err := d.Runs(bg, engine.RunFilter{Status: st, Damaged: func(key string, err error) {
+				keys = append(keys, key)
+				assert.Contains(t, err.Error(), "corrupt record in bucket runs, key "+cut)
+			}})
+			require.NoError(t, err)
+			assert.Equal(t, []string{cut}, keys, st)
+			if st == engine.StatusInterrupted {
+				assert.Equal(t, []string{historyRunID(2)}, runIDs(runs))
+			}
+		}
+		rep, err := d.Check(bg)
+		require.NoError(t, err)
+		var problems []string
+		for _, p := range rep.Problems {
+			problems = append(problems, p.Bucket+" "+p.Key)
+		}
+		assert.Equal(t, []string{bucketRuns + " " + cut}, problems)
+	}
+	ro, err := Open(path, Options{ReadOnly: true})
+	require.NoError(t, err)
+	named(ro) // version 6, read by walking the records
+	require.NoError(t, ro.Close())
+
+	for start := 1; start <= 2; start++ {
+		d, err := Open(path, Options{}) // the first builds the index
+		require.NoError(t, err)
+		assert.Equal(t, map[string]string{historyRunID(2): "interrupted", cut: "unreadable"}, indexed(t, d), "start %d", start)
+		named(d)
+		m := engine.NewManager(d, func(string, engine.BundleRef) (*engine.Agent, error) {
+			return nil, errors.New("no agent is needed: the one readable unfinished run is paused")
+		}, engine.ManagerOptions{})
+		_, err = m.Recover(bg)
+		var dmg *engine.DamagedRunsError
+		require.ErrorAs(t, err, &dmg, "start %d", start)
+		assert.Equal(t, []string{cut}, dmg.Keys)
+		m.Close()
+		require.NoError(t, d.Close())
+	}
+
+	// Were the record whole again, db check would name the entry, and the
+	// listings go by the record.
+	putRecord(func() []byte { return whole })
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	require.Len(t, rep.Problems, 1)
+	assert.Equal(t, "unfinished "+cut+": says the record cannot be read, but it can: the run is completed", rep.Problems[0].String())
+	runs, err := d.Runs(bg, engine.RunFilter{Status: engine.StatusInterrupted})
+	require.NoError(t, err)
+	assert.Equal(t, []string{historyRunID(2)}, runIDs(runs))
 }

@@ -519,10 +519,13 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 	}
 	fmt.Fprintf(stdout, "pruned %d thread(s): %d checkpoints, %d pending writes, %d blobs (%.2f MB) removed; %d checkpoints rewritten as snapshots\n",
 		rep.Threads, rep.CheckpointsRemoved, rep.WritesRemoved, rep.BlobsRemoved, float64(rep.BlobBytesRemoved)/1e6, rep.Rewritten)
+	if rep.CallsRemoved > 0 {
+		fmt.Fprintf(stdout, "removed %d call record(s) of runs a crash lost before they were stored\n", rep.CallsRemoved)
+	}
 	for _, p := range rep.Skipped {
 		fmt.Fprintf(stdout, "skipped %s\n", p)
 	}
-	if rep.CheckpointsRemoved+rep.WritesRemoved+rep.BlobsRemoved > 0 {
+	if rep.CheckpointsRemoved+rep.WritesRemoved+rep.BlobsRemoved+rep.CallsRemoved > 0 {
 		fmt.Fprintln(stdout, "run \"outpost db compact\" to give the freed pages back to the file system")
 	}
 	return nil

@@ -201,20 +201,21 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &session{db: db, bus: bus, stop: stop}
-	// While this process owns the store, db backup and db check reach it
-	// through the control socket.
-	s.done.Add(1)
-	go func() {
-		defer s.done.Done()
-		if err := store.ServeControl(ctx, db, dir); err != nil {
-			fmt.Fprintf(out, "control socket: %v\n", err)
-		}
-	}()
 	s.sub = s.bus.Subscribe(4096, nil)
 	// The manager's wall time holds for agents from outside a bundle too
 	// (the bench workload's).
 	s.m = engine.NewManager(db, resolve, engine.ManagerOptions{Durability: durability, Events: s.bus, MaxDuration: budget.WallTime,
 		MaxTokens: budget.Tokens, MaxRecoveries: bc.maxRecoveries()})
+	// While this process owns the store, db backup and db check reach it
+	// through the control socket, and runs list and show read its runs as
+	// its manager has them (in exit durability, not stored until they end).
+	s.done.Add(1)
+	go func() {
+		defer s.done.Done()
+		if err := store.ServeControl(ctx, db, dir, s.m); err != nil {
+			fmt.Fprintf(out, "control socket: %v\n", err)
+		}
+	}()
 	s.done.Add(1)
 	go func() {
 		defer s.done.Done()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -31,8 +32,8 @@ const runsUsage = `Usage: outpost runs <list|show|history|fork|replay> [flags]
 
 Every subcommand takes --data DIR and --json; "outpost runs SUB -h" lists its flags.
 list, show and history only read: while serve owns the store, they ask it through its
-control socket. fork and replay need the store to themselves: stop serve first (or
-fork through its HTTP API).
+control socket, and list and show the runs as its HTTP API does. fork and replay need
+the store to themselves: stop serve first (or fork through its HTTP API).
 `
 
 // maxLimit bounds a page of runs or checkpoints, as the HTTP API does.
@@ -104,29 +105,43 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	// One more than the page, to know whether another page follows. A
 	// record that cannot be read is left out and named after the list, so
 	// that one damaged run does not hide all the others.
-	var damaged []error
+	type leftOut struct {
+		key string
+		err error
+	}
+	var damaged []leftOut
 	var runs []*engine.Run
 	err := readRuns(*data, func(rs runReader) (err error) {
 		runs, err = rs.Runs(ctx, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit + 1,
-			Desc: *newest, Summary: true, Damaged: func(_ string, err error) { damaged = append(damaged, err) }})
+			Desc: *newest, Summary: true, Damaged: func(key string, err error) { damaged = append(damaged, leftOut{key, err}) }})
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if len(damaged) > 0 && rerr == nil {
-			for _, d := range damaged {
-				fmt.Fprintf(stderr, "left out: %v\n", d)
-			}
-			rerr = fmt.Errorf("%d run record(s) cannot be read and were left out of the list (run outpost db check)", len(damaged))
-		}
-	}()
 	next := ""
 	if len(runs) > *limit {
 		runs = runs[:*limit]
 		next = runs[len(runs)-1].ID
 	}
+	// As GET /api/v1/runs does: the listing read past next, and a damaged
+	// key there is the next page's to name; those named come in the
+	// listing's order.
+	damaged = slices.DeleteFunc(damaged, func(d leftOut) bool { return next != "" && d.key > next != *newest })
+	slices.SortStableFunc(damaged, func(a, b leftOut) int {
+		if *newest {
+			return strings.Compare(b.key, a.key)
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	defer func() {
+		if len(damaged) > 0 && rerr == nil {
+			for _, d := range damaged {
+				fmt.Fprintf(stderr, "left out: %v\n", d.err)
+			}
+			rerr = fmt.Errorf("%d run record(s) cannot be read and were left out of the list (run outpost db check)", len(damaged))
+		}
+	}()
 	if *asJSON {
 		if runs == nil {
 			runs = []*engine.Run{} // a list, even an empty one

@@ -24,7 +24,7 @@ func serveStore(t *testing.T, dir string) (stop func()) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- store.ServeControl(ctx, db, dir) }()
+	go func() { served <- store.ServeControl(ctx, db, dir, nil) }()
 	stopped := false
 	stop = func() {
 		if stopped {
@@ -36,17 +36,22 @@ func serveStore(t *testing.T, dir string) (stop func()) {
 		require.NoError(t, db.Close())
 	}
 	t.Cleanup(stop)
-	// Ready once a read goes through (the socket's file appears a moment
-	// before it listens).
+	awaitControl(t, dir)
+	return stop
+}
+
+// awaitControl waits until the control socket in dir answers a read (its
+// file appears a moment before it listens).
+func awaitControl(t *testing.T, dir string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
 		c, err := store.DialControl(dir)
 		if err != nil {
 			return false
 		}
-		_, err = c.Runs(ctx, engine.RunFilter{Limit: 1, Damaged: func(string, error) {}})
+		_, err = c.Runs(t.Context(), engine.RunFilter{Limit: 1, Damaged: func(string, error) {}})
 		return err == nil
 	}, 5*time.Second, 10*time.Millisecond)
-	return stop
 }
 
 // result is what a command printed and how it exited.

@@ -179,7 +179,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		MaxDuration: budget.WallTime, MaxTokens: budget.Tokens, MaxRecoveries: bc.maxRecoveries()})
 	srv := console.New(console.Config{Manager: m, Bus: bus, Resolve: resolve, Agents: agents, Token: tok,
 		AllowHosts: hosts, Bundles: func() []console.BundleInfo { return bundles }, Metrics: metrics,
-		Health: []console.HealthCheck{{Name: "model", Check: modelHealth}}, StoreSize: db.Size, StoreWrites: db.WriteErr,
+		Health: []console.HealthCheck{{Name: "model", Check: modelHealth}}, StoreSize: db.Size, StoreWrites: db.WriteErr, CountRuns: db.CountRuns,
 		Uplink: consoleUplink(db, up),
 		Logf:   func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }})
 
@@ -188,7 +188,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	bg.Add(1)
 	go func() {
 		defer bg.Done()
-		if err := store.ServeControl(ctl, db, *data); err != nil {
+		if err := store.ServeControl(ctl, db, *data, m); err != nil {
 			fmt.Fprintf(stderr, "control socket: %v\n", err)
 		}
 	}()
