@@ -52,8 +52,10 @@ func (r PruneReport) MarshalJSON() ([]byte, error) {
 // values, no parent): the thread's state is unchanged. The namespace's
 // branches go with their checkpoints; its heads entry stays as it was.
 //
-// The tool-call records of a run that has no run record are removed once
-// they are as old as an unreferenced blob must be to go: those of a run
+// The tool-call records of a run that has no run record, and that no
+// checkpoint or outcome names (a run whose record alone was lost, to db
+// salvage say, keeps them), are removed once they are as old as an
+// unreferenced blob must be to go: those of a run
 // in exit durability that a crash cut short before it stored anything
 // (its model calls: a tool call stores the run first), which no recovery
 // will resume, and whose records would otherwise keep their blobs for
@@ -471,12 +473,14 @@ func (p *pruner) collectBlobs() error {
 			work = append(work, ref)
 		}
 	}
+	traced := map[string]bool{} // runs a checkpoint or an outcome names
 	if err := eachCheckpoint(p.ctx, p.tx, func(name string, k, v []byte) error {
 		c, err := decodeCheckpoint(v)
 		if err != nil {
 			return corrupt(name, k, err)
 		}
 		checkpointRefs(c, mark)
+		traced[c.RunID] = true
 		return nil
 	}); err != nil {
 		return err
@@ -506,10 +510,11 @@ func (p *pruner) collectBlobs() error {
 		return err
 	}
 	if err := p.walk(bucketOutcomes, func(k, v []byte) error {
-		_, ref, err := decodeOutcome(v)
+		o, ref, err := decodeOutcome(v)
 		if err != nil {
 			return corrupt(bucketOutcomes, k, err)
 		}
+		traced[o.Run] = true
 		if !ref.IsZero() {
 			mark(ref)
 		}
@@ -517,7 +522,7 @@ func (p *pruner) collectBlobs() error {
 	}); err != nil {
 		return err
 	}
-	orphans, err := p.markCalls(mark)
+	orphans, err := p.markCalls(mark, traced)
 	if err != nil {
 		return err
 	}
@@ -574,9 +579,12 @@ func (p *pruner) collectBlobs() error {
 }
 
 // markCalls marks the blobs the tool-call records name, but for those of
-// runs that have no run record and are older than the blob cutoff: it
-// returns their keys instead, to be removed.
-func (p *pruner) markCalls(mark func(engine.BlobRef)) (orphans [][]byte, err error) {
+// runs that have no run record, nor a checkpoint or outcome that traced
+// names, and are older than the blob cutoff: it returns their keys
+// instead, to be removed. A run that stored a checkpoint or an outcome
+// was stored, and a record it lacks was lost (db salvage leaves out one
+// it cannot read): its calls are the evidence of what its tools did.
+func (p *pruner) markCalls(mark func(engine.BlobRef), traced map[string]bool) (orphans [][]byte, err error) {
 	runs := bucket(p.tx, bucketRuns)
 	lastRun, stored := "", false // the records of one run are together
 	err = p.walk(bucketToolCalls, func(k, v []byte) error {
@@ -585,7 +593,7 @@ func (p *pruner) markCalls(mark func(engine.BlobRef)) (orphans [][]byte, err err
 			return corrupt(bucketToolCalls, k, err)
 		}
 		if tc.RunID != lastRun {
-			lastRun, stored = tc.RunID, tc.RunID == "" || p.inFlight[tc.RunID] || runs.Get([]byte(tc.RunID)) != nil
+			lastRun, stored = tc.RunID, tc.RunID == "" || p.inFlight[tc.RunID] || traced[tc.RunID] || runs.Get([]byte(tc.RunID)) != nil
 		}
 		if !stored && tc.IntentAt.Before(p.blobCutoff) && tc.DoneAt.Before(p.blobCutoff) {
 			orphans = append(orphans, bytes.Clone(k))

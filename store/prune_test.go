@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/engine"
 )
@@ -379,4 +380,32 @@ func TestPruneRemovesTheCallsOfRunsLostInACrash(t *testing.T) {
 	check, err := d.Check(bg)
 	require.NoError(t, err)
 	assert.True(t, check.OK(), "%v", check.Problems)
+}
+
+// A run whose record is gone but whose checkpoints and outcome remain (db
+// salvage leaves out a record it cannot read, and a page lost takes the
+// records on it) was stored: its call records are the evidence of what
+// its tools did, and Prune keeps them, however old.
+func TestPruneKeepsTheCallsOfARunWhoseRecordIsLost(t *testing.T) {
+	d := openTest(t)
+	now := time.Now()
+	require.NoError(t, d.Commit(bg, finalCommit("t1", "run_damaged", engine.StatusCompleted, "0001", nil)))
+	ref, err := d.PutBlob(bg, []byte(`{"text": "`+strings.Repeat("sent ", 200)+`"}`))
+	require.NoError(t, err)
+	key := "tool:run_damaged:1:a:0"
+	require.NoError(t, d.PutToolIntent(bg, key, ToolCall{RunID: "run_damaged", Tool: "send_mail", ArgsHash: "h"}))
+	require.NoError(t, d.PutToolResult(bg, key, ToolCall{Result: engine.Value{Blob: ref}}))
+	// The record is lost, as salvage loses it.
+	require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
+		return bucket(tx, bucketRuns).Delete([]byte("run_damaged"))
+	}))
+
+	rep, err := d.Prune(bg, time.Hour, now.Add(48*time.Hour))
+	require.NoError(t, err)
+	assert.Zero(t, rep.CallsRemoved, "the run was stored: its checkpoint and outcome name it")
+	tc, err := d.ToolCall(bg, key)
+	require.NoError(t, err)
+	assert.Equal(t, ref, tc.Result.Blob)
+	_, err = d.Blob(bg, ref)
+	require.NoError(t, err)
 }
