@@ -39,7 +39,9 @@ var errAnswerCut = errors.New("the answer reached its cap")
 // all: its tokens were spent before any of them could be seen. ChatCapped
 // can only refuse its answer, in the same way, when it holds more than
 // the cap (the provider's count, or else the low count), and report what
-// it spent.
+// it spent. An answer whose count is the cap exactly is within it: Ollama
+// counts the end of text a model ends on among the num_predict tokens,
+// so a whole answer may report the cap.
 func ChatCapped(ctx context.Context, p Provider, req Request, stream func(Chunk) error) (*Response, error) {
 	limit := req.Options.MaxOutputTokens
 	if limit <= 0 {
@@ -98,7 +100,7 @@ func ChatCapped(ctx context.Context, p Provider, req Request, stream func(Chunk)
 		whole.Add(Chunk{Content: resp.Message.Content, Thinking: resp.Message.Thinking, ToolCalls: resp.Message.ToolCalls})
 		n, charged = max(count.Tokens(), whole.Tokens()), EstimateAnswerTokens(resp.Message)
 	}
-	if n >= limit {
+	if n > limit {
 		e := overCap(p, req, limit, n)
 		e.PromptTokens, e.CompletionTokens = resp.PromptTokens, charged
 		return nil, e

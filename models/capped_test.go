@@ -80,18 +80,18 @@ func TestChatCappedStopsAProviderThatIgnoresTheCap(t *testing.T) {
 // cap: it is refused when it holds more, by the low count (a third of the
 // estimate here: one chunk), and charged what it spent, by the estimate.
 func TestChatCappedRefusesAWholeAnswerPastTheCap(t *testing.T) {
-	p := &runaway{words: 60, silent: true}
+	p := &runaway{words: 63, silent: true}
 	resp, err := models.ChatCapped(context.Background(), p, cappedRequest(20), nil)
 	require.Nil(t, resp)
 	require.ErrorIs(t, err, models.ErrTruncated)
 	var me *models.Error
 	require.ErrorAs(t, err, &me)
-	require.Equal(t, 60, me.CompletionTokens, "its estimate, as it reported no count")
+	require.Equal(t, 63, me.CompletionTokens, "its estimate, as it reported no count")
 	require.Equal(t, 7, me.PromptTokens, "the prompt count it reported")
 
-	p = &runaway{words: 57, silent: true}
+	p = &runaway{words: 60, silent: true}
 	resp, err = models.ChatCapped(context.Background(), p, cappedRequest(20), nil)
-	require.NoError(t, err, "57 words may be as few as 19 tokens: the answer is not refused on a guess")
+	require.NoError(t, err, "60 words may be as few as 20 tokens, the cap: the answer is not refused on a guess")
 	require.NotNil(t, resp)
 }
 
@@ -151,6 +151,10 @@ func TestChatCappedTakesTheProvidersCount(t *testing.T) {
 
 	resp, err = models.ChatCapped(context.Background(), reporting{completion: 1}, cappedRequest(20), nil)
 	require.NoError(t, err)
+	require.Equal(t, "ok", resp.Message.Content)
+
+	resp, err = models.ChatCapped(context.Background(), reporting{completion: 20}, cappedRequest(20), nil)
+	require.NoError(t, err, "the cap is the most an answer may take, not more than it may")
 	require.Equal(t, "ok", resp.Message.Content)
 }
 

@@ -103,3 +103,38 @@ func TestChatCappedTakesOllamasFinalCounts(t *testing.T) {
 	require.Equal(t, 31, me.PromptTokens)
 	require.Equal(t, 45, me.CompletionTokens)
 }
+
+// atNumPredict is an Ollama that honours num_predict: it streams the
+// answer a token a chunk up to the cap, then its final chunk with
+// done_reason (stop when the model ended the answer with the cap's last
+// token, its end of text streaming nothing; length when the cap cut it)
+// and its counts.
+func atNumPredict(t *testing.T, limit int, reason string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		chunks := limit
+		if reason == "stop" {
+			chunks-- // the last token is the end of text
+		}
+		for range chunks {
+			_, _ = fmt.Fprintln(w, `{"model":"llama3.2","created_at":"2025-06-12T09:14:02Z","message":{"role":"assistant","content":" дом"},"done":false}`)
+			w.(http.Flusher).Flush()
+		}
+		_, _ = fmt.Fprintf(w, `{"model":"llama3.2","created_at":"2025-06-12T09:15:02Z","message":{"role":"assistant","content":""},"done_reason":%q,"done":true,`+
+			`"prompt_eval_count":31,"eval_count":%d}`+"\n", reason, limit)
+	}
+}
+
+// An Ollama that honours num_predict, and whose model ends the answer
+// with the cap's last token (its end of text, which streams nothing but
+// counts in eval_count), gives a whole answer within the cap: it is not
+// refused for reporting the cap.
+func TestChatCappedTakesAWholeAnswerThatReportsItsCap(t *testing.T) {
+	req := chatRequestFor("llama3.2")
+	req.Options.MaxOutputTokens = 20
+	srv := newFakeOllama(t, atNumPredict(t, 20, "stop"))
+	resp, err := models.ChatCapped(context.Background(), New(srv.URL, srv.Client()), req, nil)
+	require.NoError(t, err, "a whole answer of 20 tokens, within its cap of 20")
+	require.Equal(t, strings.Repeat(" дом", 19), resp.Message.Content)
+	require.Equal(t, 20, resp.CompletionTokens)
+}
