@@ -438,7 +438,7 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 	}
 	m.freeWorker(a)
 	if marked && errors.Is(err, errShutdown) {
-		m.takeBackRecovery(e.run.ID)
+		m.takeBackRecovery(e.run.ID, a.recovery)
 	}
 	m.release(a, e.run.Status == StatusInterrupted)
 }
@@ -1117,22 +1117,29 @@ func (m *Manager) markRecovery(ctx context.Context, a *active, e *execution, hea
 	return nil
 }
 
-// takeBackRecovery takes the count of the recovery that markRecovery put
-// on a run's record off again when the run stopped for a shutdown, not a
-// crash, before it made progress: a restart is not the run's fault. A
-// write that fails leaves the count on record, which errs on the safe
-// side, and a store that fails it fails the next start's recovery too.
-func (m *Manager) takeBackRecovery(runID string) {
+// takeBackRecovery takes the recovery that markRecovery counted on a
+// run's record (recovery, its number in a row) back when the run stopped
+// for a shutdown, not a crash, before it made progress: a restart is not
+// the run's fault. The record is left with the count it had before, so
+// the crashes before this start still count (and a suspect stays one),
+// or none when there were none. A write that fails leaves the count on
+// record, which errs on the safe side, and a store that fails it fails
+// the next start's recovery too.
+func (m *Manager) takeBackRecovery(runID string, recovery int) {
 	ctx := context.Background()
 	run, err := m.store.Run(ctx, runID)
 	if err != nil || run.Status.Terminal() || run.Status == StatusInterrupted {
 		return
 	}
-	if _, ok := run.Meta[MetaRecoveries]; !ok {
+	if run.Meta[MetaRecoveries] != strconv.Itoa(recovery) {
 		return // progress made: the count is gone already
 	}
 	meta := maps.Clone(run.Meta)
-	delete(meta, MetaRecoveries)
+	if recovery > 1 {
+		meta[MetaRecoveries] = strconv.Itoa(recovery - 1)
+	} else {
+		delete(meta, MetaRecoveries)
+	}
 	run.Meta = meta
 	_ = m.store.Commit(ctx, &Commit{Run: run, Sync: true})
 }

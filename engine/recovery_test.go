@@ -277,3 +277,28 @@ func TestRecoveredRunCancelledInTheQueueKeepsItsSteps(t *testing.T) {
 		require.Empty(t, done.Meta[engine.MetaRecoveries], "it never ran")
 	}
 }
+
+// A stop for a shutdown, not a crash, takes back the recovery that the
+// start counted, and only that one: a suspect stopped by Close while it
+// runs keeps the count of the crashes before, and is a suspect at the
+// next start as it was at this one.
+func TestShutdownTakesBackOnlyItsOwnRecovery(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 1)
+	agent, runID := crashedHangRun(t, store, entered)
+	l, m, _ := startLife(t, store, engine.ManagerOptions{}, agent)
+	require.Equal(t, runID, <-entered)
+	require.Equal(t, "1", recoveries(t, store, runID))
+	l.crash(m)
+
+	_, m, _ = startLife(t, store, engine.ManagerOptions{}, agent)
+	require.Equal(t, runID, <-entered)
+	require.Equal(t, "2", recoveries(t, store, runID))
+	m.Close() // a restart, say
+	require.Equal(t, "1", recoveries(t, store, runID), "the crash before this start still counts")
+
+	_, m, _ = startLife(t, store, engine.ManagerOptions{}, agent)
+	defer m.Close()
+	require.Equal(t, runID, <-entered)
+	require.Equal(t, "2", recoveries(t, store, runID))
+}
