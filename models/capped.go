@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"unicode/utf8"
 )
 
 // errAnswerCut is what ChatCapped's stream callback returns, and the
@@ -118,15 +119,22 @@ const estimateExcess = 3
 // of the estimate (AnswerEstimate), whichever is more. In practice that is
 // no more than the tokens a model spent on the answer, so a cap held by
 // this count never cuts an answer short of the cap its provider honours.
+// But for runs of one symbol: a tokenizer makes one token of many dashes,
+// equals signs, line breaks or tabs in a row (markdown's rules and table
+// lines, indentation), where the estimate counts each, so here a run
+// counts a token for each symbolRun of its characters.
 // The zero value is an empty answer.
 type AnswerFloor struct {
-	est    AnswerEstimate
-	chunks int
+	est               AnswerEstimate
+	content, thinking symbolRuns
+	chunks            int
 }
 
 // Add counts the next chunk.
 func (f *AnswerFloor) Add(c Chunk) {
 	f.est.Add(c)
+	f.content.add(c.Content)
+	f.thinking.add(c.Thinking)
 	if c.Content != "" || c.Thinking != "" || len(c.ToolCalls) > 0 {
 		f.chunks++
 	}
@@ -134,12 +142,49 @@ func (f *AnswerFloor) Add(c Chunk) {
 
 // Tokens is the count of the answer so far.
 func (f *AnswerFloor) Tokens() int {
-	return max(f.chunks, (f.est.Tokens()+estimateExcess-1)/estimateExcess)
+	low := f.est.Tokens() - f.content.chars - f.thinking.chars + f.content.tokens() + f.thinking.tokens()
+	return max(f.chunks, (low+estimateExcess-1)/estimateExcess)
 }
 
 // Estimate is the answer's estimate so far (AnswerEstimate), which counts
 // high.
 func (f *AnswerFloor) Estimate() int { return f.est.Tokens() }
+
+// symbolRun is how many characters of a run of one symbol AnswerFloor
+// counts a token: Llama 3's and cl100k's vocabularies hold runs of 16.
+const symbolRun = 16
+
+// symbolRuns counts the ASCII symbols of a text that arrives in pieces
+// (what the estimate counts a token each, digits and spaces aside):
+// chars of them, in runs of one symbol that make tokens() tokens at
+// symbolRun characters a token.
+type symbolRuns struct {
+	chars, ended int  // symbols seen; tokens of the runs that ended
+	sym          byte // the symbol of the run going on, and its length
+	run          int
+}
+
+func (r *symbolRuns) add(s string) {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= utf8.RuneSelf || c == ' ' || '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' {
+			r.ended += r.runTokens()
+			r.run = 0
+			continue
+		}
+		r.chars++
+		if r.run > 0 && c != r.sym {
+			r.ended += r.runTokens()
+			r.run = 0
+		}
+		r.sym = c
+		r.run++
+	}
+}
+
+func (r *symbolRuns) runTokens() int { return (r.run + symbolRun - 1) / symbolRun }
+
+func (r *symbolRuns) tokens() int { return r.ended + r.runTokens() }
 
 // overCap is the error of an answer that ChatCapped refused at its cap.
 func overCap(p Provider, req Request, limit, n int) *Error {

@@ -179,3 +179,18 @@ func TestChatCappedPassesAnswersWithinTheCap(t *testing.T) {
 	_, err = models.ChatCapped(context.Background(), &runaway{words: 100}, cappedRequest(20), func(models.Chunk) error { return stop })
 	require.Equal(t, stop, err)
 }
+
+// A run of one symbol is one token to a tokenizer for many of its
+// characters (Llama 3's and cl100k's vocabularies hold runs of 16 dashes,
+// equals signs and the like, which markdown tables and rules are made
+// of), where the estimate counts a token each: an honest answer of such
+// tokens, streamed a token a chunk, within its cap, is not cut short by
+// the estimate's third either.
+func TestChatCappedDoesNotCutAnHonestAnswerOfSymbolRunsShort(t *testing.T) {
+	for _, piece := range []string{"----------------", "================", "\n\n\n\n", "\t\t\t\t"} {
+		p := &honest{chunks: 19, piece: piece}
+		resp, err := models.ChatCapped(context.Background(), p, cappedRequest(20), nil)
+		require.NoError(t, err, "%q", piece)
+		require.Equal(t, strings.Repeat(piece, 19), resp.Message.Content)
+	}
+}
