@@ -21,11 +21,15 @@ var errAnswerCut = errors.New("the answer reached its cap")
 //
 // While the answer streams, ChatCapped counts it low (see AnswerFloor):
 // no more tokens than a model spends on it, so that an answer its
-// provider ends within the cap is never cut short of it. Once the count
-// reaches the cap the call is stopped, as a model server stops at it:
+// provider ends within the cap is never cut short of it. An answer whose
+// count reaches the cap exactly is left to its provider, which ends it
+// there if it honours the cap, whole or cut with counts of its own
+// (Ollama's done_reason "length", its eval counts), which are what a
+// budget is charged. Once the count passes the cap the call is stopped:
 // the stream callback returns an error, so the provider stops reading
 // the stream, and the call's context is canceled. A chunk that takes the
-// count past the cap is not handed on to stream. The call then fails as
+// count past the cap is not handed on to stream, nor charged when the
+// count before it was the cap. The call then fails as
 // an answer that its server cut at the cap does: an *Error of kind
 // Truncated (ErrTruncated), whose CompletionTokens is the count (or the
 // provider's own, when it reported more), so that a caller with a token
@@ -33,7 +37,7 @@ var errAnswerCut = errors.New("the answer reached its cap")
 // estimate, which counts high (see Spent).
 //
 // A provider that streams a token a chunk, as Ollama does, is stopped at
-// its cap. One that streams many tokens a chunk stops after the chunk
+// the chunk after its cap. One that streams many tokens a chunk stops after the chunk
 // that passes it, not within it, and by the low count, which may be a
 // third of what it spent. A call that does not stream (a provider that
 // returns its whole answer without calling stream) cannot be stopped at
@@ -53,6 +57,11 @@ func ChatCapped(ctx context.Context, p Provider, req Request, stream func(Chunk)
 	var (
 		count AnswerFloor
 		cut   int // the count at which the answer was cut; 0 while it was not
+		// atCap is the estimate of the answer when its count was the cap
+		// exactly (0 before): an honest provider ends it there, with its
+		// own counts, and one that goes on is charged no more than that
+		// for the chunk that passes the cap, as one that stopped would be.
+		atCap int
 	)
 	resp, err := p.Chat(ctx, req, func(c Chunk) error {
 		if cut > 0 {
@@ -65,7 +74,10 @@ func ChatCapped(ctx context.Context, p Provider, req Request, stream func(Chunk)
 				return err
 			}
 		}
-		if n >= limit {
+		if n == limit && atCap == 0 {
+			atCap = count.Estimate()
+		}
+		if n > limit {
 			cut = n
 			cancel(errAnswerCut)
 			return errAnswerCut
@@ -79,6 +91,9 @@ func ChatCapped(ctx context.Context, p Provider, req Request, stream func(Chunk)
 		// It is charged as an answer is (see Spent): the provider's count,
 		// or else the estimate, which counts high.
 		e.CompletionTokens = count.Estimate()
+		if atCap > 0 {
+			e.CompletionTokens = atCap
+		}
 		switch {
 		case err == nil && resp != nil:
 			e.PromptTokens = resp.PromptTokens

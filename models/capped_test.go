@@ -55,7 +55,7 @@ func cappedRequest(limit int) models.Request {
 }
 
 // A provider that streams on past the answer's cap is stopped once the
-// answer reaches it: what it streams past the cap goes no further, and
+// answer passes it: what it streams past the cap goes no further, and
 // the call fails as an answer cut at its cap does, with what it spent.
 func TestChatCappedStopsAProviderThatIgnoresTheCap(t *testing.T) {
 	for _, tc := range []struct {
@@ -70,7 +70,7 @@ func TestChatCappedStopsAProviderThatIgnoresTheCap(t *testing.T) {
 			require.Equal(t, strings.Repeat(" dose", 20), got, "what was streamed on is the answer up to its cap")
 			require.True(t, tc.p.canceled, "the call's context is canceled")
 			if !tc.p.rude {
-				require.Equal(t, 20, tc.p.sent, "the provider stopped streaming at the cap")
+				require.Equal(t, 21, tc.p.sent, "the provider stopped streaming at the chunk after the cap, which an honest one would not have sent")
 			}
 		})
 	}

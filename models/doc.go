@@ -19,7 +19,7 @@
 // provider; [ChatCapped] also holds the provider to it, counting the
 // answer low as it streams ([AnswerFloor]: a token a chunk, or a third of
 // the estimate of [EstimateTokens], which is made to count high for every
-// script, with a run of one symbol counted a token per 16) and stopping the call once the answer reaches the cap. Token budgets count with [Spent]: the server's counts, or that
+// script, with a run of one symbol counted a token per 16) and stopping the call once the answer passes the cap. Token budgets count with [Spent]: the server's counts, or that
 // estimate where it gives none.
 //
 // Failures are [*Error] values whose [ErrorKind] says what went wrong and whose

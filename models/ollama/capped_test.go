@@ -138,3 +138,27 @@ func TestChatCappedTakesAWholeAnswerThatReportsItsCap(t *testing.T) {
 	require.Equal(t, strings.Repeat(" дом", 19), resp.Message.Content)
 	require.Equal(t, 20, resp.CompletionTokens)
 }
+
+// An Ollama that honours num_predict and stops the answer at its cap
+// (done_reason "length") is not cut by the caller's count before it can
+// say so: the call fails as Ollama reports it, with its own counts,
+// which are what a token budget is charged, not the estimate (which
+// counts Cyrillic three times over) and the prompt's estimate.
+func TestChatCappedLetsAnHonestOllamaStopAtItsCap(t *testing.T) {
+	req := chatRequestFor("llama3.2")
+	req.Options.MaxOutputTokens = 20
+	srv := newFakeOllama(t, atNumPredict(t, 20, "length"))
+	streamed := 0
+	resp, err := models.ChatCapped(context.Background(), New(srv.URL, srv.Client()), req, func(models.Chunk) error {
+		streamed++
+		return nil
+	})
+	require.Nil(t, resp)
+	var me *models.Error
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, models.Truncated, me.Kind)
+	require.Equal(t, 20, streamed)
+	require.Contains(t, err.Error(), `done_reason "length"`, "Ollama stopped it, as it was asked to")
+	require.Equal(t, 31, me.PromptTokens, "Ollama's count")
+	require.Equal(t, 20, me.CompletionTokens, "Ollama's count")
+}
