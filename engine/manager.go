@@ -262,6 +262,9 @@ func (m *Manager) release(a *active, paused bool) {
 		// Its pause stored its record: it is no longer one of Unstored's,
 		// whose record as it opened would list it queued again.
 		a.opened = nil
+		// Nor is it being recovered: a pause is progress, and a Resume
+		// resumes it, counting no recovery (see markRecovery).
+		a.recovery = 0
 		old := a.done
 		a.done = make(chan struct{})
 		close(old)

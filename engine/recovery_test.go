@@ -7,6 +7,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -301,4 +302,84 @@ func TestShutdownTakesBackOnlyItsOwnRecovery(t *testing.T) {
 	defer m.Close()
 	require.Equal(t, runID, <-entered)
 	require.Equal(t, "2", recoveries(t, store, runID))
+}
+
+// A recovered run that pauses and is resumed in the same process is
+// resumed, not recovered again: its resume counts no recovery on its
+// record, so a crash before its next step is its first in a row.
+func TestResumeOfARecoveredRunCountsNoRecovery(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 1)
+	gate := make(chan struct{})
+	calls := newCounter()
+	b := engine.NewGraph("askafter")
+	out := engine.Replace[string](b, "out")
+	b.AddNode("ask", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		if calls.inc("ask") == 1 {
+			entered <- "ask"
+			<-ctx.Done() // the process dies here the first time
+			return nil, ctx.Err()
+		}
+		d, err := engine.Interrupt(ctx, "go on?")
+		if err != nil {
+			return nil, err
+		}
+		entered <- "resumed"
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return []engine.Write{out.Set(d.Kind)}, nil
+	})
+	b.AddEdge(engine.Start, "ask")
+	agent := &engine.Agent{Name: "askafter", Graph: mustCompile(t, b)}
+
+	l, m, _ := startLife(t, store, engine.ManagerOptions{}, agent)
+	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "askafter"})
+	require.NoError(t, err)
+	require.Equal(t, "ask", <-entered)
+	l.crash(m)
+
+	seen := &countsSeen{Store: store}
+	m = engine.NewManager(seen, resolver(agent), engine.ManagerOptions{})
+	defer m.Close()
+	_, err = m.Recover(ctx)
+	require.NoError(t, err)
+	paused := waitFor(t, m, run.ID)
+	require.Equal(t, engine.StatusInterrupted, paused.Status)
+	require.Empty(t, paused.Meta[engine.MetaRecoveries], "the pause took the count off")
+	require.Equal(t, []string{"1"}, seen.get(), "the recovery")
+	_, err = m.Resume(ctx, run.ID, map[string]engine.Decision{paused.Interrupts[0].ID: {Kind: engine.Approve}})
+	require.NoError(t, err)
+	require.Equal(t, "resumed", <-entered)
+	require.Equal(t, []string{"1"}, seen.get(), "a resume is not a recovery: no record it writes counts one")
+	close(gate)
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, run.ID).Status)
+}
+
+// countsSeen is a store that notes the recovery count of each run record
+// committed with one.
+type countsSeen struct {
+	engine.Store
+	mu     sync.Mutex
+	counts []string
+}
+
+func (s *countsSeen) Commit(ctx context.Context, c *engine.Commit) error {
+	if c.Run != nil {
+		if n, ok := c.Run.Meta[engine.MetaRecoveries]; ok {
+			s.mu.Lock()
+			s.counts = append(s.counts, n)
+			s.mu.Unlock()
+		}
+	}
+	return s.Store.Commit(ctx, c)
+}
+
+func (s *countsSeen) get() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.counts)
 }
