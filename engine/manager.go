@@ -123,6 +123,8 @@ type Manager struct {
 	suspects int
 	cleared  chan struct{}
 	solo     chan struct{}
+	// recoveredSuspects is how many suspects the last Recover found.
+	recoveredSuspects int
 }
 
 type active struct {
@@ -906,6 +908,9 @@ func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 	var suspects, others []recovered
 	defer func() {
 		resumed = len(suspects) + len(others)
+		m.mu.Lock()
+		m.recoveredSuspects = len(suspects)
+		m.mu.Unlock()
 		for _, r := range append(suspects, others...) {
 			m.launch(r.a, r.e, nil)
 		}
@@ -1145,6 +1150,15 @@ func (m *Manager) takeBackRecovery(runID string, recovery int) {
 	}
 	run.Meta = meta
 	_ = m.store.Commit(ctx, &Commit{Run: run, Sync: true})
+}
+
+// Suspects reports how many of the runs the last Recover resumed are the
+// crash-loop guard's suspects: cut short by crashes at two starts in a row
+// without progress, they run first, one at a time and alone (see Recover).
+func (m *Manager) Suspects() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.recoveredSuspects
 }
 
 // Active reports how many runs are executing or queued.

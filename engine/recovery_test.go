@@ -87,6 +87,7 @@ func TestRecoverySuspectsRunOneAtATimeAndAlone(t *testing.T) {
 	l.crash(m)
 	l, m, n := startLife(t, store, opts, agents...)
 	require.Equal(t, 2, n)
+	require.Zero(t, m.Suspects(), "a first recovery makes no suspect")
 	<-entered
 	<-entered
 	for id := range thread {
@@ -97,6 +98,7 @@ func TestRecoverySuspectsRunOneAtATimeAndAlone(t *testing.T) {
 	_, m, n = startLife(t, store, opts, agents...)
 	defer m.Close()
 	require.Equal(t, 2, n)
+	require.Equal(t, 2, m.Suspects())
 	next, err := m.Start(ctx, engine.RunRequest{Thread: "new", Agent: "ok"})
 	require.NoError(t, err)
 	first := <-entered

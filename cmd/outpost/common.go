@@ -304,6 +304,9 @@ func printJSON(w io.Writer, v any) error {
 // that one damaged record does not keep the appliance from starting.
 func recoverRuns(ctx context.Context, m *engine.Manager, stderr io.Writer) (int, error) {
 	n, err := m.Recover(ctx)
+	if s := m.Suspects(); s > 0 {
+		fmt.Fprintf(stderr, "crash-loop guard: %d of the runs resumed were cut short by crashes at two starts in a row without progress: they run first, one at a time and alone, and the other runs wait for them (see the README)\n", s)
+	}
 	var dmg *engine.DamagedRunsError
 	if errors.As(err, &dmg) {
 		fmt.Fprintf(stderr, "WARNING: %v\n", err)
