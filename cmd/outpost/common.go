@@ -61,7 +61,8 @@ func budgetFlags(fs *flag.FlagSet) *budgetChoice {
 		"token budget of each run: all its model calls, failed ones included (0 for none); over it, the run ends budget_exceeded")
 	fs.IntVar(&bc.recoveries, "max-recoveries", engine.DefaultMaxRecoveries,
 		"times in a row a run left running by a crash is resumed at start without making progress (0 for no limit); "+
-			"at the next start it ends failed instead, so that a run that crashes the appliance does not crash it at every start")
+			"at the next start it ends failed instead, so that a run that crashes the appliance does not crash it at every start; "+
+			"from its second recovery in a row on, a run runs alone, so that only its own crashes count")
 	return bc
 }
 
