@@ -239,8 +239,15 @@ func TestDecodeErrors(t *testing.T) {
 			}
 		})
 	}
-	if _, err := eval.Decode("test.jsonl", []byte(`{"name": "x", "agent": "a", "turns": [{"input": "hi", "extra": 1}]}`)); !errors.Is(err, firmware.ErrMalformed) {
-		t.Fatalf("an unknown field is firmware.ErrMalformed too, got %v", err)
+	for _, line := range []string{`{"name": "x", "agent": "a", "turns": [{"input": "hi", "extra": 1}]}`, `{"name": "x", "agent": "a", "turns": []}`} {
+		_, err := eval.Decode("test.jsonl", []byte(line))
+		if !errors.Is(err, firmware.ErrMalformed) {
+			t.Fatalf("a malformed line is firmware.ErrMalformed too, got %v", err)
+		}
+		// outpost eval reads a file of one's own, which no bundle holds.
+		if msg := err.Error(); strings.Contains(msg, "bundle") || !strings.Contains(msg, "malformed golden file") {
+			t.Fatalf("error %q: want it to call the file a malformed golden file, not a bundle file", msg)
+		}
 	}
 }
 

@@ -270,7 +270,9 @@ type Resume struct {
 }
 
 // DecodeGolden reads a golden-conversation file: one JSON object a line,
-// blank lines and lines starting with '#' skipped, decoded strictly.
+// blank lines and lines starting with '#' skipped, decoded strictly. Its
+// errors wrap ErrMalformed and call the file a malformed golden file, since
+// outpost eval reads ones that no bundle holds.
 func DecodeGolden(file string, data []byte) ([]Conversation, error) {
 	var out []Conversation
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -285,17 +287,17 @@ func DecodeGolden(file string, data []byte) ([]Conversation, error) {
 			continue
 		}
 		var c Conversation
-		if _, err := decodeStrictAt(file, data, start, raw, &c); err != nil {
+		if _, err := decodeStrictAs(errMalformedGolden, file, data, start, raw, &c); err != nil {
 			return nil, err
 		}
 		if c.Name == "" || c.Agent == "" || len(c.Turns) == 0 {
-			return nil, malformed(file, data, start, "", "a conversation needs a name, an agent and turns")
+			return nil, malformedAs(errMalformedGolden, file, data, start, "", "a conversation needs a name, an agent and turns")
 		}
 		c.File, c.Line = file, line
 		out = append(out, c)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, &FileError{File: file, Err: fmt.Errorf("%w: %v", ErrMalformed, err)}
+		return nil, &FileError{File: file, Err: fmt.Errorf("%w: %v", errMalformedGolden, err)}
 	}
 	return out, nil
 }

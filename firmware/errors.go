@@ -82,10 +82,30 @@ func (e *UnknownToolsError) Error() string {
 
 func (e *UnknownToolsError) Unwrap() error { return policy.ErrToolUnknown }
 
+// errMalformedGolden is ErrMalformed as a golden file reports it: outpost
+// eval reads golden files of one's own, which no bundle holds, so "bundle
+// file" would send the reader looking for a bundle.
+var errMalformedGolden = &kindError{text: "malformed golden file", kind: ErrMalformed}
+
+// kindError is a sentinel under another text: errors.Is finds kind.
+type kindError struct {
+	text string
+	kind error
+}
+
+func (e *kindError) Error() string { return e.text }
+func (e *kindError) Unwrap() error { return e.kind }
+
 // malformed returns a FileError wrapping ErrMalformed at a byte offset of
 // data (off < 0 for no position).
 func malformed(file string, data []byte, off int, node, format string, args ...any) *FileError {
-	e := &FileError{File: file, Node: node, Err: fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))}
+	return malformedAs(ErrMalformed, file, data, off, node, format, args...)
+}
+
+// malformedAs is malformed with the sentinel kind, ErrMalformed or one
+// that wraps it.
+func malformedAs(kind error, file string, data []byte, off int, node, format string, args ...any) *FileError {
+	e := &FileError{File: file, Node: node, Err: fmt.Errorf("%w: %s", kind, fmt.Sprintf(format, args...))}
 	if off >= 0 && data != nil {
 		e.Line, e.Column = lineCol(data, off)
 	}

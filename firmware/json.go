@@ -25,6 +25,11 @@ func decodeStrict(file string, data []byte, v any) (positions, error) {
 // (a node's config inside a graph file), reporting positions in whole.
 // Recorded positions are offsets in whole too.
 func decodeStrictAt(file string, whole []byte, base int, sub []byte, v any) (positions, error) {
+	return decodeStrictAs(ErrMalformed, file, whole, base, sub, v)
+}
+
+// decodeStrictAs is decodeStrictAt with the sentinel its errors wrap.
+func decodeStrictAs(kind error, file string, whole []byte, base int, sub []byte, v any) (positions, error) {
 	pos, err := strictjson.Decode(sub, v)
 	if err != nil {
 		off := -1
@@ -32,7 +37,7 @@ func decodeStrictAt(file string, whole []byte, base int, sub []byte, v any) (pos
 		if errors.As(err, &e) && e.Offset >= 0 {
 			off = base + e.Offset
 		}
-		return nil, malformed(file, whole, off, "", "%s", err.Error())
+		return nil, malformedAs(kind, file, whole, off, "", "%s", err.Error())
 	}
 	for k, off := range pos {
 		pos[k] = base + off
