@@ -147,16 +147,6 @@ func validThread(t string) *apiError {
 	return nil
 }
 
-// validRunID reports whether id has the form engine.NewRunID gives: "run_"
-// and 16 lowercase hex digits. A list cursor of another form is a client's
-// bug, refused before it can restart or empty a listing quietly.
-func validRunID(id string) bool {
-	hex, ok := strings.CutPrefix(id, "run_")
-	return ok && len(hex) == 16 && !strings.ContainsFunc(hex, func(c rune) bool {
-		return (c < '0' || c > '9') && (c < 'a' || c > 'f')
-	})
-}
-
 // missingInput reports whether a run request's input is absent, null or
 // the empty string: DESIGN gives input as required, and an empty message
 // is a client's bug (the console page refuses to send one), not a turn.
@@ -380,7 +370,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	if e != nil {
 		return e
 	}
-	if after := q.Get("after"); after != "" && !validRunID(after) {
+	if after := q.Get("after"); after != "" && !engine.IsRunID(after) {
 		return errorf(http.StatusBadRequest, "bad_after", fmt.Sprintf("after %s is not a run id: pass the \"next\" of the page before", quote(after)))
 	}
 	// order=desc lists newest first (run IDs are time-ordered), and "after"

@@ -61,6 +61,17 @@ func ObserveID(id string) { observeID(strings.TrimPrefix(id, "run_")) }
 // NewRunID returns a new sortable run id.
 func NewRunID() string { return "run_" + newID() }
 
+// IsRunID reports whether id has the form NewRunID gives: "run_" and 16
+// lowercase hex digits. A list cursor of another form is a caller's bug,
+// to refuse before it restarts or empties a listing quietly (run ids sort
+// by time, and a listing reads on from any string).
+func IsRunID(id string) bool {
+	hex, ok := strings.CutPrefix(id, "run_")
+	return ok && len(hex) == 16 && !strings.ContainsFunc(hex, func(c rune) bool {
+		return (c < '0' || c > '9') && (c < 'a' || c > 'f')
+	})
+}
+
 func taskID(ckpt, node string, i int) string {
 	h := xxhash.New()
 	_, _ = h.WriteString(ckpt)

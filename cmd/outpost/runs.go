@@ -102,6 +102,9 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	if err := checkLimit(*limit); err != nil {
 		return err
 	}
+	if *after != "" && !engine.IsRunID(*after) {
+		return fmt.Errorf("--after %q is not a run id: give the --after of the \"more:\" line, the last run of the page before", *after)
+	}
 	// One more than the page, to know whether another page follows. A
 	// record that cannot be read is left out and named after the list, so
 	// that one damaged run does not hide all the others.

@@ -162,6 +162,13 @@ func TestRunsFiltersChecked(t *testing.T) {
 			require.Contains(t, stderr, "--limit must be between 1 and 1000")
 		}
 	}
+	// A cursor that is no run id is refused, as GET /api/v1/runs refuses
+	// it: it listed every run (or none) with exit 0, as if it were a page.
+	for _, after := range []string{"nope", "run_zzzz", "18ed2c6272c41ccd"} {
+		code, stdout, stderr = outpost(t, "runs", "list", "--data", dir, "--after", after)
+		require.Equal(t, 1, code, "--after %s: %s", after, stdout)
+		require.Contains(t, stderr, `--after "`+after+`" is not a run id: give the --after of the "more:" line`)
+	}
 	code, stdout, stderr = outpost(t, "runs", "history", "t1", "--data", dir, "--limit", "1")
 	require.Zero(t, code, stderr)
 	require.Equal(t, 3, strings.Count(stdout, "\n"), "the header, the newest checkpoint and the next page's hint:\n%s", stdout)
