@@ -309,6 +309,9 @@ func runsHistory(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		cps, err = rs.History(ctx, pos[0], "", *before, *limit+1)
 		return err
 	})
+	if errors.Is(err, engine.ErrCheckpointNotFound) && *before != "" {
+		return fmt.Errorf("--before %q names no checkpoint of thread %q: give the --before of the \"more:\" line, the last checkpoint of the page before", *before, pos[0])
+	}
 	if err != nil {
 		return err
 	}
@@ -363,7 +366,7 @@ type runReader interface {
 type localRuns struct{ *store.DB }
 
 func (l localRuns) History(ctx context.Context, thread, ns, before string, limit int) ([]store.HistoryEntry, error) {
-	cps, err := l.DB.History(ctx, thread, ns, before, limit)
+	cps, err := l.DB.HistoryPage(ctx, thread, ns, before, limit)
 	if err != nil {
 		return nil, err
 	}

@@ -119,6 +119,7 @@ func TestRunsReadsWhileServeOwnsTheStore(t *testing.T) {
 		{"runs", "history", "t2", "--limit", "3"},
 		{"runs", "history", "t2", "--limit", "3", "--json"},
 		{"runs", "history", "nothing"},
+		{"runs", "history", "t1", "--before", "nope"},
 	}
 	// Against the file itself, then through serve: the same results.
 	compare := func(commands [][]string) {
@@ -148,6 +149,9 @@ func TestRunsReadsWhileServeOwnsTheStore(t *testing.T) {
 		{[]string{"runs", "show", "run_missing"}, 1, "load run run_missing: run not found"},
 		{[]string{"runs", "history", "t2", "--limit", "3"}, 0, "more: outpost runs history t2 --data '" + dir + "' --limit 3 --before "},
 		{[]string{"runs", "history", "nothing"}, 1, `thread "nothing" has no checkpoints`},
+		// A cursor that names no checkpoint listed the whole history
+		// (or none), with exit 0, as if it were a page.
+		{[]string{"runs", "history", "t1", "--before", "nope"}, 1, `--before "nope" names no checkpoint of thread "t1": give the --before of the "more:" line`},
 	} {
 		r := outpostResult(t, append(tc.args, "--data", dir)...)
 		require.Equal(t, tc.code, r.code, "%v: %s", tc.args, r.stdout+r.stderr)
@@ -265,9 +269,13 @@ func TestRunsHistoryNextPage(t *testing.T) {
 	}
 	require.Equal(t, all, rows, "the pages are the whole history, in order")
 
+	oldest := strings.Fields(all[len(all)-1])[0]
+	r = outpostResult(t, "runs", "history", "t1", "--data", dir, "--before", oldest)
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, `thread "t1" has no checkpoints before `+oldest)
 	r = outpostResult(t, "runs", "history", "t1", "--data", dir, "--before", "0")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, `thread "t1" has no checkpoints before 0`)
+	require.Contains(t, r.stderr, `--before "0" names no checkpoint of thread "t1"`)
 }
 
 // fork and replay need the store to themselves: while serve owns it, they
