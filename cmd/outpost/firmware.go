@@ -154,6 +154,9 @@ func firmwareKeygen(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
+	if _, err := fs.args(); err != nil {
+		return err
+	}
 	id, err := firmware.Keygen(*out)
 	if err != nil {
 		return err
@@ -294,6 +297,9 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	data := dataFlag(fs.FlagSet)
 	asJSON := fs.Bool("json", false, "print the list as JSON")
 	if err := fs.parse(args, false); err != nil {
+		return err
+	}
+	if _, err := fs.args(); err != nil {
 		return err
 	}
 	// A listing makes nothing: a mistyped --data is named, not given an

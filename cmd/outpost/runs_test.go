@@ -221,6 +221,28 @@ func TestExtraArgumentsRefused(t *testing.T) {
 	code, _, stderr = outpost(t, "runs", "show", "--data", dir)
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "missing RUN (usage: outpost runs show [flags] RUN)")
+
+	// Commands that take no argument: "outpost serve /srv/outpost" served
+	// ./outpost-data, and "outpost token DIR" read it, as if no folder had
+	// been named.
+	keys := t.TempDir()
+	for _, tt := range []struct {
+		args  []string
+		usage string
+	}{
+		{[]string{"token", "--data", dir, "extra"}, "outpost token [--data DIR]"},
+		{[]string{"firmware", "list", "--data", dir, "extra"}, "outpost firmware list [flags]"},
+		{[]string{"firmware", "keygen", "--out", keys, "extra"}, "outpost firmware keygen [--out DIR]"},
+		{[]string{"collector", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--secrets", "nothing", "extra"}, "outpost collector --listen ADDR"},
+		{[]string{"serve", "--data", dir, "--listen", "127.0.0.1:0", "extra"}, "outpost serve [--data DIR]"},
+	} {
+		code, stdout, stderr := outpost(t, tt.args...)
+		require.Equal(t, 1, code, "%v: %s", tt.args, stdout)
+		require.Contains(t, stderr, `unexpected argument "extra" (usage: `+tt.usage, tt.args)
+	}
+	entries, err := os.ReadDir(keys)
+	require.NoError(t, err)
+	require.Empty(t, entries, "keygen made a key pair despite the extra argument")
 }
 
 // An unknown runs subcommand is a usage error, exit 2 as for an unknown

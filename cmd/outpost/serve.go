@@ -73,6 +73,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
+	// A folder given as an argument ("outpost serve /srv/outpost") would
+	// leave the default one served.
+	if _, err := fs.args(); err != nil {
+		return err
+	}
 	budget, err := bc.budget()
 	if err != nil {
 		return err

@@ -24,6 +24,9 @@ func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
+	if _, err := fs.args(); err != nil {
+		return err
+	}
 	if *collector {
 		dataSet := false
 		fs.Visit(func(f *flag.Flag) { dataSet = dataSet || f.Name == "data" })
