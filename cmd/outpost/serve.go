@@ -82,6 +82,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	if *workers < 1 {
+		return fmt.Errorf("--workers must be at least 1, not %d", *workers)
+	}
 	if (*upURL == "") != (*upSecret == "") {
 		return fmt.Errorf("--uplink and --uplink-secret go together")
 	}

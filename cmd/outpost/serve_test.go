@@ -275,3 +275,15 @@ func TestServeOnATakenAddress(t *testing.T) {
 	assert.Contains(t, stderr, "choose another address with --listen")
 	assert.NoDirExists(t, data)
 }
+
+// A worker count below one is refused before anything starts: it was
+// taken as the default, 8, without a word, whatever the operator asked.
+func TestServeRefusesNoWorkers(t *testing.T) {
+	for _, n := range []string{"0", "-2"} {
+		data := filepath.Join(t.TempDir(), "data")
+		code, stdout, stderr := outpost(t, "serve", "--data", data, "--listen", "127.0.0.1:0", "--workers", n)
+		require.Equal(t, 1, code, stdout)
+		assert.Contains(t, stderr, "--workers must be at least 1, not "+n)
+		assert.NoDirExists(t, data)
+	}
+}
