@@ -76,7 +76,9 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 		lock, err = lockStore(src, true, DefaultTimeout)
 	}
 	if errors.Is(err, errLocked) {
-		return nil, fmt.Errorf("salvage %s: %w: stop the process that owns it first", src, ErrInUse)
+		// Plain: the caller knows which process that is and says how to
+		// stop it (outpost db salvage names serve).
+		return nil, fmt.Errorf("salvage %s: %w", src, ErrInUse)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("salvage %s: %w", src, err)

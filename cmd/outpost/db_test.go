@@ -541,3 +541,19 @@ func TestDBStaleControlSocket(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.Contains(t, stdout, "completed")
 }
+
+// db salvage of a store another process owns says so once, with the
+// advice that fits: it gave two pieces of advice, one after the other
+// ("stop the process that owns it first: ... stop serve first").
+func TestSalvageOfAStoreInUse(t *testing.T) {
+	dir := storeWithRun(t)
+	db, err := store.OpenDir(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	out := filepath.Join(t.TempDir(), "s.db")
+	code, _, stderr := outpost(t, "db", "salvage", "--data", dir, out)
+	require.Equal(t, 1, code)
+	require.Equal(t, "outpost db: salvage "+filepath.Join(dir, store.FileName)+
+		": in use by another outpost process: salvage reads the store file itself; stop serve first\n", stderr)
+	require.NoFileExists(t, out)
+}
