@@ -107,6 +107,11 @@ func parseKeyFile(file string, data []byte, wantPrivate bool) (keyFile, ed25519.
 	if !wantPrivate {
 		return kf, pub, nil, nil
 	}
+	if kf.PrivateKey == "" {
+		// The .pub beside the .key that Keygen wrote: name the one to use.
+		return kf, nil, nil, fmt.Errorf("%w: %s is a public key, which cannot sign: sign with the private key, %s",
+			ErrKeyFile, file, filepath.Join(filepath.Dir(file), kf.KeyID+".key"))
+	}
 	seed, err := base64.StdEncoding.DecodeString(kf.PrivateKey)
 	if err != nil || len(seed) != ed25519.SeedSize {
 		return kf, nil, nil, fmt.Errorf("%w: %s: private_key is not a base64 ed25519 seed", ErrKeyFile, file)

@@ -410,3 +410,27 @@ func TestWritePublicKey(t *testing.T) {
 		t.Fatalf("an existing key file was rewritten: %q", b)
 	}
 }
+
+// Signing with the public half of a key pair, an easy slip with two files
+// side by side, says so and names the file to sign with. It said
+// "private_key is not a base64 ed25519 seed", about a field the file has
+// no reason to hold.
+func TestLoadPrivateKeyOfAPublicKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	id, err := firmware.Keygen(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := filepath.Join(dir, id+".pub")
+	_, _, err = firmware.LoadPrivateKey(pub)
+	if !errors.Is(err, firmware.ErrKeyFile) {
+		t.Fatalf("err = %v, want ErrKeyFile", err)
+	}
+	want := pub + " is a public key, which cannot sign: sign with the private key, " + filepath.Join(dir, id+".key")
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %q, want it to say %q", err, want)
+	}
+	if _, _, err := firmware.LoadPrivateKey(filepath.Join(dir, id+".key")); err != nil {
+		t.Fatal(err)
+	}
+}
