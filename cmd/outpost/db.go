@@ -351,10 +351,21 @@ func checkFile(ctx context.Context, path string) (*store.CheckReport, error) {
 	}
 	db, err := store.Open(path, store.Options{ReadOnly: true})
 	if err != nil {
-		return nil, explainOpen(filepath.Dir(path), err)
+		return nil, explainOpenFile(path, err)
 	}
 	defer db.Close()
 	return db.Check(ctx)
+}
+
+// explainOpenFile is explainOpen for a store file checked with --file,
+// such as a backup. db salvage reads DIR/outpost.db alone, so the hint to
+// salvage a file of another name says to put it there.
+func explainOpenFile(path string, err error) error {
+	if filepath.Base(path) != store.FileName && errors.Is(err, store.ErrDamaged) && !errors.Is(err, store.ErrHollow) {
+		return fmt.Errorf("%w\n(with no sound copy, copy out what can still be read: copy the file into an empty folder as %s, "+
+			"then run outpost db salvage --data FOLDER NEWFILE)", err, store.FileName)
+	}
+	return explainOpen(filepath.Dir(path), err)
 }
 
 // chainVerified reports whether check walked the outcome ledger and found

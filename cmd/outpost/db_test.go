@@ -557,3 +557,30 @@ func TestSalvageOfAStoreInUse(t *testing.T) {
 		": in use by another outpost process: salvage reads the store file itself; stop serve first\n", stderr)
 	require.NoFileExists(t, out)
 }
+
+// A damaged backup, checked with --file, is told how to salvage it: db
+// salvage reads DIR/outpost.db, so the hint "outpost db salvage --data
+// DIR FILE" with the backup's folder named no store at all. Following the
+// hint it gives now copies the records out.
+func TestDBCheckFileOfADamagedBackup(t *testing.T) {
+	bak := filepath.Join(t.TempDir(), "monday.db")
+	code, _, stderr := outpost(t, "db", "backup", "--data", storeWithRun(t), bak)
+	require.Zero(t, code, stderr)
+	fi, err := os.Stat(bak)
+	require.NoError(t, err)
+	require.NoError(t, os.Truncate(bak, fi.Size()-8192)) // its last page
+
+	code, _, stderr = outpost(t, "db", "check", "--file", bak)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "it was cut short")
+	require.NotContains(t, stderr, "--data "+filepath.Dir(bak))
+	require.Contains(t, stderr, "(with no sound copy, copy out what can still be read: copy the file into an empty folder as outpost.db, "+
+		"then run outpost db salvage --data FOLDER NEWFILE)")
+
+	folder := t.TempDir()
+	data, err := os.ReadFile(bak)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(folder, store.FileName), data, 0o600))
+	code, stdout, stderr := outpost(t, "db", "salvage", "--data", folder, filepath.Join(t.TempDir(), "s.db"))
+	require.Zero(t, code, stdout+stderr)
+}
