@@ -358,10 +358,14 @@ func checkFile(ctx context.Context, path string) (*store.CheckReport, error) {
 }
 
 // explainOpenFile is explainOpen for a store file checked with --file,
-// such as a backup. db salvage reads DIR/outpost.db alone, so the hint to
-// salvage a file of another name says to put it there.
+// such as a backup: it speaks of the file, not of a data folder. db
+// salvage reads DIR/outpost.db alone, so the hint to salvage a file of
+// another name says to put it there.
 func explainOpenFile(path string, err error) error {
-	if filepath.Base(path) != store.FileName && errors.Is(err, store.ErrDamaged) && !errors.Is(err, store.ErrHollow) {
+	switch {
+	case errors.Is(err, store.ErrFormat):
+		return fmt.Errorf("%w\n(this file was written by an incompatible outpost version, or is not an outpost store)", err)
+	case filepath.Base(path) != store.FileName && errors.Is(err, store.ErrDamaged) && !errors.Is(err, store.ErrHollow):
 		return fmt.Errorf("%w\n(with no sound copy, copy out what can still be read: copy the file into an empty folder as %s, "+
 			"then run outpost db salvage --data FOLDER NEWFILE)", err, store.FileName)
 	}

@@ -584,3 +584,14 @@ func TestDBCheckFileOfADamagedBackup(t *testing.T) {
 	code, stdout, stderr := outpost(t, "db", "salvage", "--data", folder, filepath.Join(t.TempDir(), "s.db"))
 	require.Zero(t, code, stdout+stderr)
 }
+
+// A file that is no store, checked with --file, is called a file: the
+// hint spoke of "this data folder", which --file does not name.
+func TestDBCheckFileOfNoStore(t *testing.T) {
+	junk := filepath.Join(t.TempDir(), "notes.db")
+	require.NoError(t, os.WriteFile(junk, []byte(strings.Repeat("not a store\n", 4096)), 0o600))
+	code, _, stderr := outpost(t, "db", "check", "--file", junk)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "unsupported store format")
+	require.Contains(t, stderr, "(this file was written by an incompatible outpost version, or is not an outpost store)")
+}
