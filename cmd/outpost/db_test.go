@@ -561,7 +561,8 @@ func TestSalvageOfAStoreInUse(t *testing.T) {
 // A damaged backup, checked with --file, is told how to salvage it: db
 // salvage reads DIR/outpost.db, so the hint "outpost db salvage --data
 // DIR FILE" with the backup's folder named no store at all. Following the
-// hint it gives now copies the records out.
+// hint it gives now reaches the file (what salvage then copies depends on
+// which page the cut took: the root's, and it can copy nothing).
 func TestDBCheckFileOfADamagedBackup(t *testing.T) {
 	bak := filepath.Join(t.TempDir(), "monday.db")
 	code, _, stderr := outpost(t, "db", "backup", "--data", storeWithRun(t), bak)
@@ -582,7 +583,8 @@ func TestDBCheckFileOfADamagedBackup(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(folder, store.FileName), data, 0o600))
 	code, stdout, stderr := outpost(t, "db", "salvage", "--data", folder, filepath.Join(t.TempDir(), "s.db"))
-	require.Zero(t, code, stdout+stderr)
+	require.NotContains(t, stderr, "no store in")
+	require.True(t, code == 0 || strings.Contains(stderr, "the root page cannot be read"), stdout+stderr)
 }
 
 // A file that is no store, checked with --file, is called a file: the
