@@ -144,6 +144,9 @@ func explainOpen(dir string, err error) error {
 // words the db commands use.
 func storeExists(dir string) error {
 	if _, err := os.Stat(filepath.Join(dir, store.FileName)); err != nil {
+		if fi, serr := os.Stat(dir); serr == nil && !fi.IsDir() {
+			return fmt.Errorf("no store in %s: it is a file: --data names the folder that holds %s (db check --file checks a store file)", dir, store.FileName)
+		}
 		return fmt.Errorf("no store in %s: %w", dir, err)
 	}
 	return nil

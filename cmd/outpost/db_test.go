@@ -597,3 +597,16 @@ func TestDBCheckFileOfNoStore(t *testing.T) {
 	require.Contains(t, stderr, "unsupported store format")
 	require.Contains(t, stderr, "(this file was written by an incompatible outpost version, or is not an outpost store)")
 }
+
+// --data naming the store file rather than its folder, an easy slip after
+// db check --file, says so: it said "stat DIR/outpost.db/outpost.db: not
+// a directory".
+func TestDataFlagNamingAFile(t *testing.T) {
+	file := filepath.Join(storeWithRun(t), store.FileName)
+	for _, args := range [][]string{{"db", "check"}, {"db", "compact"}, {"runs", "list"}} {
+		code, _, stderr := outpost(t, append(args, "--data", file)...)
+		require.Equal(t, 1, code, args)
+		require.Contains(t, stderr, "no store in "+file+": it is a file: --data names the folder that holds "+store.FileName+
+			" (db check --file checks a store file)", args)
+	}
+}
