@@ -22,7 +22,7 @@ func init() {
 
 const runsUsage = `Usage: outpost runs <list|show|history|fork|replay> [flags]
 
-  list [--status S] [--agent A] [--thread T] [--limit N] [--after RUN]
+  list [--status S] [--agent A] [--thread T] [--limit N] [--after RUN] [--newest-first]
   show RUN
   history THREAD [--limit N] [--before ID]
                                     checkpoints, newest first

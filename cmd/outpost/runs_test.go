@@ -261,6 +261,9 @@ func TestRunsHelpAndExitCodes(t *testing.T) {
 	require.Zero(t, code)
 	require.Empty(t, stderr)
 	require.Contains(t, stdout, "<list|show|history|fork|replay>")
+	// Every flag of list: --newest-first, which README names, was
+	// missing.
+	require.Contains(t, stdout, "list [--status S] [--agent A] [--thread T] [--limit N] [--after RUN] [--newest-first]")
 
 	all := []string{"-data", "-json", "-status", "-agent", "-thread", "-limit", "-after", "-before", "-checkpoint"}
 	for _, tt := range []struct {
