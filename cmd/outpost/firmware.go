@@ -201,6 +201,9 @@ func firmwareVerify(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if fs.NArg() != 1 {
 		return fmt.Errorf("verify needs one bundle (a folder or a .tar) (usage: outpost %s)", fs.synopsis)
 	}
+	if err := bundleExists(fs.Arg(0)); err != nil {
+		return err
+	}
 	ring, err := keyring(*data, *keys, *dev)
 	if err != nil {
 		return err
@@ -216,6 +219,16 @@ func firmwareVerify(fs *cmdFlags, args []string, stdout io.Writer) error {
 			"digest": b.Digest, "key_id": b.Manifest.KeyID, "agents": b.AgentNames()})
 	}
 	fmt.Fprintf(stdout, "ok: %s (%s), signed by %s, agents: %v\n", b.Manifest, b.Digest, b.Manifest.KeyID, b.AgentNames())
+	return nil
+}
+
+// bundleExists names a bundle path that names nothing before the keys are
+// looked for, so that a mistyped path is the first thing said, not a
+// missing key.
+func bundleExists(path string) error {
+	if _, err := os.Stat(path); err != nil {
+		return explain(fmt.Errorf("read bundle: %w", err))
+	}
 	return nil
 }
 
@@ -236,6 +249,9 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 	}
 	if *downgrade && (*by == "" || *reason == "") {
 		return fmt.Errorf("--allow-downgrade needs --by NAME and --reason TEXT, which are recorded")
+	}
+	if err := bundleExists(fs.Arg(0)); err != nil {
+		return err
 	}
 	ring, err := keyring(*data, *keys, *dev)
 	if err != nil {

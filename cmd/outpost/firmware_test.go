@@ -142,6 +142,15 @@ func TestFirmwareErrors(t *testing.T) {
 	code, _, stderr = outpost(t, "firmware", "verify", "--keys", keys, filepath.Join(t.TempDir(), "nope"))
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "no such file")
+	// A bundle path that names nothing is named first, keys or not: it
+	// was "no trusted keys", and the mistyped path came up only once the
+	// keys were given.
+	for _, sub := range []string{"verify", "install"} {
+		code, _, stderr = outpost(t, "firmware", sub, "--data", t.TempDir(), filepath.Join(t.TempDir(), "nope"))
+		require.Equal(t, 1, code, sub)
+		require.Contains(t, stderr, "read bundle: stat ", sub)
+		require.NotContains(t, stderr, "no trusted keys", sub)
+	}
 	code, _, stderr = outpost(t, "firmware", "frob")
 	require.Equal(t, 2, code, "an unknown subcommand is a usage error, as for db and runs")
 	require.Contains(t, stderr, `unknown firmware command "frob"`)
