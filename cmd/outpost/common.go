@@ -29,7 +29,30 @@ func defaultDataDir() string {
 }
 
 func dataFlag(fs *flag.FlagSet) *string {
-	return fs.String("data", defaultDataDir(), "data folder (or set $OUTPOST_DATA)")
+	p := new(string)
+	*p = defaultDataDir()
+	fs.Var(dataValue{p}, "data", "data folder `DIR` (or set $OUTPOST_DATA)")
+	return p
+}
+
+// dataValue is --data: a folder's name, never empty. An empty one (most
+// often an unset shell variable, --data "$DIR") would name the current
+// folder, and a store would be made there.
+type dataValue struct{ p *string }
+
+func (d dataValue) String() string {
+	if d.p == nil {
+		return ""
+	}
+	return *d.p
+}
+
+func (d dataValue) Set(s string) error {
+	if strings.TrimSpace(s) == "" {
+		return errors.New("an empty folder name: name the data folder, or leave --data out for " + defaultDataDir())
+	}
+	*d.p = s
+	return nil
 }
 
 // Default budgets of every run the appliance starts. A bundle's agent may

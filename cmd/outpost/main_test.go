@@ -488,3 +488,41 @@ func TestRunsListNewestFirst(t *testing.T) {
 	rest, _ := ids("--newest-first", "--after", next)
 	require.Equal(t, []string{"a"}, rest)
 }
+
+// An empty --data, most often an unset variable ("--data $DIR"), is
+// refused: it would name the current folder, and run would make a store
+// there.
+func TestEmptyDataFolderIsRefused(t *testing.T) {
+	cwd := t.TempDir()
+	t.Chdir(cwd)
+	for _, args := range [][]string{
+		{"run", "--data", "", "hello"},
+		{"runs", "list", "--data", ""},
+		{"db", "check", "--data", " "},
+	} {
+		code, _, stderr := outpost(t, args...)
+		require.NotZero(t, code, "%v", args)
+		require.Contains(t, stderr, "an empty folder name", "%v", args)
+	}
+	entries, err := os.ReadDir(cwd)
+	require.NoError(t, err)
+	require.Empty(t, entries, "nothing is made in the current folder")
+}
+
+// serve's usage line names every flag it takes: it is the line an
+// operator reads first.
+func TestServeUsageNamesEveryFlag(t *testing.T) {
+	code, stdout, stderr := outpost(t, "serve", "-h")
+	require.Zero(t, code)
+	help := stdout + stderr
+	usage, _, _ := strings.Cut(help, "\n")
+	n := 0
+	for _, line := range strings.Split(help, "\n") {
+		if name, ok := strings.CutPrefix(line, "  -"); ok {
+			name, _, _ = strings.Cut(name, " ")
+			require.Contains(t, usage, "--"+name+" ", "the usage line leaves out --%s", name)
+			n++
+		}
+	}
+	require.Greater(t, n, 10, "the flags were listed")
+}

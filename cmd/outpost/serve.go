@@ -57,7 +57,7 @@ func consoleUplink(db *store.DB, up *uplink.Uplink) func(context.Context) (*cons
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newCmdFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--tls-cert FILE --tls-key FILE] [--allow-host NAME] [--max-run-time DURATION] [--max-tokens N] [--max-recoveries N]", stdout, stderr)
+	fs := newCmdFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--ollama-keep-alive D] [--ollama-stall-timeout D] [--tls-cert FILE --tls-key FILE] [--allow-host NAME] [--workers N] [--max-run-time DURATION] [--max-tokens N] [--max-recoveries N] [--uplink URL --uplink-secret FILE] [--appliance-id ID]", stdout, stderr)
 	data := dataFlag(fs.FlagSet)
 	listen := fs.String("listen", "127.0.0.1:7070", "address to serve on; beyond loopback it needs --tls-cert and --tls-key")
 	mc := modelFlags(fs.FlagSet)
