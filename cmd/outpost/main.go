@@ -76,7 +76,13 @@ func tuneRuntime() (tuner *gctune.Tuner) {
 }
 
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 {
+		// No command is a mistake in a script, not a request for help:
+		// the usage goes to stderr, with the exit of a bad command line.
+		usage(stderr)
+		return 2
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(stdout)
 		return 0
 	}

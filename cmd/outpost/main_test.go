@@ -39,6 +39,11 @@ func TestUnknownCommandAndHelp(t *testing.T) {
 	for _, c := range []string{"run", "resume", "runs", "db", "bench", "version"} {
 		require.Contains(t, stdout, "  "+c+" ")
 	}
+
+	code, stdout, stderr = outpost(t)
+	require.Equal(t, 2, code, "no command is a bad command line")
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "  run ", "the usage goes to stderr")
 }
 
 func TestRunThenInspect(t *testing.T) {
