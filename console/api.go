@@ -578,19 +578,11 @@ func (s *Server) history(w http.ResponseWriter, r *http.Request) *apiError {
 	if after == "" {
 		after = before
 	}
-	if after != "" {
-		// The store lists below any string, so a cursor that names no
-		// checkpoint of the thread would restart or empty the listing.
-		_, err := s.cfg.Manager.Store().Checkpoint(r.Context(), thread, "", after)
-		switch {
-		case errors.Is(err, engine.ErrCheckpointNotFound):
-			return errorf(http.StatusBadRequest, "bad_after", fmt.Sprintf("after %s names no checkpoint of thread %s: pass the \"next\" of the page before", quote(after), quote(thread)))
-		case err != nil:
-			return errorf(http.StatusInternalServerError, "read_failed", err.Error())
-		}
-	}
-	cps, err := s.cfg.Manager.Store().History(r.Context(), thread, "", after, limit+1)
-	if err != nil {
+	cps, err := engine.HistoryPage(r.Context(), s.cfg.Manager.Store(), thread, "", after, limit+1)
+	switch {
+	case errors.Is(err, engine.ErrCheckpointNotFound):
+		return errorf(http.StatusBadRequest, "bad_after", fmt.Sprintf("after %s names no checkpoint of thread %s: pass the \"next\" of the page before", quote(after), quote(thread)))
+	case err != nil:
 		return errorf(http.StatusInternalServerError, "read_failed", err.Error())
 	}
 	if len(cps) == 0 && after == "" {

@@ -12,6 +12,20 @@ func (g *Graph) History(ctx context.Context, store Checkpointer, thread string, 
 	return store.History(ctx, thread, "", "", limit)
 }
 
+// HistoryPage lists a namespace's checkpoints below before, newest first,
+// as Checkpointer.History does, for a reader paging through a thread: a
+// before that names no checkpoint of the namespace fails with
+// ErrCheckpointNotFound, where History would list below it as any string
+// and restart or empty the listing quietly.
+func HistoryPage(ctx context.Context, store Checkpointer, thread, ns, before string, limit int) ([]*Checkpoint, error) {
+	if before != "" {
+		if _, err := store.Checkpoint(ctx, thread, ns, before); err != nil {
+			return nil, fmt.Errorf("list checkpoints below %s: %w", before, err)
+		}
+	}
+	return store.History(ctx, thread, ns, before, limit)
+}
+
 // StateAt returns the state of a thread at a checkpoint ("" for the newest).
 func (g *Graph) StateAt(ctx context.Context, cfg RunConfig, checkpointID string) (*Snapshot, error) {
 	e, err := g.newExecution(cfg)

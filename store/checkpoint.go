@@ -98,19 +98,6 @@ func (d *DB) History(ctx context.Context, thread, ns, before string, limit int) 
 	return out, nil
 }
 
-// HistoryPage lists as History does, for a reader paging through a
-// thread: a before that names no checkpoint of the namespace fails with
-// engine.ErrCheckpointNotFound, where History would list below it as any
-// string and restart or empty the listing quietly.
-func (d *DB) HistoryPage(ctx context.Context, thread, ns, before string, limit int) ([]*engine.Checkpoint, error) {
-	if before != "" {
-		if _, err := d.Checkpoint(ctx, thread, ns, before); err != nil {
-			return nil, fmt.Errorf("list checkpoints below %s: %w", before, err)
-		}
-	}
-	return d.History(ctx, thread, ns, before, limit)
-}
-
 // Writes returns the pending writes saved against a checkpoint, in the order
 // they were saved.
 func (d *DB) Writes(ctx context.Context, thread, ns, checkpointID string) ([]engine.PendingWrite, error) {

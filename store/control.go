@@ -517,7 +517,7 @@ func serveReads(mux *http.ServeMux, db *DB, live LiveRuns) {
 			writeControl(w, nil, fmt.Errorf("list checkpoints: %w", err))
 			return
 		}
-		cps, err := db.HistoryPage(r.Context(), q["thread"], q["ns"], q["before"], limit)
+		cps, err := engine.HistoryPage(r.Context(), db, q["thread"], q["ns"], q["before"], limit)
 		if err != nil {
 			writeControl(w, nil, err)
 			return
@@ -592,7 +592,7 @@ func (c *Control) Run(ctx context.Context, id string) (*engine.Run, error) {
 }
 
 // History lists a namespace's checkpoints in the owning process, as
-// DB.HistoryPage does, each as a HistoryEntry.
+// engine.HistoryPage does, each as a HistoryEntry.
 func (c *Control) History(ctx context.Context, thread, ns, before string, limit int) ([]HistoryEntry, error) {
 	q := url.Values{"thread": {thread}}
 	for k, v := range map[string]string{"ns": ns, "before": before} {

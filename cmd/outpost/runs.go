@@ -366,7 +366,7 @@ type runReader interface {
 type localRuns struct{ *store.DB }
 
 func (l localRuns) History(ctx context.Context, thread, ns, before string, limit int) ([]store.HistoryEntry, error) {
-	cps, err := l.DB.HistoryPage(ctx, thread, ns, before, limit)
+	cps, err := engine.HistoryPage(ctx, l.DB, thread, ns, before, limit)
 	if err != nil {
 		return nil, err
 	}
