@@ -65,15 +65,26 @@ type ManagerOptions struct {
 	// MaxRecoveries bounds how many times in a row a run is recovered
 	// after a crash without making progress in between; the next start
 	// ends it failed with ErrCrashLoop instead of running it again. From
-	// its second recovery in a row on, a run runs alone, so that only its
-	// own crashes count (see Recover). Default DefaultMaxRecoveries;
-	// negative for no bound.
+	// its second recovery in a row on, and at the recovery after which
+	// one more crash would fail it, a run is a suspect and has a turn
+	// alone, so that only its own crashes count (see Recover). Default
+	// DefaultMaxRecoveries; negative for no bound.
 	MaxRecoveries int
+	// MaxAlone bounds a suspect's turn alone: once it has run alone that
+	// long without making progress, the other runs get workers again
+	// beside it (see Recover). Default DefaultMaxAlone; negative for no
+	// bound.
+	MaxAlone time.Duration
 }
 
 // DefaultMaxRecoveries is how many times in a row a run is recovered, by
 // default, before it is taken for the cause of its crashes.
 const DefaultMaxRecoveries = 3
+
+// DefaultMaxAlone is how long, by default, a suspect of the crash-loop
+// guard runs alone before the other runs get workers beside it: a slow
+// model call or two, not an afternoon of the appliance held up.
+const DefaultMaxAlone = 2 * time.Minute
 
 // MetaRecoveries is the key of Run.Meta that counts the times a run has
 // been recovered since it last made progress. It is on record only in
@@ -115,14 +126,19 @@ type Manager struct {
 	queued  int
 	threads map[string]*active // thread -> its running or paused run
 	runs    map[string]*active // run id -> the same
-	// suspects counts the crash-loop guard's suspects (see Recover) that
-	// have not yet made progress, paused or ended. While there are any,
-	// cleared is open and other runs wait for it to close; solo is the
-	// turn that one suspect at a time holds while it takes every worker
-	// slot, to run alone.
+	// suspects counts the crash-loop guard's suspects (see Recover) whose
+	// turn alone has not ended: they have not yet made progress, paused,
+	// ended or run alone for MaxAlone. While there are any, runs take
+	// their worker slots in turns (see takeTurn): waiting holds the
+	// suspects waiting for their turn, in order; alone is the one whose
+	// turn it is, holding every slot, and aloneEnd the timer that ends its
+	// turn. changed is closed, and made anew, whenever the turns change,
+	// to wake the runs that wait on them.
 	suspects int
-	cleared  chan struct{}
-	solo     chan struct{}
+	waiting  []*active
+	alone    *active
+	aloneEnd *time.Timer
+	changed  chan struct{}
 	// recoveredSuspects is how many suspects the last Recover found.
 	recoveredSuspects int
 }
@@ -145,10 +161,9 @@ type active struct {
 	// the worker that takes the run puts on its record before it runs it
 	// (see markRecovery); 0 when the run is not being recovered.
 	recovery int
-	// suspect: the run is one of the crash-loop guard's suspects and has
-	// not yet made progress, paused or ended (see Recover). slots is how
-	// many worker slots the run holds: one, or all of them (and the solo
-	// turn) while a suspect runs alone.
+	// suspect: the run is one of the crash-loop guard's suspects and its
+	// turn alone has not ended (see Recover). slots is how many worker
+	// slots the run holds: one, or all of them while a suspect runs alone.
 	suspect bool
 	slots   int
 }
@@ -176,9 +191,12 @@ func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
 	if opts.MaxRecoveries == 0 {
 		opts.MaxRecoveries = DefaultMaxRecoveries
 	}
+	if opts.MaxAlone == 0 {
+		opts.MaxAlone = DefaultMaxAlone
+	}
 	ctx, stop := context.WithCancelCause(context.Background())
 	m := &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize, opts.CacheBytes),
-		sem: make(chan struct{}, opts.Workers), solo: make(chan struct{}, 1), ctx: ctx, stop: stop,
+		sem: make(chan struct{}, opts.Workers), ctx: ctx, stop: stop,
 		threads: map[string]*active{}, runs: map[string]*active{}}
 	if err := opts.Durability.check(); err != nil {
 		m.bad = fmt.Errorf("run manager options: %w", err)
@@ -449,53 +467,72 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 }
 
 // takeWorker waits for a worker slot for a's run, or for ctx to end, and
-// returns how many slots it took: none when ctx ended. A suspect of the
-// crash-loop guard takes the solo turn and then every slot, to run alone
-// (see Recover); any other run waits for the suspects to be cleared first.
+// returns how many slots it took: none when ctx ended. While the crash-loop
+// guard has suspects, the runs take their slots in turns (see takeTurn).
 func (m *Manager) takeWorker(ctx context.Context, a *active) int {
-	m.mu.Lock()
-	suspect, cleared := a.suspect, m.cleared
-	m.mu.Unlock()
-	if suspect {
-		return m.takeEveryWorker(ctx)
-	}
-	if cleared != nil {
+	for {
+		m.mu.Lock()
+		if m.suspects == 0 {
+			m.mu.Unlock()
+			select {
+			case m.sem <- struct{}{}:
+				return 1
+			case <-ctx.Done():
+				return 0
+			}
+		}
+		n, changed := m.takeTurn(a), m.changed
+		m.mu.Unlock()
+		if n > 0 {
+			return n
+		}
 		select {
-		case <-cleared:
+		case <-changed:
 		case <-ctx.Done():
 			return 0
 		}
+	}
+}
+
+// takeTurn takes what a's run may take of the worker slots now, while the
+// crash-loop guard has suspects (see Recover), and returns how many slots
+// it took. While a suspect runs alone it holds every slot, and no other
+// run takes one. The first suspect waiting takes every slot once no run
+// holds one, before any other run; until then it holds no one up, and the
+// other runs take the free slots. The caller holds m.mu.
+func (m *Manager) takeTurn(a *active) int {
+	if m.alone != nil {
+		return 0
+	}
+	if a.suspect {
+		if m.waiting[0] != a || len(m.sem) > 0 {
+			return 0
+		}
+		for range cap(m.sem) {
+			m.sem <- struct{}{}
+		}
+		m.waiting = m.waiting[1:]
+		m.alone = a
+		if d := m.opts.MaxAlone; d > 0 {
+			m.aloneEnd = time.AfterFunc(d, func() {
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				if m.alone == a {
+					m.clearSuspect(a)
+				}
+			})
+		}
+		return cap(m.sem)
+	}
+	if len(m.waiting) > 0 && len(m.sem) == 0 {
+		return 0 // the suspect's turn
 	}
 	select {
 	case m.sem <- struct{}{}:
 		return 1
-	case <-ctx.Done():
+	default:
 		return 0
 	}
-}
-
-// takeEveryWorker takes the solo turn, then every worker slot as the runs
-// that hold them let go, or nothing if ctx ends first.
-func (m *Manager) takeEveryWorker(ctx context.Context) int {
-	select {
-	case m.solo <- struct{}{}:
-	case <-ctx.Done():
-		return 0
-	}
-	n := 0
-	for n < cap(m.sem) {
-		select {
-		case m.sem <- struct{}{}:
-			n++
-		case <-ctx.Done():
-			for ; n > 0; n-- {
-				<-m.sem
-			}
-			<-m.solo
-			return 0
-		}
-	}
-	return n
 }
 
 // freeWorker gives back the worker slots a's run holds, as its worker is
@@ -507,26 +544,42 @@ func (m *Manager) freeWorker(a *active) {
 	for ; a.slots > 0; a.slots-- {
 		<-m.sem
 	}
+	if m.changed != nil {
+		m.turnsChanged()
+	}
 }
 
-// clearSuspect ends a's time as a suspect, if it is one: the others may run
-// again. It keeps one worker slot of those it holds, and lets go of the
-// solo turn. The caller holds m.mu.
+// clearSuspect ends a's time as a suspect, if it is one: its turn alone,
+// keeping one worker slot of those it holds, or its wait for the turn. The
+// others may run again. The caller holds m.mu.
 func (m *Manager) clearSuspect(a *active) {
 	if !a.suspect {
 		return
 	}
 	a.suspect = false
-	if a.slots > 0 {
+	if m.alone == a {
+		m.alone = nil
+		if m.aloneEnd != nil {
+			m.aloneEnd.Stop()
+			m.aloneEnd = nil
+		}
 		for ; a.slots > 1; a.slots-- {
 			<-m.sem
 		}
-		<-m.solo
+	} else {
+		m.waiting = slices.DeleteFunc(m.waiting, func(w *active) bool { return w == a })
 	}
 	m.suspects--
-	if m.suspects == 0 {
-		close(m.cleared)
-		m.cleared = nil
+	m.turnsChanged()
+}
+
+// turnsChanged wakes the runs waiting for their turn (see takeTurn). The
+// caller holds m.mu.
+func (m *Manager) turnsChanged() {
+	close(m.changed)
+	m.changed = nil
+	if m.suspects > 0 {
+		m.changed = make(chan struct{})
 	}
 }
 
@@ -888,16 +941,21 @@ func (e *DamagedRunsError) Error() string {
 // A crash cuts short every run that was running, not only the one that
 // caused it, so a count in company is no proof. A recovered run whose
 // record holds a count already (the process died again under it before it
-// made progress) is a suspect, and suspects run first, one at a time and
-// alone: while one runs, no other run executes, recovered or new; they wait
-// for a worker until it makes progress, pauses or ends. A suspect waits for
-// every other run to let go of its worker before it starts. A crash while
-// a suspect runs alone counts against it only, and a run that was cut
-// short beside the guilty one makes progress when it runs alone, which
-// clears its count. Runs recovered for the first time run together, as
-// new runs do. With MaxRecoveries 1 there is no turn alone: a crash in the
-// first recovery fails every run it cut short. And a suspect whose step is
-// only slow holds up the others until the step ends.
+// made progress) is a suspect, and suspects have a turn alone each, one at
+// a time: while one runs alone, no other run executes, recovered or new.
+// A suspect's turn alone begins once no run holds a worker, before any
+// other run takes one (at start, before all others); until then it waits
+// without holding anyone up. The turn ends when the suspect makes
+// progress, pauses or ends, or once it has run alone for
+// ManagerOptions.MaxAlone: from then on it runs beside the others, as any
+// run. A crash while a suspect runs alone counts against it only, and a
+// run that was cut short beside the guilty one makes progress when it runs
+// alone, which clears its count. A crash after a turn alone ran out counts
+// against every run it cuts short, the suspect and the runs beside it
+// alike, as it would without the guard: a suspect whose step is only slow
+// holds the others up no longer than MaxAlone, and pays for it with a
+// turn alone that no longer proves it innocent. Runs recovered for the
+// first time run together, as new runs do.
 func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
@@ -1008,7 +1066,8 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 			return fail(fmt.Errorf("recover run %s: its record's recovery count %q is not a count; not run again", run.ID, v))
 		}
 	}
-	if limit := m.opts.MaxRecoveries; limit > 0 && n >= limit {
+	limit := m.opts.MaxRecoveries
+	if limit > 0 && n >= limit {
 		m.stopCrashLoop(ctx, run)
 		return fail(fmt.Errorf("%w: run %s was recovered %d times and crashed each time before it made progress; not run again (its thread is free: start a new run on it)", ErrCrashLoop, run.ID, n))
 	}
@@ -1024,9 +1083,10 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 	if n > 0 {
 		m.mu.Lock()
 		a.suspect = true
-		if m.suspects == 0 {
-			m.cleared = make(chan struct{})
+		if m.changed == nil {
+			m.changed = make(chan struct{})
 		}
+		m.waiting = append(m.waiting, a)
 		m.suspects++
 		m.mu.Unlock()
 	}

@@ -66,17 +66,17 @@ func liveStatus(t *testing.T, m *engine.Manager, runID string) engine.RunStatus 
 }
 
 // Two runs cut short together twice are both suspects at the next start:
-// they run one at a time and alone, and a run started meanwhile waits for
-// both. Only the suspect that runs is counted; the one that waits for its
-// turn is not, and neither is the new run.
+// they run one at a time and alone, and a run started meanwhile waits
+// while either runs alone. Once the first has made progress, the suspect
+// waiting for its turn holds no one up: it takes its turn as soon as no
+// run holds a worker, before any other run. Only the suspect that runs is
+// counted; the one that waits for its turn is not, and neither is the new
+// run.
 func TestRecoverySuspectsRunOneAtATimeAndAlone(t *testing.T) {
 	store := engine.NewMemoryStore()
-	ctx := context.Background()
 	entered := make(chan string, 3)
-	gates := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
-	open := make(chan struct{})
-	close(open)
-	agents := []*engine.Agent{heldAgent(t, entered, gates), gatedAgent(t, "ok", open, nil)}
+	gates := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{}), "new": make(chan struct{})}
+	agents := []*engine.Agent{heldAgent(t, entered, gates)}
 	opts := engine.ManagerOptions{Workers: 4}
 
 	l, m, _ := startLife(t, store, opts, agents...)
@@ -99,8 +99,7 @@ func TestRecoverySuspectsRunOneAtATimeAndAlone(t *testing.T) {
 	defer m.Close()
 	require.Equal(t, 2, n)
 	require.Equal(t, 2, m.Suspects())
-	next, err := m.Start(ctx, engine.RunRequest{Thread: "new", Agent: "ok"})
-	require.NoError(t, err)
+	next := startOn(t, m, "held", "new")[0]
 	first := <-entered
 	noneEnters(t, entered, "a suspect runs alone")
 	var second string
@@ -111,17 +110,32 @@ func TestRecoverySuspectsRunOneAtATimeAndAlone(t *testing.T) {
 	}
 	require.Equal(t, "2", recoveries(t, store, first))
 	require.Equal(t, "1", recoveries(t, store, second), "a suspect waiting for its turn is not counted")
-	require.Equal(t, engine.StatusQueued, liveStatus(t, m, next.ID), "a new run waits for the suspects")
+	require.Equal(t, engine.StatusQueued, liveStatus(t, m, next), "a new run waits while a suspect runs alone")
 
 	close(gates[thread[first]])
-	require.Equal(t, second, <-entered, "the next suspect runs once the first one is done")
+	// Its step committed, the first suspect runs beside the others until
+	// it ends: the new run may take a worker in between, and the second
+	// suspect then waits for it to end.
+	if id := <-entered; id == next {
+		close(gates["new"])
+		require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status)
+		require.Equal(t, second, <-entered, "the next suspect runs once no run holds a worker")
+	} else {
+		require.Equal(t, second, id, "the next suspect runs once the first one is done")
+	}
+	noneEnters(t, entered, "the second suspect runs alone")
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, first).Status)
 	require.Equal(t, "2", recoveries(t, store, second))
-	require.Equal(t, engine.StatusQueued, liveStatus(t, m, next.ID))
 
 	close(gates[thread[second]])
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, second).Status)
-	done := waitFor(t, m, next.ID)
+	select {
+	case <-gates["new"]:
+	default:
+		require.Equal(t, next, <-entered, "the new run goes on once the suspects are done")
+		close(gates["new"])
+	}
+	done := waitFor(t, m, next)
 	require.Equal(t, engine.StatusCompleted, done.Status)
 	require.Empty(t, done.Meta[engine.MetaRecoveries])
 }
@@ -384,4 +398,50 @@ func (s *countsSeen) get() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.counts)
+}
+
+// A suspect whose step is only slow holds the others up no longer than
+// MaxAlone: then a recovered run and a new one get workers beside it. A
+// crash from then on counts against every run it cuts short, as it would
+// without the guard: the suspect, and the recovered run that ran beside
+// it, which is a suspect at the next start.
+func TestRecoverySuspectTurnAloneIsBounded(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 3)
+	open := make(chan struct{})
+	close(open)
+	agents := []*engine.Agent{hangAgent(t, entered), gatedAgent(t, "ok", open, nil)}
+	opts := engine.ManagerOptions{Workers: 4, MaxAlone: 50 * time.Millisecond}
+
+	l, m, _ := startLife(t, store, opts, agents...)
+	slow := startOn(t, m, "hang", "slow")[0]
+	require.Equal(t, slow, <-entered)
+	l.crash(m)
+	l, m, _ = startLife(t, store, opts, agents...)
+	require.Equal(t, slow, <-entered)
+	beside := startOn(t, m, "hang", "beside")[0]
+	require.Equal(t, beside, <-entered)
+	l.crash(m)
+
+	l, m, n := startLife(t, store, opts, agents...)
+	require.Equal(t, 2, n)
+	require.Equal(t, 1, m.Suspects(), "the slow run, at its second recovery")
+	require.Equal(t, slow, <-entered, "the suspect runs first")
+	next := startOn(t, m, "ok", "new")[0]
+	select {
+	case id := <-entered:
+		require.Equal(t, beside, id)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the recovered run still waits for the suspect, whose turn alone ran out")
+	}
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status, "the new run goes on beside the suspect")
+	require.Equal(t, engine.StatusRunning, liveStatus(t, m, slow), "the suspect's step goes on")
+	require.Equal(t, "2", recoveries(t, store, slow))
+	require.Equal(t, "1", recoveries(t, store, beside), "the recovered run beside the suspect is counted")
+	l.crash(m)
+
+	_, m, n = startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 2, n)
+	require.Equal(t, 2, m.Suspects(), "both were cut short in company")
 }
