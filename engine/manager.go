@@ -939,10 +939,12 @@ func (e *DamagedRunsError) Error() string {
 // nor one that waited for a worker all along.
 //
 // A crash cuts short every run that was running, not only the one that
-// caused it, so a count in company is no proof. A recovered run whose
-// record holds a count already (the process died again under it before it
-// made progress) is a suspect, and suspects have a turn alone each, one at
-// a time: while one runs alone, no other run executes, recovered or new.
+// caused it, so a count in company is no proof. A recovered run is a
+// suspect when its record holds a count already (the process died again
+// under it before it made progress), or when one more crash without
+// progress would fail it (with MaxRecoveries 1, at its first recovery), so
+// that no run is failed before it has had a turn alone. Suspects have a
+// turn alone each, one at a time: while one runs alone, no other run executes, recovered or new.
 // A suspect's turn alone begins once no run holds a worker, before any
 // other run takes one (at start, before all others); until then it waits
 // without holding anyone up. The turn ends when the suspect makes
@@ -954,8 +956,8 @@ func (e *DamagedRunsError) Error() string {
 // against every run it cuts short, the suspect and the runs beside it
 // alike, as it would without the guard: a suspect whose step is only slow
 // holds the others up no longer than MaxAlone, and pays for it with a
-// turn alone that no longer proves it innocent. Runs recovered for the
-// first time run together, as new runs do.
+// turn alone that no longer proves it innocent. Other runs recovered for
+// the first time run together, as new runs do.
 func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
@@ -1080,7 +1082,9 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 		return fail(err)
 	}
 	a.recovery = n + 1
-	if n > 0 {
+	// Crashed in company before, or one crash short of being failed:
+	// either way it runs alone, so that only its own crash counts.
+	if n > 0 || limit > 0 && n+1 >= limit {
 		m.mu.Lock()
 		a.suspect = true
 		if m.changed == nil {
@@ -1145,7 +1149,8 @@ func (m *Manager) startRecovered(ctx context.Context, a *active, e *execution) (
 // recovered, this time included (a.recovery, in MetaRecoveries), with its
 // active time up to its newest commit (head) and the time its new stretch
 // begins (see active.go), committed with fsync; Recover stops a run whose
-// count has reached MaxRecoveries, and runs one whose count is not 0 alone.
+// count has reached MaxRecoveries, and makes a suspect of one whose count
+// is not 0 or would reach it with one more crash (see Recover).
 // A run waiting in the queue is not counted: a crash then is not its
 // doing. Loading its state is counted, as a crash while loading it (too
 // large a state, say) would come again at every start; only the head's
@@ -1214,7 +1219,8 @@ func (m *Manager) takeBackRecovery(runID string, recovery int) {
 
 // Suspects reports how many of the runs the last Recover resumed are the
 // crash-loop guard's suspects: cut short by crashes at two starts in a row
-// without progress, they run first, one at a time and alone (see Recover).
+// without progress, or at one start when one more such crash would fail
+// them, they run first, one at a time and alone (see Recover).
 func (m *Manager) Suspects() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -445,3 +445,51 @@ func TestRecoverySuspectTurnAloneIsBounded(t *testing.T) {
 	require.Equal(t, 2, n)
 	require.Equal(t, 2, m.Suspects(), "both were cut short in company")
 }
+
+// With MaxRecoveries 1 a run is failed by the first crash in its first
+// recovery, so every run recovered is a suspect at once and has its turn
+// alone: the crash counts against the run that caused it, and the run
+// that was cut short beside it is not failed but ends.
+func TestRecoveryLimitOneGivesEachRunATurnAlone(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 2)
+	gates := map[string]chan struct{}{"bystander": make(chan struct{})}
+	agents := []*engine.Agent{hangAgent(t, entered), heldAgent(t, entered, gates)}
+	opts := engine.ManagerOptions{Workers: 4, MaxRecoveries: 1}
+
+	l, m, _ := startLife(t, store, opts, agents...)
+	killer := startOn(t, m, "hang", "killer")[0]
+	bystander := startOn(t, m, "held", "bystander")[0]
+	<-entered
+	<-entered
+	l.crash(m)
+
+	l, m, n := startLife(t, store, opts, agents...)
+	require.Equal(t, 2, n)
+	require.Equal(t, 2, m.Suspects(), "one more crash would fail either")
+	if <-entered == bystander {
+		noneEnters(t, entered, "the bystander runs alone")
+		close(gates["bystander"])
+		require.Equal(t, engine.StatusCompleted, waitFor(t, m, bystander).Status)
+		require.Equal(t, killer, <-entered)
+	}
+	noneEnters(t, entered, "the killer runs alone")
+	require.Equal(t, "1", recoveries(t, store, killer))
+	l.crash(m)
+
+	_, m, n = startLife(t, store, opts, agents...)
+	defer m.Close()
+	done, err := store.Run(context.Background(), killer)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusFailed, done.Status)
+	require.Contains(t, done.Error, engine.ErrCrashLoop.Error())
+	select {
+	case <-gates["bystander"]:
+		require.Zero(t, n, "the bystander ended before the crash")
+	default:
+		require.Equal(t, 1, n, "the bystander was not counted, and is recovered")
+		require.Equal(t, bystander, <-entered)
+		close(gates["bystander"])
+	}
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, bystander).Status)
+}

@@ -86,7 +86,7 @@ func budgetFlags(fs *flag.FlagSet) *budgetChoice {
 	fs.IntVar(&bc.recoveries, "max-recoveries", engine.DefaultMaxRecoveries,
 		"times in a row a run left running by a crash is resumed at start without making progress (0 for no limit); "+
 			"at the next start it ends failed instead, so that a run that crashes the appliance does not crash it at every start; "+
-			"from its second recovery in a row on, a run runs alone, so that only its own crashes count")
+			"from its second recovery in a row on (with 1, from its first), a run has a turn alone, so that only its own crashes count")
 	fs.DurationVar(&bc.alone, "max-alone-time", engine.DefaultMaxAlone,
 		"longest a run suspected of crashing the appliance runs alone (0 for no limit); "+
 			"then the other runs get workers beside it, and a crash counts against every run it cuts short")
@@ -356,7 +356,7 @@ func printJSON(w io.Writer, v any) error {
 func recoverRuns(ctx context.Context, m *engine.Manager, stderr io.Writer) (int, error) {
 	n, err := m.Recover(ctx)
 	if s := m.Suspects(); s > 0 {
-		fmt.Fprintf(stderr, "crash-loop guard: %d of the runs resumed were cut short by crashes at two starts in a row without progress: they run first, one at a time and alone, each until it makes progress or for --max-alone-time at most, and the other runs wait for them meanwhile (see the README)\n", s)
+		fmt.Fprintf(stderr, "crash-loop guard: %d of the runs resumed were cut short by crashes without progress at two starts in a row, or at one where one more would fail them: they run first, one at a time and alone, each until it makes progress or for --max-alone-time at most, and the other runs wait for them meanwhile (see the README)\n", s)
 	}
 	var dmg *engine.DamagedRunsError
 	if errors.As(err, &dmg) {
