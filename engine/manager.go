@@ -89,8 +89,8 @@ const DefaultMaxAlone = 2 * time.Minute
 // MetaRecoveries is the key of Run.Meta that counts the times a run has
 // been recovered since it last made progress. It is on record only in
 // between: the first commit that carries the run's record after a
-// recovery (its next step or a subgraph's, a pause or its end) leaves it
-// out.
+// recovery (its next step or a subgraph's, a task's saved writes, a pause
+// or its end) leaves it out.
 const MetaRecoveries = "engine.recoveries"
 
 // RunRequest asks for one turn on a thread.
@@ -934,8 +934,9 @@ func (e *DamagedRunsError) Error() string {
 // not run again: Recover ends it failed with ErrCrashLoop (and run.failed
 // and its outcome, as any run that cannot be recovered). The count starts
 // again when the run makes progress, which its record shows at once: its
-// next commit of a step (of its own graph or of a subgraph), a pause for a
-// person, or its end. A run stopped by Close, not a crash, is not counted,
+// next commit of a step (of its own graph or of a subgraph) or of a task's
+// writes saved while its step is unfinished, a pause for a person, or its
+// end. A run stopped by Close, not a crash, is not counted,
 // nor one that waited for a worker all along.
 //
 // A crash cuts short every run that was running, not only the one that
@@ -1159,10 +1160,11 @@ func (m *Manager) startRecovered(ctx context.Context, a *active, e *execution) (
 //
 // The execution's own record leaves the count out. It is written with the
 // run's first commit that only progress makes: a step of its own graph or
-// of a subgraph, a pause or its end (see execution.countOnRecord). That
-// commit carries the record anyway, since its active time changed, or
-// shares the subgraph step's fsync, so taking the count off costs no write
-// of its own. It clears a suspect too: the others may run again.
+// of a subgraph, a task's writes saved while its step is unfinished (a
+// fan-out's partial results, which are not run again), a pause or its end
+// (see execution.countOnRecord). That commit carries the record anyway,
+// since its active time changed, or shares the subgraph step's or the
+// saved writes' fsync, so taking the count off costs no write of its own. It clears a suspect too: the others may run again.
 func (m *Manager) markRecovery(ctx context.Context, a *active, e *execution, head *Checkpoint) error {
 	active, _ := e.run.activeUpTo(head)
 	meta := maps.Clone(e.run.Meta)

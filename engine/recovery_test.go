@@ -493,3 +493,77 @@ func TestRecoveryLimitOneGivesEachRunATurnAlone(t *testing.T) {
 	}
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, bystander).Status)
 }
+
+// savedSignal is a store that tells when a task's writes are saved while
+// its step is unfinished (a fan-out's partial results).
+type savedSignal struct {
+	engine.Store
+	saved chan struct{}
+}
+
+func (s *savedSignal) Commit(ctx context.Context, c *engine.Commit) error {
+	err := s.Store.Commit(ctx, c)
+	for _, w := range c.Writes {
+		if err == nil && w.Write.Kind == engine.WriteKindWrites {
+			s.saved <- struct{}{}
+		}
+	}
+	return err
+}
+
+// A fan-out task whose writes are saved is not run again: that is its
+// run's progress, though its step does not end between crashes. The
+// first writes saved after a recovery take the count off the run's
+// record, so with MaxRecoveries 1 a run whose tasks get done one per
+// recovery is recovered as often as it crashes, and each task runs to
+// its end once.
+func TestRecoveryLimitCountsSavedWritesAsProgress(t *testing.T) {
+	store := &savedSignal{Store: engine.NewMemoryStore(), saved: make(chan struct{}, 4)}
+	entered := make(chan int, 2)
+	calls := newCounter()
+	b := engine.NewGraph("fan")
+	done := engine.Append[int](b, "done")
+	b.AddNode("plan", noop)
+	// Task i hangs until the process dies the first i+1 times it runs.
+	b.AddNode("work", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		i, err := engine.InputOf[int](s)
+		if err != nil {
+			return nil, err
+		}
+		if calls.inc(fmt.Sprint(i)) <= i+1 {
+			entered <- i
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return []engine.Write{engine.Push(done, i)}, nil
+	})
+	b.AddEdge(engine.Start, "plan")
+	b.AddFanout("plan", func(engine.State) []engine.Send {
+		return []engine.Send{{Node: "work", Input: 0}, {Node: "work", Input: 1}}
+	}, "work")
+	agent := &engine.Agent{Name: "fan", Graph: mustCompile(t, b)}
+	opts := engine.ManagerOptions{MaxRecoveries: 1}
+
+	l, m, _ := startLife(t, store, opts, agent)
+	run := startOn(t, m, "fan", "t")[0]
+	<-entered
+	<-entered
+	l.crash(m)
+
+	l, m, n := startLife(t, store, opts, agent)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, <-entered, "task 1 hangs again")
+	<-store.saved // task 0's writes
+	require.Empty(t, recoveries(t, store, run), "task 0's saved writes took the count off")
+	l.crash(m)
+
+	_, m, n = startLife(t, store, opts, agent)
+	defer m.Close()
+	require.Equal(t, 1, n, "recovered: it made progress before the crash")
+	end := waitFor(t, m, run)
+	require.Equal(t, engine.StatusCompleted, end.Status, end.Error)
+	snap, err := agent.Graph.StateAt(context.Background(), engine.RunConfig{Thread: "t", Store: store}, "")
+	require.NoError(t, err)
+	require.ElementsMatch(t, []int{0, 1}, done.Get(snap))
+	require.Equal(t, 2, calls.get("0"), "task 0's saved writes were not run again")
+}
