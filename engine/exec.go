@@ -166,6 +166,10 @@ type execution struct {
 	// saved writes, takes it off and calls progressed.
 	countOnRecord atomic.Bool
 	progressed    func()
+	// commitUntilProgress: in exit durability, commit each step of this
+	// recovered run's root as sync would until one takes the recovery
+	// count off (see Manager.markRecovery).
+	commitUntilProgress bool
 }
 
 func (g *Graph) newExecution(cfg RunConfig) (*execution, error) {
@@ -692,12 +696,24 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 		// marked committed then (see uncommitted).
 		e.event(EventCheckpoint, "", checkpointData(c, e.commitsEachStep() || len(e.next) == 0))
 	}
-	if !e.commitsEachStep() || len(e.next) == 0 {
+	if len(e.next) == 0 {
 		// A step that ends the run is committed with the run's final
 		// status, in one transaction (see end).
 		return nil
 	}
-	return e.commit(ctx, &Commit{Checkpoint: c})
+	if e.commitsEachStep() {
+		return e.commit(ctx, &Commit{Checkpoint: c})
+	}
+	if e.commitUntilProgress && e.countOnRecord.Load() {
+		// As EnsureDurable commits a step's checkpoint, with its marker
+		// event, which then names it committed.
+		head, err := e.uncommitted()
+		if err != nil {
+			return e.fail(ctx, err)
+		}
+		return e.commit(ctx, &Commit{Checkpoint: head})
+	}
+	return nil
 }
 
 // runStartedData is {"agent","checkpoint"}, with "committed": false while

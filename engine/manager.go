@@ -945,13 +945,14 @@ func (e *DamagedRunsError) Error() string {
 // under it before it made progress), or when one more crash without
 // progress would fail it (with MaxRecoveries 1, at its first recovery), so
 // that no run is failed before it has had a turn alone. Suspects have a
-// turn alone each, one at a time: while one runs alone, no other run executes, recovered or new.
-// A suspect's turn alone begins once no run holds a worker, before any
-// other run takes one (at start, before all others); until then it waits
-// without holding anyone up. The turn ends when the suspect makes
-// progress, pauses or ends, or once it has run alone for
-// ManagerOptions.MaxAlone: from then on it runs beside the others, as any
-// run. A crash while a suspect runs alone counts against it only, and a
+// turn alone each, one at a time: while one runs alone, no other run
+// executes, recovered or new. A suspect's turn alone begins once no run
+// holds a worker, before any other run takes one (at start, before all
+// others); until then it waits without holding anyone up. The turn ends
+// when the suspect makes progress (in exit durability it commits its steps
+// until one does, see markRecovery), pauses or ends, or once it has run
+// alone for ManagerOptions.MaxAlone: from then on it runs beside the
+// others, as any run. A crash while a suspect runs alone counts against it only, and a
 // run that was cut short beside the guilty one makes progress when it runs
 // alone, which clears its count. A crash after a turn alone ran out counts
 // against every run it cuts short, the suspect and the runs beside it
@@ -964,8 +965,9 @@ func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 		return 0, fmt.Errorf("recover: %w", m.bad)
 	}
 	// The runs go to workers once all are registered, suspects first, so
-	// that no other run takes a worker before the suspects. This also
-	// counts them: the returns below leave resumed to it.
+	// that no other run takes a worker before the suspects' turns (see
+	// takeTurn). This also counts them: the returns below leave resumed
+	// to it.
 	var suspects, others []recovered
 	defer func() {
 		resumed = len(suspects) + len(others)
@@ -1164,7 +1166,17 @@ func (m *Manager) startRecovered(ctx context.Context, a *active, e *execution) (
 // fan-out's partial results, which are not run again), a pause or its end
 // (see execution.countOnRecord). That commit carries the record anyway,
 // since its active time changed, or shares the subgraph step's or the
-// saved writes' fsync, so taking the count off costs no write of its own. It clears a suspect too: the others may run again.
+// saved writes' fsync, so taking the count off costs no write of its own.
+// It clears a suspect too: the others may run again.
+//
+// In exit durability a step commits nothing, so a suspect would run alone
+// until it paused, ended or called a tool, and its steps would be no
+// progress: a crash after them would count against it though it had moved
+// on. So a suspect in exit durability commits its steps as sync would
+// until one has taken the count off: its first step, in one fsync more.
+// The run goes on in exit durability from then on, and its record and
+// outcome are those of any exit run; its history holds that checkpoint
+// too, as it would had a node of that step called EnsureDurable.
 func (m *Manager) markRecovery(ctx context.Context, a *active, e *execution, head *Checkpoint) error {
 	active, _ := e.run.activeUpTo(head)
 	meta := maps.Clone(e.run.Meta)
@@ -1189,6 +1201,9 @@ func (m *Manager) markRecovery(ctx context.Context, a *active, e *execution, hea
 		m.mu.Unlock()
 	}
 	e.countOnRecord.Store(true)
+	m.mu.Lock()
+	e.commitUntilProgress = a.suspect
+	m.mu.Unlock()
 	return nil
 }
 

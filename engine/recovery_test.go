@@ -140,18 +140,18 @@ func TestRecoverySuspectsRunOneAtATimeAndAlone(t *testing.T) {
 	require.Empty(t, done.Meta[engine.MetaRecoveries])
 }
 
-// A suspect holds the others up only until it makes progress: once its
-// step commits, a new run goes on beside it.
-func TestRecoverySuspectLetsOthersRunOnceItProgresses(t *testing.T) {
-	store := engine.NewMemoryStore()
-	ctx := context.Background()
-	entered := make(chan string, 1)
-	gate := make(chan struct{})
-	calls := newCounter()
-	b := engine.NewGraph("slowstart")
+// slowStart adds s0 -> s1 to b, from Start. s0 hangs until the process
+// dies the first two times it runs (calling EnsureDurable first, when
+// durable), then adds 1 to the returned channel; s1 reports that it runs,
+// then waits for gate and adds 10.
+func slowStart(b *engine.Builder, entered chan<- string, gate <-chan struct{}, calls *counter, durable bool) engine.Chan[int] {
 	out := engine.Sum[int](b, "out")
-	// s0 hangs until the process dies the first two times it runs.
 	b.AddNode("s0", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		if durable {
+			if err := engine.EnsureDurable(ctx); err != nil {
+				return nil, err
+			}
+		}
 		if calls.inc("s0") <= 2 {
 			entered <- "s0"
 			<-ctx.Done()
@@ -166,10 +166,22 @@ func TestRecoverySuspectLetsOthersRunOnceItProgresses(t *testing.T) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		return []engine.Write{out.Set(1)}, nil
+		return []engine.Write{out.Set(10)}, nil
 	})
 	b.AddEdge(engine.Start, "s0")
 	b.AddEdge("s0", "s1")
+	return out
+}
+
+// A suspect holds the others up only until it makes progress: once its
+// step commits, a new run goes on beside it.
+func TestRecoverySuspectLetsOthersRunOnceItProgresses(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 1)
+	gate := make(chan struct{})
+	b := engine.NewGraph("slowstart")
+	slowStart(b, entered, gate, newCounter(), false)
 	open := make(chan struct{})
 	close(open)
 	agents := []*engine.Agent{{Name: "slowstart", Graph: mustCompile(t, b)}, gatedAgent(t, "ok", open, nil)}
@@ -400,6 +412,15 @@ func (s *countsSeen) get() []string {
 	return slices.Clone(s.counts)
 }
 
+// hangBesideOK returns a hangAgent and "ok", which answers at once, and
+// options under which a suspect's turn alone runs out in a moment.
+func hangBesideOK(t *testing.T, entered chan<- string) ([]*engine.Agent, engine.ManagerOptions) {
+	open := make(chan struct{})
+	close(open)
+	agents := []*engine.Agent{hangAgent(t, entered), gatedAgent(t, "ok", open, nil)}
+	return agents, engine.ManagerOptions{Workers: 4, MaxAlone: 50 * time.Millisecond}
+}
+
 // A suspect whose step is only slow holds the others up no longer than
 // MaxAlone: then a recovered run and a new one get workers beside it. A
 // crash from then on counts against every run it cuts short, as it would
@@ -408,10 +429,7 @@ func (s *countsSeen) get() []string {
 func TestRecoverySuspectTurnAloneIsBounded(t *testing.T) {
 	store := engine.NewMemoryStore()
 	entered := make(chan string, 3)
-	open := make(chan struct{})
-	close(open)
-	agents := []*engine.Agent{hangAgent(t, entered), gatedAgent(t, "ok", open, nil)}
-	opts := engine.ManagerOptions{Workers: 4, MaxAlone: 50 * time.Millisecond}
+	agents, opts := hangBesideOK(t, entered)
 
 	l, m, _ := startLife(t, store, opts, agents...)
 	slow := startOn(t, m, "hang", "slow")[0]
@@ -566,4 +584,93 @@ func TestRecoveryLimitCountsSavedWritesAsProgress(t *testing.T) {
 	require.NoError(t, err)
 	require.ElementsMatch(t, []int{0, 1}, done.Get(snap))
 	require.Equal(t, 2, calls.get("0"), "task 0's saved writes were not run again")
+}
+
+// In exit durability a step commits nothing, so a suspect commits its
+// steps as sync would until one has taken the count off: its first step
+// is progress, its turn alone ends there and a new run goes on beside it,
+// and a crash after it is not counted against it. The run then goes on in
+// exit durability and ends as an exit run does.
+func TestRecoveryExitSuspectCommitsItsFirstStep(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 1)
+	gate := make(chan struct{})
+	calls := newCounter()
+	b := engine.NewGraph("exitflaky")
+	// s0 puts the run on record, as a tool call would.
+	out := slowStart(b, entered, gate, calls, true)
+	b.AddNode("s2", writes(out.Set(100)))
+	b.AddEdge("s1", "s2")
+	open := make(chan struct{})
+	close(open)
+	agents := []*engine.Agent{{Name: "exitflaky", Graph: mustCompile(t, b)}, gatedAgent(t, "ok", open, nil)}
+	opts := engine.ManagerOptions{Durability: engine.DurabilityExit}
+
+	l, m, _ := startLife(t, store, opts, agents...)
+	run := startOn(t, m, "exitflaky", "t")[0]
+	require.Equal(t, "s0", <-entered)
+	l.crash(m)
+	l, m, _ = startLife(t, store, opts, agents...)
+	require.Equal(t, "s0", <-entered)
+	l.crash(m)
+
+	l, m, _ = startLife(t, store, opts, agents...)
+	require.Equal(t, 1, m.Suspects())
+	require.Equal(t, "s1", <-entered, "s0 runs to its end this time")
+	require.Empty(t, recoveries(t, store, run), "s0's step was committed, and took the count off")
+	next := startOn(t, m, "ok", "new")[0]
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status, "the new run goes on beside the suspect")
+	l.crash(m)
+
+	_, m, n := startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 1, n)
+	require.Zero(t, m.Suspects(), "the crash in s1 is its first in a row")
+	require.Equal(t, "s1", <-entered)
+	close(gate)
+	end := waitFor(t, m, run)
+	require.Equal(t, engine.StatusCompleted, end.Status, end.Error)
+	require.Equal(t, engine.DurabilityExit, end.Durability)
+	require.Equal(t, 3, end.Steps)
+	require.Equal(t, 3, calls.get("s0"), "s0's committed step did not run again")
+	snap, err := agents[0].Graph.StateAt(ctx, engine.RunConfig{Thread: "t", Store: store}, "")
+	require.NoError(t, err)
+	require.Equal(t, 111, out.Get(snap))
+}
+
+// Once a slow suspect's turn alone has run out, the suspect waiting for
+// its turn holds no one up: a new run goes on beside the slow one, and the
+// waiting suspect, which needs every worker free for its turn, is not run
+// (nor counted) while the slow one holds one.
+func TestRecoveryWaitingSuspectHoldsNoOneUp(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 2)
+	agents, opts := hangBesideOK(t, entered)
+
+	l, m, _ := startLife(t, store, opts, agents...)
+	ids := startOn(t, m, "hang", "a", "b")
+	<-entered
+	<-entered
+	l.crash(m)
+	l, m, _ = startLife(t, store, opts, agents...)
+	<-entered
+	<-entered
+	l.crash(m)
+
+	_, m, n := startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 2, n)
+	require.Equal(t, 2, m.Suspects())
+	slow := <-entered
+	waiting := ids[0]
+	if waiting == slow {
+		waiting = ids[1]
+	}
+	next := startOn(t, m, "ok", "new")[0]
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status, "the new run goes on once the slow suspect's turn ran out")
+	noneEnters(t, entered, "the waiting suspect's turn needs every worker free")
+	require.Equal(t, "2", recoveries(t, store, slow))
+	require.Equal(t, "1", recoveries(t, store, waiting), "the waiting suspect is not counted")
+	require.Equal(t, engine.StatusQueued, liveStatus(t, m, waiting))
 }
