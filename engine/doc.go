@@ -25,7 +25,8 @@
 //   - NewManager runs agents on a bounded worker pool, one active run per
 //     thread, and recovers runs left running by a crash, except a run that
 //     crashed the process at each of its last MaxRecoveries recoveries. A
-//     run recovered a second time in a row runs alone, so that a crash
+//     run recovered a second time in a row, or one crash short of the
+//     limit, has a turn alone (of MaxAlone at most), so that a crash
 //     counts against the run that caused it, not the ones beside it (see
 //     Manager.Recover).
 //

@@ -162,10 +162,14 @@ type execution struct {
 	// countOnRecord says, in a recovered run's root execution, that the
 	// stored record still holds the recovery count that run leaves out
 	// (see Manager.markRecovery). The first commit of progress that
-	// carries the record, the root's or a subgraph's step, takes it off
-	// and calls progressed.
+	// carries the record, the root's or a subgraph's step or a task's
+	// saved writes, takes it off and calls progressed.
 	countOnRecord atomic.Bool
 	progressed    func()
+	// commitUntilProgress: in exit durability, commit each step of this
+	// recovered run's root as sync would until one takes the recovery
+	// count off (see Manager.markRecovery).
+	commitUntilProgress bool
 }
 
 func (g *Graph) newExecution(cfg RunConfig) (*execution, error) {
@@ -334,16 +338,12 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 		c.Run = e.run.Clone()
 		e.runChanged = false
 		root = e
-	} else if r := e.root(); r != e && c.Checkpoint != nil && c.Checkpoint.Source == SourceLoop && r.countOnRecord.Load() {
+	} else if e.cfg.ns != "" && c.Checkpoint != nil && c.Checkpoint.Source == SourceLoop {
 		// A subgraph's step is its run's progress too, but the root
 		// writes its record only when its own step ends, which a long
 		// subgraph may never reach between crashes: the subgraph's first
-		// step after a recovery takes the count off. Its siblings run
-		// concurrently, and may carry the record as well.
-		r.durable.Lock()
-		c.Run = r.run.Clone()
-		r.durable.Unlock()
-		root = r
+		// step after a recovery takes the count off.
+		root = e.carryCount(c)
 	}
 	if len(e.blobBuf) > 0 {
 		c.Blobs = e.blobBuf
@@ -353,9 +353,7 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 	if err := e.store.Commit(context.WithoutCancel(ctx), c); err != nil {
 		return fmt.Errorf("commit step %d of run %s: %w", e.step, e.run.ID, err)
 	}
-	if root != nil && root.countOnRecord.CompareAndSwap(true, false) && root.progressed != nil {
-		root.progressed()
-	}
+	root.countedProgress()
 	if fp := failpoints.afterCommitBeforePublish; fp != nil {
 		if err := fp(c); err != nil {
 			return err
@@ -394,6 +392,31 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 	}
 	e.events = nil
 	return nil
+}
+
+// carryCount puts the run's record on c, a commit of progress made within
+// a step (a subgraph's step, a task's saved writes), when the stored record
+// still holds the recovery count that the run leaves out (see
+// Manager.markRecovery), so that c takes the count off. It returns the
+// root execution whose record c carries, or nil. The step's other tasks
+// run concurrently, and may carry the record as well.
+func (e *execution) carryCount(c *Commit) *execution {
+	r := e.root()
+	if !r.countOnRecord.Load() {
+		return nil
+	}
+	r.durable.Lock()
+	c.Run = r.run.Clone()
+	r.durable.Unlock()
+	return r
+}
+
+// countedProgress notes, once, that a commit carrying e's record has taken
+// the recovery count off it. e may be nil: the commit carried no record.
+func (e *execution) countedProgress() {
+	if e != nil && e.countOnRecord.CompareAndSwap(true, false) && e.progressed != nil {
+		e.progressed()
+	}
 }
 
 // event queues an event for the next commit. data is a value to marshal, or
@@ -673,12 +696,24 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 		// marked committed then (see uncommitted).
 		e.event(EventCheckpoint, "", checkpointData(c, e.commitsEachStep() || len(e.next) == 0))
 	}
-	if !e.commitsEachStep() || len(e.next) == 0 {
+	if len(e.next) == 0 {
 		// A step that ends the run is committed with the run's final
 		// status, in one transaction (see end).
 		return nil
 	}
-	return e.commit(ctx, &Commit{Checkpoint: c})
+	if e.commitsEachStep() {
+		return e.commit(ctx, &Commit{Checkpoint: c})
+	}
+	if e.commitUntilProgress && e.countOnRecord.Load() {
+		// As EnsureDurable commits a step's checkpoint, with its marker
+		// event, which then names it committed.
+		head, err := e.uncommitted()
+		if err != nil {
+			return e.fail(ctx, err)
+		}
+		return e.commit(ctx, &Commit{Checkpoint: head})
+	}
+	return nil
 }
 
 // runStartedData is {"agent","checkpoint"}, with "committed": false while

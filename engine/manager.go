@@ -65,21 +65,32 @@ type ManagerOptions struct {
 	// MaxRecoveries bounds how many times in a row a run is recovered
 	// after a crash without making progress in between; the next start
 	// ends it failed with ErrCrashLoop instead of running it again. From
-	// its second recovery in a row on, a run runs alone, so that only its
-	// own crashes count (see Recover). Default DefaultMaxRecoveries;
-	// negative for no bound.
+	// its second recovery in a row on, and at the recovery after which
+	// one more crash would fail it, a run is a suspect and has a turn
+	// alone, so that only its own crashes count (see Recover). Default
+	// DefaultMaxRecoveries; negative for no bound.
 	MaxRecoveries int
+	// MaxAlone bounds a suspect's turn alone: once it has run alone that
+	// long without making progress, the other runs get workers again
+	// beside it (see Recover). Default DefaultMaxAlone; negative for no
+	// bound.
+	MaxAlone time.Duration
 }
 
 // DefaultMaxRecoveries is how many times in a row a run is recovered, by
 // default, before it is taken for the cause of its crashes.
 const DefaultMaxRecoveries = 3
 
+// DefaultMaxAlone is how long, by default, a suspect of the crash-loop
+// guard runs alone before the other runs get workers beside it: a slow
+// model call or two, not an afternoon of the appliance held up.
+const DefaultMaxAlone = 2 * time.Minute
+
 // MetaRecoveries is the key of Run.Meta that counts the times a run has
 // been recovered since it last made progress. It is on record only in
 // between: the first commit that carries the run's record after a
-// recovery (its next step or a subgraph's, a pause or its end) leaves it
-// out.
+// recovery (its next step or a subgraph's, a task's saved writes, a pause
+// or its end) leaves it out.
 const MetaRecoveries = "engine.recoveries"
 
 // RunRequest asks for one turn on a thread.
@@ -115,14 +126,19 @@ type Manager struct {
 	queued  int
 	threads map[string]*active // thread -> its running or paused run
 	runs    map[string]*active // run id -> the same
-	// suspects counts the crash-loop guard's suspects (see Recover) that
-	// have not yet made progress, paused or ended. While there are any,
-	// cleared is open and other runs wait for it to close; solo is the
-	// turn that one suspect at a time holds while it takes every worker
-	// slot, to run alone.
+	// suspects counts the crash-loop guard's suspects (see Recover) whose
+	// turn alone has not ended: they have not yet made progress, paused,
+	// ended or run alone for MaxAlone. While there are any, runs take
+	// their worker slots in turns (see takeTurn): waiting holds the
+	// suspects waiting for their turn, in order; alone is the one whose
+	// turn it is, holding every slot, and aloneEnd the timer that ends its
+	// turn. changed is closed, and made anew, whenever the turns change,
+	// to wake the runs that wait on them.
 	suspects int
-	cleared  chan struct{}
-	solo     chan struct{}
+	waiting  []*active
+	alone    *active
+	aloneEnd *time.Timer
+	changed  chan struct{}
 	// recoveredSuspects is how many suspects the last Recover found.
 	recoveredSuspects int
 }
@@ -145,10 +161,9 @@ type active struct {
 	// the worker that takes the run puts on its record before it runs it
 	// (see markRecovery); 0 when the run is not being recovered.
 	recovery int
-	// suspect: the run is one of the crash-loop guard's suspects and has
-	// not yet made progress, paused or ended (see Recover). slots is how
-	// many worker slots the run holds: one, or all of them (and the solo
-	// turn) while a suspect runs alone.
+	// suspect: the run is one of the crash-loop guard's suspects and its
+	// turn alone has not ended (see Recover). slots is how many worker
+	// slots the run holds: one, or all of them while a suspect runs alone.
 	suspect bool
 	slots   int
 }
@@ -176,9 +191,12 @@ func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
 	if opts.MaxRecoveries == 0 {
 		opts.MaxRecoveries = DefaultMaxRecoveries
 	}
+	if opts.MaxAlone == 0 {
+		opts.MaxAlone = DefaultMaxAlone
+	}
 	ctx, stop := context.WithCancelCause(context.Background())
 	m := &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize, opts.CacheBytes),
-		sem: make(chan struct{}, opts.Workers), solo: make(chan struct{}, 1), ctx: ctx, stop: stop,
+		sem: make(chan struct{}, opts.Workers), ctx: ctx, stop: stop,
 		threads: map[string]*active{}, runs: map[string]*active{}}
 	if err := opts.Durability.check(); err != nil {
 		m.bad = fmt.Errorf("run manager options: %w", err)
@@ -449,53 +467,72 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 }
 
 // takeWorker waits for a worker slot for a's run, or for ctx to end, and
-// returns how many slots it took: none when ctx ended. A suspect of the
-// crash-loop guard takes the solo turn and then every slot, to run alone
-// (see Recover); any other run waits for the suspects to be cleared first.
+// returns how many slots it took: none when ctx ended. While the crash-loop
+// guard has suspects, the runs take their slots in turns (see takeTurn).
 func (m *Manager) takeWorker(ctx context.Context, a *active) int {
-	m.mu.Lock()
-	suspect, cleared := a.suspect, m.cleared
-	m.mu.Unlock()
-	if suspect {
-		return m.takeEveryWorker(ctx)
-	}
-	if cleared != nil {
+	for {
+		m.mu.Lock()
+		if m.suspects == 0 {
+			m.mu.Unlock()
+			select {
+			case m.sem <- struct{}{}:
+				return 1
+			case <-ctx.Done():
+				return 0
+			}
+		}
+		n, changed := m.takeTurn(a), m.changed
+		m.mu.Unlock()
+		if n > 0 {
+			return n
+		}
 		select {
-		case <-cleared:
+		case <-changed:
 		case <-ctx.Done():
 			return 0
 		}
+	}
+}
+
+// takeTurn takes what a's run may take of the worker slots now, while the
+// crash-loop guard has suspects (see Recover), and returns how many slots
+// it took. While a suspect runs alone it holds every slot, and no other
+// run takes one. The first suspect waiting takes every slot once no run
+// holds one, before any other run; until then it holds no one up, and the
+// other runs take the free slots. The caller holds m.mu.
+func (m *Manager) takeTurn(a *active) int {
+	if m.alone != nil {
+		return 0
+	}
+	if a.suspect {
+		if m.waiting[0] != a || len(m.sem) > 0 {
+			return 0
+		}
+		for range cap(m.sem) {
+			m.sem <- struct{}{}
+		}
+		m.waiting = m.waiting[1:]
+		m.alone = a
+		if d := m.opts.MaxAlone; d > 0 {
+			m.aloneEnd = time.AfterFunc(d, func() {
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				if m.alone == a {
+					m.clearSuspect(a)
+				}
+			})
+		}
+		return cap(m.sem)
+	}
+	if len(m.waiting) > 0 && len(m.sem) == 0 {
+		return 0 // the suspect's turn
 	}
 	select {
 	case m.sem <- struct{}{}:
 		return 1
-	case <-ctx.Done():
+	default:
 		return 0
 	}
-}
-
-// takeEveryWorker takes the solo turn, then every worker slot as the runs
-// that hold them let go, or nothing if ctx ends first.
-func (m *Manager) takeEveryWorker(ctx context.Context) int {
-	select {
-	case m.solo <- struct{}{}:
-	case <-ctx.Done():
-		return 0
-	}
-	n := 0
-	for n < cap(m.sem) {
-		select {
-		case m.sem <- struct{}{}:
-			n++
-		case <-ctx.Done():
-			for ; n > 0; n-- {
-				<-m.sem
-			}
-			<-m.solo
-			return 0
-		}
-	}
-	return n
 }
 
 // freeWorker gives back the worker slots a's run holds, as its worker is
@@ -507,26 +544,42 @@ func (m *Manager) freeWorker(a *active) {
 	for ; a.slots > 0; a.slots-- {
 		<-m.sem
 	}
+	if m.changed != nil {
+		m.turnsChanged()
+	}
 }
 
-// clearSuspect ends a's time as a suspect, if it is one: the others may run
-// again. It keeps one worker slot of those it holds, and lets go of the
-// solo turn. The caller holds m.mu.
+// clearSuspect ends a's time as a suspect, if it is one: its turn alone,
+// keeping one worker slot of those it holds, or its wait for the turn. The
+// others may run again. The caller holds m.mu.
 func (m *Manager) clearSuspect(a *active) {
 	if !a.suspect {
 		return
 	}
 	a.suspect = false
-	if a.slots > 0 {
+	if m.alone == a {
+		m.alone = nil
+		if m.aloneEnd != nil {
+			m.aloneEnd.Stop()
+			m.aloneEnd = nil
+		}
 		for ; a.slots > 1; a.slots-- {
 			<-m.sem
 		}
-		<-m.solo
+	} else {
+		m.waiting = slices.DeleteFunc(m.waiting, func(w *active) bool { return w == a })
 	}
 	m.suspects--
-	if m.suspects == 0 {
-		close(m.cleared)
-		m.cleared = nil
+	m.turnsChanged()
+}
+
+// turnsChanged wakes the runs waiting for their turn (see takeTurn). The
+// caller holds m.mu.
+func (m *Manager) turnsChanged() {
+	close(m.changed)
+	m.changed = nil
+	if m.suspects > 0 {
+		m.changed = make(chan struct{})
 	}
 }
 
@@ -881,30 +934,40 @@ func (e *DamagedRunsError) Error() string {
 // not run again: Recover ends it failed with ErrCrashLoop (and run.failed
 // and its outcome, as any run that cannot be recovered). The count starts
 // again when the run makes progress, which its record shows at once: its
-// next commit of a step (of its own graph or of a subgraph), a pause for a
-// person, or its end. A run stopped by Close, not a crash, is not counted,
+// next commit of a step (of its own graph or of a subgraph) or of a task's
+// writes saved while its step is unfinished, a pause for a person, or its
+// end. A run stopped by Close, not a crash, is not counted,
 // nor one that waited for a worker all along.
 //
 // A crash cuts short every run that was running, not only the one that
-// caused it, so a count in company is no proof. A recovered run whose
-// record holds a count already (the process died again under it before it
-// made progress) is a suspect, and suspects run first, one at a time and
-// alone: while one runs, no other run executes, recovered or new; they wait
-// for a worker until it makes progress, pauses or ends. A suspect waits for
-// every other run to let go of its worker before it starts. A crash while
-// a suspect runs alone counts against it only, and a run that was cut
-// short beside the guilty one makes progress when it runs alone, which
-// clears its count. Runs recovered for the first time run together, as
-// new runs do. With MaxRecoveries 1 there is no turn alone: a crash in the
-// first recovery fails every run it cut short. And a suspect whose step is
-// only slow holds up the others until the step ends.
+// caused it, so a count in company is no proof. A recovered run is a
+// suspect when its record holds a count already (the process died again
+// under it before it made progress), or when one more crash without
+// progress would fail it (with MaxRecoveries 1, at its first recovery), so
+// that no run is failed before it has had a turn alone. Suspects have a
+// turn alone each, one at a time: while one runs alone, no other run
+// executes, recovered or new. A suspect's turn alone begins once no run
+// holds a worker, before any other run takes one (at start, before all
+// others); until then it waits without holding anyone up. The turn ends
+// when the suspect makes progress (in exit durability it commits its steps
+// until one does, see markRecovery), pauses or ends, or once it has run
+// alone for ManagerOptions.MaxAlone: from then on it runs beside the
+// others, as any run. A crash while a suspect runs alone counts against it only, and a
+// run that was cut short beside the guilty one makes progress when it runs
+// alone, which clears its count. A crash after a turn alone ran out counts
+// against every run it cuts short, the suspect and the runs beside it
+// alike, as it would without the guard: a suspect whose step is only slow
+// holds the others up no longer than MaxAlone, and pays for it with a
+// turn alone that no longer proves it innocent. Other runs recovered for
+// the first time run together, as new runs do.
 func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
 	}
 	// The runs go to workers once all are registered, suspects first, so
-	// that no other run takes a worker before the suspects. This also
-	// counts them: the returns below leave resumed to it.
+	// that no other run takes a worker before the suspects' turns (see
+	// takeTurn). This also counts them: the returns below leave resumed
+	// to it.
 	var suspects, others []recovered
 	defer func() {
 		resumed = len(suspects) + len(others)
@@ -1008,7 +1071,8 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 			return fail(fmt.Errorf("recover run %s: its record's recovery count %q is not a count; not run again", run.ID, v))
 		}
 	}
-	if limit := m.opts.MaxRecoveries; limit > 0 && n >= limit {
+	limit := m.opts.MaxRecoveries
+	if limit > 0 && n >= limit {
 		m.stopCrashLoop(ctx, run)
 		return fail(fmt.Errorf("%w: run %s was recovered %d times and crashed each time before it made progress; not run again (its thread is free: start a new run on it)", ErrCrashLoop, run.ID, n))
 	}
@@ -1021,12 +1085,15 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 		return fail(err)
 	}
 	a.recovery = n + 1
-	if n > 0 {
+	// Crashed in company before, or one crash short of being failed:
+	// either way it runs alone, so that only its own crash counts.
+	if n > 0 || limit > 0 && n+1 >= limit {
 		m.mu.Lock()
 		a.suspect = true
-		if m.suspects == 0 {
-			m.cleared = make(chan struct{})
+		if m.changed == nil {
+			m.changed = make(chan struct{})
 		}
+		m.waiting = append(m.waiting, a)
 		m.suspects++
 		m.mu.Unlock()
 	}
@@ -1085,7 +1152,8 @@ func (m *Manager) startRecovered(ctx context.Context, a *active, e *execution) (
 // recovered, this time included (a.recovery, in MetaRecoveries), with its
 // active time up to its newest commit (head) and the time its new stretch
 // begins (see active.go), committed with fsync; Recover stops a run whose
-// count has reached MaxRecoveries, and runs one whose count is not 0 alone.
+// count has reached MaxRecoveries, and makes a suspect of one whose count
+// is not 0 or would reach it with one more crash (see Recover).
 // A run waiting in the queue is not counted: a crash then is not its
 // doing. Loading its state is counted, as a crash while loading it (too
 // large a state, say) would come again at every start; only the head's
@@ -1094,10 +1162,21 @@ func (m *Manager) startRecovered(ctx context.Context, a *active, e *execution) (
 //
 // The execution's own record leaves the count out. It is written with the
 // run's first commit that only progress makes: a step of its own graph or
-// of a subgraph, a pause or its end (see execution.countOnRecord). That
-// commit carries the record anyway, since its active time changed, or
-// shares the subgraph step's fsync, so taking the count off costs no write
-// of its own. It clears a suspect too: the others may run again.
+// of a subgraph, a task's writes saved while its step is unfinished (a
+// fan-out's partial results, which are not run again), a pause or its end
+// (see execution.countOnRecord). That commit carries the record anyway,
+// since its active time changed, or shares the subgraph step's or the
+// saved writes' fsync, so taking the count off costs no write of its own.
+// It clears a suspect too: the others may run again.
+//
+// In exit durability a step commits nothing, so a suspect would run alone
+// until it paused, ended or called a tool, and its steps would be no
+// progress: a crash after them would count against it though it had moved
+// on. So a suspect in exit durability commits its steps as sync would
+// until one has taken the count off: its first step, in one fsync more.
+// The run goes on in exit durability from then on, and its record and
+// outcome are those of any exit run; its history holds that checkpoint
+// too, as it would had a node of that step called EnsureDurable.
 func (m *Manager) markRecovery(ctx context.Context, a *active, e *execution, head *Checkpoint) error {
 	active, _ := e.run.activeUpTo(head)
 	meta := maps.Clone(e.run.Meta)
@@ -1122,6 +1201,9 @@ func (m *Manager) markRecovery(ctx context.Context, a *active, e *execution, hea
 		m.mu.Unlock()
 	}
 	e.countOnRecord.Store(true)
+	m.mu.Lock()
+	e.commitUntilProgress = a.suspect
+	m.mu.Unlock()
 	return nil
 }
 
@@ -1154,7 +1236,8 @@ func (m *Manager) takeBackRecovery(runID string, recovery int) {
 
 // Suspects reports how many of the runs the last Recover resumed are the
 // crash-loop guard's suspects: cut short by crashes at two starts in a row
-// without progress, they run first, one at a time and alone (see Recover).
+// without progress, or at one start when one more such crash would fail
+// them, they run first, one at a time and alone (see Recover).
 func (m *Manager) Suspects() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -66,17 +66,17 @@ func liveStatus(t *testing.T, m *engine.Manager, runID string) engine.RunStatus 
 }
 
 // Two runs cut short together twice are both suspects at the next start:
-// they run one at a time and alone, and a run started meanwhile waits for
-// both. Only the suspect that runs is counted; the one that waits for its
-// turn is not, and neither is the new run.
+// they run one at a time and alone, and a run started meanwhile waits
+// while either runs alone. Once the first has made progress, the suspect
+// waiting for its turn holds no one up: it takes its turn as soon as no
+// run holds a worker, before any other run. Only the suspect that runs is
+// counted; the one that waits for its turn is not, and neither is the new
+// run.
 func TestRecoverySuspectsRunOneAtATimeAndAlone(t *testing.T) {
 	store := engine.NewMemoryStore()
-	ctx := context.Background()
 	entered := make(chan string, 3)
-	gates := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
-	open := make(chan struct{})
-	close(open)
-	agents := []*engine.Agent{heldAgent(t, entered, gates), gatedAgent(t, "ok", open, nil)}
+	gates := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{}), "new": make(chan struct{})}
+	agents := []*engine.Agent{heldAgent(t, entered, gates)}
 	opts := engine.ManagerOptions{Workers: 4}
 
 	l, m, _ := startLife(t, store, opts, agents...)
@@ -99,8 +99,7 @@ func TestRecoverySuspectsRunOneAtATimeAndAlone(t *testing.T) {
 	defer m.Close()
 	require.Equal(t, 2, n)
 	require.Equal(t, 2, m.Suspects())
-	next, err := m.Start(ctx, engine.RunRequest{Thread: "new", Agent: "ok"})
-	require.NoError(t, err)
+	next := startOn(t, m, "held", "new")[0]
 	first := <-entered
 	noneEnters(t, entered, "a suspect runs alone")
 	var second string
@@ -111,33 +110,48 @@ func TestRecoverySuspectsRunOneAtATimeAndAlone(t *testing.T) {
 	}
 	require.Equal(t, "2", recoveries(t, store, first))
 	require.Equal(t, "1", recoveries(t, store, second), "a suspect waiting for its turn is not counted")
-	require.Equal(t, engine.StatusQueued, liveStatus(t, m, next.ID), "a new run waits for the suspects")
+	require.Equal(t, engine.StatusQueued, liveStatus(t, m, next), "a new run waits while a suspect runs alone")
 
 	close(gates[thread[first]])
-	require.Equal(t, second, <-entered, "the next suspect runs once the first one is done")
+	// Its step committed, the first suspect runs beside the others until
+	// it ends: the new run may take a worker in between, and the second
+	// suspect then waits for it to end.
+	if id := <-entered; id == next {
+		close(gates["new"])
+		require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status)
+		require.Equal(t, second, <-entered, "the next suspect runs once no run holds a worker")
+	} else {
+		require.Equal(t, second, id, "the next suspect runs once the first one is done")
+	}
+	noneEnters(t, entered, "the second suspect runs alone")
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, first).Status)
 	require.Equal(t, "2", recoveries(t, store, second))
-	require.Equal(t, engine.StatusQueued, liveStatus(t, m, next.ID))
 
 	close(gates[thread[second]])
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, second).Status)
-	done := waitFor(t, m, next.ID)
+	select {
+	case <-gates["new"]:
+	default:
+		require.Equal(t, next, <-entered, "the new run goes on once the suspects are done")
+		close(gates["new"])
+	}
+	done := waitFor(t, m, next)
 	require.Equal(t, engine.StatusCompleted, done.Status)
 	require.Empty(t, done.Meta[engine.MetaRecoveries])
 }
 
-// A suspect holds the others up only until it makes progress: once its
-// step commits, a new run goes on beside it.
-func TestRecoverySuspectLetsOthersRunOnceItProgresses(t *testing.T) {
-	store := engine.NewMemoryStore()
-	ctx := context.Background()
-	entered := make(chan string, 1)
-	gate := make(chan struct{})
-	calls := newCounter()
-	b := engine.NewGraph("slowstart")
+// slowStart adds s0 -> s1 to b, from Start. s0 hangs until the process
+// dies the first two times it runs (calling EnsureDurable first, when
+// durable), then adds 1 to the returned channel; s1 reports that it runs,
+// then waits for gate and adds 10.
+func slowStart(b *engine.Builder, entered chan<- string, gate <-chan struct{}, calls *counter, durable bool) engine.Chan[int] {
 	out := engine.Sum[int](b, "out")
-	// s0 hangs until the process dies the first two times it runs.
 	b.AddNode("s0", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		if durable {
+			if err := engine.EnsureDurable(ctx); err != nil {
+				return nil, err
+			}
+		}
 		if calls.inc("s0") <= 2 {
 			entered <- "s0"
 			<-ctx.Done()
@@ -152,10 +166,22 @@ func TestRecoverySuspectLetsOthersRunOnceItProgresses(t *testing.T) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		return []engine.Write{out.Set(1)}, nil
+		return []engine.Write{out.Set(10)}, nil
 	})
 	b.AddEdge(engine.Start, "s0")
 	b.AddEdge("s0", "s1")
+	return out
+}
+
+// A suspect holds the others up only until it makes progress: once its
+// step commits, a new run goes on beside it.
+func TestRecoverySuspectLetsOthersRunOnceItProgresses(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 1)
+	gate := make(chan struct{})
+	b := engine.NewGraph("slowstart")
+	slowStart(b, entered, gate, newCounter(), false)
 	open := make(chan struct{})
 	close(open)
 	agents := []*engine.Agent{{Name: "slowstart", Graph: mustCompile(t, b)}, gatedAgent(t, "ok", open, nil)}
@@ -384,4 +410,267 @@ func (s *countsSeen) get() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.counts)
+}
+
+// hangBesideOK returns a hangAgent and "ok", which answers at once, and
+// options under which a suspect's turn alone runs out in a moment.
+func hangBesideOK(t *testing.T, entered chan<- string) ([]*engine.Agent, engine.ManagerOptions) {
+	open := make(chan struct{})
+	close(open)
+	agents := []*engine.Agent{hangAgent(t, entered), gatedAgent(t, "ok", open, nil)}
+	return agents, engine.ManagerOptions{Workers: 4, MaxAlone: 50 * time.Millisecond}
+}
+
+// A suspect whose step is only slow holds the others up no longer than
+// MaxAlone: then a recovered run and a new one get workers beside it. A
+// crash from then on counts against every run it cuts short, as it would
+// without the guard: the suspect, and the recovered run that ran beside
+// it, which is a suspect at the next start.
+func TestRecoverySuspectTurnAloneIsBounded(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 3)
+	agents, opts := hangBesideOK(t, entered)
+
+	l, m, _ := startLife(t, store, opts, agents...)
+	slow := startOn(t, m, "hang", "slow")[0]
+	require.Equal(t, slow, <-entered)
+	l.crash(m)
+	l, m, _ = startLife(t, store, opts, agents...)
+	require.Equal(t, slow, <-entered)
+	beside := startOn(t, m, "hang", "beside")[0]
+	require.Equal(t, beside, <-entered)
+	l.crash(m)
+
+	l, m, n := startLife(t, store, opts, agents...)
+	require.Equal(t, 2, n)
+	require.Equal(t, 1, m.Suspects(), "the slow run, at its second recovery")
+	require.Equal(t, slow, <-entered, "the suspect runs first")
+	next := startOn(t, m, "ok", "new")[0]
+	select {
+	case id := <-entered:
+		require.Equal(t, beside, id)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the recovered run still waits for the suspect, whose turn alone ran out")
+	}
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status, "the new run goes on beside the suspect")
+	require.Equal(t, engine.StatusRunning, liveStatus(t, m, slow), "the suspect's step goes on")
+	require.Equal(t, "2", recoveries(t, store, slow))
+	require.Equal(t, "1", recoveries(t, store, beside), "the recovered run beside the suspect is counted")
+	l.crash(m)
+
+	_, m, n = startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 2, n)
+	require.Equal(t, 2, m.Suspects(), "both were cut short in company")
+}
+
+// With MaxRecoveries 1 a run is failed by the first crash in its first
+// recovery, so every run recovered is a suspect at once and has its turn
+// alone: the crash counts against the run that caused it, and the run
+// that was cut short beside it is not failed but ends.
+func TestRecoveryLimitOneGivesEachRunATurnAlone(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 2)
+	gates := map[string]chan struct{}{"bystander": make(chan struct{})}
+	agents := []*engine.Agent{hangAgent(t, entered), heldAgent(t, entered, gates)}
+	opts := engine.ManagerOptions{Workers: 4, MaxRecoveries: 1}
+
+	l, m, _ := startLife(t, store, opts, agents...)
+	killer := startOn(t, m, "hang", "killer")[0]
+	bystander := startOn(t, m, "held", "bystander")[0]
+	<-entered
+	<-entered
+	l.crash(m)
+
+	l, m, n := startLife(t, store, opts, agents...)
+	require.Equal(t, 2, n)
+	require.Equal(t, 2, m.Suspects(), "one more crash would fail either")
+	if <-entered == bystander {
+		noneEnters(t, entered, "the bystander runs alone")
+		close(gates["bystander"])
+		require.Equal(t, engine.StatusCompleted, waitFor(t, m, bystander).Status)
+		require.Equal(t, killer, <-entered)
+	}
+	noneEnters(t, entered, "the killer runs alone")
+	require.Equal(t, "1", recoveries(t, store, killer))
+	l.crash(m)
+
+	_, m, n = startLife(t, store, opts, agents...)
+	defer m.Close()
+	done, err := store.Run(context.Background(), killer)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusFailed, done.Status)
+	require.Contains(t, done.Error, engine.ErrCrashLoop.Error())
+	select {
+	case <-gates["bystander"]:
+		require.Zero(t, n, "the bystander ended before the crash")
+	default:
+		require.Equal(t, 1, n, "the bystander was not counted, and is recovered")
+		require.Equal(t, bystander, <-entered)
+		close(gates["bystander"])
+	}
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, bystander).Status)
+}
+
+// savedSignal is a store that tells when a task's writes are saved while
+// its step is unfinished (a fan-out's partial results).
+type savedSignal struct {
+	engine.Store
+	saved chan struct{}
+}
+
+func (s *savedSignal) Commit(ctx context.Context, c *engine.Commit) error {
+	err := s.Store.Commit(ctx, c)
+	for _, w := range c.Writes {
+		if err == nil && w.Write.Kind == engine.WriteKindWrites {
+			s.saved <- struct{}{}
+		}
+	}
+	return err
+}
+
+// A fan-out task whose writes are saved is not run again: that is its
+// run's progress, though its step does not end between crashes. The
+// first writes saved after a recovery take the count off the run's
+// record, so with MaxRecoveries 1 a run whose tasks get done one per
+// recovery is recovered as often as it crashes, and each task runs to
+// its end once.
+func TestRecoveryLimitCountsSavedWritesAsProgress(t *testing.T) {
+	store := &savedSignal{Store: engine.NewMemoryStore(), saved: make(chan struct{}, 4)}
+	entered := make(chan int, 2)
+	calls := newCounter()
+	b := engine.NewGraph("fan")
+	done := engine.Append[int](b, "done")
+	b.AddNode("plan", noop)
+	// Task i hangs until the process dies the first i+1 times it runs.
+	b.AddNode("work", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		i, err := engine.InputOf[int](s)
+		if err != nil {
+			return nil, err
+		}
+		if calls.inc(fmt.Sprint(i)) <= i+1 {
+			entered <- i
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return []engine.Write{engine.Push(done, i)}, nil
+	})
+	b.AddEdge(engine.Start, "plan")
+	b.AddFanout("plan", func(engine.State) []engine.Send {
+		return []engine.Send{{Node: "work", Input: 0}, {Node: "work", Input: 1}}
+	}, "work")
+	agent := &engine.Agent{Name: "fan", Graph: mustCompile(t, b)}
+	opts := engine.ManagerOptions{MaxRecoveries: 1}
+
+	l, m, _ := startLife(t, store, opts, agent)
+	run := startOn(t, m, "fan", "t")[0]
+	<-entered
+	<-entered
+	l.crash(m)
+
+	l, m, n := startLife(t, store, opts, agent)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, <-entered, "task 1 hangs again")
+	<-store.saved // task 0's writes
+	require.Empty(t, recoveries(t, store, run), "task 0's saved writes took the count off")
+	l.crash(m)
+
+	_, m, n = startLife(t, store, opts, agent)
+	defer m.Close()
+	require.Equal(t, 1, n, "recovered: it made progress before the crash")
+	end := waitFor(t, m, run)
+	require.Equal(t, engine.StatusCompleted, end.Status, end.Error)
+	snap, err := agent.Graph.StateAt(context.Background(), engine.RunConfig{Thread: "t", Store: store}, "")
+	require.NoError(t, err)
+	require.ElementsMatch(t, []int{0, 1}, done.Get(snap))
+	require.Equal(t, 2, calls.get("0"), "task 0's saved writes were not run again")
+}
+
+// In exit durability a step commits nothing, so a suspect commits its
+// steps as sync would until one has taken the count off: its first step
+// is progress, its turn alone ends there and a new run goes on beside it,
+// and a crash after it is not counted against it. The run then goes on in
+// exit durability and ends as an exit run does.
+func TestRecoveryExitSuspectCommitsItsFirstStep(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 1)
+	gate := make(chan struct{})
+	calls := newCounter()
+	b := engine.NewGraph("exitflaky")
+	// s0 puts the run on record, as a tool call would.
+	out := slowStart(b, entered, gate, calls, true)
+	b.AddNode("s2", writes(out.Set(100)))
+	b.AddEdge("s1", "s2")
+	open := make(chan struct{})
+	close(open)
+	agents := []*engine.Agent{{Name: "exitflaky", Graph: mustCompile(t, b)}, gatedAgent(t, "ok", open, nil)}
+	opts := engine.ManagerOptions{Durability: engine.DurabilityExit}
+
+	l, m, _ := startLife(t, store, opts, agents...)
+	run := startOn(t, m, "exitflaky", "t")[0]
+	require.Equal(t, "s0", <-entered)
+	l.crash(m)
+	l, m, _ = startLife(t, store, opts, agents...)
+	require.Equal(t, "s0", <-entered)
+	l.crash(m)
+
+	l, m, _ = startLife(t, store, opts, agents...)
+	require.Equal(t, 1, m.Suspects())
+	require.Equal(t, "s1", <-entered, "s0 runs to its end this time")
+	require.Empty(t, recoveries(t, store, run), "s0's step was committed, and took the count off")
+	next := startOn(t, m, "ok", "new")[0]
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status, "the new run goes on beside the suspect")
+	l.crash(m)
+
+	_, m, n := startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 1, n)
+	require.Zero(t, m.Suspects(), "the crash in s1 is its first in a row")
+	require.Equal(t, "s1", <-entered)
+	close(gate)
+	end := waitFor(t, m, run)
+	require.Equal(t, engine.StatusCompleted, end.Status, end.Error)
+	require.Equal(t, engine.DurabilityExit, end.Durability)
+	require.Equal(t, 3, end.Steps)
+	require.Equal(t, 3, calls.get("s0"), "s0's committed step did not run again")
+	snap, err := agents[0].Graph.StateAt(ctx, engine.RunConfig{Thread: "t", Store: store}, "")
+	require.NoError(t, err)
+	require.Equal(t, 111, out.Get(snap))
+}
+
+// Once a slow suspect's turn alone has run out, the suspect waiting for
+// its turn holds no one up: a new run goes on beside the slow one, and the
+// waiting suspect, which needs every worker free for its turn, is not run
+// (nor counted) while the slow one holds one.
+func TestRecoveryWaitingSuspectHoldsNoOneUp(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 2)
+	agents, opts := hangBesideOK(t, entered)
+
+	l, m, _ := startLife(t, store, opts, agents...)
+	ids := startOn(t, m, "hang", "a", "b")
+	<-entered
+	<-entered
+	l.crash(m)
+	l, m, _ = startLife(t, store, opts, agents...)
+	<-entered
+	<-entered
+	l.crash(m)
+
+	_, m, n := startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 2, n)
+	require.Equal(t, 2, m.Suspects())
+	slow := <-entered
+	waiting := ids[0]
+	if waiting == slow {
+		waiting = ids[1]
+	}
+	next := startOn(t, m, "ok", "new")[0]
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status, "the new run goes on once the slow suspect's turn ran out")
+	noneEnters(t, entered, "the waiting suspect's turn needs every worker free")
+	require.Equal(t, "2", recoveries(t, store, slow))
+	require.Equal(t, "1", recoveries(t, store, waiting), "the waiting suspect is not counted")
+	require.Equal(t, engine.StatusQueued, liveStatus(t, m, waiting))
 }

@@ -108,9 +108,13 @@ func (e *execution) saveWrites(ctx context.Context, r *taskResult) error {
 		return err
 	}
 	c := &Commit{Blobs: blobs, Sync: true, Writes: []CommitWrites{{Thread: e.cfg.Thread, NS: e.cfg.ns, CheckpointID: e.head.ID, Write: pw}}}
+	// Saved, the task is not run again: that is its run's progress, and
+	// the first writes saved after a recovery take the count off.
+	root := e.carryCount(c)
 	if err := e.store.Commit(context.WithoutCancel(ctx), c); err != nil {
 		return fmt.Errorf("save writes of task %s (%s): %w", r.spec.ID, r.spec.Node, err)
 	}
+	root.countedProgress()
 	r.saved = true
 	return nil
 }

@@ -21,6 +21,8 @@ func TestRunBudgetFlags(t *testing.T) {
 	require.Contains(t, stdout, "(default 100000)")
 	require.Contains(t, stdout, "-max-recoveries")
 	require.Contains(t, stdout, "(default 3)")
+	require.Contains(t, stdout, "-max-alone-time")
+	require.Contains(t, stdout, "(default 2m0s)")
 
 	for _, tc := range []struct {
 		flag, value, says string
@@ -43,6 +45,15 @@ func TestRunBudgetFlags(t *testing.T) {
 	code, _, stderr = outpost(t, "resume", "--data", t.TempDir(), "--max-recoveries", "-1", "run_x", "--decision", "approve")
 	require.NotZero(t, code)
 	require.Contains(t, stderr, "--max-recoveries must not be negative")
+	for _, args := range [][]string{{"run", "hello"}, {"serve"}, {"resume", "run_x", "--decision", "approve"}} {
+		data := t.TempDir()
+		code, _, stderr = outpost(t, append([]string{args[0], "--data", data, "--max-alone-time", "-1s"}, args[1:]...)...)
+		require.NotZero(t, code)
+		require.Contains(t, stderr, "--max-alone-time must not be negative", args[0])
+		entries, err := os.ReadDir(data)
+		require.NoError(t, err)
+		require.Empty(t, entries, "%s made nothing", args[0])
+	}
 }
 
 // eval replayed every turn with no budget at all, so a golden

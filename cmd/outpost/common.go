@@ -68,12 +68,13 @@ const (
 	defaultMaxTokens = 100_000
 )
 
-// budgetChoice is what --max-run-time, --max-tokens and --max-recoveries
-// set.
+// budgetChoice is what --max-run-time, --max-tokens, --max-recoveries and
+// --max-alone-time set.
 type budgetChoice struct {
 	runTime    time.Duration
 	tokens     int
 	recoveries int
+	alone      time.Duration
 }
 
 func budgetFlags(fs *flag.FlagSet) *budgetChoice {
@@ -85,7 +86,10 @@ func budgetFlags(fs *flag.FlagSet) *budgetChoice {
 	fs.IntVar(&bc.recoveries, "max-recoveries", engine.DefaultMaxRecoveries,
 		"times in a row a run left running by a crash is resumed at start without making progress (0 for no limit); "+
 			"at the next start it ends failed instead, so that a run that crashes the appliance does not crash it at every start; "+
-			"from its second recovery in a row on, a run runs alone, so that only its own crashes count")
+			"from its second recovery in a row on (with 1, from its first), a run has a turn alone, so that only its own crashes count")
+	fs.DurationVar(&bc.alone, "max-alone-time", engine.DefaultMaxAlone,
+		"longest a run suspected of crashing the appliance runs alone (0 for no limit); "+
+			"then the other runs get workers beside it, and a crash counts against every run it cuts short")
 	return bc
 }
 
@@ -102,6 +106,9 @@ func (bc *budgetChoice) budget() (policy.Budget, error) {
 	}
 	if bc.recoveries < 0 {
 		return policy.Budget{}, fmt.Errorf("--max-recoveries must not be negative (0 for no limit), not %d", bc.recoveries)
+	}
+	if bc.alone < 0 {
+		return policy.Budget{}, fmt.Errorf("--max-alone-time must not be negative (0 for no limit), not %s", bc.alone)
 	}
 	return policy.Budget{WallTime: bc.runTime, Tokens: bc.tokens}, nil
 }
@@ -120,8 +127,13 @@ func (bc *budgetChoice) describe() string {
 	if bc.recoveries > 0 {
 		recoveries = fmt.Sprintf("%d times in a row at most", bc.recoveries)
 	}
+	alone := "until it makes progress"
+	if bc.alone > 0 {
+		alone = "for " + bc.alone.String() + " at most"
+	}
 	return fmt.Sprintf("budgets: each run at most %s and %s (--max-run-time, --max-tokens; an agent may set less); "+
-		"a run a crash left running is resumed %s (--max-recoveries)", wall, tokens, recoveries)
+		"a run a crash left running is resumed %s (--max-recoveries), and one suspected of the crashes runs alone %s (--max-alone-time)",
+		wall, tokens, recoveries, alone)
 }
 
 // maxRecoveries is --max-recoveries as engine.ManagerOptions.MaxRecoveries
@@ -134,6 +146,18 @@ func (bc *budgetChoice) maxRecoveries() int {
 		return -1
 	}
 	return bc.recoveries
+}
+
+// maxAlone is --max-alone-time as engine.ManagerOptions.MaxAlone takes it,
+// where 0 is the default and a negative duration no limit.
+func (bc *budgetChoice) maxAlone() time.Duration {
+	if bc == nil {
+		return 0
+	}
+	if bc.alone == 0 {
+		return -1
+	}
+	return bc.alone
 }
 
 // openStore opens the store in dir, explaining the common failures. The
@@ -332,7 +356,7 @@ func printJSON(w io.Writer, v any) error {
 func recoverRuns(ctx context.Context, m *engine.Manager, stderr io.Writer) (int, error) {
 	n, err := m.Recover(ctx)
 	if s := m.Suspects(); s > 0 {
-		fmt.Fprintf(stderr, "crash-loop guard: %d of the runs resumed were cut short by crashes at two starts in a row without progress: they run first, one at a time and alone, and the other runs wait for them (see the README)\n", s)
+		fmt.Fprintf(stderr, "crash-loop guard: %d of the runs resumed were cut short by crashes without progress at two starts in a row, or at one where one more would fail them: they run first, one at a time and alone, each until it makes progress or for --max-alone-time at most, and the other runs wait for them meanwhile (see the README)\n", s)
 	}
 	var dmg *engine.DamagedRunsError
 	if errors.As(err, &dmg) {

@@ -72,18 +72,32 @@ func bystanderChild(ctx context.Context, db *store.DB, m *engine.Manager, start 
 }
 
 func TestCrashLoopSparesTheRunsBesideIt(t *testing.T) {
+	for _, limit := range []int{engine.DefaultMaxRecoveries, 1} {
+		t.Run(fmt.Sprintf("max %d recoveries", limit), func(t *testing.T) {
+			crashLoopBesideABystander(t, limit)
+		})
+	}
+}
+
+// crashLoopBesideABystander runs the killer beside the bystander, with
+// limit as the recovery limit, until the killer is given up, and checks
+// that the bystander ended.
+func crashLoopBesideABystander(t *testing.T, limit int) {
 	dir := t.TempDir()
 	child := "OUTPOST_BYSTANDER_CHILD=" + dir
-	err := startChild(t, child, "OUTPOST_BYSTANDER_START=1")
+	limitEnv := fmt.Sprintf("OUTPOST_MAX_RECOVERIES=%d", limit)
+	err := startChild(t, child, limitEnv, "OUTPOST_BYSTANDER_START=1")
 	require.True(t, killed(err), "the killer kills the process that starts it (%v)", err)
-	// The first recovery runs both runs together and counts both; after
-	// that each is a suspect and runs alone, so only the killer's crashes
-	// count against it, and the bystander, whichever goes first, ends.
-	for i := 1; i <= engine.DefaultMaxRecoveries; i++ {
-		err := startChild(t, child)
+	// With the default limit, the first recovery runs both runs together
+	// and counts both; after that each is a suspect and runs alone, so
+	// only the killer's crashes count against it, and the bystander,
+	// whichever goes first, ends. With a limit of 1 each is a suspect at
+	// its first recovery already.
+	for i := 1; i <= limit; i++ {
+		err := startChild(t, child, limitEnv)
 		require.True(t, killed(err), "start %d: the recovered killer kills the process again (%v)", i, err)
 	}
-	require.NoError(t, startChild(t, child), "start %d: the process should serve, with the killer given up", engine.DefaultMaxRecoveries+1)
+	require.NoError(t, startChild(t, child, limitEnv), "start %d: the process should serve, with the killer given up", limit+1)
 
 	ctx := context.Background()
 	db, err := store.OpenDir(dir, store.Options{})
@@ -100,7 +114,7 @@ func TestCrashLoopSparesTheRunsBesideIt(t *testing.T) {
 		case "killer":
 			require.Equal(t, engine.StatusFailed, r.Status)
 			require.Contains(t, r.Error, engine.ErrCrashLoop.Error())
-			require.Contains(t, r.Error, fmt.Sprintf("recovered %d times", engine.DefaultMaxRecoveries))
+			require.Contains(t, r.Error, fmt.Sprintf("recovered %d times", limit))
 		}
 	}
 	rep, err := db.Check(ctx)

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -98,19 +99,26 @@ type applianceStart struct {
 }
 
 // start opens the store in dir and a manager with the default options
-// over it, recovers, and runs the child.
+// over it (but for OUTPOST_MAX_RECOVERIES, when set), recovers, and runs
+// the child.
 func (c applianceStart) start(dir string, start bool) error {
 	ctx := context.Background()
 	resolve, err := c.agents()
 	if err != nil {
 		return err
 	}
+	var opts engine.ManagerOptions
+	if v := os.Getenv("OUTPOST_MAX_RECOVERIES"); v != "" {
+		if opts.MaxRecoveries, err = strconv.Atoi(v); err != nil {
+			return err
+		}
+	}
 	db, err := store.OpenDir(dir, store.Options{})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	m := engine.NewManager(db, resolve, engine.ManagerOptions{})
+	m := engine.NewManager(db, resolve, opts)
 	defer m.Close()
 	if _, err := m.Recover(ctx); err != nil {
 		return err
