@@ -132,13 +132,18 @@ type Manager struct {
 	// their worker slots in turns (see takeTurn): waiting holds the
 	// suspects waiting for their turn, in order; alone is the one whose
 	// turn it is, holding every slot, and aloneEnd the timer that ends its
-	// turn. changed is closed, and made anew, whenever the turns change,
-	// to wake the runs that wait on them.
-	suspects int
-	waiting  []*active
-	alone    *active
-	aloneEnd *time.Timer
-	changed  chan struct{}
+	// turn. head is the first suspect waiting while none runs alone,
+	// headSince when it began to wait so, and headEnd the timer that ends
+	// its wait. changed is closed, and made anew, whenever the turns
+	// change, to wake the runs that wait on them.
+	suspects  int
+	waiting   []*active
+	alone     *active
+	aloneEnd  *time.Timer
+	head      *active
+	headSince time.Time
+	headEnd   *time.Timer
+	changed   chan struct{}
 	// recoveredSuspects is how many suspects the last Recover found.
 	recoveredSuspects int
 }
@@ -498,8 +503,12 @@ func (m *Manager) takeWorker(ctx context.Context, a *active) int {
 // crash-loop guard has suspects (see Recover), and returns how many slots
 // it took. While a suspect runs alone it holds every slot, and no other
 // run takes one. The first suspect waiting takes every slot once no run
-// holds one, before any other run; until then it holds no one up, and the
-// other runs take the free slots. The caller holds m.mu.
+// holds one, before any other run. For MaxAlone it holds no one up
+// meanwhile, and the other runs take the free slots; for MaxAlone more
+// they take none, so that the runs that hold slots end or pause and free
+// them; and if that does not make its turn either, it waits no longer
+// (see headChanged). So a busy appliance holds a suspect back, and a
+// suspect holds the others up, for a bounded time. The caller holds m.mu.
 func (m *Manager) takeTurn(a *active) int {
 	if m.alone != nil {
 		return 0
@@ -508,6 +517,7 @@ func (m *Manager) takeTurn(a *active) int {
 		if m.waiting[0] != a || len(m.sem) > 0 {
 			return 0
 		}
+		m.stopHead()
 		for range cap(m.sem) {
 			m.sem <- struct{}{}
 		}
@@ -524,7 +534,7 @@ func (m *Manager) takeTurn(a *active) int {
 		}
 		return cap(m.sem)
 	}
-	if len(m.waiting) > 0 && len(m.sem) == 0 {
+	if len(m.waiting) > 0 && (len(m.sem) == 0 || m.headGathers()) {
 		return 0 // the suspect's turn
 	}
 	select {
@@ -570,7 +580,52 @@ func (m *Manager) clearSuspect(a *active) {
 		m.waiting = slices.DeleteFunc(m.waiting, func(w *active) bool { return w == a })
 	}
 	m.suspects--
+	m.headChanged()
 	m.turnsChanged()
+}
+
+// headChanged starts the wait of the first suspect waiting, when none runs
+// alone and it has not begun to wait already: after MaxAlone the other runs
+// take no more worker slots (headGathers), and after twice that, with its
+// turn still not come, the suspect runs as any run does, beside the others,
+// and a crash counts against every run it cuts short. The caller holds
+// m.mu.
+func (m *Manager) headChanged() {
+	var head *active
+	if m.alone == nil && len(m.waiting) > 0 {
+		head = m.waiting[0]
+	}
+	if head == m.head {
+		return
+	}
+	m.stopHead()
+	d := m.opts.MaxAlone
+	if head == nil || d <= 0 {
+		return
+	}
+	m.head, m.headSince = head, time.Now()
+	m.headEnd = time.AfterFunc(2*d, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.head == head && m.alone == nil {
+			m.clearSuspect(head)
+		}
+	})
+}
+
+// stopHead ends the wait headChanged started. The caller holds m.mu.
+func (m *Manager) stopHead() {
+	if m.headEnd != nil {
+		m.headEnd.Stop()
+	}
+	m.head, m.headEnd = nil, nil
+}
+
+// headGathers reports whether the first suspect waiting has waited MaxAlone
+// for a moment when no run holds a worker slot, so that the other runs take
+// no more slots, to let it come. The caller holds m.mu.
+func (m *Manager) headGathers() bool {
+	return m.head != nil && time.Since(m.headSince) >= m.opts.MaxAlone
 }
 
 // turnsChanged wakes the runs waiting for their turn (see takeTurn). The
@@ -948,13 +1003,16 @@ func (e *DamagedRunsError) Error() string {
 // turn alone each, one at a time: while one runs alone, no other run
 // executes, recovered or new. A suspect's turn alone begins once no run
 // holds a worker, before any other run takes one (at start, before all
-// others); until then it waits without holding anyone up. The turn ends
-// when the suspect makes progress (in exit durability it commits its steps
-// until one does, see markRecovery), pauses or ends, or once it has run
-// alone for ManagerOptions.MaxAlone: from then on it runs beside the
-// others, as any run. A crash while a suspect runs alone counts against it only, and a
-// run that was cut short beside the guilty one makes progress when it runs
-// alone, which clears its count. A crash after a turn alone ran out counts
+// others); until then it waits without holding anyone up for MaxAlone,
+// then for MaxAlone more no other run takes a worker, so that those that
+// hold one free it; and if its turn has still not come, it runs beside the
+// others as any run, counted as any run. The turn ends when the suspect
+// makes progress (in exit durability it commits its steps until one does,
+// see markRecovery), pauses or ends, or once it has run alone for
+// ManagerOptions.MaxAlone: from then on it runs beside the others, as any
+// run. A crash while a suspect runs alone counts against it only, and a
+// run that was cut short beside the guilty one makes progress when it
+// runs alone, which clears its count. A crash after a turn alone ran out counts
 // against every run it cuts short, the suspect and the runs beside it
 // alike, as it would without the guard: a suspect whose step is only slow
 // holds the others up no longer than MaxAlone, and pays for it with a
@@ -1095,6 +1153,7 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 		}
 		m.waiting = append(m.waiting, a)
 		m.suspects++
+		m.headChanged()
 		m.mu.Unlock()
 	}
 	return recovered{a, e}, nil

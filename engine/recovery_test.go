@@ -45,6 +45,18 @@ func noneEnters(t *testing.T, entered <-chan string, why string) {
 	}
 }
 
+// enters waits for run id to enter its node, and fails with why if it does
+// not within 10 seconds, or if another run enters first.
+func enters(t *testing.T, entered <-chan string, id, why string) {
+	t.Helper()
+	select {
+	case got := <-entered:
+		require.Equal(t, id, got)
+	case <-time.After(10 * time.Second):
+		t.Fatal(why)
+	}
+}
+
 // startOn starts a run of agent on each thread, and returns their ids in
 // the same order.
 func startOn(t *testing.T, m *engine.Manager, agent string, threads ...string) []string {
@@ -446,12 +458,7 @@ func TestRecoverySuspectTurnAloneIsBounded(t *testing.T) {
 	require.Equal(t, 1, m.Suspects(), "the slow run, at its second recovery")
 	require.Equal(t, slow, <-entered, "the suspect runs first")
 	next := startOn(t, m, "ok", "new")[0]
-	select {
-	case id := <-entered:
-		require.Equal(t, beside, id)
-	case <-time.After(10 * time.Second):
-		t.Fatalf("the recovered run still waits for the suspect, whose turn alone ran out")
-	}
+	enters(t, entered, beside, "the recovered run still waits for the suspect, whose turn alone ran out")
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status, "the new run goes on beside the suspect")
 	require.Equal(t, engine.StatusRunning, liveStatus(t, m, slow), "the suspect's step goes on")
 	require.Equal(t, "2", recoveries(t, store, slow))
@@ -639,11 +646,15 @@ func TestRecoveryExitSuspectCommitsItsFirstStep(t *testing.T) {
 	require.Equal(t, 111, out.Get(snap))
 }
 
-// Once a slow suspect's turn alone has run out, the suspect waiting for
-// its turn holds no one up: a new run goes on beside the slow one, and the
-// waiting suspect, which needs every worker free for its turn, is not run
-// (nor counted) while the slow one holds one.
-func TestRecoveryWaitingSuspectHoldsNoOneUp(t *testing.T) {
+// A suspect that waits for its turn holds no one up for MaxAlone: the
+// others take the free worker slots, and its turn comes once no run holds
+// one. Then, for MaxAlone more, no other run takes a slot, so that the runs
+// that hold them end or pause and its turn comes. If it still has not (here
+// the run beside it hangs), it waits no longer and runs beside the others,
+// counted as any run is, which is no proof of innocence. So neither a busy
+// appliance nor a slow run holds a suspect back for good, and a suspect
+// holds the others up for a bounded time.
+func TestRecoveryWaitingSuspectWaitsForABoundedTime(t *testing.T) {
 	store := engine.NewMemoryStore()
 	entered := make(chan string, 2)
 	agents, opts := hangBesideOK(t, entered)
@@ -658,6 +669,7 @@ func TestRecoveryWaitingSuspectHoldsNoOneUp(t *testing.T) {
 	<-entered
 	l.crash(m)
 
+	opts.MaxAlone = 2 * time.Second
 	_, m, n := startLife(t, store, opts, agents...)
 	defer m.Close()
 	require.Equal(t, 2, n)
@@ -673,4 +685,14 @@ func TestRecoveryWaitingSuspectHoldsNoOneUp(t *testing.T) {
 	require.Equal(t, "2", recoveries(t, store, slow))
 	require.Equal(t, "1", recoveries(t, store, waiting), "the waiting suspect is not counted")
 	require.Equal(t, engine.StatusQueued, liveStatus(t, m, waiting))
+
+	// The suspect began to wait before next ended; MaxAlone after that, the
+	// others take no more slots.
+	time.Sleep(opts.MaxAlone + opts.MaxAlone/4)
+	late := startOn(t, m, "ok", "late")[0]
+	time.Sleep(opts.MaxAlone / 8) // time enough for the new run to end, were it not held
+	require.Equal(t, engine.StatusQueued, liveStatus(t, m, late), "a new run waits while the suspect gathers the workers")
+	enters(t, entered, waiting, "the suspect still waits for a turn that the hanging run keeps from it")
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, late).Status, "the new run goes on once the suspect stopped waiting")
+	require.Equal(t, "2", recoveries(t, store, waiting), "a suspect that ran beside others is counted")
 }

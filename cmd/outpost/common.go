@@ -89,7 +89,8 @@ func budgetFlags(fs *flag.FlagSet) *budgetChoice {
 			"from its second recovery in a row on (with 1, from its first), a run has a turn alone, so that only its own crashes count")
 	fs.DurationVar(&bc.alone, "max-alone-time", engine.DefaultMaxAlone,
 		"longest a run suspected of crashing the appliance runs alone (0 for no limit); "+
-			"then the other runs get workers beside it, and a crash counts against every run it cuts short")
+			"then the other runs get workers beside it, and a crash counts against every run it cuts short; "+
+			"a suspect waits for its turn at most twice as long")
 	return bc
 }
 
