@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The binary the command-line tests run, built once per test binary into
+// binDir, which TestMain removes.
+var (
+	binDir   string
+	binOnce  sync.Once
+	binPath  string
+	binError error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// outpostBin runs the built binary with args, as a person would from a
+// shell, in the folder dir ("" for the test's own), and returns its exit
+// code and what it printed.
+func outpostBin(t *testing.T, dir string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	cmd := exec.Command(builtOutpost(t), args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "OUTPOST_DATA=")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode(), out.String(), errb.String()
+	}
+	require.NoError(t, err)
+	return 0, out.String(), errb.String()
+}
+
+// builtOutpost is the path of the binary, built at the first call.
+func builtOutpost(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		if binDir, binError = os.MkdirTemp("", "outpost-bin-"); binError != nil {
+			return
+		}
+		gobin, err := exec.LookPath("go")
+		if err != nil {
+			gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		binPath = filepath.Join(binDir, "outpost")
+		cmd := exec.Command(gobin, "build", "-o", binPath, ".")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binError = errors.New(string(out))
+		}
+	})
+	require.NoError(t, binError)
+	return binPath
+}
+
+// A flag of run's own written after the input ("outpost run hi --data
+// DIR") is refused with exit 2, and nothing is run or made: not in DIR,
+// not in the default folder. The message gives the command line with the
+// flags first, and the one that sends the word as text, and both work.
+func TestRunRefusesItsFlagsAfterTheInput(t *testing.T) {
+	cwd, data := t.TempDir(), filepath.Join(t.TempDir(), "data")
+	code, stdout, stderr := outpostBin(t, cwd, "run", "--thread", "t1", "hi", "there", "--data", data)
+	require.Equal(t, 2, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "outpost run: --data after the input would be read as input, so nothing was run: run takes its flags before the input:\n"+
+		"  outpost run --thread t1 --data "+data+" hi there\n"+
+		"(to send --data as text, put -- before the input: outpost run --thread t1 -- hi there --data "+data+")")
+	entries, err := os.ReadDir(cwd)
+	require.NoError(t, err)
+	require.Empty(t, entries, "a refused run made something in the current folder")
+	require.NoDirExists(t, data)
+
+	for _, w := range []string{"--json", "-json", "--agent=reference", "--max-tokens"} {
+		code, _, stderr = outpostBin(t, cwd, "run", "--data", data, "hi", w, "5")
+		require.Equal(t, 2, code, w)
+		require.Contains(t, stderr, w+" after the input would be read as input")
+	}
+	code, _, stderr = outpostBin(t, cwd, "run", "hi", "--help")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "--help after the input would be read as input, so nothing was run: outpost run -h lists run's flags")
+
+	// The suggested command lines.
+	code, _, stderr = outpostBin(t, cwd, "run", "--thread", "t1", "--data", data, "hi", "there")
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpostBin(t, cwd, "run", "--thread", "t1", "--", "hi", "there", "--data", data)
+	require.Zero(t, code, stderr)
+	// Words that are not run's flags are input, as before.
+	code, _, stderr = outpostBin(t, cwd, "run", "--thread", "t1", "take", "-3", "units", "--verbose")
+	require.Zero(t, code, stderr)
+	code, stdout, stderr = outpostBin(t, cwd, "runs", "list", "--thread", "t1", "--json")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, `"input": "hi there --data `+data+`"`)
+	require.Contains(t, stdout, `"input": "take -3 units --verbose"`)
+
+	_, help, _ := outpostBin(t, cwd, "run", "-h")
+	require.Contains(t, help, "A word after the input that is one of run's own flags (outpost run hello --json)\nis refused, with exit 2 and nothing run")
+}
