@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 
@@ -112,4 +113,30 @@ func TestRunRefusesItsFlagsAfterTheInput(t *testing.T) {
 
 	_, help, _ := outpostBin(t, cwd, "run", "-h")
 	require.Contains(t, help, "A word after the input that is one of run's own flags (outpost run hello --json)\nis refused, with exit 2 and nothing run")
+}
+
+// run -h shows what leaving --tools out does, not a made-up default
+// ("-"); left out, the run calls its agent's tools; "" narrows them to
+// none; "-" is no longer a hidden word for "no narrowing".
+func TestRunToolsFlag(t *testing.T) {
+	code, help, _ := outpostBin(t, "", "run", "-h")
+	require.Zero(t, code)
+	i := strings.Index(help, "  -tools")
+	require.GreaterOrEqual(t, i, 0, help)
+	tools, _, _ := strings.Cut(help[i:], "\n  -")
+	require.NotContains(t, tools, "(default")
+	require.Contains(t, tools, `narrow the run's tools to these NAMES (comma-separated; "" for none); without it, the run may call every tool its agent may`)
+
+	data := t.TempDir()
+	const q = "when is my next metformin refill due"
+	code, stdout, stderr := outpostBin(t, "", "run", "--data", data, "--agent", "medication-adherence-tools", q)
+	require.Zero(t, code, stderr)
+	require.Regexp(t, `tool\.called +generate_response +\{"args"`, stdout)
+	code, stdout, stderr = outpostBin(t, "", "run", "--data", data, "--agent", "medication-adherence-tools", "--tools", "", q)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, `"reason":"tool \"kb_search\" is not allowed by this request"`)
+	require.NotContains(t, stdout, "tool.called")
+	code, _, stderr = outpostBin(t, "", "run", "--data", data, "--agent", "medication-adherence-tools", "--tools", "-", q)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "cannot have tool - here")
 }

@@ -260,7 +260,8 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	data := dataFlag(fs.FlagSet)
 	agentName := fs.String("agent", firmware.ReferenceAgent, "agent to run (the bench workload's agent is \"reference\")")
 	mc := modelFlags(fs.FlagSet)
-	tools := fs.String("tools", "-", "narrow the run's tools to these (comma-separated; \"\" for none; default: no narrowing)")
+	var tools toolsFlag
+	fs.Var(&tools, "tools", "narrow the run's tools to these `NAMES` (comma-separated; \"\" for none); without it, the run may call every tool its agent may")
 	thread := fs.String("thread", "default", "thread (conversation) to run the turn on")
 	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit only when the run ends or pauses)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
@@ -287,8 +288,8 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	var meta map[string]string
-	if *tools != "-" {
-		meta = map[string]string{firmware.MetaTools: *tools}
+	if tools.set {
+		meta = map[string]string{firmware.MetaTools: tools.names}
 	}
 	if n, err := recoverRuns(ctx, s.m, stderr); err != nil {
 		s.close()
@@ -388,6 +389,27 @@ func shellJoin(words []string) string {
 		q[i] = shellQuote(w)
 	}
 	return strings.Join(q, " ")
+}
+
+// toolsFlag is --tools: unset, the run's tools are not narrowed; set,
+// even to "", they are narrowed to the names given.
+type toolsFlag struct {
+	names string
+	set   bool
+}
+
+// String is "" unset, so that -h shows no default: the flag's text says
+// what leaving it out does.
+func (f *toolsFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return f.names
+}
+
+func (f *toolsFlag) Set(s string) error {
+	f.names, f.set = s, true
+	return nil
 }
 
 // reportRun prints how a run ended; dataHint (" --data DIR" or "") goes
