@@ -140,3 +140,42 @@ func TestRunToolsFlag(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "cannot have tool - here")
 }
+
+// db check --file on a damaged backup gives advice that fits a backup:
+// not "restore the last backup" (it is the backup), nor, for an empty one,
+// "remove the file and start again" (that is a new appliance's store).
+// On the store file of a folder that serve owns, it names the check that
+// goes through serve, and that check works.
+func TestDBCheckFileAdvisesABackup(t *testing.T) {
+	data := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", data, "--thread", "t1", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	bak := filepath.Join(t.TempDir(), "backup.db")
+	code, _, stderr = outpostBin(t, "", "db", "backup", "--data", data, bak)
+	require.Zero(t, code, stderr)
+	whole, err := os.ReadFile(bak)
+	require.NoError(t, err)
+
+	for name, b := range map[string][]byte{"cut.db": whole[:len(whole)/2], "empty.db": nil} {
+		path := filepath.Join(t.TempDir(), name)
+		require.NoError(t, os.WriteFile(path, b, 0o600))
+		code, stdout, stderr := outpostBin(t, "", "db", "check", "--file", path)
+		require.Equal(t, 1, code, name)
+		require.Empty(t, stdout)
+		require.Contains(t, stderr, "store file is damaged", name)
+		require.Contains(t, stderr, "nothing was changed: this copy cannot be restored: check an older backup, "+
+			"or, while the store itself is sound, take a new one (outpost db backup FILE)", name)
+		require.NotContains(t, stderr, "restore the last backup", name)
+		require.NotContains(t, stderr, "new appliance", name)
+	}
+
+	s := startServe(t, builtOutpost(t), data)
+	code, _, stderr = outpostBin(t, "", "db", "check", "--file", filepath.Join(data, "outpost.db"))
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "is in use by another outpost process\n(another outpost process, such as serve, owns this file: "+
+		"outpost db check --data "+data+" checks it through that process)")
+	code, stdout, stderr := outpostBin(t, "", "db", "check", "--data", data)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "store is sound")
+	s.stop(t)
+}
