@@ -179,3 +179,15 @@ func TestDBCheckFileAdvisesABackup(t *testing.T) {
 	require.Contains(t, stdout, "store is sound")
 	s.stop(t)
 }
+
+// runs fork from a checkpoint that is not there says so in a line, and
+// names the command that lists the thread's checkpoints.
+func TestRunsForkUnknownCheckpoint(t *testing.T) {
+	data := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", data, "--thread", "t1", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	code, stdout, stderr := outpostBin(t, "", "runs", "fork", "t1", "--data", data, "--checkpoint", "0000000000000001")
+	require.Equal(t, 1, code)
+	require.Empty(t, stdout)
+	require.Equal(t, `outpost runs: thread "t1" has no checkpoint "0000000000000001" (outpost runs history t1 --data `+data+" lists them)\n", stderr)
+}

@@ -434,10 +434,12 @@ func runsFork(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer db.Close()
-	return forkThread(ctx, db, pos[0], *checkpoint, *asJSON, stdout)
+	return forkThread(ctx, db, pos[0], *checkpoint, *asJSON, dataHint(fs.FlagSet), stdout)
 }
 
-func forkThread(ctx context.Context, db *store.DB, th, checkpoint string, asJSON bool, stdout io.Writer) error {
+// forkThread forks thread th at checkpoint; dataHint (" --data DIR" or "")
+// goes into the command it suggests.
+func forkThread(ctx context.Context, db *store.DB, th, checkpoint string, asJSON bool, dataHint string, stdout io.Writer) error {
 	runs, err := db.Runs(ctx, engine.RunFilter{Thread: th, Summary: true})
 	if err != nil {
 		return err
@@ -455,6 +457,14 @@ func forkThread(ctx context.Context, db *store.DB, th, checkpoint string, asJSON
 		return err
 	}
 	c, err := ag.Graph.Fork(ctx, engine.RunConfig{Thread: th, Store: db}, checkpoint)
+	if errors.Is(err, engine.ErrCheckpointNotFound) {
+		// Said short when the checkpoint named is not there, as the HTTP
+		// API says it; one of its ancestors missing (damage) keeps the
+		// whole chain.
+		if _, cerr := db.Checkpoint(ctx, th, "", checkpoint); errors.Is(cerr, engine.ErrCheckpointNotFound) {
+			return fmt.Errorf("thread %q has no checkpoint %q (outpost runs history %s%s lists them)", th, checkpoint, shellQuote(th), dataHint)
+		}
+	}
 	if err != nil {
 		return err
 	}
