@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -190,4 +191,27 @@ func TestRunsForkUnknownCheckpoint(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Empty(t, stdout)
 	require.Equal(t, `outpost runs: thread "t1" has no checkpoint "0000000000000001" (outpost runs history t1 --data `+data+" lists them)\n", stderr)
+}
+
+// uplink flush to a collector that is down says every few seconds that it
+// is retrying and why, and, when --timeout runs out, how many outcomes
+// still wait, where it sat silent until then and ended with "flush:
+// context deadline exceeded".
+func TestUplinkFlushToACollectorThatIsDown(t *testing.T) {
+	data := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", data, "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	secret := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(secret, []byte("hunter2-but-longer\n"), 0o600))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	down := "http://" + l.Addr().String()
+	require.NoError(t, l.Close()) // nothing listens there now
+
+	code, stdout, stderr := outpostBin(t, "", "uplink", "flush", "--data", data, "--url", down, "--secret-file", secret, "--timeout", "7s")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stdout, "backlog 1")
+	require.Regexp(t, `uplink: 0 of 1 outcomes acknowledged; retrying \(5s of --timeout 7s\): send outcomes 1-1: .*connection refused…\n`, stderr)
+	require.Regexp(t, `outpost uplink: the collector did not acknowledge the backlog within --timeout 7s: 1 outcome\(s\) still wait `+
+		`\(last error: send outcomes 1-1: .*connection refused\); the next flush sends them, as serve --uplink does\n$`, stderr)
 }
