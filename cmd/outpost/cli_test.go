@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -214,4 +215,62 @@ func TestUplinkFlushToACollectorThatIsDown(t *testing.T) {
 	require.Regexp(t, `uplink: 0 of 1 outcomes acknowledged; retrying \(5s of --timeout 7s\): send outcomes 1-1: .*connection refused…\n`, stderr)
 	require.Regexp(t, `outpost uplink: the collector did not acknowledge the backlog within --timeout 7s: 1 outcome\(s\) still wait `+
 		`\(last error: send outcomes 1-1: .*connection refused\); the next flush sends them, as serve --uplink does\n$`, stderr)
+}
+
+// A newcomer's round with bundles of their own, on the built binary: a
+// higher version installed beside the active one says that new runs still
+// use the active one, and gives the activate command, which works; a lower
+// one gives it with the downgrade flags. A tampered bundle is not to be
+// installed (the advice was "re-sign it", which on an appliance would
+// bless the tampering). eval --bundle of a bundle signed by one's own key
+// says how to trust it, and tells a tampered one as firmware verify does.
+func TestFirmwareNewcomerRound(t *testing.T) {
+	dir := t.TempDir()
+	data, keys, v1, v2 := filepath.Join(dir, "data"), filepath.Join(dir, "keys"), filepath.Join(dir, "v1"), filepath.Join(dir, "v2")
+	ok := func(args ...string) string {
+		t.Helper()
+		code, stdout, stderr := outpostBin(t, dir, args...)
+		require.Zero(t, code, "%v: %s", args, stderr)
+		return stdout
+	}
+	ok("firmware", "keygen", "--out", keys)
+	key, err := filepath.Glob(filepath.Join(keys, "*.key"))
+	require.NoError(t, err)
+	require.Len(t, key, 1)
+	for i, b := range []string{v1, v2} {
+		ok("firmware", "export", b)
+		mf := filepath.Join(b, "manifest.json")
+		raw, err := os.ReadFile(mf)
+		require.NoError(t, err)
+		raw = []byte(strings.Replace(string(raw), `"version": 1,`, fmt.Sprintf(`"version": %d,`, i+2), 1))
+		require.NoError(t, os.WriteFile(mf, raw, 0o644))
+		ok("firmware", "sign", "--key", key[0], b)
+	}
+	require.Contains(t, ok("firmware", "install", "--data", data, "--keys", keys, v2), "medication-adherence v3 installed and active")
+	out := ok("firmware", "install", "--data", data, "--allow-downgrade", "--by", "ada", "--reason", "test", v1)
+	require.Contains(t, out, "new runs still use v3, the active version; to make v2 active: "+
+		"outpost firmware activate --data "+data+" --allow-downgrade --by NAME --reason TEXT medication-adherence 2\n")
+	ok("firmware", "activate", "--data", data, "--allow-downgrade", "--by", "ada", "--reason", "test", "medication-adherence", "2")
+	out = ok("firmware", "install", "--data", data, v2)
+	require.Contains(t, out, "new runs still use v2, the active version; to make v3 active: outpost firmware activate --data "+data+" medication-adherence 3\n")
+	ok("firmware", "activate", "--data", data, "medication-adherence", "3")
+	require.Regexp(t, `medication-adherence +3 +active`, ok("firmware", "list", "--data", data))
+
+	golden, err := filepath.Abs(filepath.Join("..", "..", "testdata", "golden", "reference.jsonl"))
+	require.NoError(t, err)
+	code, _, stderr := outpostBin(t, dir, "eval", "--bundle", v2, golden)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "bundle signed by an unknown key")
+	require.Contains(t, stderr, "(eval trusts the development key alone unless --keys names the signer's .pub file, or a folder of them)")
+	ok("eval", "--bundle", v2, "--keys", keys, golden)
+
+	kb := filepath.Join(v2, "kb", "kb-01.md")
+	require.NoError(t, os.WriteFile(kb, []byte("tampered"), 0o644))
+	for _, args := range [][]string{{"firmware", "verify", "--keys", keys, v2}, {"firmware", "install", "--data", data, v2}, {"eval", "--bundle", v2, "--keys", keys, golden}} {
+		code, _, stderr := outpostBin(t, dir, args...)
+		require.NotZero(t, code, args)
+		require.Contains(t, stderr, "does not match its sha256", args)
+		require.Contains(t, stderr, "the bundle was changed after it was signed, or damaged; do not install it: get a fresh copy", args)
+		require.NotContains(t, stderr, "re-sign it", args)
+	}
 }

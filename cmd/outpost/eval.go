@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"runtime"
@@ -88,8 +89,11 @@ func evalResolver(path, keyDir string) (engine.Resolver, error) {
 		return nil, err
 	}
 	b, err := firmware.Load(path, ring)
+	if errors.Is(err, firmware.ErrUnknownKey) {
+		return nil, fmt.Errorf("%w\n(eval trusts the development key alone unless --keys names the signer's .pub file, or a folder of them)", err)
+	}
 	if err != nil {
-		return nil, err
+		return nil, explain(err)
 	}
 	return firmware.BundleResolver(b), nil
 }

@@ -83,7 +83,8 @@ func explain(err error) error {
 	case errors.Is(err, firmware.ErrBundleSignature):
 		hint = "the signature does not match manifest.json: the bundle was changed after it was signed, or damaged; do not install it"
 	case errors.Is(err, firmware.ErrHashMismatch):
-		hint = "a file differs from the sha256 the signed manifest gives: the bundle was changed after it was signed; re-sign it or get a fresh copy"
+		hint = "a file differs from the sha256 the signed manifest gives: the bundle was changed after it was signed, or damaged; " +
+			"do not install it: get a fresh copy (its author, having changed it on purpose, signs it again: outpost firmware sign)"
 	case errors.Is(err, firmware.ErrMissingFile):
 		hint = "the signed manifest lists a file the bundle lacks: get a complete copy"
 	case errors.Is(err, firmware.ErrUnlistedFile):
@@ -295,6 +296,21 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 		state = "repaired (its installed copy had changed on disk; rewritten and recorded)"
 	}
 	fmt.Fprintf(stdout, "%s v%d %s: %s, signed by %s\n", rec.Name, rec.Version, state, rec.Digest, rec.KeyID)
+	if !rec.Active {
+		// A version installed beside the active one serves no run until
+		// it is activated.
+		for _, r := range in.List() {
+			if r.Name != rec.Name || !r.Active {
+				continue
+			}
+			back := ""
+			if rec.Version < r.Version {
+				back = " --allow-downgrade --by NAME --reason TEXT"
+			}
+			fmt.Fprintf(stdout, "new runs still use v%d, the active version; to make v%d active: outpost firmware activate%s%s %s %d\n",
+				r.Version, rec.Version, dataHint(fs.FlagSet), back, shellQuote(rec.Name), rec.Version)
+		}
+	}
 	return nil
 }
 
