@@ -274,3 +274,22 @@ func TestFirmwareNewcomerRound(t *testing.T) {
 		require.NotContains(t, stderr, "re-sign it", args)
 	}
 }
+
+// eval's exit 2 says the replay could not be made, so that CI can tell a
+// broken harness from a regression (exit 1): a flag it does not take is
+// such a case, and exited 1. eval no longer lists --max-recoveries, which
+// it took and ignored (its runs live in memory, and nothing recovers them).
+func TestEvalFlagErrorsAreHarnessErrors(t *testing.T) {
+	golden, err := filepath.Abs(filepath.Join("..", "..", "testdata", "golden", "reference.jsonl"))
+	require.NoError(t, err)
+	code, help, _ := outpostBin(t, "", "eval", "-h")
+	require.Zero(t, code)
+	require.NotContains(t, help, "max-recoveries")
+	require.Contains(t, help, "-max-tokens")
+	for _, flag := range []string{"--paralel", "--max-recoveries"} {
+		code, stdout, stderr := outpostBin(t, "", "eval", flag, "3", golden)
+		require.Equal(t, 2, code, "%s: %s", flag, stderr)
+		require.Empty(t, stdout)
+		require.Contains(t, stderr, "outpost eval: flag provided but not defined: "+strings.TrimPrefix(flag, "-"))
+	}
+}

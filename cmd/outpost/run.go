@@ -265,7 +265,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	thread := fs.String("thread", "default", "thread (conversation) to run the turn on")
 	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit only when the run ends or pauses)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
-	bc := budgetFlags(fs.FlagSet)
+	bc := budgetFlags(fs.FlagSet, true)
 	fs.About = runAbout
 	if err := fs.parse(args, true); err != nil {
 		return err
@@ -452,7 +452,7 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	by := fs.String("by", "cli", "who decides (recorded with the decision)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
 	mc := modelFlags(fs.FlagSet)
-	bc := budgetFlags(fs.FlagSet)
+	bc := budgetFlags(fs.FlagSet, true)
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
