@@ -293,3 +293,20 @@ func TestEvalFlagErrorsAreHarnessErrors(t *testing.T) {
 		require.Contains(t, stderr, "outpost eval: flag provided but not defined: "+strings.TrimPrefix(flag, "-"))
 	}
 }
+
+// token --data naming a file says that --data names a folder, where it
+// said "console token file: stat FILE/console.token: not a directory".
+func TestTokenDataIsAFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "outpost.db")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	for _, tc := range []struct{ flag, owner string }{{"", "serve"}, {"--collector", "collector"}} {
+		args := []string{"token", "--data", file}
+		if tc.flag != "" {
+			args = append(args, tc.flag)
+		}
+		code, stdout, stderr := outpostBin(t, "", args...)
+		require.Equal(t, 1, code)
+		require.Empty(t, stdout)
+		require.Equal(t, "outpost token: "+file+" is a file: --data names the data folder, the one given to outpost "+tc.owner+"\n", stderr)
+	}
+}
