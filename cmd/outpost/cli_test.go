@@ -310,3 +310,16 @@ func TestTokenDataIsAFile(t *testing.T) {
 		require.Equal(t, "outpost token: "+file+" is a file: --data names the data folder, the one given to outpost "+tc.owner+"\n", stderr)
 	}
 }
+
+// eval of golden files that hold no conversation names them as a person
+// would ("a.jsonl, b.jsonl", not "[a.jsonl b.jsonl]"), with exit 2.
+func TestEvalNoConversations(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.jsonl"), filepath.Join(dir, "b.jsonl")
+	require.NoError(t, os.WriteFile(a, nil, 0o644))
+	require.NoError(t, os.WriteFile(b, []byte("\n"), 0o644))
+	code, stdout, stderr := outpostBin(t, "", "eval", a, b)
+	require.Equal(t, 2, code)
+	require.Empty(t, stdout)
+	require.Equal(t, "outpost eval: no golden conversations in "+a+", "+b+"\n", stderr)
+}
