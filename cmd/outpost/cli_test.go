@@ -323,3 +323,26 @@ func TestEvalNoConversations(t *testing.T) {
 	require.Empty(t, stdout)
 	require.Equal(t, "outpost eval: no golden conversations in "+a+", "+b+"\n", stderr)
 }
+
+// firmware -h names every flag a command's own -h lists among the data
+// folder and the keys (verify reads DATA/keys, and its line left --data
+// out), and says that every command takes --json, which each one's -h
+// shows.
+func TestFirmwareUsageNamesTheFlags(t *testing.T) {
+	code, usage, _ := outpostBin(t, "", "firmware", "-h")
+	require.Zero(t, code)
+	require.Contains(t, usage, `Every command takes --json; "outpost firmware COMMAND -h" lists its flags.`)
+	for _, sub := range []string{"keygen", "sign", "verify", "install", "list", "activate", "export"} {
+		code, help, _ := outpostBin(t, "", "firmware", sub, "-h")
+		require.Zero(t, code, sub)
+		require.Contains(t, help, "  -json\n", sub)
+		i := strings.Index(usage, "\n  "+sub+" ")
+		require.GreaterOrEqual(t, i, 0, sub)
+		line := strings.SplitN(usage[i+1:], "\n", 2)[0]
+		for _, flag := range []string{"data", "keys", "trust-dev-key"} {
+			if strings.Contains(help, "  -"+flag+" ") || strings.Contains(help, "  -"+flag+"\n") {
+				require.Contains(t, line, "--"+flag, "firmware -h's %s line", sub)
+			}
+		}
+	}
+}

@@ -26,7 +26,7 @@ const firmwareUsage = `Usage: outpost firmware <command> [flags]
 Commands:
   keygen  [--out DIR]                        make an ed25519 key pair (KEYID.key, mode 0600, and KEYID.pub)
   sign    --key FILE DIR                     record every file's sha256 in DIR/manifest.json and sign it
-  verify  [--keys PATH] [--trust-dev-key] BUNDLE
+  verify  [--data DIR] [--keys PATH] [--trust-dev-key] BUNDLE
                                              check a bundle (a folder or a .tar) without installing it
   install [--data DIR] [--keys PATH] [--trust-dev-key] [--activate]
           [--allow-downgrade --by NAME --reason TEXT] BUNDLE
@@ -43,6 +43,8 @@ Trusted keys are the *.pub files in DATA/keys plus --keys (a .pub file or a fold
 copies the key that verified a bundle into DATA/keys, so that the appliance can check it again on
 every start. --trust-dev-key trusts the development key of the reference bundle: it is public, so
 never use it on a production appliance.
+
+Every command takes --json; "outpost firmware COMMAND -h" lists its flags.
 `
 
 func runFirmware(ctx context.Context, args []string, stdout, stderr io.Writer) error {
