@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strconv"
@@ -676,7 +677,14 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) *apiError {
 	c, err := ag.Graph.Fork(r.Context(), engine.RunConfig{Thread: thread, Store: s.cfg.Manager.Store()}, req.Checkpoint)
 	if err != nil {
 		if errors.Is(err, engine.ErrCheckpointNotFound) {
-			return errorf(http.StatusNotFound, "checkpoint_not_found", err.Error())
+			// Said short when the checkpoint named is not there; one of its
+			// ancestors missing (damage) keeps the whole chain.
+			msg := err.Error()
+			if _, cerr := s.cfg.Manager.Store().Checkpoint(r.Context(), thread, "", req.Checkpoint); errors.Is(cerr, engine.ErrCheckpointNotFound) {
+				msg = fmt.Sprintf("thread %s has no checkpoint %s (GET /api/v1/threads/%s/history lists them)",
+					quote(thread), quote(req.Checkpoint), url.PathEscape(thread))
+			}
+			return errorf(http.StatusNotFound, "checkpoint_not_found", msg)
 		}
 		return errorf(http.StatusInternalServerError, "fork_failed", err.Error())
 	}

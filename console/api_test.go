@@ -456,6 +456,13 @@ func TestHistoryAndFork(t *testing.T) {
 	if head["source"] != "fork" || head["parent_id"] != oldest["id"] || h2["next"] == nil {
 		t.Fatalf("after fork: %v", h2)
 	}
+
+	// A checkpoint that is not there is said in a line, under the same code.
+	f = e.do("POST", "/api/v1/threads/h/fork", map[string]any{"checkpoint": "0000000000000001"})
+	want := `thread "h" has no checkpoint "0000000000000001" (GET /api/v1/threads/h/history lists them)`
+	if f.status != http.StatusNotFound || f.errCode(t) != "checkpoint_not_found" || f.json(t)["error"].(map[string]any)["message"] != want {
+		t.Fatalf("fork an unknown checkpoint: %d %s, want 404 checkpoint_not_found %q", f.status, f.body, want)
+	}
 }
 
 func TestFirmwareUplinkHealthMetricsGraph(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strings"
 
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
@@ -42,7 +43,7 @@ func Load(files ...string) ([]Conversation, error) {
 		out = append(out, cs...)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%w in %v", ErrNoConversations, files)
+		return nil, fmt.Errorf("%w in %s", ErrNoConversations, strings.Join(files, ", "))
 	}
 	return out, nil
 }

@@ -72,7 +72,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 			}
 		}
 	}
-	_, err := fmt.Fprintf(w, "\n%d conversations: %d passed, %d failed (%s)\n", len(r.Cases), r.Passed, r.Failed, round(r.Duration))
+	noun := "conversations"
+	if len(r.Cases) == 1 {
+		noun = "conversation"
+	}
+	_, err := fmt.Fprintf(w, "\n%d %s: %d passed, %d failed (%s)\n", len(r.Cases), noun, r.Passed, r.Failed, round(r.Duration))
 	return err
 }
 

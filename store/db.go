@@ -135,6 +135,23 @@ type Options struct {
 	// one recorded at first start (minted then when none was given). It
 	// can change only while the ledger is empty (ErrApplianceID).
 	ApplianceID string
+	// Copy says the file is a copy of a store, such as a backup, opened to
+	// be checked before it is restored: a refusal of a damaged file then
+	// says that the copy cannot be restored, where a data folder's store
+	// is told to be restored from the last backup.
+	Copy bool
+}
+
+// damageAdvice is what to do about a store file refused as damaged;
+// hollow, it holds nothing of a store at all.
+func (o Options) damageAdvice(hollow bool) string {
+	switch {
+	case o.Copy:
+		return "this copy cannot be restored: check an older backup, or, while the store itself is sound, take a new one (outpost db backup FILE)"
+	case hollow:
+		return "restore the last backup (outpost db backup makes one), or, if this is a new appliance whose first start never finished, remove the file and start again"
+	}
+	return "restore the last backup (outpost db backup makes one)"
 }
 
 // DefaultTimeout is how long Open waits for a store that another process
@@ -261,10 +278,9 @@ func Open(path string, opts Options) (*DB, error) {
 	case errors.Is(err, errLocked):
 		return nil, unlock(inUse())
 	case errors.As(err, &nothing):
-		return nil, unlock(fmt.Errorf("open store %s: %w; nothing was changed: restore the last backup (outpost db backup makes one), "+
-			"or, if this is a new appliance whose first start never finished, remove the file and start again", path, err))
+		return nil, unlock(fmt.Errorf("open store %s: %w; nothing was changed: %s", path, err, opts.damageAdvice(true)))
 	case errors.Is(err, ErrDamaged):
-		return nil, unlock(fmt.Errorf("open store %s: %w; nothing was changed: restore the last backup (outpost db backup makes one)", path, err))
+		return nil, unlock(fmt.Errorf("open store %s: %w; nothing was changed: %s", path, err, opts.damageAdvice(false)))
 	case err != nil:
 		return nil, unlock(fmt.Errorf("open store %s: %w", path, err))
 	}
@@ -517,7 +533,10 @@ func (d *DB) checkBuckets(tx *bbolt.Tx, writable bool) error {
 	switch {
 	case len(unknown) > 0:
 		return fmt.Errorf("open store %s: %w: bucket %s is missing, and the file holds %s, which the store does not know: "+
-			"nothing was changed: restore the last backup", d.path, ErrDamaged, strings.Join(missing, ", "), strings.Join(unknown, ", "))
+			"nothing was changed: %s", d.path, ErrDamaged, strings.Join(missing, ", "), strings.Join(unknown, ", "), d.opts.damageAdvice(false))
+	case !writable && d.opts.Copy:
+		return fmt.Errorf("open store %s: %w: bucket %s is missing; a store restored from this copy gets it when it is first opened for writing (by serve or run)",
+			d.path, ErrFormat, strings.Join(missing, ", "))
 	case !writable:
 		return fmt.Errorf("open store %s: %w: bucket %s is missing; opening the store for writing once adds it",
 			d.path, ErrFormat, strings.Join(missing, ", "))

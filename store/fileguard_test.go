@@ -73,6 +73,23 @@ func TestOpenRefusesATruncatedFile(t *testing.T) {
 	}
 }
 
+// A copy of a store, such as a backup, opened with Options.Copy and
+// refused as damaged, is not told to "restore the last backup", nor, when
+// it holds nothing, to be removed as a new appliance's file: it is said to
+// be unfit to restore, with what to do instead.
+func TestOpenAdvisesACopyAsACopy(t *testing.T) {
+	good, _ := damageFixture(t)
+	for _, b := range [][]byte{good[:len(good)/2], nil} {
+		path := writeStore(t, b)
+		_, err := Open(path, Options{ReadOnly: true, Copy: true})
+		require.ErrorIs(t, err, ErrDamaged)
+		assert.ErrorContains(t, err, "nothing was changed: this copy cannot be restored: check an older backup, "+
+			"or, while the store itself is sound, take a new one (outpost db backup FILE)")
+		assert.NotContains(t, err.Error(), "restore the last backup")
+		assert.NotContains(t, err.Error(), "new appliance")
+	}
+}
+
 // A store file that holds nothing of a store (empty, as a restore's copy
 // that failed or a full disk leaves it; all zeros, as a file system that
 // lost unflushed writes leaves it; a few bytes) is damage, not a new store

@@ -77,12 +77,18 @@ type budgetChoice struct {
 	alone      time.Duration
 }
 
-func budgetFlags(fs *flag.FlagSet) *budgetChoice {
+// budgetFlags adds --max-run-time and --max-tokens, and, with
+// recoveries, --max-recoveries, which only a command that recovers runs
+// at start takes (not eval, whose runs live in memory).
+func budgetFlags(fs *flag.FlagSet, recoveries bool) *budgetChoice {
 	bc := &budgetChoice{}
 	fs.DurationVar(&bc.runTime, "max-run-time", defaultMaxRunTime,
 		"wall-time budget of each run: its active time, not the time it waits for a person (0 for none); over it, the run ends budget_exceeded")
 	fs.IntVar(&bc.tokens, "max-tokens", defaultMaxTokens,
 		"token budget of each run: all its model calls, failed ones included (0 for none); over it, the run ends budget_exceeded")
+	if !recoveries {
+		return bc
+	}
 	fs.IntVar(&bc.recoveries, "max-recoveries", engine.DefaultMaxRecoveries,
 		"times in a row a run left running by a crash is resumed at start without making progress (0 for no limit); "+
 			"at the next start it ends failed instead, so that a run that crashes the appliance does not crash it at every start; "+

@@ -349,7 +349,7 @@ func checkFile(ctx context.Context, path string) (*store.CheckReport, error) {
 	case fi.IsDir():
 		return nil, fmt.Errorf("%s is a folder: --file names a store file; for a data folder use --data %s", path, path)
 	}
-	db, err := store.Open(path, store.Options{ReadOnly: true})
+	db, err := store.Open(path, store.Options{ReadOnly: true, Copy: true})
 	if err != nil {
 		return nil, explainOpenFile(path, err)
 	}
@@ -358,11 +358,15 @@ func checkFile(ctx context.Context, path string) (*store.CheckReport, error) {
 }
 
 // explainOpenFile is explainOpen for a store file checked with --file,
-// such as a backup: it speaks of the file, not of a data folder. db
+// such as a backup: it speaks of the file, not of a data folder (the
+// store's own advice speaks of a copy: store.Options.Copy). db
 // salvage reads DIR/outpost.db alone, so the hint to salvage a file of
 // another name says to put it there.
 func explainOpenFile(path string, err error) error {
 	switch {
+	case errors.Is(err, store.ErrInUse):
+		return fmt.Errorf("%w\n(another outpost process, such as serve, owns this file: outpost db check --data %s checks it through that process)",
+			err, shellQuote(filepath.Dir(path)))
 	case errors.Is(err, store.ErrFormat):
 		return fmt.Errorf("%w\n(this file was written by an incompatible outpost version, or is not an outpost store)", err)
 	case filepath.Base(path) != store.FileName && errors.Is(err, store.ErrDamaged) && !errors.Is(err, store.ErrHollow):
@@ -467,7 +471,7 @@ func dbBackup(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr 
 // page for page, so it holds the store's faults) or in the copy.
 func verifyBackup(ctx context.Context, dir, dst string, checkStore func() (*store.CheckReport, error)) (int64, error) {
 	var fault string
-	b, err := store.Open(dst, store.Options{ReadOnly: true})
+	b, err := store.Open(dst, store.Options{ReadOnly: true, Copy: true})
 	if err == nil {
 		rep, cerr := b.Check(ctx)
 		size, _ := b.Size()

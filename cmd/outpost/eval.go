@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"runtime"
@@ -27,13 +29,17 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	flagsCh := fs.String("flags-channel", "flags", "the channel that a turn's expected flags are checked against")
 	finalCh := fs.String("final-channel", "final", "the channel holding the final answer (the run's output when the agent has none)")
 	timeout := fs.Duration("timeout", time.Minute, "the longest one conversation may take")
-	bc := budgetFlags(fs.FlagSet)
-	if err := fs.parse(args, false); err != nil {
-		return err
-	}
+	bc := budgetFlags(fs.FlagSet, false)
 	// Exit 1 says a conversation failed; 2 says the replay could not be
-	// made (no file, a malformed one, a bundle that will not load), so that
-	// CI can tell a regression from a broken harness.
+	// made (a flag it does not take, no file, a malformed one, a bundle
+	// that will not load), so that CI can tell a regression from a broken
+	// harness.
+	if err := fs.parse(args, false); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError(err.Error())
+	}
 	files := fs.Args()
 	if len(files) == 0 {
 		fs.printUsage(stderr)
@@ -88,8 +94,11 @@ func evalResolver(path, keyDir string) (engine.Resolver, error) {
 		return nil, err
 	}
 	b, err := firmware.Load(path, ring)
+	if errors.Is(err, firmware.ErrUnknownKey) {
+		return nil, fmt.Errorf("%w\n(eval trusts the development key alone unless --keys names the signer's .pub file, or a folder of them)", err)
+	}
 	if err != nil {
-		return nil, err
+		return nil, explain(err)
 	}
 	return firmware.BundleResolver(b), nil
 }

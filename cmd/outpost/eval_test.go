@@ -97,7 +97,7 @@ func TestEvalCommand(t *testing.T) {
 	require.NoError(t, os.WriteFile(ok, []byte(`{"name": "runs", "agent": "`+name+`", "turns": [{"input": "hi"}]}`+"\n"), 0o644))
 	code, stdout, stderr = outpost(t, "eval", ok)
 	require.Zero(t, code, stderr)
-	require.Contains(t, stdout, "1 conversations: 1 passed, 0 failed")
+	require.Contains(t, stdout, "\n1 conversation: 1 passed, 0 failed (")
 
 	bad := filepath.Join(dir, "bad.jsonl")
 	require.NoError(t, os.WriteFile(bad, []byte("# comment\n"+`{"name": "x", "agent": "a", "turns": [{"input": "hi", "expect": {"flag": []}}]}`+"\n"), 0o644))

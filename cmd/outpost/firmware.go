@@ -26,7 +26,7 @@ const firmwareUsage = `Usage: outpost firmware <command> [flags]
 Commands:
   keygen  [--out DIR]                        make an ed25519 key pair (KEYID.key, mode 0600, and KEYID.pub)
   sign    --key FILE DIR                     record every file's sha256 in DIR/manifest.json and sign it
-  verify  [--keys PATH] [--trust-dev-key] BUNDLE
+  verify  [--data DIR] [--keys PATH] [--trust-dev-key] BUNDLE
                                              check a bundle (a folder or a .tar) without installing it
   install [--data DIR] [--keys PATH] [--trust-dev-key] [--activate]
           [--allow-downgrade --by NAME --reason TEXT] BUNDLE
@@ -43,6 +43,8 @@ Trusted keys are the *.pub files in DATA/keys plus --keys (a .pub file or a fold
 copies the key that verified a bundle into DATA/keys, so that the appliance can check it again on
 every start. --trust-dev-key trusts the development key of the reference bundle: it is public, so
 never use it on a production appliance.
+
+Every command takes --json; "outpost firmware COMMAND -h" lists its flags.
 `
 
 func runFirmware(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -83,7 +85,8 @@ func explain(err error) error {
 	case errors.Is(err, firmware.ErrBundleSignature):
 		hint = "the signature does not match manifest.json: the bundle was changed after it was signed, or damaged; do not install it"
 	case errors.Is(err, firmware.ErrHashMismatch):
-		hint = "a file differs from the sha256 the signed manifest gives: the bundle was changed after it was signed; re-sign it or get a fresh copy"
+		hint = "a file differs from the sha256 the signed manifest gives: the bundle was changed after it was signed, or damaged; " +
+			"do not install it: get a fresh copy (its author, having changed it on purpose, signs it again: outpost firmware sign)"
 	case errors.Is(err, firmware.ErrMissingFile):
 		hint = "the signed manifest lists a file the bundle lacks: get a complete copy"
 	case errors.Is(err, firmware.ErrUnlistedFile):
@@ -295,6 +298,21 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 		state = "repaired (its installed copy had changed on disk; rewritten and recorded)"
 	}
 	fmt.Fprintf(stdout, "%s v%d %s: %s, signed by %s\n", rec.Name, rec.Version, state, rec.Digest, rec.KeyID)
+	if !rec.Active {
+		// A version installed beside the active one serves no run until
+		// it is activated.
+		for _, r := range in.List() {
+			if r.Name != rec.Name || !r.Active {
+				continue
+			}
+			back := ""
+			if rec.Version < r.Version {
+				back = " --allow-downgrade --by NAME --reason TEXT"
+			}
+			fmt.Fprintf(stdout, "new runs still use v%d, the active version; to make v%d active: outpost firmware activate%s%s %s %d\n",
+				r.Version, rec.Version, dataHint(fs.FlagSet), back, shellQuote(rec.Name), rec.Version)
+		}
+	}
 	return nil
 }
 

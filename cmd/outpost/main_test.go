@@ -164,10 +164,11 @@ func TestDBSalvage(t *testing.T) {
 
 // Flags may follow the arguments, as most command-line tools allow; "--"
 // ends them. A run's input is free text, so its flags come first and the
-// rest is input, dashes and all.
+// rest is input, dashes and all (one of run's own flags among it only
+// after "--": TestRunRefusesItsFlagsAfterTheInput).
 func TestFlagsAfterArguments(t *testing.T) {
 	dir := t.TempDir()
-	code, _, stderr := outpost(t, "run", "--data", dir, "--thread", "t1", "take", "-3", "units", "--json")
+	code, _, stderr := outpost(t, "run", "--data", dir, "--thread", "t1", "--", "take", "-3", "units", "--json")
 	require.Zero(t, code, stderr)
 	code, stdout, stderr := outpost(t, "runs", "list", "--data", dir, "--json")
 	require.Zero(t, code, stderr)

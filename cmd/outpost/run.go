@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -259,16 +260,21 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	data := dataFlag(fs.FlagSet)
 	agentName := fs.String("agent", firmware.ReferenceAgent, "agent to run (the bench workload's agent is \"reference\")")
 	mc := modelFlags(fs.FlagSet)
-	tools := fs.String("tools", "-", "narrow the run's tools to these (comma-separated; \"\" for none; default: no narrowing)")
+	var tools toolsFlag
+	fs.Var(&tools, "tools", "narrow the run's tools to these `NAMES` (comma-separated; \"\" for none); without it, the run may call every tool its agent may")
 	thread := fs.String("thread", "default", "thread (conversation) to run the turn on")
 	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit only when the run ends or pauses)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
-	bc := budgetFlags(fs.FlagSet)
+	bc := budgetFlags(fs.FlagSet, true)
+	fs.About = runAbout
 	if err := fs.parse(args, true); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
 		return fmt.Errorf("no input given (usage: outpost %s)", fs.synopsis)
+	}
+	if err := flagAfterInput(fs, args); err != nil {
+		return err
 	}
 	// Checked before the store is opened: a typo must not run the turn in
 	// another mode than the one asked for.
@@ -282,8 +288,8 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	var meta map[string]string
-	if *tools != "-" {
-		meta = map[string]string{firmware.MetaTools: *tools}
+	if tools.set {
+		meta = map[string]string{firmware.MetaTools: tools.names}
 	}
 	if n, err := recoverRuns(ctx, s.m, stderr); err != nil {
 		s.close()
@@ -299,6 +305,111 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	return reportRun(run, stdout, *asJSON, dataHint(fs.FlagSet))
+}
+
+const runAbout = `Run one turn of an agent on INPUT, printing its events, then how the run ended.
+
+Flags go before the input: the input is free text, and it starts at the first word that is
+not a flag. A word after the input that is one of run's own flags (outpost run hello --json)
+is refused, with exit 2 and nothing run, since it was most likely meant as a flag: write the
+flags first (outpost run --json hello). To send such a word as text, put -- before the input:
+outpost run -- what does --json do`
+
+// flagAfterInput refuses a run whose input holds a word that is one of
+// run's own flags (args being run's arguments, parsed flags first): most
+// often a flag written after the input, which would otherwise be run as
+// text, in the default data folder, agent and output. Input after "--" is
+// taken as it is.
+func flagAfterInput(fs *cmdFlags, args []string) error {
+	i := len(args) - fs.NArg() // where the input starts
+	if i > 0 && args[i-1] == "--" {
+		return nil
+	}
+	for _, w := range fs.Args()[1:] {
+		if !isFlagOf(fs.FlagSet, w) {
+			continue
+		}
+		if name := flagName(w); name == "h" || name == "help" {
+			return usageError(fmt.Sprintf("%s after the input would be read as input, so nothing was run: outpost run -h lists run's flags", w))
+		}
+		flags, words := splitFlags(fs.FlagSet, args)
+		asText := append(append(slices.Clip(args[:i]), "--"), args[i:]...)
+		return usageError(fmt.Sprintf("%s after the input would be read as input, so nothing was run: run takes its flags before the input:\n"+
+			"  outpost run %s\n(to send %s as text, put -- before the input: outpost run %s)",
+			w, shellJoin(append(flags, words...)), w, shellJoin(asText)))
+	}
+	return nil
+}
+
+// flagName is the name of the flag the word w would set: "data" for
+// "--data", "-data" and "--data=DIR"; "" when w is no flag.
+func flagName(w string) string {
+	if len(w) < 2 || w[0] != '-' || w == "--" {
+		return ""
+	}
+	name, _, _ := strings.Cut(strings.TrimPrefix(w[1:], "-"), "=")
+	return name
+}
+
+// isFlagOf reports whether the word w sets one of fs's flags, or asks for
+// help.
+func isFlagOf(fs *flag.FlagSet, w string) bool {
+	name := flagName(w)
+	return name != "" && (fs.Lookup(name) != nil || name == "h" || name == "help")
+}
+
+// splitFlags splits a command line into its flags (with their values) and
+// its other words, wherever the flags are, so that the flags can be shown
+// first.
+func splitFlags(fs *flag.FlagSet, args []string) (flags, words []string) {
+	for i := 0; i < len(args); i++ {
+		w := args[i]
+		if w == "--" {
+			return flags, append(words, args[i+1:]...)
+		}
+		if !isFlagOf(fs, w) {
+			words = append(words, w)
+			continue
+		}
+		flags = append(flags, w)
+		f := fs.Lookup(flagName(w))
+		b, isBool := f.Value.(interface{ IsBoolFlag() bool })
+		if !strings.Contains(w, "=") && !(isBool && b.IsBoolFlag()) && i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
+	}
+	return flags, words
+}
+
+// shellJoin writes words as a shell command line's arguments.
+func shellJoin(words []string) string {
+	q := make([]string, len(words))
+	for i, w := range words {
+		q[i] = shellQuote(w)
+	}
+	return strings.Join(q, " ")
+}
+
+// toolsFlag is --tools: unset, the run's tools are not narrowed; set,
+// even to "", they are narrowed to the names given.
+type toolsFlag struct {
+	names string
+	set   bool
+}
+
+// String is "" unset, so that -h shows no default: the flag's text says
+// what leaving it out does.
+func (f *toolsFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return f.names
+}
+
+func (f *toolsFlag) Set(s string) error {
+	f.names, f.set = s, true
+	return nil
 }
 
 // reportRun prints how a run ended; dataHint (" --data DIR" or "") goes
@@ -341,7 +452,7 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	by := fs.String("by", "cli", "who decides (recorded with the decision)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
 	mc := modelFlags(fs.FlagSet)
-	bc := budgetFlags(fs.FlagSet)
+	bc := budgetFlags(fs.FlagSet, true)
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}

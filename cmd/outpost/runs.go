@@ -75,9 +75,16 @@ func runsFlags(sub, synopsis string, stdout, stderr io.Writer) (fs *cmdFlags, da
 	return fs, data, asJSON
 }
 
-func checkLimit(limit int) error {
-	if limit < 1 || limit > maxLimit {
-		return fmt.Errorf("--limit must be between 1 and %d", maxLimit)
+// pageLimit checks --limit as the HTTP API checks limit: a whole number
+// from 1 up, one over maxLimit read as maxLimit, which stderr is told (a
+// page holds no more; the next one starts where the "more:" line says).
+func pageLimit(limit *int, stderr io.Writer) error {
+	switch {
+	case *limit < 1:
+		return fmt.Errorf("--limit must be a whole number from 1 to %d (a larger one reads as %d)", maxLimit, maxLimit)
+	case *limit > maxLimit:
+		fmt.Fprintf(stderr, "--limit %d reads as %d, the most one page holds; the \"more:\" line (\"next\" under --json) pages on\n", *limit, maxLimit)
+		*limit = maxLimit
 	}
 	return nil
 }
@@ -87,7 +94,7 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	status := fs.String("status", "", "only runs in this status: "+statusNames())
 	agent := fs.String("agent", "", "only runs of this agent")
 	thread := fs.String("thread", "", "only runs on this thread")
-	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many, 1 to %d", maxLimit))
+	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many, 1 to %d (a larger number reads as %d)", maxLimit, maxLimit))
 	after := fs.String("after", "", "start after this run id (the previous page's last)")
 	newest := fs.Bool("newest-first", false, "list the newest runs first (--after then pages on towards older ones)")
 	if err := fs.parse(args, false); err != nil {
@@ -99,7 +106,7 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	if *status != "" && !engine.RunStatus(*status).Valid() {
 		return fmt.Errorf("--status %q: want one of %s", *status, statusNames())
 	}
-	if err := checkLimit(*limit); err != nil {
+	if err := pageLimit(limit, stderr); err != nil {
 		return err
 	}
 	if *after != "" && !engine.IsRunID(*after) {
@@ -291,7 +298,7 @@ func readableJSON(raw json.RawMessage) string {
 
 func runsHistory(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, data, asJSON := runsFlags("history", "runs history [flags] THREAD", stdout, stderr)
-	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many checkpoints, newest first, 1 to %d", maxLimit))
+	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many checkpoints, newest first, 1 to %d (a larger number reads as %d)", maxLimit, maxLimit))
 	before := fs.String("before", "", "start below this checkpoint id (the previous page's last)")
 	if err := fs.parse(args, false); err != nil {
 		return err
@@ -300,7 +307,7 @@ func runsHistory(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	if err := checkLimit(*limit); err != nil {
+	if err := pageLimit(limit, stderr); err != nil {
 		return err
 	}
 	// One more than the page, to know whether another page follows.
@@ -427,10 +434,12 @@ func runsFork(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer db.Close()
-	return forkThread(ctx, db, pos[0], *checkpoint, *asJSON, stdout)
+	return forkThread(ctx, db, pos[0], *checkpoint, *asJSON, dataHint(fs.FlagSet), stdout)
 }
 
-func forkThread(ctx context.Context, db *store.DB, th, checkpoint string, asJSON bool, stdout io.Writer) error {
+// forkThread forks thread th at checkpoint; dataHint (" --data DIR" or "")
+// goes into the command it suggests.
+func forkThread(ctx context.Context, db *store.DB, th, checkpoint string, asJSON bool, dataHint string, stdout io.Writer) error {
 	runs, err := db.Runs(ctx, engine.RunFilter{Thread: th, Summary: true})
 	if err != nil {
 		return err
@@ -448,6 +457,14 @@ func forkThread(ctx context.Context, db *store.DB, th, checkpoint string, asJSON
 		return err
 	}
 	c, err := ag.Graph.Fork(ctx, engine.RunConfig{Thread: th, Store: db}, checkpoint)
+	if errors.Is(err, engine.ErrCheckpointNotFound) {
+		// Said short when the checkpoint named is not there, as the HTTP
+		// API says it; one of its ancestors missing (damage) keeps the
+		// whole chain.
+		if _, cerr := db.Checkpoint(ctx, th, "", checkpoint); errors.Is(cerr, engine.ErrCheckpointNotFound) {
+			return fmt.Errorf("thread %q has no checkpoint %q (outpost runs history %s%s lists them)", th, checkpoint, shellQuote(th), dataHint)
+		}
+	}
 	if err != nil {
 		return err
 	}

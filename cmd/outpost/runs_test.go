@@ -155,12 +155,18 @@ func TestRunsFiltersChecked(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.Contains(t, stdout, "completed")
 
-	for _, limit := range []string{"0", "-5", "1001"} {
-		for _, sub := range [][]string{{"list"}, {"history", "t1"}} {
+	for _, sub := range [][]string{{"list"}, {"history", "t1"}} {
+		for _, limit := range []string{"0", "-5"} {
 			code, stdout, stderr = outpost(t, append(append([]string{"runs"}, sub...), "--data", dir, "--limit", limit)...)
 			require.Equal(t, 1, code, "%v --limit %s: %s", sub, limit, stdout)
-			require.Contains(t, stderr, "--limit must be between 1 and 1000")
+			require.Contains(t, stderr, "--limit must be a whole number from 1 to 1000 (a larger one reads as 1000)")
 		}
+		// A larger one reads as 1000, as the HTTP API reads it
+		// (TestRunsListLimitAsTheAPIReadsIt).
+		code, stdout, stderr = outpost(t, append(append([]string{"runs"}, sub...), "--data", dir, "--limit", "1001")...)
+		require.Zero(t, code, "%v: %s", sub, stderr)
+		require.Contains(t, stdout, "run_")
+		require.Contains(t, stderr, "--limit 1001 reads as 1000")
 	}
 	// A cursor that is no run id is refused, as GET /api/v1/runs refuses
 	// it: it listed every run (or none) with exit 0, as if it were a page.

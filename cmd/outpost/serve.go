@@ -69,7 +69,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	upURL := fs.String("uplink", "", "collector URL to send the outcome ledger to (e.g. https://collector.site:8443)")
 	applianceID := fs.String("appliance-id", "", "this appliance's id upstream (default: the store's)")
 	upSecret := fs.String("uplink-secret", "", "file holding the HMAC secret shared with the collector")
-	bc := budgetFlags(fs.FlagSet)
+	bc := budgetFlags(fs.FlagSet, true)
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}

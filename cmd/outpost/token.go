@@ -34,6 +34,13 @@ func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error 
 			*data = defaultCollectorData
 		}
 	}
+	if fi, err := os.Stat(*data); err == nil && !fi.IsDir() {
+		owner := "serve"
+		if *collector {
+			owner = "collector"
+		}
+		return fmt.Errorf("%s is a file: --data names the data folder, the one given to outpost %s", *data, owner)
+	}
 	var tok string
 	var err error
 	if *collector {
@@ -45,7 +52,7 @@ func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	case errors.Is(err, os.ErrNotExist) && *collector:
 		return fmt.Errorf("no collector token in %s yet: \"outpost collector --data %s\" makes one when it first starts", *data, shellQuote(*data))
 	case errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("no console token in %s yet: \"outpost serve --data %s\" makes one when it first starts", *data, *data)
+		return fmt.Errorf("no console token in %s yet: \"outpost serve --data %s\" makes one when it first starts", *data, shellQuote(*data))
 	}
 	if err != nil {
 		return err

@@ -24,7 +24,8 @@ func init() {
 const uplinkUsage = `Usage: outpost uplink <status|flush> [flags]
 
   status   the ledger's last seq, the acknowledged cursor and the backlog
-  flush    send the backlog to the collector now and wait (--url and --secret-file)
+  flush    send the backlog to the collector now and wait (--url and --secret-file), retrying
+           until --timeout (1m) while the collector is down, and saying so every few seconds
 
 Flags: --data DIR, --url URL, --appliance-id ID, --secret-file FILE, --timeout D, --json.
 While serve runs, it owns the uplink: status reads the ledger through its
@@ -152,10 +153,16 @@ func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout tim
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	fctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	ferr := u.Flush(ctx)
+	stop := reportRetries(u, timeout, stderr, 5*time.Second)
+	ferr := u.Flush(fctx)
+	stop()
 	st := u.Status()
+	if errors.Is(ferr, context.DeadlineExceeded) && ctx.Err() == nil {
+		ferr = fmt.Errorf("the collector did not acknowledge the backlog within --timeout %s: %d outcome(s) still wait (last error: %s); "+
+			"the next flush sends them, as serve --uplink does", timeout, st.Backlog, st.LastError)
+	}
 	if asJSON {
 		if err := printJSON(stdout, st); err != nil {
 			return err
@@ -191,6 +198,32 @@ func (p *flushProgress) Publish(events ...engine.Event) {
 		p.last = time.Now()
 		fmt.Fprintf(p.w, "uplink: %d of %d outcomes acknowledged in %s…\n", sent.AckedSeq, p.total, time.Since(p.start).Round(time.Second))
 	}
+}
+
+// reportRetries says on w, every interval, that a flush is retrying and
+// why, while the collector refuses it or does not answer, so that a flush
+// to a collector that is down does not sit silent until --timeout. The
+// returned function stops it.
+func reportRetries(u *uplink.Uplink, timeout time.Duration, w io.Writer, every time.Duration) (stop func()) {
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		start := time.Now()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if st := u.Status(); st.LastError != "" {
+					fmt.Fprintf(w, "uplink: %d of %d outcomes acknowledged; retrying (%s of --timeout %s): %s…\n",
+						st.AckedSeq, st.LastSeq, time.Since(start).Round(time.Second), timeout, st.LastError)
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }
 
 // bundleRedactors returns each outcome's redaction policy: its bundle's,

@@ -1,0 +1,348 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The binary the command-line tests run, built once per test binary into
+// binDir, which TestMain removes.
+var (
+	binDir   string
+	binOnce  sync.Once
+	binPath  string
+	binError error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// outpostBin runs the built binary with args, as a person would from a
+// shell, in the folder dir ("" for the test's own), and returns its exit
+// code and what it printed.
+func outpostBin(t *testing.T, dir string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	cmd := exec.Command(builtOutpost(t), args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "OUTPOST_DATA=")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode(), out.String(), errb.String()
+	}
+	require.NoError(t, err)
+	return 0, out.String(), errb.String()
+}
+
+// builtOutpost is the path of the binary, built at the first call.
+func builtOutpost(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		if binDir, binError = os.MkdirTemp("", "outpost-bin-"); binError != nil {
+			return
+		}
+		gobin, err := exec.LookPath("go")
+		if err != nil {
+			gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		binPath = filepath.Join(binDir, "outpost")
+		cmd := exec.Command(gobin, "build", "-o", binPath, ".")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binError = errors.New(string(out))
+		}
+	})
+	require.NoError(t, binError)
+	return binPath
+}
+
+// A flag of run's own written after the input ("outpost run hi --data
+// DIR") is refused with exit 2, and nothing is run or made: not in DIR,
+// not in the default folder. The message gives the command line with the
+// flags first, and the one that sends the word as text, and both work.
+func TestRunRefusesItsFlagsAfterTheInput(t *testing.T) {
+	cwd, data := t.TempDir(), filepath.Join(t.TempDir(), "data")
+	code, stdout, stderr := outpostBin(t, cwd, "run", "--thread", "t1", "hi", "there", "--data", data)
+	require.Equal(t, 2, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "outpost run: --data after the input would be read as input, so nothing was run: run takes its flags before the input:\n"+
+		"  outpost run --thread t1 --data "+data+" hi there\n"+
+		"(to send --data as text, put -- before the input: outpost run --thread t1 -- hi there --data "+data+")")
+	entries, err := os.ReadDir(cwd)
+	require.NoError(t, err)
+	require.Empty(t, entries, "a refused run made something in the current folder")
+	require.NoDirExists(t, data)
+
+	for _, w := range []string{"--json", "-json", "--agent=reference", "--max-tokens"} {
+		code, _, stderr = outpostBin(t, cwd, "run", "--data", data, "hi", w, "5")
+		require.Equal(t, 2, code, w)
+		require.Contains(t, stderr, w+" after the input would be read as input")
+	}
+	code, _, stderr = outpostBin(t, cwd, "run", "hi", "--help")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "--help after the input would be read as input, so nothing was run: outpost run -h lists run's flags")
+
+	// The suggested command lines.
+	code, _, stderr = outpostBin(t, cwd, "run", "--thread", "t1", "--data", data, "hi", "there")
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpostBin(t, cwd, "run", "--thread", "t1", "--", "hi", "there", "--data", data)
+	require.Zero(t, code, stderr)
+	// Words that are not run's flags are input, as before.
+	code, _, stderr = outpostBin(t, cwd, "run", "--thread", "t1", "take", "-3", "units", "--verbose")
+	require.Zero(t, code, stderr)
+	code, stdout, stderr = outpostBin(t, cwd, "runs", "list", "--thread", "t1", "--json")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, `"input": "hi there --data `+data+`"`)
+	require.Contains(t, stdout, `"input": "take -3 units --verbose"`)
+
+	_, help, _ := outpostBin(t, cwd, "run", "-h")
+	require.Contains(t, help, "A word after the input that is one of run's own flags (outpost run hello --json)\nis refused, with exit 2 and nothing run")
+}
+
+// run -h shows what leaving --tools out does, not a made-up default
+// ("-"); left out, the run calls its agent's tools; "" narrows them to
+// none; "-" is no longer a hidden word for "no narrowing".
+func TestRunToolsFlag(t *testing.T) {
+	code, help, _ := outpostBin(t, "", "run", "-h")
+	require.Zero(t, code)
+	i := strings.Index(help, "  -tools")
+	require.GreaterOrEqual(t, i, 0, help)
+	tools, _, _ := strings.Cut(help[i:], "\n  -")
+	require.NotContains(t, tools, "(default")
+	require.Contains(t, tools, `narrow the run's tools to these NAMES (comma-separated; "" for none); without it, the run may call every tool its agent may`)
+
+	data := t.TempDir()
+	const q = "when is my next metformin refill due"
+	code, stdout, stderr := outpostBin(t, "", "run", "--data", data, "--agent", "medication-adherence-tools", q)
+	require.Zero(t, code, stderr)
+	require.Regexp(t, `tool\.called +generate_response +\{"args"`, stdout)
+	code, stdout, stderr = outpostBin(t, "", "run", "--data", data, "--agent", "medication-adherence-tools", "--tools", "", q)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, `"reason":"tool \"kb_search\" is not allowed by this request"`)
+	require.NotContains(t, stdout, "tool.called")
+	code, _, stderr = outpostBin(t, "", "run", "--data", data, "--agent", "medication-adherence-tools", "--tools", "-", q)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "cannot have tool - here")
+}
+
+// db check --file on a damaged backup gives advice that fits a backup:
+// not "restore the last backup" (it is the backup), nor, for an empty one,
+// "remove the file and start again" (that is a new appliance's store).
+// On the store file of a folder that serve owns, it names the check that
+// goes through serve, and that check works.
+func TestDBCheckFileAdvisesABackup(t *testing.T) {
+	data := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", data, "--thread", "t1", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	bak := filepath.Join(t.TempDir(), "backup.db")
+	code, _, stderr = outpostBin(t, "", "db", "backup", "--data", data, bak)
+	require.Zero(t, code, stderr)
+	whole, err := os.ReadFile(bak)
+	require.NoError(t, err)
+
+	for name, b := range map[string][]byte{"cut.db": whole[:len(whole)/2], "empty.db": nil} {
+		path := filepath.Join(t.TempDir(), name)
+		require.NoError(t, os.WriteFile(path, b, 0o600))
+		code, stdout, stderr := outpostBin(t, "", "db", "check", "--file", path)
+		require.Equal(t, 1, code, name)
+		require.Empty(t, stdout)
+		require.Contains(t, stderr, "store file is damaged", name)
+		require.Contains(t, stderr, "nothing was changed: this copy cannot be restored: check an older backup, "+
+			"or, while the store itself is sound, take a new one (outpost db backup FILE)", name)
+		require.NotContains(t, stderr, "restore the last backup", name)
+		require.NotContains(t, stderr, "new appliance", name)
+	}
+
+	s := startServe(t, builtOutpost(t), data)
+	code, _, stderr = outpostBin(t, "", "db", "check", "--file", filepath.Join(data, "outpost.db"))
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "is in use by another outpost process\n(another outpost process, such as serve, owns this file: "+
+		"outpost db check --data "+data+" checks it through that process)")
+	code, stdout, stderr := outpostBin(t, "", "db", "check", "--data", data)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "store is sound")
+	s.stop(t)
+}
+
+// runs fork from a checkpoint that is not there says so in a line, and
+// names the command that lists the thread's checkpoints.
+func TestRunsForkUnknownCheckpoint(t *testing.T) {
+	data := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", data, "--thread", "t1", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	code, stdout, stderr := outpostBin(t, "", "runs", "fork", "t1", "--data", data, "--checkpoint", "0000000000000001")
+	require.Equal(t, 1, code)
+	require.Empty(t, stdout)
+	require.Equal(t, `outpost runs: thread "t1" has no checkpoint "0000000000000001" (outpost runs history t1 --data `+data+" lists them)\n", stderr)
+}
+
+// uplink flush to a collector that is down says every few seconds that it
+// is retrying and why, and, when --timeout runs out, how many outcomes
+// still wait, where it sat silent until then and ended with "flush:
+// context deadline exceeded".
+func TestUplinkFlushToACollectorThatIsDown(t *testing.T) {
+	data := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", data, "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	secret := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(secret, []byte("hunter2-but-longer\n"), 0o600))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	down := "http://" + l.Addr().String()
+	require.NoError(t, l.Close()) // nothing listens there now
+
+	code, stdout, stderr := outpostBin(t, "", "uplink", "flush", "--data", data, "--url", down, "--secret-file", secret, "--timeout", "7s")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stdout, "backlog 1")
+	require.Regexp(t, `uplink: 0 of 1 outcomes acknowledged; retrying \(5s of --timeout 7s\): send outcomes 1-1: .*connection refused…\n`, stderr)
+	require.Regexp(t, `outpost uplink: the collector did not acknowledge the backlog within --timeout 7s: 1 outcome\(s\) still wait `+
+		`\(last error: send outcomes 1-1: .*connection refused\); the next flush sends them, as serve --uplink does\n$`, stderr)
+}
+
+// A newcomer's round with bundles of their own, on the built binary: a
+// higher version installed beside the active one says that new runs still
+// use the active one, and gives the activate command, which works; a lower
+// one gives it with the downgrade flags. A tampered bundle is not to be
+// installed (the advice was "re-sign it", which on an appliance would
+// bless the tampering). eval --bundle of a bundle signed by one's own key
+// says how to trust it, and tells a tampered one as firmware verify does.
+func TestFirmwareNewcomerRound(t *testing.T) {
+	dir := t.TempDir()
+	data, keys, v1, v2 := filepath.Join(dir, "data"), filepath.Join(dir, "keys"), filepath.Join(dir, "v1"), filepath.Join(dir, "v2")
+	ok := func(args ...string) string {
+		t.Helper()
+		code, stdout, stderr := outpostBin(t, dir, args...)
+		require.Zero(t, code, "%v: %s", args, stderr)
+		return stdout
+	}
+	ok("firmware", "keygen", "--out", keys)
+	key, err := filepath.Glob(filepath.Join(keys, "*.key"))
+	require.NoError(t, err)
+	require.Len(t, key, 1)
+	for i, b := range []string{v1, v2} {
+		ok("firmware", "export", b)
+		mf := filepath.Join(b, "manifest.json")
+		raw, err := os.ReadFile(mf)
+		require.NoError(t, err)
+		raw = []byte(strings.Replace(string(raw), `"version": 1,`, fmt.Sprintf(`"version": %d,`, i+2), 1))
+		require.NoError(t, os.WriteFile(mf, raw, 0o644))
+		ok("firmware", "sign", "--key", key[0], b)
+	}
+	require.Contains(t, ok("firmware", "install", "--data", data, "--keys", keys, v2), "medication-adherence v3 installed and active")
+	out := ok("firmware", "install", "--data", data, "--allow-downgrade", "--by", "ada", "--reason", "test", v1)
+	require.Contains(t, out, "new runs still use v3, the active version; to make v2 active: "+
+		"outpost firmware activate --data "+data+" --allow-downgrade --by NAME --reason TEXT medication-adherence 2\n")
+	ok("firmware", "activate", "--data", data, "--allow-downgrade", "--by", "ada", "--reason", "test", "medication-adherence", "2")
+	out = ok("firmware", "install", "--data", data, v2)
+	require.Contains(t, out, "new runs still use v2, the active version; to make v3 active: outpost firmware activate --data "+data+" medication-adherence 3\n")
+	ok("firmware", "activate", "--data", data, "medication-adherence", "3")
+	require.Regexp(t, `medication-adherence +3 +active`, ok("firmware", "list", "--data", data))
+
+	golden, err := filepath.Abs(filepath.Join("..", "..", "testdata", "golden", "reference.jsonl"))
+	require.NoError(t, err)
+	code, _, stderr := outpostBin(t, dir, "eval", "--bundle", v2, golden)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "bundle signed by an unknown key")
+	require.Contains(t, stderr, "(eval trusts the development key alone unless --keys names the signer's .pub file, or a folder of them)")
+	ok("eval", "--bundle", v2, "--keys", keys, golden)
+
+	kb := filepath.Join(v2, "kb", "kb-01.md")
+	require.NoError(t, os.WriteFile(kb, []byte("tampered"), 0o644))
+	for _, args := range [][]string{{"firmware", "verify", "--keys", keys, v2}, {"firmware", "install", "--data", data, v2}, {"eval", "--bundle", v2, "--keys", keys, golden}} {
+		code, _, stderr := outpostBin(t, dir, args...)
+		require.NotZero(t, code, args)
+		require.Contains(t, stderr, "does not match its sha256", args)
+		require.Contains(t, stderr, "the bundle was changed after it was signed, or damaged; do not install it: get a fresh copy", args)
+		require.NotContains(t, stderr, "re-sign it", args)
+	}
+}
+
+// eval's exit 2 says the replay could not be made, so that CI can tell a
+// broken harness from a regression (exit 1): a flag it does not take is
+// such a case, and exited 1. eval no longer lists --max-recoveries, which
+// it took and ignored (its runs live in memory, and nothing recovers them).
+func TestEvalFlagErrorsAreHarnessErrors(t *testing.T) {
+	golden, err := filepath.Abs(filepath.Join("..", "..", "testdata", "golden", "reference.jsonl"))
+	require.NoError(t, err)
+	code, help, _ := outpostBin(t, "", "eval", "-h")
+	require.Zero(t, code)
+	require.NotContains(t, help, "max-recoveries")
+	require.Contains(t, help, "-max-tokens")
+	for _, flag := range []string{"--paralel", "--max-recoveries"} {
+		code, stdout, stderr := outpostBin(t, "", "eval", flag, "3", golden)
+		require.Equal(t, 2, code, "%s: %s", flag, stderr)
+		require.Empty(t, stdout)
+		require.Contains(t, stderr, "outpost eval: flag provided but not defined: "+strings.TrimPrefix(flag, "-"))
+	}
+}
+
+// token --data naming a file says that --data names a folder, where it
+// said "console token file: stat FILE/console.token: not a directory".
+func TestTokenDataIsAFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "outpost.db")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	for _, tc := range []struct{ flag, owner string }{{"", "serve"}, {"--collector", "collector"}} {
+		args := []string{"token", "--data", file}
+		if tc.flag != "" {
+			args = append(args, tc.flag)
+		}
+		code, stdout, stderr := outpostBin(t, "", args...)
+		require.Equal(t, 1, code)
+		require.Empty(t, stdout)
+		require.Equal(t, "outpost token: "+file+" is a file: --data names the data folder, the one given to outpost "+tc.owner+"\n", stderr)
+	}
+}
+
+// eval of golden files that hold no conversation names them as a person
+// would ("a.jsonl, b.jsonl", not "[a.jsonl b.jsonl]"), with exit 2.
+func TestEvalNoConversations(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.jsonl"), filepath.Join(dir, "b.jsonl")
+	require.NoError(t, os.WriteFile(a, nil, 0o644))
+	require.NoError(t, os.WriteFile(b, []byte("\n"), 0o644))
+	code, stdout, stderr := outpostBin(t, "", "eval", a, b)
+	require.Equal(t, 2, code)
+	require.Empty(t, stdout)
+	require.Equal(t, "outpost eval: no golden conversations in "+a+", "+b+"\n", stderr)
+}
+
+// firmware -h names every flag a command's own -h lists among the data
+// folder and the keys (verify reads DATA/keys, and its line left --data
+// out), and says that every command takes --json, which each one's -h
+// shows.
+func TestFirmwareUsageNamesTheFlags(t *testing.T) {
+	code, usage, _ := outpostBin(t, "", "firmware", "-h")
+	require.Zero(t, code)
+	require.Contains(t, usage, `Every command takes --json; "outpost firmware COMMAND -h" lists its flags.`)
+	for _, sub := range []string{"keygen", "sign", "verify", "install", "list", "activate", "export"} {
+		code, help, _ := outpostBin(t, "", "firmware", sub, "-h")
+		require.Zero(t, code, sub)
+		require.Contains(t, help, "  -json\n", sub)
+		i := strings.Index(usage, "\n  "+sub+" ")
+		require.GreaterOrEqual(t, i, 0, sub)
+		line := strings.SplitN(usage[i+1:], "\n", 2)[0]
+		for _, flag := range []string{"data", "keys", "trust-dev-key"} {
+			if strings.Contains(help, "  -"+flag+" ") || strings.Contains(help, "  -"+flag+"\n") {
+				require.Contains(t, line, "--"+flag, "firmware -h's %s line", sub)
+			}
+		}
+	}
+}
