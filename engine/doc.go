@@ -27,7 +27,10 @@
 //     crashed the process at each of its last MaxRecoveries recoveries. A
 //     run recovered a second time in a row runs alone, so that a crash
 //     counts against the run that caused it, not the ones beside it (see
-//     Manager.Recover).
+//     Manager.Recover). A manager recovers before it takes a run of its
+//     own: Start, Invoke and Resume wait for that pass, and run it when
+//     Recover has not been called, so that a new run never takes the
+//     thread of a crashed one.
 //
 // The examples are the best way to understand the package: start with
 // ExampleGraph_Invoke and ExampleInterrupt.
