@@ -1222,6 +1222,20 @@ func (m *Manager) Suspects() int {
 	return m.recoveredSuspects
 }
 
+// Executing returns the runs that a worker is executing now, by ID; the
+// runs queued for a worker are not among them.
+func (m *Manager) Executing() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var ids []string
+	for id, a := range m.runs {
+		if a.working {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // Active reports how many runs are executing or queued.
 func (m *Manager) Active() int {
 	m.mu.Lock()
