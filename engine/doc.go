@@ -28,7 +28,7 @@
 //     run recovered a second time in a row runs alone, so that a crash
 //     counts against the run that caused it, not the ones beside it (see
 //     Manager.Recover). A manager recovers before it takes a run of its
-//     own: Start, Invoke and Resume wait for that pass, and run it when
+//     own: Start, Invoke, Resume and Cancel wait for that pass, and run it when
 //     Recover has not been called, so that a new run never takes the
 //     thread of a crashed one.
 //

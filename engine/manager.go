@@ -820,6 +820,10 @@ func countSubgraphSteps(ctx context.Context, store Checkpointer, g *Graph, c *Ch
 // Cancel stops a run: an executing run stops at its next safe point; a
 // paused or queued one is marked cancelled at once.
 func (m *Manager) Cancel(ctx context.Context, runID string) error {
+	// A run a crash left is the manager's once recovery has registered it.
+	if err := m.recoverFirst(ctx); err != nil {
+		return fmt.Errorf("cancel run %s: %w", runID, err)
+	}
 	m.mu.Lock()
 	a := m.runs[runID]
 	var stop context.CancelCauseFunc
@@ -920,7 +924,7 @@ func (e *DamagedRunsError) Error() string {
 // only slow holds up the others until the step ends.
 //
 // Recover runs once per manager, before any run of the manager's own:
-// Start, Invoke and Resume call it first when it has not run, and wait
+// Start, Invoke, Resume and Cancel call it first when it has not run, and wait
 // while it runs, so that a new run never takes the thread of a run that a
 // crash left unfinished (it would leave that run to the next start). A
 // later call returns what that one pass found (the runs it resumed, a

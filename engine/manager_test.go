@@ -368,6 +368,25 @@ func TestManagerRecoversBeforeItsFirstRun(t *testing.T) {
 	require.Len(t, started, 2, "a run was started again: %d", len(started))
 }
 
+// Cancel, too, recovers first: a run paused before a restart is cancelled,
+// where it was reported ended though its record said interrupted.
+func TestManagerCancelsAPausedRunBeforeRecover(t *testing.T) {
+	agent := approvalAgent(t, newCounter())
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	m1 := engine.NewManager(store, resolver(agent), engine.ManagerOptions{})
+	run, err := m1.Start(ctx, engine.RunRequest{Thread: "t", Agent: "approval"})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, waitFor(t, m1, run.ID).Status)
+	m1.Close()
+
+	m2 := newManager(t, store, engine.ManagerOptions{}, agent)
+	require.NoError(t, m2.Cancel(ctx, run.ID))
+	stored, err := store.Run(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCancelled, stored.Status)
+}
+
 func TestManagerRecoverRegistersPausedRuns(t *testing.T) {
 	calls := newCounter()
 	agent := approvalAgent(t, calls)
