@@ -25,7 +25,8 @@ import (
 //   - its key lies where the walk could not reach: a page that the walk
 //     read holds the newest version of every key in its range, so a copy
 //     found anywhere else is an older one;
-//   - of the differing copies of it found, it is the newest: a run record
+//   - of the differing copies of a record that is rewritten, it is the
+//     newest (a record never rewritten is copied as first found): a run record
 //     that has ended over one that has not, then the one with more steps
 //     and decisions; the head naming the newest checkpoint; a tool call
 //     with its result over its intent; the furthest uplink cursor. Copies
@@ -51,9 +52,14 @@ import (
 
 // unlinkedBuckets are the buckets whose records can be recognized on
 // their own, in the order they are copied: the ledger before the runs,
-// whose records it judges (endedRuns).
+// whose records it judges (endedRuns). The records never rewritten are
+// copied during the scan.
 var unlinkedBuckets = []string{bucketBlobLog, bucketOutcomes, bucketRuns, bucketCheckpoints, bucketHeads, bucketWrites,
 	bucketToolCalls, bucketUplink}
+
+// rewritten are the buckets whose records a commit may write again under
+// the same key, so that a page nothing leads to may hold an older version.
+var rewritten = map[string]bool{bucketRuns: true, bucketHeads: true, bucketToolCalls: true, bucketUplink: true}
 
 // foundRecord is a record read from a page that the walk did not reach,
 // with the bucket its shape names.
@@ -157,7 +163,13 @@ func keyFits(name string, k, v []byte) bool {
 // copyUnlinked copies into out the records found on the pages the walk did
 // not reach, where the walk could not reach them (see above).
 func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
+	p := progressOf(ctx)
+	// A record that is never rewritten is copied as it is found, a batch
+	// at a time, so that the scan of a large store holds little of it; the
+	// first version found of one is as good as any. The versions of the
+	// others are held until the scan ends, to be ordered.
 	found := map[string]map[string][][]byte{}
+	batches := map[string][]salvageEntry{}
 	for id := uint64(2); id < w.pgid; id++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -169,6 +181,16 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 			if !w.unreached(r.bucket, r.k) && (r.bucket != bucketCheckpoints || !w.unreached(bucketRecent, r.k)) {
 				continue
 			}
+			if !rewritten[r.bucket] {
+				p.read()
+				if batches[r.bucket] = append(batches[r.bucket], salvageEntry{k: r.k, v: r.v}); len(batches[r.bucket]) == salvageBatch {
+					if err := w.putUnlinked(out, r.bucket, batches[r.bucket]); err != nil {
+						return err
+					}
+					batches[r.bucket] = batches[r.bucket][:0]
+				}
+				continue
+			}
 			if found[r.bucket] == nil {
 				found[r.bucket] = map[string][][]byte{}
 			}
@@ -178,8 +200,13 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 			}
 		}
 	}
-	p := progressOf(ctx)
 	for _, name := range unlinkedBuckets {
+		if !rewritten[name] {
+			if err := w.putUnlinked(out, name, batches[name]); err != nil {
+				return err
+			}
+			continue
+		}
 		var ended map[string]bool
 		if name == bucketRuns {
 			var err error

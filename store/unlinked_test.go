@@ -55,6 +55,8 @@ func bucketRoot(t *testing.T, path, name string) (root uint64, ps int) {
 func TestSalvageFindsRecordsNothingLeadsTo(t *testing.T) {
 	good, ps, root, want := backupFixture(t)
 	pages := len(good) / ps
+	defer func(n int) { salvageBatch = n }(salvageBatch)
+	salvageBatch = 7 // the scan copies in many transactions
 	ckRoot, _ := bucketRoot(t, writeStore(t, good), bucketCheckpoints)
 	// A checkpoint on a leaf below the lost branch page, damaged: it fails
 	// its checksum and must not come back.
