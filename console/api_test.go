@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -604,5 +605,47 @@ func TestMetricsBacklogMatchesTheAPI(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+}
+
+// /metrics counts a run by the status GET /api/v1/runs/{id} gives it: one
+// that a worker executes is running, one that waits for a worker queued.
+// Before, every run the manager held that was not paused counted as
+// running, the ones waiting for a worker too.
+func TestMetricsCountRunsWaitingForAWorkerAsQueued(t *testing.T) {
+	e := newEnv(t, nil) // 4 workers
+	const runs = 6
+	var ids []string
+	for i := range runs {
+		_, run := e.startRun(fmt.Sprintf("w%d", i), "block", "")
+		ids = append(ids, run["id"].(string))
+	}
+	statuses := func() map[string]int {
+		n := map[string]int{}
+		for _, id := range ids {
+			n[e.do("GET", "/api/v1/runs/"+id, nil).json(t)["status"].(string)]++
+		}
+		return n
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for got := statuses(); got["running"] != 4; got = statuses() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the API never showed 4 runs running: %v", got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	want := statuses()
+	if want["queued"] != runs-4 {
+		t.Fatalf("the API shows %v, not 4 running and %d queued", want, runs-4)
+	}
+	text := string(e.do("GET", "/metrics", nil).body)
+	for st, n := range want {
+		if line := fmt.Sprintf("outpost_runs{status=%q} %d\n", st, n); !strings.Contains(text, line) {
+			t.Errorf("metrics lack %q, as the API counts the runs (%v):\n%s", line, want, text)
+		}
+	}
+	e.unblock()
+	for _, id := range ids {
+		e.waitStatus(id, "completed")
 	}
 }

@@ -174,6 +174,11 @@ func newEnvWithStore(t *testing.T, dir string, opts engine.ManagerOptions, wrap 
 		st = wrap(st)
 	}
 	e.mgr = engine.NewManager(st, resolve, opts)
+	// As serve does, before it serves: runs a test stores straight into
+	// the store later are not a crash's to recover.
+	if _, err := e.mgr.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	tok, _, err := console.LoadOrCreateToken(dir)
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/internal/bounded"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // Metrics collects what /metrics reports that the store and manager do not
@@ -194,6 +196,17 @@ func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int
 	for _, r := range unstored {
 		skip[r.ID] = true
 	}
+	// The runs a worker executes are counted by their live status, as
+	// GET /api/v1/runs/{id} gives it (a record still saying queued is
+	// running), and not by their records: a run that waits for a worker
+	// is queued, whatever the count of active runs.
+	var executing []string
+	for _, id := range s.cfg.Manager.Executing() {
+		if !skip[id] {
+			skip[id] = true
+			executing = append(executing, id)
+		}
+	}
 	count := s.cfg.CountRuns
 	if count == nil {
 		count = func(ctx context.Context, skip map[string]bool) (map[engine.RunStatus]int, int, error) {
@@ -211,15 +224,22 @@ func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int
 	for st, n := range stored {
 		counts[st] += n
 	}
-	// Stored "queued" covers runs a worker is executing; the manager
-	// knows how many are live, the unstored ones among them, which are
-	// counted with their live status already.
-	active := max(s.cfg.Manager.Active()-len(unstored), 0)
-	moved := min(active, counts[engine.StatusQueued])
-	counts[engine.StatusQueued] -= moved
-	counts[engine.StatusRunning] += moved
 	for _, r := range unstored {
 		counts[r.Status]++
+	}
+	for _, id := range executing {
+		r, err := s.cfg.Manager.Run(ctx, id)
+		var ce *store.CorruptError
+		switch {
+		case errors.As(err, &ce):
+			damaged++
+		case errors.Is(err, engine.ErrRunNotFound):
+			// Gone since it was asked for: no run to count.
+		case err != nil:
+			return nil, 0, err
+		default:
+			counts[r.Status]++
+		}
 	}
 	m.runsByStat, m.runsDamaged, m.runsAt, m.runsTook = counts, damaged, time.Now(), time.Since(start)
 	return counts, damaged, nil

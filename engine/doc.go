@@ -28,7 +28,10 @@
 //     run recovered a second time in a row, or one crash short of the
 //     limit, has a turn alone (of MaxAlone at most), so that a crash
 //     counts against the run that caused it, not the ones beside it (see
-//     Manager.Recover).
+//     Manager.Recover). A manager recovers before it takes a run of its
+//     own: Start, Invoke, Resume and Cancel wait for that pass, and run it when
+//     Recover has not been called, so that a new run never takes the
+//     thread of a crashed one.
 //
 // The examples are the best way to understand the package: start with
 // ExampleGraph_Invoke and ExampleInterrupt.

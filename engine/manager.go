@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -146,6 +147,18 @@ type Manager struct {
 	changed   chan struct{}
 	// recoveredSuspects is how many suspects the last Recover found.
 	recoveredSuspects int
+	// recoveredRuns are the runs Recover registered, which a pass that
+	// is tried again after a failed one does not register twice.
+	recoveredRuns map[string]bool
+
+	// recovery is Recover's one pass over the store: held while it runs,
+	// so that a run that would take a thread first waits for it.
+	recovery struct {
+		mu      sync.Mutex
+		done    atomic.Bool
+		resumed int
+		err     error // a *DamagedRunsError, or nil
+	}
 }
 
 type active struct {
@@ -175,8 +188,9 @@ type active struct {
 
 var errShutdown = errors.New("run manager shutting down")
 
-// NewManager returns a manager over store. Call Recover once before serving
-// requests, and Close when done.
+// NewManager returns a manager over store. It recovers the runs that a
+// crash left in store before it takes a run of its own (see Recover); call
+// Close when done.
 func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
 	if opts.Workers <= 0 {
 		opts.Workers = 8
@@ -202,7 +216,7 @@ func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
 	ctx, stop := context.WithCancelCause(context.Background())
 	m := &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize, opts.CacheBytes),
 		sem: make(chan struct{}, opts.Workers), ctx: ctx, stop: stop,
-		threads: map[string]*active{}, runs: map[string]*active{}}
+		threads: map[string]*active{}, runs: map[string]*active{}, recoveredRuns: map[string]bool{}}
 	if err := opts.Durability.check(); err != nil {
 		m.bad = fmt.Errorf("run manager options: %w", err)
 	}
@@ -321,6 +335,9 @@ func (m *Manager) open(ctx context.Context, req RunRequest) (*active, *execution
 	}
 	if req.Thread == "" {
 		return nil, nil, fmt.Errorf("start run: thread is required")
+	}
+	if err := m.recoverFirst(ctx); err != nil {
+		return nil, nil, fmt.Errorf("start run: %w", err)
 	}
 	ag, err := m.resolve(req.Agent, BundleRef{})
 	if err != nil {
@@ -738,6 +755,9 @@ func (m *Manager) Resume(ctx context.Context, runID string, decisions map[string
 	if m.bad != nil {
 		return nil, fmt.Errorf("resume run %s: %w", runID, m.bad)
 	}
+	if err := m.recoverFirst(ctx); err != nil {
+		return nil, fmt.Errorf("resume run %s: %w", runID, err)
+	}
 	run, err := m.store.Run(ctx, runID)
 	if err != nil {
 		return nil, err
@@ -908,6 +928,10 @@ func countSubgraphSteps(ctx context.Context, store Checkpointer, g *Graph, c *Ch
 // Cancel stops a run: an executing run stops at its next safe point; a
 // paused or queued one is marked cancelled at once.
 func (m *Manager) Cancel(ctx context.Context, runID string) error {
+	// A run a crash left is the manager's once recovery has registered it.
+	if err := m.recoverFirst(ctx); err != nil {
+		return fmt.Errorf("cancel run %s: %w", runID, err)
+	}
 	m.mu.Lock()
 	a := m.runs[runID]
 	var stop context.CancelCauseFunc
@@ -1018,10 +1042,50 @@ func (e *DamagedRunsError) Error() string {
 // holds the others up no longer than MaxAlone, and pays for it with a
 // turn alone that no longer proves it innocent. Other runs recovered for
 // the first time run together, as new runs do.
+//
+// Recover runs once per manager, before any run of the manager's own:
+// Start, Invoke, Resume and Cancel call it first when it has not run, and wait
+// while it runs, so that a new run never takes the thread of a run that a
+// crash left unfinished (it would leave that run to the next start). A
+// later call returns what that one pass found (the runs it resumed, a
+// *DamagedRunsError) and recovers nothing again. Call it at start to learn
+// that, or to start recovering before the first request. A pass that
+// fails (the store cannot be listed) is not done: the next call, or the
+// next Start, tries again, and Start and Resume fail meanwhile.
 func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
 	}
+	m.recovery.mu.Lock()
+	defer m.recovery.mu.Unlock()
+	if m.recovery.done.Load() {
+		return m.recovery.resumed, m.recovery.err
+	}
+	resumed, err = m.recoverAll(ctx)
+	var dmg *DamagedRunsError
+	if err == nil || errors.As(err, &dmg) {
+		m.recovery.resumed, m.recovery.err = resumed, err
+		m.recovery.done.Store(true)
+	}
+	return resumed, err
+}
+
+// recoverFirst makes sure Recover has run, as a run that takes a thread
+// needs: a damaged record it left out does not stop the run.
+func (m *Manager) recoverFirst(ctx context.Context) error {
+	if m.recovery.done.Load() {
+		return nil
+	}
+	_, err := m.Recover(ctx)
+	var dmg *DamagedRunsError
+	if errors.As(err, &dmg) {
+		return nil
+	}
+	return err
+}
+
+// recoverAll is Recover's pass over the store.
+func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 	// The runs go to workers once all are registered, suspects first, so
 	// that no other run takes a worker before the suspects' turns (see
 	// takeTurn). This also counts them: the returns below leave resumed
@@ -1091,10 +1155,11 @@ type recovered struct {
 // record the failure.
 func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 	m.mu.Lock()
-	if m.threads[run.Thread] != nil {
+	if m.threads[run.Thread] != nil || m.recoveredRuns[run.ID] {
 		m.mu.Unlock()
 		return recovered{}, nil
 	}
+	m.recoveredRuns[run.ID] = true
 	a := &active{runID: run.ID, thread: run.Thread, done: make(chan struct{}), paused: run.Status == StatusInterrupted}
 	m.threads[run.Thread] = a
 	m.runs[run.ID] = a
@@ -1301,6 +1366,20 @@ func (m *Manager) Suspects() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.recoveredSuspects
+}
+
+// Executing returns the runs that a worker is executing now, by ID; the
+// runs queued for a worker are not among them.
+func (m *Manager) Executing() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var ids []string
+	for id, a := range m.runs {
+		if a.working {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // Active reports how many runs are executing or queued.

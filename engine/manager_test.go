@@ -328,6 +328,65 @@ func TestManagerRecover(t *testing.T) {
 	require.Equal(t, 0, n)
 }
 
+// A program that embeds the engine may start a run before it calls
+// Recover, or never call it. The manager recovers first all the same: a new
+// run on the thread of a run that a crash left unfinished finds the thread
+// held by the recovered run, which runs to its end; before, the new run
+// took the thread, and the crashed run was left for the next start. A
+// later Recover reports what that pass found and recovers nothing again.
+func TestManagerRecoversBeforeItsFirstRun(t *testing.T) {
+	gate := make(chan struct{})
+	started := make(chan string, 4)
+	agent := gatedAgent(t, "agent", gate, started)
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+
+	m1 := engine.NewManager(store, resolver(agent), engine.ManagerOptions{})
+	crashed, err := m1.Start(ctx, engine.RunRequest{Thread: "t", Agent: "agent"})
+	require.NoError(t, err)
+	<-started
+	m1.Close() // the run is left running, as a crash leaves it
+
+	m2 := newManager(t, damagedRuns{store}, engine.ManagerOptions{}, agent)
+	_, err = m2.Start(ctx, engine.RunRequest{Thread: "t", Agent: "agent"})
+	require.ErrorIs(t, err, engine.ErrThreadBusy, "a new run took the thread of a run that recovery had not reached")
+	require.Equal(t, crashed.ID, <-started, "the crashed run is not resumed")
+	other, err := m2.Start(ctx, engine.RunRequest{Thread: "u", Agent: "agent"})
+	require.NoError(t, err, "a damaged record that recovery left out stops new runs")
+	close(gate)
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m2, crashed.ID).Status)
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m2, other.ID).Status)
+
+	n, err := m2.Recover(ctx)
+	var dmg *engine.DamagedRunsError
+	require.ErrorAs(t, err, &dmg, "Recover does not report what the pass before the first run found")
+	require.Equal(t, []string{"run_damaged"}, dmg.Keys)
+	require.Equal(t, 1, n)
+	next, err := m2.Start(ctx, engine.RunRequest{Thread: "t", Agent: "agent"})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m2, next.ID).Status)
+	require.Len(t, started, 2, "a run was started again: %d", len(started))
+}
+
+// Cancel, too, recovers first: a run paused before a restart is cancelled,
+// where it was reported ended though its record said interrupted.
+func TestManagerCancelsAPausedRunBeforeRecover(t *testing.T) {
+	agent := approvalAgent(t, newCounter())
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	m1 := engine.NewManager(store, resolver(agent), engine.ManagerOptions{})
+	run, err := m1.Start(ctx, engine.RunRequest{Thread: "t", Agent: "approval"})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, waitFor(t, m1, run.ID).Status)
+	m1.Close()
+
+	m2 := newManager(t, store, engine.ManagerOptions{}, agent)
+	require.NoError(t, m2.Cancel(ctx, run.ID))
+	stored, err := store.Run(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCancelled, stored.Status)
+}
+
 func TestManagerRecoverRegistersPausedRuns(t *testing.T) {
 	calls := newCounter()
 	agent := approvalAgent(t, calls)

@@ -25,6 +25,10 @@ type SalvageReport struct {
 	TxID uint64 `json:"txid"`
 	// Records counts the records copied, by bucket.
 	Records map[string]int `json:"records"`
+	// Unlinked counts, of Records, those found on pages that nothing led
+	// to any more (below a root or branch page that could not be read), by
+	// bucket; see unlinked.go for how such a record is judged current.
+	Unlinked map[string]int `json:"unlinked,omitempty"`
 	// Lost lists what could not be read: a meta page, a page and the part
 	// of a bucket below it, a bucket the file no longer names, a record
 	// that fails its own checksum or decoding.
@@ -54,7 +58,10 @@ func (r *SalvageReport) OK() bool { return len(r.Lost) == 0 && r.Check != nil &&
 // newest meta page that is whole (the older one when that walk cannot
 // reach the root), and passes over a page that is not whole together with
 // what lies below it, so one bad page loses the records it holds rather
-// than the store. A record that fails its own checksum or decoding is
+// than the store. The records below a lost page that names others (the
+// root page, a branch page) are then looked for page by page, among the
+// pages the walk did not reach, and copied where they can be told current
+// (unlinked.go); the report counts them apart. A record that fails its own checksum or decoding is
 // left out too, and reported lost by bucket and key: copied, it would fail
 // in the new store as it did in the old one, and stop whatever reads it
 // (listing runs, starting serve). db check of the new store, part of the
@@ -106,10 +113,14 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	}
 	var w *salvageWalk
 	var entries []salvageEntry
+	newWalk := func(m boltMeta) *salvageWalk {
+		return &salvageWalk{pageWalk: newPageWalk(f, m.pageSize, min(m.pgid, uint64(fi.Size())/m.pageSize)), rep: rep,
+			gaps: map[string][]keyRange{}}
+	}
 	for i, m := range metas {
-		w = &salvageWalk{pageWalk: newPageWalk(f, m.pageSize, min(m.pgid, uint64(fi.Size())/m.pageSize)), rep: rep}
+		w = newWalk(m)
 		entries = nil
-		err := w.tree(ctx, m.root, "the meta page", func(e salvageEntry) error { entries = append(entries, e); return nil })
+		err := w.tree(ctx, m.root, "the meta page", nil, nil, func(e salvageEntry) error { entries = append(entries, e); return nil })
 		if ctx.Err() != nil {
 			return rep, fmt.Errorf("salvage %s: %w", src, ctx.Err())
 		}
@@ -118,10 +129,20 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 			break
 		}
 		if i == len(metas)-1 {
-			return rep, fmt.Errorf("salvage %s: %w: the root page cannot be read from either meta page: %v", src, ErrDamaged, err)
+			// Nothing names the buckets any more, but their pages may
+			// still be whole: they are looked for one by one (unlinked.go).
+			rep.Lost = append(rep.Lost, Problem{Message: fmt.Sprintf(
+				"the root page cannot be read from either meta page (%v): the buckets' records are looked for page by page, and the inline buckets (the meta bucket's format records and appliance ID among them) are lost", err)})
+			w, entries = newWalk(metas[0]), nil
+			w.rootLost, rep.TxID = true, metas[0].txid
+			break
 		}
 		rep.Lost = append(rep.Lost, Problem{Message: fmt.Sprintf(
 			"the root page of transaction %d cannot be read (%v); the older meta page (transaction %d) is used instead", m.txid, err, metas[i+1].txid)})
+	}
+	if m := metas[0]; uint64(fi.Size()) < m.pgid*m.pageSize {
+		rep.Lost = append(rep.Lost, Problem{Message: fmt.Sprintf(
+			"the file holds %d bytes, but its pages reach %d: it was cut short, and what its last pages held is lost", fi.Size(), m.pgid*m.pageSize)})
 	}
 
 	tmp := dst + ".salvage"
@@ -196,6 +217,32 @@ type salvageWalk struct {
 	rep *SalvageReport
 	// bucket names the bucket being read, "" for the root bucket.
 	bucket string
+	// gaps are the key ranges of each bucket that lie below a page the
+	// walk could not read; rootLost, that no meta page leads to any
+	// bucket. The pages the walk did not reach are searched for records
+	// in them (unlinked.go).
+	gaps     map[string][]keyRange
+	rootLost bool
+}
+
+// keyRange is the keys from lo up to hi, hi left out; a nil bound is
+// open.
+type keyRange struct{ lo, hi []byte }
+
+func (r keyRange) holds(k []byte) bool {
+	return (r.lo == nil || bytes.Compare(k, r.lo) >= 0) && (r.hi == nil || bytes.Compare(k, r.hi) < 0)
+}
+
+// lostRange records that the records of bucket from lo up to hi could not
+// be reached.
+func (w *salvageWalk) lostRange(bucket string, lo, hi []byte) {
+	w.gaps[bucket] = append(w.gaps[bucket], keyRange{bytes.Clone(lo), bytes.Clone(hi)})
+}
+
+// unreached reports whether the record under k in bucket lies where the
+// walk could not reach.
+func (w *salvageWalk) unreached(bucket string, k []byte) bool {
+	return w.rootLost || slices.ContainsFunc(w.gaps[bucket], func(r keyRange) bool { return r.holds(k) })
 }
 
 // emitError is a failure to write what the walk read: it ends the walk,
@@ -240,6 +287,7 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 				continue
 			case len(e.v) < inBucketSize:
 				w.lost(name, nil, "its header in the root page is cut short: its records are lost")
+				w.lostRange(name, nil, nil)
 				continue
 			}
 			copied[name] = true
@@ -248,8 +296,14 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 			}
 		}
 		for _, name := range append([]string{bucketMeta}, dataBuckets...) {
-			if !copied[name] && name != bucketUnfinished {
+			if !copied[name] && name != bucketUnfinished && !w.rootLost {
 				w.lost(name, nil, "the root bucket does not name this bucket: its records are lost")
+				w.lostRange(name, nil, nil)
+			}
+		}
+		if w.rootLost || len(w.gaps) > 0 {
+			if err := w.copyUnlinked(ctx, out); err != nil {
+				return err
 			}
 		}
 		return out.Update(w.keepFormat)
@@ -311,9 +365,9 @@ func (w *salvageWalk) copyBucket(ctx context.Context, out *bbolt.DB, name string
 	w.bucket = name
 	var err error
 	if root := binary.LittleEndian.Uint64(hdr); root == 0 {
-		err = w.nodes(ctx, hdr[inBucketSize:], "an inline bucket", true, emit)
+		err = w.nodes(ctx, hdr[inBucketSize:], "an inline bucket", true, nil, nil, emit)
 	} else {
-		err = w.tree(ctx, root, "the root page", emit)
+		err = w.tree(ctx, root, "the root page", nil, nil, emit)
 	}
 	switch {
 	case werr != nil:
@@ -322,6 +376,7 @@ func (w *salvageWalk) copyBucket(ctx context.Context, out *bbolt.DB, name string
 		return ctx.Err()
 	case err != nil:
 		w.lost(name, nil, "%v: its records are lost", err)
+		w.lostRange(name, nil, nil)
 	}
 	return flush() // makes the bucket too when nothing of it could be read
 }
@@ -394,10 +449,11 @@ func (w *salvageWalk) keepFormat(tx *bbolt.Tx) error {
 	return nil
 }
 
-// tree reads the page tree at id, handing each leaf element to emit in
-// key order. A page below the top that cannot be read is reported, with
-// what lies below it, and passed over; the top page is the error.
-func (w *salvageWalk) tree(ctx context.Context, id uint64, from string, emit func(salvageEntry) error) error {
+// tree reads the page tree at id, whose keys lie from lo up to hi,
+// handing each leaf element to emit in key order. A page below the top
+// that cannot be read is reported, with what lies below it, and passed
+// over; the top page is the error.
+func (w *salvageWalk) tree(ctx context.Context, id uint64, from string, lo, hi []byte, emit func(salvageEntry) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -405,67 +461,108 @@ func (w *salvageWalk) tree(ctx context.Context, id uint64, from string, emit fun
 	if err != nil {
 		return err
 	}
-	return w.nodes(ctx, b, fmt.Sprintf("page %d", id), false, emit)
+	return w.nodes(ctx, b, fmt.Sprintf("page %d", id), false, lo, hi, emit)
 }
 
-// nodes reads the elements of a branch or leaf page held in b. A child of
-// a branch page that cannot be read is reported and passed over. An error
-// from emit ends the walk.
-func (w *salvageWalk) nodes(ctx context.Context, b []byte, what string, inline bool, emit func(salvageEntry) error) error {
-	if len(b) < pageHeaderSize {
-		return fmt.Errorf("%s is cut short", what)
-	}
-	le := binary.LittleEndian
-	flags, count := le.Uint16(b[8:]), int(le.Uint16(b[10:]))
-	branch := flags == branchPageFlag && !inline
-	if !branch && flags != leafPageFlag {
-		return fmt.Errorf("%s: page type %#x where a branch or leaf page belongs", what, flags)
-	}
-	if pageHeaderSize+count*leafElementSize > len(b) { // branch and leaf elements are the same size
-		return fmt.Errorf("%s has %d elements, more than it holds", what, count)
+// nodes reads the elements of a branch or leaf page held in b, whose keys
+// lie from lo up to hi. A child of a branch page that cannot be read is
+// reported, with its key range, and passed over. An error from emit ends
+// the walk.
+func (w *salvageWalk) nodes(ctx context.Context, b []byte, what string, inline bool, lo, hi []byte, emit func(salvageEntry) error) error {
+	branch, count, err := pageElements(b, what, inline)
+	if err != nil {
+		return err
 	}
 	if !branch {
 		// The whole page is checked before any of it is handed on, so a
 		// page is copied whole or not at all.
-		var prev []byte
-		for i := range count {
-			e := pageHeaderSize + i*leafElementSize
-			pos, ksize, vsize := int(le.Uint32(b[e+4:])), int(le.Uint32(b[e+8:])), int(le.Uint32(b[e+12:]))
-			if e+pos+ksize+vsize > len(b) {
-				return fmt.Errorf("%s: element %d's key or value lies outside the page", what, i)
-			}
-			k := b[e+pos : e+pos+ksize]
-			if prev != nil && bytes.Compare(prev, k) >= 0 {
-				return fmt.Errorf("%s: element %d's key is out of order", what, i)
-			}
-			prev = k
+		entries, err := leafEntries(b, count, what)
+		if err != nil {
+			return err
 		}
-		for i := range count {
-			e := pageHeaderSize + i*leafElementSize
-			pos, ksize, vsize := int(le.Uint32(b[e+4:])), int(le.Uint32(b[e+8:])), int(le.Uint32(b[e+12:]))
-			err := emit(salvageEntry{k: bytes.Clone(b[e+pos : e+pos+ksize]), v: bytes.Clone(b[e+pos+ksize : e+pos+ksize+vsize]),
-				bucket: le.Uint32(b[e:])&bucketLeafFlag != 0})
-			if err != nil {
+		for _, e := range entries {
+			if err := emit(e); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
+	le := binary.LittleEndian
+	keys := make([][]byte, count)
 	for i := range count {
 		e := pageHeaderSize + i*branchElementSize
 		pos, ksize := int(le.Uint32(b[e:])), int(le.Uint32(b[e+4:]))
 		if e+pos+ksize > len(b) {
 			return fmt.Errorf("%s: element %d's key lies outside the page", what, i)
 		}
-		err := w.tree(ctx, le.Uint64(b[e+8:]), what, emit)
+		keys[i] = b[e+pos : e+pos+ksize]
+	}
+	for i := range count {
+		// A child's keys lie between its own key and the next one's; the
+		// first child's reach down to this page's own bound.
+		clo, chi := keys[i], hi
+		if i == 0 {
+			clo = lo
+		}
+		if i+1 < count {
+			chi = keys[i+1]
+		}
+		err := w.tree(ctx, le.Uint64(b[pageHeaderSize+i*branchElementSize+8:]), what, clo, chi, emit)
 		var werr *emitError
 		switch {
 		case err == nil:
 		case ctx.Err() != nil, errors.As(err, &werr):
 			return err
 		default:
-			w.lost(w.bucket, b[e+pos:e+pos+ksize], "%v: the records from this key to the next branch are lost", err)
+			w.lost(w.bucket, keys[i], "%v: the records from this key to the next branch are lost", err)
+			w.lostRange(w.bucket, clo, chi)
 		}
 	}
 	return nil
+}
+
+// pageElements reads the header of a branch or leaf page held in b: what
+// kind it is and how many elements it has, which it checks the page can
+// hold. An inline page is a leaf whatever its flags say.
+func pageElements(b []byte, what string, inline bool) (branch bool, count int, err error) {
+	if len(b) < pageHeaderSize {
+		return false, 0, fmt.Errorf("%s is cut short", what)
+	}
+	le := binary.LittleEndian
+	flags, count := le.Uint16(b[8:]), int(le.Uint16(b[10:]))
+	branch = flags == branchPageFlag && !inline
+	if !branch && flags != leafPageFlag {
+		return false, 0, fmt.Errorf("%s: page type %#x where a branch or leaf page belongs", what, flags)
+	}
+	if pageHeaderSize+count*leafElementSize > len(b) { // branch and leaf elements are the same size
+		return false, 0, fmt.Errorf("%s has %d elements, more than it holds", what, count)
+	}
+	return branch, count, nil
+}
+
+// leafEntries returns the count elements of the leaf page held in b,
+// copied out of it, once it has checked that every element lies in the
+// page and the keys are in order.
+func leafEntries(b []byte, count int, what string) ([]salvageEntry, error) {
+	le := binary.LittleEndian
+	entries := make([]salvageEntry, 0, count)
+	var prev []byte
+	for i := range count {
+		e := pageHeaderSize + i*leafElementSize
+		pos, ksize, vsize := int(le.Uint32(b[e+4:])), int(le.Uint32(b[e+8:])), int(le.Uint32(b[e+12:]))
+		if e+pos+ksize+vsize > len(b) {
+			return nil, fmt.Errorf("%s: element %d's key or value lies outside the page", what, i)
+		}
+		k := b[e+pos : e+pos+ksize]
+		if prev != nil && bytes.Compare(prev, k) >= 0 {
+			return nil, fmt.Errorf("%s: element %d's key is out of order", what, i)
+		}
+		prev = k
+		entries = append(entries, salvageEntry{k: k, v: b[e+pos+ksize : e+pos+ksize+vsize],
+			bucket: le.Uint32(b[e:])&bucketLeafFlag != 0})
+	}
+	for i := range entries {
+		entries[i].k, entries[i].v = bytes.Clone(entries[i].k), bytes.Clone(entries[i].v)
+	}
+	return entries, nil
 }

@@ -142,17 +142,7 @@ func TestSalvageCopiesASoundStoreWhole(t *testing.T) {
 // its root branch page.
 func pageOf(t *testing.T, path, name string) (id uint64, ps int) {
 	t.Helper()
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
-	require.NoError(t, err)
-	var root uint64
-	require.NoError(t, db.View(func(tx *bbolt.Tx) error {
-		b := bucket(tx, name)
-		require.GreaterOrEqual(t, b.Stats().Depth, 2, "bucket %s is a single page", name)
-		root = uint64(b.Root())
-		return nil
-	}))
-	ps = db.Info().PageSize
-	require.NoError(t, db.Close())
+	root, ps := bucketRoot(t, path, name)
 	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()

@@ -577,6 +577,10 @@ func dbSalvage(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr
 		}
 	} else {
 		fmt.Fprintf(stdout, "salvaged %s into %s: %d records copied (%s)\n", src, dst, sum(rep.Records), countsText(rep.Records))
+		if len(rep.Unlinked) > 0 {
+			fmt.Fprintf(stdout, "of them, %d found on pages that nothing led to any more (%s): "+
+				"where a record's newest version was lost, an older one may be back\n", sum(rep.Unlinked), countsText(rep.Unlinked))
+		}
 		for _, p := range rep.Lost {
 			fmt.Fprintf(stdout, "LOST %s\n", p)
 		}

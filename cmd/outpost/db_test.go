@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"net"
 	"os"
@@ -561,15 +562,22 @@ func TestSalvageOfAStoreInUse(t *testing.T) {
 // A damaged backup, checked with --file, is told how to salvage it: db
 // salvage reads DIR/outpost.db, so the hint "outpost db salvage --data
 // DIR FILE" with the backup's folder named no store at all. Following the
-// hint it gives now reaches the file (what salvage then copies depends on
-// which page the cut took: the root's, and it can copy nothing).
+// hint it gives now reaches the file. The cut takes the last page, and
+// the root page, which both of a backup's meta pages name, is lost too:
+// salvage then finds the records on the other pages one by one, and says
+// so (before, it copied nothing).
 func TestDBCheckFileOfADamagedBackup(t *testing.T) {
 	bak := filepath.Join(t.TempDir(), "monday.db")
 	code, _, stderr := outpost(t, "db", "backup", "--data", storeWithRun(t), bak)
 	require.Zero(t, code, stderr)
-	fi, err := os.Stat(bak)
+	data, err := os.ReadFile(bak)
 	require.NoError(t, err)
-	require.NoError(t, os.Truncate(bak, fi.Size()-8192)) // its last page
+	ps, root := int(binary.LittleEndian.Uint32(data[24:])), int(binary.LittleEndian.Uint64(data[32:])) // the first meta page's
+	data = data[:len(data)-ps]                                                                         // its last page
+	if root*ps < len(data) {
+		clear(data[root*ps : (root+1)*ps])
+	}
+	require.NoError(t, os.WriteFile(bak, data, 0o600))
 
 	code, _, stderr = outpost(t, "db", "check", "--file", bak)
 	require.Equal(t, 1, code)
@@ -579,12 +587,13 @@ func TestDBCheckFileOfADamagedBackup(t *testing.T) {
 		"then run outpost db salvage --data FOLDER NEWFILE)")
 
 	folder := t.TempDir()
-	data, err := os.ReadFile(bak)
-	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(folder, store.FileName), data, 0o600))
 	code, stdout, stderr := outpost(t, "db", "salvage", "--data", folder, filepath.Join(t.TempDir(), "s.db"))
 	require.NotContains(t, stderr, "no store in")
-	require.True(t, code == 0 || strings.Contains(stderr, "the root page cannot be read"), stdout+stderr)
+	require.Equal(t, 1, code, stdout+stderr) // not whole
+	require.Contains(t, stderr, "the copy is not whole")
+	require.Contains(t, stdout, "LOST the root page cannot be read from either meta page")
+	require.Regexp(t, `of them, [1-9][0-9]* found on pages that nothing led to any more \(`, stdout)
 }
 
 // A file that is no store, checked with --file, is called a file: the

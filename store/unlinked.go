@@ -1,0 +1,488 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"go.etcd.io/bbolt"
+)
+
+// When a truncation or a damaged page takes a page of the tree that names
+// others (the root page, a branch page), the pages below it may still be
+// whole, but nothing leads to them. Salvage then reads every page below
+// the high-water mark that its walk did not reach, and keeps the leaf
+// pages: their elements are records, and a record names its bucket by its
+// shape (its key is made from what the record holds) and proves itself by
+// its checksum (encoding.go). A record found this way is copied only when
+//
+//   - it is whole and reads as exactly one bucket's record, stored under
+//     the key that bucket would give it;
+//   - its key lies where the walk could not reach: a page that the walk
+//     read holds the newest version of every key in its range, so a copy
+//     found anywhere else is an older one;
+//   - of the differing copies of a record that is rewritten, it is the
+//     newest (a record never rewritten is copied as first found): a run record
+//     that has ended over one that has not, then the one with more steps
+//     and decisions; the head naming the newest checkpoint; a tool call
+//     with its result over its intent; the furthest uplink cursor. Copies
+//     that cannot be ordered are reported and all left out;
+//   - it is not a run record that says the run is unfinished when the
+//     run's outcome index entry or outcome says it ended. An unfinished
+//     run record that is copied is reported too: where its newer versions
+//     and its outcome are all lost, nothing says it ended, and serve would
+//     resume it.
+//
+// bbolt keeps no list of free pages in a store's file (NoFreelistSync),
+// and a free page keeps what a transaction replaced, so an unlinked page
+// may hold an older version of a record, or one deleted since. The rules
+// keep such a version out wherever its newer one, or the tree that
+// leaves it out, can still be read. Where neither can, the copy may hold
+// an older version (db check of the copy then names what no longer fits),
+// or a record that prune had removed, which the next prune removes again.
+//
+// Entries with no checksum of their own (the branches markers, the blob
+// index, the meta bucket's) are not taken from unlinked pages: nothing
+// says they are current. Where the blob index could not be read, the copy's
+// is made anew from its blob log (rebuildBlobIndex).
+
+// unlinkedBuckets are the buckets whose records can be recognized on
+// their own, in the order they are copied: the ledger before the runs,
+// whose records it judges (endedRuns). The records never rewritten are
+// copied during the scan.
+var unlinkedBuckets = []string{bucketBlobLog, bucketOutcomes, bucketRuns, bucketCheckpoints, bucketHeads, bucketWrites,
+	bucketToolCalls, bucketUplink}
+
+// rewritten are the buckets whose records a commit may write again under
+// the same key, so that a page nothing leads to may hold an older version.
+var rewritten = map[string]bool{bucketRuns: true, bucketHeads: true, bucketToolCalls: true, bucketUplink: true}
+
+// foundRecord is a record read from a page that the walk did not reach,
+// with the bucket its shape names.
+type foundRecord struct {
+	bucket string
+	k, v   []byte
+}
+
+// unlinkedRecords returns the records that the leaf page held in b holds
+// (a page with its overflow), each with the one bucket it reads as: its
+// own elements, and those of the inline buckets it holds (a root page's
+// recent bucket). Anything else (a branch page, a page that is not whole,
+// an element that reads as no record or as more than one) is passed over.
+func unlinkedRecords(b []byte) []foundRecord {
+	branch, count, err := pageElements(b, "", false)
+	if err != nil || branch {
+		return nil
+	}
+	entries, err := leafEntries(b, count, "")
+	if err != nil {
+		return nil
+	}
+	var recs []foundRecord
+	for _, e := range entries {
+		if !e.bucket {
+			if name, ok := recognize(e.k, e.v); ok {
+				recs = append(recs, foundRecord{name, e.k, e.v})
+			}
+			continue
+		}
+		if len(e.v) < inBucketSize || binary.LittleEndian.Uint64(e.v) != 0 {
+			continue // a bucket with pages of its own, which the scan reads
+		}
+		inline := e.v[inBucketSize:]
+		_, count, err := pageElements(inline, "", true)
+		if err != nil {
+			continue
+		}
+		inner, err := leafEntries(inline, count, "")
+		if err != nil {
+			continue
+		}
+		for _, r := range inner {
+			if name, ok := recognize(r.k, r.v); ok && !r.bucket && (name == string(e.k) || name == bucketCheckpoints && string(e.k) == bucketRecent) {
+				recs = append(recs, foundRecord{name, r.k, r.v})
+			}
+		}
+	}
+	return recs
+}
+
+// recognize returns the one bucket whose record k and v are, or false when
+// they read as none or as more than one.
+func recognize(k, v []byte) (string, bool) {
+	var match string
+	for _, name := range unlinkedBuckets {
+		if !keyFits(name, k, v) || recordFault(name, k, v) != nil {
+			continue
+		}
+		if match != "" {
+			return "", false
+		}
+		match = name
+	}
+	return match, match != ""
+}
+
+// keyFits reports whether k is the key that bucket name gives the record
+// v (see the bucket keys in db.go), as far as the key can be told from the
+// record. recordFault judges the record itself.
+func keyFits(name string, k, v []byte) bool {
+	switch name {
+	case bucketBlobLog:
+		return len(k) == 20
+	case bucketOutcomes:
+		o, _, err := decodeOutcome(v)
+		return len(k) == 8 && err == nil && o.Seq == beUint64(k)
+	case bucketRuns:
+		if isOutcomeIndexKey(k) {
+			return bytes.HasSuffix(k, []byte(outcomeIndexSuffix)) && bytes.Count(k, []byte{0}) == 1
+		}
+		r, _, err := decodeRun(v)
+		return err == nil && r.ID == string(k)
+	case bucketCheckpoints:
+		c, err := decodeCheckpoint(v)
+		return err == nil && bytes.Equal(k, checkpointKey(c.Thread, c.NS, c.ID))
+	case bucketHeads:
+		return bytes.Count(k, []byte{0}) == 1
+	case bucketWrites:
+		// thread \x00 ns \x00 checkpointID \x00 seq (8 bytes)
+		return len(k) > 11 && k[len(k)-9] == 0 && bytes.Count(k[:len(k)-9], []byte{0}) == 2
+	case bucketToolCalls:
+		tc, err := decodeToolCall(v)
+		return err == nil && tc.Key == string(k)
+	case bucketUplink:
+		return bytes.Equal(k, cursorKey)
+	}
+	return false
+}
+
+// copyUnlinked copies into out the records found on the pages the walk did
+// not reach, where the walk could not reach them (see above).
+func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
+	p := progressOf(ctx)
+	// A record that is never rewritten is copied as it is found, a batch
+	// at a time, so that the scan of a large store holds little of it; the
+	// first version found of one is as good as any. The versions of the
+	// others are held until the scan ends, to be ordered.
+	found := map[string]map[string][][]byte{}
+	batches := map[string][]salvageEntry{}
+	for id := uint64(2); id < w.pgid; id++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if w.reached(id) {
+			continue
+		}
+		for _, r := range unlinkedRecords(w.unlinkedPage(id)) {
+			if !w.unreached(r.bucket, r.k) && (r.bucket != bucketCheckpoints || !w.unreached(bucketRecent, r.k)) {
+				continue
+			}
+			if !rewritten[r.bucket] {
+				p.read()
+				if batches[r.bucket] = append(batches[r.bucket], salvageEntry{k: r.k, v: r.v}); len(batches[r.bucket]) == salvageBatch {
+					if err := w.putUnlinked(out, r.bucket, batches[r.bucket]); err != nil {
+						return err
+					}
+					batches[r.bucket] = batches[r.bucket][:0]
+				}
+				continue
+			}
+			if found[r.bucket] == nil {
+				found[r.bucket] = map[string][][]byte{}
+			}
+			vs := found[r.bucket][string(r.k)]
+			if !slices.ContainsFunc(vs, func(v []byte) bool { return bytes.Equal(v, r.v) }) {
+				found[r.bucket][string(r.k)] = append(vs, r.v)
+			}
+		}
+	}
+	for _, name := range unlinkedBuckets {
+		if !rewritten[name] {
+			if err := w.putUnlinked(out, name, batches[name]); err != nil {
+				return err
+			}
+			continue
+		}
+		var ended map[string]bool
+		if name == bucketRuns {
+			var err error
+			if ended, err = endedRuns(out, found[bucketRuns]); err != nil {
+				return err
+			}
+		}
+		var batch []salvageEntry
+		for _, k := range slices.Sorted(maps.Keys(found[name])) {
+			v, ok := newestVersion(name, found[name][k])
+			switch {
+			case !ok:
+				w.lost(name, []byte(k), "found in %d differing versions on pages that nothing leads to any more, and which is the newest cannot be told: left out", len(found[name][k]))
+				continue
+			case name == bucketRuns && !isOutcomeIndexKey([]byte(k)) && ended[k] && !runEnded(v):
+				w.lost(name, []byte(k), "found only as an older version, from before the run ended (its outcome is stored): left out")
+				continue
+			case name == bucketRuns && !isOutcomeIndexKey([]byte(k)) && !runEnded(v):
+				// Kept, and named: a version that has ended may be lost
+				// with nothing left to say so, and serve resumes the run.
+				w.lost(name, []byte(k), "came back unfinished from a page that nothing leads to any more; if it had ended since, that is lost, and serve will resume it from its last checkpoint")
+			}
+			p.read()
+			if batch = append(batch, salvageEntry{k: []byte(k), v: v}); len(batch) == salvageBatch {
+				if err := w.putUnlinked(out, name, batch); err != nil {
+					return err
+				}
+				batch = batch[:0]
+			}
+		}
+		if err := w.putUnlinked(out, name, batch); err != nil {
+			return err
+		}
+	}
+	if w.rootLost || len(w.gaps[bucketBlobIndex]) > 0 {
+		return out.Update(rebuildBlobIndex)
+	}
+	return nil
+}
+
+// unlinkedPage reads page id with its overflow when its header says it is
+// that page and a leaf; nil otherwise.
+func (w *salvageWalk) unlinkedPage(id uint64) []byte {
+	b := make([]byte, w.ps)
+	if _, err := w.f.ReadAt(b, int64(id*w.ps)); err != nil {
+		return nil
+	}
+	le := binary.LittleEndian
+	if le.Uint64(b) != id || le.Uint16(b[8:]) != leafPageFlag {
+		return nil
+	}
+	if overflow := uint64(le.Uint32(b[12:])); overflow > 0 {
+		if overflow >= w.pgid-id {
+			return nil
+		}
+		b = make([]byte, (overflow+1)*w.ps)
+		if _, err := w.f.ReadAt(b, int64(id*w.ps)); err != nil {
+			return nil
+		}
+	}
+	return b
+}
+
+// putUnlinked writes found records into bucket name of out, each one whose
+// key the copy does not hold yet (a checkpoint: in neither the checkpoints
+// nor the recent bucket), and keeps the bucket's sequence past the
+// sequence numbers in the keys it writes (the blob log's and the pending
+// writes'), which the walk's copy takes from the bucket's header.
+func (w *salvageWalk) putUnlinked(out *bbolt.DB, name string, batch []salvageEntry) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	var added []salvageEntry
+	err := out.Update(func(tx *bbolt.Tx) error {
+		added = added[:0]
+		b, err := tx.CreateBucketIfNotExists([]byte(name))
+		if err != nil {
+			return err
+		}
+		recent := tx.Bucket([]byte(bucketRecent))
+		for _, r := range batch {
+			if b.Get(r.k) != nil || name == bucketCheckpoints && recent != nil && recent.Get(r.k) != nil {
+				continue
+			}
+			if err := b.Put(r.k, r.v); err != nil {
+				return fmt.Errorf("bucket %s: %w", name, err)
+			}
+			var seq uint64
+			switch name {
+			case bucketBlobLog:
+				seq = beUint64(r.k)
+			case bucketWrites:
+				seq = beUint64(r.k[len(r.k)-8:])
+			}
+			if seq > b.Sequence() {
+				if err := b.SetSequence(seq); err != nil {
+					return err
+				}
+			}
+			added = append(added, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if w.rep.Unlinked == nil {
+		w.rep.Unlinked = map[string]int{}
+	}
+	for _, r := range added {
+		w.rep.Records[recordKind(name, r.k)]++
+		w.rep.Unlinked[recordKind(name, r.k)]++
+	}
+	return nil
+}
+
+// newestVersion returns the newest of a record's differing versions, the
+// one newer than every other by its bucket's order (versionOrder), or
+// false when there is none.
+func newestVersion(name string, vs [][]byte) ([]byte, bool) {
+	for i, v := range vs {
+		newer := true
+		for j, o := range vs {
+			if i != j && versionOrder(name, v, o) <= 0 {
+				newer = false
+			}
+		}
+		if newer {
+			return v, true
+		}
+	}
+	return nil, false
+}
+
+// versionOrder compares two versions of one record: positive when a is
+// newer, negative when b is, 0 when it cannot be told. The records of the
+// buckets not named are never rewritten, so two differing versions of one
+// cannot be ordered.
+func versionOrder(name string, a, b []byte) int {
+	switch name {
+	case bucketRuns:
+		if ra, err := decodeRunRecord(a); err == nil {
+			if rb, err := decodeRunRecord(b); err == nil {
+				return runOrder(ra, rb)
+			}
+		}
+		var oa, ob outcomeRun
+		if decodeJSONRecord(a, outcomeRunVersion, &oa) == nil && decodeJSONRecord(b, outcomeRunVersion, &ob) == nil {
+			return cmpUint(oa.Seq, ob.Seq)
+		}
+	case bucketHeads:
+		ha, _ := decodeHead(a)
+		hb, _ := decodeHead(b)
+		return strings.Compare(ha, hb) // checkpoint IDs are time-ordered
+	case bucketToolCalls:
+		ta, _ := decodeToolCall(a)
+		tb, _ := decodeToolCall(b)
+		if ta != nil && tb != nil {
+			return boolOrder(ta.Status == ToolCallDone, tb.Status == ToolCallDone)
+		}
+	case bucketUplink:
+		ca, _ := decodeCursor(a)
+		cb, _ := decodeCursor(b)
+		return cmpUint(ca, cb)
+	}
+	return 0
+}
+
+// runOrder orders two versions of a run record by how far the run got:
+// ended, then steps, decisions and checkpoint.
+func runOrder(a, b *runRecord) int {
+	if c := boolOrder(a.Status.Terminal(), b.Status.Terminal()); c != 0 {
+		return c
+	}
+	if c := a.Steps - b.Steps; c != 0 {
+		return c
+	}
+	if c := len(a.Decisions) - len(b.Decisions); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Checkpoint, b.Checkpoint)
+}
+
+func boolOrder(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a > b:
+		return 1
+	case a < b:
+		return -1
+	}
+	return 0
+}
+
+// runEnded reports whether the run record v says the run has ended.
+func runEnded(v []byte) bool {
+	r, err := decodeRunRecord(v)
+	return err == nil && r.Status.Terminal()
+}
+
+// endedRuns returns the runs that the copy's ledger and outcome index, or
+// the outcome index entries found, say have ended.
+func endedRuns(out *bbolt.DB, found map[string][][]byte) (map[string]bool, error) {
+	ended := map[string]bool{}
+	for k, vs := range found {
+		if v, ok := newestVersion(bucketRuns, vs); ok && isOutcomeIndexKey([]byte(k)) {
+			var o outcomeRun
+			if decodeJSONRecord(v, outcomeRunVersion, &o) == nil && o.Status.Terminal() {
+				ended[strings.TrimSuffix(k, outcomeIndexSuffix)] = true
+			}
+		}
+	}
+	err := out.View(func(tx *bbolt.Tx) error {
+		if b := tx.Bucket([]byte(bucketOutcomes)); b != nil {
+			err := b.ForEach(func(_, v []byte) error {
+				if o, _, err := decodeOutcome(v); err == nil && o.Status.Terminal() {
+					ended[o.Run] = true
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		if b := tx.Bucket([]byte(bucketRuns)); b != nil {
+			return b.ForEach(func(k, v []byte) error {
+				var o outcomeRun
+				if isOutcomeIndexKey(k) && decodeJSONRecord(v, outcomeRunVersion, &o) == nil && o.Status.Terminal() {
+					ended[strings.TrimSuffix(string(k), outcomeIndexSuffix)] = true
+				}
+				return nil
+			})
+		}
+		return nil
+	})
+	return ended, err
+}
+
+// rebuildBlobIndex indexes every blob of the copy's log at or below the
+// indexed mark that its index lacks, as the lost part of the index did.
+func rebuildBlobIndex(tx *bbolt.Tx) error {
+	log := tx.Bucket([]byte(bucketBlobLog))
+	if log == nil || tx.Bucket([]byte(bucketMeta)) == nil {
+		return nil // no mark: every blob is above it
+	}
+	mark, err := indexedMark(tx)
+	if err != nil || mark == 0 {
+		return nil // db check of the copy names a malformed mark
+	}
+	index, err := tx.CreateBucketIfNotExists([]byte(bucketBlobIndex))
+	if err != nil {
+		return err
+	}
+	c := log.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		seq, ref, ok := parseBlobLogKey(k)
+		if !ok {
+			continue // db check of the copy names it
+		}
+		if seq > mark {
+			break
+		}
+		if index.Get(blobKey(ref)) == nil {
+			if err := index.Put(blobKey(ref), binary.BigEndian.AppendUint64(nil, seq)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
