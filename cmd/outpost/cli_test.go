@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -38,7 +40,11 @@ func TestMain(m *testing.M) {
 // code and what it printed.
 func outpostBin(t *testing.T, dir string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	cmd := exec.Command(builtOutpost(t), args...)
+	// A command that should have refused its command line but goes on to
+	// serve or wait ends the test instead of hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, builtOutpost(t), args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "OUTPOST_DATA=")
 	var out, errb bytes.Buffer

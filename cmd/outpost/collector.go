@@ -37,7 +37,7 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if *secrets == "" {
-		return fmt.Errorf("--secrets FILE is required: one \"appliance_id secret\" line per appliance")
+		return badUsage("--secrets FILE is required: one \"appliance_id secret\" line per appliance")
 	}
 	keys, err := uplink.LoadSecrets(*secrets)
 	if err != nil {

@@ -54,11 +54,11 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	convs, err := eval.Load(files...)
 	if err != nil {
-		return usageError(err.Error())
+		return replayError{err}
 	}
 	resolve, err := evalResolver(*bundle, *keys)
 	if err != nil {
-		return usageError(err.Error())
+		return replayError{err}
 	}
 	opts := eval.Options{Resolver: resolve, Parallel: *parallel, FlagsChannel: *flagsCh, FinalChannel: *finalCh, Timeout: *timeout,
 		MaxDuration: budget.WallTime, MaxTokens: budget.Tokens}

@@ -18,7 +18,7 @@ import (
 )
 
 func init() {
-	register("uplink", "show or flush the outcome uplink to the collector", runUplink)
+	register("uplink", "show or flush the outcome uplink to the collector", runUplink, "status", "flush")
 }
 
 const uplinkUsage = `Usage: outpost uplink <status|flush> [flags]
@@ -66,7 +66,7 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return uplinkStatus(ctx, *data, *url, *asJSON, stdout)
 	case "flush":
 		if *url == "" || *secretFile == "" {
-			return fmt.Errorf("flush needs --url and --secret-file (usage: outpost %s)", fs.synopsis)
+			return badUsage("flush needs --url and --secret-file (usage: outpost %s)", fs.synopsis)
 		}
 		secret, err := uplink.LoadSecret(*secretFile)
 		if err != nil {
