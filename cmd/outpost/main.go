@@ -238,6 +238,7 @@ type cmdFlags struct {
 	About          string
 	msgs           bytes.Buffer // what the flag package says of an error
 	stdout, stderr io.Writer
+	aliases        map[string]string // another name of a flag -> its name
 }
 
 func newCmdFlags(name, synopsis string, stdout, stderr io.Writer) *cmdFlags {
@@ -249,18 +250,43 @@ func newCmdFlags(name, synopsis string, stdout, stderr io.Writer) *cmdFlags {
 	return c
 }
 
+// alias makes alias another name of the flag name, which takes the same
+// value; help lists the flag once, naming the alias in its line.
+func (c *cmdFlags) alias(alias, name string) {
+	f := c.Lookup(name)
+	c.Var(f.Value, alias, f.Usage)
+	if c.aliases == nil {
+		c.aliases = map[string]string{}
+	}
+	c.aliases[alias] = name
+}
+
 func (c *cmdFlags) printUsage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: outpost %s\n", c.synopsis)
 	if c.About != "" {
 		fmt.Fprintf(w, "\n%s\n", strings.TrimSpace(c.About))
 	}
+	// The flags without their aliases, each alias named in its flag's line.
+	listed := flag.NewFlagSet(c.Name(), flag.ContinueOnError)
+	c.VisitAll(func(f *flag.Flag) {
+		if _, isAlias := c.aliases[f.Name]; isAlias {
+			return
+		}
+		usage := f.Usage
+		for alias, name := range c.aliases {
+			if name == f.Name {
+				usage += " (or --" + alias + ")"
+			}
+		}
+		listed.Var(f.Value, f.Name, usage)
+		listed.Lookup(f.Name).DefValue = f.DefValue
+	})
 	n := 0
-	c.VisitAll(func(*flag.Flag) { n++ })
+	listed.VisitAll(func(*flag.Flag) { n++ })
 	if n > 0 {
 		fmt.Fprintf(w, "\nFlags:\n")
-		c.SetOutput(w)
-		c.PrintDefaults()
-		c.SetOutput(&c.msgs)
+		listed.SetOutput(w)
+		listed.PrintDefaults()
 	}
 }
 

@@ -438,12 +438,13 @@ func TestHelpOnStdout(t *testing.T) {
 func TestUplinkHelpListsItsOwnFlags(t *testing.T) {
 	_, stdout, _ := outpost(t, "uplink", "status", "-h")
 	require.Contains(t, stdout, "Usage: outpost uplink status")
-	require.NotContains(t, stdout, "-secret-file")
+	require.NotContains(t, stdout, "-timeout")
 	_, stdout, _ = outpost(t, "uplink", "flush", "-h")
 	require.Contains(t, stdout, "-secret-file")
+	require.Contains(t, stdout, "-timeout")
 	code, _, stderr := outpost(t, "uplink", "flush", "--data", t.TempDir())
 	require.Equal(t, 2, code)
-	require.Contains(t, stderr, "flush needs --url and --secret-file (usage: outpost uplink flush --url URL --secret-file FILE [flags])")
+	require.Contains(t, stderr, "flush needs --url (or --uplink) and --secret-file (or --uplink-secret) (usage: outpost uplink flush --url URL --secret-file FILE [flags])")
 }
 
 // bench names its one workload: -h on stdout with exit 0, an unknown one
