@@ -336,10 +336,15 @@ func dbCheck(ctx context.Context, dir, file string, asJSON bool, stdout, stderr 
 			fmt.Fprintln(stdout, "store is sound")
 		}
 	}
-	if !rep.OK() {
-		return fmt.Errorf("%d problem(s) found", len(rep.Problems))
+	switch {
+	case rep.OK():
+		return nil
+	case file != "":
+		// A copy with problems is no backup to restore; what it still
+		// holds can be copied out.
+		return fmt.Errorf("%d problem(s) found: %s\n%s", len(rep.Problems), store.Options{Copy: true}.DamageAdvice(), salvageFileHint)
 	}
-	return nil
+	return fmt.Errorf("%d problem(s) found", len(rep.Problems))
 }
 
 // checkFile checks the store file at path, read-only.
@@ -359,6 +364,11 @@ func checkFile(ctx context.Context, path string) (*store.CheckReport, error) {
 	return db.Check(ctx)
 }
 
+// salvageFileHint says how to salvage a store file of any name: db
+// salvage reads DIR/outpost.db alone.
+const salvageFileHint = "(with no sound copy, copy out what can still be read: copy the file into an empty folder as " + store.FileName +
+	", then run outpost db salvage --data FOLDER NEWFILE)"
+
 // explainOpenFile is explainOpen for a store file checked with --file,
 // such as a backup: it speaks of the file, not of a data folder (the
 // store's own advice speaks of a copy: store.Options.Copy). db
@@ -372,8 +382,7 @@ func explainOpenFile(path string, err error) error {
 	case errors.Is(err, store.ErrFormat):
 		return fmt.Errorf("%w\n(this file was written by an incompatible outpost version, or is not an outpost store)", err)
 	case filepath.Base(path) != store.FileName && errors.Is(err, store.ErrDamaged) && !errors.Is(err, store.ErrHollow):
-		return fmt.Errorf("%w\n(with no sound copy, copy out what can still be read: copy the file into an empty folder as %s, "+
-			"then run outpost db salvage --data FOLDER NEWFILE)", err, store.FileName)
+		return fmt.Errorf("%w\n%s", err, salvageFileHint)
 	}
 	return explainOpen(filepath.Dir(path), err)
 }

@@ -381,13 +381,14 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tVERSION\tACTIVE\tKEY\tINSTALLED\tDIGEST\tON DISK")
 	for _, i := range list {
-		active := ""
+		var marks []string
 		if i.Active {
-			active = "active"
+			marks = append(marks, "active")
 		}
 		if i.Downgrade {
-			active += " (downgrade)"
+			marks = append(marks, "(downgrade)")
 		}
+		active := strings.Join(marks, " ")
 		state := "verified"
 		if !i.Verified {
 			state = "DAMAGED: " + i.Problem

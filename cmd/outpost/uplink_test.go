@@ -82,7 +82,8 @@ func TestUplinkTakesServesFlagNames(t *testing.T) {
 	secrets, mine := uplinkSecrets(t, app, coll, st.ApplianceID)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	url, _, done := startCollector(t, ctx, coll, secrets)
+	url, out, done := startCollector(t, ctx, coll, secrets)
+	require.Contains(t, out.String(), "(1 appliance, store: "+coll+")", "one appliance is one, not 1 appliances")
 
 	serveFlags := []string{"--data", app, "--uplink", url, "--uplink-secret", mine, "--appliance-id", st.ApplianceID}
 	code, status, stderr = outpostBin(t, "", append([]string{"uplink", "status", "--json"}, serveFlags...)...)
