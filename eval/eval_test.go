@@ -349,6 +349,25 @@ func TestUnknownAgentFails(t *testing.T) {
 	}
 }
 
+// CheckAgents tells a conversation whose agent the resolver does not know
+// before anything is replayed, as a bad golden file naming the file and
+// the line; conversations of known agents pass.
+func TestCheckAgents(t *testing.T) {
+	tr := newTriage(t)
+	known := conv("a", `{"input": "hi"}`)
+	convs, err := eval.Decode("g.jsonl", []byte(known+"\n\n"+`{"name": "b", "agent": "nobody", "turns": [{"input": "hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eval.CheckAgents(convs[:1], tr.resolver); err != nil {
+		t.Fatalf("a known agent: %v", err)
+	}
+	err = eval.CheckAgents(convs, tr.resolver)
+	if !errors.Is(err, eval.ErrGolden) || !strings.Contains(err.Error(), `g.jsonl:3: conversation "b": unknown agent "nobody"`) {
+		t.Fatalf("an unknown agent: %v", err)
+	}
+}
+
 func FuzzDecode(f *testing.F) {
 	f.Add([]byte(conv("a", `{"input": "hi", "expect": {"path": ["x"], "flags": [], "tools": [], "final_regex": "a+", "status": "completed"}}`)))
 	f.Add([]byte(conv("b", `{"input": "risky", "expect": {"status": "interrupted", "interrupt": "review"}, "resume": {"decision": "edit", "value": "x"}, "after_resume": {"status": "completed"}}`)))

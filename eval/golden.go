@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"regexp"
@@ -114,6 +115,25 @@ func validateExpect(at string, e *Expect) error {
 	if e.FinalRegex != "" {
 		if _, err := regexp.Compile(e.FinalRegex); err != nil {
 			return fmt.Errorf("%s.final_regex: %w", at, err)
+		}
+	}
+	return nil
+}
+
+// CheckAgents resolves every conversation's agent as a new run's, before
+// any is replayed, so that a golden file naming an agent that resolve does
+// not know is a bad golden file (ErrGolden, naming the file and the line),
+// which no replay can pass, rather than a conversation that failed. Run
+// alone reports such a conversation as a failed Case.
+func CheckAgents(convs []Conversation, resolve engine.Resolver) error {
+	checked := map[string]bool{}
+	for _, c := range convs {
+		if checked[c.Agent] {
+			continue
+		}
+		checked[c.Agent] = true
+		if _, err := resolve(c.Agent, engine.BundleRef{}); errors.Is(err, engine.ErrUnknownAgent) {
+			return fmt.Errorf("%w: %s:%d: conversation %q: %w", ErrGolden, c.File, c.Line, c.Name, err)
 		}
 	}
 	return nil

@@ -64,6 +64,26 @@ func referenceContents() (contents, error) {
 
 // DevKeyring trusts only the development key the reference bundle is
 // signed with.
+// referenceDescription is the embedded reference bundle's description,
+// which says that the development key signs it; resignedReferenceDescription
+// is the one Sign gives an exported copy that another key signs.
+const (
+	referenceDescription = "Reference medication-adherence assistant, on synthetic data only. " +
+		"Signed with the DEVELOPMENT key that ships in the Outpost repository: not for production use."
+	resignedReferenceDescription = "Reference medication-adherence assistant, on synthetic data only: not for production use. " +
+		"Made from the Outpost reference bundle; manifest.json's key_id names the key that signs it."
+)
+
+// isDevKey reports whether id is the development key's id.
+func isDevKey(id string) bool {
+	ring, err := DevKeyring()
+	if err != nil {
+		return false
+	}
+	_, ok := ring.Key(id)
+	return ok
+}
+
 func DevKeyring() (*Keyring, error) {
 	_, pub, _, err := parseKeyFile("reference/dev.pub", devPub, false)
 	if err != nil {

@@ -11,7 +11,9 @@ import (
 // Sign signs the bundle in dir with the private key in keyFile: it records
 // the sha256 of every file in the directory in the manifest's files, sets
 // the key id (and the created time, when missing), rewrites manifest.json
-// and writes manifest.sig over its exact bytes.
+// and writes manifest.sig over its exact bytes. The exported reference
+// bundle (Export), signed with a key other than the development key, gets
+// a description that no longer says the development key signs it.
 func Sign(dir, keyFile string) error {
 	id, priv, err := LoadPrivateKey(keyFile)
 	if err != nil {
@@ -30,6 +32,11 @@ func Sign(dir, keyFile string) error {
 		return fmt.Errorf("sign %s: %w", dir, err)
 	}
 	m.KeyID = id
+	if m.Description == referenceDescription && !isDevKey(id) {
+		// The exported reference bundle, signed by another key: its
+		// description no longer says which key signs it.
+		m.Description = resignedReferenceDescription
+	}
 	if m.Created.IsZero() {
 		m.Created = time.Now().UTC().Truncate(time.Second)
 	}

@@ -142,6 +142,11 @@ type Options struct {
 	Copy bool
 }
 
+// DamageAdvice is what to do about a store file found damaged, in the
+// words a refusal to open it uses: for a copy (Copy), that it cannot be
+// restored; for a data folder's store, to restore the last backup.
+func (o Options) DamageAdvice() string { return o.damageAdvice(false) }
+
 // damageAdvice is what to do about a store file refused as damaged;
 // hollow, it holds nothing of a store at all.
 func (o Options) damageAdvice(hollow bool) string {

@@ -16,7 +16,7 @@ import (
 )
 
 func init() {
-	register("bench", "run the reference workload and print its figures", runBench)
+	register("bench", "run the reference workload and print its figures", runBench, "reference")
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -46,19 +46,25 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := fs.parse(args[1:], false); err != nil {
 		return err
 	}
+	if _, err := fs.args(); err != nil {
+		return err
+	}
 	if *probeDuring && (*saver != "bbolt" || *threads != 1) {
-		return errors.New("--probe-during needs --saver bbolt and --threads 1")
+		return usageError("--probe-during needs --saver bbolt and --threads 1")
 	}
 	if *runs < 1 {
-		return fmt.Errorf("--runs must be at least 1, not %d", *runs)
+		return badUsage("--runs must be at least 1, not %d", *runs)
 	}
 	if *runs > 1 && (*cpuProfile != "" || *traceFile != "") {
-		return errors.New("--cpuprofile and --trace profile one run: leave out --runs")
+		return usageError("--cpuprofile and --trace profile one run: leave out --runs")
 	}
 	opts := bench.Options{Saver: *saver, Durability: engine.Durability(*durability), Threads: *threads, Turns: *turns,
 		ProbeDuring: *probeDuring}
 	if *durability != "sync" && *durability != "exit" {
-		return fmt.Errorf("--durability must be sync or exit, not %q", *durability)
+		return badUsage("--durability must be sync or exit, not %q", *durability)
+	}
+	if *saver != "memory" && *saver != "bbolt" {
+		return badUsage("--saver must be memory or bbolt, not %q", *saver)
 	}
 	if isTerminal(stderr) {
 		opts.Progress = stderr
@@ -70,9 +76,6 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer prof.close()
 	if prof != nil {
 		opts.Measure = prof.start
-	}
-	if *saver != "memory" && *saver != "bbolt" {
-		return fmt.Errorf("--saver must be memory or bbolt, not %q", *saver)
 	}
 	var all []*bench.Result
 	for i := range *runs {

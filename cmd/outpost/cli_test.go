@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -9,9 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -38,7 +41,11 @@ func TestMain(m *testing.M) {
 // code and what it printed.
 func outpostBin(t *testing.T, dir string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	cmd := exec.Command(builtOutpost(t), args...)
+	// A command that should have refused its command line but goes on to
+	// serve or wait ends the test instead of hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, builtOutpost(t), args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "OUTPOST_DATA=")
 	var out, errb bytes.Buffer
@@ -250,6 +257,12 @@ func TestFirmwareNewcomerRound(t *testing.T) {
 	out := ok("firmware", "install", "--data", data, "--allow-downgrade", "--by", "ada", "--reason", "test", v1)
 	require.Contains(t, out, "new runs still use v3, the active version; to make v2 active: "+
 		"outpost firmware activate --data "+data+" --allow-downgrade --by NAME --reason TEXT medication-adherence 2\n")
+	// A downgrade that is not active is marked in the ACTIVE column as
+	// the header names it, not one space to the right.
+	list := strings.Split(ok("firmware", "list", "--data", data), "\n")
+	i := slices.IndexFunc(list, func(l string) bool { return strings.Contains(l, "(downgrade)") })
+	require.Regexp(t, `^medication-adherence +2 +\(downgrade\) `, list[i])
+	require.Equal(t, strings.Index(list[0], "ACTIVE"), strings.Index(list[i], "(downgrade)"), "%q\n%q", list[0], list[i])
 	ok("firmware", "activate", "--data", data, "--allow-downgrade", "--by", "ada", "--reason", "test", "medication-adherence", "2")
 	out = ok("firmware", "install", "--data", data, v2)
 	require.Contains(t, out, "new runs still use v2, the active version; to make v3 active: outpost firmware activate --data "+data+" medication-adherence 3\n")
@@ -345,4 +358,48 @@ func TestFirmwareUsageNamesTheFlags(t *testing.T) {
 			}
 		}
 	}
+}
+
+// eval's usage line names every flag its -h lists: it left out --timeout
+// and the channel flags.
+func TestEvalUsageNamesEveryFlag(t *testing.T) {
+	code, help, _ := outpostBin(t, "", "eval", "-h")
+	require.Zero(t, code)
+	usage := strings.SplitN(help, "\n", 2)[0]
+	bools, valued := helpFlags(help)
+	for _, f := range append(bools, valued...) {
+		require.Contains(t, usage, "[--"+f, "eval's usage line names --%s", f)
+	}
+}
+
+// A golden conversation naming an agent that no bundle has cannot be
+// replayed: that is a broken harness (exit 2), named by file and line, and
+// no conversation is replayed; it was a failed conversation (exit 1).
+func TestEvalUnknownAgentIsAHarnessError(t *testing.T) {
+	golden := filepath.Join(t.TempDir(), "g.jsonl")
+	require.NoError(t, os.WriteFile(golden, []byte("# one known agent, one unknown\n"+
+		`{"name": "known", "agent": "medication-adherence", "turns": [{"input": "I forgot my metformin dose"}]}`+"\n"+
+		`{"name": "typo", "agent": "medication-adherense", "turns": [{"input": "hi"}]}`+"\n"), 0o644))
+	code, stdout, stderr := outpostBin(t, "", "eval", golden)
+	require.Equal(t, 2, code, stderr)
+	require.Empty(t, stdout, "nothing was replayed")
+	require.Contains(t, stderr, "outpost eval: bad golden conversation: "+golden+`:3: conversation "typo": unknown agent "medication-adherense" (available: `)
+}
+
+// db check --file that finds problems in a copy says what to do about it,
+// as a copy refused at open does: it said only "N problem(s) found".
+func TestDBCheckFileProblemsAdvise(t *testing.T) {
+	dir := storeWithRun(t)
+	damageRunRecords(t, dir)
+	raw, err := os.ReadFile(filepath.Join(dir, "outpost.db"))
+	require.NoError(t, err)
+	bak := filepath.Join(t.TempDir(), "monday.db")
+	require.NoError(t, os.WriteFile(bak, raw, 0o600))
+	code, stdout, stderr := outpostBin(t, "", "db", "check", "--file", bak)
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stdout, "PROBLEM ")
+	require.Equal(t, "outpost db: 1 problem(s) found: this copy cannot be restored: check an older backup, "+
+		"or, while the store itself is sound, take a new one (outpost db backup FILE)\n"+
+		"(with no sound copy, copy out what can still be read: copy the file into an empty folder as outpost.db, "+
+		"then run outpost db salvage --data FOLDER NEWFILE)\n", stderr)
 }

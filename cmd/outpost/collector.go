@@ -37,7 +37,7 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if *secrets == "" {
-		return fmt.Errorf("--secrets FILE is required: one \"appliance_id secret\" line per appliance")
+		return badUsage("--secrets FILE is required: one \"appliance_id secret\" line per appliance")
 	}
 	keys, err := uplink.LoadSecrets(*secrets)
 	if err != nil {
@@ -68,7 +68,11 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	srv := &http.Server{Handler: uplink.NewCollector(st, uplink.CollectorOptions{Secrets: keys, Logger: log, Token: tok}),
 		ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 2 * time.Minute}
-	fmt.Fprintf(stdout, "collector listening on http://%s (%d appliances, store: %s)\n", l.Addr(), len(keys), where)
+	appliances := "appliances"
+	if len(keys) == 1 {
+		appliances = "appliance"
+	}
+	fmt.Fprintf(stdout, "collector listening on http://%s (%d %s, store: %s)\n", l.Addr(), len(keys), appliances, where)
 	if created {
 		fmt.Fprintf(stdout, "  a bearer token for GET %s was made (%s, mode 0600)\n", uplink.AppliancesPath, filepath.Join(*data, uplink.TokenFile))
 	}

@@ -106,16 +106,16 @@ func (bc *budgetChoice) budget() (policy.Budget, error) {
 		return policy.Budget{}, nil
 	}
 	if bc.runTime < 0 {
-		return policy.Budget{}, fmt.Errorf("--max-run-time must not be negative (0 for no limit), not %s", bc.runTime)
+		return policy.Budget{}, badUsage("--max-run-time must not be negative (0 for no limit), not %s", bc.runTime)
 	}
 	if bc.tokens < 0 {
-		return policy.Budget{}, fmt.Errorf("--max-tokens must not be negative (0 for no limit), not %d", bc.tokens)
+		return policy.Budget{}, badUsage("--max-tokens must not be negative (0 for no limit), not %d", bc.tokens)
 	}
 	if bc.recoveries < 0 {
-		return policy.Budget{}, fmt.Errorf("--max-recoveries must not be negative (0 for no limit), not %d", bc.recoveries)
+		return policy.Budget{}, badUsage("--max-recoveries must not be negative (0 for no limit), not %d", bc.recoveries)
 	}
 	if bc.alone < 0 {
-		return policy.Budget{}, fmt.Errorf("--max-alone-time must not be negative (0 for no limit), not %s", bc.alone)
+		return policy.Budget{}, badUsage("--max-alone-time must not be negative (0 for no limit), not %s", bc.alone)
 	}
 	return policy.Budget{WallTime: bc.runTime, Tokens: bc.tokens}, nil
 }

@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,7 +21,7 @@ import (
 )
 
 func init() {
-	register("db", "check, back up, compact, prune or salvage the store", runDB)
+	register("db", "check, back up, compact, prune or salvage the store", runDB, slices.Collect(maps.Keys(dbSubs))...)
 }
 
 const dbUsage = `Usage: outpost db <check|backup|compact|prune|salvage> [flags]
@@ -103,25 +105,25 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var dst string
 	switch {
 	case sub.arg != "" && fs.NArg() == 0:
-		return fmt.Errorf("%s needs the file to write: usage: %s", name, synopsis)
+		return badUsage("%s needs the file to write: usage: %s", name, synopsis)
 	case name == "check" && fs.NArg() > 0:
 		file := "FILE"
 		if fi, err := os.Stat(fs.Arg(0)); err == nil && fi.Mode().IsRegular() {
 			file = fs.Arg(0)
 		}
-		return fmt.Errorf("unexpected argument %q: usage: %s; to check a store file, such as a backup: outpost db check --file %s",
+		return badUsage("unexpected argument %q: usage: %s; to check a store file, such as a backup: outpost db check --file %s",
 			fs.Arg(0), synopsis, file)
 	case sub.arg != "" && fs.NArg() > 1:
-		return fmt.Errorf("unexpected argument %q: usage: %s", fs.Arg(1), synopsis)
+		return badUsage("unexpected argument %q: usage: %s", fs.Arg(1), synopsis)
 	case sub.arg == "" && fs.NArg() > 0:
-		return fmt.Errorf("unexpected argument %q: usage: %s", fs.Arg(0), synopsis)
+		return badUsage("unexpected argument %q: usage: %s", fs.Arg(0), synopsis)
 	case sub.arg != "":
 		dst = fs.Arg(0)
 	}
 	switch name {
 	case "check":
 		if file != "" && flagGiven(fs.FlagSet, "data") {
-			return fmt.Errorf("give --data DIR or --file FILE, not both")
+			return usageError("give --data DIR or --file FILE, not both")
 		}
 		return dbCheck(ctx, *data, file, *asJSON, stdout, stderr)
 	case "backup":
@@ -131,9 +133,9 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "prune":
 		switch {
 		case !olderThan.set:
-			return fmt.Errorf("prune needs --older-than, how long a finished thread has been idle: 720h, 30d, 1d12h (0s takes every idle thread)")
+			return badUsage("prune needs --older-than, how long a finished thread has been idle: 720h, 30d, 1d12h (0s takes every idle thread)")
 		case olderThan.d < 0:
-			return fmt.Errorf("--older-than %s is negative: give how long a finished thread has been idle, 0s or more, such as 720h or 30d", olderThan.text)
+			return badUsage("--older-than %s is negative: give how long a finished thread has been idle, 0s or more, such as 720h or 30d", olderThan.text)
 		}
 		return dbPrune(ctx, *data, olderThan.d, *asJSON, stdout, stderr)
 	}
@@ -334,10 +336,15 @@ func dbCheck(ctx context.Context, dir, file string, asJSON bool, stdout, stderr 
 			fmt.Fprintln(stdout, "store is sound")
 		}
 	}
-	if !rep.OK() {
-		return fmt.Errorf("%d problem(s) found", len(rep.Problems))
+	switch {
+	case rep.OK():
+		return nil
+	case file != "":
+		// A copy with problems is no backup to restore; what it still
+		// holds can be copied out.
+		return fmt.Errorf("%d problem(s) found: %s\n%s", len(rep.Problems), store.Options{Copy: true}.DamageAdvice(), salvageFileHint)
 	}
-	return nil
+	return fmt.Errorf("%d problem(s) found", len(rep.Problems))
 }
 
 // checkFile checks the store file at path, read-only.
@@ -357,6 +364,11 @@ func checkFile(ctx context.Context, path string) (*store.CheckReport, error) {
 	return db.Check(ctx)
 }
 
+// salvageFileHint says how to salvage a store file of any name: db
+// salvage reads DIR/outpost.db alone.
+const salvageFileHint = "(with no sound copy, copy out what can still be read: copy the file into an empty folder as " + store.FileName +
+	", then run outpost db salvage --data FOLDER NEWFILE)"
+
 // explainOpenFile is explainOpen for a store file checked with --file,
 // such as a backup: it speaks of the file, not of a data folder (the
 // store's own advice speaks of a copy: store.Options.Copy). db
@@ -370,8 +382,7 @@ func explainOpenFile(path string, err error) error {
 	case errors.Is(err, store.ErrFormat):
 		return fmt.Errorf("%w\n(this file was written by an incompatible outpost version, or is not an outpost store)", err)
 	case filepath.Base(path) != store.FileName && errors.Is(err, store.ErrDamaged) && !errors.Is(err, store.ErrHollow):
-		return fmt.Errorf("%w\n(with no sound copy, copy out what can still be read: copy the file into an empty folder as %s, "+
-			"then run outpost db salvage --data FOLDER NEWFILE)", err, store.FileName)
+		return fmt.Errorf("%w\n%s", err, salvageFileHint)
 	}
 	return explainOpen(filepath.Dir(path), err)
 }

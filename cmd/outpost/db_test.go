@@ -141,7 +141,7 @@ func TestDBCheckWritesNothing(t *testing.T) {
 	require.NoFileExists(t, store.LockFile(bak))
 
 	code, _, stderr = outpost(t, "db", "check", "--file", bak, "--data", sound)
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "give --data DIR or --file FILE, not both")
 	code, _, stderr = outpost(t, "db", "check", "--file", sound)
 	require.Equal(t, 1, code)
@@ -195,7 +195,7 @@ func TestDBExtraArguments(t *testing.T) {
 		{[]string{"salvage"}, `salvage needs the file to write: usage: outpost db salvage [flags] FILE`},
 	} {
 		code, stdout, stderr := outpost(t, append(append([]string{"db"}, tc.args...), "--data", dir)...)
-		require.Equal(t, 1, code, tc.args)
+		require.Equal(t, 2, code, tc.args)
 		require.Empty(t, stdout, tc.args)
 		require.Contains(t, stderr, tc.want, tc.args)
 	}
@@ -208,7 +208,7 @@ func TestDBExtraArguments(t *testing.T) {
 	code, _, stderr := outpost(t, "db", "backup", "--data", dir, bak)
 	require.Zero(t, code, stderr)
 	code, _, stderr = outpost(t, "db", "check", bak, "--data", dir)
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "outpost db check --file "+bak)
 }
 
@@ -240,13 +240,13 @@ func TestDBPruneOlderThan(t *testing.T) {
 		{"-5h", `--older-than -5h is negative: give how long a finished thread has been idle, 0s or more, such as 720h or 30d`},
 	} {
 		code, stdout, stderr := outpost(t, "db", "prune", "--data", dir, "--older-than", tc.value)
-		require.Equal(t, 1, code, tc.value)
+		require.Equal(t, 2, code, tc.value)
 		require.Empty(t, stdout)
 		require.Contains(t, stderr, tc.want)
 		require.NotContains(t, stderr, "-json", "the whole usage was printed")
 	}
 	code, _, stderr := outpost(t, "db", "prune", "--data", dir)
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "prune needs --older-than")
 
 	for _, v := range []string{"30d", "1d12h"} {
@@ -440,7 +440,7 @@ func TestDBHelp(t *testing.T) {
 	require.Contains(t, stdout, "Usage: outpost db <check|backup|compact|prune|salvage> [flags]")
 
 	code, stdout, stderr = outpost(t, "db", "check", "--no-such-flag")
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Empty(t, stdout)
 	require.Contains(t, stderr, "flag provided but not defined: -no-such-flag\nusage: outpost db check [flags] (outpost db check -h lists its flags)")
 

@@ -18,7 +18,7 @@ func init() {
 	register("eval", "replay golden conversations and report where an agent departs from them", runEval)
 }
 
-const evalSynopsis = "eval [--bundle PATH [--keys DIR]] [--json] [--parallel N] [--max-run-time DURATION] [--max-tokens N] FILE.jsonl..."
+const evalSynopsis = "eval [--bundle PATH [--keys DIR]] [--json] [--parallel N] [--timeout DURATION] [--max-run-time DURATION] [--max-tokens N] [--flags-channel NAME] [--final-channel NAME] FILE.jsonl..."
 
 func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("eval", evalSynopsis, stdout, stderr)
@@ -31,9 +31,9 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	timeout := fs.Duration("timeout", time.Minute, "the longest one conversation may take")
 	bc := budgetFlags(fs.FlagSet, false)
 	// Exit 1 says a conversation failed; 2 says the replay could not be
-	// made (a flag it does not take, no file, a malformed one, a bundle
-	// that will not load), so that CI can tell a regression from a broken
-	// harness.
+	// made (a flag it does not take, no file, a malformed one, an agent no
+	// bundle has, a bundle that will not load), so that CI can tell a
+	// regression from a broken harness.
 	if err := fs.parse(args, false); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -54,11 +54,14 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	convs, err := eval.Load(files...)
 	if err != nil {
-		return usageError(err.Error())
+		return replayError{err}
 	}
 	resolve, err := evalResolver(*bundle, *keys)
 	if err != nil {
-		return usageError(err.Error())
+		return replayError{err}
+	}
+	if err := eval.CheckAgents(convs, resolve); err != nil {
+		return replayError{err}
 	}
 	opts := eval.Options{Resolver: resolve, Parallel: *parallel, FlagsChannel: *flagsCh, FinalChannel: *finalCh, Timeout: *timeout,
 		MaxDuration: budget.WallTime, MaxTokens: budget.Tokens}

@@ -7,8 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -18,7 +20,7 @@ import (
 )
 
 func init() {
-	register("firmware", "make keys, sign, verify, install, list, activate and export firmware bundles", runFirmware)
+	register("firmware", "make keys, sign, verify, install, list, activate and export firmware bundles", runFirmware, slices.Collect(maps.Keys(firmwareCommands))...)
 }
 
 const firmwareUsage = `Usage: outpost firmware <command> [flags]
@@ -47,27 +49,24 @@ never use it on a production appliance.
 Every command takes --json; "outpost firmware COMMAND -h" lists its flags.
 `
 
+// firmwareCommands are the firmware subcommands.
+var firmwareCommands = map[string]func(fs *cmdFlags, args []string, stdout io.Writer) error{
+	"keygen":   firmwareKeygen,
+	"sign":     firmwareSign,
+	"verify":   firmwareVerify,
+	"install":  firmwareInstall,
+	"list":     firmwareList,
+	"activate": firmwareActivate,
+	"export":   firmwareExport,
+}
+
 func runFirmware(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, fs, err := subcommand("firmware", firmwareUsage, args, stdout, stderr)
 	if sub == "" {
 		return err
 	}
-	rest := args[1:]
-	switch sub {
-	case "keygen":
-		return firmwareKeygen(fs, rest, stdout)
-	case "sign":
-		return firmwareSign(fs, rest, stdout)
-	case "verify":
-		return firmwareVerify(fs, rest, stdout)
-	case "install":
-		return firmwareInstall(fs, rest, stdout)
-	case "list":
-		return firmwareList(fs, rest, stdout)
-	case "activate":
-		return firmwareActivate(fs, rest, stdout)
-	case "export":
-		return firmwareExport(fs, rest, stdout)
+	if run, ok := firmwareCommands[sub]; ok {
+		return run(fs, args[1:], stdout)
 	}
 	fmt.Fprint(stderr, firmwareUsage)
 	return usageError(fmt.Sprintf("unknown firmware command %q", sub))
@@ -180,7 +179,7 @@ func firmwareSign(fs *cmdFlags, args []string, stdout io.Writer) error {
 		return err
 	}
 	if *key == "" || fs.NArg() != 1 {
-		return fmt.Errorf("sign needs --key FILE and one bundle folder (usage: outpost %s)", fs.synopsis)
+		return badUsage("sign needs --key FILE and one bundle folder (usage: outpost %s)", fs.synopsis)
 	}
 	if err := firmware.Sign(fs.Arg(0), *key); err != nil {
 		return explain(err)
@@ -202,7 +201,7 @@ func firmwareVerify(fs *cmdFlags, args []string, stdout io.Writer) error {
 		return err
 	}
 	if fs.NArg() != 1 {
-		return fmt.Errorf("verify needs one bundle (a folder or a .tar) (usage: outpost %s)", fs.synopsis)
+		return badUsage("verify needs one bundle (a folder or a .tar) (usage: outpost %s)", fs.synopsis)
 	}
 	if err := bundleExists(fs.Arg(0)); err != nil {
 		return err
@@ -248,10 +247,10 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 		return err
 	}
 	if fs.NArg() != 1 {
-		return fmt.Errorf("install needs one bundle (a folder or a .tar) (usage: outpost %s)", fs.synopsis)
+		return badUsage("install needs one bundle (a folder or a .tar) (usage: outpost %s)", fs.synopsis)
 	}
 	if *downgrade && (*by == "" || *reason == "") {
-		return fmt.Errorf("--allow-downgrade needs --by NAME and --reason TEXT, which are recorded")
+		return badUsage("--allow-downgrade needs --by NAME and --reason TEXT, which are recorded")
 	}
 	if err := bundleExists(fs.Arg(0)); err != nil {
 		return err
@@ -382,13 +381,14 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tVERSION\tACTIVE\tKEY\tINSTALLED\tDIGEST\tON DISK")
 	for _, i := range list {
-		active := ""
+		var marks []string
 		if i.Active {
-			active = "active"
+			marks = append(marks, "active")
 		}
 		if i.Downgrade {
-			active += " (downgrade)"
+			marks = append(marks, "(downgrade)")
 		}
+		active := strings.Join(marks, " ")
 		state := "verified"
 		if !i.Verified {
 			state = "DAMAGED: " + i.Problem
@@ -409,14 +409,14 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 		return err
 	}
 	if *downgrade && (*by == "" || *reason == "") {
-		return fmt.Errorf("--allow-downgrade needs --by NAME and --reason TEXT, which are recorded")
+		return badUsage("--allow-downgrade needs --by NAME and --reason TEXT, which are recorded")
 	}
 	if fs.NArg() != 2 {
-		return fmt.Errorf("activate needs a bundle name and a version (usage: outpost %s)", fs.synopsis)
+		return badUsage("activate needs a bundle name and a version (usage: outpost %s)", fs.synopsis)
 	}
 	v, err := strconv.ParseInt(fs.Arg(1), 10, 64)
 	if err != nil || v <= 0 {
-		return fmt.Errorf("version %q is not a positive integer", fs.Arg(1))
+		return badUsage("version %q is not a positive integer", fs.Arg(1))
 	}
 	release, err := holdDataFolder(*data, "activate")
 	if err != nil {
@@ -447,7 +447,7 @@ func firmwareExport(fs *cmdFlags, args []string, stdout io.Writer) error {
 		return err
 	}
 	if fs.NArg() != 1 {
-		return fmt.Errorf("export needs a folder (usage: outpost %s)", fs.synopsis)
+		return badUsage("export needs a folder (usage: outpost %s)", fs.synopsis)
 	}
 	if err := firmware.Export(fs.Arg(0)); err != nil {
 		return err

@@ -155,7 +155,7 @@ func TestFirmwareErrors(t *testing.T) {
 	require.Equal(t, 2, code, "an unknown subcommand is a usage error, as for db and runs")
 	require.Contains(t, stderr, `unknown firmware command "frob"`)
 	code, _, stderr = outpost(t, "firmware", "sign", t.TempDir())
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "sign needs --key FILE and one bundle folder (usage: outpost firmware sign --key FILE DIR)")
 }
 
@@ -185,7 +185,7 @@ func TestRunOllamaDownRunsNothing(t *testing.T) {
 	require.Contains(t, stdout, ": completed")
 
 	code, _, stderr = outpost(t, "run", "--data", dir, "--model", "gpt", "hello")
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "want scripted or ollama:NAME")
 }
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -25,23 +26,36 @@ var version = "dev"
 type command struct {
 	summary string
 	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+	// subs are the subcommands ("outpost runs list"), if it has any: the
+	// command-line tests try each one.
+	subs []string
 }
 
 var commands = map[string]command{}
 
-func register(name, summary string, run func(ctx context.Context, args []string, stdout, stderr io.Writer) error) {
-	commands[name] = command{summary: summary, run: run}
+func register(name, summary string, run func(ctx context.Context, args []string, stdout, stderr io.Writer) error, subs ...string) {
+	commands[name] = command{summary: summary, run: run, subs: subs}
 }
 
 // errUsage marks an error already explained by a flag set's usage text.
 var errUsage = errors.New("usage")
 
-// usageError is a command called the wrong way (an unknown or missing
-// subcommand): it exits 2, as an unknown command does. An empty one has
-// been explained already.
+// usageError is a command called the wrong way (an unknown flag, a flag
+// value it refuses, an argument too many or missing, an unknown or missing
+// subcommand): it exits 2, as an unknown command does, where a failure of
+// the work itself exits 1. An empty one has been explained already.
 type usageError string
 
 func (e usageError) Error() string { return string(e) }
+
+// replayError is eval's: a replay that could not be made (no golden file,
+// a malformed one, an unknown agent, a bundle that will not load). It
+// exits 2, as a bad command line does, so that CI can tell a broken
+// harness from a regression (exit 1), but it needs no usage hint.
+type replayError struct{ error }
+
+// badUsage is a usageError that says what was wrong with the command line.
+func badUsage(format string, a ...any) error { return usageError(fmt.Sprintf(format, a...)) }
 
 func main() {
 	tuneRuntime()
@@ -96,19 +110,36 @@ func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		if re := (replayError{}); errors.As(err, &re) {
+			fmt.Fprintf(stderr, "outpost %s: %v\n", args[0], err)
+			return 2
+		}
 		var ue usageError
 		if errors.As(err, &ue) {
 			if ue != "" {
 				fmt.Fprintf(stderr, "outpost %s: %v\n", args[0], err)
+				// A subcommand that is not known has had the command's
+				// usage printed already.
+				name := commandName(args)
+				if !strings.Contains(string(ue), "usage") && (name != args[0] || len(cmd.subs) == 0) {
+					fmt.Fprintf(stderr, "(outpost %s -h lists its flags)\n", name)
+				}
 			}
 			return 2
 		}
-		if !errors.Is(err, errUsage) {
-			fmt.Fprintf(stderr, "outpost %s: %v\n", args[0], err)
-		}
+		fmt.Fprintf(stderr, "outpost %s: %v\n", args[0], err)
 		return 1
 	}
 	return 0
+}
+
+// commandName is the command args call, with its subcommand if it has
+// one: "runs list".
+func commandName(args []string) string {
+	if len(args) > 1 && slices.Contains(commands[args[0]].subs, args[1]) {
+		return args[0] + " " + args[1]
+	}
+	return args[0]
 }
 
 func usage(w io.Writer) {
@@ -121,7 +152,10 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintf(w, "\nRun \"outpost <command> -h\" for a command's flags.\n")
+	fmt.Fprintf(w, "\nRun \"outpost <command> -h\" for a command's flags.\n\n"+
+		"Exit status: 0 done; 1 the work failed (for eval, a conversation departed from its golden file);\n"+
+		"2 a bad command line (an unknown command, subcommand or flag, a flag value refused, an argument\n"+
+		"missing or one too many), with nothing done (for eval, also a replay that could not be made).\n")
 }
 
 // parse parses flags given before, between or after the positional
@@ -204,6 +238,7 @@ type cmdFlags struct {
 	About          string
 	msgs           bytes.Buffer // what the flag package says of an error
 	stdout, stderr io.Writer
+	aliases        map[string]string // another name of a flag -> its name
 }
 
 func newCmdFlags(name, synopsis string, stdout, stderr io.Writer) *cmdFlags {
@@ -215,18 +250,43 @@ func newCmdFlags(name, synopsis string, stdout, stderr io.Writer) *cmdFlags {
 	return c
 }
 
+// alias makes alias another name of the flag name, which takes the same
+// value; help lists the flag once, naming the alias in its line.
+func (c *cmdFlags) alias(alias, name string) {
+	f := c.Lookup(name)
+	c.Var(f.Value, alias, f.Usage)
+	if c.aliases == nil {
+		c.aliases = map[string]string{}
+	}
+	c.aliases[alias] = name
+}
+
 func (c *cmdFlags) printUsage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: outpost %s\n", c.synopsis)
 	if c.About != "" {
 		fmt.Fprintf(w, "\n%s\n", strings.TrimSpace(c.About))
 	}
+	// The flags without their aliases, each alias named in its flag's line.
+	listed := flag.NewFlagSet(c.Name(), flag.ContinueOnError)
+	c.VisitAll(func(f *flag.Flag) {
+		if _, isAlias := c.aliases[f.Name]; isAlias {
+			return
+		}
+		usage := f.Usage
+		for alias, name := range c.aliases {
+			if name == f.Name {
+				usage += " (or --" + alias + ")"
+			}
+		}
+		listed.Var(f.Value, f.Name, usage)
+		listed.Lookup(f.Name).DefValue = f.DefValue
+	})
 	n := 0
-	c.VisitAll(func(*flag.Flag) { n++ })
+	listed.VisitAll(func(*flag.Flag) { n++ })
 	if n > 0 {
 		fmt.Fprintf(w, "\nFlags:\n")
-		c.SetOutput(w)
-		c.PrintDefaults()
-		c.SetOutput(&c.msgs)
+		listed.SetOutput(w)
+		listed.PrintDefaults()
 	}
 }
 
@@ -248,7 +308,7 @@ func (c *cmdFlags) parse(args []string, flagsFirst bool) error {
 		if msg == "" {
 			msg = err.Error()
 		}
-		return fmt.Errorf("%s\nusage: outpost %s (outpost %s -h lists its flags)", msg, c.synopsis, c.name)
+		return badUsage("%s\nusage: outpost %s (outpost %s -h lists its flags)", msg, c.synopsis, c.name)
 	}
 	return nil
 }
@@ -258,10 +318,10 @@ func (c *cmdFlags) parse(args []string, flagsFirst bool) error {
 func (c *cmdFlags) args(names ...string) ([]string, error) {
 	got := c.Args()
 	if len(got) > len(names) {
-		return nil, fmt.Errorf("unexpected argument %q (usage: outpost %s)", got[len(names)], c.synopsis)
+		return nil, badUsage("unexpected argument %q (usage: outpost %s)", got[len(names)], c.synopsis)
 	}
 	if len(got) < len(names) {
-		return nil, fmt.Errorf("missing %s (usage: outpost %s)", names[len(got)], c.synopsis)
+		return nil, badUsage("missing %s (usage: outpost %s)", names[len(got)], c.synopsis)
 	}
 	return got, nil
 }

@@ -125,7 +125,7 @@ func (mc *modelChoice) provider(ctx context.Context, stderr io.Writer, fallback 
 	}
 	name, ok := strings.CutPrefix(mc.model, "ollama:")
 	if !ok || name == "" {
-		return nil, "", fmt.Errorf("--model %q: want scripted or ollama:NAME (such as ollama:llama3.2:3b)", mc.model)
+		return nil, "", badUsage("--model %q: want scripted or ollama:NAME (such as ollama:llama3.2:3b)", mc.model)
 	}
 	client := mc.client()
 	if err := ollamaReachable(ctx, client.URL()); err != nil {
@@ -271,7 +271,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	if fs.NArg() == 0 {
-		return fmt.Errorf("no input given (usage: outpost %s)", fs.synopsis)
+		return badUsage("no input given (usage: outpost %s)", fs.synopsis)
 	}
 	if err := flagAfterInput(fs, args); err != nil {
 		return err
@@ -280,7 +280,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	// another mode than the one asked for.
 	dur, err := engine.ParseDurability(*durability)
 	if err != nil {
-		return fmt.Errorf("--durability must be sync or exit, not %q", *durability)
+		return badUsage("--durability must be sync or exit, not %q", *durability)
 	}
 	input, _ := json.Marshal(strings.Join(fs.Args(), " "))
 	s, err := openSession(ctx, *data, true, dur, stdout, stderr, *asJSON, mc, bc)
@@ -463,15 +463,15 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	d := engine.Decision{Kind: *decision, Reason: *reason, By: *by, At: time.Now().UTC()}
 	if *value != "" {
 		if !json.Valid([]byte(*value)) {
-			return fmt.Errorf(`--value is not valid JSON; a text is quoted twice, as in --value '"new text"'`)
+			return usageError(`--value is not valid JSON; a text is quoted twice, as in --value '"new text"'`)
 		}
 		d.Value = json.RawMessage(*value)
 	}
 	if d.Kind == engine.Edit && len(d.Value) == 0 {
-		return fmt.Errorf(`--decision edit needs --value JSON, such as --value '"new text"'`)
+		return badUsage(`--decision edit needs --value JSON, such as --value '"new text"'`)
 	}
 	if err := d.Validate(); err != nil {
-		return err
+		return usageError(err.Error())
 	}
 	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -17,7 +18,7 @@ import (
 )
 
 func init() {
-	register("runs", "list runs, show one, a thread's history, fork a thread, or replay a run", runRuns)
+	register("runs", "list runs, show one, a thread's history, fork a thread, or replay a run", runRuns, slices.Collect(maps.Keys(runsCommands))...)
 }
 
 const runsUsage = `Usage: outpost runs <list|show|history|fork|replay> [flags]
@@ -81,7 +82,7 @@ func runsFlags(sub, synopsis string, stdout, stderr io.Writer) (fs *cmdFlags, da
 func pageLimit(limit *int, stderr io.Writer) error {
 	switch {
 	case *limit < 1:
-		return fmt.Errorf("--limit must be a whole number from 1 to %d (a larger one reads as %d)", maxLimit, maxLimit)
+		return badUsage("--limit must be a whole number from 1 to %d (a larger one reads as %d)", maxLimit, maxLimit)
 	case *limit > maxLimit:
 		fmt.Fprintf(stderr, "--limit %d reads as %d, the most one page holds; the \"more:\" line (\"next\" under --json) pages on\n", *limit, maxLimit)
 		*limit = maxLimit
@@ -104,13 +105,13 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 		return err
 	}
 	if *status != "" && !engine.RunStatus(*status).Valid() {
-		return fmt.Errorf("--status %q: want one of %s", *status, statusNames())
+		return badUsage("--status %q: want one of %s", *status, statusNames())
 	}
 	if err := pageLimit(limit, stderr); err != nil {
 		return err
 	}
 	if *after != "" && !engine.IsRunID(*after) {
-		return fmt.Errorf("--after %q is not a run id: give the --after of the \"more:\" line, the last run of the page before", *after)
+		return badUsage("--after %q is not a run id: give the --after of the \"more:\" line, the last run of the page before", *after)
 	}
 	// One more than the page, to know whether another page follows. A
 	// record that cannot be read is left out and named after the list, so
@@ -425,7 +426,7 @@ func runsFork(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if *checkpoint == "" {
-		return fmt.Errorf("fork needs --checkpoint ID (usage: outpost %s)", fs.synopsis)
+		return badUsage("fork needs --checkpoint ID (usage: outpost %s)", fs.synopsis)
 	}
 	body, _ := json.Marshal(map[string]string{"checkpoint": *checkpoint})
 	db, err := openToWork(*data, fmt.Sprintf("serve, or another outpost process, owns it: stop serve, or fork through its HTTP API: "+

@@ -71,7 +71,7 @@ func TestRunsListLimitAsTheAPIReadsIt(t *testing.T) {
 	require.Contains(t, stdout, "\nmore: outpost runs list --data "+data+" --limit 1000 --after "+first.Next+"\n")
 	for _, bad := range []string{"0", "-5"} {
 		code, _, stderr := outpostBin(t, "", "runs", "list", "--data", data, "--limit", bad)
-		require.Equal(t, 1, code, bad)
+		require.Equal(t, 2, code, bad)
 		require.Contains(t, stderr, "--limit must be a whole number from 1 to 1000 (a larger one reads as 1000)")
 	}
 

@@ -18,7 +18,7 @@ func TestRunDurabilityChecked(t *testing.T) {
 	for _, bad := range []string{"SYNC", "bogus", ""} {
 		dir := filepath.Join(t.TempDir(), "data")
 		code, stdout, stderr := outpost(t, "run", "--data", dir, "--thread", "t9", "--durability", bad, "I forgot my metformin")
-		require.Equal(t, 1, code, stdout)
+		require.Equal(t, 2, code, stdout)
 		require.Contains(t, stderr, `--durability must be sync or exit, not "`+bad+`"`)
 		require.NotContains(t, stdout, "checkpoint")
 		_, err := os.Stat(dir)
@@ -149,7 +149,7 @@ func TestRunsFiltersChecked(t *testing.T) {
 	require.Zero(t, code, stderr)
 
 	code, stdout, stderr := outpost(t, "runs", "list", "--data", dir, "--status", "bogus")
-	require.Equal(t, 1, code, stdout)
+	require.Equal(t, 2, code, stdout)
 	require.Contains(t, stderr, `--status "bogus": want one of queued, running, interrupted, completed, failed, cancelled, budget_exceeded`)
 	code, stdout, stderr = outpost(t, "runs", "list", "--data", dir, "--status", "completed")
 	require.Zero(t, code, stderr)
@@ -158,7 +158,7 @@ func TestRunsFiltersChecked(t *testing.T) {
 	for _, sub := range [][]string{{"list"}, {"history", "t1"}} {
 		for _, limit := range []string{"0", "-5"} {
 			code, stdout, stderr = outpost(t, append(append([]string{"runs"}, sub...), "--data", dir, "--limit", limit)...)
-			require.Equal(t, 1, code, "%v --limit %s: %s", sub, limit, stdout)
+			require.Equal(t, 2, code, "%v --limit %s: %s", sub, limit, stdout)
 			require.Contains(t, stderr, "--limit must be a whole number from 1 to 1000 (a larger one reads as 1000)")
 		}
 		// A larger one reads as 1000, as the HTTP API reads it
@@ -172,7 +172,7 @@ func TestRunsFiltersChecked(t *testing.T) {
 	// it: it listed every run (or none) with exit 0, as if it were a page.
 	for _, after := range []string{"nope", "run_zzzz", "18ed2c6272c41ccd"} {
 		code, stdout, stderr = outpost(t, "runs", "list", "--data", dir, "--after", after)
-		require.Equal(t, 1, code, "--after %s: %s", after, stdout)
+		require.Equal(t, 2, code, "--after %s: %s", after, stdout)
 		require.Contains(t, stderr, `--after "`+after+`" is not a run id: give the --after of the "more:" line`)
 	}
 	code, stdout, stderr = outpost(t, "runs", "history", "t1", "--data", dir, "--limit", "1")
@@ -186,10 +186,10 @@ func TestResumeMessages(t *testing.T) {
 	_, id := interruptedRun(t, "--data", dir, "--thread", "t1")
 
 	code, _, stderr := outpost(t, "resume", "--data", dir, id, "--decision", "edit")
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "--decision edit needs --value JSON")
 	code, _, stderr = outpost(t, "resume", "--data", dir, id, "--decision", "edit", "--value", "plain text")
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Contains(t, stderr, `--value is not valid JSON; a text is quoted twice, as in --value '"new text"'`)
 
 	code, _, stderr = outpost(t, "resume", "--data", dir, id, "--decision", "approve")
@@ -221,11 +221,11 @@ func TestExtraArgumentsRefused(t *testing.T) {
 		{[]string{"resume", "run_a", "run_b", "--decision", "approve"}, "run_b", "outpost resume [flags] RUN"},
 	} {
 		code, stdout, stderr := outpost(t, append(tt.args, "--data", dir)...)
-		require.Equal(t, 1, code, "%v: %s", tt.args, stdout)
+		require.Equal(t, 2, code, "%v: %s", tt.args, stdout)
 		require.Contains(t, stderr, `unexpected argument "`+tt.extra+`" (usage: `+tt.usage, tt.args)
 	}
 	code, _, stderr = outpost(t, "runs", "show", "--data", dir)
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "missing RUN (usage: outpost runs show [flags] RUN)")
 
 	// Commands that take no argument: "outpost serve /srv/outpost" served
@@ -243,7 +243,7 @@ func TestExtraArgumentsRefused(t *testing.T) {
 		{[]string{"serve", "--data", dir, "--listen", "127.0.0.1:0", "extra"}, "outpost serve [--data DIR]"},
 	} {
 		code, stdout, stderr := outpost(t, tt.args...)
-		require.Equal(t, 1, code, "%v: %s", tt.args, stdout)
+		require.Equal(t, 2, code, "%v: %s", tt.args, stdout)
 		require.Contains(t, stderr, `unexpected argument "extra" (usage: `+tt.usage, tt.args)
 	}
 	entries, err := os.ReadDir(keys)
@@ -303,7 +303,7 @@ func TestRunsHelpAndExitCodes(t *testing.T) {
 	// A flag mistake is one message on stderr, with the usage line and
 	// where the flags are listed (as db's commands say it).
 	code, stdout, stderr = outpost(t, "runs", "show", "--after", "x", "run_a")
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code)
 	require.Empty(t, stdout)
 	require.Equal(t, "outpost runs: flag provided but not defined: -after\nusage: outpost runs show [flags] RUN (outpost runs show -h lists its flags)\n", stderr)
 }

@@ -83,13 +83,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if *workers < 1 {
-		return fmt.Errorf("--workers must be at least 1, not %d", *workers)
+		return badUsage("--workers must be at least 1, not %d", *workers)
 	}
 	if (*upURL == "") != (*upSecret == "") {
-		return fmt.Errorf("--uplink and --uplink-secret go together")
+		return badUsage("--uplink and --uplink-secret go together")
 	}
 	if (*cert == "") != (*key == "") {
-		return fmt.Errorf("--tls-cert and --tls-key go together")
+		return badUsage("--tls-cert and --tls-key go together")
 	}
 	if err := console.CheckListen(*listen, *cert != ""); err != nil {
 		return err

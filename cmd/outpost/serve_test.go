@@ -283,7 +283,7 @@ func TestServeRefusesNoWorkers(t *testing.T) {
 	for _, n := range []string{"0", "-2"} {
 		data := filepath.Join(t.TempDir(), "data")
 		code, stdout, stderr := outpost(t, "serve", "--data", data, "--listen", "127.0.0.1:0", "--workers", n)
-		require.Equal(t, 1, code, stdout)
+		require.Equal(t, 2, code, stdout)
 		assert.Contains(t, stderr, "--workers must be at least 1, not "+n)
 		assert.NoDirExists(t, data)
 	}

@@ -18,7 +18,7 @@ import (
 )
 
 func init() {
-	register("uplink", "show or flush the outcome uplink to the collector", runUplink)
+	register("uplink", "show or flush the outcome uplink to the collector", runUplink, "status", "flush")
 }
 
 const uplinkUsage = `Usage: outpost uplink <status|flush> [flags]
@@ -28,6 +28,7 @@ const uplinkUsage = `Usage: outpost uplink <status|flush> [flags]
            until --timeout (1m) while the collector is down, and saying so every few seconds
 
 Flags: --data DIR, --url URL, --appliance-id ID, --secret-file FILE, --timeout D, --json.
+--uplink and --uplink-secret, as serve names them, are --url and --secret-file.
 While serve runs, it owns the uplink: status reads the ledger through its
 control socket, and flush is serve's job (GET /api/v1/uplink shows it).
 `
@@ -45,14 +46,23 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	data := dataFlag(fs.FlagSet)
 	asJSON := fs.Bool("json", false, "print JSON")
 	url, appliance, secretFile, timeout := new(string), new(string), new(string), new(time.Duration)
+	// serve's names of the uplink flags (--uplink, --uplink-secret) are
+	// taken too, so that serve's flags can be copied here.
 	if sub == "status" {
 		fs.synopsis = "uplink status [--data DIR] [--url URL] [--json]"
 		fs.StringVar(url, "url", "", "the collector's base URL, to report as configured")
+		fs.alias("uplink", "url")
+		// What serve is given, to copy as it is; status sends nothing.
+		fs.StringVar(appliance, "appliance-id", "", "taken as serve takes it, and not used: status reports the store's id")
+		fs.StringVar(secretFile, "secret-file", "", "taken as flush takes it, and not used: status sends nothing")
+		fs.alias("uplink-secret", "secret-file")
 	} else {
 		fs.synopsis = "uplink flush --url URL --secret-file FILE [flags]"
 		fs.StringVar(url, "url", "", "the collector's base URL")
+		fs.alias("uplink", "url")
 		fs.StringVar(appliance, "appliance-id", "", "this appliance's id upstream (default: the store's)")
 		fs.StringVar(secretFile, "secret-file", "", "file holding this appliance's uplink secret")
+		fs.alias("uplink-secret", "secret-file")
 		fs.DurationVar(timeout, "timeout", time.Minute, "give up after this long")
 	}
 	if err := fs.parse(args[1:], false); err != nil {
@@ -66,7 +76,7 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return uplinkStatus(ctx, *data, *url, *asJSON, stdout)
 	case "flush":
 		if *url == "" || *secretFile == "" {
-			return fmt.Errorf("flush needs --url and --secret-file (usage: outpost %s)", fs.synopsis)
+			return badUsage("flush needs --url (or --uplink) and --secret-file (or --uplink-secret) (usage: outpost %s)", fs.synopsis)
 		}
 		secret, err := uplink.LoadSecret(*secretFile)
 		if err != nil {

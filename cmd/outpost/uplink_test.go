@@ -39,6 +39,79 @@ func (s *syncBuffer) String() string {
 	return string(s.b)
 }
 
+// uplinkSecrets writes the collector's secrets file in coll, naming the
+// appliance id, and the appliance's secret file in app, and returns them.
+func uplinkSecrets(t *testing.T, app, coll, id string) (secrets, mine string) {
+	t.Helper()
+	secrets, mine = filepath.Join(coll, "secrets"), filepath.Join(app, "uplink-secret")
+	require.NoError(t, os.WriteFile(secrets, []byte(id+" hunter2-but-longer\n"), 0o600))
+	require.NoError(t, os.WriteFile(mine, []byte("hunter2-but-longer\n"), 0o600))
+	return secrets, mine
+}
+
+// startCollector runs "outpost collector" on a loopback port with data
+// folder coll until ctx ends, and returns its URL, what it prints, and its
+// exit code once it has ended.
+func startCollector(t *testing.T, ctx context.Context, coll, secrets string) (url string, out *syncBuffer, done chan int) {
+	t.Helper()
+	out, done = &syncBuffer{}, make(chan int, 1)
+	go func() {
+		done <- execute(ctx, []string{"collector", "--listen", "127.0.0.1:0", "--data", coll, "--secrets", secrets}, out, io.Discard)
+	}()
+	addr := regexp.MustCompile(`http://\S+`)
+	deadline := time.Now().Add(10 * time.Second)
+	for addr.FindString(out.String()) == "" {
+		require.True(t, time.Now().Before(deadline), "collector did not start: %s", out.String())
+		time.Sleep(10 * time.Millisecond)
+	}
+	return addr.FindString(out.String()), out, done
+}
+
+// uplink flush and uplink status take serve's names of the uplink flags
+// (--uplink, --uplink-secret, --appliance-id) beside their own (--url,
+// --secret-file), so that serve's flags can be copied; -h lists each flag
+// once, naming its alias.
+func TestUplinkTakesServesFlagNames(t *testing.T) {
+	app, coll := t.TempDir(), t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", app, "I forgot my metformin dose this morning")
+	require.Zero(t, code, stderr)
+	code, status, stderr := outpostBin(t, "", "uplink", "status", "--data", app, "--json")
+	require.Zero(t, code, stderr)
+	var st uplink.Status
+	require.NoError(t, json.Unmarshal([]byte(status), &st))
+	secrets, mine := uplinkSecrets(t, app, coll, st.ApplianceID)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	url, out, done := startCollector(t, ctx, coll, secrets)
+	require.Contains(t, out.String(), "(1 appliance, store: "+coll+")", "one appliance is one, not 1 appliances")
+
+	serveFlags := []string{"--data", app, "--uplink", url, "--uplink-secret", mine, "--appliance-id", st.ApplianceID}
+	code, status, stderr = outpostBin(t, "", append([]string{"uplink", "status", "--json"}, serveFlags...)...)
+	require.Zero(t, code, stderr)
+	require.NoError(t, json.Unmarshal([]byte(status), &st))
+	require.True(t, st.Configured, "--uplink is --url")
+	require.Equal(t, url, st.URL)
+	require.Equal(t, uint64(1), st.Backlog)
+
+	code, flushed, stderr := outpostBin(t, "", append([]string{"uplink", "flush"}, serveFlags...)...)
+	require.Zero(t, code, stderr)
+	require.Contains(t, flushed, "1 outcomes, 1 acknowledged upstream, backlog 0")
+	code, flushed, stderr = outpostBin(t, "", "uplink", "flush", "--data", app, "--url", url, "--secret-file", mine)
+	require.Zero(t, code, "the old names still work: %s", stderr)
+	require.Contains(t, flushed, "backlog 0")
+
+	for _, sub := range []string{"status", "flush"} {
+		code, help, _ := outpostBin(t, "", "uplink", sub, "-h")
+		require.Zero(t, code)
+		require.Contains(t, help, "(or --uplink)\n", sub)
+		require.Contains(t, help, "(or --uplink-secret)\n", sub)
+		require.Contains(t, help, "  -appliance-id ", sub)
+		require.NotContains(t, help, "  -uplink", "%s: an alias is not listed on its own", sub)
+	}
+	cancel()
+	require.Zero(t, <-done)
+}
+
 func TestUplinkFlushToCollector(t *testing.T) {
 	app, coll := t.TempDir(), t.TempDir()
 	code, out, errs := outpost(t, "uplink", "status", "--data", app, "--json")
@@ -55,25 +128,11 @@ func TestUplinkFlushToCollector(t *testing.T) {
 	assert.Equal(t, uint64(1), st.Backlog)
 	assert.False(t, st.Configured)
 
-	secrets := filepath.Join(coll, "secrets")
-	require.NoError(t, os.WriteFile(secrets, []byte(st.ApplianceID+" hunter2-but-longer\n"), 0o600))
-	mine := filepath.Join(app, "uplink-secret")
-	require.NoError(t, os.WriteFile(mine, []byte("hunter2-but-longer\n"), 0o600))
+	secrets, mine := uplinkSecrets(t, app, coll, st.ApplianceID)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cout := &syncBuffer{}
-	done := make(chan int)
-	go func() {
-		done <- execute(ctx, []string{"collector", "--listen", "127.0.0.1:0", "--data", coll, "--secrets", secrets}, cout, io.Discard)
-	}()
-	addr := regexp.MustCompile(`http://\S+`)
-	deadline := time.Now().Add(10 * time.Second)
-	for addr.FindString(cout.String()) == "" {
-		require.True(t, time.Now().Before(deadline), "collector did not start: %s", cout.String())
-		time.Sleep(10 * time.Millisecond)
-	}
-	url := addr.FindString(cout.String())
+	url, cout, done := startCollector(t, ctx, coll, secrets)
 
 	code, out, errs = outpost(t, "uplink", "flush", "--data", app, "--url", url, "--secret-file", mine)
 	require.Equal(t, 0, code, errs)
