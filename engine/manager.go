@@ -74,7 +74,8 @@ type ManagerOptions struct {
 	// MaxAlone bounds a suspect's turn alone: once it has run alone that
 	// long without making progress, the other runs get workers again
 	// beside it (see Recover). Default DefaultMaxAlone; negative for no
-	// bound.
+	// bound, where a suspect waiting for its turn holds the others back
+	// at once, until the runs that hold workers end or pause.
 	MaxAlone time.Duration
 }
 
@@ -640,8 +641,14 @@ func (m *Manager) stopHead() {
 
 // headGathers reports whether the first suspect waiting has waited MaxAlone
 // for a moment when no run holds a worker slot, so that the other runs take
-// no more slots, to let it come. The caller holds m.mu.
+// no more slots, to let it come. With no bound on MaxAlone it gathers at
+// once: a turn alone that may last without bound is no reason to hold a
+// suspect back without bound, on an appliance that is never idle. The
+// caller holds m.mu.
 func (m *Manager) headGathers() bool {
+	if m.opts.MaxAlone < 0 {
+		return true
+	}
 	return m.head != nil && time.Since(m.headSince) >= m.opts.MaxAlone
 }
 
@@ -1030,7 +1037,8 @@ func (e *DamagedRunsError) Error() string {
 // others); until then it waits without holding anyone up for MaxAlone,
 // then for MaxAlone more no other run takes a worker, so that those that
 // hold one free it; and if its turn has still not come, it runs beside the
-// others as any run, counted as any run. The turn ends when the suspect
+// others as any run, counted as any run (with no bound on MaxAlone, it
+// holds the others back at once, until its turn comes). The turn ends when the suspect
 // makes progress (in exit durability it commits its steps until one does,
 // see markRecovery), pauses or ends, or once it has run alone for
 // ManagerOptions.MaxAlone: from then on it runs beside the others, as any

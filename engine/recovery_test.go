@@ -659,15 +659,7 @@ func TestRecoveryWaitingSuspectWaitsForABoundedTime(t *testing.T) {
 	entered := make(chan string, 2)
 	agents, opts := hangBesideOK(t, entered)
 
-	l, m, _ := startLife(t, store, opts, agents...)
-	ids := startOn(t, m, "hang", "a", "b")
-	<-entered
-	<-entered
-	l.crash(m)
-	l, m, _ = startLife(t, store, opts, agents...)
-	<-entered
-	<-entered
-	l.crash(m)
+	ids := crashTwiceTogether(t, store, opts, entered, agents, "hang", "a", "b")
 
 	opts.MaxAlone = 2 * time.Second
 	_, m, n := startLife(t, store, opts, agents...)
@@ -695,4 +687,91 @@ func TestRecoveryWaitingSuspectWaitsForABoundedTime(t *testing.T) {
 	enters(t, entered, waiting, "the suspect still waits for a turn that the hanging run keeps from it")
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, late).Status, "the new run goes on once the suspect stopped waiting")
 	require.Equal(t, "2", recoveries(t, store, waiting), "a suspect that ran beside others is counted")
+}
+
+// twoStepAgent's nodes w1 and w2 each report that they run, then wait for
+// their thread's gate (or the end of their process) to finish.
+func twoStepAgent(t *testing.T, entered chan<- string, gates map[string][2]chan struct{}) *engine.Agent {
+	b := engine.NewGraph("twostep")
+	out := engine.Sum[int](b, "out")
+	step := func(i int) engine.NodeFunc {
+		return func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+			info, _ := engine.InfoFrom(ctx)
+			entered <- info.Run
+			select {
+			case <-gates[info.Thread][i]:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return []engine.Write{out.Set(1)}, nil
+		}
+	}
+	b.AddNode("w1", step(0))
+	b.AddNode("w2", step(1))
+	b.AddEdge(engine.Start, "w1")
+	b.AddEdge("w1", "w2")
+	return &engine.Agent{Name: "twostep", Graph: mustCompile(t, b)}
+}
+
+// With no bound on the turn alone, a suspect waiting for its turn is not
+// held back without bound either: once the suspect before it made progress,
+// no other run takes a worker until the waiting suspect has had its turn,
+// as the runs that hold workers end.
+func TestRecoveryUnboundedSuspectIsNotHeldBack(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 4)
+	gates := map[string][2]chan struct{}{}
+	for _, th := range []string{"a", "b", "new"} {
+		gates[th] = [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	}
+	agents := []*engine.Agent{twoStepAgent(t, entered, gates)}
+	opts := engine.ManagerOptions{Workers: 2, MaxAlone: -1}
+
+	ids := crashTwiceTogether(t, store, opts, entered, agents, "twostep", "a", "b")
+	thread := map[string]string{ids[0]: "a", ids[1]: "b"}
+
+	_, m, _ := startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 2, m.Suspects())
+	first := <-entered
+	second := ids[0]
+	if second == first {
+		second = ids[1]
+	}
+	close(gates[thread[first]][0])
+	require.Equal(t, first, <-entered, "the first suspect's step committed, and it goes on")
+	next := startOn(t, m, "twostep", "new")[0]
+	noneEnters(t, entered, "the second suspect waits for its turn, and no other run takes a worker meanwhile")
+	require.Equal(t, engine.StatusQueued, liveStatus(t, m, next))
+
+	close(gates[thread[first]][1])
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, first).Status)
+	enters(t, entered, second, "the second suspect has its turn once the first ended")
+	noneEnters(t, entered, "the second suspect runs alone")
+	close(gates[thread[second]][0])
+	close(gates["new"][0])
+	close(gates["new"][1])
+	close(gates[thread[second]][1])
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, second).Status)
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status)
+}
+
+// crashTwiceTogether starts a run of agent on each thread and lets the
+// process die while all of them run, at that start and at the next: at
+// the start after, they are all suspects. It returns their ids in the
+// order of threads.
+func crashTwiceTogether(t *testing.T, store engine.Store, opts engine.ManagerOptions, entered <-chan string, agents []*engine.Agent, agent string, threads ...string) []string {
+	t.Helper()
+	l, m, _ := startLife(t, store, opts, agents...)
+	ids := startOn(t, m, agent, threads...)
+	for life := range 2 {
+		if life > 0 {
+			l, m, _ = startLife(t, store, opts, agents...)
+		}
+		for range threads {
+			<-entered
+		}
+		l.crash(m)
+	}
+	return ids
 }
