@@ -1103,6 +1103,9 @@ func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 		resumed = len(suspects) + len(others)
 		m.mu.Lock()
 		m.recoveredSuspects = len(suspects)
+		// The first suspect's wait for its turn begins now, not while
+		// the pass goes on: it takes the workers before any other run.
+		m.headChanged()
 		m.mu.Unlock()
 		for _, r := range append(suspects, others...) {
 			m.launch(r.a, r.e, nil)
@@ -1137,7 +1140,7 @@ func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 				case err != nil:
 					return 0, err
 				case r.a == nil:
-				case r.a.suspect:
+				case r.suspect:
 					suspects = append(suspects, r)
 				default:
 					others = append(others, r)
@@ -1153,8 +1156,9 @@ func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 
 // recovered is a run that Recover hands to a worker to resume.
 type recovered struct {
-	a *active
-	e *execution
+	a       *active
+	e       *execution
+	suspect bool
 }
 
 // recoverOne recovers one run the listing found: it registers a paused one,
@@ -1218,7 +1222,8 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 	a.recovery = n + 1
 	// Crashed in company before, or one crash short of being failed:
 	// either way it runs alone, so that only its own crash counts.
-	if n > 0 || limit > 0 && n+1 >= limit {
+	suspect := n > 0 || limit > 0 && n+1 >= limit
+	if suspect {
 		m.mu.Lock()
 		a.suspect = true
 		if m.changed == nil {
@@ -1226,10 +1231,9 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 		}
 		m.waiting = append(m.waiting, a)
 		m.suspects++
-		m.headChanged()
 		m.mu.Unlock()
 	}
-	return recovered{a, e}, nil
+	return recovered{a, e, suspect}, nil
 }
 
 // stopCrashLoop puts the active time of a run that is not run again on its

@@ -443,15 +443,7 @@ func TestRecoverySuspectTurnAloneIsBounded(t *testing.T) {
 	entered := make(chan string, 3)
 	agents, opts := hangBesideOK(t, entered)
 
-	l, m, _ := startLife(t, store, opts, agents...)
-	slow := startOn(t, m, "hang", "slow")[0]
-	require.Equal(t, slow, <-entered)
-	l.crash(m)
-	l, m, _ = startLife(t, store, opts, agents...)
-	require.Equal(t, slow, <-entered)
-	beside := startOn(t, m, "hang", "beside")[0]
-	require.Equal(t, beside, <-entered)
-	l.crash(m)
+	slow, beside := slowAndBeside(t, store, opts, entered, agents)
 
 	l, m, n := startLife(t, store, opts, agents...)
 	require.Equal(t, 2, n)
@@ -774,4 +766,57 @@ func crashTwiceTogether(t *testing.T, store engine.Store, opts engine.ManagerOpt
 		l.crash(m)
 	}
 	return ids
+}
+
+// slowListing is a store whose listing of running runs takes a while, as a
+// large store's does.
+type slowListing struct {
+	engine.Store
+	delay time.Duration
+}
+
+func (s *slowListing) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
+	if f.Status == engine.StatusRunning && f.After == "" {
+		time.Sleep(s.delay)
+	}
+	return s.Store.Runs(ctx, f)
+}
+
+// A suspect's wait for its turn begins when Recover hands the runs to the
+// workers, not while it goes on over the store: however long the pass
+// takes, the suspect runs alone first.
+func TestRecoverySuspectRunsFirstAfterASlowPass(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 2)
+	agents, opts := hangBesideOK(t, entered)
+	opts.MaxAlone = 300 * time.Millisecond
+
+	slow, beside := slowAndBeside(t, store, opts, entered, agents)
+
+	m := engine.NewManager(&slowListing{Store: store, delay: 3 * opts.MaxAlone}, resolver(agents...), opts)
+	defer m.Close()
+	n, err := m.Recover(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Equal(t, 1, m.Suspects())
+	require.Equal(t, slow, <-entered, "the suspect runs first")
+	noneEnters(t, entered, "the suspect runs alone")
+	enters(t, entered, beside, "the recovered run goes on once the suspect's turn alone ran out")
+}
+
+// slowAndBeside lets the process die twice under a hangAgent run, slow,
+// and the second time also under beside, started after slow's recovery:
+// at the next start slow is a suspect and beside is recovered a first time.
+func slowAndBeside(t *testing.T, store engine.Store, opts engine.ManagerOptions, entered <-chan string, agents []*engine.Agent) (slow, beside string) {
+	t.Helper()
+	l, m, _ := startLife(t, store, opts, agents...)
+	slow = startOn(t, m, "hang", "slow")[0]
+	require.Equal(t, slow, <-entered)
+	l.crash(m)
+	l, m, _ = startLife(t, store, opts, agents...)
+	require.Equal(t, slow, <-entered)
+	beside = startOn(t, m, "hang", "beside")[0]
+	require.Equal(t, beside, <-entered)
+	l.crash(m)
+	return slow, beside
 }
