@@ -465,7 +465,6 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 	m.dequeue()
 	m.mu.Lock()
 	a.working = true
-	a.slots = slots
 	m.mu.Unlock()
 	var err error
 	marked := false
@@ -492,6 +491,8 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 // takeWorker waits for a worker slot for a's run, or for ctx to end, and
 // returns how many slots it took: none when ctx ended. While the crash-loop
 // guard has suspects, the runs take their slots in turns (see takeTurn).
+// a.slots counts them from the moment they are taken, under m.mu, as the
+// timer that ends a turn alone gives back all but one (see clearSuspect).
 func (m *Manager) takeWorker(ctx context.Context, a *active) int {
 	for {
 		m.mu.Lock()
@@ -499,12 +500,16 @@ func (m *Manager) takeWorker(ctx context.Context, a *active) int {
 			m.mu.Unlock()
 			select {
 			case m.sem <- struct{}{}:
+				m.mu.Lock()
+				a.slots = 1
+				m.mu.Unlock()
 				return 1
 			case <-ctx.Done():
 				return 0
 			}
 		}
 		n, changed := m.takeTurn(a), m.changed
+		a.slots = n
 		m.mu.Unlock()
 		if n > 0 {
 			return n

@@ -820,3 +820,27 @@ func slowAndBeside(t *testing.T, store engine.Store, opts engine.ManagerOptions,
 	l.crash(m)
 	return slow, beside
 }
+
+// A turn alone that ends as it begins (MaxAlone a few microseconds: its
+// timer fires while the worker is still taking the run) leaves the suspect
+// one worker, not every one: a new run gets the other. The timing is
+// tried many times over, for the moment where the timer falls between the
+// worker's taking the slots and its counting them.
+func TestRecoverySuspectTurnEndingAsItBeginsKeepsOneWorker(t *testing.T) {
+	for i := range 300 {
+		store := engine.NewMemoryStore()
+		entered := make(chan string, 1)
+		agents, opts := hangBesideOK(t, entered)
+		opts.Workers, opts.MaxAlone = 2, 3*time.Microsecond
+		crashTwiceTogether(t, store, opts, entered, agents, "hang", "slow")
+		_, m, _ := startLife(t, store, opts, agents...)
+		<-entered
+		next := startOn(t, m, "ok", "new")[0]
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := m.Wait(ctx, next)
+		require.NoError(t, err)
+		require.NoError(t, ctx.Err(), "try %d: the new run got no worker beside the suspect whose turn alone ended", i)
+		cancel()
+		m.Close()
+	}
+}
