@@ -1059,7 +1059,9 @@ func (e *DamagedRunsError) Error() string {
 // Recover runs once per manager, before any run of the manager's own:
 // Start, Invoke, Resume and Cancel call it first when it has not run, and wait
 // while it runs, so that a new run never takes the thread of a run that a
-// crash left unfinished (it would leave that run to the next start). A
+// crash left unfinished (it would leave that run to the next start). Once
+// the manager is closed they no longer do, and fail with ErrManagerClosed:
+// the runs a crash left stay as they are, for the next start. A
 // later call returns what that one pass found (the runs it resumed, a
 // *DamagedRunsError) and recovers nothing again. Call it at start to learn
 // that, or to start recovering before the first request. A pass that
@@ -1088,6 +1090,15 @@ func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 func (m *Manager) recoverFirst(ctx context.Context) error {
 	if m.recovery.done.Load() {
 		return nil
+	}
+	// A closed manager takes no run, and leaves the runs a crash left to
+	// the next start: a pass now would fail some, and hand the others to
+	// workers that stop at once.
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return ErrManagerClosed
 	}
 	_, err := m.Recover(ctx)
 	var dmg *DamagedRunsError
