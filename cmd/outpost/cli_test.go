@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -199,11 +201,7 @@ func TestRunsForkUnknownCheckpoint(t *testing.T) {
 // still wait, where it sat silent until then and ended with "flush:
 // context deadline exceeded".
 func TestUplinkFlushToACollectorThatIsDown(t *testing.T) {
-	data := t.TempDir()
-	code, _, stderr := outpostBin(t, "", "run", "--data", data, "I forgot my metformin dose")
-	require.Zero(t, code, stderr)
-	secret := filepath.Join(t.TempDir(), "secret")
-	require.NoError(t, os.WriteFile(secret, []byte("hunter2-but-longer\n"), 0o600))
+	data, secret := oneOutcomeToSend(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	down := "http://" + l.Addr().String()
@@ -215,6 +213,36 @@ func TestUplinkFlushToACollectorThatIsDown(t *testing.T) {
 	require.Regexp(t, `uplink: 0 of 1 outcomes acknowledged; retrying \(5s of --timeout 7s\): send outcomes 1-1: .*connection refused…\n`, stderr)
 	require.Regexp(t, `outpost uplink: the collector did not acknowledge the backlog within --timeout 7s: 1 outcome\(s\) still wait `+
 		`\(last error: send outcomes 1-1: .*connection refused\); the next flush sends them, as serve --uplink does\n$`, stderr)
+}
+
+// uplink flush to a collector that takes the connection and never answers
+// says so too, every few seconds and at the end, where it sat silent until
+// --timeout ran out and then named an empty "last error".
+func TestUplinkFlushToACollectorThatDoesNotAnswer(t *testing.T) {
+	data, secret := oneOutcomeToSend(t)
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release }))
+	defer hung.Close()
+	defer close(release)
+
+	code, _, stderr := outpostBin(t, "", "uplink", "flush", "--data", data, "--url", hung.URL, "--secret-file", secret, "--timeout", "7s")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "uplink: 0 of 1 outcomes acknowledged; waiting for the collector to answer (5s of --timeout 7s)…\n")
+	require.NotContains(t, stderr, "last error: )")
+	require.Regexp(t, `outpost uplink: the collector did not acknowledge the backlog within --timeout 7s: 1 outcome\(s\) still wait `+
+		`\(it did not answer\); the next flush sends them, as serve --uplink does\n$`, stderr)
+}
+
+// oneOutcomeToSend makes a data folder whose ledger holds one outcome, and
+// an uplink secret file.
+func oneOutcomeToSend(t *testing.T) (data, secret string) {
+	t.Helper()
+	data = t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", data, "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	secret = filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(secret, []byte("hunter2-but-longer\n"), 0o600))
+	return data, secret
 }
 
 // A newcomer's round with bundles of their own, on the built binary: a
