@@ -98,6 +98,14 @@ func TestRunRefusesItsFlagsAfterTheInput(t *testing.T) {
 		require.Equal(t, 2, code, w)
 		require.Contains(t, stderr, w+" after the input would be read as input")
 	}
+	// A flag with no value after it: the line with the flags first
+	// would take the input for its value.
+	code, _, stderr = outpostBin(t, cwd, "run", "--data", data, "hi", "there", "--thread")
+	require.Equal(t, 2, code)
+	require.NotContains(t, stderr, "--thread hi")
+	require.Contains(t, stderr, "outpost run: --thread after the input would be read as input, so nothing was run, and it has no value: "+
+		"run takes its flags, each with its value, before the input (outpost run --thread THREAD ... INPUT)")
+	require.NoDirExists(t, data)
 	code, _, stderr = outpostBin(t, cwd, "run", "hi", "--help")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "--help after the input would be read as input, so nothing was run: outpost run -h lists run's flags")
