@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 )
 
 // The binary the command-line tests run, built once per test binary into
@@ -239,6 +240,38 @@ func TestUplinkFlushToACollectorThatDoesNotAnswer(t *testing.T) {
 	require.NotContains(t, stderr, "last error: )")
 	require.Regexp(t, `outpost uplink: the collector did not acknowledge the backlog within --timeout 7s: 1 outcome\(s\) still wait `+
 		`\(it did not answer\); the next flush sends them, as serve --uplink does\n$`, stderr)
+}
+
+// db check --file of a backup that an older binary made, which lacks a
+// bucket a later one added, says that a store restored from it gets the
+// bucket, and not that the file was written by an incompatible version
+// or is no store, which it said as well.
+func TestDBCheckFileOfABackupLackingANewBucket(t *testing.T) {
+	data := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", data, "hi")
+	require.Zero(t, code, stderr)
+	bak := filepath.Join(t.TempDir(), "old.db")
+	code, _, stderr = outpostBin(t, "", "db", "backup", "--data", data, bak)
+	require.Zero(t, code, stderr)
+	bdb, err := bbolt.Open(bak, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error { return tx.DeleteBucket([]byte("toolcalls")) }))
+	require.NoError(t, bdb.Close())
+
+	code, _, stderr = outpostBin(t, "", "db", "check", "--file", bak)
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "bucket toolcalls is missing; a store restored from this copy gets it when it is first opened for writing (by serve or run)")
+	require.NotContains(t, stderr, "incompatible")
+
+	// Restored, the store is told the same on a read-only open.
+	restored := t.TempDir()
+	raw, err := os.ReadFile(bak)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(restored, "outpost.db"), raw, 0o600))
+	code, _, stderr = outpostBin(t, "", "db", "check", "--data", restored)
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "bucket toolcalls is missing; opening the store for writing once adds it")
+	require.NotContains(t, stderr, "incompatible")
 }
 
 // oneOutcomeToSend makes a data folder whose ledger holds one outcome, and
