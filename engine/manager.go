@@ -1066,7 +1066,8 @@ func (e *DamagedRunsError) Error() string {
 // *DamagedRunsError) and recovers nothing again. Call it at start to learn
 // that, or to start recovering before the first request. A pass that
 // fails (the store cannot be listed) is not done: the next call, or the
-// next Start, tries again, and Start and Resume fail meanwhile.
+// next Start, tries again, and Start, Invoke, Resume and Cancel fail
+// meanwhile.
 func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
