@@ -74,7 +74,8 @@ type ManagerOptions struct {
 	// MaxAlone bounds a suspect's turn alone: once it has run alone that
 	// long without making progress, the other runs get workers again
 	// beside it (see Recover). Default DefaultMaxAlone; negative for no
-	// bound.
+	// bound, where a suspect waiting for its turn holds the others back
+	// at once, until the runs that hold workers end or pause.
 	MaxAlone time.Duration
 }
 
@@ -464,7 +465,6 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 	m.dequeue()
 	m.mu.Lock()
 	a.working = true
-	a.slots = slots
 	m.mu.Unlock()
 	var err error
 	marked := false
@@ -491,6 +491,8 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 // takeWorker waits for a worker slot for a's run, or for ctx to end, and
 // returns how many slots it took: none when ctx ended. While the crash-loop
 // guard has suspects, the runs take their slots in turns (see takeTurn).
+// a.slots counts them from the moment they are taken, under m.mu, as the
+// timer that ends a turn alone gives back all but one (see clearSuspect).
 func (m *Manager) takeWorker(ctx context.Context, a *active) int {
 	for {
 		m.mu.Lock()
@@ -498,12 +500,16 @@ func (m *Manager) takeWorker(ctx context.Context, a *active) int {
 			m.mu.Unlock()
 			select {
 			case m.sem <- struct{}{}:
+				m.mu.Lock()
+				a.slots = 1
+				m.mu.Unlock()
 				return 1
 			case <-ctx.Done():
 				return 0
 			}
 		}
 		n, changed := m.takeTurn(a), m.changed
+		a.slots = n
 		m.mu.Unlock()
 		if n > 0 {
 			return n
@@ -640,8 +646,14 @@ func (m *Manager) stopHead() {
 
 // headGathers reports whether the first suspect waiting has waited MaxAlone
 // for a moment when no run holds a worker slot, so that the other runs take
-// no more slots, to let it come. The caller holds m.mu.
+// no more slots, to let it come. With no bound on MaxAlone it gathers at
+// once: a turn alone that may last without bound is no reason to hold a
+// suspect back without bound, on an appliance that is never idle. The
+// caller holds m.mu.
 func (m *Manager) headGathers() bool {
+	if m.opts.MaxAlone < 0 {
+		return true
+	}
 	return m.head != nil && time.Since(m.headSince) >= m.opts.MaxAlone
 }
 
@@ -1030,7 +1042,8 @@ func (e *DamagedRunsError) Error() string {
 // others); until then it waits without holding anyone up for MaxAlone,
 // then for MaxAlone more no other run takes a worker, so that those that
 // hold one free it; and if its turn has still not come, it runs beside the
-// others as any run, counted as any run. The turn ends when the suspect
+// others as any run, counted as any run (with no bound on MaxAlone, it
+// holds the others back at once, until its turn comes). The turn ends when the suspect
 // makes progress (in exit durability it commits its steps until one does,
 // see markRecovery), pauses or ends, or once it has run alone for
 // ManagerOptions.MaxAlone: from then on it runs beside the others, as any
@@ -1046,12 +1059,15 @@ func (e *DamagedRunsError) Error() string {
 // Recover runs once per manager, before any run of the manager's own:
 // Start, Invoke, Resume and Cancel call it first when it has not run, and wait
 // while it runs, so that a new run never takes the thread of a run that a
-// crash left unfinished (it would leave that run to the next start). A
+// crash left unfinished (it would leave that run to the next start). Once
+// the manager is closed they no longer do, and fail with ErrManagerClosed:
+// the runs a crash left stay as they are, for the next start. A
 // later call returns what that one pass found (the runs it resumed, a
 // *DamagedRunsError) and recovers nothing again. Call it at start to learn
 // that, or to start recovering before the first request. A pass that
 // fails (the store cannot be listed) is not done: the next call, or the
-// next Start, tries again, and Start and Resume fail meanwhile.
+// next Start, tries again, and Start, Invoke, Resume and Cancel fail
+// meanwhile.
 func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
@@ -1076,6 +1092,15 @@ func (m *Manager) recoverFirst(ctx context.Context) error {
 	if m.recovery.done.Load() {
 		return nil
 	}
+	// A closed manager takes no run, and leaves the runs a crash left to
+	// the next start: a pass now would fail some, and hand the others to
+	// workers that stop at once.
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return ErrManagerClosed
+	}
 	_, err := m.Recover(ctx)
 	var dmg *DamagedRunsError
 	if errors.As(err, &dmg) {
@@ -1095,6 +1120,9 @@ func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 		resumed = len(suspects) + len(others)
 		m.mu.Lock()
 		m.recoveredSuspects = len(suspects)
+		// The first suspect's wait for its turn begins now, not while
+		// the pass goes on: it takes the workers before any other run.
+		m.headChanged()
 		m.mu.Unlock()
 		for _, r := range append(suspects, others...) {
 			m.launch(r.a, r.e, nil)
@@ -1129,7 +1157,7 @@ func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 				case err != nil:
 					return 0, err
 				case r.a == nil:
-				case r.a.suspect:
+				case r.suspect:
 					suspects = append(suspects, r)
 				default:
 					others = append(others, r)
@@ -1145,8 +1173,9 @@ func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 
 // recovered is a run that Recover hands to a worker to resume.
 type recovered struct {
-	a *active
-	e *execution
+	a       *active
+	e       *execution
+	suspect bool
 }
 
 // recoverOne recovers one run the listing found: it registers a paused one,
@@ -1210,7 +1239,8 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 	a.recovery = n + 1
 	// Crashed in company before, or one crash short of being failed:
 	// either way it runs alone, so that only its own crash counts.
-	if n > 0 || limit > 0 && n+1 >= limit {
+	suspect := n > 0 || limit > 0 && n+1 >= limit
+	if suspect {
 		m.mu.Lock()
 		a.suspect = true
 		if m.changed == nil {
@@ -1218,10 +1248,9 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 		}
 		m.waiting = append(m.waiting, a)
 		m.suspects++
-		m.headChanged()
 		m.mu.Unlock()
 	}
-	return recovered{a, e}, nil
+	return recovered{a, e, suspect}, nil
 }
 
 // stopCrashLoop puts the active time of a run that is not run again on its

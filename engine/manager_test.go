@@ -368,6 +368,33 @@ func TestManagerRecoversBeforeItsFirstRun(t *testing.T) {
 	require.Len(t, started, 2, "a run was started again: %d", len(started))
 }
 
+// A manager closed before it recovered does not recover when asked for a
+// run: it is closed, and the runs a crash left stay as they are in the
+// store, for the next start, where a pass would fail one that crashed too
+// often.
+func TestManagerClosedBeforeRecoverLeavesTheStore(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 1)
+	agent, id := crashedHangRun(t, store, entered)
+	opts := engine.ManagerOptions{MaxRecoveries: 1}
+	l, m, _ := startLife(t, store, opts, agent)
+	require.Equal(t, id, <-entered)
+	l.crash(m)
+	require.Equal(t, "1", recoveries(t, store, id))
+	before, err := store.Run(ctx, id)
+	require.NoError(t, err)
+
+	m = engine.NewManager(store, resolver(agent), opts)
+	m.Close()
+	_, err = m.Start(ctx, engine.RunRequest{Thread: "u", Agent: "hang"})
+	require.ErrorIs(t, err, engine.ErrManagerClosed)
+	run, err := store.Run(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, before.Status, run.Status, "the closed manager recovered nothing")
+	require.Equal(t, "1", run.Meta[engine.MetaRecoveries])
+}
+
 // Cancel, too, recovers first: a run paused before a restart is cancelled,
 // where it was reported ended though its record said interrupted.
 func TestManagerCancelsAPausedRunBeforeRecover(t *testing.T) {

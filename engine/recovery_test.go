@@ -443,15 +443,7 @@ func TestRecoverySuspectTurnAloneIsBounded(t *testing.T) {
 	entered := make(chan string, 3)
 	agents, opts := hangBesideOK(t, entered)
 
-	l, m, _ := startLife(t, store, opts, agents...)
-	slow := startOn(t, m, "hang", "slow")[0]
-	require.Equal(t, slow, <-entered)
-	l.crash(m)
-	l, m, _ = startLife(t, store, opts, agents...)
-	require.Equal(t, slow, <-entered)
-	beside := startOn(t, m, "hang", "beside")[0]
-	require.Equal(t, beside, <-entered)
-	l.crash(m)
+	slow, beside := slowAndBeside(t, store, opts, entered, agents)
 
 	l, m, n := startLife(t, store, opts, agents...)
 	require.Equal(t, 2, n)
@@ -659,15 +651,7 @@ func TestRecoveryWaitingSuspectWaitsForABoundedTime(t *testing.T) {
 	entered := make(chan string, 2)
 	agents, opts := hangBesideOK(t, entered)
 
-	l, m, _ := startLife(t, store, opts, agents...)
-	ids := startOn(t, m, "hang", "a", "b")
-	<-entered
-	<-entered
-	l.crash(m)
-	l, m, _ = startLife(t, store, opts, agents...)
-	<-entered
-	<-entered
-	l.crash(m)
+	ids := crashTwiceTogether(t, store, opts, entered, agents, "hang", "a", "b")
 
 	opts.MaxAlone = 2 * time.Second
 	_, m, n := startLife(t, store, opts, agents...)
@@ -695,4 +679,168 @@ func TestRecoveryWaitingSuspectWaitsForABoundedTime(t *testing.T) {
 	enters(t, entered, waiting, "the suspect still waits for a turn that the hanging run keeps from it")
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, late).Status, "the new run goes on once the suspect stopped waiting")
 	require.Equal(t, "2", recoveries(t, store, waiting), "a suspect that ran beside others is counted")
+}
+
+// twoStepAgent's nodes w1 and w2 each report that they run, then wait for
+// their thread's gate (or the end of their process) to finish.
+func twoStepAgent(t *testing.T, entered chan<- string, gates map[string][2]chan struct{}) *engine.Agent {
+	b := engine.NewGraph("twostep")
+	out := engine.Sum[int](b, "out")
+	step := func(i int) engine.NodeFunc {
+		return func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+			info, _ := engine.InfoFrom(ctx)
+			entered <- info.Run
+			select {
+			case <-gates[info.Thread][i]:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return []engine.Write{out.Set(1)}, nil
+		}
+	}
+	b.AddNode("w1", step(0))
+	b.AddNode("w2", step(1))
+	b.AddEdge(engine.Start, "w1")
+	b.AddEdge("w1", "w2")
+	return &engine.Agent{Name: "twostep", Graph: mustCompile(t, b)}
+}
+
+// With no bound on the turn alone, a suspect waiting for its turn is not
+// held back without bound either: once the suspect before it made progress,
+// no other run takes a worker until the waiting suspect has had its turn,
+// as the runs that hold workers end.
+func TestRecoveryUnboundedSuspectIsNotHeldBack(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 4)
+	gates := map[string][2]chan struct{}{}
+	for _, th := range []string{"a", "b", "new"} {
+		gates[th] = [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	}
+	agents := []*engine.Agent{twoStepAgent(t, entered, gates)}
+	opts := engine.ManagerOptions{Workers: 2, MaxAlone: -1}
+
+	ids := crashTwiceTogether(t, store, opts, entered, agents, "twostep", "a", "b")
+	thread := map[string]string{ids[0]: "a", ids[1]: "b"}
+
+	_, m, _ := startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 2, m.Suspects())
+	first := <-entered
+	second := ids[0]
+	if second == first {
+		second = ids[1]
+	}
+	close(gates[thread[first]][0])
+	require.Equal(t, first, <-entered, "the first suspect's step committed, and it goes on")
+	next := startOn(t, m, "twostep", "new")[0]
+	noneEnters(t, entered, "the second suspect waits for its turn, and no other run takes a worker meanwhile")
+	require.Equal(t, engine.StatusQueued, liveStatus(t, m, next))
+
+	close(gates[thread[first]][1])
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, first).Status)
+	enters(t, entered, second, "the second suspect has its turn once the first ended")
+	noneEnters(t, entered, "the second suspect runs alone")
+	close(gates[thread[second]][0])
+	close(gates["new"][0])
+	close(gates["new"][1])
+	close(gates[thread[second]][1])
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, second).Status)
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status)
+}
+
+// crashTwiceTogether starts a run of agent on each thread and lets the
+// process die while all of them run, at that start and at the next: at
+// the start after, they are all suspects. It returns their ids in the
+// order of threads.
+func crashTwiceTogether(t *testing.T, store engine.Store, opts engine.ManagerOptions, entered <-chan string, agents []*engine.Agent, agent string, threads ...string) []string {
+	t.Helper()
+	l, m, _ := startLife(t, store, opts, agents...)
+	ids := startOn(t, m, agent, threads...)
+	for life := range 2 {
+		if life > 0 {
+			l, m, _ = startLife(t, store, opts, agents...)
+		}
+		for range threads {
+			<-entered
+		}
+		l.crash(m)
+	}
+	return ids
+}
+
+// slowListing is a store whose listing of running runs takes a while, as a
+// large store's does.
+type slowListing struct {
+	engine.Store
+	delay time.Duration
+}
+
+func (s *slowListing) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
+	if f.Status == engine.StatusRunning && f.After == "" {
+		time.Sleep(s.delay)
+	}
+	return s.Store.Runs(ctx, f)
+}
+
+// A suspect's wait for its turn begins when Recover hands the runs to the
+// workers, not while it goes on over the store: however long the pass
+// takes, the suspect runs alone first.
+func TestRecoverySuspectRunsFirstAfterASlowPass(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 2)
+	agents, opts := hangBesideOK(t, entered)
+	opts.MaxAlone = 300 * time.Millisecond
+
+	slow, beside := slowAndBeside(t, store, opts, entered, agents)
+
+	m := engine.NewManager(&slowListing{Store: store, delay: 3 * opts.MaxAlone}, resolver(agents...), opts)
+	defer m.Close()
+	n, err := m.Recover(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Equal(t, 1, m.Suspects())
+	require.Equal(t, slow, <-entered, "the suspect runs first")
+	noneEnters(t, entered, "the suspect runs alone")
+	enters(t, entered, beside, "the recovered run goes on once the suspect's turn alone ran out")
+}
+
+// slowAndBeside lets the process die twice under a hangAgent run, slow,
+// and the second time also under beside, started after slow's recovery:
+// at the next start slow is a suspect and beside is recovered a first time.
+func slowAndBeside(t *testing.T, store engine.Store, opts engine.ManagerOptions, entered <-chan string, agents []*engine.Agent) (slow, beside string) {
+	t.Helper()
+	l, m, _ := startLife(t, store, opts, agents...)
+	slow = startOn(t, m, "hang", "slow")[0]
+	require.Equal(t, slow, <-entered)
+	l.crash(m)
+	l, m, _ = startLife(t, store, opts, agents...)
+	require.Equal(t, slow, <-entered)
+	beside = startOn(t, m, "hang", "beside")[0]
+	require.Equal(t, beside, <-entered)
+	l.crash(m)
+	return slow, beside
+}
+
+// A turn alone that ends as it begins (MaxAlone a few microseconds: its
+// timer fires while the worker is still taking the run) leaves the suspect
+// one worker, not every one: a new run gets the other. The timing is
+// tried many times over, for the moment where the timer falls between the
+// worker's taking the slots and its counting them.
+func TestRecoverySuspectTurnEndingAsItBeginsKeepsOneWorker(t *testing.T) {
+	for i := range 300 {
+		store := engine.NewMemoryStore()
+		entered := make(chan string, 1)
+		agents, opts := hangBesideOK(t, entered)
+		opts.Workers, opts.MaxAlone = 2, 3*time.Microsecond
+		crashTwiceTogether(t, store, opts, entered, agents, "hang", "slow")
+		_, m, _ := startLife(t, store, opts, agents...)
+		<-entered
+		next := startOn(t, m, "ok", "new")[0]
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := m.Wait(ctx, next)
+		require.NoError(t, err)
+		require.NoError(t, ctx.Err(), "try %d: the new run got no worker beside the suspect whose turn alone ended", i)
+		cancel()
+		m.Close()
+	}
 }

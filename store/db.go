@@ -540,11 +540,11 @@ func (d *DB) checkBuckets(tx *bbolt.Tx, writable bool) error {
 		return fmt.Errorf("open store %s: %w: bucket %s is missing, and the file holds %s, which the store does not know: "+
 			"nothing was changed: %s", d.path, ErrDamaged, strings.Join(missing, ", "), strings.Join(unknown, ", "), d.opts.damageAdvice(false))
 	case !writable && d.opts.Copy:
-		return fmt.Errorf("open store %s: %w: bucket %s is missing; a store restored from this copy gets it when it is first opened for writing (by serve or run)",
-			d.path, ErrFormat, strings.Join(missing, ", "))
+		return &bucketsMissingError{fmt.Sprintf("open store %s: %v: bucket %s is missing; a store restored from this copy gets it when it is first opened for writing (by serve or run)",
+			d.path, ErrFormat, strings.Join(missing, ", "))}
 	case !writable:
-		return fmt.Errorf("open store %s: %w: bucket %s is missing; opening the store for writing once adds it",
-			d.path, ErrFormat, strings.Join(missing, ", "))
+		return &bucketsMissingError{fmt.Sprintf("open store %s: %v: bucket %s is missing; opening the store for writing once adds it",
+			d.path, ErrFormat, strings.Join(missing, ", "))}
 	}
 	return nil
 }
@@ -560,6 +560,16 @@ func (d *DB) needs(name string) bool {
 		return !d.noIndex
 	}
 	return true
+}
+
+// bucketsMissingError is ErrBucketsMissing, and ErrFormat, with what to
+// do about it.
+type bucketsMissingError struct{ msg string }
+
+func (e *bucketsMissingError) Error() string { return e.msg }
+
+func (e *bucketsMissingError) Is(target error) bool {
+	return target == ErrBucketsMissing || target == ErrFormat
 }
 
 // Close releases the file. Commits still in flight finish first.

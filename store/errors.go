@@ -18,6 +18,11 @@ var (
 	// ErrFormat means the file is not an Outpost store, or is one of a
 	// format version this binary does not read.
 	ErrFormat = errors.New("unsupported store format")
+	// ErrBucketsMissing means a read-only open refused a store of the
+	// format this binary reads that lacks a bucket a later binary added
+	// (a backup an older binary made, say): a writable open adds it. It
+	// is an ErrFormat too, but not one of an incompatible version.
+	ErrBucketsMissing = errors.New("store lacks buckets that a writable open adds")
 	// ErrDamaged means the store file's pages are not whole: it was cut
 	// short, or a page was overwritten; or the file holds nothing of a
 	// store at all (empty, all zeros). The wrapped message names the

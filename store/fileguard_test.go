@@ -247,6 +247,7 @@ func TestMissingBuckets(t *testing.T) {
 	edit(func(tx *bbolt.Tx) error { return tx.DeleteBucket([]byte(bucketUplink)) })
 	_, err = Open(path, Options{ReadOnly: true})
 	require.ErrorIs(t, err, ErrFormat)
+	require.ErrorIs(t, err, ErrBucketsMissing, "not an incompatible version")
 	assert.ErrorContains(t, err, "opening the store for writing once adds it")
 	d, err = Open(path, Options{})
 	require.NoError(t, err, "a writable open adds it")

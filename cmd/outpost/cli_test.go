@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 )
 
 // The binary the command-line tests run, built once per test binary into
@@ -103,6 +106,14 @@ func TestRunRefusesItsFlagsAfterTheInput(t *testing.T) {
 		require.Equal(t, 2, code, w)
 		require.Contains(t, stderr, w+" after the input would be read as input")
 	}
+	// A flag with no value after it: the line with the flags first
+	// would take the input for its value.
+	code, _, stderr = outpostBin(t, cwd, "run", "--data", data, "hi", "there", "--thread")
+	require.Equal(t, 2, code)
+	require.NotContains(t, stderr, "--thread hi")
+	require.Contains(t, stderr, "outpost run: --thread after the input would be read as input, so nothing was run, and it has no value: "+
+		"run takes its flags, each with its value, before the input (outpost run --thread THREAD ... INPUT)")
+	require.NoDirExists(t, data)
 	code, _, stderr = outpostBin(t, cwd, "run", "hi", "--help")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "--help after the input would be read as input, so nothing was run: outpost run -h lists run's flags")
@@ -206,11 +217,7 @@ func TestRunsForkUnknownCheckpoint(t *testing.T) {
 // still wait, where it sat silent until then and ended with "flush:
 // context deadline exceeded".
 func TestUplinkFlushToACollectorThatIsDown(t *testing.T) {
-	data := t.TempDir()
-	code, _, stderr := outpostBin(t, "", "run", "--data", data, "I forgot my metformin dose")
-	require.Zero(t, code, stderr)
-	secret := filepath.Join(t.TempDir(), "secret")
-	require.NoError(t, os.WriteFile(secret, []byte("hunter2-but-longer\n"), 0o600))
+	data, secret := oneOutcomeToSend(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	down := "http://" + l.Addr().String()
@@ -222,6 +229,68 @@ func TestUplinkFlushToACollectorThatIsDown(t *testing.T) {
 	require.Regexp(t, `uplink: 0 of 1 outcomes acknowledged; retrying \(5s of --timeout 7s\): send outcomes 1-1: .*connection refused…\n`, stderr)
 	require.Regexp(t, `outpost uplink: the collector did not acknowledge the backlog within --timeout 7s: 1 outcome\(s\) still wait `+
 		`\(last error: send outcomes 1-1: .*connection refused\); the next flush sends them, as serve --uplink does\n$`, stderr)
+}
+
+// uplink flush to a collector that takes the connection and never answers
+// says so too, every few seconds and at the end, where it sat silent until
+// --timeout ran out and then named an empty "last error".
+func TestUplinkFlushToACollectorThatDoesNotAnswer(t *testing.T) {
+	data, secret := oneOutcomeToSend(t)
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release }))
+	defer hung.Close()
+	defer close(release)
+
+	code, _, stderr := outpostBin(t, "", "uplink", "flush", "--data", data, "--url", hung.URL, "--secret-file", secret, "--timeout", "7s")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "uplink: 0 of 1 outcomes acknowledged; waiting for the collector to answer (5s of --timeout 7s)…\n")
+	require.NotContains(t, stderr, "last error: )")
+	require.Regexp(t, `outpost uplink: the collector did not acknowledge the backlog within --timeout 7s: 1 outcome\(s\) still wait `+
+		`\(it did not answer\); the next flush sends them, as serve --uplink does\n$`, stderr)
+}
+
+// db check --file of a backup that an older binary made, which lacks a
+// bucket a later one added, says that a store restored from it gets the
+// bucket, and not that the file was written by an incompatible version
+// or is no store, which it said as well.
+func TestDBCheckFileOfABackupLackingANewBucket(t *testing.T) {
+	data := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", data, "hi")
+	require.Zero(t, code, stderr)
+	bak := filepath.Join(t.TempDir(), "old.db")
+	code, _, stderr = outpostBin(t, "", "db", "backup", "--data", data, bak)
+	require.Zero(t, code, stderr)
+	bdb, err := bbolt.Open(bak, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error { return tx.DeleteBucket([]byte("toolcalls")) }))
+	require.NoError(t, bdb.Close())
+
+	code, _, stderr = outpostBin(t, "", "db", "check", "--file", bak)
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "bucket toolcalls is missing; a store restored from this copy gets it when it is first opened for writing (by serve or run)")
+	require.NotContains(t, stderr, "incompatible")
+
+	// Restored, the store is told the same on a read-only open.
+	restored := t.TempDir()
+	raw, err := os.ReadFile(bak)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(restored, "outpost.db"), raw, 0o600))
+	code, _, stderr = outpostBin(t, "", "db", "check", "--data", restored)
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "bucket toolcalls is missing; opening the store for writing once adds it")
+	require.NotContains(t, stderr, "incompatible")
+}
+
+// oneOutcomeToSend makes a data folder whose ledger holds one outcome, and
+// an uplink secret file.
+func oneOutcomeToSend(t *testing.T) (data, secret string) {
+	t.Helper()
+	data = t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", data, "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	secret = filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(secret, []byte("hunter2-but-longer\n"), 0o600))
+	return data, secret
 }
 
 // A newcomer's round with bundles of their own, on the built binary: a

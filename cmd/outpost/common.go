@@ -186,6 +186,8 @@ func explainOpen(dir string, err error) error {
 	switch {
 	case errors.Is(err, store.ErrInUse):
 		return fmt.Errorf("%w\n(another outpost process, such as serve, owns it; stop it or use its HTTP API)", err)
+	case errors.Is(err, store.ErrBucketsMissing):
+		return err // its own message says what to do
 	case errors.Is(err, store.ErrFormat):
 		return fmt.Errorf("%w\n(this data folder was written by an incompatible outpost version, or is not an outpost store)", err)
 	case errors.Is(err, store.ErrDamaged) && !errors.Is(err, store.ErrHollow):

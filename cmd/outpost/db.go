@@ -379,6 +379,8 @@ func explainOpenFile(path string, err error) error {
 	case errors.Is(err, store.ErrInUse):
 		return fmt.Errorf("%w\n(another outpost process, such as serve, owns this file: outpost db check --data %s checks it through that process)",
 			err, shellQuote(filepath.Dir(path)))
+	case errors.Is(err, store.ErrBucketsMissing):
+		return err // its own message says what to do
 	case errors.Is(err, store.ErrFormat):
 		return fmt.Errorf("%w\n(this file was written by an incompatible outpost version, or is not an outpost store)", err)
 	case filepath.Base(path) != store.FileName && errors.Is(err, store.ErrDamaged) && !errors.Is(err, store.ErrHollow):

@@ -332,7 +332,13 @@ func flagAfterInput(fs *cmdFlags, args []string) error {
 		if name := flagName(w); name == "h" || name == "help" {
 			return usageError(fmt.Sprintf("%s after the input would be read as input, so nothing was run: outpost run -h lists run's flags", w))
 		}
-		flags, words := splitFlags(fs.FlagSet, args)
+		flags, words, bare := splitFlags(fs.FlagSet, args)
+		if bare != "" {
+			// The line with the flags first would take the input for
+			// the flag's value.
+			return usageError(fmt.Sprintf("%s after the input would be read as input, so nothing was run, and it has no value: "+
+				"run takes its flags, each with its value, before the input (outpost run %s %s ... INPUT)", bare, bare, strings.ToUpper(flagName(bare))))
+		}
 		asText := append(append(slices.Clip(args[:i]), "--"), args[i:]...)
 		return usageError(fmt.Sprintf("%s after the input would be read as input, so nothing was run: run takes its flags before the input:\n"+
 			"  outpost run %s\n(to send %s as text, put -- before the input: outpost run %s)",
@@ -360,12 +366,12 @@ func isFlagOf(fs *flag.FlagSet, w string) bool {
 
 // splitFlags splits a command line into its flags (with their values) and
 // its other words, wherever the flags are, so that the flags can be shown
-// first.
-func splitFlags(fs *flag.FlagSet, args []string) (flags, words []string) {
+// first. bare is a flag that takes a value and ends the line without one.
+func splitFlags(fs *flag.FlagSet, args []string) (flags, words []string, bare string) {
 	for i := 0; i < len(args); i++ {
 		w := args[i]
 		if w == "--" {
-			return flags, append(words, args[i+1:]...)
+			return flags, append(words, args[i+1:]...), ""
 		}
 		if !isFlagOf(fs, w) {
 			words = append(words, w)
@@ -374,12 +380,15 @@ func splitFlags(fs *flag.FlagSet, args []string) (flags, words []string) {
 		flags = append(flags, w)
 		f := fs.Lookup(flagName(w))
 		b, isBool := f.Value.(interface{ IsBoolFlag() bool })
-		if !strings.Contains(w, "=") && !(isBool && b.IsBoolFlag()) && i+1 < len(args) {
+		if !strings.Contains(w, "=") && !(isBool && b.IsBoolFlag()) {
+			if i+1 == len(args) {
+				return flags, words, w
+			}
 			i++
 			flags = append(flags, args[i])
 		}
 	}
-	return flags, words
+	return flags, words, ""
 }
 
 // shellJoin writes words as a shell command line's arguments.

@@ -170,8 +170,12 @@ func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout tim
 	stop()
 	st := u.Status()
 	if errors.Is(ferr, context.DeadlineExceeded) && ctx.Err() == nil {
-		ferr = fmt.Errorf("the collector did not acknowledge the backlog within --timeout %s: %d outcome(s) still wait (last error: %s); "+
-			"the next flush sends them, as serve --uplink does", timeout, st.Backlog, st.LastError)
+		why := "it did not answer"
+		if st.LastError != "" {
+			why = "last error: " + st.LastError
+		}
+		ferr = fmt.Errorf("the collector did not acknowledge the backlog within --timeout %s: %d outcome(s) still wait (%s); "+
+			"the next flush sends them, as serve --uplink does", timeout, st.Backlog, why)
 	}
 	if asJSON {
 		if err := printJSON(stdout, st); err != nil {
@@ -211,9 +215,10 @@ func (p *flushProgress) Publish(events ...engine.Event) {
 }
 
 // reportRetries says on w, every interval, that a flush is retrying and
-// why, while the collector refuses it or does not answer, so that a flush
-// to a collector that is down does not sit silent until --timeout. The
-// returned function stops it.
+// why, while the collector refuses it, or that it waits for the collector,
+// while one holds the batch without an answer and none is acknowledged,
+// so that a flush to a collector that is down does not sit silent until
+// --timeout. The returned function stops it.
 func reportRetries(u *uplink.Uplink, timeout time.Duration, w io.Writer, every time.Duration) (stop func()) {
 	done, finished := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -221,15 +226,23 @@ func reportRetries(u *uplink.Uplink, timeout time.Duration, w io.Writer, every t
 		start := time.Now()
 		t := time.NewTicker(every)
 		defer t.Stop()
+		acked := u.Status().AckedSeq
 		for {
 			select {
 			case <-done:
 				return
 			case <-t.C:
-				if st := u.Status(); st.LastError != "" {
+				st := u.Status()
+				took := time.Since(start).Round(time.Second)
+				switch {
+				case st.LastError != "":
 					fmt.Fprintf(w, "uplink: %d of %d outcomes acknowledged; retrying (%s of --timeout %s): %s…\n",
-						st.AckedSeq, st.LastSeq, time.Since(start).Round(time.Second), timeout, st.LastError)
+						st.AckedSeq, st.LastSeq, took, timeout, st.LastError)
+				case st.AckedSeq == acked:
+					fmt.Fprintf(w, "uplink: %d of %d outcomes acknowledged; waiting for the collector to answer (%s of --timeout %s)…\n",
+						st.AckedSeq, st.LastSeq, took, timeout)
 				}
+				acked = st.AckedSeq
 			}
 		}
 	}()
