@@ -47,7 +47,9 @@ import (
 //
 // Entries with no checksum of their own (the branches markers, the blob
 // index, the meta bucket's) are not taken from unlinked pages: nothing
-// says they are current. Where the blob index could not be read, the copy's
+// says they are current. The appliance ID that older copies of the meta
+// bucket name is the one exception, and only where the copy has no better
+// word for it (keepAppliance in salvage.go). Where the blob index could not be read, the copy's
 // is made anew from its blob log (rebuildBlobIndex).
 
 // unlinkedBuckets are the buckets whose records can be recognized on
@@ -74,12 +76,8 @@ type foundRecord struct {
 // recent bucket). Anything else (a branch page, a page that is not whole,
 // an element that reads as no record or as more than one) is passed over.
 func unlinkedRecords(b []byte) []foundRecord {
-	branch, count, err := pageElements(b, "", false)
-	if err != nil || branch {
-		return nil
-	}
-	entries, err := leafEntries(b, count, "")
-	if err != nil {
+	entries, ok := leafPageEntries(b, false)
+	if !ok {
 		return nil
 	}
 	var recs []foundRecord
@@ -90,17 +88,9 @@ func unlinkedRecords(b []byte) []foundRecord {
 			}
 			continue
 		}
-		if len(e.v) < inBucketSize || binary.LittleEndian.Uint64(e.v) != 0 {
+		inner, ok := inlineEntries(e)
+		if !ok {
 			continue // a bucket with pages of its own, which the scan reads
-		}
-		inline := e.v[inBucketSize:]
-		_, count, err := pageElements(inline, "", true)
-		if err != nil {
-			continue
-		}
-		inner, err := leafEntries(inline, count, "")
-		if err != nil {
-			continue
 		}
 		for _, r := range inner {
 			if name, ok := recognize(r.k, r.v); ok && !r.bucket && (name == string(e.k) || name == bucketCheckpoints && string(e.k) == bucketRecent) {
@@ -109,6 +99,73 @@ func unlinkedRecords(b []byte) []foundRecord {
 		}
 	}
 	return recs
+}
+
+// applianceCopies returns the appliance IDs that the copies of the meta
+// bucket held in the leaf page b name: the page's own elements when they
+// are a meta bucket's, and the inline meta bucket a root page holds. A
+// meta bucket is known by its format record, since its entries carry no
+// checksum; the page bbolt freed when a transaction replaced it still
+// holds it. Anything else names none.
+func applianceCopies(b []byte) []string {
+	entries, ok := leafPageEntries(b, false)
+	if !ok {
+		return nil
+	}
+	if id, ok := metaApplianceOf(entries); ok {
+		return []string{id}
+	}
+	var ids []string
+	for _, e := range entries {
+		if string(e.k) != bucketMeta {
+			continue
+		}
+		if inner, ok := inlineEntries(e); ok {
+			if id, ok := metaApplianceOf(inner); ok {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+// leafPageEntries returns the elements of the leaf page held in b (an
+// inline bucket's page when inline), or false when b holds no whole leaf
+// page.
+func leafPageEntries(b []byte, inline bool) ([]salvageEntry, bool) {
+	branch, count, err := pageElements(b, "", inline)
+	if err != nil || branch {
+		return nil, false
+	}
+	entries, err := leafEntries(b, count, "")
+	return entries, err == nil
+}
+
+// inlineEntries returns the elements of the bucket that the leaf element e
+// holds inline, or false when e is no inline bucket, or a damaged one.
+func inlineEntries(e salvageEntry) ([]salvageEntry, bool) {
+	if !e.bucket || len(e.v) < inBucketSize || binary.LittleEndian.Uint64(e.v) != 0 {
+		return nil, false
+	}
+	return leafPageEntries(e.v[inBucketSize:], true)
+}
+
+// metaApplianceOf returns the appliance ID that entries name when they are
+// a meta bucket's: they hold this store's format record and no bucket.
+func metaApplianceOf(entries []salvageEntry) (string, bool) {
+	var format bool
+	var id string
+	for _, e := range entries {
+		switch {
+		case e.bucket:
+			return "", false
+		case bytes.Equal(e.k, metaFormat):
+			format = string(e.v) == formatName
+		case bytes.Equal(e.k, metaAppliance):
+			id = string(e.v)
+		}
+	}
+	return id, format && validApplianceID(id) == nil
 }
 
 // recognize returns the one bucket whose record k and v are, or false when
@@ -177,7 +234,11 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 		if w.reached(id) {
 			continue
 		}
-		for _, r := range unlinkedRecords(w.unlinkedPage(id)) {
+		page := w.unlinkedPage(id)
+		for _, a := range applianceCopies(page) {
+			w.applianceCopies[a] = true
+		}
+		for _, r := range unlinkedRecords(page) {
 			if !w.unreached(r.bucket, r.k) && (r.bucket != bucketCheckpoints || !w.unreached(bucketRecent, r.k)) {
 				continue
 			}

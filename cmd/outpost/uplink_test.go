@@ -39,6 +39,22 @@ func (s *syncBuffer) String() string {
 	return string(s.b)
 }
 
+// startCollector runs outpost collector on a loopback port until ctx ends,
+// and returns its URL, what it prints, and its exit code once it ends.
+func startCollector(t *testing.T, ctx context.Context, data, secrets string) (url string, out *syncBuffer, done chan int) {
+	t.Helper()
+	out, done = &syncBuffer{}, make(chan int, 1)
+	go func() {
+		done <- execute(ctx, []string{"collector", "--listen", "127.0.0.1:0", "--data", data, "--secrets", secrets}, out, io.Discard)
+	}()
+	addr := regexp.MustCompile(`http://\S+`)
+	for deadline := time.Now().Add(10 * time.Second); addr.FindString(out.String()) == ""; {
+		require.True(t, time.Now().Before(deadline), "collector did not start: %s", out.String())
+		time.Sleep(10 * time.Millisecond)
+	}
+	return addr.FindString(out.String()), out, done
+}
+
 func TestUplinkFlushToCollector(t *testing.T) {
 	app, coll := t.TempDir(), t.TempDir()
 	code, out, errs := outpost(t, "uplink", "status", "--data", app, "--json")
@@ -62,18 +78,7 @@ func TestUplinkFlushToCollector(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cout := &syncBuffer{}
-	done := make(chan int)
-	go func() {
-		done <- execute(ctx, []string{"collector", "--listen", "127.0.0.1:0", "--data", coll, "--secrets", secrets}, cout, io.Discard)
-	}()
-	addr := regexp.MustCompile(`http://\S+`)
-	deadline := time.Now().Add(10 * time.Second)
-	for addr.FindString(cout.String()) == "" {
-		require.True(t, time.Now().Before(deadline), "collector did not start: %s", cout.String())
-		time.Sleep(10 * time.Millisecond)
-	}
-	url := addr.FindString(cout.String())
+	url, cout, done := startCollector(t, ctx, coll, secrets)
 
 	code, out, errs = outpost(t, "uplink", "flush", "--data", app, "--url", url, "--secret-file", mine)
 	require.Equal(t, 0, code, errs)

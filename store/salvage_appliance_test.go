@@ -1,0 +1,153 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// zeroRoots clears the root pages that the meta pages of the store file b
+// name, so that no meta page leads to any bucket.
+func zeroRoots(b []byte) []byte {
+	ps := int(binary.LittleEndian.Uint32(b[metaOffset+8:]))
+	for _, m := range []boltMeta{readMeta(b), readMeta(b[ps:])} {
+		clear(b[int(m.root)*ps : int(m.root+1)*ps])
+	}
+	return b
+}
+
+// stepsOnly writes a store of checkpoints alone, with no run ended and so
+// no outcome, committed one step at a time: its free pages hold the root
+// pages that each commit replaced. It returns the file's bytes and its
+// appliance ID.
+func stepsOnly(t *testing.T) ([]byte, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{ApplianceID: "clinic-north-3"})
+	require.NoError(t, err)
+	for i := 1; i <= 40; i++ {
+		require.NoError(t, d.Commit(bg, stepCommit(fmt.Sprintf("t%d", i%3), i)))
+	}
+	require.NoError(t, d.Close())
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b, "clinic-north-3"
+}
+
+// applianceOfCopy is the appliance ID that the salvaged store at path
+// opens with, and sends its outcomes as.
+func applianceOfCopy(t *testing.T, path string) string {
+	t.Helper()
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	st, err := d.Ledger(bg)
+	require.NoError(t, err)
+	return st.ApplianceID
+}
+
+// A salvage whose root page is lost keeps the appliance ID: the outcomes
+// it copies carry it, and without them an older copy of the meta bucket
+// still names it, or the operator gives it. Before, the copy got a new ID,
+// and its ledger, chained under the old one, could no longer go upstream:
+// the collector takes a batch only when its records carry the batch's ID.
+func TestSalvageKeepsTheApplianceID(t *testing.T) {
+	good, _, _, want := backupFixture(t)
+	id := string(want[bucketMeta][string(metaAppliance)])
+	require.NotEmpty(t, id)
+	steps, stepsID := stepsOnly(t)
+
+	t.Run("from the outcomes", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "salvaged.db")
+		rep, err := Salvage(bg, writeStore(t, zeroRoots(slices.Clone(good))), dst)
+		require.NoError(t, err)
+		require.NotZero(t, rep.Records[bucketOutcomes], "no outcome came back")
+		assert.Equal(t, ApplianceFromOutcomes, rep.ApplianceFrom)
+		assert.Equal(t, id, rep.ApplianceID)
+		assert.Equal(t, id, applianceOfCopy(t, dst))
+		for _, p := range rep.Lost {
+			assert.NotContains(t, p.Message, "appliance ID is lost")
+		}
+	})
+	// A backup keeps the file's free pages, among them the root page that
+	// the commit before the last replaced, with its inline meta bucket.
+	stepsCopy := func(t *testing.T, backup bool) string {
+		src := writeStore(t, steps)
+		d, err := Open(src, Options{ReadOnly: !backup})
+		require.NoError(t, err)
+		path := filepath.Join(t.TempDir(), "copy.db")
+		if backup {
+			require.NoError(t, d.BackupFile(bg, path))
+		} else {
+			require.NoError(t, d.Compact(bg, path))
+		}
+		require.NoError(t, d.Close())
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		return writeStore(t, zeroRoots(b))
+	}
+	t.Run("from an older copy of the meta bucket", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "salvaged.db")
+		rep, err := Salvage(bg, stepsCopy(t, true), dst)
+		require.NoError(t, err)
+		require.Zero(t, rep.Records[bucketOutcomes])
+		assert.Equal(t, ApplianceFromOldCopy, rep.ApplianceFrom, "%v", rep.Lost)
+		assert.Equal(t, stepsID, applianceOfCopy(t, dst))
+	})
+	// A compacted store holds no free page, so nothing else names the ID.
+	t.Run("nothing names it", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "salvaged.db")
+		rep, err := Salvage(bg, stepsCopy(t, false), dst)
+		require.NoError(t, err)
+		assert.Equal(t, ApplianceFromNew, rep.ApplianceFrom)
+		assert.NotEqual(t, stepsID, rep.ApplianceID)
+		assert.Contains(t, rep.Lost, Problem{Bucket: bucketMeta, Message: "the appliance ID is lost, and nothing left in the file names it: " +
+			"the copy gets a new one, which a collector takes for another appliance. If this appliance has sent outcomes upstream, " +
+			"salvage again with --appliance-id ID, the ID it sends them as (serve's --appliance-id, or the collector's list of appliances)"})
+	})
+	t.Run("given", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "salvaged.db")
+		rep, err := SalvageWith(bg, stepsCopy(t, false), dst, SalvageOptions{ApplianceID: stepsID})
+		require.NoError(t, err)
+		assert.Equal(t, ApplianceFromOption, rep.ApplianceFrom)
+		assert.Equal(t, stepsID, applianceOfCopy(t, dst))
+	})
+	t.Run("given, but the outcomes carry another", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "salvaged.db")
+		_, err := SalvageWith(bg, writeStore(t, zeroRoots(slices.Clone(good))), dst, SalvageOptions{ApplianceID: "elsewhere"})
+		require.ErrorIs(t, err, ErrApplianceID)
+		require.ErrorContains(t, err, fmt.Sprintf("the outcomes copied carry appliance ID %q, not %q", id, "elsewhere"))
+		assert.NoFileExists(t, dst)
+		assert.NoFileExists(t, dst+".salvage")
+	})
+	t.Run("given, but the store names another", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "salvaged.db")
+		_, err := SalvageWith(bg, writeStore(t, slices.Clone(good)), dst, SalvageOptions{ApplianceID: "elsewhere"})
+		require.ErrorIs(t, err, ErrApplianceID)
+		assert.NoFileExists(t, dst)
+	})
+	t.Run("given, malformed", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "salvaged.db")
+		_, err := SalvageWith(bg, writeStore(t, slices.Clone(good)), dst, SalvageOptions{ApplianceID: "a:b"})
+		require.ErrorIs(t, err, ErrInvalidKey)
+		assert.NoFileExists(t, dst)
+	})
+}
+
+// Whatever a page holds, reading it for copies of the meta bucket does not
+// panic, and every ID it returns is one the store would accept. The corpus
+// holds a root page with an inline meta bucket, from a real store.
+func FuzzApplianceCopies(f *testing.F) {
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, page []byte) {
+		for _, id := range applianceCopies(page) {
+			require.NoError(t, validApplianceID(id))
+		}
+	})
+}
