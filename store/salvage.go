@@ -488,7 +488,40 @@ func (w *salvageWalk) keepFormat(tx *bbolt.Tx) error {
 		}
 		w.lost(bucketMeta, nil, "the format records are lost; the copy is stamped format version %d", formatVersion)
 	}
-	return w.keepAppliance(tx, meta)
+	if err := w.keepAppliance(tx, meta); err != nil {
+		return err
+	}
+	w.cursorPastLedger(tx)
+	return nil
+}
+
+// cursorPastLedger reports an uplink cursor that the copy's ledger does
+// not reach: the collector acknowledged outcomes that the copy lost. Their
+// seqs are free in the copy, so the next outcomes would take them under
+// other hashes, and the collector refuses those as a fork of the
+// appliance's chain; until the ledger passes the cursor, they are not even
+// sent.
+func (w *salvageWalk) cursorPastLedger(tx *bbolt.Tx) {
+	b := tx.Bucket([]byte(bucketUplink))
+	if b == nil || b.Get(cursorKey) == nil {
+		return
+	}
+	acked, err := decodeCursor(b.Get(cursorKey))
+	if err != nil {
+		return // left out as it is, or reported by the check of the copy
+	}
+	var last uint64
+	if o := tx.Bucket([]byte(bucketOutcomes)); o != nil {
+		if k, _ := o.Cursor().Last(); len(k) == 8 {
+			last = beUint64(k)
+		}
+	}
+	if acked > last {
+		w.lost(bucketOutcomes, nil, "the collector acknowledged outcomes up to seq %d, but the copy's ledger ends at %d: "+
+			"outcomes %d to %d are lost here though the collector holds them, and the outcomes the copy appends next would take "+
+			"their seqs, which the collector refuses as a fork of this appliance's chain. Restore a backup that holds them "+
+			"rather than use this copy, if there is one", acked, last, last+1, acked)
+	}
 }
 
 // keepAppliance gives the copy the appliance ID that its outcomes go

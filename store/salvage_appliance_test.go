@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/engine"
 )
 
 // zeroRoots clears the root pages that the meta pages of the store file b
@@ -150,4 +153,47 @@ func FuzzApplianceCopies(f *testing.F) {
 			require.NoError(t, validApplianceID(id))
 		}
 	})
+}
+
+// A salvage whose copy lost outcomes that the collector acknowledged says
+// so: the copy's next outcomes would take their seqs, and the collector
+// refuses them as a fork. Before, nothing said it.
+func TestSalvageSaysTheCollectorHoldsOutcomesTheCopyLost(t *testing.T) {
+	src := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(src, Options{})
+	require.NoError(t, err)
+	const runs = 40
+	for i := 1; i <= runs; i++ {
+		th := fmt.Sprintf("t%02d", i)
+		require.NoError(t, d.Commit(bg, stepCommit(th, i)))
+		require.NoError(t, d.Commit(bg, &engine.Commit{Sync: true, Run: &engine.Run{ID: "run-" + th, Thread: th,
+			Status: engine.StatusCompleted, Checkpoint: fmt.Sprintf("%04d", i), Output: []byte(`"done"`)}}))
+	}
+	require.NoError(t, d.AckOutcomes(bg, runs))
+	// A compacted copy holds each record once, so the page cleared below
+	// leaves no older copy of its outcomes behind.
+	compacted := filepath.Join(t.TempDir(), "compacted.db")
+	require.NoError(t, d.Compact(bg, compacted))
+	require.NoError(t, d.Close())
+	b, err := os.ReadFile(compacted)
+	require.NoError(t, err)
+	ps := int(binary.LittleEndian.Uint32(b[metaOffset+8:]))
+	last := records(t, compacted)[bucketOutcomes][string(binary.BigEndian.AppendUint64(nil, runs))]
+	i := bytes.Index(b, last)
+	require.GreaterOrEqual(t, i, 0)
+	clear(b[i/ps*ps : (i/ps+1)*ps])
+
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, writeStore(t, b), dst)
+	require.NoError(t, err)
+	var kept uint64
+	for k := range records(t, dst)[bucketOutcomes] {
+		kept = max(kept, binary.BigEndian.Uint64([]byte(k)))
+	}
+	require.Less(t, kept, uint64(runs))
+	assert.Contains(t, rep.Lost, Problem{Bucket: bucketOutcomes, Message: fmt.Sprintf(
+		"the collector acknowledged outcomes up to seq %d, but the copy's ledger ends at %d: outcomes %d to %d are lost here "+
+			"though the collector holds them, and the outcomes the copy appends next would take their seqs, which the collector "+
+			"refuses as a fork of this appliance's chain. Restore a backup that holds them rather than use this copy, if there is one",
+		runs, kept, kept+1, runs)})
 }
