@@ -43,6 +43,27 @@ func stepsOnly(t *testing.T) ([]byte, string) {
 	return b, "clinic-north-3"
 }
 
+// stepsCopy writes a backup (one that keeps the file's free pages, among
+// them the root page that the commit before the last replaced, with its
+// inline meta bucket) or a compacted copy (one with no free page) of the
+// store file steps, with its root pages cleared, and returns its path.
+func stepsCopy(t *testing.T, steps []byte, backup bool) string {
+	t.Helper()
+	src := writeStore(t, steps)
+	d, err := Open(src, Options{ReadOnly: !backup})
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "copy.db")
+	if backup {
+		require.NoError(t, d.BackupFile(bg, path))
+	} else {
+		require.NoError(t, d.Compact(bg, path))
+	}
+	require.NoError(t, d.Close())
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return writeStore(t, zeroRoots(b))
+}
+
 // applianceOfCopy is the appliance ID that the salvaged store at path
 // opens with, and sends its outcomes as.
 func applianceOfCopy(t *testing.T, path string) string {
@@ -78,26 +99,9 @@ func TestSalvageKeepsTheApplianceID(t *testing.T) {
 			assert.NotContains(t, p.Message, "appliance ID is lost")
 		}
 	})
-	// A backup keeps the file's free pages, among them the root page that
-	// the commit before the last replaced, with its inline meta bucket.
-	stepsCopy := func(t *testing.T, backup bool) string {
-		src := writeStore(t, steps)
-		d, err := Open(src, Options{ReadOnly: !backup})
-		require.NoError(t, err)
-		path := filepath.Join(t.TempDir(), "copy.db")
-		if backup {
-			require.NoError(t, d.BackupFile(bg, path))
-		} else {
-			require.NoError(t, d.Compact(bg, path))
-		}
-		require.NoError(t, d.Close())
-		b, err := os.ReadFile(path)
-		require.NoError(t, err)
-		return writeStore(t, zeroRoots(b))
-	}
 	t.Run("from an older copy of the meta bucket", func(t *testing.T) {
 		dst := filepath.Join(t.TempDir(), "salvaged.db")
-		rep, err := Salvage(bg, stepsCopy(t, true), dst)
+		rep, err := Salvage(bg, stepsCopy(t, steps, true), dst)
 		require.NoError(t, err)
 		require.Zero(t, rep.Records[bucketOutcomes])
 		assert.Equal(t, ApplianceFromOldCopy, rep.ApplianceFrom, "%v", rep.Lost)
@@ -106,7 +110,7 @@ func TestSalvageKeepsTheApplianceID(t *testing.T) {
 	// A compacted store holds no free page, so nothing else names the ID.
 	t.Run("nothing names it", func(t *testing.T) {
 		dst := filepath.Join(t.TempDir(), "salvaged.db")
-		rep, err := Salvage(bg, stepsCopy(t, false), dst)
+		rep, err := Salvage(bg, stepsCopy(t, steps, false), dst)
 		require.NoError(t, err)
 		assert.Equal(t, ApplianceFromNew, rep.ApplianceFrom)
 		assert.NotEqual(t, stepsID, rep.ApplianceID)
@@ -116,7 +120,7 @@ func TestSalvageKeepsTheApplianceID(t *testing.T) {
 	})
 	t.Run("given", func(t *testing.T) {
 		dst := filepath.Join(t.TempDir(), "salvaged.db")
-		rep, err := SalvageWith(bg, stepsCopy(t, false), dst, SalvageOptions{ApplianceID: stepsID})
+		rep, err := SalvageWith(bg, stepsCopy(t, steps, false), dst, SalvageOptions{ApplianceID: stepsID})
 		require.NoError(t, err)
 		assert.Equal(t, ApplianceFromOption, rep.ApplianceFrom)
 		assert.Equal(t, stepsID, applianceOfCopy(t, dst))

@@ -8,8 +8,11 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
 )
 
 // When a truncation or a damaged page takes a page of the tree that names
@@ -33,9 +36,10 @@ import (
 //     that cannot be ordered are reported and all left out;
 //   - it is not a run record that says the run is unfinished when the
 //     run's outcome index entry or outcome says it ended. An unfinished
-//     run record that is copied is reported too: where its newer versions
-//     and its outcome are all lost, nothing says it ended, and serve would
-//     resume it.
+//     run record that is copied is reported too, and copied as failed
+//     (holdRun): where its newer versions and its outcome are all lost,
+//     nothing says it ended, and serve would resume it from a thread head
+//     that may be older than its last commit, or lost.
 //
 // bbolt keeps no list of free pages in a store's file (NoFreelistSync),
 // and a free page keeps what a transaction replaced, so an unlinked page
@@ -286,9 +290,17 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 				w.lost(name, []byte(k), "found only as an older version, from before the run ended (its outcome is stored): left out")
 				continue
 			case name == bucketRuns && !isOutcomeIndexKey([]byte(k)) && !runEnded(v):
-				// Kept, and named: a version that has ended may be lost
-				// with nothing left to say so, and serve resumes the run.
-				w.lost(name, []byte(k), "came back unfinished from a page that nothing leads to any more; if it had ended since, that is lost, and serve will resume it from its last checkpoint")
+				var held bool
+				if v, held = holdRun(v); held {
+					w.lost(name, []byte(k), "came back unfinished from a page that nothing leads to any more, where a newer version, "+
+						"and the thread's newest checkpoint, may be lost: resumed, it could run a committed step or a tool call again. "+
+						"It is copied as failed, so that serve does not resume it; to go on from where it stood, fork its thread at its "+
+						"newest checkpoint (outpost runs fork THREAD --checkpoint ID; outpost runs history THREAD lists the checkpoints, "+
+						"or, where the thread's head is lost, db check of the copy names them)")
+				} else {
+					w.lost(name, []byte(k), "came back interrupted from a page that nothing leads to any more; if it had ended since, "+
+						"that is lost. It waits for a person's decision as before; check its thread's history before resuming it")
+				}
 			}
 			p.read()
 			if batch = append(batch, salvageEntry{k: []byte(k), v: v}); len(batch) == salvageBatch {
@@ -469,6 +481,26 @@ func cmpUint(a, b uint64) int {
 		return -1
 	}
 	return 0
+}
+
+// holdRun returns the run record v, found on a page that nothing leads to
+// any more and saying the run is unfinished, as one that serve does not
+// resume, and true; an interrupted run is left as it is (it waits for a
+// person already), and false. Resuming starts from the thread's head as
+// the copy has it, which may be older than the run's last commit, or lost
+// (then the run starts over from nothing): steps committed after it would
+// run again, and a tool call whose record is lost would repeat its side
+// effect. Failed, the run stays readable, with its checkpoints, and its
+// thread is free.
+func holdRun(v []byte) ([]byte, bool) {
+	r, err := decodeRunRecord(v)
+	if err != nil || r.Status == engine.StatusInterrupted {
+		return v, false
+	}
+	r.Status, r.EndedAt = engine.StatusFailed, time.Now().UTC()
+	r.Error = "salvage: this run came back unfinished from a damaged store, where its newer state may be lost; not resumed " +
+		"(fork its thread at its newest checkpoint to go on)"
+	return encodeRunRecord(r), true
 }
 
 // runEnded reports whether the run record v says the run has ended.

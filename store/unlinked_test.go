@@ -5,11 +5,14 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
 )
 
 // backupFixture is a db backup of salvageFixture's store, whose runs each
@@ -138,12 +141,22 @@ func TestSalvageFindsRecordsNothingLeadsTo(t *testing.T) {
 
 			// A record that is rewritten may come back as an older version
 			// where its newest is lost. Every run ended: one that comes
-			// back unfinished is named, and never while its outcome index
-			// entry, which says it ended, is still in the file.
+			// back unfinished is named and copied as failed, so that serve
+			// does not resume it from a head that may be older than its
+			// last commit, and never while its outcome index entry, which
+			// says it ended, is still in the file.
+			var held []string
 			for k, v := range got[bucketRuns] {
-				if isOutcomeIndexKey([]byte(k)) || runEnded(v) {
+				if isOutcomeIndexKey([]byte(k)) {
 					continue
 				}
+				r, err := decodeRunRecord(v)
+				require.NoError(t, err)
+				require.True(t, r.Status.Terminal(), "run %s came back %s: serve would resume it", k, r.Status)
+				if !strings.HasPrefix(r.Error, "salvage: ") {
+					continue
+				}
+				assert.Equal(t, engine.StatusFailed, r.Status)
 				idx := outcomeIndexKey(k)
 				assert.False(t, bytes.Contains(kept, append(idx, want[bucketRuns][string(idx)]...)),
 					"run %s came back unfinished, though its outcome index entry says it ended", k)
@@ -153,8 +166,12 @@ func TestSalvageFindsRecordsNothingLeadsTo(t *testing.T) {
 					assert.False(t, out.Run == k && bytes.Contains(kept, append([]byte(seq), o...)),
 						"run %s came back unfinished, though its outcome says it ended", k)
 				}
-				assert.Contains(t, rep.Lost, Problem{Bucket: bucketRuns, Key: k, Message: "came back unfinished from a page that nothing leads to any more; " +
-					"if it had ended since, that is lost, and serve will resume it from its last checkpoint"})
+				assert.Contains(t, rep.Lost, Problem{Bucket: bucketRuns, Key: k, Message: "came back unfinished from a page that nothing leads to any more, " +
+					"where a newer version, and the thread's newest checkpoint, may be lost: resumed, it could run a committed step or a tool call again. " +
+					"It is copied as failed, so that serve does not resume it; to go on from where it stood, fork its thread at its " +
+					"newest checkpoint (outpost runs fork THREAD --checkpoint ID; outpost runs history THREAD lists the checkpoints, " +
+					"or, where the thread's head is lost, db check of the copy names them)"})
+				held = append(held, k)
 			}
 			for k, v := range got[bucketHeads] {
 				id, err := decodeHead(v)
@@ -166,7 +183,13 @@ func TestSalvageFindsRecordsNothingLeadsTo(t *testing.T) {
 
 			d, err := Open(dst, Options{})
 			require.NoError(t, err)
-			require.NoError(t, d.Close())
+			defer d.Close()
+			for _, id := range held {
+				r, err := d.Run(bg, id)
+				require.NoError(t, err)
+				assert.Equal(t, engine.StatusFailed, r.Status)
+			}
+			t.Logf("runs copied as failed: %v", held)
 		})
 	}
 }
@@ -186,4 +209,41 @@ func FuzzUnlinkedRecords(f *testing.F) {
 			require.Equal(t, r.bucket, name)
 		}
 	})
+}
+
+// A run that comes back unfinished from a page that nothing leads to is
+// copied as failed, and named: serve would resume it from the thread's
+// head as the copy has it, which may be older than the run's last commit
+// or, as here, lost with the root page that held the heads bucket inline,
+// so that the run would start over from nothing and run its committed
+// steps, and their tool calls, again.
+func TestSalvageHoldsRunsThatCameBackUnfinished(t *testing.T) {
+	steps, _ := stepsOnly(t)
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, stepsCopy(t, steps, true), dst)
+	require.NoError(t, err)
+	got := records(t, dst)
+	d, err := Open(dst, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	held := 0
+	for k := range got[bucketRuns] {
+		if isOutcomeIndexKey([]byte(k)) {
+			continue
+		}
+		r, err := d.Run(bg, k)
+		require.NoError(t, err)
+		assert.Equal(t, engine.StatusFailed, r.Status, "run %s: serve would resume it", k)
+		assert.True(t, strings.HasPrefix(r.Error, "salvage: "), r.Error)
+		assert.Contains(t, rep.Lost, Problem{Bucket: bucketRuns, Key: k, Message: "came back unfinished from a page that nothing leads to any more, " +
+			"where a newer version, and the thread's newest checkpoint, may be lost: resumed, it could run a committed step or a tool call again. " +
+			"It is copied as failed, so that serve does not resume it; to go on from where it stood, fork its thread at its " +
+			"newest checkpoint (outpost runs fork THREAD --checkpoint ID; outpost runs history THREAD lists the checkpoints, " +
+			"or, where the thread's head is lost, db check of the copy names them)"})
+		held++
+	}
+	require.NotZero(t, held, "no run came back")
+	unfinished, err := d.Runs(bg, engine.RunFilter{Status: engine.StatusRunning})
+	require.NoError(t, err)
+	assert.Empty(t, unfinished)
 }
