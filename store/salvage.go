@@ -166,6 +166,10 @@ func SalvageWith(ctx context.Context, src, dst string, opts SalvageOptions) (*Sa
 		}
 		if err == nil {
 			rep.TxID = m.txid
+			// A newer transaction than the tree used may have been
+			// committed: its root page is lost, or its meta page is not
+			// whole.
+			w.newerLost = i > 0 || len(metas) < 2
 			break
 		}
 		if i == len(metas)-1 {
@@ -269,6 +273,8 @@ type salvageWalk struct {
 	// pages name (applianceCopies in unlinked.go).
 	applianceWant   string
 	applianceCopies map[string]bool
+	// newerLost says the tree walked is not the newest transaction's.
+	newerLost bool
 }
 
 // keyRange is the keys from lo up to hi, hi left out; a nil bound is
@@ -347,8 +353,13 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 				w.lostRange(name, nil, nil)
 			}
 		}
-		if w.rootLost || len(w.gaps) > 0 {
+		switch {
+		case w.rootLost || len(w.gaps) > 0:
 			if err := w.copyUnlinked(ctx, out); err != nil {
+				return err
+			}
+		case w.newerLost:
+			if err := w.newerOutcomes(ctx, out); err != nil {
 				return err
 			}
 		}

@@ -320,6 +320,58 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 	return nil
 }
 
+// newerOutcomes reports the outcomes that continue the copy's ledger on
+// pages the walk did not reach, when the tree walked is an older
+// transaction's than the newest: a newer transaction wrote them, which
+// is lost, or never committed. They are not copied: the rest of that
+// transaction (its runs' last records and checkpoints) is lost with its
+// root, and an outcome without it would have serve run its run again,
+// to a second outcome. The tree walked is whole, as after a crash before
+// that commit; but the uplink may have sent those outcomes, and then the
+// collector refuses the copy's next ones, which take their seqs, as a
+// fork.
+func (w *salvageWalk) newerOutcomes(ctx context.Context, out *bbolt.DB) error {
+	var last uint64
+	err := out.View(func(tx *bbolt.Tx) error {
+		if b := tx.Bucket([]byte(bucketOutcomes)); b != nil {
+			if k, _ := b.Cursor().Last(); len(k) == 8 {
+				last = beUint64(k)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var seqs []uint64
+	for id := uint64(2); id < w.pgid; id++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if w.reached(id) {
+			continue
+		}
+		for _, r := range unlinkedRecords(w.unlinkedPage(id)) {
+			if r.bucket != bucketOutcomes {
+				continue // an outcome's key is its seq, 8 bytes (keyFits)
+			}
+			if seq := beUint64(r.k); seq > last && !slices.Contains(seqs, seq) {
+				seqs = append(seqs, seq)
+			}
+		}
+	}
+	if len(seqs) == 0 {
+		return nil
+	}
+	slices.Sort(seqs)
+	w.lost(bucketOutcomes, nil, "outcomes %d to %d, after the copy's ledger ends at %d, are on pages that a newer transaction wrote, "+
+		"which is lost (or never committed); they are not copied, since the rest of that transaction is lost with them. "+
+		"If the uplink sent them (the collector's list of appliances gives the last seq it holds), "+
+		"the collector refuses the copy's next outcomes, which take their seqs, as a fork: restore a backup that holds them "+
+		"rather than use this copy, if there is one", seqs[0], seqs[len(seqs)-1], last)
+	return nil
+}
+
 // unlinkedPage reads page id with its overflow when its header says it is
 // that page and a leaf; nil otherwise.
 func (w *salvageWalk) unlinkedPage(id uint64) []byte {

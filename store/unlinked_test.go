@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -246,4 +247,34 @@ func TestSalvageHoldsRunsThatCameBackUnfinished(t *testing.T) {
 	unfinished, err := d.Runs(bg, engine.RunFilter{Status: engine.StatusRunning})
 	require.NoError(t, err)
 	assert.Empty(t, unfinished)
+}
+
+// When the newest transaction's root page is lost and the older meta
+// page's tree is whole, salvage copies that tree, as after a crash before
+// the newest commit, and names the outcomes the lost transaction appended
+// that are still in the file: the uplink may have sent them. Before,
+// nothing said so.
+func TestSalvageNamesTheOutcomesOfALostTransaction(t *testing.T) {
+	src, want := salvageFixture(t)
+	b, err := os.ReadFile(src)
+	require.NoError(t, err)
+	ps := int(binary.LittleEndian.Uint32(b[metaOffset+8:]))
+	newest, older := readMeta(b), readMeta(b[ps:])
+	if older.txid > newest.txid {
+		newest, older = older, newest
+	}
+	clear(b[int(newest.root)*ps : int(newest.root+1)*ps])
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, writeStore(t, b), dst)
+	require.NoError(t, err)
+	require.Equal(t, older.txid, rep.TxID)
+	all := len(want[bucketOutcomes])
+	kept := len(records(t, dst)[bucketOutcomes])
+	require.Less(t, kept, all, "the lost transaction appended no outcome")
+	assert.Contains(t, rep.Lost, Problem{Bucket: bucketOutcomes, Message: fmt.Sprintf(
+		"outcomes %d to %d, after the copy's ledger ends at %d, are on pages that a newer transaction wrote, which is lost "+
+			"(or never committed); they are not copied, since the rest of that transaction is lost with them. If the uplink "+
+			"sent them (the collector's list of appliances gives the last seq it holds), the collector refuses the copy's "+
+			"next outcomes, which take their seqs, as a fork: restore a backup that holds them rather than use this copy, if there is one",
+		kept+1, all, kept)})
 }
