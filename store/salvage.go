@@ -192,7 +192,10 @@ func SalvageWith(ctx context.Context, src, dst string, opts SalvageOptions) (*Sa
 	tmp := dst + ".salvage"
 	_ = os.Remove(tmp) // a leftover of a salvage that did not finish
 	if err := w.copyInto(ctx, tmp, entries); err != nil {
-		return rep, errors.Join(fmt.Errorf("salvage %s: write %s: %w", src, tmp, err), os.Remove(tmp))
+		if !errors.Is(err, ErrApplianceID) { // a refusal, not a failed write
+			err = fmt.Errorf("write %s: %w", tmp, err)
+		}
+		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp))
 	}
 	if err := os.Rename(tmp, dst); err != nil {
 		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp))

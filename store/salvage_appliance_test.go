@@ -137,6 +137,7 @@ func TestSalvageKeepsTheApplianceID(t *testing.T) {
 		dst := filepath.Join(t.TempDir(), "salvaged.db")
 		_, err := SalvageWith(bg, writeStore(t, slices.Clone(good)), dst, SalvageOptions{ApplianceID: "elsewhere"})
 		require.ErrorIs(t, err, ErrApplianceID)
+		assert.NotContains(t, err.Error(), "write ", "a refusal is not a failed write")
 		assert.NoFileExists(t, dst)
 	})
 	t.Run("given, malformed", func(t *testing.T) {
