@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -220,11 +221,24 @@ func FuzzUnlinkedRecords(f *testing.F) {
 // steps, and their tool calls, again.
 func TestSalvageHoldsRunsThatCameBackUnfinished(t *testing.T) {
 	steps, _ := stepsOnly(t)
+	// Thread t0's run pauses for a person: it is left to them, named. Its
+	// payload is large enough that the runs bucket gets a page of its own
+	// rather than live in the root page.
+	path := writeStore(t, steps)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	payload := json.RawMessage(`"` + strings.Repeat("x", 3000) + `"`)
+	require.NoError(t, d.Commit(bg, &engine.Commit{Sync: true, Run: &engine.Run{ID: "run-t0", Thread: "t0", Status: engine.StatusInterrupted,
+		Checkpoint: "0039", Steps: 13, Interrupts: []engine.PendingInterrupt{{ID: "i", Node: "review", Payload: payload}}}}))
+	require.NoError(t, d.Close())
+	steps, err = os.ReadFile(path)
+	require.NoError(t, err)
 	dst := filepath.Join(t.TempDir(), "salvaged.db")
 	rep, err := Salvage(bg, stepsCopy(t, steps, true), dst)
 	require.NoError(t, err)
 	got := records(t, dst)
-	d, err := Open(dst, Options{})
+	require.Contains(t, got[bucketRuns], "run-t0", "the paused run did not come back")
+	d, err = Open(dst, Options{})
 	require.NoError(t, err)
 	defer d.Close()
 	held := 0
@@ -234,6 +248,13 @@ func TestSalvageHoldsRunsThatCameBackUnfinished(t *testing.T) {
 		}
 		r, err := d.Run(bg, k)
 		require.NoError(t, err)
+		if k == "run-t0" {
+			assert.Equal(t, engine.StatusInterrupted, r.Status)
+			assert.Contains(t, rep.Lost, Problem{Bucket: bucketRuns, Key: k, Message: "came back interrupted from a page that nothing " +
+				"leads to any more; if it had ended since, that is lost. It waits for a person's decision as before; check its " +
+				"thread's history before resuming it"})
+			continue
+		}
 		assert.Equal(t, engine.StatusFailed, r.Status, "run %s: serve would resume it", k)
 		assert.True(t, strings.HasPrefix(r.Error, "salvage: "), r.Error)
 		assert.Contains(t, rep.Lost, Problem{Bucket: bucketRuns, Key: k, Message: "came back unfinished from a page that nothing leads to any more, " +
