@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"go.etcd.io/bbolt"
 
@@ -36,6 +38,34 @@ type SalvageReport struct {
 	// Check is db check of the new store: the references that the lost
 	// records leave dangling, a broken outcome chain.
 	Check *CheckReport `json:"check"`
+	// ApplianceID is the appliance ID the copy holds, the one its
+	// outcomes go upstream as; ApplianceFrom says where it was found
+	// (ApplianceFromStore and the others below).
+	ApplianceID   string `json:"appliance_id"`
+	ApplianceFrom string `json:"appliance_from"`
+}
+
+// Where a salvaged copy's appliance ID comes from: the store's own meta
+// bucket; where that is lost, the outcomes copied, which each carry the
+// ID they were chained under; the ID the operator gave
+// (SalvageOptions.ApplianceID); an older copy of the meta bucket on a page
+// that nothing leads to any more; or, where none of them names one, a new
+// ID, which a collector takes for another appliance.
+const (
+	ApplianceFromStore    = "store"
+	ApplianceFromOutcomes = "outcomes"
+	ApplianceFromOption   = "option"
+	ApplianceFromOldCopy  = "old-copy"
+	ApplianceFromNew      = "new"
+)
+
+// SalvageOptions tune SalvageWith.
+type SalvageOptions struct {
+	// ApplianceID is the appliance ID to give the copy when the store's
+	// own is lost and no outcome copied names it. One that differs from
+	// the ID the store or its outcomes name is refused (ErrApplianceID):
+	// the outcomes chained under that ID cannot move to another.
+	ApplianceID string
 }
 
 // MarshalJSON writes an empty Lost as [], not null, as CheckReport does
@@ -72,6 +102,16 @@ func (r *SalvageReport) OK() bool { return len(r.Lost) == 0 && r.Check != nil &&
 // ErrInUse; it is never written. dst must not exist; it appears whole or
 // not at all.
 func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
+	return SalvageWith(ctx, src, dst, SalvageOptions{})
+}
+
+// SalvageWith is Salvage with options.
+func SalvageWith(ctx context.Context, src, dst string, opts SalvageOptions) (*SalvageReport, error) {
+	if opts.ApplianceID != "" {
+		if err := validApplianceID(opts.ApplianceID); err != nil {
+			return nil, fmt.Errorf("salvage %s: %w", src, err)
+		}
+	}
 	if _, err := os.Stat(dst); err == nil {
 		return nil, fmt.Errorf("salvage into %s: %w", dst, os.ErrExist)
 	}
@@ -115,7 +155,7 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	var entries []salvageEntry
 	newWalk := func(m boltMeta) *salvageWalk {
 		return &salvageWalk{pageWalk: newPageWalk(f, m.pageSize, min(m.pgid, uint64(fi.Size())/m.pageSize)), rep: rep,
-			gaps: map[string][]keyRange{}}
+			gaps: map[string][]keyRange{}, applianceWant: opts.ApplianceID, applianceCopies: map[string]bool{}}
 	}
 	for i, m := range metas {
 		w = newWalk(m)
@@ -126,6 +166,10 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 		}
 		if err == nil {
 			rep.TxID = m.txid
+			// A newer transaction than the tree used may have been
+			// committed: its root page is lost, or its meta page is not
+			// whole.
+			w.newerLost = i > 0 || len(metas) < 2
 			break
 		}
 		if i == len(metas)-1 {
@@ -148,7 +192,10 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	tmp := dst + ".salvage"
 	_ = os.Remove(tmp) // a leftover of a salvage that did not finish
 	if err := w.copyInto(ctx, tmp, entries); err != nil {
-		return rep, errors.Join(fmt.Errorf("salvage %s: write %s: %w", src, tmp, err), os.Remove(tmp))
+		if !errors.Is(err, ErrApplianceID) { // a refusal, not a failed write
+			err = fmt.Errorf("write %s: %w", tmp, err)
+		}
+		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp))
 	}
 	if err := os.Rename(tmp, dst); err != nil {
 		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp))
@@ -162,6 +209,7 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("salvage %s: the copy %s does not open: %w", src, dst, err)
 	}
+	rep.ApplianceID = d.ApplianceID()
 	// The check's reads are not the salvage's progress.
 	rep.Check, err = d.Check(context.WithValue(ctx, progressKey{}, (*progress)(nil)))
 	if cerr := d.Close(); err == nil {
@@ -223,6 +271,13 @@ type salvageWalk struct {
 	// in them (unlinked.go).
 	gaps     map[string][]keyRange
 	rootLost bool
+	// applianceWant is SalvageOptions.ApplianceID; applianceCopies, the
+	// appliance IDs that older copies of the meta bucket found on those
+	// pages name (applianceCopies in unlinked.go).
+	applianceWant   string
+	applianceCopies map[string]bool
+	// newerLost says the tree walked is not the newest transaction's.
+	newerLost bool
 }
 
 // keyRange is the keys from lo up to hi, hi left out; a nil bound is
@@ -301,8 +356,13 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 				w.lostRange(name, nil, nil)
 			}
 		}
-		if w.rootLost || len(w.gaps) > 0 {
+		switch {
+		case w.rootLost || len(w.gaps) > 0:
 			if err := w.copyUnlinked(ctx, out); err != nil {
+				return err
+			}
+		case w.newerLost:
+			if err := w.newerOutcomes(ctx, out); err != nil {
 				return err
 			}
 		}
@@ -426,9 +486,8 @@ func recordFault(name string, k, v []byte) error {
 
 // keepFormat makes sure the copy names its format, which Open needs: when
 // the format records are lost, the copy is stamped with this binary's
-// version (the records of versions 3 and 4 are all read by it). A lost
-// appliance ID is reported: Open makes a new one, and the collector then
-// sees a new appliance.
+// version (the records of versions 3 and 4 are all read by it). It then
+// gives the copy its appliance ID (keepAppliance).
 func (w *salvageWalk) keepFormat(tx *bbolt.Tx) error {
 	meta, err := tx.CreateBucketIfNotExists([]byte(bucketMeta))
 	if err != nil {
@@ -443,10 +502,103 @@ func (w *salvageWalk) keepFormat(tx *bbolt.Tx) error {
 		}
 		w.lost(bucketMeta, nil, "the format records are lost; the copy is stamped format version %d", formatVersion)
 	}
-	if meta.Get(metaAppliance) == nil {
-		w.lost(bucketMeta, nil, "the appliance ID is lost; the copy gets a new one, and a collector will see a new appliance")
+	if err := w.keepAppliance(tx, meta); err != nil {
+		return err
 	}
+	w.cursorPastLedger(tx)
 	return nil
+}
+
+// cursorPastLedger reports an uplink cursor that the copy's ledger does
+// not reach: the collector acknowledged outcomes that the copy lost. Their
+// seqs are free in the copy, so the next outcomes would take them under
+// other hashes, and the collector refuses those as a fork of the
+// appliance's chain; until the ledger passes the cursor, they are not even
+// sent.
+func (w *salvageWalk) cursorPastLedger(tx *bbolt.Tx) {
+	b := tx.Bucket([]byte(bucketUplink))
+	if b == nil || b.Get(cursorKey) == nil {
+		return
+	}
+	acked, err := decodeCursor(b.Get(cursorKey))
+	if err != nil {
+		return // left out as it is, or reported by the check of the copy
+	}
+	var last uint64
+	if o := tx.Bucket([]byte(bucketOutcomes)); o != nil {
+		if k, _ := o.Cursor().Last(); len(k) == 8 {
+			last = beUint64(k)
+		}
+	}
+	if acked > last {
+		w.lost(bucketOutcomes, nil, "the collector acknowledged outcomes up to seq %d, but the copy's ledger ends at %d: "+
+			"outcomes %d to %d are lost here though the collector holds them, and the outcomes the copy appends next would take "+
+			"their seqs, which the collector refuses as a fork of this appliance's chain. Restore a backup that holds them "+
+			"rather than use this copy, if there is one", acked, last, last+1, acked)
+	}
+}
+
+// keepAppliance gives the copy the appliance ID that its outcomes go
+// upstream as. The collector knows an appliance by that ID, and takes a
+// batch only when each of its records carries it: a copy under a new ID
+// could send nothing the ledger holds, and its new outcomes would start a
+// second appliance whose chain does not begin at the genesis hash. Where
+// the store's own record of the ID is lost, the ID is taken from the
+// outcomes copied (they were chained under it, and an ID cannot change
+// once there are outcomes), else from the operator, else from older copies
+// of the meta bucket when they all name one. Where nothing names it, Open
+// makes a new one, and the report says how to give the right one.
+func (w *salvageWalk) keepAppliance(tx *bbolt.Tx, meta *bbolt.Bucket) error {
+	stored, chained := string(meta.Get(metaAppliance)), ledgerAppliance(tx)
+	for _, named := range []struct{ id, by string }{{stored, "the store names"}, {chained, "the outcomes copied carry"}} {
+		if w.applianceWant != "" && named.id != "" && named.id != w.applianceWant {
+			return fmt.Errorf("%w: %s appliance ID %q, not %q: salvage without --appliance-id to keep %q",
+				ErrApplianceID, named.by, named.id, w.applianceWant, named.id)
+		}
+	}
+	copies := slices.Sorted(maps.Keys(w.applianceCopies))
+	id, from := stored, ApplianceFromStore
+	switch {
+	case stored != "":
+	case chained != "":
+		id, from = chained, ApplianceFromOutcomes
+	case w.applianceWant != "":
+		id, from = w.applianceWant, ApplianceFromOption
+	case len(copies) == 1:
+		id, from = copies[0], ApplianceFromOldCopy
+	case len(copies) > 1:
+		w.lost(bucketMeta, nil, "the appliance ID is lost, no outcome copied names it, and older copies of the meta bucket name %d (%s): "+
+			"the copy gets a new one, which a collector takes for another appliance. Salvage again with --appliance-id ID, "+
+			"the ID this appliance sends its outcomes as (serve's --appliance-id, or the collector's list of appliances)",
+			len(copies), strings.Join(copies, ", "))
+		from = ApplianceFromNew
+	default:
+		w.lost(bucketMeta, nil, "the appliance ID is lost, and nothing left in the file names it: the copy gets a new one, "+
+			"which a collector takes for another appliance. If this appliance has sent outcomes upstream, salvage again with "+
+			"--appliance-id ID, the ID it sends them as (serve's --appliance-id, or the collector's list of appliances)")
+		from = ApplianceFromNew
+	}
+	w.rep.ApplianceFrom = from
+	if id == "" || id == stored {
+		return nil
+	}
+	return meta.Put(metaAppliance, []byte(id))
+}
+
+// ledgerAppliance returns the appliance ID that the newest outcome of the
+// copy that decodes carries, "" when none does.
+func ledgerAppliance(tx *bbolt.Tx) string {
+	b := tx.Bucket([]byte(bucketOutcomes))
+	if b == nil {
+		return ""
+	}
+	c := b.Cursor()
+	for k, v := c.Last(); k != nil; k, v = c.Prev() {
+		if o, _, err := decodeOutcome(v); err == nil && validApplianceID(o.ApplianceID) == nil {
+			return o.ApplianceID
+		}
+	}
+	return ""
 }
 
 // tree reads the page tree at id, whose keys lie from lo up to hi,

@@ -8,8 +8,11 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
 )
 
 // When a truncation or a damaged page takes a page of the tree that names
@@ -33,9 +36,10 @@ import (
 //     that cannot be ordered are reported and all left out;
 //   - it is not a run record that says the run is unfinished when the
 //     run's outcome index entry or outcome says it ended. An unfinished
-//     run record that is copied is reported too: where its newer versions
-//     and its outcome are all lost, nothing says it ended, and serve would
-//     resume it.
+//     run record that is copied is reported too, and copied as failed
+//     (holdRun): where its newer versions and its outcome are all lost,
+//     nothing says it ended, and serve would resume it from a thread head
+//     that may be older than its last commit, or lost.
 //
 // bbolt keeps no list of free pages in a store's file (NoFreelistSync),
 // and a free page keeps what a transaction replaced, so an unlinked page
@@ -47,7 +51,9 @@ import (
 //
 // Entries with no checksum of their own (the branches markers, the blob
 // index, the meta bucket's) are not taken from unlinked pages: nothing
-// says they are current. Where the blob index could not be read, the copy's
+// says they are current. The appliance ID that older copies of the meta
+// bucket name is the one exception, and only where the copy has no better
+// word for it (keepAppliance in salvage.go). Where the blob index could not be read, the copy's
 // is made anew from its blob log (rebuildBlobIndex).
 
 // unlinkedBuckets are the buckets whose records can be recognized on
@@ -74,12 +80,8 @@ type foundRecord struct {
 // recent bucket). Anything else (a branch page, a page that is not whole,
 // an element that reads as no record or as more than one) is passed over.
 func unlinkedRecords(b []byte) []foundRecord {
-	branch, count, err := pageElements(b, "", false)
-	if err != nil || branch {
-		return nil
-	}
-	entries, err := leafEntries(b, count, "")
-	if err != nil {
+	entries, ok := leafPageEntries(b, false)
+	if !ok {
 		return nil
 	}
 	var recs []foundRecord
@@ -90,17 +92,9 @@ func unlinkedRecords(b []byte) []foundRecord {
 			}
 			continue
 		}
-		if len(e.v) < inBucketSize || binary.LittleEndian.Uint64(e.v) != 0 {
+		inner, ok := inlineEntries(e)
+		if !ok {
 			continue // a bucket with pages of its own, which the scan reads
-		}
-		inline := e.v[inBucketSize:]
-		_, count, err := pageElements(inline, "", true)
-		if err != nil {
-			continue
-		}
-		inner, err := leafEntries(inline, count, "")
-		if err != nil {
-			continue
 		}
 		for _, r := range inner {
 			if name, ok := recognize(r.k, r.v); ok && !r.bucket && (name == string(e.k) || name == bucketCheckpoints && string(e.k) == bucketRecent) {
@@ -109,6 +103,73 @@ func unlinkedRecords(b []byte) []foundRecord {
 		}
 	}
 	return recs
+}
+
+// applianceCopies returns the appliance IDs that the copies of the meta
+// bucket held in the leaf page b name: the page's own elements when they
+// are a meta bucket's, and the inline meta bucket a root page holds. A
+// meta bucket is known by its format record, since its entries carry no
+// checksum; the page bbolt freed when a transaction replaced it still
+// holds it. Anything else names none.
+func applianceCopies(b []byte) []string {
+	entries, ok := leafPageEntries(b, false)
+	if !ok {
+		return nil
+	}
+	if id, ok := metaApplianceOf(entries); ok {
+		return []string{id}
+	}
+	var ids []string
+	for _, e := range entries {
+		if string(e.k) != bucketMeta {
+			continue
+		}
+		if inner, ok := inlineEntries(e); ok {
+			if id, ok := metaApplianceOf(inner); ok {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+// leafPageEntries returns the elements of the leaf page held in b (an
+// inline bucket's page when inline), or false when b holds no whole leaf
+// page.
+func leafPageEntries(b []byte, inline bool) ([]salvageEntry, bool) {
+	branch, count, err := pageElements(b, "", inline)
+	if err != nil || branch {
+		return nil, false
+	}
+	entries, err := leafEntries(b, count, "")
+	return entries, err == nil
+}
+
+// inlineEntries returns the elements of the bucket that the leaf element e
+// holds inline, or false when e is no inline bucket, or a damaged one.
+func inlineEntries(e salvageEntry) ([]salvageEntry, bool) {
+	if !e.bucket || len(e.v) < inBucketSize || binary.LittleEndian.Uint64(e.v) != 0 {
+		return nil, false
+	}
+	return leafPageEntries(e.v[inBucketSize:], true)
+}
+
+// metaApplianceOf returns the appliance ID that entries name when they are
+// a meta bucket's: they hold this store's format record and no bucket.
+func metaApplianceOf(entries []salvageEntry) (string, bool) {
+	var format bool
+	var id string
+	for _, e := range entries {
+		switch {
+		case e.bucket:
+			return "", false
+		case bytes.Equal(e.k, metaFormat):
+			format = string(e.v) == formatName
+		case bytes.Equal(e.k, metaAppliance):
+			id = string(e.v)
+		}
+	}
+	return id, format && validApplianceID(id) == nil
 }
 
 // recognize returns the one bucket whose record k and v are, or false when
@@ -177,7 +238,11 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 		if w.reached(id) {
 			continue
 		}
-		for _, r := range unlinkedRecords(w.unlinkedPage(id)) {
+		page := w.unlinkedPage(id)
+		for _, a := range applianceCopies(page) {
+			w.applianceCopies[a] = true
+		}
+		for _, r := range unlinkedRecords(page) {
 			if !w.unreached(r.bucket, r.k) && (r.bucket != bucketCheckpoints || !w.unreached(bucketRecent, r.k)) {
 				continue
 			}
@@ -225,9 +290,17 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 				w.lost(name, []byte(k), "found only as an older version, from before the run ended (its outcome is stored): left out")
 				continue
 			case name == bucketRuns && !isOutcomeIndexKey([]byte(k)) && !runEnded(v):
-				// Kept, and named: a version that has ended may be lost
-				// with nothing left to say so, and serve resumes the run.
-				w.lost(name, []byte(k), "came back unfinished from a page that nothing leads to any more; if it had ended since, that is lost, and serve will resume it from its last checkpoint")
+				var held bool
+				if v, held = holdRun(v); held {
+					w.lost(name, []byte(k), "came back unfinished from a page that nothing leads to any more, where a newer version, "+
+						"and the thread's newest checkpoint, may be lost: resumed, it could run a committed step or a tool call again. "+
+						"It is copied as failed, so that serve does not resume it; to go on from where it stood, fork its thread at its "+
+						"newest checkpoint (outpost runs fork THREAD --checkpoint ID; outpost runs history THREAD lists the checkpoints, "+
+						"or, where the thread's head is lost, db check of the copy names them)")
+				} else {
+					w.lost(name, []byte(k), "came back interrupted from a page that nothing leads to any more; if it had ended since, "+
+						"that is lost. It waits for a person's decision as before; check its thread's history before resuming it")
+				}
 			}
 			p.read()
 			if batch = append(batch, salvageEntry{k: []byte(k), v: v}); len(batch) == salvageBatch {
@@ -244,6 +317,58 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 	if w.rootLost || len(w.gaps[bucketBlobIndex]) > 0 {
 		return out.Update(rebuildBlobIndex)
 	}
+	return nil
+}
+
+// newerOutcomes reports the outcomes that continue the copy's ledger on
+// pages the walk did not reach, when the tree walked is an older
+// transaction's than the newest: a newer transaction wrote them, which
+// is lost, or never committed. They are not copied: the rest of that
+// transaction (its runs' last records and checkpoints) is lost with its
+// root, and an outcome without it would have serve run its run again,
+// to a second outcome. The tree walked is whole, as after a crash before
+// that commit; but the uplink may have sent those outcomes, and then the
+// collector refuses the copy's next ones, which take their seqs, as a
+// fork.
+func (w *salvageWalk) newerOutcomes(ctx context.Context, out *bbolt.DB) error {
+	var last uint64
+	err := out.View(func(tx *bbolt.Tx) error {
+		if b := tx.Bucket([]byte(bucketOutcomes)); b != nil {
+			if k, _ := b.Cursor().Last(); len(k) == 8 {
+				last = beUint64(k)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var seqs []uint64
+	for id := uint64(2); id < w.pgid; id++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if w.reached(id) {
+			continue
+		}
+		for _, r := range unlinkedRecords(w.unlinkedPage(id)) {
+			if r.bucket != bucketOutcomes {
+				continue // an outcome's key is its seq, 8 bytes (keyFits)
+			}
+			if seq := beUint64(r.k); seq > last && !slices.Contains(seqs, seq) {
+				seqs = append(seqs, seq)
+			}
+		}
+	}
+	if len(seqs) == 0 {
+		return nil
+	}
+	slices.Sort(seqs)
+	w.lost(bucketOutcomes, nil, "outcomes %d to %d, after the copy's ledger ends at %d, are on pages that a newer transaction wrote, "+
+		"which is lost (or never committed); they are not copied, since the rest of that transaction is lost with them. "+
+		"If the uplink sent them (the collector's list of appliances gives the last seq it holds), "+
+		"the collector refuses the copy's next outcomes, which take their seqs, as a fork: restore a backup that holds them "+
+		"rather than use this copy, if there is one", seqs[0], seqs[len(seqs)-1], last)
 	return nil
 }
 
@@ -408,6 +533,26 @@ func cmpUint(a, b uint64) int {
 		return -1
 	}
 	return 0
+}
+
+// holdRun returns the run record v, found on a page that nothing leads to
+// any more and saying the run is unfinished, as one that serve does not
+// resume, and true; an interrupted run is left as it is (it waits for a
+// person already), and false. Resuming starts from the thread's head as
+// the copy has it, which may be older than the run's last commit, or lost
+// (then the run starts over from nothing): steps committed after it would
+// run again, and a tool call whose record is lost would repeat its side
+// effect. Failed, the run stays readable, with its checkpoints, and its
+// thread is free.
+func holdRun(v []byte) ([]byte, bool) {
+	r, err := decodeRunRecord(v)
+	if err != nil || r.Status == engine.StatusInterrupted {
+		return v, false
+	}
+	r.Status, r.EndedAt = engine.StatusFailed, time.Now().UTC()
+	r.Error = "salvage: this run came back unfinished from a damaged store, where its newer state may be lost; not resumed " +
+		"(fork its thread at its newest checkpoint to go on)"
+	return encodeRunRecord(r), true
 }
 
 // runEnded reports whether the run record v says the run has ended.

@@ -3,13 +3,18 @@ package store
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
 )
 
 // backupFixture is a db backup of salvageFixture's store, whose runs each
@@ -138,12 +143,22 @@ func TestSalvageFindsRecordsNothingLeadsTo(t *testing.T) {
 
 			// A record that is rewritten may come back as an older version
 			// where its newest is lost. Every run ended: one that comes
-			// back unfinished is named, and never while its outcome index
-			// entry, which says it ended, is still in the file.
+			// back unfinished is named and copied as failed, so that serve
+			// does not resume it from a head that may be older than its
+			// last commit, and never while its outcome index entry, which
+			// says it ended, is still in the file.
+			var held []string
 			for k, v := range got[bucketRuns] {
-				if isOutcomeIndexKey([]byte(k)) || runEnded(v) {
+				if isOutcomeIndexKey([]byte(k)) {
 					continue
 				}
+				r, err := decodeRunRecord(v)
+				require.NoError(t, err)
+				require.True(t, r.Status.Terminal(), "run %s came back %s: serve would resume it", k, r.Status)
+				if !strings.HasPrefix(r.Error, "salvage: ") {
+					continue
+				}
+				assert.Equal(t, engine.StatusFailed, r.Status)
 				idx := outcomeIndexKey(k)
 				assert.False(t, bytes.Contains(kept, append(idx, want[bucketRuns][string(idx)]...)),
 					"run %s came back unfinished, though its outcome index entry says it ended", k)
@@ -153,8 +168,12 @@ func TestSalvageFindsRecordsNothingLeadsTo(t *testing.T) {
 					assert.False(t, out.Run == k && bytes.Contains(kept, append([]byte(seq), o...)),
 						"run %s came back unfinished, though its outcome says it ended", k)
 				}
-				assert.Contains(t, rep.Lost, Problem{Bucket: bucketRuns, Key: k, Message: "came back unfinished from a page that nothing leads to any more; " +
-					"if it had ended since, that is lost, and serve will resume it from its last checkpoint"})
+				assert.Contains(t, rep.Lost, Problem{Bucket: bucketRuns, Key: k, Message: "came back unfinished from a page that nothing leads to any more, " +
+					"where a newer version, and the thread's newest checkpoint, may be lost: resumed, it could run a committed step or a tool call again. " +
+					"It is copied as failed, so that serve does not resume it; to go on from where it stood, fork its thread at its " +
+					"newest checkpoint (outpost runs fork THREAD --checkpoint ID; outpost runs history THREAD lists the checkpoints, " +
+					"or, where the thread's head is lost, db check of the copy names them)"})
+				held = append(held, k)
 			}
 			for k, v := range got[bucketHeads] {
 				id, err := decodeHead(v)
@@ -166,7 +185,13 @@ func TestSalvageFindsRecordsNothingLeadsTo(t *testing.T) {
 
 			d, err := Open(dst, Options{})
 			require.NoError(t, err)
-			require.NoError(t, d.Close())
+			defer d.Close()
+			for _, id := range held {
+				r, err := d.Run(bg, id)
+				require.NoError(t, err)
+				assert.Equal(t, engine.StatusFailed, r.Status)
+			}
+			t.Logf("runs copied as failed: %v", held)
 		})
 	}
 }
@@ -186,4 +211,91 @@ func FuzzUnlinkedRecords(f *testing.F) {
 			require.Equal(t, r.bucket, name)
 		}
 	})
+}
+
+// A run that comes back unfinished from a page that nothing leads to is
+// copied as failed, and named: serve would resume it from the thread's
+// head as the copy has it, which may be older than the run's last commit
+// or, as here, lost with the root page that held the heads bucket inline,
+// so that the run would start over from nothing and run its committed
+// steps, and their tool calls, again.
+func TestSalvageHoldsRunsThatCameBackUnfinished(t *testing.T) {
+	steps, _ := stepsOnly(t)
+	// Thread t0's run pauses for a person: it is left to them, named. Its
+	// payload is large enough that the runs bucket gets a page of its own
+	// rather than live in the root page.
+	path := writeStore(t, steps)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	payload := json.RawMessage(`"` + strings.Repeat("x", 3000) + `"`)
+	require.NoError(t, d.Commit(bg, &engine.Commit{Sync: true, Run: &engine.Run{ID: "run-t0", Thread: "t0", Status: engine.StatusInterrupted,
+		Checkpoint: "0039", Steps: 13, Interrupts: []engine.PendingInterrupt{{ID: "i", Node: "review", Payload: payload}}}}))
+	require.NoError(t, d.Close())
+	steps, err = os.ReadFile(path)
+	require.NoError(t, err)
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, stepsCopy(t, steps, true), dst)
+	require.NoError(t, err)
+	got := records(t, dst)
+	require.Contains(t, got[bucketRuns], "run-t0", "the paused run did not come back")
+	d, err = Open(dst, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	held := 0
+	for k := range got[bucketRuns] {
+		if isOutcomeIndexKey([]byte(k)) {
+			continue
+		}
+		r, err := d.Run(bg, k)
+		require.NoError(t, err)
+		if k == "run-t0" {
+			assert.Equal(t, engine.StatusInterrupted, r.Status)
+			assert.Contains(t, rep.Lost, Problem{Bucket: bucketRuns, Key: k, Message: "came back interrupted from a page that nothing " +
+				"leads to any more; if it had ended since, that is lost. It waits for a person's decision as before; check its " +
+				"thread's history before resuming it"})
+			continue
+		}
+		assert.Equal(t, engine.StatusFailed, r.Status, "run %s: serve would resume it", k)
+		assert.True(t, strings.HasPrefix(r.Error, "salvage: "), r.Error)
+		assert.Contains(t, rep.Lost, Problem{Bucket: bucketRuns, Key: k, Message: "came back unfinished from a page that nothing leads to any more, " +
+			"where a newer version, and the thread's newest checkpoint, may be lost: resumed, it could run a committed step or a tool call again. " +
+			"It is copied as failed, so that serve does not resume it; to go on from where it stood, fork its thread at its " +
+			"newest checkpoint (outpost runs fork THREAD --checkpoint ID; outpost runs history THREAD lists the checkpoints, " +
+			"or, where the thread's head is lost, db check of the copy names them)"})
+		held++
+	}
+	require.NotZero(t, held, "no run came back")
+	unfinished, err := d.Runs(bg, engine.RunFilter{Status: engine.StatusRunning})
+	require.NoError(t, err)
+	assert.Empty(t, unfinished)
+}
+
+// When the newest transaction's root page is lost and the older meta
+// page's tree is whole, salvage copies that tree, as after a crash before
+// the newest commit, and names the outcomes the lost transaction appended
+// that are still in the file: the uplink may have sent them. Before,
+// nothing said so.
+func TestSalvageNamesTheOutcomesOfALostTransaction(t *testing.T) {
+	src, want := salvageFixture(t)
+	b, err := os.ReadFile(src)
+	require.NoError(t, err)
+	ps := int(binary.LittleEndian.Uint32(b[metaOffset+8:]))
+	newest, older := readMeta(b), readMeta(b[ps:])
+	if older.txid > newest.txid {
+		newest, older = older, newest
+	}
+	clear(b[int(newest.root)*ps : int(newest.root+1)*ps])
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, writeStore(t, b), dst)
+	require.NoError(t, err)
+	require.Equal(t, older.txid, rep.TxID)
+	all := len(want[bucketOutcomes])
+	kept := len(records(t, dst)[bucketOutcomes])
+	require.Less(t, kept, all, "the lost transaction appended no outcome")
+	assert.Contains(t, rep.Lost, Problem{Bucket: bucketOutcomes, Message: fmt.Sprintf(
+		"outcomes %d to %d, after the copy's ledger ends at %d, are on pages that a newer transaction wrote, which is lost "+
+			"(or never committed); they are not copied, since the rest of that transaction is lost with them. If the uplink "+
+			"sent them (the collector's list of appliances gives the last seq it holds), the collector refuses the copy's "+
+			"next outcomes, which take their seqs, as a fork: restore a backup that holds them rather than use this copy, if there is one",
+		kept+1, all, kept)})
 }

@@ -40,7 +40,8 @@ const dbUsage = `Usage: outpost db <check|backup|compact|prune|salvage> [flags]
                      blob is kept for at least 24h, whatever D)
   salvage FILE       copy every record that can still be read from a damaged store (one that
                      will not open, or that check finds pages of) into a new store FILE, and
-                     say what was lost (stop serve first; the store itself is not changed)
+                     say what was lost (stop serve first; the store itself is not changed);
+                     --appliance-id ID gives the copy the appliance ID where nothing left names it
 
 Every subcommand takes --data DIR and --json; "outpost db SUBCOMMAND -h" lists its flags.
 Under --json, results go to stdout as JSON and errors to stderr as text, with a non-zero exit.
@@ -66,7 +67,11 @@ Interrupted, it leaves the store as it was.`},
 	"prune": {synopsis: "--older-than D", about: `Drop the intermediate checkpoints of finished threads idle for --older-than, then collect
 the blobs nothing names (a blob is kept for at least 24h, whatever --older-than).`},
 	"salvage": {arg: "FILE", about: `Copy every record that can still be read from a damaged store into a new store FILE,
-and say what was lost. Stop serve first; the store itself is not changed.`},
+and say what was lost. Stop serve first; the store itself is not changed.
+The copy keeps the appliance ID its outcomes go upstream as. Where the store's record of it
+is lost, it is taken from the outcomes copied, else from --appliance-id, else from an older
+copy of the store's meta records; where nothing names it, the copy gets a new one, and the
+report says so.`},
 }
 
 func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -90,11 +95,13 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	data := dataFlag(fs.FlagSet)
 	fs.Lookup("data").Usage = "the data folder `DIR` (or set $OUTPOST_DATA)"
 	asJSON := fs.Bool("json", false, "print JSON")
-	var file string
+	var file, applianceID string
 	var olderThan age
 	switch name {
 	case "check":
 		fs.StringVar(&file, "file", "", "check the store file `FILE`, such as a backup, instead of the data folder's (read-only)")
+	case "salvage":
+		fs.StringVar(&applianceID, "appliance-id", "", "the appliance `ID` to give the copy when the store's own is lost and no outcome copied names it")
 	case "prune":
 		fs.Var(&olderThan, "older-than", "prune the finished threads whose newest checkpoint is older than `D`: 720h, 30d, 1d12h, 90m; 0s takes every one")
 	}
@@ -139,7 +146,7 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		return dbPrune(ctx, *data, olderThan.d, *asJSON, stdout, stderr)
 	}
-	return dbSalvage(ctx, *data, dst, *asJSON, stdout, stderr)
+	return dbSalvage(ctx, *data, dst, store.SalvageOptions{ApplianceID: applianceID}, *asJSON, stdout, stderr)
 }
 
 // flagGiven reports whether the command line set the flag name.
@@ -563,7 +570,7 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 	return nil
 }
 
-func dbSalvage(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr io.Writer) error {
+func dbSalvage(ctx context.Context, dir, dst string, opts store.SalvageOptions, asJSON bool, stdout, stderr io.Writer) error {
 	src, err := storeFile(dir)
 	if err != nil {
 		return err
@@ -571,7 +578,7 @@ func dbSalvage(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr
 	if err := newFileAt(dst); err != nil {
 		return err
 	}
-	rep, err := store.Salvage(withProgress(ctx, "salvage", "copied", stderr), src, dst)
+	rep, err := store.SalvageWith(withProgress(ctx, "salvage", "copied", stderr), src, dst, opts)
 	if errors.Is(err, store.ErrInUse) {
 		return fmt.Errorf("%w: salvage reads the store file itself; stop serve first", err)
 	}
@@ -602,6 +609,9 @@ func dbSalvage(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr
 				fmt.Fprintf(stdout, "PROBLEM in the copy: %s\n", p)
 			}
 		}
+		if line := applianceLine(rep); line != "" {
+			fmt.Fprintln(stdout, line)
+		}
 		if rep.OK() {
 			fmt.Fprintln(stdout, "nothing was lost, and the copy checks clean")
 		}
@@ -615,6 +625,23 @@ func dbSalvage(ctx context.Context, dir, dst string, asJSON bool, stdout, stderr
 		return fmt.Errorf("the copy is not whole: %d part(s) lost, %d problem(s) in the copy", len(rep.Lost), problems)
 	}
 	return nil
+}
+
+// applianceLine says where a salvaged copy's appliance ID came from when
+// it is not the store's own record of it.
+func applianceLine(rep *store.SalvageReport) string {
+	switch rep.ApplianceFrom {
+	case store.ApplianceFromOutcomes:
+		return fmt.Sprintf("the appliance ID was lost; the copy keeps %s, the ID its outcomes carry", rep.ApplianceID)
+	case store.ApplianceFromOption:
+		return fmt.Sprintf("the appliance ID was lost; the copy takes %s, as --appliance-id gives", rep.ApplianceID)
+	case store.ApplianceFromOldCopy:
+		return fmt.Sprintf("the appliance ID was lost; the copy takes %s, which an older copy of the store's meta records names "+
+			"(if this appliance sends its outcomes as another ID, salvage again with --appliance-id ID)", rep.ApplianceID)
+	case store.ApplianceFromNew:
+		return fmt.Sprintf("the copy's new appliance ID is %s", rep.ApplianceID)
+	}
+	return ""
 }
 
 func sum(counts map[string]int) int {

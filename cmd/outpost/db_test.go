@@ -420,7 +420,7 @@ func TestDBHelp(t *testing.T) {
 		{"backup", "Usage: outpost db backup [flags] FILE\n", []string{"-data DIR", "-json"}},
 		{"compact", "Usage: outpost db compact [flags]\n", []string{"-data DIR", "-json"}},
 		{"prune", "Usage: outpost db prune --older-than D [flags]\n", []string{"-data DIR", "-json", "-older-than D"}},
-		{"salvage", "Usage: outpost db salvage [flags] FILE\n", []string{"-data DIR", "-json"}},
+		{"salvage", "Usage: outpost db salvage [flags] FILE\n", []string{"-data DIR", "-json", "-appliance-id ID"}},
 	} {
 		for _, h := range []string{"-h", "--help"} {
 			code, stdout, stderr := outpost(t, "db", tc.sub, h)
