@@ -43,6 +43,12 @@ type SalvageReport struct {
 	// (ApplianceFromStore and the others below).
 	ApplianceID   string `json:"appliance_id"`
 	ApplianceFrom string `json:"appliance_from"`
+	// HeadsRebuilt counts the namespaces whose heads entry was lost, or
+	// found only on a page that nothing leads to any more, and whose
+	// leaves are recorded anew from the checkpoints copied (rebuildHeads),
+	// so that their history lists them and a new run goes on from the
+	// newest.
+	HeadsRebuilt int `json:"heads_rebuilt"`
 }
 
 // Where a salvaged copy's appliance ID comes from: the store's own meta
@@ -366,7 +372,10 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 				return err
 			}
 		}
-		return out.Update(w.keepFormat)
+		if err := out.Update(w.keepFormat); err != nil {
+			return err
+		}
+		return out.Update(w.rebuildLost)
 	}()
 	return errors.Join(err, out.Close())
 }

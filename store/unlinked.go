@@ -54,7 +54,9 @@ import (
 // says they are current. The appliance ID that older copies of the meta
 // bucket name is the one exception, and only where the copy has no better
 // word for it (keepAppliance in salvage.go). Where the blob index could not be read, the copy's
-// is made anew from its blob log (rebuildBlobIndex).
+// is made anew from its blob log (rebuildBlobIndex), and the heads of
+// the namespaces whose heads entry is lost from its checkpoints
+// (rebuildHeads).
 
 // unlinkedBuckets are the buckets whose records can be recognized on
 // their own, in the order they are copied: the ledger before the runs,
@@ -313,9 +315,6 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 		if err := w.putUnlinked(out, name, batch); err != nil {
 			return err
 		}
-	}
-	if w.rootLost || len(w.gaps[bucketBlobIndex]) > 0 {
-		return out.Update(rebuildBlobIndex)
 	}
 	return nil
 }
@@ -601,14 +600,24 @@ func endedRuns(out *bbolt.DB, found map[string][][]byte) (map[string]bool, error
 
 // rebuildBlobIndex indexes every blob of the copy's log at or below the
 // indexed mark that its index lacks, as the lost part of the index did.
+// Where the mark is lost, every blob of the log is indexed, and the mark
+// set at the log's sequence, as migrateBlobs does.
 func rebuildBlobIndex(tx *bbolt.Tx) error {
 	log := tx.Bucket([]byte(bucketBlobLog))
 	if log == nil || tx.Bucket([]byte(bucketMeta)) == nil {
-		return nil // no mark: every blob is above it
+		return nil // no blob, or no meta bucket to hold a mark
 	}
 	mark, err := indexedMark(tx)
-	if err != nil || mark == 0 {
+	if err != nil {
 		return nil // db check of the copy names a malformed mark
+	}
+	if mark == 0 {
+		if mark = log.Sequence(); mark == 0 {
+			return nil
+		}
+		if err := bucket(tx, bucketMeta).Put(metaBlobIndexed, binary.BigEndian.AppendUint64(nil, mark)); err != nil {
+			return err
+		}
 	}
 	index, err := tx.CreateBucketIfNotExists([]byte(bucketBlobIndex))
 	if err != nil {

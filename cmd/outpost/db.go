@@ -601,6 +601,10 @@ func dbSalvage(ctx context.Context, dir, dst string, opts store.SalvageOptions, 
 			fmt.Fprintf(stdout, "of them, %d found on pages that nothing led to any more (%s): "+
 				"where a record's newest version was lost, an older one may be back\n", sum(rep.Unlinked), countsText(rep.Unlinked))
 		}
+		if rep.HeadsRebuilt > 0 {
+			fmt.Fprintf(stdout, "the heads of %d thread namespace(s) were lost with the page that held them: "+
+				"each is recorded anew as its newest checkpoint copied\n", rep.HeadsRebuilt)
+		}
 		for _, p := range rep.Lost {
 			fmt.Fprintf(stdout, "LOST %s\n", p)
 		}

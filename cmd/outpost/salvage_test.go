@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -87,4 +88,102 @@ func TestSalvagedStoreGoesOnUpstream(t *testing.T) {
 	assert.Equal(t, before.ApplianceID, list[0].ApplianceID)
 	assert.Equal(t, before.LastSeq+1, list[0].LastSeq)
 	assert.Equal(t, "ok", list[0].Chain)
+}
+
+// conversation returns the encoded messages that thread's newest
+// checkpoint holds, joined along its parent chain: the conversation the
+// next turn sees.
+func conversation(t *testing.T, data, thread string) []byte {
+	t.Helper()
+	d, err := store.Open(filepath.Join(data, store.FileName), store.Options{ReadOnly: true})
+	require.NoError(t, err)
+	defer d.Close()
+	h, err := d.History(context.Background(), thread, "", "", 0)
+	require.NoError(t, err)
+	var all []byte
+	for _, c := range h {
+		for _, ch := range c.Channels {
+			if ch.Channel != "messages" {
+				continue
+			}
+			v := ch.Value.Inline
+			if v == nil {
+				v, err = d.Blob(context.Background(), ch.Value.Blob)
+				require.NoError(t, err)
+			}
+			all = append(append(all, v...), '\n')
+		}
+	}
+	return all
+}
+
+// A store whose root page is lost, salvaged with the binary, keeps each
+// thread's conversation: salvage records the heads anew from the
+// checkpoints it copies, so a new turn goes on from the thread's newest
+// checkpoint, and db check of the copy is clean. Before, the heads were
+// lost with the root page: the new turn started from an empty state, and
+// db check named every copied checkpoint as one History does not list.
+func TestSalvagedStoreKeepsTheConversation(t *testing.T) {
+	app := t.TempDir()
+	const first = "what does the guide say about storing insulin"
+	// Enough turns that the checkpoints fill pages of their own, which
+	// the root page only leads to.
+	for i := range 12 {
+		input := first
+		if i > 0 {
+			input = fmt.Sprintf("question %d: and how long does an open pen keep", i)
+		}
+		code, _, errs := outpost(t, "run", "--agent", "reference", "--data", app, "--thread", "t1", input)
+		require.Zero(t, code, errs)
+	}
+	require.Contains(t, string(conversation(t, app, "t1")), first)
+	code, out, errs := outpostBin(t, "", "runs", "history", "t1", "--data", app, "--json", "--limit", "1000")
+	require.Zero(t, code, errs)
+	var before struct{ Checkpoints []store.HistoryEntry }
+	require.NoError(t, json.Unmarshal([]byte(out), &before))
+
+	// Compacted, the store keeps no free page that holds an older root
+	// page, and its heads with it: the heads are lost with the root.
+	code, out, errs = outpostBin(t, "", "db", "compact", "--data", app)
+	require.Zero(t, code, out+errs)
+	db := filepath.Join(app, store.FileName)
+	zeroRootPages(t, db)
+	copied := filepath.Join(t.TempDir(), "salvaged.db")
+	code, out, errs = outpostBin(t, "", "db", "salvage", "--data", app, "--json", copied)
+	require.Equal(t, 1, code, out+errs) // the root page is lost
+	var rep store.SalvageReport
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	assert.Equal(t, 1, rep.HeadsRebuilt)
+	assert.Empty(t, rep.Check.Problems)
+	require.NoError(t, os.Rename(db, db+".damaged"))
+	require.NoError(t, os.Rename(copied, db))
+
+	code, out, errs = outpostBin(t, "", "runs", "history", "t1", "--data", app, "--json", "--limit", "1")
+	require.Zero(t, code, out+errs)
+	var head struct{ Checkpoints []store.HistoryEntry }
+	require.NoError(t, json.Unmarshal([]byte(out), &head))
+	// The newest checkpoints wait in a bucket the root page holds inline,
+	// and are lost with it: the head is the newest the copy holds.
+	require.Len(t, head.Checkpoints, 1)
+	last := head.Checkpoints[0]
+	assert.Contains(t, before.Checkpoints, last, "the thread's head is none of its checkpoints")
+
+	code, _, errs = outpostBin(t, "", "run", "--agent", "reference", "--data", app, "--thread", "t1", "and in the fridge")
+	require.Zero(t, code, errs)
+	code, out, errs = outpostBin(t, "", "runs", "history", "t1", "--data", app, "--json", "--limit", "1000")
+	require.Zero(t, code, out+errs)
+	var after struct{ Checkpoints []store.HistoryEntry }
+	require.NoError(t, json.Unmarshal([]byte(out), &after))
+	// The new turn's first checkpoint follows the thread's head of before.
+	var cont bool
+	for _, c := range after.Checkpoints {
+		cont = cont || c.ParentID == last.ID && c.Step == last.Step+1
+	}
+	assert.True(t, cont, "the new turn did not go on from the thread's head %s", last.ID)
+	conv := string(conversation(t, app, "t1"))
+	assert.Contains(t, conv, first, "the new turn lost the conversation")
+	assert.Contains(t, conv, "and in the fridge")
+
+	code, out, errs = outpostBin(t, "", "db", "check", "--data", app)
+	require.Zero(t, code, out+errs)
 }

@@ -1,0 +1,106 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// chainedSteps writes a store of three threads, each a chain of steps,
+// one of which forks at an older step, so that its namespace has a branch
+// besides its head. It returns the file's bytes.
+func chainedSteps(t *testing.T) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	last := map[string]string{}
+	for i := 1; i <= 300; i++ {
+		thread := fmt.Sprintf("t%d", i%3)
+		c := stepCommit(thread, i)
+		c.Checkpoint.ParentID = last[thread]
+		if i == 150 {
+			c.Checkpoint.ParentID = fmt.Sprintf("%04d", 3) // a fork of t0 at its first step
+		} else {
+			last[thread] = c.Checkpoint.ID
+		}
+		require.NoError(t, d.Commit(bg, c))
+	}
+	_, err = d.NextStreamEpoch()
+	require.NoError(t, err)
+	require.NoError(t, d.Close())
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
+}
+
+// A salvage whose root page is lost records each namespace's leaves anew
+// from the checkpoints it copies: the heads bucket lives inline in the
+// root page and is lost with it. Before, the copy had no head for any
+// thread: its history listed nothing, a new run started from an empty
+// state, and db check named every leaf "neither recorded in heads or
+// branches". It also gives the copy a stream epoch above any the store
+// had and a blob index with its mark, both of which were lost.
+func TestSalvageRebuildsTheHeadsTheRootHeld(t *testing.T) {
+	steps := chainedSteps(t)
+	want := records(t, writeStore(t, steps))
+	for _, backup := range []bool{false, true} {
+		t.Run(fmt.Sprintf("backup=%v", backup), func(t *testing.T) {
+			dst := filepath.Join(t.TempDir(), "salvaged.db")
+			rep, err := Salvage(bg, stepsCopy(t, steps, backup), dst)
+			require.NoError(t, err)
+			assert.Empty(t, rep.Check.Problems, "db check of the copy")
+			assert.Equal(t, len(want[bucketHeads]), rep.HeadsRebuilt)
+			got := records(t, dst)
+
+			// Each thread's history lists every checkpoint of it that the
+			// copy holds, newest first, from its head: the newest.
+			copied := map[string][]string{}
+			for _, name := range []string{bucketCheckpoints, bucketRecent} {
+				for k := range got[name] {
+					thread, _, id, ok := splitCheckpointKey([]byte(k))
+					require.True(t, ok)
+					copied[thread] = append(copied[thread], id)
+				}
+			}
+			require.Len(t, copied, len(want[bucketHeads]))
+			d, err := Open(dst, Options{})
+			require.NoError(t, err)
+			defer d.Close()
+			for thread, ids := range copied {
+				slices.Sort(ids)
+				slices.Reverse(ids)
+				h, err := d.History(bg, thread, "", "", 0)
+				require.NoError(t, err)
+				var listed []string
+				for _, c := range h {
+					listed = append(listed, c.ID)
+				}
+				assert.Equal(t, ids, listed, "thread %s", thread)
+				head, err := decodeHead(got[bucketHeads][string(nsKey(thread, ""))])
+				require.NoError(t, err)
+				assert.Equal(t, ids[0], head, "thread %s", thread)
+			}
+			// The fork at an older step is a leaf below the head.
+			assert.Contains(t, got[bucketBranches], string(branchKey("t0", "", "0150")))
+
+			epoch := got[bucketMeta][string(metaStreamEpoch)]
+			require.Len(t, epoch, 8, "the copy's stream epoch")
+			assert.GreaterOrEqual(t, binary.BigEndian.Uint64(epoch), uint64(salvageEpochFloor))
+			assert.Greater(t, binary.BigEndian.Uint64(epoch), binary.BigEndian.Uint64(want[bucketMeta][string(metaStreamEpoch)]))
+			next, err := d.NextStreamEpoch()
+			require.NoError(t, err)
+			assert.Equal(t, uint64(salvageEpochFloor)+1, next)
+
+			mark := got[bucketMeta][string(metaBlobIndexed)]
+			require.Len(t, mark, 8, "the copy's blob index mark")
+			assert.Equal(t, len(got[bucketBlobLog]), len(got[bucketBlobIndex]), "every blob is indexed")
+		})
+	}
+}
