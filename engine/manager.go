@@ -152,14 +152,25 @@ type Manager struct {
 	// is tried again after a failed one does not register twice.
 	recoveredRuns map[string]bool
 
-	// recovery is Recover's one pass over the store: held while it runs,
-	// so that a run that would take a thread first waits for it.
+	// recovery is Recover's pass over the store, which a run that would
+	// take a thread first waits for. pass is the one running, nil when
+	// none is: the callers wait for it, each as long as its own context
+	// lasts, while it goes on for the others.
 	recovery struct {
 		mu      sync.Mutex
 		done    atomic.Bool
+		pass    *recoveryPass
 		resumed int
 		err     error // a *DamagedRunsError, or nil
 	}
+}
+
+// recoveryPass is one run of Recover's pass: done is closed when it ends,
+// with what it found.
+type recoveryPass struct {
+	done    chan struct{}
+	resumed int
+	err     error
 }
 
 type active struct {
@@ -1067,23 +1078,65 @@ func (e *DamagedRunsError) Error() string {
 // that, or to start recovering before the first request. A pass that
 // fails (the store cannot be listed) is not done: the next call, or the
 // next Start, tries again, and Start, Invoke, Resume and Cancel fail
-// meanwhile.
+// meanwhile. A call whose ctx ends while the pass runs returns ctx's
+// error at once: the pass goes on, on the manager's own context, for the
+// calls that wait for it, until it ends or Close stops it (Close waits for
+// it). Once the manager is closed, a call that finds no pass done fails
+// with ErrManagerClosed.
 func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
 	}
 	m.recovery.mu.Lock()
-	defer m.recovery.mu.Unlock()
 	if m.recovery.done.Load() {
+		m.recovery.mu.Unlock()
 		return m.recovery.resumed, m.recovery.err
 	}
-	resumed, err = m.recoverAll(ctx)
-	var dmg *DamagedRunsError
-	if err == nil || errors.As(err, &dmg) {
-		m.recovery.resumed, m.recovery.err = resumed, err
-		m.recovery.done.Store(true)
+	pass := m.recovery.pass
+	if pass == nil {
+		var err error
+		if pass, err = m.startRecovery(); err != nil {
+			m.recovery.mu.Unlock()
+			return 0, err
+		}
 	}
-	return resumed, err
+	m.recovery.mu.Unlock()
+	select {
+	case <-pass.done:
+		return pass.resumed, pass.err
+	case <-ctx.Done():
+		return 0, fmt.Errorf("recover: %w", context.Cause(ctx))
+	}
+}
+
+// startRecovery starts Recover's pass on a goroutine of its own, with the
+// manager's context: the end of one caller's context does not cut it
+// short for the others, and Close stops it and waits for it, as it does
+// for the runs the pass hands to workers. The caller holds m.recovery.mu.
+func (m *Manager) startRecovery() (*recoveryPass, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrManagerClosed
+	}
+	pass := &recoveryPass{done: make(chan struct{})}
+	m.recovery.pass = pass
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		resumed, err := m.recoverAll(m.ctx)
+		m.recovery.mu.Lock()
+		var dmg *DamagedRunsError
+		if err == nil || errors.As(err, &dmg) {
+			m.recovery.resumed, m.recovery.err = resumed, err
+			m.recovery.done.Store(true)
+		}
+		pass.resumed, pass.err = resumed, err
+		m.recovery.pass = nil
+		m.recovery.mu.Unlock()
+		close(pass.done)
+	}()
+	return pass, nil
 }
 
 // recoverFirst makes sure Recover has run, as a run that takes a thread
