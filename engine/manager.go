@@ -162,6 +162,10 @@ type Manager struct {
 		pass    *recoveryPass
 		resumed int
 		err     error // a *DamagedRunsError, or nil
+		// suspects and others are the runs the passes registered for
+		// workers to resume, which go to workers once a pass succeeds
+		// (see recoverAll). Only the running pass touches them.
+		suspects, others []recovered
 	}
 }
 
@@ -1078,11 +1082,13 @@ func (e *DamagedRunsError) Error() string {
 // that, or to start recovering before the first request. A pass that
 // fails (the store cannot be listed) is not done: the next call, or the
 // next Start, tries again, and Start, Invoke, Resume and Cancel fail
-// meanwhile. A call whose ctx ends while the pass runs returns ctx's
-// error at once: the pass goes on, on the manager's own context, for the
-// calls that wait for it, until it ends or Close stops it (Close waits for
-// it). Once the manager is closed, a call that finds no pass done fails
-// with ErrManagerClosed.
+// meanwhile. The runs it found wait for the pass that succeeds, which
+// resumes them with those it finds (and returns their number), so that the
+// suspects among the latter still run first. A call whose ctx ends while
+// the pass runs returns ctx's error at once: the pass goes on, on the
+// manager's own context, for the calls that wait for it, until it ends or
+// Close stops it (Close waits for it). Once the manager is closed, a call
+// that finds no pass done fails with ErrManagerClosed.
 func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
@@ -1166,10 +1172,18 @@ func (m *Manager) recoverFirst(ctx context.Context) error {
 func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 	// The runs go to workers once all are registered, suspects first, so
 	// that no other run takes a worker before the suspects' turns (see
-	// takeTurn). This also counts them: the returns below leave resumed
-	// to it.
-	var suspects, others []recovered
+	// takeTurn). A pass that fails part-way hands none to workers: the one
+	// that succeeds hands them all, with the suspects it finds after them
+	// first; a run handed over earlier would wait for a worker as if there
+	// were no suspects. This also counts them: the returns below leave
+	// resumed to it.
 	defer func() {
+		var dmg *DamagedRunsError
+		if err != nil && !errors.As(err, &dmg) {
+			return
+		}
+		suspects, others := m.recovery.suspects, m.recovery.others
+		m.recovery.suspects, m.recovery.others = nil, nil
 		resumed = len(suspects) + len(others)
 		m.mu.Lock()
 		m.recoveredSuspects = len(suspects)
@@ -1211,9 +1225,9 @@ func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 					return 0, err
 				case r.a == nil:
 				case r.suspect:
-					suspects = append(suspects, r)
+					m.recovery.suspects = append(m.recovery.suspects, r)
 				default:
-					others = append(others, r)
+					m.recovery.others = append(m.recovery.others, r)
 				}
 			}
 		}
