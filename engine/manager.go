@@ -152,14 +152,29 @@ type Manager struct {
 	// is tried again after a failed one does not register twice.
 	recoveredRuns map[string]bool
 
-	// recovery is Recover's one pass over the store: held while it runs,
-	// so that a run that would take a thread first waits for it.
+	// recovery is Recover's pass over the store, which a run that would
+	// take a thread first waits for. pass is the one running, nil when
+	// none is: the callers wait for it, each as long as its own context
+	// lasts, while it goes on for the others.
 	recovery struct {
 		mu      sync.Mutex
 		done    atomic.Bool
+		pass    *recoveryPass
 		resumed int
 		err     error // a *DamagedRunsError, or nil
+		// suspects and others are the runs the passes registered for
+		// workers to resume, which go to workers once a pass succeeds
+		// (see recoverAll). Only the running pass touches them.
+		suspects, others []recovered
 	}
+}
+
+// recoveryPass is one run of Recover's pass: done is closed when it ends,
+// with what it found.
+type recoveryPass struct {
+	done    chan struct{}
+	resumed int
+	err     error
 }
 
 type active struct {
@@ -1067,23 +1082,67 @@ func (e *DamagedRunsError) Error() string {
 // that, or to start recovering before the first request. A pass that
 // fails (the store cannot be listed) is not done: the next call, or the
 // next Start, tries again, and Start, Invoke, Resume and Cancel fail
-// meanwhile.
+// meanwhile. The runs it found wait for the pass that succeeds, which
+// resumes them with those it finds (and returns their number), so that the
+// suspects among the latter still run first. A call whose ctx ends while
+// the pass runs returns ctx's error at once: the pass goes on, on the
+// manager's own context, for the calls that wait for it, until it ends or
+// Close stops it (Close waits for it). Once the manager is closed, a call
+// that finds no pass done fails with ErrManagerClosed.
 func (m *Manager) Recover(ctx context.Context) (resumed int, err error) {
 	if m.bad != nil {
 		return 0, fmt.Errorf("recover: %w", m.bad)
 	}
 	m.recovery.mu.Lock()
-	defer m.recovery.mu.Unlock()
 	if m.recovery.done.Load() {
+		m.recovery.mu.Unlock()
 		return m.recovery.resumed, m.recovery.err
 	}
-	resumed, err = m.recoverAll(ctx)
-	var dmg *DamagedRunsError
-	if err == nil || errors.As(err, &dmg) {
-		m.recovery.resumed, m.recovery.err = resumed, err
-		m.recovery.done.Store(true)
+	pass := m.recovery.pass
+	if pass == nil {
+		var err error
+		if pass, err = m.startRecovery(); err != nil {
+			m.recovery.mu.Unlock()
+			return 0, err
+		}
 	}
-	return resumed, err
+	m.recovery.mu.Unlock()
+	select {
+	case <-pass.done:
+		return pass.resumed, pass.err
+	case <-ctx.Done():
+		return 0, fmt.Errorf("recover: %w", context.Cause(ctx))
+	}
+}
+
+// startRecovery starts Recover's pass on a goroutine of its own, with the
+// manager's context: the end of one caller's context does not cut it
+// short for the others, and Close stops it and waits for it, as it does
+// for the runs the pass hands to workers. The caller holds m.recovery.mu.
+func (m *Manager) startRecovery() (*recoveryPass, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrManagerClosed
+	}
+	pass := &recoveryPass{done: make(chan struct{})}
+	m.recovery.pass = pass
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		resumed, err := m.recoverAll(m.ctx)
+		m.recovery.mu.Lock()
+		var dmg *DamagedRunsError
+		if err == nil || errors.As(err, &dmg) {
+			m.recovery.resumed, m.recovery.err = resumed, err
+			m.recovery.done.Store(true)
+		}
+		pass.resumed, pass.err = resumed, err
+		m.recovery.pass = nil
+		m.recovery.mu.Unlock()
+		close(pass.done)
+	}()
+	return pass, nil
 }
 
 // recoverFirst makes sure Recover has run, as a run that takes a thread
@@ -1113,10 +1172,18 @@ func (m *Manager) recoverFirst(ctx context.Context) error {
 func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 	// The runs go to workers once all are registered, suspects first, so
 	// that no other run takes a worker before the suspects' turns (see
-	// takeTurn). This also counts them: the returns below leave resumed
-	// to it.
-	var suspects, others []recovered
+	// takeTurn). A pass that fails part-way hands none to workers: the one
+	// that succeeds hands them all, with the suspects it finds after them
+	// first; a run handed over earlier would wait for a worker as if there
+	// were no suspects. This also counts them: the returns below leave
+	// resumed to it.
 	defer func() {
+		var dmg *DamagedRunsError
+		if err != nil && !errors.As(err, &dmg) {
+			return
+		}
+		suspects, others := m.recovery.suspects, m.recovery.others
+		m.recovery.suspects, m.recovery.others = nil, nil
 		resumed = len(suspects) + len(others)
 		m.mu.Lock()
 		m.recoveredSuspects = len(suspects)
@@ -1158,9 +1225,9 @@ func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 					return 0, err
 				case r.a == nil:
 				case r.suspect:
-					suspects = append(suspects, r)
+					m.recovery.suspects = append(m.recovery.suspects, r)
 				default:
-					others = append(others, r)
+					m.recovery.others = append(m.recovery.others, r)
 				}
 			}
 		}

@@ -874,3 +874,68 @@ func TestRecoveryLimitSkipsQueuedRuns(t *testing.T) {
 	}
 	l.crash(m)
 }
+
+// gatedListing is a store whose listing of runs waits for gate (or its
+// context), as a large store's would take long; listed says it began.
+type gatedListing struct {
+	engine.Store
+	gate   <-chan struct{}
+	listed chan struct{}
+	once   sync.Once
+}
+
+func (s *gatedListing) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
+	s.once.Do(func() { close(s.listed) })
+	select {
+	case <-s.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Store.Runs(ctx, f)
+}
+
+// A Start whose context ends while the recovery pass runs returns its
+// context's error at once, and the pass goes on: another Start that waits
+// for it then runs.
+func TestManagerStartLeavesARecoveryPassWhenItsContextEnds(t *testing.T) {
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	defer release() // before Close, which waits for the pass
+	store := &gatedListing{Store: engine.NewMemoryStore(), gate: gate, listed: make(chan struct{})}
+	open := make(chan struct{})
+	close(open)
+	m := newManager(t, store, engine.ManagerOptions{}, gatedAgent(t, "a", open, nil))
+
+	type started struct {
+		run *engine.Run
+		err error
+	}
+	waited := make(chan started, 1)
+	go func() {
+		run, err := m.Start(context.Background(), engine.RunRequest{Thread: "patient", Agent: "a"})
+		waited <- started{run, err}
+	}()
+	<-store.listed // the patient Start's pass
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	ended := make(chan error, 1)
+	go func() {
+		_, err := m.Start(short, engine.RunRequest{Thread: "short", Agent: "a"})
+		ended <- err
+	}()
+	select {
+	case err := <-ended:
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Start still waits for the recovery pass after its context ended")
+	}
+	select {
+	case <-waited:
+		t.Fatal("the waiting Start returned before the recovery pass ended")
+	default:
+	}
+	release()
+	got := <-waited
+	require.NoError(t, got.err, "the pass went on for the Start that waited")
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, got.run.ID).Status)
+}

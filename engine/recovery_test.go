@@ -6,9 +6,11 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -843,4 +845,68 @@ func TestRecoverySuspectTurnEndingAsItBeginsKeepsOneWorker(t *testing.T) {
 		cancel()
 		m.Close()
 	}
+}
+
+// failsRunningOnce is a store whose first listing of running runs fails,
+// after the listings of the other statuses: a recovery pass that fails
+// part-way.
+type failsRunningOnce struct {
+	engine.Store
+	failed atomic.Bool
+}
+
+func (s *failsRunningOnce) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
+	if f.Status == engine.StatusRunning && s.failed.CompareAndSwap(false, true) {
+		return nil, errors.New("listing failed")
+	}
+	return s.Store.Runs(ctx, f)
+}
+
+// A recovery pass that fails part-way hands none of the runs it registered
+// to workers: the pass that succeeds hands them all, suspects first, so
+// that a suspect it finds still runs alone before them.
+func TestRecoveryRetriedAfterAFailedPassKeepsTheSuspectsTurn(t *testing.T) {
+	store := engine.NewMemoryStore()
+	ctx := context.Background()
+	entered := make(chan string, 4)
+	queue := make(chan struct{})
+	agents := []*engine.Agent{hangAgent(t, entered), gatedAgent(t, "queued", queue, entered)}
+	opts := engine.ManagerOptions{Workers: 1, MaxAlone: time.Minute}
+	l, m, _ := startLife(t, store, opts, agents...)
+	slow := startOn(t, m, "hang", "slow")[0]
+	require.Equal(t, slow, <-entered)
+	l.crash(m)
+	// slow crashes again; q1 and q2 wait behind it for the one worker.
+	l, m, _ = startLife(t, store, opts, agents...)
+	require.Equal(t, slow, <-entered)
+	queued := startOn(t, m, "queued", "q1", "q2")
+	l.crash(m)
+
+	// A pass lists the queued runs before the running ones: with slow's
+	// record running, it registers q1 and q2 before its listing of
+	// running runs fails, and slow after, when it is tried again.
+	rec, err := store.Run(ctx, slow)
+	require.NoError(t, err)
+	rec.Status = engine.StatusRunning
+	require.NoError(t, store.Commit(ctx, &engine.Commit{Run: rec, Sync: true}))
+
+	m = newManager(t, &failsRunningOnce{Store: store}, opts, agents...)
+	_, err = m.Recover(ctx)
+	require.Error(t, err, "the queued runs are registered, the listing of running ones fails")
+	// A run that a worker took meanwhile may end: the suspect's turn
+	// comes before any other run takes the worker after it.
+	select {
+	case <-entered:
+	case <-time.After(200 * time.Millisecond):
+	}
+	n, err := m.Recover(ctx)
+	require.NoError(t, err)
+	close(queue)
+	enters(t, entered, slow, "the suspect did not run")
+	noneEnters(t, entered, "the suspect runs alone")
+	for _, id := range queued {
+		require.Equal(t, engine.StatusQueued, liveStatus(t, m, id), "run %s waits for the suspect's turn", id)
+	}
+	require.Equal(t, 3, n, "the runs of both passes")
+	require.Equal(t, 1, m.Suspects())
 }
