@@ -310,6 +310,14 @@ func (c *cmdFlags) parse(args []string, flagsFirst bool) error {
 		}
 		return badUsage("%s\nusage: outpost %s (outpost %s -h lists its flags)", msg, c.synopsis, c.name)
 	}
+	// A flag given under both its names would take the last one silently.
+	set := map[string]bool{}
+	c.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for alias, name := range c.aliases {
+		if set[alias] && set[name] {
+			return badUsage("--%s and --%s are one flag: give it once\nusage: outpost %s (outpost %s -h lists its flags)", alias, name, c.synopsis, c.name)
+		}
+	}
 	return nil
 }
 

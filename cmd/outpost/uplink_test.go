@@ -93,6 +93,13 @@ func TestUplinkTakesServesFlagNames(t *testing.T) {
 	require.Equal(t, url, st.URL)
 	require.Equal(t, uint64(1), st.Backlog)
 
+	// A flag under both its names is refused, not read as the last one;
+	// the flush below finds the backlog it would have sent.
+	for _, both := range [][]string{{"--url", "http://127.0.0.1:1", "--uplink", url}, {"--secret-file", mine, "--uplink-secret", mine}} {
+		code, _, stderr = outpostBin(t, "", append(append([]string{"uplink", "flush"}, serveFlags...), both...)...)
+		require.Equal(t, 2, code, stderr)
+		require.Contains(t, stderr, "are one flag: give it once")
+	}
 	code, flushed, stderr := outpostBin(t, "", append([]string{"uplink", "flush"}, serveFlags...)...)
 	require.Zero(t, code, stderr)
 	require.Contains(t, flushed, "1 outcomes, 1 acknowledged upstream, backlog 0")
