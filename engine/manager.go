@@ -148,9 +148,6 @@ type Manager struct {
 	changed   chan struct{}
 	// recoveredSuspects is how many suspects the last Recover found.
 	recoveredSuspects int
-	// recoveredRuns are the runs Recover registered, which a pass that
-	// is tried again after a failed one does not register twice.
-	recoveredRuns map[string]bool
 
 	// recovery is Recover's pass over the store, which a run that would
 	// take a thread first waits for. pass is the one running, nil when
@@ -232,7 +229,7 @@ func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
 	ctx, stop := context.WithCancelCause(context.Background())
 	m := &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize, opts.CacheBytes),
 		sem: make(chan struct{}, opts.Workers), ctx: ctx, stop: stop,
-		threads: map[string]*active{}, runs: map[string]*active{}, recoveredRuns: map[string]bool{}}
+		threads: map[string]*active{}, runs: map[string]*active{}}
 	if err := opts.Durability.check(); err != nil {
 		m.bad = fmt.Errorf("run manager options: %w", err)
 	}
@@ -1151,16 +1148,7 @@ func (m *Manager) recoverFirst(ctx context.Context) error {
 	if m.recovery.done.Load() {
 		return nil
 	}
-	// A closed manager takes no run, and leaves the runs a crash left to
-	// the next start: a pass now would fail some, and hand the others to
-	// workers that stop at once.
-	m.mu.Lock()
-	closed := m.closed
-	m.mu.Unlock()
-	if closed {
-		return ErrManagerClosed
-	}
-	_, err := m.Recover(ctx)
+	_, err := m.Recover(ctx) // ErrManagerClosed once closed (startRecovery)
 	var dmg *DamagedRunsError
 	if errors.As(err, &dmg) {
 		return nil
@@ -1251,11 +1239,12 @@ type recovered struct {
 // record the failure.
 func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 	m.mu.Lock()
-	if m.threads[run.Thread] != nil || m.recoveredRuns[run.ID] {
+	// A run a failed pass registered holds its thread still: a pass tried
+	// again does not register it twice.
+	if m.threads[run.Thread] != nil {
 		m.mu.Unlock()
 		return recovered{}, nil
 	}
-	m.recoveredRuns[run.ID] = true
 	a := &active{runID: run.ID, thread: run.Thread, done: make(chan struct{}), paused: run.Status == StatusInterrupted}
 	m.threads[run.Thread] = a
 	m.runs[run.ID] = a

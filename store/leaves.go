@@ -170,6 +170,23 @@ func (t *nsTree) addLeaf(id string) error {
 	return t.setHead(id)
 }
 
+// dropBranches deletes every branch record of a namespace, leaving its
+// head as its only recorded leaf.
+func dropBranches(bb *bbolt.Bucket, thread, ns string) error {
+	prefix := nsPrefix(thread, ns)
+	var keys [][]byte
+	c := bb.Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		keys = append(keys, bytes.Clone(k))
+	}
+	for _, k := range keys {
+		if err := bb.Delete(k); err != nil {
+			return fmt.Errorf("drop branch %s: %w", renderKey(bucketBranches, k), err)
+		}
+	}
+	return nil
+}
+
 // removeLeaf forgets id as a leaf. When it was the head, the greatest
 // branch head takes its place.
 func (t *nsTree) removeLeaf(id string) error {

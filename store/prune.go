@@ -428,17 +428,8 @@ func (p *pruner) apply(plan *nsPlan) error {
 		p.rep.Rewritten++
 	}
 	// The head is left alone, the only leaf now: every branch goes.
-	brb := bucket(p.tx, bucketBranches)
-	prefix := nsPrefix(plan.thread, plan.ns)
-	var branches [][]byte
-	bc := brb.Cursor()
-	for k, _ := bc.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = bc.Next() {
-		branches = append(branches, bytes.Clone(k))
-	}
-	for _, k := range branches {
-		if err := brb.Delete(k); err != nil {
-			return fmt.Errorf("drop branch %s: %w", renderKey(bucketBranches, k), err)
-		}
+	if err := dropBranches(bucket(p.tx, bucketBranches), plan.thread, plan.ns); err != nil {
+		return err
 	}
 	wb := bucket(p.tx, bucketWrites)
 	for _, id := range plan.drop {

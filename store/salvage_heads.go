@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"maps"
@@ -100,16 +99,8 @@ func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (int, error) {
 			}
 		}
 		thread, ns, _ := splitNSKey([]byte(key))
-		prefix := nsPrefix(thread, ns)
-		var stale [][]byte
-		c := bb.Cursor()
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			stale = append(stale, bytes.Clone(k))
-		}
-		for _, k := range stale {
-			if err := bb.Delete(k); err != nil {
-				return 0, err
-			}
+		if err := dropBranches(bb, thread, ns); err != nil {
+			return 0, err
 		}
 		head := leaves[len(leaves)-1] // the greatest ID has no newer child
 		for _, id := range leaves[:len(leaves)-1] {
