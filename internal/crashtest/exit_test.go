@@ -10,6 +10,8 @@ package crashtest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"sync"
 	"testing"
 
@@ -221,4 +223,137 @@ func TestExitDurabilityCrashDuringToolCall(t *testing.T) {
 			require.True(t, rep.OK(), "db check: %v", rep.Problems)
 		})
 	}
+}
+
+// The child of TestExitDurabilityOutcomeCountsTheCallsOfTheFinalAttempt
+// runs from init, as the other crash tests' do: OUTPOST_EXITCALLS_CHILD
+// names its store, and OUTPOST_EXITCALLS_START asks it to start the run,
+// which kills the process after its model call.
+func init() {
+	if dir := os.Getenv("OUTPOST_EXITCALLS_CHILD"); dir != "" {
+		if err := exitCallsChild(dir, os.Getenv("OUTPOST_EXITCALLS_START") != ""); err != nil {
+			fmt.Fprintf(os.Stderr, "exit calls child: %v\n", err)
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
+}
+
+// exitCallsChild opens the store in dir with a manager in exit
+// durability, recovers what a start before left running and waits for it,
+// and, at the first start, runs genAgent, which kills the process.
+func exitCallsChild(dir string, start bool) error {
+	ctx := context.Background()
+	db, err := store.OpenDir(dir, store.Options{})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ag, err := genAgent(db, start)
+	if err != nil {
+		return err
+	}
+	m := engine.NewManager(db, func(string, engine.BundleRef) (*engine.Agent, error) { return ag, nil },
+		engine.ManagerOptions{Durability: engine.DurabilityExit})
+	defer m.Close()
+	if _, err := m.Recover(ctx); err != nil {
+		return err
+	}
+	if start {
+		_, err := m.Invoke(ctx, engine.RunRequest{Thread: "t1", Agent: "gen"})
+		return err
+	}
+	return waitUnfinished(ctx, db, m, "")
+}
+
+// genAgent runs "first", which makes the run durable (as a tool call
+// would), then "gen", which calls the model, then "hold", which kills the
+// process when kill is set.
+func genAgent(db *store.DB, kill bool) (*engine.Agent, error) {
+	rules, err := scripted.ParseRules([]byte(`[{"respond": "noted: {{input}}"}]`))
+	if err != nil {
+		return nil, err
+	}
+	provider, err := scripted.New(rules)
+	if err != nil {
+		return nil, err
+	}
+	mc := &agent.ModelCall{Provider: provider, Lane: &policy.Lane{Agent: "gen", Models: []string{"scripted"}},
+		Log: wiring.CallLog(db, db), Blobs: db, TokenLimit: 100_000}
+	b := engine.NewGraph("gen")
+	answer := engine.Replace[string](b, "answer")
+	b.AddNode("first", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		return nil, engine.EnsureDurable(ctx)
+	})
+	b.AddNode("gen", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		resp, err := mc.Call(ctx, models.Request{Model: "scripted", Messages: []models.Message{{Role: models.RoleUser, Content: "a dose"}}}, 0)
+		if err != nil {
+			return nil, err
+		}
+		return []engine.Write{answer.Set(resp.Message.Content)}, nil
+	})
+	b.AddNode("hold", func(context.Context, engine.State) ([]engine.Write, error) {
+		if kill {
+			return nil, killSelf()
+		}
+		return nil, nil
+	})
+	b.AddEdge(engine.Start, "first")
+	b.AddEdge("first", "gen")
+	b.AddEdge("gen", "hold")
+	g, err := b.Compile()
+	if err != nil {
+		return nil, err
+	}
+	return &engine.Agent{Name: "gen", Graph: g, Output: func(s engine.State) json.RawMessage {
+		out, _ := json.Marshal(answer.Get(s))
+		return out
+	}}, nil
+}
+
+// A run in exit durability whose process is killed after a model call,
+// past its last commit, is recovered from that commit and calls the model
+// again. Its outcome counts the model calls of the path it ended on, one,
+// not the one the crash took back as well; its tokens are all it spent,
+// as its budget counted them.
+func TestExitDurabilityOutcomeCountsTheCallsOfTheFinalAttempt(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	err := startChild(t, "OUTPOST_EXITCALLS_CHILD="+dir, "OUTPOST_EXITCALLS_START=1")
+	require.True(t, killed(err), "the first start kills itself after the model call: %v", err)
+
+	spentBy := func() (string, int) {
+		db, err := store.OpenDir(dir, store.Options{})
+		require.NoError(t, err)
+		defer db.Close()
+		runs, err := db.Runs(ctx, engine.RunFilter{Thread: "t1"})
+		require.NoError(t, err)
+		require.Len(t, runs, 1, "the run is on record from its first step")
+		spent, err := wiring.CallLog(db, db).(agent.TokenCounter).ModelTokens(ctx, runs[0].ID)
+		require.NoError(t, err)
+		return runs[0].ID, spent
+	}
+	run, before := spentBy()
+	require.Positive(t, before, "the model call was recorded before the crash")
+
+	require.NoError(t, startChild(t, "OUTPOST_EXITCALLS_CHILD="+dir), "the next start recovers the run and ends it")
+	_, spent := spentBy()
+	require.Equal(t, 2*before, spent, "the recovered run called the model again, and its budget counts both calls")
+
+	db, err := store.OpenDir(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	runs, err := db.Runs(ctx, engine.RunFilter{Thread: "t1"})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, runs[0].Status, runs[0].Error)
+	outcomes, err := db.Outcomes(ctx, 0, 0)
+	require.NoError(t, err)
+	require.Len(t, outcomes, 1)
+	o := outcomes[0]
+	require.Equal(t, run, o.Run)
+	require.Equal(t, 1, o.ModelCalls, "the outcome counts the call of the path the run ended on")
+	require.Equal(t, spent, o.Tokens, "and every token the run spent")
+	rep, err := db.Check(ctx)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "db check: %v", rep.Problems)
 }
