@@ -750,7 +750,7 @@ func summarizeCalls(tx *bbolt.Tx, o *Outcome, attempt int) error {
 	if err != nil {
 		return err
 	}
-	ckpts := bucket(tx, bucketCheckpoints)
+	ckpts := openCheckpoints(tx)
 	return scan("model:"+o.Run+":", func(tc *ToolCall) {
 		var ref struct {
 			Tokens     int    `json:"tokens"`

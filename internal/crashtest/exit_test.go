@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 
@@ -227,11 +228,14 @@ func TestExitDurabilityCrashDuringToolCall(t *testing.T) {
 
 // The child of TestExitDurabilityOutcomeCountsTheCallsOfTheFinalAttempt
 // runs from init, as the other crash tests' do: OUTPOST_EXITCALLS_CHILD
-// names its store, and OUTPOST_EXITCALLS_START asks it to start the run,
-// which kills the process after its model call.
+// names its store, OUTPOST_EXITCALLS_START asks it to start the run, which
+// kills the process after its model call, and OUTPOST_EXITCALLS_SAME_STEP
+// has the model called in the step that makes the run durable (see
+// genAgent).
 func init() {
 	if dir := os.Getenv("OUTPOST_EXITCALLS_CHILD"); dir != "" {
-		if err := exitCallsChild(dir, os.Getenv("OUTPOST_EXITCALLS_START") != ""); err != nil {
+		sameStep := os.Getenv("OUTPOST_EXITCALLS_SAME_STEP") != ""
+		if err := exitCallsChild(dir, os.Getenv("OUTPOST_EXITCALLS_START") != "", sameStep); err != nil {
 			fmt.Fprintf(os.Stderr, "exit calls child: %v\n", err)
 			os.Exit(3)
 		}
@@ -242,14 +246,14 @@ func init() {
 // exitCallsChild opens the store in dir with a manager in exit
 // durability, recovers what a start before left running and waits for it,
 // and, at the first start, runs genAgent, which kills the process.
-func exitCallsChild(dir string, start bool) error {
+func exitCallsChild(dir string, start, sameStep bool) error {
 	ctx := context.Background()
 	db, err := store.OpenDir(dir, store.Options{})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	ag, err := genAgent(db, start)
+	ag, err := genAgent(db, start, sameStep)
 	if err != nil {
 		return err
 	}
@@ -268,8 +272,10 @@ func exitCallsChild(dir string, start bool) error {
 
 // genAgent runs "first", which makes the run durable (as a tool call
 // would), then "gen", which calls the model, then "hold", which kills the
-// process when kill is set.
-func genAgent(db *store.DB, kill bool) (*engine.Agent, error) {
+// process when kill is set. With sameStep, "first" calls the model itself
+// once the run is durable, as a tool loop does after a tool call, and
+// "gen" does nothing.
+func genAgent(db *store.DB, kill, sameStep bool) (*engine.Agent, error) {
 	rules, err := scripted.ParseRules([]byte(`[{"respond": "noted: {{input}}"}]`))
 	if err != nil {
 		return nil, err
@@ -282,15 +288,24 @@ func genAgent(db *store.DB, kill bool) (*engine.Agent, error) {
 		Log: wiring.CallLog(db, db), Blobs: db, TokenLimit: 100_000}
 	b := engine.NewGraph("gen")
 	answer := engine.Replace[string](b, "answer")
-	b.AddNode("first", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
-		return nil, engine.EnsureDurable(ctx)
-	})
-	b.AddNode("gen", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+	call := func(ctx context.Context) ([]engine.Write, error) {
 		resp, err := mc.Call(ctx, models.Request{Model: "scripted", Messages: []models.Message{{Role: models.RoleUser, Content: "a dose"}}}, 0)
 		if err != nil {
 			return nil, err
 		}
 		return []engine.Write{answer.Set(resp.Message.Content)}, nil
+	}
+	b.AddNode("first", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		if err := engine.EnsureDurable(ctx); err != nil || !sameStep {
+			return nil, err
+		}
+		return call(ctx)
+	})
+	b.AddNode("gen", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		if sameStep {
+			return nil, nil
+		}
+		return call(ctx)
 	})
 	b.AddNode("hold", func(context.Context, engine.State) ([]engine.Write, error) {
 		if kill {
@@ -315,11 +330,35 @@ func genAgent(db *store.DB, kill bool) (*engine.Agent, error) {
 // past its last commit, is recovered from that commit and calls the model
 // again. Its outcome counts the model calls of the path it ended on, one,
 // not the one the crash took back as well; its tokens are all it spent,
-// as its budget counted them.
+// as its budget counted them. A call made by a task of the step that the
+// last commit starts (same step) is not made again: the recovered run
+// reuses its answer, and it counts once, in model calls and in tokens.
 func TestExitDurabilityOutcomeCountsTheCallsOfTheFinalAttempt(t *testing.T) {
-	dir := t.TempDir()
+	for _, tc := range []struct {
+		name     string
+		sameStep bool
+		calls    int // model calls made, in the two starts
+	}{
+		{"a step after the last commit", false, 2},
+		{"the step the last commit starts", true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := []string{"OUTPOST_EXITCALLS_CHILD=" + t.TempDir()}
+			if tc.sameStep {
+				env = append(env, "OUTPOST_EXITCALLS_SAME_STEP=1")
+			}
+			requireOutcomeOfFinalAttempt(t, env, tc.calls)
+		})
+	}
+}
+
+// requireOutcomeOfFinalAttempt starts the child with env twice, the first
+// time to crash, and checks the outcome of its run, which made calls model
+// calls in all.
+func requireOutcomeOfFinalAttempt(t *testing.T, env []string, calls int) {
+	dir := strings.TrimPrefix(env[0], "OUTPOST_EXITCALLS_CHILD=")
 	ctx := context.Background()
-	err := startChild(t, "OUTPOST_EXITCALLS_CHILD="+dir, "OUTPOST_EXITCALLS_START=1")
+	err := startChild(t, append(env, "OUTPOST_EXITCALLS_START=1")...)
 	require.True(t, killed(err), "the first start kills itself after the model call: %v", err)
 
 	spentBy := func() (string, int) {
@@ -336,9 +375,9 @@ func TestExitDurabilityOutcomeCountsTheCallsOfTheFinalAttempt(t *testing.T) {
 	run, before := spentBy()
 	require.Positive(t, before, "the model call was recorded before the crash")
 
-	require.NoError(t, startChild(t, "OUTPOST_EXITCALLS_CHILD="+dir), "the next start recovers the run and ends it")
+	require.NoError(t, startChild(t, env...), "the next start recovers the run and ends it")
 	_, spent := spentBy()
-	require.Equal(t, 2*before, spent, "the recovered run called the model again, and its budget counts both calls")
+	require.Equal(t, calls*before, spent, "the budget counts every call made")
 
 	db, err := store.OpenDir(dir, store.Options{})
 	require.NoError(t, err)
