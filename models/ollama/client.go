@@ -316,8 +316,9 @@ const (
 // answer could be counted against the cap. No honest chunk comes near the
 // bound: Ollama streams a token a line, and even an answer that comes
 // whole (a proxy that drops "stream") takes less than bytesPerToken a
-// token. A line that runs past it holds more than the cap. 0 means no
-// bound but api.Client's.
+// token. A line that runs past it is taken for an answer past the cap
+// (what else it could hold, padding or fields Ollama does not send, is no
+// answer either). 0 means no bound but api.Client's.
 func maxLine(limit int) int {
 	if limit <= 0 || limit > (8<<20)/bytesPerToken {
 		return 0
