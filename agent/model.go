@@ -90,11 +90,23 @@ func callBase(info engine.RunInfo) string {
 }
 
 // modelRef is what a model call's record holds as its result. Tokens is
-// what the call counted against the run (see ModelCall).
+// what the call counted against the run (see ModelCall). Attempt, NS and
+// Checkpoint name the run's attempt (engine.RunInfo.Attempt) that made the
+// call and the checkpoint its task ran from, so that the run's outcome can
+// leave out the calls of an attempt that a crash cut short (see
+// store.Outcome).
 type modelRef struct {
-	Blob     string `json:"blob,omitempty"`
-	Provider string `json:"provider"`
-	Tokens   int    `json:"tokens"`
+	Blob       string `json:"blob,omitempty"`
+	Provider   string `json:"provider"`
+	Tokens     int    `json:"tokens"`
+	Attempt    int    `json:"attempt,omitempty"`
+	NS         string `json:"ns,omitempty"`
+	Checkpoint string `json:"checkpoint,omitempty"`
+}
+
+// refOf is the record of a call made by the task info names.
+func refOf(info engine.RunInfo, blob, provider string, tokens int) modelRef {
+	return modelRef{Blob: blob, Provider: provider, Tokens: tokens, Attempt: info.Attempt, NS: info.NS, Checkpoint: info.Checkpoint}
 }
 
 // TokenCounter is implemented by a CallLog that can total the tokens a
@@ -320,7 +332,7 @@ func (m *ModelCall) record(ctx context.Context, info engine.RunInfo, key, model,
 	if err != nil {
 		return nil, fmt.Errorf("model call %s: store response: %w", key, err)
 	}
-	result, _ := json.Marshal(modelRef{Blob: ref.String(), Provider: resp.Provider, Tokens: spent})
+	result, _ := json.Marshal(refOf(info, ref.String(), resp.Provider, spent))
 	existing, err := intent(ctx, m.Log, CallRecord{Key: key, Run: info.Run, Node: info.Node,
 		Tool: "model:" + model, ArgsHash: hash, Decision: string(policy.DecisionAllow), DecidedBy: "lane:" + m.Lane.Agent})
 	if err != nil {
@@ -344,7 +356,7 @@ func (m *ModelCall) record(ctx context.Context, info engine.RunInfo, key, model,
 // were spent all the same.
 func (m *ModelCall) recordSpent(ctx context.Context, info engine.RunInfo, key, model, hash string, spent int, why string) error {
 	ctx = context.WithoutCancel(ctx)
-	result, _ := json.Marshal(modelRef{Provider: m.Provider.Name(), Tokens: spent})
+	result, _ := json.Marshal(refOf(info, "", m.Provider.Name(), spent))
 	for n := 1; n <= maxSpentRecords; n++ {
 		k := key + "#spent" + strconv.Itoa(n)
 		existing, err := m.Log.Intent(ctx, CallRecord{Key: k, Run: info.Run, Node: info.Node,

@@ -502,3 +502,30 @@ func TestTokenBudgetHoldsAgainstAnOllamaThatIgnoresNumPredict(t *testing.T) {
 	require.EqualValues(t, 35, numPredict, "the cap was asked of the server: 40 less the prompt's 5")
 	require.Less(t, streamed, 1000, "the server streamed %d of its 5000 chunks", streamed)
 }
+
+// A provider that sends its answer in one line of many megabytes (a proxy
+// that buffers Ollama's stream, or drops "stream") is held to the answer's
+// cap too: the line is not read whole, the run ends over budget having
+// spent no more than its budget, and its error (the outcome's) says the
+// answer reached its cap.
+func TestTokenBudgetHoldsAgainstAnAnswerInOneHugeLine(t *testing.T) {
+	var written atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		_, _ = w.Write([]byte(`{"model":"llama3.2","created_at":"2025-06-12T09:14:02.118394Z","message":{"role":"assistant","content":"`))
+		piece := []byte(strings.Repeat(" dose", 1<<12))
+		for written.Load() < 6<<20 {
+			n, err := w.Write(piece)
+			written.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+		_, _ = w.Write([]byte(`"},"done_reason":"stop","done":true,"prompt_eval_count":12,"eval_count":1258291}` + "\n"))
+	}))
+	defer srv.Close()
+	log := agent.NewMemoryCallLog()
+	res, runErr := capGraph(t, ollama.New(srv.URL, srv.Client()), log, 1, 0, 40)
+	requireCutAtTheBudget(t, log, res, runErr, 40)
+	require.Contains(t, res.Run.Error, "the answer reached its cap of 35 tokens (num_predict) and Ollama did not stop it")
+}

@@ -53,13 +53,7 @@ func LoadOrCreateTokenFile(dir, name string) (token string, created bool, err er
 	if err != nil {
 		return "", false, fmt.Errorf("%w: %w", ErrTokenFile, err)
 	}
-	_, werr := f.WriteString(tok + "\n")
-	if serr := f.Sync(); werr == nil {
-		werr = serr
-	}
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
+	werr := writeToken(f, tok)
 	if werr == nil {
 		// The token's name must survive a power cut as its bytes do, or
 		// the next start makes another and the saved one stops working.
@@ -107,4 +101,41 @@ func tokenEqual(got, want string) bool {
 	a := sha256.Sum256([]byte(got))
 	b := sha256.Sum256([]byte(want))
 	return subtle.ConstantTimeCompare(a[:], b[:]) == 1 && want != ""
+}
+
+// ReplaceTokenFile writes tok into the token file name in dir, in place of
+// the token it holds (mode 0600, as os.CreateTemp makes it): a collector whose store holds the token
+// it shares with others keeps that one in its folder, where
+// "outpost token --collector" reads it. The file is replaced whole, by a
+// rename, so a crash leaves the old token or the new one.
+func ReplaceTokenFile(dir, name, tok string) error {
+	path := filepath.Join(dir, name)
+	f, err := os.CreateTemp(dir, name+".new-*")
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrTokenFile, err)
+	}
+	werr := writeToken(f, tok)
+	if werr == nil {
+		werr = os.Rename(f.Name(), path)
+	}
+	if werr == nil {
+		werr = fsync.Dir(dir)
+	}
+	if werr != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("%w: write %s: %w", ErrTokenFile, path, werr)
+	}
+	return nil
+}
+
+// writeToken writes tok to f, syncs and closes it.
+func writeToken(f *os.File, tok string) error {
+	_, err := f.WriteString(tok + "\n")
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

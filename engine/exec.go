@@ -155,6 +155,9 @@ type execution struct {
 	// or been recovered, and is not running in one stretch from its start
 	// (see active.go).
 	fresh, stretched bool
+	// attempt is the run's attempt (see MetaAttempt), read from its
+	// record when the execution loads it and counted on by a recovery.
+	attempt int
 	// runValues holds what nodes keep with RunValue, made on first use,
 	// under runValuesMu.
 	runValuesMu sync.Mutex
@@ -298,6 +301,7 @@ func (e *execution) adoptRun(ctx context.Context) error {
 	run.Steps = max(steps, run.Steps) // see Manager.loadResume
 	run.Durability = e.cfg.Durability
 	e.run = run
+	e.attempt = RunAttempt(run)
 	return nil
 }
 

@@ -184,6 +184,11 @@ type RunInfo struct {
 	// did before is durable, but no RunValue holds it: a count kept there
 	// must be rebuilt from a record (see RunValue).
 	Resumed bool
+	// Attempt is the run's attempt (MetaAttempt): 0 until it is first
+	// recovered, one more at each recovery. A record a node keeps of its
+	// work names it, so that what an attempt a crash cut short did can be
+	// told from what the run's path holds.
+	Attempt int
 }
 
 // InfoFrom returns the running task's identity, or false outside a node.
@@ -194,5 +199,5 @@ func InfoFrom(ctx context.Context) (RunInfo, bool) {
 	}
 	return RunInfo{Run: sp.exec.run.ID, Thread: sp.thread, NS: sp.ns, Checkpoint: sp.ckpt,
 		Task: sp.taskID, Node: sp.node, Step: sp.exec.step, MaxTokens: sp.exec.cfg.MaxTokens,
-		Resumed: !sp.exec.root().fresh}, true
+		Resumed: !sp.exec.root().fresh, Attempt: sp.exec.root().attempt}, true
 }

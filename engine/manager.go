@@ -95,6 +95,25 @@ const DefaultMaxAlone = 2 * time.Minute
 // or its end) leaves it out.
 const MetaRecoveries = "engine.recoveries"
 
+// MetaAttempt is the key of Run.Meta that numbers the run's attempt: a
+// run starts as attempt 0 (and leaves it out), and every recovery starts
+// the next one, whether or not the run had made progress, and keeps the
+// number on record from then on. In exit durability a crash takes back
+// what a run did since its last commit, and the model calls it made then
+// are not its own any more: the calls of the attempt that ends it are
+// (see RunInfo.Attempt).
+const MetaAttempt = "engine.attempt"
+
+// RunAttempt is r's attempt as its record keeps it (MetaAttempt): 0 when
+// it has none, or one that is not a count.
+func RunAttempt(r *Run) int {
+	n, err := strconv.Atoi(r.Meta[MetaAttempt])
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
 // RunRequest asks for one turn on a thread.
 type RunRequest struct {
 	Thread        string
@@ -1395,6 +1414,8 @@ func (m *Manager) markRecovery(ctx context.Context, a *active, e *execution, hea
 	meta[MetaActive] = strconv.FormatInt(active.Milliseconds(), 10)
 	meta[MetaRunningSince] = time.Now().UTC().Format(time.RFC3339Nano)
 	meta[MetaRecoveries] = strconv.Itoa(a.recovery)
+	attempt := RunAttempt(e.run) + 1
+	meta[MetaAttempt] = strconv.Itoa(attempt)
 	rec := e.run.Clone()
 	rec.Meta = meta
 	if err := m.store.Commit(context.WithoutCancel(ctx), &Commit{Run: rec, Sync: true}); err != nil {
@@ -1403,6 +1424,7 @@ func (m *Manager) markRecovery(ctx context.Context, a *active, e *execution, hea
 	meta = maps.Clone(meta)
 	delete(meta, MetaRecoveries)
 	e.run.Meta = meta
+	e.attempt = attempt
 	e.runChanged = true
 	e.progressed = func() {
 		m.mu.Lock()

@@ -44,7 +44,10 @@ var errAnswerCut = errors.New("the answer reached its cap")
 // all: its tokens were spent before any of them could be seen. ChatCapped
 // can only refuse its answer, in the same way, when it holds more than
 // the cap (the provider's count, or else the low count), and report what
-// it spent. An answer whose count is the cap exactly is within it: Ollama
+// it spent. A provider can hold a line it reads past the cap of its own
+// (models/ollama does not read a line of the stream longer than an answer
+// of the cap takes): it then fails as one cut at the cap, and ChatCapped
+// returns its error. An answer whose count is the cap exactly is within it: Ollama
 // counts the end of text a model ends on among the num_predict tokens,
 // so a whole answer may report the cap.
 func ChatCapped(ctx context.Context, p Provider, req Request, stream func(Chunk) error) (*Response, error) {
@@ -203,10 +206,19 @@ func (r *symbolRuns) tokens() int { return r.ended + r.runTokens() }
 
 // overCap is the error of an answer that ChatCapped refused at its cap.
 func overCap(p Provider, req Request, limit, n int) *Error {
-	return &Error{Kind: Truncated, Provider: p.Name(), Model: req.Model,
-		Err: fmt.Errorf("the answer reached its cap of %d tokens (num_predict) and %s did not stop it: it was cut at %d tokens by the caller's count",
-			limit, displayName(p.Name()), n),
-		Hint:             "raise the cap (or the run's token budget it follows), or ask for a shorter answer",
-		CompletionTokens: n,
+	e := CapError(p.Name(), req.Model, limit, fmt.Sprintf("it was cut at %d tokens by the caller's count", n))
+	e.CompletionTokens = n
+	return e
+}
+
+// CapError is the error of an answer refused at its cap of limit tokens
+// (Request.Options.MaxOutputTokens), which its provider did not stop it
+// at: an error of kind Truncated. why says how the caller found it out.
+// The caller sets what the call spent (PromptTokens, CompletionTokens).
+func CapError(provider, model string, limit int, why string) *Error {
+	return &Error{Kind: Truncated, Provider: provider, Model: model,
+		Err: fmt.Errorf("the answer reached its cap of %d tokens (num_predict) and %s did not stop it: %s",
+			limit, displayName(provider), why),
+		Hint: "raise the cap (or the run's token budget it follows), or ask for a shorter answer",
 	}
 }

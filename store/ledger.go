@@ -59,10 +59,16 @@ type Outcome struct {
 	StartedAt     time.Time        `json:"started_at"`
 	EndedAt       time.Time        `json:"ended_at"`
 	Steps         int              `json:"steps"`
-	Tokens        int              `json:"tokens"`
-	ModelCalls    int              `json:"model_calls"`
-	Tools         []OutcomeTool    `json:"tools"`
-	Flags         []string         `json:"flags"`
+	// Tokens is what the run's model calls spent, as its budget counts
+	// them: failed calls, and the calls of an attempt that a crash cut
+	// short, included. ModelCalls counts the calls of the run's path,
+	// failed ones included: a call made after the run's last commit
+	// before a crash (exit durability), which the recovered run made
+	// again, is not counted twice.
+	Tokens     int           `json:"tokens"`
+	ModelCalls int           `json:"model_calls"`
+	Tools      []OutcomeTool `json:"tools"`
+	Flags      []string      `json:"flags"`
 	// Output is the run's result (completed runs), as JSON; Error is its
 	// error. The ledger holds them unredacted: redaction happens on the way
 	// out (see package uplink).
@@ -628,7 +634,7 @@ func appendOutcome(tx *bbolt.Tx, p *pendingOutcome) (*Outcome, error) {
 	}
 	o := p.o
 	o.Tools = []OutcomeTool{}
-	if err := summarizeCalls(tx, &o); err != nil {
+	if err := summarizeCalls(tx, &o, engine.RunAttempt(r)); err != nil {
 		return nil, err
 	}
 	body := p.body
@@ -702,8 +708,13 @@ func setDigest(d *fieldDigests, i int, v any) error {
 }
 
 // summarizeCalls fills in the run's tool calls (keys "<run>:...") and model
-// calls (keys "model:<run>:...") from the tool-call records.
-func summarizeCalls(tx *bbolt.Tx, o *Outcome) error {
+// calls (keys "model:<run>:...") from the tool-call records; attempt is
+// the run's (engine.MetaAttempt). The tokens are every model call's, as
+// the run's budget counted them. The model calls are those of the run's
+// path: a call that an earlier attempt made from a checkpoint that was
+// never stored (in exit durability, after the run's last commit before a
+// crash) is left out, as the run went on without it and called again.
+func summarizeCalls(tx *bbolt.Tx, o *Outcome, attempt int) error {
 	tb := bucket(tx, bucketToolCalls)
 	blobs := writeBlobs(tx)
 	valueBytes := func(v engine.Value) []byte {
@@ -739,13 +750,23 @@ func summarizeCalls(tx *bbolt.Tx, o *Outcome) error {
 	if err != nil {
 		return err
 	}
+	ckpts := openCheckpoints(tx)
 	return scan("model:"+o.Run+":", func(tc *ToolCall) {
-		o.ModelCalls++
 		var ref struct {
-			Tokens int `json:"tokens"`
+			Tokens     int    `json:"tokens"`
+			Attempt    int    `json:"attempt"`
+			NS         string `json:"ns"`
+			Checkpoint string `json:"checkpoint"`
 		}
-		if tc.Status == ToolCallDone && json.Unmarshal(valueBytes(tc.Result), &ref) == nil && ref.Tokens > 0 {
-			o.Tokens += ref.Tokens
+		if tc.Status != ToolCallDone || json.Unmarshal(valueBytes(tc.Result), &ref) != nil {
+			o.ModelCalls++
+			return
+		}
+		o.Tokens += max(ref.Tokens, 0)
+		cutShort := ref.Attempt < attempt && ref.Checkpoint != "" &&
+			ckpts.Get(checkpointKey(o.Thread, ref.NS, ref.Checkpoint)) == nil
+		if !cutShort {
+			o.ModelCalls++
 		}
 	})
 }

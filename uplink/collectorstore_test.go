@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -209,4 +211,73 @@ func TestPostgresCollectorStore(t *testing.T) {
 		})
 		return s
 	})
+}
+
+// Collectors that share one PostgreSQL share one bearer token for GET
+// /v1/appliances: started together, each with a token of its own, they
+// all come away with the same one, which each of them then takes, so an
+// operator or a dashboard that holds it can ask any of them.
+func TestPostgresCollectorsShareOneToken(t *testing.T) {
+	dsn := pgDSN(t)
+	schema := fmt.Sprintf("outpost_token_%d", time.Now().UnixNano())
+	const n = 4
+	stores := make([]*PostgresStore, n)
+	for i := range stores {
+		s, err := OpenPostgresStore(bg, dsn, schema)
+		require.NoError(t, err)
+		stores[i] = s
+	}
+	t.Cleanup(func() {
+		_, _ = stores[0].pool.Exec(bg, "DROP SCHEMA "+stores[0].schema+" CASCADE")
+		for _, s := range stores {
+			s.Close()
+		}
+	})
+
+	own := make([]string, n)
+	shared := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, s := range stores {
+		own[i] = fmt.Sprintf("token-of-collector-%d-0123456789abcdef0123456789", i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			shared[i], errs[i] = s.SharedToken(bg, own[i])
+		}()
+	}
+	wg.Wait()
+	for i := range stores {
+		require.NoError(t, errs[i])
+		require.Equal(t, shared[0], shared[i], "collector %d took another token", i)
+	}
+	require.Contains(t, own, shared[0], "the token is one of those the collectors brought")
+
+	again, err := stores[1].SharedToken(bg, "a-later-collector-token-0123456789abcdef")
+	require.NoError(t, err)
+	require.Equal(t, shared[0], again, "a collector that starts later takes the stored token")
+	_, err = stores[1].SharedToken(bg, "short")
+	require.Error(t, err, "a token too short to be one is refused")
+	again, err = stores[2].SharedToken(bg, own[2])
+	require.NoError(t, err)
+	require.Equal(t, shared[0], again, "a refused token changed nothing")
+
+	// Every collector answers the shared token, and none the ones that lost.
+	for i, s := range stores {
+		srv := httptest.NewServer(NewCollector(s, CollectorOptions{Secrets: map[string][]byte{"a1": testSecret}, Token: shared[i]}))
+		for _, tok := range own {
+			req, err := http.NewRequest(http.MethodGet, srv.URL+AppliancesPath, nil)
+			require.NoError(t, err)
+			req.Header.Set("Authorization", "Bearer "+tok)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			want := http.StatusUnauthorized
+			if tok == shared[0] {
+				want = http.StatusOK
+			}
+			require.Equal(t, want, resp.StatusCode, "collector %d, token %q", i, tok)
+		}
+		srv.Close()
+	}
 }

@@ -19,7 +19,8 @@
 // The receiving side: NewCollector returns an http.Handler for POST
 // /v1/outcomes and GET /v1/appliances over a CollectorStore: OpenBoltStore
 // (embedded, the default) or OpenPostgresStore (for several collectors
-// behind a load balancer). It refuses a body that is not declared
+// behind a load balancer, which share the bearer token the database holds:
+// PostgresStore.SharedToken). It refuses a body that is not declared
 // application/x-ndjson (415), verifies the HMAC per appliance, each
 // record's hash and the chain's continuity (PlanAppend, shared by both
 // stores), stores each (appliance, seq) once and answers a repeated batch

@@ -4,11 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/pgtest"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -85,94 +82,10 @@ type keepAll struct{}
 
 func (keepAll) RedactJSON(b json.RawMessage) json.RawMessage { return b }
 
-// pgDSN returns a PostgreSQL to test against: $OUTPOST_PG_DSN, or a
-// throwaway server started from the Debian packages. It skips, loudly, only
-// when neither exists.
-func pgDSN(t testing.TB) string {
-	t.Helper()
-	if dsn := os.Getenv("OUTPOST_PG_DSN"); dsn != "" {
-		return dsn
-	}
-	dsn, err := startPostgres(t)
-	if err != nil {
-		msg := "\n" +
-			"##########################################################################\n" +
-			"## SKIPPING THE POSTGRESQL COLLECTOR TESTS: no PostgreSQL could be started\n" +
-			"## (" + err.Error() + ")\n" +
-			"## Install it (apt-get install -y postgresql) or set OUTPOST_PG_DSN.\n" +
-			"##########################################################################"
-		fmt.Fprintln(os.Stderr, msg)
-		t.Skip(msg)
-	}
-	return dsn
-}
-
-var pgOnce struct {
-	sync.Once
-	dsn string
-	err error
-}
-
-// startPostgres runs initdb and pg_ctl in a temporary folder, as the
-// postgres user when running as root; the server lives until the test
-// binary exits (TestMain stops it).
-func startPostgres(t testing.TB) (string, error) {
-	pgOnce.Do(func() { pgOnce.dsn, pgOnce.err = bootPostgres() })
-	return pgOnce.dsn, pgOnce.err
-}
-
-var pgStop func()
-
-func bootPostgres() (string, error) {
-	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
-	if len(bins) == 0 {
-		return "", fmt.Errorf("initdb not found under /usr/lib/postgresql")
-	}
-	bin := filepath.Dir(bins[len(bins)-1])
-	dir, err := os.MkdirTemp("", "outpost-pg-")
-	if err != nil {
-		return "", err
-	}
-	run := func(args ...string) *exec.Cmd { return exec.Command(args[0], args[1:]...) }
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return "", fmt.Errorf("running as root and there is no postgres user: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			return "", err
-		}
-		run = func(args ...string) *exec.Cmd {
-			return exec.Command("runuser", append([]string{"-u", "postgres", "--"}, args...)...)
-		}
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	data := filepath.Join(dir, "data")
-	if out, err := run(filepath.Join(bin, "initdb"), "-D", data, "-A", "trust", "-U", "postgres").CombinedOutput(); err != nil {
-		return "", fmt.Errorf("initdb: %v: %s", err, out)
-	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off", port, dir)
-	if out, err := run(filepath.Join(bin, "pg_ctl"), "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"), "-w", "start").CombinedOutput(); err != nil {
-		return "", fmt.Errorf("pg_ctl start: %v: %s", err, out)
-	}
-	pgStop = func() {
-		_ = run(filepath.Join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "stop").Run()
-		os.RemoveAll(dir)
-	}
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port), nil
-}
+func pgDSN(t testing.TB) string { return pgtest.DSN(t) }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if pgStop != nil {
-		pgStop()
-	}
+	pgtest.Stop()
 	os.Exit(code)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,6 +53,10 @@ CREATE TABLE IF NOT EXISTS %[1]s.outcomes (
 	record       bytea NOT NULL,
 	received_at  timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (appliance_id, seq)
+);
+CREATE TABLE IF NOT EXISTS %[1]s.collector_token (
+	one   boolean PRIMARY KEY DEFAULT true CHECK (one),
+	token text NOT NULL
 );`, s.schema)
 	// Two collectors starting together may race to create the tables; the
 	// loser's error is harmless once they exist.
@@ -67,6 +72,26 @@ CREATE TABLE IF NOT EXISTS %[1]s.outcomes (
 		return nil, fmt.Errorf("collector postgres: create tables: %w", err)
 	}
 	return s, nil
+}
+
+// SharedToken returns the bearer token of GET /v1/appliances that the
+// collectors on this database share: the one the database holds, or,
+// when it holds none yet, token, which it stores. Of collectors that start
+// together, the first to store its token wins (the table holds one row, and
+// the others' inserts do nothing once it is committed) and the others read
+// it, so an appliance list fetched with it works against any of them.
+func (s *PostgresStore) SharedToken(ctx context.Context, token string) (string, error) {
+	if len(token) < 32 || strings.ContainsAny(token, " \t\r\n") {
+		return "", fmt.Errorf("collector postgres: a token must be at least 32 characters without spaces")
+	}
+	if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.schema+`.collector_token (token) VALUES ($1) ON CONFLICT DO NOTHING`, token); err != nil {
+		return "", fmt.Errorf("collector postgres: store the token: %w", err)
+	}
+	var shared string
+	if err := s.pool.QueryRow(ctx, `SELECT token FROM `+s.schema+`.collector_token`).Scan(&shared); err != nil {
+		return "", fmt.Errorf("collector postgres: read the token: %w", err)
+	}
+	return shared, nil
 }
 
 // Close closes the connection pool.

@@ -20,6 +20,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/internal/pgtest"
 )
 
 // The binary the command-line tests run, built once per test binary into
@@ -33,6 +35,7 @@ var (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	pgtest.Stop()
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}

@@ -29,7 +29,7 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	listen := fs.String("listen", "127.0.0.1:7080", "address to listen on")
 	data := fs.String("data", defaultCollectorData, "data folder: the embedded (bbolt) store, and the token of GET /v1/appliances (with --postgres too)")
 	secrets := fs.String("secrets", "", "file of \"appliance_id secret\" lines, one per appliance")
-	pg := fs.String("postgres", "", "store into PostgreSQL at this DSN instead of bbolt (several collectors may share it; copy one's "+uplink.TokenFile+" into the others' --data for one token)")
+	pg := fs.String("postgres", "", "store into PostgreSQL at this DSN instead of bbolt (several collectors may share it, and its token: the first to start stores its own there, and the others take it into their --data)")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -50,17 +50,34 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	var st uplink.CollectorStore
-	where := *data
+	where, shared := *data, false
 	if *pg != "" {
-		st, err = uplink.OpenPostgresStore(ctx, *pg, "")
-		where = "postgres"
+		pgs, err := uplink.OpenPostgresStore(ctx, *pg, "")
+		if err != nil {
+			return err
+		}
+		defer pgs.Close()
+		st, where = pgs, "postgres"
+		// The collectors on one database share its token: the first to
+		// start stores its own, and the others take it into their folders.
+		dbTok, err := pgs.SharedToken(ctx, tok)
+		if err != nil {
+			return err
+		}
+		if dbTok != tok {
+			if err := console.ReplaceTokenFile(*data, uplink.TokenFile, dbTok); err != nil {
+				return err
+			}
+			tok, created, shared = dbTok, false, true
+		}
 	} else {
-		st, err = uplink.OpenBoltStore(*data)
+		bs, err := uplink.OpenBoltStore(*data)
+		if err != nil {
+			return err
+		}
+		defer bs.Close()
+		st = bs
 	}
-	if err != nil {
-		return err
-	}
-	defer st.Close()
 	l, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -73,8 +90,12 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		appliances = "appliance"
 	}
 	fmt.Fprintf(stdout, "collector listening on http://%s (%d %s, store: %s)\n", l.Addr(), len(keys), appliances, where)
-	if created {
+	switch {
+	case created:
 		fmt.Fprintf(stdout, "  a bearer token for GET %s was made (%s, mode 0600)\n", uplink.AppliancesPath, filepath.Join(*data, uplink.TokenFile))
+	case shared:
+		fmt.Fprintf(stdout, "  the bearer token for GET %s is the one the database's collectors share, now in %s (mode 0600)\n",
+			uplink.AppliancesPath, filepath.Join(*data, uplink.TokenFile))
 	}
 	fmt.Fprintf(stdout, "  GET %s needs it: outpost token --collector --data %s\n", uplink.AppliancesPath, shellQuote(*data))
 	go func() {

@@ -10,6 +10,9 @@ package crashtest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 
@@ -221,4 +224,175 @@ func TestExitDurabilityCrashDuringToolCall(t *testing.T) {
 			require.True(t, rep.OK(), "db check: %v", rep.Problems)
 		})
 	}
+}
+
+// The child of TestExitDurabilityOutcomeCountsTheCallsOfTheFinalAttempt
+// runs from init, as the other crash tests' do: OUTPOST_EXITCALLS_CHILD
+// names its store, OUTPOST_EXITCALLS_START asks it to start the run, which
+// kills the process after its model call, and OUTPOST_EXITCALLS_SAME_STEP
+// has the model called in the step that makes the run durable (see
+// genAgent).
+func init() {
+	if dir := os.Getenv("OUTPOST_EXITCALLS_CHILD"); dir != "" {
+		sameStep := os.Getenv("OUTPOST_EXITCALLS_SAME_STEP") != ""
+		if err := exitCallsChild(dir, os.Getenv("OUTPOST_EXITCALLS_START") != "", sameStep); err != nil {
+			fmt.Fprintf(os.Stderr, "exit calls child: %v\n", err)
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
+}
+
+// exitCallsChild opens the store in dir with a manager in exit
+// durability, recovers what a start before left running and waits for it,
+// and, at the first start, runs genAgent, which kills the process.
+func exitCallsChild(dir string, start, sameStep bool) error {
+	ctx := context.Background()
+	db, err := store.OpenDir(dir, store.Options{})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ag, err := genAgent(db, start, sameStep)
+	if err != nil {
+		return err
+	}
+	m := engine.NewManager(db, func(string, engine.BundleRef) (*engine.Agent, error) { return ag, nil },
+		engine.ManagerOptions{Durability: engine.DurabilityExit})
+	defer m.Close()
+	if _, err := m.Recover(ctx); err != nil {
+		return err
+	}
+	if start {
+		_, err := m.Invoke(ctx, engine.RunRequest{Thread: "t1", Agent: "gen"})
+		return err
+	}
+	return waitUnfinished(ctx, db, m, "")
+}
+
+// genAgent runs "first", which makes the run durable (as a tool call
+// would), then "gen", which calls the model, then "hold", which kills the
+// process when kill is set. With sameStep, "first" calls the model itself
+// once the run is durable, as a tool loop does after a tool call, and
+// "gen" does nothing.
+func genAgent(db *store.DB, kill, sameStep bool) (*engine.Agent, error) {
+	rules, err := scripted.ParseRules([]byte(`[{"respond": "noted: {{input}}"}]`))
+	if err != nil {
+		return nil, err
+	}
+	provider, err := scripted.New(rules)
+	if err != nil {
+		return nil, err
+	}
+	mc := &agent.ModelCall{Provider: provider, Lane: &policy.Lane{Agent: "gen", Models: []string{"scripted"}},
+		Log: wiring.CallLog(db, db), Blobs: db, TokenLimit: 100_000}
+	b := engine.NewGraph("gen")
+	answer := engine.Replace[string](b, "answer")
+	call := func(ctx context.Context) ([]engine.Write, error) {
+		resp, err := mc.Call(ctx, models.Request{Model: "scripted", Messages: []models.Message{{Role: models.RoleUser, Content: "a dose"}}}, 0)
+		if err != nil {
+			return nil, err
+		}
+		return []engine.Write{answer.Set(resp.Message.Content)}, nil
+	}
+	b.AddNode("first", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		if err := engine.EnsureDurable(ctx); err != nil || !sameStep {
+			return nil, err
+		}
+		return call(ctx)
+	})
+	b.AddNode("gen", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		if sameStep {
+			return nil, nil
+		}
+		return call(ctx)
+	})
+	b.AddNode("hold", func(context.Context, engine.State) ([]engine.Write, error) {
+		if kill {
+			return nil, killSelf()
+		}
+		return nil, nil
+	})
+	b.AddEdge(engine.Start, "first")
+	b.AddEdge("first", "gen")
+	b.AddEdge("gen", "hold")
+	g, err := b.Compile()
+	if err != nil {
+		return nil, err
+	}
+	return &engine.Agent{Name: "gen", Graph: g, Output: func(s engine.State) json.RawMessage {
+		out, _ := json.Marshal(answer.Get(s))
+		return out
+	}}, nil
+}
+
+// A run in exit durability whose process is killed after a model call,
+// past its last commit, is recovered from that commit and calls the model
+// again. Its outcome counts the model calls of the path it ended on, one,
+// not the one the crash took back as well; its tokens are all it spent,
+// as its budget counted them. A call made by a task of the step that the
+// last commit starts (same step) is not made again: the recovered run
+// reuses its answer, and it counts once, in model calls and in tokens.
+func TestExitDurabilityOutcomeCountsTheCallsOfTheFinalAttempt(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		sameStep bool
+		calls    int // model calls made, in the two starts
+	}{
+		{"a step after the last commit", false, 2},
+		{"the step the last commit starts", true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := []string{"OUTPOST_EXITCALLS_CHILD=" + t.TempDir()}
+			if tc.sameStep {
+				env = append(env, "OUTPOST_EXITCALLS_SAME_STEP=1")
+			}
+			requireOutcomeOfFinalAttempt(t, env, tc.calls)
+		})
+	}
+}
+
+// requireOutcomeOfFinalAttempt starts the child with env twice, the first
+// time to crash, and checks the outcome of its run, which made calls model
+// calls in all.
+func requireOutcomeOfFinalAttempt(t *testing.T, env []string, calls int) {
+	dir := strings.TrimPrefix(env[0], "OUTPOST_EXITCALLS_CHILD=")
+	ctx := context.Background()
+	err := startChild(t, append(env, "OUTPOST_EXITCALLS_START=1")...)
+	require.True(t, killed(err), "the first start kills itself after the model call: %v", err)
+
+	spentBy := func() (string, int) {
+		db, err := store.OpenDir(dir, store.Options{})
+		require.NoError(t, err)
+		defer db.Close()
+		runs, err := db.Runs(ctx, engine.RunFilter{Thread: "t1"})
+		require.NoError(t, err)
+		require.Len(t, runs, 1, "the run is on record from its first step")
+		spent, err := wiring.CallLog(db, db).(agent.TokenCounter).ModelTokens(ctx, runs[0].ID)
+		require.NoError(t, err)
+		return runs[0].ID, spent
+	}
+	run, before := spentBy()
+	require.Positive(t, before, "the model call was recorded before the crash")
+
+	require.NoError(t, startChild(t, env...), "the next start recovers the run and ends it")
+	_, spent := spentBy()
+	require.Equal(t, calls*before, spent, "the budget counts every call made")
+
+	db, err := store.OpenDir(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	runs, err := db.Runs(ctx, engine.RunFilter{Thread: "t1"})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, runs[0].Status, runs[0].Error)
+	outcomes, err := db.Outcomes(ctx, 0, 0)
+	require.NoError(t, err)
+	require.Len(t, outcomes, 1)
+	o := outcomes[0]
+	require.Equal(t, run, o.Run)
+	require.Equal(t, 1, o.ModelCalls, "the outcome counts the call of the path the run ended on")
+	require.Equal(t, spent, o.Tokens, "and every token the run spent")
+	rep, err := db.Check(ctx)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "db check: %v", rep.Problems)
 }

@@ -1,6 +1,7 @@
 package ollama
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -136,7 +137,7 @@ func (c *Client) Chat(ctx context.Context, req models.Request, stream func(model
 		defer cancel()
 	}
 
-	end := &streamEnd{}
+	end := &streamEnd{maxLine: maxLine(req.Options.MaxOutputTokens)}
 	callCtx = context.WithValue(callCtx, streamEndKey{}, end)
 	start := time.Now()
 	acc := accumulator{model: req.Model}
@@ -154,6 +155,10 @@ func (c *Client) Chat(ctx context.Context, req models.Request, stream func(model
 		return nil
 	})
 	watch.pause()
+	var cb callbackError
+	if errors.Is(end.err, errLineOverCap) && !errors.As(err, &cb) {
+		return nil, c.lineOverCap(req, end.maxLine, &acc)
+	}
 	if err != nil {
 		return nil, c.classify(callCtx, req.Model, err)
 	}
@@ -267,10 +272,73 @@ func (c *Client) list(ctx context.Context) (*api.ListResponse, error) {
 }
 
 // streamEnd is how the reading of a chat's response body ended: io.EOF at
-// its end, another error when it was cut, nil while it was not read to
-// either. It is read once Client.Chat's call to api.Client has returned;
-// the body is read on that call's goroutine.
-type streamEnd struct{ err error }
+// its end, another error when it was cut, errLineOverCap when a line ran
+// past maxLine, nil while it was not read to any of them. It is read once
+// Client.Chat's call to api.Client has returned; the body is read on that
+// call's goroutine.
+type streamEnd struct {
+	err error
+	// maxLine, when positive, is the most bytes a line of the stream may
+	// hold (see maxLine), and line the bytes of the line being read.
+	maxLine, line int
+}
+
+// overLine counts the bytes read of the stream's lines, and reports
+// whether one of them has run past maxLine.
+func (s *streamEnd) overLine(read []byte) bool {
+	for {
+		i := bytes.IndexByte(read, '\n')
+		if i < 0 {
+			s.line += len(read)
+			return s.line > s.maxLine
+		}
+		if s.line+i > s.maxLine {
+			return true
+		}
+		s.line, read = 0, read[i+1:]
+	}
+}
+
+// errLineOverCap ends the reading of a stream whose line ran past the
+// bytes that the answer's cap allows a line.
+var errLineOverCap = errors.New("a line of the stream ran past what the answer's cap allows")
+
+// Bounds of a stream's line while the answer is capped (see maxLine).
+const (
+	lineOverhead  = 16 << 10 // a chunk's fields besides its text, and a token of any length
+	bytesPerToken = 64       // far more than a tokenizer's tokens take on average, escaped as JSON
+)
+
+// maxLine is the most bytes a line of the stream of an answer capped at
+// limit tokens (0: none) may hold. api.Client reads a whole line before it
+// hands it on, up to 8 MB, so a provider that sends many tokens in one
+// chunk, or its whole answer in one line, would be read whole before its
+// answer could be counted against the cap. No honest chunk comes near the
+// bound: Ollama streams a token a line, and even an answer that comes
+// whole (a proxy that drops "stream") takes less than bytesPerToken a
+// token. A line that runs past it is taken for an answer past the cap
+// (what else it could hold, padding or fields Ollama does not send, is no
+// answer either). 0 means no bound but api.Client's.
+func maxLine(limit int) int {
+	if limit <= 0 || limit > (8<<20)/bytesPerToken {
+		return 0
+	}
+	return lineOverhead + limit*bytesPerToken
+}
+
+// lineOverCap is the error of a call whose stream held a line past
+// maxLine bytes, of an answer capped at req's MaxOutputTokens: refused as
+// over its cap. The line was not read, so what it held is charged as an
+// answer that stopped at its cap would be, the cap (or the estimate of
+// what streamed before it, when that is more).
+func (c *Client) lineOverCap(req models.Request, maxLine int, acc *accumulator) *models.Error {
+	limit := req.Options.MaxOutputTokens
+	e := models.CapError(providerName, req.Model, limit,
+		fmt.Sprintf("a line of its stream ran past %d bytes, more than an answer of %d tokens takes, and was not read", maxLine, limit))
+	e.URL = c.base
+	e.CompletionTokens = max(limit, models.EstimateAnswerTokens(acc.message()))
+	return e
+}
 
 type streamEndKey struct{}
 
@@ -296,7 +364,16 @@ type watchedBody struct {
 }
 
 func (b *watchedBody) Read(p []byte) (int, error) {
+	if errors.Is(b.end.err, errLineOverCap) {
+		return 0, b.end.err
+	}
 	n, err := b.ReadCloser.Read(p)
+	if b.end.maxLine > 0 && b.end.overLine(p[:n]) {
+		// The line is not read on: the bytes of it already read go no
+		// further than api.Client's buffer, and the call fails.
+		b.end.err = errLineOverCap
+		return n, errLineOverCap
+	}
 	if err != nil && b.end.err == nil {
 		b.end.err = err
 	}

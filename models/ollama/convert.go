@@ -134,20 +134,25 @@ func (a *accumulator) add(r api.ChatResponse) models.Chunk {
 	return chunk
 }
 
+// message is the answer so far.
+func (a *accumulator) message() models.Message {
+	return models.Message{
+		Role:      models.RoleAssistant,
+		Content:   a.content.String(),
+		Thinking:  a.thinking.String(),
+		ToolCalls: a.toolCalls,
+	}
+}
+
 func (a *accumulator) response(wall time.Duration) *models.Response {
 	d := a.metrics.TotalDuration
 	if d <= 0 {
 		d = wall
 	}
 	return &models.Response{
-		Provider: providerName,
-		Model:    a.model,
-		Message: models.Message{
-			Role:      models.RoleAssistant,
-			Content:   a.content.String(),
-			Thinking:  a.thinking.String(),
-			ToolCalls: a.toolCalls,
-		},
+		Provider:         providerName,
+		Model:            a.model,
+		Message:          a.message(),
 		PromptTokens:     a.metrics.PromptEvalCount,
 		CompletionTokens: a.metrics.EvalCount,
 		DoneReason:       a.doneReason,

@@ -15,7 +15,10 @@
 // between chunks or a connection dropped mid-stream is transient (a line
 // longer than the client reads is not), and an answer cut at the token
 // limit (done_reason "length") is a Truncated error, never a complete
-// answer. The tests replay Ollama's NDJSON streams recorded under
+// answer. So is a line of the stream longer than an answer capped at the
+// request's Options.MaxOutputTokens takes (many tokens in one chunk, or the
+// whole answer in one line): it is not read on, so the cap holds before
+// the line is in memory. The tests replay Ollama's NDJSON streams recorded under
 // testdata/ollama; run them with -update next to a real Ollama to record
 // fresh ones.
 package ollama
