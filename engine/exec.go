@@ -56,6 +56,19 @@ type RunConfig struct {
 	// parent is the execution whose task runs this one, as a subgraph
 	// node (nil for the root graph).
 	parent *execution
+	// clock, when set, stands in for the wall clock where a run's active
+	// time and its record's times are read (see now): tests that check
+	// the wall-time budget move it themselves, so that a loaded machine's
+	// scheduling does not move their margins.
+	clock func() time.Time
+}
+
+// now is the time by cfg's clock: the wall clock unless one is set.
+func (cfg *RunConfig) now() time.Time {
+	if cfg.clock != nil {
+		return cfg.clock()
+	}
+	return time.Now()
 }
 
 // Result is how a call to Invoke or Resume ended.
@@ -201,7 +214,7 @@ func (g *Graph) newExecution(cfg RunConfig) (*execution, error) {
 	}
 	run := cfg.Run
 	if run == nil {
-		run = &Run{ID: NewRunID(), Thread: cfg.Thread, Agent: g.name, CreatedAt: time.Now().UTC()}
+		run = &Run{ID: NewRunID(), Thread: cfg.Thread, Agent: g.name, CreatedAt: cfg.now().UTC()}
 	}
 	if cfg.ns != "" {
 		run = &Run{ID: run.ID, Thread: run.Thread, Agent: g.name}
@@ -449,7 +462,7 @@ func (e *execution) applyInput(ctx context.Context, input []Write) error {
 		return e.fail(ctx, fmt.Errorf("input: %w", err))
 	}
 	if e.run.StartedAt.IsZero() {
-		e.run.StartedAt = time.Now().UTC()
+		e.run.StartedAt = e.cfg.now().UTC()
 	}
 	e.fresh = true
 	e.run.Status = StatusRunning
@@ -546,7 +559,7 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 		e.runChanged = e.runChanged || e.run.Status != StatusQueued
 		e.run.Status = StatusRunning
 		if e.run.StartedAt.IsZero() {
-			e.run.StartedAt = time.Now().UTC()
+			e.run.StartedAt = e.cfg.now().UTC()
 		}
 		if len(decisions) > 0 {
 			// Put the decisions on record, as the answers their tasks will
@@ -623,7 +636,7 @@ func (e *execution) cause(ctx context.Context) error {
 	if err := context.Cause(ctx); err != nil {
 		return err
 	}
-	if d := e.cfg.MaxDuration; d > 0 && e.activeBefore+time.Since(e.activeFrom) >= d {
+	if d := e.cfg.MaxDuration; d > 0 && e.activeBefore+e.cfg.now().Sub(e.activeFrom) >= d {
 		return ErrDeadline
 	}
 	return nil
@@ -975,7 +988,7 @@ func (e *execution) stopped(ctx context.Context, cause error) error {
 // finish commits the run's last checkpoint together with its final status.
 func (e *execution) finish(ctx context.Context, c *Commit, status RunStatus, runErr error) error {
 	e.run.Status = status
-	e.run.EndedAt = time.Now().UTC()
+	e.run.EndedAt = e.cfg.now().UTC()
 	e.stopActive()
 	if runErr != nil {
 		e.run.Error = runErr.Error()

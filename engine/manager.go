@@ -77,6 +77,10 @@ type ManagerOptions struct {
 	// bound, where a suspect waiting for its turn holds the others back
 	// at once, until the runs that hold workers end or pause.
 	MaxAlone time.Duration
+
+	// clock stands in for the wall clock in the runs' active time and
+	// records (see RunConfig.clock); nil in use.
+	clock func() time.Time
 }
 
 // DefaultMaxRecoveries is how many times in a row a run is recovered, by
@@ -257,7 +261,15 @@ func (m *Manager) config(a *Agent, run *Run) RunConfig {
 	}
 	return RunConfig{Thread: run.Thread, Store: m.store, Blobs: m.store, Run: run, Durability: m.opts.Durability,
 		StepLimit: limit, MaxDuration: Narrower(m.opts.MaxDuration, a.MaxDuration), MaxTokens: Narrower(m.opts.MaxTokens, a.MaxTokens),
-		Events: m.opts.Events, Cache: m.cache, Output: a.Output}
+		Events: m.opts.Events, Cache: m.cache, Output: a.Output, clock: m.opts.clock}
+}
+
+// now is the time by the manager's clock (see ManagerOptions.clock).
+func (m *Manager) now() time.Time {
+	if m.opts.clock != nil {
+		return m.opts.clock()
+	}
+	return time.Now()
 }
 
 // Narrower returns the smaller of two limits, where 0 (or less) is no
@@ -371,7 +383,7 @@ func (m *Manager) open(ctx context.Context, req RunRequest) (*active, *execution
 	if err != nil {
 		return nil, nil, err
 	}
-	now := time.Now().UTC()
+	now := m.now().UTC()
 	run := &Run{ID: NewRunID(), Thread: req.Thread, Agent: ag.Name, Status: StatusQueued, Bundle: ag.Bundle,
 		CorrelationID: req.CorrelationID, Input: req.Input, Meta: req.Meta, CreatedAt: now}
 	if run.CorrelationID == "" {
@@ -992,7 +1004,7 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 	}
 	run.Status = StatusCancelled
 	run.Error = ErrCancelled.Error()
-	run.EndedAt = time.Now().UTC()
+	run.EndedAt = m.now().UTC()
 	run.Interrupts = nil
 	ev := Event{Time: run.EndedAt, Type: EventRunFailed, Run: run.ID, Thread: run.Thread,
 		Data: json.RawMessage(`{"status":"cancelled"}`)}
@@ -1257,7 +1269,7 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 	}
 	fail := func(err error) (recovered, error) {
 		m.dequeue()
-		run.Status, run.Error, run.EndedAt = StatusFailed, err.Error(), time.Now().UTC()
+		run.Status, run.Error, run.EndedAt = StatusFailed, err.Error(), m.now().UTC()
 		ev := Event{Time: run.EndedAt, Type: EventRunFailed, Run: run.ID, Thread: run.Thread}
 		ev.Data, _ = json.Marshal(map[string]any{"status": run.Status, "error": run.Error})
 		c := &Commit{Run: run, Events: []Event{ev}, Sync: true}
@@ -1393,7 +1405,7 @@ func (m *Manager) markRecovery(ctx context.Context, a *active, e *execution, hea
 		meta = map[string]string{}
 	}
 	meta[MetaActive] = strconv.FormatInt(active.Milliseconds(), 10)
-	meta[MetaRunningSince] = time.Now().UTC().Format(time.RFC3339Nano)
+	meta[MetaRunningSince] = m.now().UTC().Format(time.RFC3339Nano)
 	meta[MetaRecoveries] = strconv.Itoa(a.recovery)
 	rec := e.run.Clone()
 	rec.Meta = meta

@@ -583,7 +583,7 @@ func TestExitRunIsKnownBeforeItIsStored(t *testing.T) {
 	s := engine.NewMemoryStore()
 	gate := make(chan struct{})
 	m := newManager(t, s, engine.ManagerOptions{Durability: engine.DurabilityExit},
-		&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, time.Millisecond, false, gate)})
+		&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, time.Sleep, time.Millisecond, false, gate)})
 	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "sleepy"})
 	require.NoError(t, err)
 	_, err = s.Run(ctx, run.ID)
