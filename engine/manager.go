@@ -73,9 +73,9 @@ type ManagerOptions struct {
 	MaxRecoveries int
 	// MaxAlone bounds a suspect's turn alone: once it has run alone that
 	// long without making progress, the other runs get workers again
-	// beside it (see Recover). Default DefaultMaxAlone; negative for no
-	// bound, where a suspect waiting for its turn holds the others back
-	// at once, until the runs that hold workers end or pause.
+	// beside it (see Recover). It also bounds a suspect's wait for its
+	// turn, while the suspects before it run on after theirs. Default
+	// DefaultMaxAlone; negative for no bound on either.
 	MaxAlone time.Duration
 
 	// clock stands in for the wall clock in the runs' active time and
@@ -138,18 +138,16 @@ type Manager struct {
 	// their worker slots in turns (see takeTurn): waiting holds the
 	// suspects waiting for their turn, in order; alone is the one whose
 	// turn it is, holding every slot, and aloneEnd the timer that ends its
-	// turn. head is the first suspect waiting while none runs alone,
-	// headSince when it began to wait so, and headEnd the timer that ends
-	// its wait. changed is closed, and made anew, whenever the turns
-	// change, to wake the runs that wait on them.
-	suspects  int
-	waiting   []*active
-	alone     *active
-	aloneEnd  *time.Timer
-	head      *active
-	headSince time.Time
-	headEnd   *time.Timer
-	changed   chan struct{}
+	// turn. head is the first suspect waiting while none runs alone, and
+	// headEnd the timer that ends its wait. changed is closed, and made
+	// anew, whenever the turns change, to wake the runs that wait on them.
+	suspects int
+	waiting  []*active
+	alone    *active
+	aloneEnd *time.Timer
+	head     *active
+	headEnd  *time.Timer
+	changed  chan struct{}
 	// recoveredSuspects is how many suspects the last Recover found.
 	recoveredSuspects int
 
@@ -197,10 +195,13 @@ type active struct {
 	// (see markRecovery); 0 when the run is not being recovered.
 	recovery int
 	// suspect: the run is one of the crash-loop guard's suspects and its
-	// turn alone has not ended (see Recover). slots is how many worker
-	// slots the run holds: one, or all of them while a suspect runs alone.
-	suspect bool
-	slots   int
+	// turn alone has not ended (see Recover). waitedOut: it was one, and
+	// its wait for its turn ran out; it runs as any run, and the suspects
+	// after it do not hold it back. slots is how many worker slots the run
+	// holds: one, or all of them while a suspect runs alone.
+	suspect   bool
+	waitedOut bool
+	slots     int
 }
 
 var errShutdown = errors.New("run manager shutting down")
@@ -549,13 +550,14 @@ func (m *Manager) takeWorker(ctx context.Context, a *active) int {
 // takeTurn takes what a's run may take of the worker slots now, while the
 // crash-loop guard has suspects (see Recover), and returns how many slots
 // it took. While a suspect runs alone it holds every slot, and no other
-// run takes one. The first suspect waiting takes every slot once no run
-// holds one, before any other run. For MaxAlone it holds no one up
-// meanwhile, and the other runs take the free slots; for MaxAlone more
-// they take none, so that the runs that hold slots end or pause and free
-// them; and if that does not make its turn either, it waits no longer
-// (see headChanged). So a busy appliance holds a suspect back, and a
-// suspect holds the others up, for a bounded time. The caller holds m.mu.
+// run takes one. While suspects wait for their turns, no other run takes
+// a slot either: the first one waiting takes every slot once no run holds
+// one, which at start is at once, and after its turn the next one waits
+// for the runs that hold slots (the suspects before it, going on beside
+// each other once their turns ended) to end or pause. Its wait is bounded
+// (see headChanged): once it runs out, the suspect runs as any run does,
+// and the others take slots beside it until the next suspect's turn. The
+// caller holds m.mu.
 func (m *Manager) takeTurn(a *active) int {
 	if m.alone != nil {
 		return 0
@@ -581,8 +583,8 @@ func (m *Manager) takeTurn(a *active) int {
 		}
 		return cap(m.sem)
 	}
-	if len(m.waiting) > 0 && (len(m.sem) == 0 || m.headGathers()) {
-		return 0 // the suspect's turn
+	if len(m.waiting) > 0 && !a.waitedOut {
+		return 0 // the suspects' turns
 	}
 	select {
 	case m.sem <- struct{}{}:
@@ -632,10 +634,14 @@ func (m *Manager) clearSuspect(a *active) {
 }
 
 // headChanged starts the wait of the first suspect waiting, when none runs
-// alone and it has not begun to wait already: after MaxAlone the other runs
-// take no more worker slots (headGathers), and after twice that, with its
-// turn still not come, the suspect runs as any run does, beside the others,
-// and a crash counts against every run it cuts short. The caller holds
+// alone and it has not begun to wait already. The other runs take no
+// worker slots meanwhile (see takeTurn), so that the runs that hold them
+// end or pause and its turn comes. After MaxAlone, with its turn still not
+// come, the suspect waits no longer: it runs as any run does, beside the
+// others, and a crash counts against every run it cuts short. So a slow
+// run holds a suspect back, and a suspect holds the others up, for a
+// bounded time. A wait that runs out while no run holds a slot, which
+// the suspect's worker is about to take, starts again. The caller holds
 // m.mu.
 func (m *Manager) headChanged() {
 	var head *active
@@ -650,13 +656,19 @@ func (m *Manager) headChanged() {
 	if head == nil || d <= 0 {
 		return
 	}
-	m.head, m.headSince = head, time.Now()
-	m.headEnd = time.AfterFunc(2*d, func() {
+	m.head = head
+	m.headEnd = time.AfterFunc(d, func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		if m.head == head && m.alone == nil {
-			m.clearSuspect(head)
+		if m.head != head || m.alone != nil {
+			return
 		}
+		if len(m.sem) == 0 {
+			m.headEnd.Reset(d)
+			return
+		}
+		head.waitedOut = true
+		m.clearSuspect(head)
 	})
 }
 
@@ -666,19 +678,6 @@ func (m *Manager) stopHead() {
 		m.headEnd.Stop()
 	}
 	m.head, m.headEnd = nil, nil
-}
-
-// headGathers reports whether the first suspect waiting has waited MaxAlone
-// for a moment when no run holds a worker slot, so that the other runs take
-// no more slots, to let it come. With no bound on MaxAlone it gathers at
-// once: a turn alone that may last without bound is no reason to hold a
-// suspect back without bound, on an appliance that is never idle. The
-// caller holds m.mu.
-func (m *Manager) headGathers() bool {
-	if m.opts.MaxAlone < 0 {
-		return true
-	}
-	return m.head != nil && time.Since(m.headSince) >= m.opts.MaxAlone
 }
 
 // turnsChanged wakes the runs waiting for their turn (see takeTurn). The
@@ -1061,13 +1060,15 @@ func (e *DamagedRunsError) Error() string {
 // progress would fail it (with MaxRecoveries 1, at its first recovery), so
 // that no run is failed before it has had a turn alone. Suspects have a
 // turn alone each, one at a time: while one runs alone, no other run
-// executes, recovered or new. A suspect's turn alone begins once no run
-// holds a worker, before any other run takes one (at start, before all
-// others); until then it waits without holding anyone up for MaxAlone,
-// then for MaxAlone more no other run takes a worker, so that those that
-// hold one free it; and if its turn has still not come, it runs beside the
-// others as any run, counted as any run (with no bound on MaxAlone, it
-// holds the others back at once, until its turn comes). The turn ends when the suspect
+// executes, recovered or new; and no run but a suspect takes a worker
+// before every suspect has had its turn. The first suspect's turn begins
+// at once, as no run executes yet. Each of the next ones takes its turn
+// once no run holds a worker: the suspects before it may run on after
+// their turns, and it waits for them to end or pause, for MaxAlone at
+// most; if its turn has still not come by then, it runs beside them as
+// any run, counted as any run, and the other runs take workers beside it
+// until the next suspect's turn (with no bound on MaxAlone, it waits
+// until its turn comes). The turn ends when the suspect
 // makes progress (in exit durability it commits its steps until one does,
 // see markRecovery), pauses or ends, or once it has run alone for
 // ManagerOptions.MaxAlone: from then on it runs beside the others, as any
