@@ -161,10 +161,6 @@ type Manager struct {
 		pass    *recoveryPass
 		resumed int
 		err     error // a *DamagedRunsError, or nil
-		// suspects and others are the runs the passes registered for
-		// workers to resume, which go to workers once a pass succeeds
-		// (see recoverAll). Only the running pass touches them.
-		suspects, others []recovered
 	}
 }
 
@@ -1092,9 +1088,11 @@ func (e *DamagedRunsError) Error() string {
 // that, or to start recovering before the first request. A pass that
 // fails (the store cannot be listed) is not done: the next call, or the
 // next Start, tries again, and Start, Invoke, Resume and Cancel fail
-// meanwhile. The runs it found wait for the pass that succeeds, which
-// resumes them with those it finds (and returns their number), so that the
-// suspects among the latter still run first. A call whose ctx ends while
+// meanwhile. It hands no run to a worker, and takes back the runs it
+// registered, so that the manager holds none it does not resume (ThreadRun
+// and Active do not report them) and gives up the memory their executions
+// took: the pass that succeeds finds them all anew, with their suspects
+// first. A call whose ctx ends while
 // the pass runs returns ctx's error at once: the pass goes on, on the
 // manager's own context, for the calls that wait for it, until it ends or
 // Close stops it (Close waits for it). Once the manager is closed, a call
@@ -1173,18 +1171,19 @@ func (m *Manager) recoverFirst(ctx context.Context) error {
 func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 	// The runs go to workers once all are registered, suspects first, so
 	// that no other run takes a worker before the suspects' turns (see
-	// takeTurn). A pass that fails part-way hands none to workers: the one
-	// that succeeds hands them all, with the suspects it finds after them
-	// first; a run handed over earlier would wait for a worker as if there
-	// were no suspects. This also counts them: the returns below leave
-	// resumed to it.
+	// takeTurn). A pass that fails part-way hands none to workers, and
+	// takes back what it registered: the manager holds no run it does not
+	// resume, and the pass tried again (the next Recover, Start, Invoke,
+	// Resume or Cancel, or the next start) finds them all anew, suspects
+	// first. This also counts them: the returns below leave resumed to it.
+	var suspects, others []recovered
+	var paused []*active
 	defer func() {
 		var dmg *DamagedRunsError
 		if err != nil && !errors.As(err, &dmg) {
+			m.unregister(suspects, others, paused)
 			return
 		}
-		suspects, others := m.recovery.suspects, m.recovery.others
-		m.recovery.suspects, m.recovery.others = nil, nil
 		resumed = len(suspects) + len(others)
 		m.mu.Lock()
 		m.recoveredSuspects = len(suspects)
@@ -1225,10 +1224,12 @@ func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 				case err != nil:
 					return 0, err
 				case r.a == nil:
+				case r.e == nil:
+					paused = append(paused, r.a)
 				case r.suspect:
-					m.recovery.suspects = append(m.recovery.suspects, r)
+					suspects = append(suspects, r)
 				default:
-					m.recovery.others = append(m.recovery.others, r)
+					others = append(others, r)
 				}
 			}
 		}
@@ -1239,7 +1240,28 @@ func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 	return 0, nil
 }
 
-// recovered is a run that Recover hands to a worker to resume.
+// unregister takes back the runs a recovery pass that failed registered:
+// those for workers to resume, and the paused ones.
+func (m *Manager) unregister(suspects, others []recovered, paused []*active) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, r := range append(suspects, others...) {
+		m.queued--
+		if r.a.suspect {
+			r.a.suspect = false
+			m.waiting = slices.DeleteFunc(m.waiting, func(w *active) bool { return w == r.a })
+			m.suspects--
+		}
+		paused = append(paused, r.a)
+	}
+	for _, a := range paused {
+		delete(m.threads, a.thread)
+		delete(m.runs, a.runID)
+	}
+}
+
+// recovered is a run that Recover hands to a worker to resume (e is nil
+// for a paused run it registered).
 type recovered struct {
 	a       *active
 	e       *execution
@@ -1252,8 +1274,8 @@ type recovered struct {
 // record the failure.
 func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 	m.mu.Lock()
-	// A run a failed pass registered holds its thread still: a pass tried
-	// again does not register it twice.
+	// A thread holds one run at most: a second unfinished run on it
+	// (which no start makes) is not registered beside the first.
 	if m.threads[run.Thread] != nil {
 		m.mu.Unlock()
 		return recovered{}, nil
@@ -1266,7 +1288,7 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 	}
 	m.mu.Unlock()
 	if a.paused {
-		return recovered{}, nil
+		return recovered{a: a}, nil
 	}
 	fail := func(err error) (recovered, error) {
 		m.dequeue()

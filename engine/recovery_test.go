@@ -6,11 +6,9 @@ package engine_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -804,21 +802,6 @@ func TestRecoverySuspectTurnEndingAsItBeginsKeepsOneWorker(t *testing.T) {
 	}
 }
 
-// failsRunningOnce is a store whose first listing of running runs fails,
-// after the listings of the other statuses: a recovery pass that fails
-// part-way.
-type failsRunningOnce struct {
-	engine.Store
-	failed atomic.Bool
-}
-
-func (s *failsRunningOnce) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
-	if f.Status == engine.StatusRunning && s.failed.CompareAndSwap(false, true) {
-		return nil, errors.New("listing failed")
-	}
-	return s.Store.Runs(ctx, f)
-}
-
 // A recovery pass that fails part-way hands none of the runs it registered
 // to workers: the pass that succeeds hands them all, suspects first, so
 // that a suspect it finds still runs alone before them.
@@ -847,7 +830,7 @@ func TestRecoveryRetriedAfterAFailedPassKeepsTheSuspectsTurn(t *testing.T) {
 	rec.Status = engine.StatusRunning
 	require.NoError(t, store.Commit(ctx, &engine.Commit{Run: rec, Sync: true}))
 
-	m = newManager(t, &failsRunningOnce{Store: store}, opts, agents...)
+	m = newManager(t, &enginetest.FailsRunningOnce{Store: store}, opts, agents...)
 	_, err = m.Recover(ctx)
 	require.Error(t, err, "the queued runs are registered, the listing of running ones fails")
 	// A run that a worker took meanwhile may end: the suspect's turn

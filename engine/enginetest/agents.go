@@ -3,7 +3,9 @@ package enginetest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/outpost-edge/outpost/engine"
@@ -79,4 +81,19 @@ func TwoStepAgent(t testing.TB, entered chan<- string, gates map[string][2]chan 
 		t.Fatal(err)
 	}
 	return &engine.Agent{Name: "twostep", Graph: g}
+}
+
+// FailsRunningOnce is a store whose first listing of running runs fails,
+// after the listings of the other statuses: a recovery pass that fails
+// part-way, as a store that cannot be read to its end makes one.
+type FailsRunningOnce struct {
+	engine.Store
+	failed atomic.Bool
+}
+
+func (s *FailsRunningOnce) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
+	if f.Status == engine.StatusRunning && s.failed.CompareAndSwap(false, true) {
+		return nil, errors.New("listing failed")
+	}
+	return s.Store.Runs(ctx, f)
 }

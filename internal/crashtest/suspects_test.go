@@ -179,3 +179,56 @@ func suspectsTakeTurnsFirst(t *testing.T, k int) {
 		require.Equal(t, engine.StatusCompleted, done.Status, "%s: %s", th, done.Error)
 	}
 }
+
+// A recovery pass that fails part-way takes back the runs it registered:
+// with nothing calling the manager again (a program that embeds the
+// engine and only reads), it reports no run it will not resume, and the
+// pass tried again resumes them all.
+func TestFailedRecoveryPassLeavesNoRunRegistered(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	gates := map[string][2]chan struct{}{}
+	for _, th := range []string{"a", "b"} {
+		gates[th] = [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	}
+	entered := make(chan string, 4)
+	resolve := twoStep(t, entered, gates)
+	// a runs, b waits for the one worker; the process dies.
+	p := startProcess(t, dir, resolve, engine.ManagerOptions{Workers: 1})
+	ids := map[string]string{}
+	for _, th := range []string{"a", "b"} {
+		run, err := p.m.Start(ctx, engine.RunRequest{Thread: th, Agent: "twostep"})
+		require.NoError(t, err)
+		ids[th] = run.ID
+	}
+	<-entered
+	p.crash(t)
+
+	db, err := store.OpenDir(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	entered = make(chan string, 4)
+	m := engine.NewManager(&enginetest.FailsRunningOnce{Store: db}, twoStep(t, entered, gates), engine.ManagerOptions{})
+	defer m.Close()
+	_, err = m.Recover(ctx)
+	require.ErrorContains(t, err, "listing failed", "both runs are registered, the listing of running ones fails")
+	for th, id := range ids {
+		held, ok := m.ThreadRun(th)
+		require.False(t, ok, "thread %s is held by run %s, which the failed pass left registered", th, held)
+		r, err := m.Run(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusQueued, r.Status, "its record is as the crash left it")
+	}
+	require.Zero(t, m.Active(), "runs the failed pass registered are reported queued")
+
+	n, err := m.Recover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "the pass tried again resumes both")
+	for th, id := range ids {
+		close(gates[th][0])
+		close(gates[th][1])
+		done, err := m.Wait(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusCompleted, done.Status, "%s: %s", th, done.Error)
+	}
+}
