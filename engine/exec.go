@@ -180,8 +180,8 @@ type execution struct {
 	countOnRecord atomic.Bool
 	progressed    func()
 	// commitUntilProgress: in exit durability, commit each step of this
-	// recovered run's root as sync would until one takes the recovery
-	// count off (see Manager.markRecovery).
+	// recovered run's root, and of the subgraphs it runs, as sync would
+	// until one takes the recovery count off (see Manager.markRecovery).
 	commitUntilProgress bool
 }
 
@@ -717,9 +717,17 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 	if e.commitsEachStep() {
 		return e.commit(ctx, &Commit{Checkpoint: c})
 	}
-	if e.commitUntilProgress && e.countOnRecord.Load() {
+	if r := e.root(); r.commitUntilProgress && r.countOnRecord.Load() {
 		// As EnsureDurable commits a step's checkpoint, with its marker
-		// event, which then names it committed.
+		// event, which then names it committed. A subgraph's step is its
+		// run's progress as well (see commit), and the root's step that
+		// runs it may not end between crashes: it is committed too, after
+		// the heads of the graphs around it.
+		if p := e.cfg.parent; p != nil {
+			if err := p.ensureDurable(ctx); err != nil {
+				return err
+			}
+		}
 		head, err := e.uncommitted()
 		if err != nil {
 			return e.fail(ctx, err)

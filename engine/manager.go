@@ -1417,7 +1417,10 @@ func (m *Manager) startRecovered(ctx context.Context, a *active, e *execution) (
 // until it paused, ended or called a tool, and its steps would be no
 // progress: a crash after them would count against it though it had moved
 // on. So a suspect in exit durability commits its steps as sync would
-// until one has taken the count off: its first step, in one fsync more.
+// until one has taken the count off: its first step, in one fsync more,
+// or the first step of a subgraph that its first step runs, so that a
+// long subgraph that a crash cuts short does not start again from its
+// beginning after every recovery, and never make progress.
 // The run goes on in exit durability from then on, and its record and
 // outcome are those of any exit run; its history holds that checkpoint
 // too, as it would had a node of that step called EnsureDurable.

@@ -207,19 +207,29 @@ func TestRecoverySuspectLetsOthersRunOnceItProgresses(t *testing.T) {
 // A run whose only node is a long subgraph makes progress with each of the
 // subgraph's steps, though its own step does not end between crashes:
 // the first subgraph step after a recovery takes the count off the run's
-// record, and the run is recovered as often as it crashes.
+// record, and the run is recovered as often as it crashes. In exit
+// durability too: a suspect commits its subgraph's steps, as its own, as
+// sync would until one is committed, so that a crash in a later one does
+// not take the subgraph back to its start every time.
 func TestRecoveryLimitCountsSubgraphStepsAsProgress(t *testing.T) {
 	const steps = 4
-	entered := make(chan string, 1)
-	ib := engine.NewGraph("inner")
-	flakySteps(ib, steps, entered)
-	ob := engine.NewGraph("outer")
-	engine.Sum[int](ob, "out")
-	ob.AddSubgraph("inner", mustCompile(t, ib))
-	ob.AddEdge(engine.Start, "inner")
-	agent := &engine.Agent{Name: "outer", Graph: mustCompile(t, ob)}
-	done := crashAtEachStep(t, engine.NewMemoryStore(), agent, entered, steps)
-	require.Equal(t, steps+1, done.Steps, "the subgraph's and its own")
+	for _, d := range []engine.Durability{engine.DurabilitySync, engine.DurabilityExit} {
+		t.Run(string(d), func(t *testing.T) {
+			entered := make(chan string, 1)
+			ib := engine.NewGraph("inner")
+			flakySteps(ib, steps, entered, d == engine.DurabilityExit)
+			ob := engine.NewGraph("outer")
+			engine.Sum[int](ob, "out")
+			ob.AddSubgraph("inner", mustCompile(t, ib))
+			ob.AddEdge(engine.Start, "inner")
+			agent := &engine.Agent{Name: "outer", Graph: mustCompile(t, ob)}
+			done := crashAtEachStep(t, engine.NewMemoryStore(), d, agent, entered, steps)
+			require.Equal(t, d, done.Durability)
+			if d == engine.DurabilitySync {
+				require.Equal(t, steps+1, done.Steps, "the subgraph's and its own")
+			}
+		})
+	}
 }
 
 // loadDeath is a process that dies while a recovered run loads its state:
