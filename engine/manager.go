@@ -489,7 +489,14 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 	m.mu.Unlock()
 	var err error
 	marked := false
-	if slots > 0 && ctx.Err() == nil {
+	// Close cancels the runs one by one: the slot of a run it stopped
+	// may come free before it reaches this one's context, which must not
+	// begin a step meanwhile.
+	cause := context.Cause(ctx)
+	if cause == nil {
+		cause = context.Cause(m.ctx)
+	}
+	if slots > 0 && cause == nil {
 		if a.recovery > 0 {
 			marked, err = m.startRecovered(ctx, a, e)
 		}
@@ -497,10 +504,10 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 			err = e.loop(ctx, decisions)
 		}
 	} else {
-		if a.recovery > 0 && !errors.Is(context.Cause(ctx), errShutdown) {
+		if a.recovery > 0 && !errors.Is(cause, errShutdown) {
 			m.recountSteps(ctx, e) // it ends now, its state not loaded
 		}
-		err = e.stopped(ctx, context.Cause(ctx))
+		err = e.stopped(ctx, cause)
 	}
 	m.freeWorker(a)
 	if marked && errors.Is(err, errShutdown) {

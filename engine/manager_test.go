@@ -946,3 +946,24 @@ func TestManagerStartLeavesARecoveryPassWhenItsContextEnds(t *testing.T) {
 	require.NoError(t, got.err, "the pass went on for the Start that waited")
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, got.run.ID).Status)
 }
+
+// Close stops the runs that wait for a worker as well as those that run:
+// none of them takes the worker that a stopping run frees and begins a
+// step (a tool call, say) as the manager closes. The timing is tried many
+// times over, for the moment where Close has stopped the running run but
+// not yet the waiting one.
+func TestCloseBeginsNoStepOfAWaitingRun(t *testing.T) {
+	for i := range 200 {
+		entered := make(chan string, 2)
+		m := engine.NewManager(engine.NewMemoryStore(), resolver(hangAgent(t, entered)), engine.ManagerOptions{Workers: 1})
+		running := startOn(t, m, "hang", "a")[0]
+		require.Equal(t, running, <-entered)
+		waiting := startOn(t, m, "hang", "b")[0]
+		m.Close()
+		select {
+		case id := <-entered:
+			require.NotEqual(t, waiting, id, "try %d: the waiting run began a step as the manager closed", i)
+		default:
+		}
+	}
+}

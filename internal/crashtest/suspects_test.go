@@ -89,8 +89,8 @@ func TestSuspectsEachHaveATurnBeforeOtherRuns(t *testing.T) {
 func suspectsTakeTurnsFirst(t *testing.T, k int) {
 	dir := t.TempDir()
 	ctx := context.Background()
-	// Each process has its own: a run that its end cuts short may still
-	// report its step, which is no concern of the next process.
+	// Each process has its own: what a dead process's runs report is no
+	// concern of the next one.
 	var entered chan string
 	gates := map[string][2]chan struct{}{}
 	var suspects []string
