@@ -559,8 +559,9 @@ func (m *Manager) takeWorker(ctx context.Context, a *active) int {
 // for the runs that hold slots (the suspects before it, going on beside
 // each other once their turns ended) to end or pause. Its wait is bounded
 // (see headChanged): once it runs out, the suspect runs as any run does,
-// and the others take slots beside it until the next suspect's turn. The
-// caller holds m.mu.
+// beside the runs that hold slots, and the next suspect waits in its
+// place; the other runs take slots once no suspect waits. The caller
+// holds m.mu.
 func (m *Manager) takeTurn(a *active) int {
 	if m.alone != nil {
 		return 0
@@ -1069,11 +1070,11 @@ func (e *DamagedRunsError) Error() string {
 // once no run holds a worker: the suspects before it may run on after
 // their turns, and it waits for them to end or pause, for MaxAlone at
 // most; if its turn has still not come by then, it runs beside them as
-// any run, counted as any run, and the other runs take workers beside it
-// until the next suspect's turn (with no bound on MaxAlone, it waits
-// until its turn comes). The turn ends when the suspect
-// makes progress (in exit durability it commits its steps until one does,
-// see markRecovery), pauses or ends, or once it has run alone for
+// any run, counted as any run, and the next suspect waits in its place
+// (with no bound on MaxAlone, it waits until its turn comes). The turn
+// ends when the suspect makes progress (in exit durability it commits its
+// steps until one does, see markRecovery), pauses or ends, or once it has
+// run alone for
 // ManagerOptions.MaxAlone: from then on it runs beside the others, as any
 // run. A crash while a suspect runs alone counts against it only, and a
 // run that was cut short beside the guilty one makes progress when it
