@@ -673,6 +673,34 @@ func TestRecoveryWaitingSuspectWaitsForABoundedTime(t *testing.T) {
 	require.Equal(t, "2", recoveries(t, store, waiting), "a suspect that ran beside others is counted")
 }
 
+// A suspect whose wait for its turn ran out runs as any run does at once:
+// the suspect after it, which then waits for its own turn, does not hold
+// it back. Here all three hang: the first holds its worker, so neither of
+// the others' turns comes, and each runs once its wait ran out, one
+// MaxAlone after the other.
+func TestRecoverySuspectWhoseWaitRanOutIsNotHeldBack(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 3)
+	agents, opts := hangBesideOK(t, entered)
+	ids := crashTwiceTogether(t, store, opts, entered, agents, "hang", "a", "b", "c")
+
+	opts.MaxAlone = time.Second
+	_, m, n := startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 3, n)
+	require.Equal(t, 3, m.Suspects())
+	first := <-entered
+	second := <-entered // its wait ran out after the first's turn alone
+	third := slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == first || id == second })
+	require.Len(t, third, 1)
+	enters(t, entered, third[0], "the last suspect's wait runs out too")
+	// When each worker took its run is on the run's record (the recovery
+	// mark). The last one's wait began as the second's ran out; had the
+	// second waited for it, both would have been taken at once. Half a
+	// MaxAlone is left to the scheduler for the second's worker.
+	require.GreaterOrEqual(t, tookAt(t, store, third[0]).Sub(tookAt(t, store, second)), opts.MaxAlone/2, "the suspect whose wait ran out waited for the next one's wait too")
+}
+
 // With no bound on the turn alone, a suspect waiting for its turn is not
 // held back without bound either: once the suspect before it made progress,
 // no other run takes a worker until the waiting suspect has had its turn,
@@ -714,6 +742,17 @@ func TestRecoveryUnboundedSuspectIsNotHeldBack(t *testing.T) {
 	close(gates[thread[second]][1])
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, second).Status)
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status)
+}
+
+// tookAt is when a worker took recovered run id: the recovery mark on its
+// record (engine.MetaRunningSince).
+func tookAt(t *testing.T, store engine.Store, id string) time.Time {
+	t.Helper()
+	r, err := store.Run(context.Background(), id)
+	require.NoError(t, err)
+	at, err := time.Parse(time.RFC3339Nano, r.Meta[engine.MetaRunningSince])
+	require.NoError(t, err)
+	return at
 }
 
 // crashTwiceTogether starts a run of agent on each thread and lets the
@@ -774,15 +813,8 @@ func TestRecoverySuspectRunsFirstAfterASlowPass(t *testing.T) {
 	// recovery mark), which a loaded machine can only make later: the
 	// suspect's turn began after the pass, and the other run's worker
 	// took it only once that whole turn alone had run out.
-	took := func(id string) time.Time {
-		r, err := store.Run(context.Background(), id)
-		require.NoError(t, err)
-		at, err := time.Parse(time.RFC3339Nano, r.Meta[engine.MetaRunningSince])
-		require.NoError(t, err)
-		return at
-	}
-	require.GreaterOrEqual(t, took(slow).Sub(began), delay)
-	require.GreaterOrEqual(t, took(beside).Sub(began), delay+opts.MaxAlone, "the recovered run ran beside the suspect during its turn alone")
+	require.GreaterOrEqual(t, tookAt(t, store, slow).Sub(began), delay)
+	require.GreaterOrEqual(t, tookAt(t, store, beside).Sub(began), delay+opts.MaxAlone, "the recovered run ran beside the suspect during its turn alone")
 }
 
 // slowAndBeside lets the process die twice under a hangAgent run, slow,
