@@ -92,7 +92,7 @@ func (r *Run) activeUpTo(head *Checkpoint) (d time.Duration, kept bool) {
 // record at the run's next commit, so that a later crash is counted from
 // it rather than from the time before the appliance stopped.
 func (e *execution) startActive() {
-	e.activeFrom = time.Now()
+	e.activeFrom = e.cfg.now()
 	if e.cfg.ns != "" || e.run == nil {
 		return
 	}
@@ -119,7 +119,7 @@ func (e *execution) stopActive() {
 	if !e.stretched && e.run.Status.Terminal() {
 		return // Run.Active is EndedAt - StartedAt
 	}
-	total := e.activeBefore + time.Since(e.activeFrom)
+	total := e.activeBefore + e.cfg.now().Sub(e.activeFrom)
 	e.setMeta(strconv.FormatInt(total.Milliseconds(), 10), "")
 }
 

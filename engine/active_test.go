@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,10 +12,34 @@ import (
 	"github.com/outpost-edge/outpost/engine"
 )
 
+// testClock is a clock that moves only when the test moves it: a run's
+// active time under it is what its steps and the test say, however long
+// a loaded machine takes to schedule them.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newTestClock() *testClock {
+	return &testClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
 // sleepyGraph runs a, asks a person (when ask is set), then b; a and b
-// each take d, and b waits first for gate, or its run's end, when gate is
-// not nil.
-func sleepyGraph(t *testing.T, d time.Duration, ask bool, gate <-chan struct{}) *engine.Graph {
+// each take d (take(d): time.Sleep, or a test clock's Advance), and b
+// waits first for gate, or its run's end, when gate is not nil.
+func sleepyGraph(t *testing.T, take func(time.Duration), d time.Duration, ask bool, gate <-chan struct{}) *engine.Graph {
 	b := engine.NewGraph("sleepy")
 	log := engine.Append[string](b, "log")
 	sleep := func(name string, wait <-chan struct{}) engine.NodeFunc {
@@ -26,7 +51,7 @@ func sleepyGraph(t *testing.T, d time.Duration, ask bool, gate <-chan struct{}) 
 					return nil, context.Cause(ctx)
 				}
 			}
-			time.Sleep(d)
+			take(d)
 			return []engine.Write{engine.Push(log, name)}, nil
 		}
 	}
@@ -48,57 +73,60 @@ func sleepyGraph(t *testing.T, d time.Duration, ask bool, gate <-chan struct{}) 
 
 // The wall-time budget bounds a run's active time across a pause: each of
 // its two stretches fits the budget, both together do not. The time it
-// waited for the person does not count.
+// waited for the person does not count. The steps and the person take
+// their time on a test clock, so that the active time is exact.
 func TestWallTimeBudgetHoldsAcrossAPause(t *testing.T) {
 	ctx := context.Background()
-	// Each stretch has a third of a step to spare, for a loaded machine.
-	const step, budget = 400 * time.Millisecond, 600 * time.Millisecond
+	const step, budget, wait = 40 * time.Minute, time.Hour, 10 * time.Hour
 	for _, d := range []engine.Durability{engine.DurabilitySync, engine.DurabilityExit} {
 		t.Run(string(d), func(t *testing.T) {
+			clock := newTestClock()
 			s := engine.NewMemoryStore()
-			ag := &engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, step, true, nil), MaxDuration: budget}
-			m := newManager(t, s, engine.ManagerOptions{Durability: d}, ag)
+			ag := &engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, clock.Advance, step, true, nil), MaxDuration: budget}
+			m := newManager(t, s, engine.WithManagerClock(engine.ManagerOptions{Durability: d}, clock.Now), ag)
 			run, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: "sleepy"})
 			require.NoError(t, err)
 			require.Equal(t, engine.StatusInterrupted, run.Status)
 			stored, err := s.Run(ctx, run.ID)
 			require.NoError(t, err)
-			require.GreaterOrEqual(t, stored.Active(), step, "the stretch before the pause is on record")
-			require.Less(t, stored.Active(), budget)
-			time.Sleep(budget) // the person takes their time: not counted
+			require.Equal(t, step, stored.Active(), "the stretch before the pause is on record")
+			clock.Advance(wait) // the person takes their time: not counted
 			_, err = m.Resume(ctx, run.ID, map[string]engine.Decision{run.Interrupts[0].ID: {Kind: engine.Approve}})
 			require.NoError(t, err)
 			end := waitFor(t, m, run.ID)
 			require.Equal(t, engine.StatusBudgetExceeded, end.Status, "ran %s under a budget of %s", end.Active(), budget)
 			require.Contains(t, end.Error, "wall-time")
-			require.GreaterOrEqual(t, end.Active(), budget)
-			require.Less(t, end.Active(), 2*budget, "the wait for the person was counted")
+			require.Equal(t, 2*step, end.Active(), "both stretches count, and the wait for the person does not")
 
 			// Graph.Resume, adopting the paused run from the store, counts
 			// the same way.
-			g := sleepyGraph(t, step, true, nil)
-			cfg := engine.RunConfig{Thread: "g", Store: s, Durability: d, MaxDuration: budget}
+			g := sleepyGraph(t, clock.Advance, step, true, nil)
+			cfg := engine.WithClock(engine.RunConfig{Thread: "g", Store: s, Durability: d, MaxDuration: budget}, clock.Now)
 			res, err := g.Invoke(ctx, cfg)
 			require.NoError(t, err)
 			require.Equal(t, engine.StatusInterrupted, res.Run.Status)
+			clock.Advance(wait)
 			res, err = g.Resume(ctx, cfg, map[string]engine.Decision{res.Run.Interrupts[0].ID: {Kind: engine.Approve}})
 			require.ErrorIs(t, err, engine.ErrDeadline)
 			require.Equal(t, engine.StatusBudgetExceeded, res.Run.Status)
+			require.Equal(t, 2*step, res.Run.Active())
 		})
 	}
 }
 
 // A run recovered after the appliance stopped keeps the active time it had
 // committed to: the stretch before the stop counts up to its last
-// checkpoint, and the time the appliance was down does not.
+// checkpoint, and the time the appliance was down does not. The steps and
+// the stop take their time on a test clock, so that the active time is
+// exact.
 func TestWallTimeBudgetHoldsAcrossRecovery(t *testing.T) {
 	ctx := context.Background()
-	// Each stretch has a third of a step to spare, for a loaded machine.
-	const step, budget = 400 * time.Millisecond, 600 * time.Millisecond
+	const step, budget, down = 40 * time.Minute, time.Hour, 10 * time.Hour
+	clock := newTestClock()
+	opts := engine.WithManagerClock(engine.ManagerOptions{Durability: engine.DurabilitySync}, clock.Now)
 	s := engine.NewMemoryStore()
 	gate := make(chan struct{}) // never opened: b waits until the stop
-	m := engine.NewManager(s, resolver(&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, step, false, gate), MaxDuration: budget}),
-		engine.ManagerOptions{Durability: engine.DurabilitySync})
+	m := engine.NewManager(s, resolver(&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, clock.Advance, step, false, gate), MaxDuration: budget}), opts)
 	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "sleepy"})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
@@ -109,16 +137,15 @@ func TestWallTimeBudgetHoldsAcrossRecovery(t *testing.T) {
 	stored, err := s.Run(ctx, run.ID)
 	require.NoError(t, err)
 	require.False(t, stored.Status.Terminal(), "status %s", stored.Status)
-	time.Sleep(budget) // the appliance is down: not counted
+	clock.Advance(down) // the appliance is down: not counted
 
-	m2 := newManager(t, s, engine.ManagerOptions{Durability: engine.DurabilitySync},
-		&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, step, false, nil), MaxDuration: budget})
+	m2 := newManager(t, s, opts, &engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, clock.Advance, step, false, nil), MaxDuration: budget})
 	n, err := m2.Recover(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	end := waitFor(t, m2, run.ID)
 	require.Equal(t, engine.StatusBudgetExceeded, end.Status, "ran %s under a budget of %s", end.Active(), budget)
-	require.Less(t, end.Active(), 2*budget, "the time the appliance was down was counted")
+	require.Equal(t, 2*step, end.Active(), "both stretches count, and the time the appliance was down does not")
 }
 
 // A run that runs from its start to its end in one stretch keeps no active
@@ -131,8 +158,8 @@ func TestActiveTimeOfARunInOneStretch(t *testing.T) {
 		t.Run(string(d), func(t *testing.T) {
 			s := engine.NewMemoryStore()
 			m := newManager(t, s, engine.ManagerOptions{Durability: d},
-				&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, step, false, nil)},
-				&engine.Agent{Name: "asks", Graph: sleepyGraph(t, step, true, nil)})
+				&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, time.Sleep, step, false, nil)},
+				&engine.Agent{Name: "asks", Graph: sleepyGraph(t, time.Sleep, step, true, nil)})
 			run, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: "sleepy"})
 			require.NoError(t, err)
 			require.Equal(t, engine.StatusCompleted, run.Status)
@@ -162,7 +189,7 @@ func TestActiveTimeLeavesOutTheQueue(t *testing.T) {
 	const step = 50 * time.Millisecond
 	s := engine.NewMemoryStore()
 	m := newManager(t, s, engine.ManagerOptions{Workers: 1, Durability: engine.DurabilitySync},
-		&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, step, false, nil)})
+		&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, time.Sleep, step, false, nil)})
 	first, err := m.Start(ctx, engine.RunRequest{Thread: "a", Agent: "sleepy"})
 	require.NoError(t, err)
 	second, err := m.Start(ctx, engine.RunRequest{Thread: "b", Agent: "sleepy"})

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"time"
 )
 
 // load materializes the state at checkpoint id ("" for the newest) and the
@@ -239,7 +238,7 @@ func (e *execution) checkWrites(node string, ws []Write) error {
 func (e *execution) newCheckpoint(source string, nodes []string) (*Checkpoint, error) {
 	c := &Checkpoint{
 		Thread: e.cfg.Thread, NS: e.cfg.ns, ID: e.newCheckpointID(), ParentID: e.committed, RunID: e.run.ID,
-		Step: e.step, Source: source, Nodes: nodes, Next: e.next, Created: time.Now().UTC(),
+		Step: e.step, Source: source, Nodes: nodes, Next: e.next, Created: e.cfg.now().UTC(),
 	}
 	if !e.commitsEachStep() {
 		return c, nil

@@ -56,6 +56,19 @@ type RunConfig struct {
 	// parent is the execution whose task runs this one, as a subgraph
 	// node (nil for the root graph).
 	parent *execution
+	// clock, when set, stands in for the wall clock where a run's active
+	// time and its record's times are read (see now): tests that check
+	// the wall-time budget move it themselves, so that a loaded machine's
+	// scheduling does not move their margins.
+	clock func() time.Time
+}
+
+// now is the time by cfg's clock: the wall clock unless one is set.
+func (cfg *RunConfig) now() time.Time {
+	if cfg.clock != nil {
+		return cfg.clock()
+	}
+	return time.Now()
 }
 
 // Result is how a call to Invoke or Resume ended.
@@ -170,8 +183,8 @@ type execution struct {
 	countOnRecord atomic.Bool
 	progressed    func()
 	// commitUntilProgress: in exit durability, commit each step of this
-	// recovered run's root as sync would until one takes the recovery
-	// count off (see Manager.markRecovery).
+	// recovered run's root, and of the subgraphs it runs, as sync would
+	// until one takes the recovery count off (see Manager.markRecovery).
 	commitUntilProgress bool
 }
 
@@ -204,7 +217,7 @@ func (g *Graph) newExecution(cfg RunConfig) (*execution, error) {
 	}
 	run := cfg.Run
 	if run == nil {
-		run = &Run{ID: NewRunID(), Thread: cfg.Thread, Agent: g.name, CreatedAt: time.Now().UTC()}
+		run = &Run{ID: NewRunID(), Thread: cfg.Thread, Agent: g.name, CreatedAt: cfg.now().UTC()}
 	}
 	if cfg.ns != "" {
 		run = &Run{ID: run.ID, Thread: run.Thread, Agent: g.name}
@@ -453,7 +466,7 @@ func (e *execution) applyInput(ctx context.Context, input []Write) error {
 		return e.fail(ctx, fmt.Errorf("input: %w", err))
 	}
 	if e.run.StartedAt.IsZero() {
-		e.run.StartedAt = time.Now().UTC()
+		e.run.StartedAt = e.cfg.now().UTC()
 	}
 	e.fresh = true
 	e.run.Status = StatusRunning
@@ -550,7 +563,7 @@ func (e *execution) loop(ctx context.Context, decisions map[string]Decision) err
 		e.runChanged = e.runChanged || e.run.Status != StatusQueued
 		e.run.Status = StatusRunning
 		if e.run.StartedAt.IsZero() {
-			e.run.StartedAt = time.Now().UTC()
+			e.run.StartedAt = e.cfg.now().UTC()
 		}
 		if len(decisions) > 0 {
 			// Put the decisions on record, as the answers their tasks will
@@ -627,7 +640,7 @@ func (e *execution) cause(ctx context.Context) error {
 	if err := context.Cause(ctx); err != nil {
 		return err
 	}
-	if d := e.cfg.MaxDuration; d > 0 && e.activeBefore+time.Since(e.activeFrom) >= d {
+	if d := e.cfg.MaxDuration; d > 0 && e.activeBefore+e.cfg.now().Sub(e.activeFrom) >= d {
 		return ErrDeadline
 	}
 	return nil
@@ -708,9 +721,17 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 	if e.commitsEachStep() {
 		return e.commit(ctx, &Commit{Checkpoint: c})
 	}
-	if e.commitUntilProgress && e.countOnRecord.Load() {
+	if r := e.root(); r.commitUntilProgress && r.countOnRecord.Load() {
 		// As EnsureDurable commits a step's checkpoint, with its marker
-		// event, which then names it committed.
+		// event, which then names it committed. A subgraph's step is its
+		// run's progress as well (see commit), and the root's step that
+		// runs it may not end between crashes: it is committed too, after
+		// the heads of the graphs around it.
+		if p := e.cfg.parent; p != nil {
+			if err := p.ensureDurable(ctx); err != nil {
+				return err
+			}
+		}
 		head, err := e.uncommitted()
 		if err != nil {
 			return e.fail(ctx, err)
@@ -979,7 +1000,7 @@ func (e *execution) stopped(ctx context.Context, cause error) error {
 // finish commits the run's last checkpoint together with its final status.
 func (e *execution) finish(ctx context.Context, c *Commit, status RunStatus, runErr error) error {
 	e.run.Status = status
-	e.run.EndedAt = time.Now().UTC()
+	e.run.EndedAt = e.cfg.now().UTC()
 	e.stopActive()
 	if runErr != nil {
 		e.run.Error = runErr.Error()

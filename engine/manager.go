@@ -73,10 +73,14 @@ type ManagerOptions struct {
 	MaxRecoveries int
 	// MaxAlone bounds a suspect's turn alone: once it has run alone that
 	// long without making progress, the other runs get workers again
-	// beside it (see Recover). Default DefaultMaxAlone; negative for no
-	// bound, where a suspect waiting for its turn holds the others back
-	// at once, until the runs that hold workers end or pause.
+	// beside it (see Recover). It also bounds a suspect's wait for its
+	// turn, while the suspects before it run on after theirs. Default
+	// DefaultMaxAlone; negative for no bound on either.
 	MaxAlone time.Duration
+
+	// clock stands in for the wall clock in the runs' active time and
+	// records (see RunConfig.clock); nil in use.
+	clock func() time.Time
 }
 
 // DefaultMaxRecoveries is how many times in a row a run is recovered, by
@@ -153,18 +157,16 @@ type Manager struct {
 	// their worker slots in turns (see takeTurn): waiting holds the
 	// suspects waiting for their turn, in order; alone is the one whose
 	// turn it is, holding every slot, and aloneEnd the timer that ends its
-	// turn. head is the first suspect waiting while none runs alone,
-	// headSince when it began to wait so, and headEnd the timer that ends
-	// its wait. changed is closed, and made anew, whenever the turns
-	// change, to wake the runs that wait on them.
-	suspects  int
-	waiting   []*active
-	alone     *active
-	aloneEnd  *time.Timer
-	head      *active
-	headSince time.Time
-	headEnd   *time.Timer
-	changed   chan struct{}
+	// turn. head is the first suspect waiting while none runs alone, and
+	// headEnd the timer that ends its wait. changed is closed, and made
+	// anew, whenever the turns change, to wake the runs that wait on them.
+	suspects int
+	waiting  []*active
+	alone    *active
+	aloneEnd *time.Timer
+	head     *active
+	headEnd  *time.Timer
+	changed  chan struct{}
 	// recoveredSuspects is how many suspects the last Recover found.
 	recoveredSuspects int
 
@@ -178,10 +180,6 @@ type Manager struct {
 		pass    *recoveryPass
 		resumed int
 		err     error // a *DamagedRunsError, or nil
-		// suspects and others are the runs the passes registered for
-		// workers to resume, which go to workers once a pass succeeds
-		// (see recoverAll). Only the running pass touches them.
-		suspects, others []recovered
 	}
 }
 
@@ -212,10 +210,13 @@ type active struct {
 	// (see markRecovery); 0 when the run is not being recovered.
 	recovery int
 	// suspect: the run is one of the crash-loop guard's suspects and its
-	// turn alone has not ended (see Recover). slots is how many worker
-	// slots the run holds: one, or all of them while a suspect runs alone.
-	suspect bool
-	slots   int
+	// turn alone has not ended (see Recover). waitedOut: it was one, and
+	// its wait for its turn ran out; it runs as any run, and the suspects
+	// after it do not hold it back. slots is how many worker slots the run
+	// holds: one, or all of them while a suspect runs alone.
+	suspect   bool
+	waitedOut bool
+	slots     int
 }
 
 var errShutdown = errors.New("run manager shutting down")
@@ -276,7 +277,15 @@ func (m *Manager) config(a *Agent, run *Run) RunConfig {
 	}
 	return RunConfig{Thread: run.Thread, Store: m.store, Blobs: m.store, Run: run, Durability: m.opts.Durability,
 		StepLimit: limit, MaxDuration: Narrower(m.opts.MaxDuration, a.MaxDuration), MaxTokens: Narrower(m.opts.MaxTokens, a.MaxTokens),
-		Events: m.opts.Events, Cache: m.cache, Output: a.Output}
+		Events: m.opts.Events, Cache: m.cache, Output: a.Output, clock: m.opts.clock}
+}
+
+// now is the time by the manager's clock (see ManagerOptions.clock).
+func (m *Manager) now() time.Time {
+	if m.opts.clock != nil {
+		return m.opts.clock()
+	}
+	return time.Now()
 }
 
 // Narrower returns the smaller of two limits, where 0 (or less) is no
@@ -390,7 +399,7 @@ func (m *Manager) open(ctx context.Context, req RunRequest) (*active, *execution
 	if err != nil {
 		return nil, nil, err
 	}
-	now := time.Now().UTC()
+	now := m.now().UTC()
 	run := &Run{ID: NewRunID(), Thread: req.Thread, Agent: ag.Name, Status: StatusQueued, Bundle: ag.Bundle,
 		CorrelationID: req.CorrelationID, Input: req.Input, Meta: req.Meta, CreatedAt: now}
 	if run.CorrelationID == "" {
@@ -499,7 +508,14 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 	m.mu.Unlock()
 	var err error
 	marked := false
-	if slots > 0 && ctx.Err() == nil {
+	// Close cancels the runs one by one: the slot of a run it stopped
+	// may come free before it reaches this one's context, which must not
+	// begin a step meanwhile.
+	cause := context.Cause(ctx)
+	if cause == nil {
+		cause = context.Cause(m.ctx)
+	}
+	if slots > 0 && cause == nil {
 		if a.recovery > 0 {
 			marked, err = m.startRecovered(ctx, a, e)
 		}
@@ -507,10 +523,10 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 			err = e.loop(ctx, decisions)
 		}
 	} else {
-		if a.recovery > 0 && !errors.Is(context.Cause(ctx), errShutdown) {
+		if a.recovery > 0 && !errors.Is(cause, errShutdown) {
 			m.recountSteps(ctx, e) // it ends now, its state not loaded
 		}
-		err = e.stopped(ctx, context.Cause(ctx))
+		err = e.stopped(ctx, cause)
 	}
 	m.freeWorker(a)
 	if marked && errors.Is(err, errShutdown) {
@@ -556,13 +572,15 @@ func (m *Manager) takeWorker(ctx context.Context, a *active) int {
 // takeTurn takes what a's run may take of the worker slots now, while the
 // crash-loop guard has suspects (see Recover), and returns how many slots
 // it took. While a suspect runs alone it holds every slot, and no other
-// run takes one. The first suspect waiting takes every slot once no run
-// holds one, before any other run. For MaxAlone it holds no one up
-// meanwhile, and the other runs take the free slots; for MaxAlone more
-// they take none, so that the runs that hold slots end or pause and free
-// them; and if that does not make its turn either, it waits no longer
-// (see headChanged). So a busy appliance holds a suspect back, and a
-// suspect holds the others up, for a bounded time. The caller holds m.mu.
+// run takes one. While suspects wait for their turns, no other run takes
+// a slot either: the first one waiting takes every slot once no run holds
+// one, which at start is at once, and after its turn the next one waits
+// for the runs that hold slots (the suspects before it, going on beside
+// each other once their turns ended) to end or pause. Its wait is bounded
+// (see headChanged): once it runs out, the suspect runs as any run does,
+// beside the runs that hold slots, and the next suspect waits in its
+// place; the other runs take slots once no suspect waits. The caller
+// holds m.mu.
 func (m *Manager) takeTurn(a *active) int {
 	if m.alone != nil {
 		return 0
@@ -588,8 +606,8 @@ func (m *Manager) takeTurn(a *active) int {
 		}
 		return cap(m.sem)
 	}
-	if len(m.waiting) > 0 && (len(m.sem) == 0 || m.headGathers()) {
-		return 0 // the suspect's turn
+	if len(m.waiting) > 0 && !a.waitedOut {
+		return 0 // the suspects' turns
 	}
 	select {
 	case m.sem <- struct{}{}:
@@ -639,10 +657,14 @@ func (m *Manager) clearSuspect(a *active) {
 }
 
 // headChanged starts the wait of the first suspect waiting, when none runs
-// alone and it has not begun to wait already: after MaxAlone the other runs
-// take no more worker slots (headGathers), and after twice that, with its
-// turn still not come, the suspect runs as any run does, beside the others,
-// and a crash counts against every run it cuts short. The caller holds
+// alone and it has not begun to wait already. The other runs take no
+// worker slots meanwhile (see takeTurn), so that the runs that hold them
+// end or pause and its turn comes. After MaxAlone, with its turn still not
+// come, the suspect waits no longer: it runs as any run does, beside the
+// others, and a crash counts against every run it cuts short. So a slow
+// run holds a suspect back, and a suspect holds the others up, for a
+// bounded time. A wait that runs out while no run holds a slot, which
+// the suspect's worker is about to take, starts again. The caller holds
 // m.mu.
 func (m *Manager) headChanged() {
 	var head *active
@@ -657,13 +679,19 @@ func (m *Manager) headChanged() {
 	if head == nil || d <= 0 {
 		return
 	}
-	m.head, m.headSince = head, time.Now()
-	m.headEnd = time.AfterFunc(2*d, func() {
+	m.head = head
+	m.headEnd = time.AfterFunc(d, func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		if m.head == head && m.alone == nil {
-			m.clearSuspect(head)
+		if m.head != head || m.alone != nil {
+			return
 		}
+		if len(m.sem) == 0 {
+			m.headEnd.Reset(d)
+			return
+		}
+		head.waitedOut = true
+		m.clearSuspect(head)
 	})
 }
 
@@ -673,19 +701,6 @@ func (m *Manager) stopHead() {
 		m.headEnd.Stop()
 	}
 	m.head, m.headEnd = nil, nil
-}
-
-// headGathers reports whether the first suspect waiting has waited MaxAlone
-// for a moment when no run holds a worker slot, so that the other runs take
-// no more slots, to let it come. With no bound on MaxAlone it gathers at
-// once: a turn alone that may last without bound is no reason to hold a
-// suspect back without bound, on an appliance that is never idle. The
-// caller holds m.mu.
-func (m *Manager) headGathers() bool {
-	if m.opts.MaxAlone < 0 {
-		return true
-	}
-	return m.head != nil && time.Since(m.headSince) >= m.opts.MaxAlone
 }
 
 // turnsChanged wakes the runs waiting for their turn (see takeTurn). The
@@ -1011,7 +1026,7 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 	}
 	run.Status = StatusCancelled
 	run.Error = ErrCancelled.Error()
-	run.EndedAt = time.Now().UTC()
+	run.EndedAt = m.now().UTC()
 	run.Interrupts = nil
 	ev := Event{Time: run.EndedAt, Type: EventRunFailed, Run: run.ID, Thread: run.Thread,
 		Data: json.RawMessage(`{"status":"cancelled"}`)}
@@ -1068,15 +1083,17 @@ func (e *DamagedRunsError) Error() string {
 // progress would fail it (with MaxRecoveries 1, at its first recovery), so
 // that no run is failed before it has had a turn alone. Suspects have a
 // turn alone each, one at a time: while one runs alone, no other run
-// executes, recovered or new. A suspect's turn alone begins once no run
-// holds a worker, before any other run takes one (at start, before all
-// others); until then it waits without holding anyone up for MaxAlone,
-// then for MaxAlone more no other run takes a worker, so that those that
-// hold one free it; and if its turn has still not come, it runs beside the
-// others as any run, counted as any run (with no bound on MaxAlone, it
-// holds the others back at once, until its turn comes). The turn ends when the suspect
-// makes progress (in exit durability it commits its steps until one does,
-// see markRecovery), pauses or ends, or once it has run alone for
+// executes, recovered or new; and no run but a suspect takes a worker
+// before every suspect has had its turn. The first suspect's turn begins
+// at once, as no run executes yet. Each of the next ones takes its turn
+// once no run holds a worker: the suspects before it may run on after
+// their turns, and it waits for them to end or pause, for MaxAlone at
+// most; if its turn has still not come by then, it runs beside them as
+// any run, counted as any run, and the next suspect waits in its place
+// (with no bound on MaxAlone, it waits until its turn comes). The turn
+// ends when the suspect makes progress (in exit durability it commits its
+// steps until one does, see markRecovery), pauses or ends, or once it has
+// run alone for
 // ManagerOptions.MaxAlone: from then on it runs beside the others, as any
 // run. A crash while a suspect runs alone counts against it only, and a
 // run that was cut short beside the guilty one makes progress when it
@@ -1098,9 +1115,11 @@ func (e *DamagedRunsError) Error() string {
 // that, or to start recovering before the first request. A pass that
 // fails (the store cannot be listed) is not done: the next call, or the
 // next Start, tries again, and Start, Invoke, Resume and Cancel fail
-// meanwhile. The runs it found wait for the pass that succeeds, which
-// resumes them with those it finds (and returns their number), so that the
-// suspects among the latter still run first. A call whose ctx ends while
+// meanwhile. It hands no run to a worker, and takes back the runs it
+// registered, so that the manager holds none it does not resume (ThreadRun
+// and Active do not report them) and gives up the memory their executions
+// took: the pass that succeeds finds them all anew, with their suspects
+// first. A call whose ctx ends while
 // the pass runs returns ctx's error at once: the pass goes on, on the
 // manager's own context, for the calls that wait for it, until it ends or
 // Close stops it (Close waits for it). Once the manager is closed, a call
@@ -1179,18 +1198,19 @@ func (m *Manager) recoverFirst(ctx context.Context) error {
 func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 	// The runs go to workers once all are registered, suspects first, so
 	// that no other run takes a worker before the suspects' turns (see
-	// takeTurn). A pass that fails part-way hands none to workers: the one
-	// that succeeds hands them all, with the suspects it finds after them
-	// first; a run handed over earlier would wait for a worker as if there
-	// were no suspects. This also counts them: the returns below leave
-	// resumed to it.
+	// takeTurn). A pass that fails part-way hands none to workers, and
+	// takes back what it registered: the manager holds no run it does not
+	// resume, and the pass tried again (the next Recover, Start, Invoke,
+	// Resume or Cancel, or the next start) finds them all anew, suspects
+	// first. This also counts them: the returns below leave resumed to it.
+	var suspects, others []recovered
+	var paused []*active
 	defer func() {
 		var dmg *DamagedRunsError
 		if err != nil && !errors.As(err, &dmg) {
+			m.unregister(suspects, others, paused)
 			return
 		}
-		suspects, others := m.recovery.suspects, m.recovery.others
-		m.recovery.suspects, m.recovery.others = nil, nil
 		resumed = len(suspects) + len(others)
 		m.mu.Lock()
 		m.recoveredSuspects = len(suspects)
@@ -1231,10 +1251,12 @@ func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 				case err != nil:
 					return 0, err
 				case r.a == nil:
+				case r.e == nil:
+					paused = append(paused, r.a)
 				case r.suspect:
-					m.recovery.suspects = append(m.recovery.suspects, r)
+					suspects = append(suspects, r)
 				default:
-					m.recovery.others = append(m.recovery.others, r)
+					others = append(others, r)
 				}
 			}
 		}
@@ -1245,7 +1267,28 @@ func (m *Manager) recoverAll(ctx context.Context) (resumed int, err error) {
 	return 0, nil
 }
 
-// recovered is a run that Recover hands to a worker to resume.
+// unregister takes back the runs a recovery pass that failed registered:
+// those for workers to resume, and the paused ones.
+func (m *Manager) unregister(suspects, others []recovered, paused []*active) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, r := range append(suspects, others...) {
+		m.queued--
+		if r.a.suspect {
+			r.a.suspect = false
+			m.waiting = slices.DeleteFunc(m.waiting, func(w *active) bool { return w == r.a })
+			m.suspects--
+		}
+		paused = append(paused, r.a)
+	}
+	for _, a := range paused {
+		delete(m.threads, a.thread)
+		delete(m.runs, a.runID)
+	}
+}
+
+// recovered is a run that Recover hands to a worker to resume (e is nil
+// for a paused run it registered).
 type recovered struct {
 	a       *active
 	e       *execution
@@ -1258,8 +1301,8 @@ type recovered struct {
 // record the failure.
 func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 	m.mu.Lock()
-	// A run a failed pass registered holds its thread still: a pass tried
-	// again does not register it twice.
+	// A thread holds one run at most: a second unfinished run on it
+	// (which no start makes) is not registered beside the first.
 	if m.threads[run.Thread] != nil {
 		m.mu.Unlock()
 		return recovered{}, nil
@@ -1272,11 +1315,11 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 	}
 	m.mu.Unlock()
 	if a.paused {
-		return recovered{}, nil
+		return recovered{a: a}, nil
 	}
 	fail := func(err error) (recovered, error) {
 		m.dequeue()
-		run.Status, run.Error, run.EndedAt = StatusFailed, err.Error(), time.Now().UTC()
+		run.Status, run.Error, run.EndedAt = StatusFailed, err.Error(), m.now().UTC()
 		ev := Event{Time: run.EndedAt, Type: EventRunFailed, Run: run.ID, Thread: run.Thread}
 		ev.Data, _ = json.Marshal(map[string]any{"status": run.Status, "error": run.Error})
 		c := &Commit{Run: run, Events: []Event{ev}, Sync: true}
@@ -1401,7 +1444,10 @@ func (m *Manager) startRecovered(ctx context.Context, a *active, e *execution) (
 // until it paused, ended or called a tool, and its steps would be no
 // progress: a crash after them would count against it though it had moved
 // on. So a suspect in exit durability commits its steps as sync would
-// until one has taken the count off: its first step, in one fsync more.
+// until one has taken the count off: its first step, in one fsync more,
+// or the first step of a subgraph that its first step runs, so that a
+// long subgraph that a crash cuts short does not start again from its
+// beginning after every recovery, and never make progress.
 // The run goes on in exit durability from then on, and its record and
 // outcome are those of any exit run; its history holds that checkpoint
 // too, as it would had a node of that step called EnsureDurable.
@@ -1412,7 +1458,7 @@ func (m *Manager) markRecovery(ctx context.Context, a *active, e *execution, hea
 		meta = map[string]string{}
 	}
 	meta[MetaActive] = strconv.FormatInt(active.Milliseconds(), 10)
-	meta[MetaRunningSince] = time.Now().UTC().Format(time.RFC3339Nano)
+	meta[MetaRunningSince] = m.now().UTC().Format(time.RFC3339Nano)
 	meta[MetaRecoveries] = strconv.Itoa(a.recovery)
 	attempt := RunAttempt(e.run) + 1
 	meta[MetaAttempt] = strconv.Itoa(attempt)

@@ -583,7 +583,7 @@ func TestExitRunIsKnownBeforeItIsStored(t *testing.T) {
 	s := engine.NewMemoryStore()
 	gate := make(chan struct{})
 	m := newManager(t, s, engine.ManagerOptions{Durability: engine.DurabilityExit},
-		&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, time.Millisecond, false, gate)})
+		&engine.Agent{Name: "sleepy", Graph: sleepyGraph(t, time.Sleep, time.Millisecond, false, gate)})
 	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: "sleepy"})
 	require.NoError(t, err)
 	_, err = s.Run(ctx, run.ID)
@@ -729,8 +729,10 @@ func TestRecoveryLimitEndsACrashLoop(t *testing.T) {
 
 // flakySteps adds the steps s0, s1, ... in a row to b, from Start. Each
 // hangs until the process dies the first time it runs, reporting its name
-// on entered, and adds 1 to the returned channel the second time.
-func flakySteps(b *engine.Builder, steps int, entered chan<- string) engine.Chan[int] {
+// on entered, and adds 1 to the returned channel the second time. With
+// durable, s0 first puts its run on record (engine.EnsureDurable, as a
+// tool call does), which exit durability needs for a run to be recovered.
+func flakySteps(b *engine.Builder, steps int, entered chan<- string, durable bool) engine.Chan[int] {
 	var mu sync.Mutex
 	ran := map[string]bool{}
 	out := engine.Sum[int](b, "out")
@@ -738,6 +740,11 @@ func flakySteps(b *engine.Builder, steps int, entered chan<- string) engine.Chan
 	for i := range steps {
 		node := fmt.Sprintf("s%d", i)
 		b.AddNode(node, func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+			if durable && node == "s0" {
+				if err := engine.EnsureDurable(ctx); err != nil {
+					return nil, err
+				}
+			}
 			mu.Lock()
 			again := ran[node]
 			ran[node] = true
@@ -759,11 +766,11 @@ func flakySteps(b *engine.Builder, steps int, entered chan<- string) engine.Chan
 // flakySteps, lets the process die at each step in turn and starts it
 // again, with MaxRecoveries 1: each step that commits must take the count
 // off the run's record, or the next start fails the run. It returns the
-// run as it ends.
-func crashAtEachStep(t *testing.T, store engine.Store, agent *engine.Agent, entered <-chan string, steps int) *engine.Run {
+// run as it ends. d is the manager's durability.
+func crashAtEachStep(t *testing.T, store engine.Store, d engine.Durability, agent *engine.Agent, entered <-chan string, steps int) *engine.Run {
 	t.Helper()
 	ctx := context.Background()
-	opts := engine.ManagerOptions{MaxRecoveries: 1}
+	opts := engine.ManagerOptions{MaxRecoveries: 1, Durability: d}
 	l, m, _ := startLife(t, store, opts, agent)
 	run, err := m.Start(ctx, engine.RunRequest{Thread: "t", Agent: agent.Name})
 	require.NoError(t, err)
@@ -795,9 +802,9 @@ func TestRecoveryLimitCountsCrashesWithoutProgress(t *testing.T) {
 	ctx := context.Background()
 	entered := make(chan string, 1)
 	b := engine.NewGraph("flaky")
-	out := flakySteps(b, steps, entered)
+	out := flakySteps(b, steps, entered, false)
 	agent := &engine.Agent{Name: "flaky", Graph: mustCompile(t, b)}
-	crashAtEachStep(t, store, agent, entered, steps)
+	crashAtEachStep(t, store, engine.DurabilitySync, agent, entered, steps)
 	snap, err := agent.Graph.StateAt(ctx, engine.RunConfig{Thread: "t", Store: store}, "")
 	require.NoError(t, err)
 	require.Equal(t, steps, out.Get(snap))
@@ -938,4 +945,25 @@ func TestManagerStartLeavesARecoveryPassWhenItsContextEnds(t *testing.T) {
 	got := <-waited
 	require.NoError(t, got.err, "the pass went on for the Start that waited")
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, got.run.ID).Status)
+}
+
+// Close stops the runs that wait for a worker as well as those that run:
+// none of them takes the worker that a stopping run frees and begins a
+// step (a tool call, say) as the manager closes. The timing is tried many
+// times over, for the moment where Close has stopped the running run but
+// not yet the waiting one.
+func TestCloseBeginsNoStepOfAWaitingRun(t *testing.T) {
+	for i := range 200 {
+		entered := make(chan string, 2)
+		m := engine.NewManager(engine.NewMemoryStore(), resolver(hangAgent(t, entered)), engine.ManagerOptions{Workers: 1})
+		running := startOn(t, m, "hang", "a")[0]
+		require.Equal(t, running, <-entered)
+		waiting := startOn(t, m, "hang", "b")[0]
+		m.Close()
+		select {
+		case id := <-entered:
+			require.NotEqual(t, waiting, id, "try %d: the waiting run began a step as the manager closed", i)
+		default:
+		}
+	}
 }

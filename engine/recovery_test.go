@@ -6,15 +6,14 @@ package engine_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/engine/enginetest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -81,11 +80,8 @@ func liveStatus(t *testing.T, m *engine.Manager, runID string) engine.RunStatus 
 
 // Two runs cut short together twice are both suspects at the next start:
 // they run one at a time and alone, and a run started meanwhile waits
-// while either runs alone. Once the first has made progress, the suspect
-// waiting for its turn holds no one up: it takes its turn as soon as no
-// run holds a worker, before any other run. Only the suspect that runs is
-// counted; the one that waits for its turn is not, and neither is the new
-// run.
+// until both have had their turns. Only the suspect that runs is counted;
+// the one that waits for its turn is not, and neither is the new run.
 func TestRecoverySuspectsRunOneAtATimeAndAlone(t *testing.T) {
 	store := engine.NewMemoryStore()
 	entered := make(chan string, 3)
@@ -127,28 +123,15 @@ func TestRecoverySuspectsRunOneAtATimeAndAlone(t *testing.T) {
 	require.Equal(t, engine.StatusQueued, liveStatus(t, m, next), "a new run waits while a suspect runs alone")
 
 	close(gates[thread[first]])
-	// Its step committed, the first suspect runs beside the others until
-	// it ends: the new run may take a worker in between, and the second
-	// suspect then waits for it to end.
-	if id := <-entered; id == next {
-		close(gates["new"])
-		require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status)
-		require.Equal(t, second, <-entered, "the next suspect runs once no run holds a worker")
-	} else {
-		require.Equal(t, second, id, "the next suspect runs once the first one is done")
-	}
+	require.Equal(t, second, <-entered, "the next suspect runs once the first one is done, before any other run")
 	noneEnters(t, entered, "the second suspect runs alone")
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, first).Status)
 	require.Equal(t, "2", recoveries(t, store, second))
 
 	close(gates[thread[second]])
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, second).Status)
-	select {
-	case <-gates["new"]:
-	default:
-		require.Equal(t, next, <-entered, "the new run goes on once the suspects are done")
-		close(gates["new"])
-	}
+	require.Equal(t, next, <-entered, "the new run goes on once the suspects are done")
+	close(gates["new"])
 	done := waitFor(t, m, next)
 	require.Equal(t, engine.StatusCompleted, done.Status)
 	require.Empty(t, done.Meta[engine.MetaRecoveries])
@@ -224,19 +207,29 @@ func TestRecoverySuspectLetsOthersRunOnceItProgresses(t *testing.T) {
 // A run whose only node is a long subgraph makes progress with each of the
 // subgraph's steps, though its own step does not end between crashes:
 // the first subgraph step after a recovery takes the count off the run's
-// record, and the run is recovered as often as it crashes.
+// record, and the run is recovered as often as it crashes. In exit
+// durability too: a suspect commits its subgraph's steps, as its own, as
+// sync would until one is committed, so that a crash in a later one does
+// not take the subgraph back to its start every time.
 func TestRecoveryLimitCountsSubgraphStepsAsProgress(t *testing.T) {
 	const steps = 4
-	entered := make(chan string, 1)
-	ib := engine.NewGraph("inner")
-	flakySteps(ib, steps, entered)
-	ob := engine.NewGraph("outer")
-	engine.Sum[int](ob, "out")
-	ob.AddSubgraph("inner", mustCompile(t, ib))
-	ob.AddEdge(engine.Start, "inner")
-	agent := &engine.Agent{Name: "outer", Graph: mustCompile(t, ob)}
-	done := crashAtEachStep(t, engine.NewMemoryStore(), agent, entered, steps)
-	require.Equal(t, steps+1, done.Steps, "the subgraph's and its own")
+	for _, d := range []engine.Durability{engine.DurabilitySync, engine.DurabilityExit} {
+		t.Run(string(d), func(t *testing.T) {
+			entered := make(chan string, 1)
+			ib := engine.NewGraph("inner")
+			flakySteps(ib, steps, entered, d == engine.DurabilityExit)
+			ob := engine.NewGraph("outer")
+			engine.Sum[int](ob, "out")
+			ob.AddSubgraph("inner", mustCompile(t, ib))
+			ob.AddEdge(engine.Start, "inner")
+			agent := &engine.Agent{Name: "outer", Graph: mustCompile(t, ob)}
+			done := crashAtEachStep(t, engine.NewMemoryStore(), d, agent, entered, steps)
+			require.Equal(t, d, done.Durability)
+			if d == engine.DurabilitySync {
+				require.Equal(t, steps+1, done.Steps, "the subgraph's and its own")
+			}
+		})
+	}
 }
 
 // loadDeath is a process that dies while a recovered run loads its state:
@@ -450,9 +443,11 @@ func TestRecoverySuspectTurnAloneIsBounded(t *testing.T) {
 	l, m, n := startLife(t, store, opts, agents...)
 	require.Equal(t, 2, n)
 	require.Equal(t, 1, m.Suspects(), "the slow run, at its second recovery")
-	require.Equal(t, slow, <-entered, "the suspect runs first")
 	next := startOn(t, m, "ok", "new")[0]
-	enters(t, entered, beside, "the recovered run still waits for the suspect, whose turn alone ran out")
+	// Which of the two enters its step first is the scheduler's choice
+	// on a loaded machine: the suspect's turn alone is a moment here.
+	require.ElementsMatch(t, []string{slow, beside}, []string{<-entered, <-entered},
+		"the recovered run goes on beside the suspect, whose turn alone ran out")
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status, "the new run goes on beside the suspect")
 	require.Equal(t, engine.StatusRunning, liveStatus(t, m, slow), "the suspect's step goes on")
 	require.Equal(t, "2", recoveries(t, store, slow))
@@ -640,14 +635,13 @@ func TestRecoveryExitSuspectCommitsItsFirstStep(t *testing.T) {
 	require.Equal(t, 111, out.Get(snap))
 }
 
-// A suspect that waits for its turn holds no one up for MaxAlone: the
-// others take the free worker slots, and its turn comes once no run holds
-// one. Then, for MaxAlone more, no other run takes a slot, so that the runs
-// that hold them end or pause and its turn comes. If it still has not (here
-// the run beside it hangs), it waits no longer and runs beside the others,
-// counted as any run is, which is no proof of innocence. So neither a busy
-// appliance nor a slow run holds a suspect back for good, and a suspect
-// holds the others up for a bounded time.
+// A suspect that waits for its turn while the suspect before it runs on
+// (here it hangs, and its turn alone ran out) holds the others back: no
+// other run takes a worker, so that the runs that hold them end or pause
+// and its turn comes. If it still has not come after MaxAlone, the suspect
+// waits no longer and runs beside the others, counted as any run is, which
+// is no proof of innocence; and the others go on. So neither a slow run
+// holds a suspect back for good, nor a suspect the others.
 func TestRecoveryWaitingSuspectWaitsForABoundedTime(t *testing.T) {
 	store := engine.NewMemoryStore()
 	entered := make(chan string, 2)
@@ -655,7 +649,8 @@ func TestRecoveryWaitingSuspectWaitsForABoundedTime(t *testing.T) {
 
 	ids := crashTwiceTogether(t, store, opts, entered, agents, "hang", "a", "b")
 
-	opts.MaxAlone = 2 * time.Second
+	opts.MaxAlone = time.Second
+	began := time.Now()
 	_, m, n := startLife(t, store, opts, agents...)
 	defer m.Close()
 	require.Equal(t, 2, n)
@@ -666,45 +661,44 @@ func TestRecoveryWaitingSuspectWaitsForABoundedTime(t *testing.T) {
 		waiting = ids[1]
 	}
 	next := startOn(t, m, "ok", "new")[0]
-	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status, "the new run goes on once the slow suspect's turn ran out")
-	noneEnters(t, entered, "the waiting suspect's turn needs every worker free")
 	require.Equal(t, "2", recoveries(t, store, slow))
 	require.Equal(t, "1", recoveries(t, store, waiting), "the waiting suspect is not counted")
-	require.Equal(t, engine.StatusQueued, liveStatus(t, m, waiting))
 
-	// The suspect began to wait before next ended; MaxAlone after that, the
-	// others take no more slots.
-	time.Sleep(opts.MaxAlone + opts.MaxAlone/4)
-	late := startOn(t, m, "ok", "late")[0]
-	time.Sleep(opts.MaxAlone / 8) // time enough for the new run to end, were it not held
-	require.Equal(t, engine.StatusQueued, liveStatus(t, m, late), "a new run waits while the suspect gathers the workers")
 	enters(t, entered, waiting, "the suspect still waits for a turn that the hanging run keeps from it")
-	require.Equal(t, engine.StatusCompleted, waitFor(t, m, late).Status, "the new run goes on once the suspect stopped waiting")
+	done := waitFor(t, m, next)
+	require.Equal(t, engine.StatusCompleted, done.Status, "the new run goes on once the suspect stopped waiting")
+	// The slow suspect's turn alone, then the waiting one's wait, each
+	// MaxAlone: the new run waited for both.
+	require.GreaterOrEqual(t, done.StartedAt.Sub(began), 2*opts.MaxAlone, "the new run took a worker while a suspect waited for its turn")
 	require.Equal(t, "2", recoveries(t, store, waiting), "a suspect that ran beside others is counted")
 }
 
-// twoStepAgent's nodes w1 and w2 each report that they run, then wait for
-// their thread's gate (or the end of their process) to finish.
-func twoStepAgent(t *testing.T, entered chan<- string, gates map[string][2]chan struct{}) *engine.Agent {
-	b := engine.NewGraph("twostep")
-	out := engine.Sum[int](b, "out")
-	step := func(i int) engine.NodeFunc {
-		return func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
-			info, _ := engine.InfoFrom(ctx)
-			entered <- info.Run
-			select {
-			case <-gates[info.Thread][i]:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			return []engine.Write{out.Set(1)}, nil
-		}
-	}
-	b.AddNode("w1", step(0))
-	b.AddNode("w2", step(1))
-	b.AddEdge(engine.Start, "w1")
-	b.AddEdge("w1", "w2")
-	return &engine.Agent{Name: "twostep", Graph: mustCompile(t, b)}
+// A suspect whose wait for its turn ran out runs as any run does at once:
+// the suspect after it, which then waits for its own turn, does not hold
+// it back. Here all three hang: the first holds its worker, so neither of
+// the others' turns comes, and each runs once its wait ran out, one
+// MaxAlone after the other.
+func TestRecoverySuspectWhoseWaitRanOutIsNotHeldBack(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 3)
+	agents, opts := hangBesideOK(t, entered)
+	ids := crashTwiceTogether(t, store, opts, entered, agents, "hang", "a", "b", "c")
+
+	opts.MaxAlone = time.Second
+	_, m, n := startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 3, n)
+	require.Equal(t, 3, m.Suspects())
+	first := <-entered
+	second := <-entered // its wait ran out after the first's turn alone
+	third := slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == first || id == second })
+	require.Len(t, third, 1)
+	enters(t, entered, third[0], "the last suspect's wait runs out too")
+	// When each worker took its run is on the run's record (the recovery
+	// mark). The last one's wait began as the second's ran out; had the
+	// second waited for it, both would have been taken at once. Half a
+	// MaxAlone is left to the scheduler for the second's worker.
+	require.GreaterOrEqual(t, tookAt(t, store, third[0]).Sub(tookAt(t, store, second)), opts.MaxAlone/2, "the suspect whose wait ran out waited for the next one's wait too")
 }
 
 // With no bound on the turn alone, a suspect waiting for its turn is not
@@ -718,7 +712,7 @@ func TestRecoveryUnboundedSuspectIsNotHeldBack(t *testing.T) {
 	for _, th := range []string{"a", "b", "new"} {
 		gates[th] = [2]chan struct{}{make(chan struct{}), make(chan struct{})}
 	}
-	agents := []*engine.Agent{twoStepAgent(t, entered, gates)}
+	agents := []*engine.Agent{enginetest.TwoStepAgent(t, entered, gates)}
 	opts := engine.ManagerOptions{Workers: 2, MaxAlone: -1}
 
 	ids := crashTwiceTogether(t, store, opts, entered, agents, "twostep", "a", "b")
@@ -748,6 +742,17 @@ func TestRecoveryUnboundedSuspectIsNotHeldBack(t *testing.T) {
 	close(gates[thread[second]][1])
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, second).Status)
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, next).Status)
+}
+
+// tookAt is when a worker took recovered run id: the recovery mark on its
+// record (engine.MetaRunningSince).
+func tookAt(t *testing.T, store engine.Store, id string) time.Time {
+	t.Helper()
+	r, err := store.Run(context.Background(), id)
+	require.NoError(t, err)
+	at, err := time.Parse(time.RFC3339Nano, r.Meta[engine.MetaRunningSince])
+	require.NoError(t, err)
+	return at
 }
 
 // crashTwiceTogether starts a run of agent on each thread and lets the
@@ -786,7 +791,7 @@ func (s *slowListing) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.R
 
 // A suspect's wait for its turn begins when Recover hands the runs to the
 // workers, not while it goes on over the store: however long the pass
-// takes, the suspect runs alone first.
+// takes, the suspect runs alone first, for its whole turn.
 func TestRecoverySuspectRunsFirstAfterASlowPass(t *testing.T) {
 	store := engine.NewMemoryStore()
 	entered := make(chan string, 2)
@@ -795,15 +800,21 @@ func TestRecoverySuspectRunsFirstAfterASlowPass(t *testing.T) {
 
 	slow, beside := slowAndBeside(t, store, opts, entered, agents)
 
-	m := engine.NewManager(&slowListing{Store: store, delay: 3 * opts.MaxAlone}, resolver(agents...), opts)
+	delay := 3 * opts.MaxAlone
+	m := engine.NewManager(&slowListing{Store: store, delay: delay}, resolver(agents...), opts)
 	defer m.Close()
+	began := time.Now()
 	n, err := m.Recover(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	require.Equal(t, 1, m.Suspects())
-	require.Equal(t, slow, <-entered, "the suspect runs first")
-	noneEnters(t, entered, "the suspect runs alone")
-	enters(t, entered, beside, "the recovered run goes on once the suspect's turn alone ran out")
+	require.ElementsMatch(t, []string{slow, beside}, []string{<-entered, <-entered})
+	// The time each worker took its run is on the run's record (the
+	// recovery mark), which a loaded machine can only make later: the
+	// suspect's turn began after the pass, and the other run's worker
+	// took it only once that whole turn alone had run out.
+	require.GreaterOrEqual(t, tookAt(t, store, slow).Sub(began), delay)
+	require.GreaterOrEqual(t, tookAt(t, store, beside).Sub(began), delay+opts.MaxAlone, "the recovered run ran beside the suspect during its turn alone")
 }
 
 // slowAndBeside lets the process die twice under a hangAgent run, slow,
@@ -847,21 +858,6 @@ func TestRecoverySuspectTurnEndingAsItBeginsKeepsOneWorker(t *testing.T) {
 	}
 }
 
-// failsRunningOnce is a store whose first listing of running runs fails,
-// after the listings of the other statuses: a recovery pass that fails
-// part-way.
-type failsRunningOnce struct {
-	engine.Store
-	failed atomic.Bool
-}
-
-func (s *failsRunningOnce) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
-	if f.Status == engine.StatusRunning && s.failed.CompareAndSwap(false, true) {
-		return nil, errors.New("listing failed")
-	}
-	return s.Store.Runs(ctx, f)
-}
-
 // A recovery pass that fails part-way hands none of the runs it registered
 // to workers: the pass that succeeds hands them all, suspects first, so
 // that a suspect it finds still runs alone before them.
@@ -890,7 +886,7 @@ func TestRecoveryRetriedAfterAFailedPassKeepsTheSuspectsTurn(t *testing.T) {
 	rec.Status = engine.StatusRunning
 	require.NoError(t, store.Commit(ctx, &engine.Commit{Run: rec, Sync: true}))
 
-	m = newManager(t, &failsRunningOnce{Store: store}, opts, agents...)
+	m = newManager(t, &enginetest.FailsRunningOnce{Store: store}, opts, agents...)
 	_, err = m.Recover(ctx)
 	require.Error(t, err, "the queued runs are registered, the listing of running ones fails")
 	// A run that a worker took meanwhile may end: the suspect's turn

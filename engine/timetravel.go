@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"time"
 )
 
 // History lists a thread's checkpoints, newest first (at most limit; 0 for
@@ -56,7 +55,7 @@ func (g *Graph) Fork(ctx context.Context, cfg RunConfig, checkpointID string) (*
 	// No run made the fork (the execution's run record is never stored),
 	// so it names none: the next run on the thread starts from it.
 	c := &Checkpoint{Thread: cfg.Thread, NS: cfg.ns, ID: newID(), ParentID: checkpointID,
-		Step: e.step, Source: SourceFork, Next: e.next, Created: time.Now().UTC()}
+		Step: e.step, Source: SourceFork, Next: e.next, Created: cfg.now().UTC()}
 	if err := cfg.Store.Commit(ctx, &Commit{Checkpoint: c, Sync: true}); err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}

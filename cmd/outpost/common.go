@@ -96,7 +96,7 @@ func budgetFlags(fs *flag.FlagSet, recoveries bool) *budgetChoice {
 	fs.DurationVar(&bc.alone, "max-alone-time", engine.DefaultMaxAlone,
 		"longest a run suspected of crashing the appliance runs alone (0 for no limit); "+
 			"then the other runs get workers beside it, and a crash counts against every run it cuts short; "+
-			"a suspect waits for its turn at most twice as long")
+			"a suspect waits for its turn at most as long, while no other run takes a worker")
 	return bc
 }
 

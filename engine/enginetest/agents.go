@@ -3,7 +3,9 @@ package enginetest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/outpost-edge/outpost/engine"
@@ -48,4 +50,50 @@ func HoldAgent(t testing.TB, name string, release <-chan struct{}) *engine.Agent
 			return []engine.Write{input.Set(s)}, nil
 		},
 		Output: func(engine.State) json.RawMessage { return json.RawMessage(`"done"`) }}
+}
+
+// TwoStepAgent returns an agent named "twostep" of two steps, w1 then w2,
+// for tests that look at the order in which runs execute: each reports its
+// run on entered, then waits for its thread's gate (gates[thread][0] for
+// w1, [1] for w2) or the end of the run.
+func TwoStepAgent(t testing.TB, entered chan<- string, gates map[string][2]chan struct{}) *engine.Agent {
+	t.Helper()
+	b := engine.NewGraph("twostep")
+	out := engine.Sum[int](b, "out")
+	step := func(i int) engine.NodeFunc {
+		return func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+			info, _ := engine.InfoFrom(ctx)
+			entered <- info.Run
+			select {
+			case <-gates[info.Thread][i]:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return []engine.Write{out.Set(1)}, nil
+		}
+	}
+	b.AddNode("w1", step(0))
+	b.AddNode("w2", step(1))
+	b.AddEdge(engine.Start, "w1")
+	b.AddEdge("w1", "w2")
+	g, err := b.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &engine.Agent{Name: "twostep", Graph: g}
+}
+
+// FailsRunningOnce is a store whose first listing of running runs fails,
+// after the listings of the other statuses: a recovery pass that fails
+// part-way, as a store that cannot be read to its end makes one.
+type FailsRunningOnce struct {
+	engine.Store
+	failed atomic.Bool
+}
+
+func (s *FailsRunningOnce) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error) {
+	if f.Status == engine.StatusRunning && s.failed.CompareAndSwap(false, true) {
+		return nil, errors.New("listing failed")
+	}
+	return s.Store.Runs(ctx, f)
 }
