@@ -368,7 +368,7 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 				return err
 			}
 		case w.newerLost:
-			if err := w.newerOutcomes(ctx, out); err != nil {
+			if err := w.newerRecords(ctx, out); err != nil {
 				return err
 			}
 		}

@@ -319,22 +319,45 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 	return nil
 }
 
-// newerOutcomes reports the outcomes that continue the copy's ledger on
-// pages the walk did not reach, when the tree walked is an older
-// transaction's than the newest: a newer transaction wrote them, which
-// is lost, or never committed. They are not copied: the rest of that
-// transaction (its runs' last records and checkpoints) is lost with its
-// root, and an outcome without it would have serve run its run again,
-// to a second outcome. The tree walked is whole, as after a crash before
-// that commit; but the uplink may have sent those outcomes, and then the
-// collector refuses the copy's next ones, which take their seqs, as a
-// fork.
-func (w *salvageWalk) newerOutcomes(ctx context.Context, out *bbolt.DB) error {
+// newerRecords handles the records on pages the walk did not reach when
+// the tree walked is an older transaction's than the newest: a newer
+// transaction wrote them, which is lost (or never committed), or they are
+// older versions on free pages. The tree walked is whole, as after a crash
+// before that commit, and the rest of that transaction is not mixed in: a
+// part of a commit without the rest (an outcome without its run's last
+// record) would have serve run a step again. The tool-call records are the
+// exception (newerToolCalls).
+func (w *salvageWalk) newerRecords(ctx context.Context, out *bbolt.DB) error {
 	var last uint64
+	var seqs []uint64
+	calls := map[string][][]byte{}
+	// The scan keeps only what is newer than the copy, so that it holds
+	// little of a large store's free pages.
 	err := out.View(func(tx *bbolt.Tx) error {
 		if b := tx.Bucket([]byte(bucketOutcomes)); b != nil {
 			if k, _ := b.Cursor().Last(); len(k) == 8 {
 				last = beUint64(k)
+			}
+		}
+		for id := uint64(2); id < w.pgid; id++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if w.reached(id) {
+				continue
+			}
+			for _, r := range unlinkedRecords(w.unlinkedPage(id)) {
+				switch {
+				case r.bucket == bucketOutcomes: // an outcome's key is its seq, 8 bytes (keyFits)
+					if seq := beUint64(r.k); seq > last && !slices.Contains(seqs, seq) {
+						seqs = append(seqs, seq)
+					}
+				case r.bucket == bucketToolCalls && newerCall(tx, r.k, r.v):
+					vs := calls[string(r.k)]
+					if !slices.ContainsFunc(vs, func(v []byte) bool { return bytes.Equal(v, r.v) }) {
+						calls[string(r.k)] = append(vs, r.v)
+					}
+				}
 			}
 		}
 		return nil
@@ -342,25 +365,20 @@ func (w *salvageWalk) newerOutcomes(ctx context.Context, out *bbolt.DB) error {
 	if err != nil {
 		return err
 	}
-	var seqs []uint64
-	for id := uint64(2); id < w.pgid; id++ {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if w.reached(id) {
-			continue
-		}
-		for _, r := range unlinkedRecords(w.unlinkedPage(id)) {
-			if r.bucket != bucketOutcomes {
-				continue // an outcome's key is its seq, 8 bytes (keyFits)
-			}
-			if seq := beUint64(r.k); seq > last && !slices.Contains(seqs, seq) {
-				seqs = append(seqs, seq)
-			}
-		}
-	}
+	w.newerOutcomes(seqs, last)
+	return w.newerToolCalls(out, calls)
+}
+
+// newerOutcomes reports the outcomes found past the end of the copy's
+// ledger at last, seqs, which the lost transaction appended. They are not
+// copied: the rest of that transaction (its runs' last records and
+// checkpoints) is lost with its root, and an outcome without it would have
+// serve run its run again, to a second outcome. But the uplink may have
+// sent them, and then the collector refuses the copy's next outcomes,
+// which take their seqs, as a fork.
+func (w *salvageWalk) newerOutcomes(seqs []uint64, last uint64) {
 	if len(seqs) == 0 {
-		return nil
+		return
 	}
 	slices.Sort(seqs)
 	w.lost(bucketOutcomes, nil, "outcomes %d to %d, after the copy's ledger ends at %d, are on pages that a newer transaction wrote, "+
@@ -368,6 +386,66 @@ func (w *salvageWalk) newerOutcomes(ctx context.Context, out *bbolt.DB) error {
 		"If the uplink sent them (the collector's list of appliances gives the last seq it holds), "+
 		"the collector refuses the copy's next outcomes, which take their seqs, as a fork: restore a backup that holds them "+
 		"rather than use this copy, if there is one", seqs[0], seqs[len(seqs)-1], last)
+}
+
+// newerCall reports whether the tool-call record v, found under k, is newer
+// than the one the copy holds there, and of a run the copy holds.
+func newerCall(tx *bbolt.Tx, k, v []byte) bool {
+	tc, err := decodeToolCall(v)
+	runs := tx.Bucket([]byte(bucketRuns))
+	if err != nil || runs == nil || runs.Get([]byte(tc.RunID)) == nil {
+		return false
+	}
+	calls := tx.Bucket([]byte(bucketToolCalls))
+	if calls == nil || calls.Get(k) == nil {
+		return true
+	}
+	return versionOrder(bucketToolCalls, v, calls.Get(k)) > 0
+}
+
+// newerToolCalls copies the tool-call records found, calls, that are newer
+// than the copy's: an intent the copy lacks, or a result where the copy
+// holds only the intent. A tool runs only once its intent is committed, so
+// an intent that the lost transaction wrote may stand for a side effect
+// that took place. Left out, the intent is unknown to the copy, and serve,
+// resuming the run from the tree walked, would call the tool again without
+// asking; copied, recovery treats it as after any crash: a recorded result
+// is reused, and an intent without one is asked about (or, for a tool
+// declared idempotent, run again under the same key). Unlike the rest of
+// the transaction, such a record only makes a resumed run more careful.
+// A record whose run the copy does not hold is left out (newerCall): it is
+// one that prune removed (a free page keeps it), or one of a run the lost
+// transaction started, which nothing resumes.
+func (w *salvageWalk) newerToolCalls(out *bbolt.DB, calls map[string][][]byte) error {
+	if len(calls) == 0 {
+		return nil
+	}
+	var added []string
+	err := out.Update(func(tx *bbolt.Tx) error {
+		added = added[:0]
+		b, err := tx.CreateBucketIfNotExists([]byte(bucketToolCalls))
+		if err != nil {
+			return err
+		}
+		for _, k := range slices.Sorted(maps.Keys(calls)) {
+			v, ok := newestVersion(bucketToolCalls, calls[k])
+			if !ok {
+				w.lost(bucketToolCalls, []byte(k), "found in %d differing versions on pages that nothing leads to any more, and which is the newest cannot be told: left out", len(calls[k]))
+				continue
+			}
+			if err := b.Put([]byte(k), v); err != nil {
+				return fmt.Errorf("bucket %s: %w", bucketToolCalls, err)
+			}
+			added = append(added, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range added {
+		w.countUnlinked(bucketToolCalls, []byte(k))
+	}
 	return nil
 }
 
@@ -437,14 +515,19 @@ func (w *salvageWalk) putUnlinked(out *bbolt.DB, name string, batch []salvageEnt
 	if err != nil {
 		return err
 	}
+	for _, r := range added {
+		w.countUnlinked(name, r.k)
+	}
+	return nil
+}
+
+// countUnlinked counts a record copied from a page the walk did not reach.
+func (w *salvageWalk) countUnlinked(name string, k []byte) {
 	if w.rep.Unlinked == nil {
 		w.rep.Unlinked = map[string]int{}
 	}
-	for _, r := range added {
-		w.rep.Records[recordKind(name, r.k)]++
-		w.rep.Unlinked[recordKind(name, r.k)]++
-	}
-	return nil
+	w.rep.Records[recordKind(name, k)]++
+	w.rep.Unlinked[recordKind(name, k)]++
 }
 
 // newestVersion returns the newest of a record's differing versions, the

@@ -1,0 +1,102 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// toolCallsFixture writes a store of three threads whose runs are still
+// running, each step of which called a tool (an intent, then its result),
+// enough of them that the tool calls fill pages of their own. last, run
+// on the open store, makes the newest transaction. It returns the file's
+// bytes.
+func toolCallsFixture(t *testing.T, last func(d *DB)) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	args := engine.Value{Inline: []byte(`"` + strings.Repeat("a", 300) + `"`)}
+	for i := 1; i <= 30; i++ {
+		th := fmt.Sprintf("t%d", i%3)
+		require.NoError(t, d.Commit(bg, stepCommit(th, i)))
+		key := fmt.Sprintf("run-%s:%d:task:0", th, i)
+		require.NoError(t, d.PutToolIntent(bg, key, ToolCall{RunID: "run-" + th, Node: "n", Tool: "send_letter", ArgsHash: "h", Args: args}))
+		require.NoError(t, d.PutToolResult(bg, key, ToolCall{Result: engine.Value{Inline: []byte(`"sent"`)}}))
+	}
+	last(d)
+	require.NoError(t, d.Close())
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
+}
+
+// clearNewestRoot clears the root page that the newest meta page of the
+// store file b names, and returns the older meta page's transaction.
+func clearNewestRoot(b []byte) uint64 {
+	ps := int(binary.LittleEndian.Uint32(b[metaOffset+8:]))
+	newest, older := readMeta(b), readMeta(b[ps:])
+	if older.txid > newest.txid {
+		newest, older = older, newest
+	}
+	clear(b[int(newest.root)*ps : int(newest.root+1)*ps])
+	return older.txid
+}
+
+// When the newest transaction's root page is lost, salvage copies the
+// older meta page's tree, whose runs serve resumes. A tool-call record
+// that the lost transaction wrote is kept: an intent (the tool may have
+// run since) or a result. Before, it was left out with the rest of that
+// transaction, and a resumed run, finding no record under the call's key,
+// called the tool again without asking.
+func TestSalvageKeepsTheToolCallsOfALostTransaction(t *testing.T) {
+	args := engine.Value{Inline: []byte(`"` + strings.Repeat("b", 300) + `"`)}
+	for _, tc := range []struct {
+		name string
+		last func(t *testing.T, d *DB)
+		want ToolCallStatus
+	}{
+		{"an intent with no result", func(t *testing.T, d *DB) {
+			require.NoError(t, d.PutToolIntent(bg, "run-t1:31:task:0", ToolCall{RunID: "run-t1", Node: "n", Tool: "send_letter", ArgsHash: "h2", Args: args}))
+		}, ToolCallIntent},
+		{"the result of an older intent", func(t *testing.T, d *DB) {
+			require.NoError(t, d.PutToolIntent(bg, "run-t1:31:task:0", ToolCall{RunID: "run-t1", Node: "n", Tool: "send_letter", ArgsHash: "h2", Args: args}))
+			require.NoError(t, d.PutToolResult(bg, "run-t1:31:task:0", ToolCall{Result: engine.Value{Inline: []byte(`"sent"`)}}))
+		}, ToolCallDone},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := toolCallsFixture(t, func(d *DB) { tc.last(t, d) })
+			older := clearNewestRoot(b)
+			dst := filepath.Join(t.TempDir(), "salvaged.db")
+			rep, err := Salvage(bg, writeStore(t, b), dst)
+			require.NoError(t, err)
+			require.Equal(t, older, rep.TxID, "the walk did not fall back to the older tree")
+			assert.True(t, rep.Check.OK(), "%v", rep.Check.Problems)
+			assert.Equal(t, 1, rep.Unlinked[bucketToolCalls], "%v", rep.Unlinked)
+
+			d, err := Open(dst, Options{})
+			require.NoError(t, err)
+			defer d.Close()
+			// serve resumes the run, and its tool loop finds the record under
+			// the call's key: a result to reuse, or an intent to ask about.
+			r, err := d.Run(bg, "run-t1")
+			require.NoError(t, err)
+			assert.Equal(t, engine.StatusRunning, r.Status)
+			call, err := d.ToolCall(bg, "run-t1:31:task:0")
+			require.NoError(t, err, "the tool call of the lost transaction is not in the copy")
+			assert.Equal(t, tc.want, call.Status)
+			assert.Equal(t, "h2", call.ArgsHash)
+			calls, err := d.ToolCalls(bg, "run-")
+			require.NoError(t, err)
+			assert.Len(t, calls, 31)
+		})
+	}
+}
