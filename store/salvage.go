@@ -282,6 +282,8 @@ type salvageWalk struct {
 	// pages name (applianceCopies in unlinked.go).
 	applianceWant   string
 	applianceCopies map[string]bool
+	// epochCopy is the greatest stream epoch that those copies name.
+	epochCopy uint64
 	// newerLost says the tree walked is not the newest transaction's.
 	newerLost bool
 }

@@ -3,8 +3,10 @@ package store
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"go.etcd.io/bbolt"
 )
@@ -34,17 +36,73 @@ func (w *salvageWalk) rebuildLost(tx *bbolt.Tx) error {
 	w.rep.HeadsRebuilt = n
 	meta := bucket(tx, bucketMeta)
 	metaLost := w.rootLost || len(w.gaps[bucketMeta]) > 0
-	if metaLost && meta.Get(metaStreamEpoch) == nil {
-		if err := meta.Put(metaStreamEpoch, binary.BigEndian.AppendUint64(nil, salvageEpochFloor)); err != nil {
-			return err
-		}
-		w.lost(bucketMeta, metaStreamEpoch, "the event stream's start count is lost: it is set to %d, above any an appliance "+
-			"reaches, so that the stream's numbers stay above those a client saw before", salvageEpochFloor)
+	if err := w.moveEpoch(meta, metaLost); err != nil {
+		return err
 	}
 	if metaLost && meta.Get(metaBlobIndexed) == nil || len(w.gaps[bucketBlobIndex]) > 0 {
 		return rebuildBlobIndex(tx)
 	}
 	return nil
+}
+
+// salvageEpochStep is how far past the greatest stream epoch that older
+// copies of the meta bucket name a salvage sets a lost one: the newest
+// copy may be older than the lost record by the starts since it was
+// written.
+const salvageEpochStep = 1 << 10
+
+// salvageEpochBase is the time from which a lost stream epoch counts
+// hours above the floor (lostEpoch).
+var salvageEpochBase = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// salvageClock is the salvage's clock; tests move it.
+var salvageClock = time.Now
+
+// moveEpoch sets the copy's stream epoch past any the store gave out, so
+// that a console client is never given new events under numbers it saw
+// before. Read with the meta bucket, it is moved on by one: a lost newer
+// transaction may have been a start that counted it, and the stream may
+// have numbered events under that count already. Lost, it is set by
+// lostEpoch.
+func (w *salvageWalk) moveEpoch(meta *bbolt.Bucket, metaLost bool) error {
+	v := meta.Get(metaStreamEpoch)
+	switch {
+	case v != nil && len(v) != 8:
+		return nil // db check of the copy names it
+	case v != nil:
+		return meta.Put(metaStreamEpoch, binary.BigEndian.AppendUint64(nil, binary.BigEndian.Uint64(v)+1))
+	case !metaLost:
+		return nil // no start counted yet
+	}
+	epoch, why := w.lostEpoch()
+	if err := meta.Put(metaStreamEpoch, binary.BigEndian.AppendUint64(nil, epoch)); err != nil {
+		return err
+	}
+	w.lost(bucketMeta, metaStreamEpoch, "the event stream's start count is lost: it is set to %d, %s, "+
+		"so that the stream's numbers stay above those a client saw before", epoch, why)
+	return nil
+}
+
+// lostEpoch is the stream epoch of a copy whose own is lost, and why. The
+// floor is above any an appliance reaches by counting its starts; but the
+// store may be a salvaged copy itself, whose count started at the floor
+// (a salvage whose root page is lost, with both meta pages' roots, finds
+// no older record of it as a rule: bbolt reuses the pages it frees). So
+// the epoch is the floor plus the hours since salvageEpochBase, which
+// passes the count of an earlier salvage's copy as long as it started no
+// more than once an hour on average since; and past the greatest that
+// older copies of the meta bucket name, where the file still holds some.
+// 2^20 hours is 119 years, so event numbers stay exact in a JavaScript
+// number (NextStreamEpoch).
+func (w *salvageWalk) lostEpoch() (uint64, string) {
+	hours := uint64(max(0, salvageClock().Sub(salvageEpochBase)/time.Hour))
+	epoch, why := salvageEpochFloor+hours, fmt.Sprintf("the floor %d, above any an appliance reaches, plus the %d hours since %s, "+
+		"above any a copy salvaged before reaches unless it started more than once an hour since",
+		salvageEpochFloor, hours, salvageEpochBase.Format(time.DateOnly))
+	if w.epochCopy+salvageEpochStep > epoch {
+		epoch, why = w.epochCopy+salvageEpochStep, fmt.Sprintf("past %d, the greatest an older copy of the store's meta records names", w.epochCopy)
+	}
+	return epoch, why
 }
 
 // rebuildHeads records the leaves (leaves.go) of every namespace of the

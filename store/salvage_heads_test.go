@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -96,11 +97,61 @@ func TestSalvageRebuildsTheHeadsTheRootHeld(t *testing.T) {
 			assert.Greater(t, binary.BigEndian.Uint64(epoch), binary.BigEndian.Uint64(want[bucketMeta][string(metaStreamEpoch)]))
 			next, err := d.NextStreamEpoch()
 			require.NoError(t, err)
-			assert.Equal(t, uint64(salvageEpochFloor)+1, next)
+			assert.Equal(t, binary.BigEndian.Uint64(epoch)+1, next)
 
 			mark := got[bucketMeta][string(metaBlobIndexed)]
 			require.Len(t, mark, 8, "the copy's blob index mark")
 			assert.Equal(t, len(got[bucketBlobLog]), len(got[bucketBlobIndex]), "every blob is indexed")
 		})
+	}
+}
+
+// Each salvage moves the stream epoch past the one the store it copies had
+// reached: a copy of a salvaged copy whose root pages are lost (with them,
+// as a rule, every record of the epoch: bbolt reuses the pages it frees),
+// a backup of one that still holds an older copy of the meta records, and
+// a sound copy. Before, a salvage whose meta records were lost set the
+// floor, 2^20, every time, below the starts the copy it salvaged had
+// counted since, so that a console client was given new events under
+// numbers it had seen.
+func TestSalvageMovesTheStreamEpochOnEachTime(t *testing.T) {
+	defer func(c func() time.Time) { salvageClock = c }(salvageClock)
+	now := time.Date(2026, 12, 1, 19, 0, 0, 0, time.UTC)
+	salvageClock = func() time.Time { return now }
+	src := stepsCopy(t, chainedSteps(t), true)
+	var reached uint64 // the epoch the store salvaged last had reached
+	for i, next := range []string{"roots lost, a day on", "a backup, roots lost, the same hour", "sound", ""} {
+		dst := filepath.Join(t.TempDir(), FileName)
+		rep, err := Salvage(bg, src, dst)
+		require.NoError(t, err)
+		assert.Empty(t, rep.Check.Problems, "db check of the copy")
+		epoch := binary.BigEndian.Uint64(records(t, dst)[bucketMeta][string(metaStreamEpoch)])
+		t.Logf("salvage %d: the store had reached %d, the copy's epoch is %d", i+1, reached, epoch)
+		assert.GreaterOrEqual(t, epoch, uint64(salvageEpochFloor))
+		assert.Greater(t, epoch, reached, "salvage %d", i+1)
+		if next == "" {
+			break
+		}
+
+		// serve starts on the copy a few times, and commits between.
+		d, err := Open(dst, Options{})
+		require.NoError(t, err)
+		for j := range 3 {
+			reached, err = d.NextStreamEpoch()
+			require.NoError(t, err)
+			require.NoError(t, d.Commit(bg, stepCommit("t1", 400+10*i+j)))
+		}
+		require.NoError(t, d.Close())
+		b, err := os.ReadFile(dst)
+		require.NoError(t, err)
+		switch next {
+		case "roots lost, a day on":
+			b = zeroRoots(b)
+			now = now.Add(24 * time.Hour)
+		case "a backup, roots lost, the same hour":
+			src = stepsCopy(t, b, true)
+			continue
+		}
+		src = writeStore(t, b)
 	}
 }

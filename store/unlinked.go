@@ -108,31 +108,56 @@ func unlinkedRecords(b []byte) []foundRecord {
 }
 
 // applianceCopies returns the appliance IDs that the copies of the meta
-// bucket held in the leaf page b name: the page's own elements when they
-// are a meta bucket's, and the inline meta bucket a root page holds. A
-// meta bucket is known by its format record, since its entries carry no
-// checksum; the page bbolt freed when a transaction replaced it still
-// holds it. Anything else names none.
+// bucket held in the leaf page b name (metaCopies), those that name one
+// the store would accept.
 func applianceCopies(b []byte) []string {
+	var ids []string
+	for _, entries := range metaCopies(b) {
+		if id, ok := metaApplianceOf(entries); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// epochCopies returns the stream epochs (NextStreamEpoch) that the copies
+// of the meta bucket held in the leaf page b name, those that are 8 bytes.
+func epochCopies(b []byte) []uint64 {
+	var epochs []uint64
+	for _, entries := range metaCopies(b) {
+		for _, e := range entries {
+			if bytes.Equal(e.k, metaStreamEpoch) && len(e.v) == 8 {
+				epochs = append(epochs, binary.BigEndian.Uint64(e.v))
+			}
+		}
+	}
+	return epochs
+}
+
+// metaCopies returns the entries of the copies of the meta bucket that the
+// leaf page b holds: the page's own elements when they are a meta
+// bucket's, and the inline meta bucket a root page holds. A meta bucket is
+// known by its format record, since its entries carry no checksum; the
+// page bbolt freed when a transaction replaced it still holds it.
+// Anything else holds none.
+func metaCopies(b []byte) [][]salvageEntry {
 	entries, ok := leafPageEntries(b, false)
 	if !ok {
 		return nil
 	}
-	if id, ok := metaApplianceOf(entries); ok {
-		return []string{id}
+	if isMetaBucket(entries) {
+		return [][]salvageEntry{entries}
 	}
-	var ids []string
+	var copies [][]salvageEntry
 	for _, e := range entries {
 		if string(e.k) != bucketMeta {
 			continue
 		}
-		if inner, ok := inlineEntries(e); ok {
-			if id, ok := metaApplianceOf(inner); ok {
-				ids = append(ids, id)
-			}
+		if inner, ok := inlineEntries(e); ok && isMetaBucket(inner) {
+			copies = append(copies, inner)
 		}
 	}
-	return ids
+	return copies
 }
 
 // leafPageEntries returns the elements of the leaf page held in b (an
@@ -156,22 +181,30 @@ func inlineEntries(e salvageEntry) ([]salvageEntry, bool) {
 	return leafPageEntries(e.v[inBucketSize:], true)
 }
 
-// metaApplianceOf returns the appliance ID that entries name when they are
-// a meta bucket's: they hold this store's format record and no bucket.
-func metaApplianceOf(entries []salvageEntry) (string, bool) {
+// isMetaBucket reports whether entries are a meta bucket's: they hold
+// this store's format record and no bucket.
+func isMetaBucket(entries []salvageEntry) bool {
 	var format bool
-	var id string
 	for _, e := range entries {
 		switch {
 		case e.bucket:
-			return "", false
+			return false
 		case bytes.Equal(e.k, metaFormat):
 			format = string(e.v) == formatName
-		case bytes.Equal(e.k, metaAppliance):
-			id = string(e.v)
 		}
 	}
-	return id, format && validApplianceID(id) == nil
+	return format
+}
+
+// metaApplianceOf returns the appliance ID that the meta bucket entries
+// name, when it is one the store would accept.
+func metaApplianceOf(entries []salvageEntry) (string, bool) {
+	for _, e := range entries {
+		if bytes.Equal(e.k, metaAppliance) {
+			return string(e.v), validApplianceID(string(e.v)) == nil
+		}
+	}
+	return "", false
 }
 
 // recognize returns the one bucket whose record k and v are, or false when
@@ -243,6 +276,9 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 		page := w.unlinkedPage(id)
 		for _, a := range applianceCopies(page) {
 			w.applianceCopies[a] = true
+		}
+		for _, e := range epochCopies(page) {
+			w.epochCopy = max(w.epochCopy, e)
 		}
 		for _, r := range unlinkedRecords(page) {
 			if !w.unreached(r.bucket, r.k) && (r.bucket != bucketCheckpoints || !w.unreached(bucketRecent, r.k)) {
