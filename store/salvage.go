@@ -49,6 +49,11 @@ type SalvageReport struct {
 	// so that their history lists them and a new run goes on from the
 	// newest.
 	HeadsRebuilt int `json:"heads_rebuilt"`
+	// BranchesRebuilt counts the namespaces whose heads entry was read
+	// but whose branches entries (their older leaves) may be lost: their
+	// leaves are recorded anew in the same way, so that their history
+	// lists every checkpoint copied.
+	BranchesRebuilt int `json:"branches_rebuilt"`
 }
 
 // Where a salvaged copy's appliance ID comes from: the store's own meta

@@ -29,11 +29,10 @@ const salvageEpochFloor = 1 << 20
 // the records copied tell it (see above). It runs after keepFormat, which
 // makes the meta bucket.
 func (w *salvageWalk) rebuildLost(tx *bbolt.Tx) error {
-	n, err := w.rebuildHeads(tx)
-	if err != nil {
+	var err error
+	if w.rep.HeadsRebuilt, w.rep.BranchesRebuilt, err = w.rebuildHeads(tx); err != nil {
 		return err
 	}
-	w.rep.HeadsRebuilt = n
 	meta := bucket(tx, bucketMeta)
 	metaLost := w.rootLost || len(w.gaps[bucketMeta]) > 0
 	if err := w.moveEpoch(meta, metaLost); err != nil {
@@ -106,26 +105,48 @@ func (w *salvageWalk) lostEpoch() (uint64, string) {
 }
 
 // rebuildHeads records the leaves (leaves.go) of every namespace of the
-// copy's checkpoints whose heads entry was not read through the tree: it
+// copy's checkpoints whose heads entry was not read through the tree (it
 // is lost, or it was found on a page that nothing leads to any more, where
-// it may be an older version naming an older checkpoint. The namespace's
-// newest checkpoint goes in heads, and the others that no newer checkpoint
-// of the namespace names as parent in branches, in place of any branches
-// entries it had. It returns the number of namespaces so recorded.
-func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (int, error) {
+// it may be an older version naming an older checkpoint), or whose
+// branches entries may lie where the walk could not reach. The
+// namespace's newest checkpoint goes in heads, and the others that no
+// newer checkpoint of the namespace names as parent in branches, in place
+// of any branches entries it had. It returns the number of namespaces so
+// recorded whose heads entry was lost, and of those whose heads entry was
+// read but whose branches entries may be lost.
+func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (heads, branches int, err error) {
 	hb, err := tx.CreateBucketIfNotExists([]byte(bucketHeads))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	bb, err := tx.CreateBucketIfNotExists([]byte(bucketBranches))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
+	}
+	// headLost holds, by heads key, the namespaces to record anew, and
+	// whether their heads entry is what was lost.
+	headLost := map[string]bool{}
+	err = eachCheckpoint(context.Background(), tx, func(_ string, k, _ []byte) error {
+		thread, ns, id, ok := splitCheckpointKey(k)
+		if !ok {
+			return nil
+		}
+		key := nsKey(thread, ns)
+		if hb.Get(key) == nil || w.unreached(bucketHeads, key) {
+			headLost[string(key)] = true
+		} else if _, seen := headLost[string(key)]; !seen && w.unreached(bucketBranches, branchKey(thread, ns, id)) {
+			headLost[string(key)] = false
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
 	}
 	// parents holds, by heads key, each checkpoint's parent ID.
 	parents := map[string]map[string]string{}
 	err = eachCheckpoint(context.Background(), tx, func(_ string, k, v []byte) error {
 		thread, ns, _, ok := splitCheckpointKey(k)
-		if !ok || hb.Get(nsKey(thread, ns)) != nil && !w.unreached(bucketHeads, nsKey(thread, ns)) {
+		if _, rebuild := headLost[string(nsKey(thread, ns))]; !ok || !rebuild {
 			return nil
 		}
 		id, parent, err := decodeCheckpointLink(v)
@@ -140,7 +161,7 @@ func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (int, error) {
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	for _, key := range slices.Sorted(maps.Keys(parents)) {
 		ids := parents[key]
@@ -158,17 +179,22 @@ func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (int, error) {
 		}
 		thread, ns, _ := splitNSKey([]byte(key))
 		if err := dropBranches(bb, thread, ns); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		head := leaves[len(leaves)-1] // the greatest ID has no newer child
 		for _, id := range leaves[:len(leaves)-1] {
 			if err := bb.Put(branchKey(thread, ns, id), []byte{}); err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 		}
 		if err := hb.Put([]byte(key), encodeHead(head)); err != nil {
-			return 0, err
+			return 0, 0, err
+		}
+		if headLost[key] {
+			heads++
+		} else {
+			branches++
 		}
 	}
-	return len(parents), nil
+	return heads, branches, nil
 }

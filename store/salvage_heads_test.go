@@ -155,3 +155,51 @@ func TestSalvageMovesTheStreamEpochOnEachTime(t *testing.T) {
 		src = writeStore(t, b)
 	}
 }
+
+// A branches page that is lost under heads that are read loses the older
+// leaves of the namespaces it held: salvage records their leaves anew from
+// the checkpoints copied, as it does where the heads are lost. Before, db
+// check of the copy named each checkpoint of that page "neither recorded
+// in heads or branches", and the history of its thread did not list it.
+func TestSalvageRebuildsTheBranchesOfALostPage(t *testing.T) {
+	// No checkpoint has a parent, so every one is a leaf: enough of them
+	// that the branches bucket has pages of its own below a branch page.
+	src := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(src, Options{})
+	require.NoError(t, err)
+	const threads, steps = 3, 300
+	for i := 1; i <= threads*steps; i++ {
+		c := stepCommit(fmt.Sprintf("t%d", i%threads), i)
+		c.Sync = i == threads*steps
+		require.NoError(t, d.Commit(bg, c))
+	}
+	require.NoError(t, d.Close())
+	want := records(t, src)
+	id, ps := pageOf(t, src, bucketBranches)
+	f, err := os.OpenFile(src, os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(make([]byte, ps), int64(id)*int64(ps))
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, src, dst)
+	require.NoError(t, err)
+	require.NotEmpty(t, rep.Lost)
+	assert.Equal(t, bucketBranches, rep.Lost[0].Bucket, "%v", rep.Lost)
+	assert.Empty(t, rep.Check.Problems, "db check of the copy")
+	assert.Zero(t, rep.HeadsRebuilt)
+	assert.Positive(t, rep.BranchesRebuilt)
+	got := records(t, dst)
+	assert.Equal(t, want[bucketHeads], got[bucketHeads], "the heads read were changed")
+	assert.Equal(t, want[bucketBranches], got[bucketBranches], "the branches entries are not those the store had")
+
+	d, err = Open(dst, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	for th := range threads {
+		h, err := d.History(bg, fmt.Sprintf("t%d", th), "", "", 0)
+		require.NoError(t, err)
+		assert.Len(t, h, steps, "thread t%d", th)
+	}
+}

@@ -605,6 +605,10 @@ func dbSalvage(ctx context.Context, dir, dst string, opts store.SalvageOptions, 
 			fmt.Fprintf(stdout, "the heads of %d thread namespace(s) were lost with the page that held them: "+
 				"each is recorded anew as its newest checkpoint copied\n", rep.HeadsRebuilt)
 		}
+		if rep.BranchesRebuilt > 0 {
+			fmt.Fprintf(stdout, "the older leaves of %d thread namespace(s) were lost with the page that held them: "+
+				"each namespace's leaves are recorded anew from the checkpoints copied\n", rep.BranchesRebuilt)
+		}
 		for _, p := range rep.Lost {
 			fmt.Fprintf(stdout, "LOST %s\n", p)
 		}
