@@ -113,7 +113,12 @@ func (w *salvageWalk) lostEpoch() (uint64, string) {
 // newer checkpoint of the namespace names as parent in branches, in place
 // of any branches entries it had. It returns the number of namespaces so
 // recorded whose heads entry was lost, and of those whose heads entry was
-// read but whose branches entries may be lost.
+// read but whose branches entries may be lost. Where the recent bucket,
+// which holds each thread's newest checkpoints, is lost with the root
+// page, the older copies of it found on other pages have been copied
+// (copyUnlinked), but the newest as a rule are not among them (bbolt
+// reuses the pages it frees): each namespace whose head is rebuilt is
+// reported, as its head may be behind.
 func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (heads, branches int, err error) {
 	hb, err := tx.CreateBucketIfNotExists([]byte(bucketHeads))
 	if err != nil {
@@ -190,10 +195,16 @@ func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (heads, branches int, err error
 		if err := hb.Put([]byte(key), encodeHead(head)); err != nil {
 			return 0, 0, err
 		}
-		if headLost[key] {
-			heads++
-		} else {
+		if !headLost[key] {
 			branches++
+			continue
+		}
+		heads++
+		if w.rootLost || len(w.gaps[bucketRecent]) > 0 {
+			w.lost(bucketHeads, []byte(key), "recorded anew at checkpoint %s, the newest of the %d copied; the thread's newest "+
+				"checkpoints waited in the recent bucket, which the lost root page held, and those that no other page still "+
+				"holds are lost: the head may be behind the thread's last step, by a number of steps that cannot be told. "+
+				"Check the thread's history (outpost runs history THREAD) before a new turn goes on from it", head, len(ids))
 		}
 	}
 	return heads, branches, nil

@@ -1,11 +1,13 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -201,5 +203,55 @@ func TestSalvageRebuildsTheBranchesOfALostPage(t *testing.T) {
 		h, err := d.History(bg, fmt.Sprintf("t%d", th), "", "", 0)
 		require.NoError(t, err)
 		assert.Len(t, h, steps, "thread t%d", th)
+	}
+}
+
+// Where the root page is lost, the recent bucket it held, with each
+// thread's newest checkpoints, is lost with it. Salvage copies the newest
+// of them that an older copy of the bucket still holds, and heads each
+// thread at the newest checkpoint copied; and since the newest ones are
+// as a rule on no other page, it says, for each thread, that its head may
+// be behind. Before, the report said nothing of it, and a new turn went
+// on from the head as if it were the thread's last step.
+func TestSalvageSaysAHeadMayBeBehind(t *testing.T) {
+	steps := chainedSteps(t)
+	for _, backup := range []bool{false, true} {
+		t.Run(fmt.Sprintf("backup=%v", backup), func(t *testing.T) {
+			src := stepsCopy(t, steps, backup)
+			kept, err := os.ReadFile(src)
+			require.NoError(t, err)
+			dst := filepath.Join(t.TempDir(), "salvaged.db")
+			rep, err := Salvage(bg, src, dst)
+			require.NoError(t, err)
+			assert.Empty(t, rep.Check.Problems, "db check of the copy")
+			got := records(t, dst)
+			require.NotEmpty(t, got[bucketHeads])
+			want := records(t, writeStore(t, steps))
+			for k, v := range got[bucketHeads] {
+				thread, ns, _ := splitNSKey([]byte(k))
+				head, err := decodeHead(v)
+				require.NoError(t, err)
+				// The head is the newest checkpoint of the thread that the
+				// file still holds whole, in a page of its own or in an
+				// older copy of the recent bucket.
+				newest := ""
+				for _, name := range []string{bucketCheckpoints, bucketRecent} {
+					for ck, cv := range want[name] {
+						th, n, id, _ := splitCheckpointKey([]byte(ck))
+						if th == thread && n == ns && id > newest && bytes.Contains(kept, append([]byte(ck), cv...)) {
+							newest = id
+						}
+					}
+				}
+				assert.Equal(t, newest, head, "thread %s", thread)
+				var said bool
+				for _, p := range rep.Lost {
+					said = said || p.Bucket == bucketHeads && p.Key == renderKey(bucketHeads, []byte(k)) &&
+						strings.HasPrefix(p.Message, "recorded anew at checkpoint "+head+", the newest of the ") &&
+						strings.Contains(p.Message, "the head may be behind the thread's last step, by a number of steps that cannot be told")
+				}
+				assert.True(t, said, "the report does not say that thread %s's head may be behind: %v", thread, rep.Lost)
+			}
+		})
 	}
 }
