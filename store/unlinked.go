@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -330,6 +332,7 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 			case name == bucketRuns && !isOutcomeIndexKey([]byte(k)) && !runEnded(v):
 				var held bool
 				if v, held = holdRun(v); held {
+					w.held = append(w.held, k)
 					w.lost(name, []byte(k), "came back unfinished from a page that nothing leads to any more, where a newer version, "+
 						"and the thread's newest checkpoint, may be lost: resumed, it could run a committed step or a tool call again. "+
 						"It is copied as failed, so that serve does not resume it; to go on from where it stood, fork its thread at its "+
@@ -671,6 +674,49 @@ func holdRun(v []byte) ([]byte, bool) {
 	r.Error = "salvage: this run came back unfinished from a damaged store, where its newer state may be lost; not resumed " +
 		"(fork its thread at its newest checkpoint to go on)"
 	return encodeRunRecord(r), true
+}
+
+// appendHeldOutcomes appends to the ledger of the copy at path the outcome
+// of each run copied as failed (holdRun), with the run's record as it is
+// copied, through the commit that ends any run: every run that ends leaves
+// an outcome, and the collector learns of these only so. Each is chained
+// to the copy's last outcome, so that db check of the copy and the
+// collector verify the chain as before. Where the collector acknowledged
+// outcomes the copy lacks (cursorPastLedger), none is appended: it would
+// take a seq the collector holds under another hash.
+func (w *salvageWalk) appendHeldOutcomes(ctx context.Context, path string) error {
+	if len(w.held) == 0 {
+		return nil
+	}
+	if w.ackedPast {
+		w.lost(bucketOutcomes, nil, "the %d run(s) copied as failed get no outcome: the seqs the copy's ledger would give them are "+
+			"ones the collector holds", len(w.held))
+		return nil
+	}
+	d, err := Open(path, Options{})
+	if err != nil {
+		return err
+	}
+	// The copy is meant to be moved into a data folder; its lock file,
+	// which only this Open made, is not.
+	defer os.Remove(LockFile(path))
+	for _, id := range w.held {
+		r, err := d.Run(ctx, id)
+		if err == nil {
+			err = d.Commit(ctx, &engine.Commit{Run: r, Sync: true})
+		}
+		var ce *CorruptError
+		switch {
+		case err == nil:
+			w.rep.OutcomesAppended++
+		case ctx.Err() == nil && (errors.As(err, &ce) || errors.Is(err, engine.ErrBlobNotFound)):
+			w.lost(bucketRuns, []byte(id), "copied as failed, but its outcome cannot be appended (%v): the collector does not learn "+
+				"that it ended", err)
+		default:
+			return errors.Join(err, d.Close())
+		}
+	}
+	return d.Close()
 }
 
 // runEnded reports whether the run record v says the run has ended.
