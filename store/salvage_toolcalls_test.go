@@ -100,3 +100,41 @@ func TestSalvageKeepsTheToolCallsOfALostTransaction(t *testing.T) {
 		})
 	}
 }
+
+// A run that comes back unfinished from a store whose root pages are lost
+// is copied as failed, so nothing resumes it to ask a person about a tool
+// call it recorded the intent of and no result, as recovery would; and a
+// new run on a fork of its thread calls the tool again under a key of its
+// own, without asking. Salvage names each such call, with its run and
+// tool. Before, the report said nothing of it.
+func TestSalvageNamesTheOpenToolCallsOfTheRunsItFails(t *testing.T) {
+	args := engine.Value{Inline: []byte(`"` + strings.Repeat("b", 300) + `"`)}
+	b := toolCallsFixture(t, func(d *DB) {
+		require.NoError(t, d.PutToolIntent(bg, "run-t1:31:task:0", ToolCall{RunID: "run-t1", Node: "n", Tool: "send_letter", ArgsHash: "h2", Args: args}))
+	})
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, stepsCopy(t, b, true), dst)
+	require.NoError(t, err)
+	assert.True(t, rep.Check.OK(), "%v", rep.Check.Problems)
+	d, err := Open(dst, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	r, err := d.Run(bg, "run-t1")
+	require.NoError(t, err, "the run did not come back")
+	require.Equal(t, engine.StatusFailed, r.Status)
+	call, err := d.ToolCall(bg, "run-t1:31:task:0")
+	require.NoError(t, err, "the intent did not come back")
+	require.Equal(t, ToolCallIntent, call.Status)
+
+	var named []string
+	for _, p := range rep.Lost {
+		if p.Bucket == bucketToolCalls {
+			named = append(named, p.Key)
+		}
+	}
+	assert.Equal(t, []string{renderKey(bucketToolCalls, []byte("run-t1:31:task:0"))}, named, "%v", rep.Lost)
+	assert.Contains(t, rep.Lost, Problem{Bucket: bucketToolCalls, Key: renderKey(bucketToolCalls, []byte("run-t1:31:task:0")),
+		Message: "run run-t1, copied as failed, called tool send_letter and recorded no result: the tool may have run. " +
+			"Nothing resumes the run to ask about it, and a new run on a fork of its thread calls the tool again without " +
+			"asking: find out whether it took effect before going on"})
+}

@@ -676,6 +676,35 @@ func holdRun(v []byte) ([]byte, bool) {
 	return encodeRunRecord(r), true
 }
 
+// heldIntents names the tool calls of the runs copied as failed (holdRun)
+// that recorded their intent and no result: the tool may have run. Such a
+// run is not resumed, so no recovery asks a person about the call, as it
+// would (uncertain_side_effect); and a new run on a fork of its thread
+// runs the step again under keys of its own, which calls the tool again
+// without asking. The person who goes on from the copy is told instead.
+func (w *salvageWalk) heldIntents(out *bbolt.DB) error {
+	return out.View(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte(bucketToolCalls))
+		if b == nil {
+			return nil
+		}
+		for _, id := range w.held {
+			c := b.Cursor()
+			prefix := []byte(id + ":")
+			for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+				tc, err := decodeToolCall(v)
+				if err != nil || tc.Status != ToolCallIntent {
+					continue
+				}
+				w.lost(bucketToolCalls, k, "run %s, copied as failed, called tool %s and recorded no result: the tool may have run. "+
+					"Nothing resumes the run to ask about it, and a new run on a fork of its thread calls the tool again without "+
+					"asking: find out whether it took effect before going on", id, tc.Tool)
+			}
+		}
+		return nil
+	})
+}
+
 // appendHeldOutcomes appends to the ledger of the copy at path the outcome
 // of each run copied as failed (holdRun), with the run's record as it is
 // copied, through the commit that ends any run: every run that ends leaves
