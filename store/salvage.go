@@ -385,6 +385,9 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 			if err := w.copyUnlinked(ctx, out); err != nil {
 				return err
 			}
+			if err := w.holdRunsMissingCalls(out); err != nil {
+				return err
+			}
 			if err := w.heldIntents(out); err != nil {
 				return err
 			}

@@ -14,19 +14,19 @@ import (
 	"github.com/outpost-edge/outpost/engine"
 )
 
-// toolCallsFixture writes a store of three threads whose runs are still
-// running, each step of which called a tool (an intent, then its result),
-// enough of them that the tool calls fill pages of their own. last, run
-// on the open store, makes the newest transaction. It returns the file's
-// bytes.
-func toolCallsFixture(t *testing.T, last func(d *DB)) []byte {
+// toolCallsFixture writes a store of threads whose runs are still
+// running, ten steps each, each step of which called a tool (an intent,
+// then its result), enough of them that the tool calls fill pages of their
+// own. last, run on the open store, makes the newest transaction. It
+// returns the file's bytes.
+func toolCallsFixture(t *testing.T, threads int, last func(d *DB)) []byte {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), FileName)
 	d, err := Open(path, Options{})
 	require.NoError(t, err)
 	args := engine.Value{Inline: []byte(`"` + strings.Repeat("a", 300) + `"`)}
-	for i := 1; i <= 30; i++ {
-		th := fmt.Sprintf("t%d", i%3)
+	for i := 1; i <= 10*threads; i++ {
+		th := fmt.Sprintf("t%d", i%threads)
 		require.NoError(t, d.Commit(bg, stepCommit(th, i)))
 		key := fmt.Sprintf("run-%s:%d:task:0", th, i)
 		require.NoError(t, d.PutToolIntent(bg, key, ToolCall{RunID: "run-" + th, Node: "n", Tool: "send_letter", ArgsHash: "h", Args: args}))
@@ -73,7 +73,7 @@ func TestSalvageKeepsTheToolCallsOfALostTransaction(t *testing.T) {
 		}, ToolCallDone},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := toolCallsFixture(t, func(d *DB) { tc.last(t, d) })
+			b := toolCallsFixture(t, 3, func(d *DB) { tc.last(t, d) })
 			older := clearNewestRoot(b)
 			dst := filepath.Join(t.TempDir(), "salvaged.db")
 			rep, err := Salvage(bg, writeStore(t, b), dst)
@@ -109,7 +109,7 @@ func TestSalvageKeepsTheToolCallsOfALostTransaction(t *testing.T) {
 // tool. Before, the report said nothing of it.
 func TestSalvageNamesTheOpenToolCallsOfTheRunsItFails(t *testing.T) {
 	args := engine.Value{Inline: []byte(`"` + strings.Repeat("b", 300) + `"`)}
-	b := toolCallsFixture(t, func(d *DB) {
+	b := toolCallsFixture(t, 3, func(d *DB) {
 		require.NoError(t, d.PutToolIntent(bg, "run-t1:31:task:0", ToolCall{RunID: "run-t1", Node: "n", Tool: "send_letter", ArgsHash: "h2", Args: args}))
 	})
 	dst := filepath.Join(t.TempDir(), "salvaged.db")
@@ -137,4 +137,56 @@ func TestSalvageNamesTheOpenToolCallsOfTheRunsItFails(t *testing.T) {
 		Message: "run run-t1, copied as failed, called tool send_letter and recorded no result: the tool may have run. " +
 			"Nothing resumes the run to ask about it, and a new run on a fork of its thread calls the tool again without " +
 			"asking: find out whether it took effect before going on"})
+}
+
+// A run that the walk reads as running, but some of whose tool-call
+// records may be lost with a page that cannot be read, is copied as
+// failed, with its outcome: resumed, it would find no record under a lost
+// call's key and call the tool again without asking. The runs whose
+// records lie on no lost page are left to be resumed. Before, every such
+// run was copied as running.
+func TestSalvageHoldsTheRunsWhoseToolCallsAreLost(t *testing.T) {
+	path := writeStore(t, toolCallsFixture(t, 6, func(*DB) {}))
+	d, err := Open(path, Options{ReadOnly: true})
+	require.NoError(t, err)
+	compacted := filepath.Join(t.TempDir(), "compacted.db")
+	require.NoError(t, d.Compact(bg, compacted))
+	require.NoError(t, d.Close())
+	want := records(t, compacted)
+	id, ps := pageOf(t, compacted, bucketToolCalls)
+	b, err := os.ReadFile(compacted)
+	require.NoError(t, err)
+	clear(b[int(id)*ps : int(id+1)*ps])
+
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, writeStore(t, b), dst)
+	require.NoError(t, err)
+	assert.True(t, rep.Check.OK(), "%v", rep.Check.Problems)
+	got := records(t, dst)
+	// A run has lost calls when a record under its ID did not come back.
+	lostCalls := map[string]bool{}
+	for k := range want[bucketToolCalls] {
+		if _, ok := got[bucketToolCalls][k]; !ok {
+			lostCalls[k[:strings.IndexByte(k, ':')]] = true
+		}
+	}
+	require.NotEmpty(t, lostCalls, "no tool-call record was lost")
+
+	c, err := Open(dst, Options{})
+	require.NoError(t, err)
+	defer c.Close()
+	held := 0
+	for th := range 6 {
+		r, err := c.Run(bg, fmt.Sprintf("run-t%d", th))
+		require.NoError(t, err)
+		if r.Status == engine.StatusRunning {
+			assert.False(t, lostCalls[r.ID], "run %s lost calls, but would be resumed", r.ID)
+			continue
+		}
+		assert.Equal(t, engine.StatusFailed, r.Status)
+		assert.True(t, strings.HasPrefix(r.Error, "salvage: "), r.Error)
+		held++
+	}
+	assert.Less(t, held, 6, "runs whose calls lie on no lost page are not resumed")
+	assert.Equal(t, held, rep.OutcomesAppended)
 }

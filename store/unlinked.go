@@ -676,6 +676,61 @@ func holdRun(v []byte) ([]byte, bool) {
 	return encodeRunRecord(r), true
 }
 
+// holdRunsMissingCalls copies as failed (holdRun) each run the walk read
+// as running whose tool-call records may lie where the walk could not
+// reach, and whose records the search of the other pages may not all have
+// found: resumed, the run would find no record under a lost call's key
+// and call the tool again, without asking, where the call may have run.
+// Its tool calls' keys start with its ID and a colon (internal/wiring's
+// keys). The records of its model calls ("model:" and its ID) are left
+// out of the count: a model called again has no side effect, and tool
+// calls it asks for anew are checked against those recorded.
+func (w *salvageWalk) holdRunsMissingCalls(out *bbolt.DB) error {
+	gaps := w.gaps[bucketToolCalls]
+	if len(gaps) == 0 || w.rootLost {
+		return nil // with the root lost, every run was found on such a page
+	}
+	return out.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte(bucketRuns))
+		if b == nil {
+			return nil
+		}
+		var held [][2][]byte
+		err := b.ForEach(func(k, v []byte) error {
+			if isOutcomeIndexKey(k) || w.unreached(bucketRuns, k) {
+				return nil // found on such a page: copyUnlinked judged it
+			}
+			r, err := decodeRunRecord(v)
+			if err != nil || r.Status != engine.StatusRunning {
+				return nil
+			}
+			lo := append(bytes.Clone(k), ':')
+			hi := prefixEnd(lo)
+			if slices.ContainsFunc(gaps, func(g keyRange) bool {
+				return (g.hi == nil || bytes.Compare(g.hi, lo) > 0) && (g.lo == nil || bytes.Compare(g.lo, hi) < 0)
+			}) {
+				failed, _ := holdRun(v)
+				held = append(held, [2][]byte{bytes.Clone(k), failed})
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, h := range held {
+			if err := b.Put(h[0], h[1]); err != nil {
+				return err
+			}
+			w.held = append(w.held, string(h[0]))
+			w.lost(bucketRuns, h[0], "was running, and some of its tool-call records may be lost with a page that cannot be read: "+
+				"resumed, it would call a tool again whose call may have run, without asking. It is copied as failed, so that "+
+				"serve does not resume it; to go on from where it stood, fork its thread at its newest checkpoint (outpost runs "+
+				"fork THREAD --checkpoint ID), once you know what its tools did")
+		}
+		return nil
+	})
+}
+
 // heldIntents names the tool calls of the runs copied as failed (holdRun)
 // that recorded their intent and no result: the tool may have run. Such a
 // run is not resumed, so no recovery asks a person about the call, as it
