@@ -49,6 +49,14 @@ type SalvageReport struct {
 	// so that their history lists them and a new run goes on from the
 	// newest.
 	HeadsRebuilt int `json:"heads_rebuilt"`
+	// OutcomesAppended counts the outcomes appended to the copy's ledger
+	// for the runs it copies as failed (appendHeldOutcomes).
+	OutcomesAppended int `json:"outcomes_appended"`
+	// BranchesRebuilt counts the namespaces whose heads entry was read
+	// but whose branches entries (their older leaves) may be lost: their
+	// leaves are recorded anew in the same way, so that their history
+	// lists every checkpoint copied.
+	BranchesRebuilt int `json:"branches_rebuilt"`
 }
 
 // Where a salvaged copy's appliance ID comes from: the store's own meta
@@ -203,6 +211,9 @@ func SalvageWith(ctx context.Context, src, dst string, opts SalvageOptions) (*Sa
 		}
 		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp))
 	}
+	if err := w.appendHeldOutcomes(ctx, tmp); err != nil {
+		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp), os.Remove(LockFile(tmp)))
+	}
 	if err := os.Rename(tmp, dst); err != nil {
 		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp))
 	}
@@ -282,8 +293,15 @@ type salvageWalk struct {
 	// pages name (applianceCopies in unlinked.go).
 	applianceWant   string
 	applianceCopies map[string]bool
+	// epochCopy is the greatest stream epoch that those copies name.
+	epochCopy uint64
 	// newerLost says the tree walked is not the newest transaction's.
 	newerLost bool
+	// held are the runs copied as failed (holdRun); ackedPast, that the
+	// collector acknowledged outcomes the copy's ledger lacks
+	// (cursorPastLedger).
+	held      []string
+	ackedPast bool
 }
 
 // keyRange is the keys from lo up to hi, hi left out; a nil bound is
@@ -367,8 +385,14 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 			if err := w.copyUnlinked(ctx, out); err != nil {
 				return err
 			}
+			if err := w.holdRunsMissingCalls(out); err != nil {
+				return err
+			}
+			if err := w.heldIntents(out); err != nil {
+				return err
+			}
 		case w.newerLost:
-			if err := w.newerOutcomes(ctx, out); err != nil {
+			if err := w.newerRecords(ctx, out); err != nil {
 				return err
 			}
 		}
@@ -540,6 +564,7 @@ func (w *salvageWalk) cursorPastLedger(tx *bbolt.Tx) {
 		}
 	}
 	if acked > last {
+		w.ackedPast = true
 		w.lost(bucketOutcomes, nil, "the collector acknowledged outcomes up to seq %d, but the copy's ledger ends at %d: "+
 			"outcomes %d to %d are lost here though the collector holds them, and the outcomes the copy appends next would take "+
 			"their seqs, which the collector refuses as a fork of this appliance's chain. Restore a backup that holds them "+

@@ -160,6 +160,21 @@ func FuzzApplianceCopies(f *testing.F) {
 	})
 }
 
+// Whatever a page holds, reading it for the stream epochs of older copies
+// of the meta bucket does not panic, and returns only epochs that copies
+// of the meta bucket on the page name. The corpus holds a root page with
+// an inline meta bucket, from a real store.
+func FuzzEpochCopies(f *testing.F) {
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, page []byte) {
+		epochs := epochCopies(page)
+		if len(epochs) > 0 {
+			require.NotEmpty(t, metaCopies(page))
+		}
+		require.LessOrEqual(t, len(epochs), len(metaCopies(page)))
+	})
+}
+
 // A salvage whose copy lost outcomes that the collector acknowledged says
 // so: the copy's next outcomes would take their seqs, and the collector
 // refuses them as a fork. Before, nothing said it.

@@ -1,12 +1,15 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -96,11 +99,159 @@ func TestSalvageRebuildsTheHeadsTheRootHeld(t *testing.T) {
 			assert.Greater(t, binary.BigEndian.Uint64(epoch), binary.BigEndian.Uint64(want[bucketMeta][string(metaStreamEpoch)]))
 			next, err := d.NextStreamEpoch()
 			require.NoError(t, err)
-			assert.Equal(t, uint64(salvageEpochFloor)+1, next)
+			assert.Equal(t, binary.BigEndian.Uint64(epoch)+1, next)
 
 			mark := got[bucketMeta][string(metaBlobIndexed)]
 			require.Len(t, mark, 8, "the copy's blob index mark")
 			assert.Equal(t, len(got[bucketBlobLog]), len(got[bucketBlobIndex]), "every blob is indexed")
+		})
+	}
+}
+
+// Each salvage moves the stream epoch past the one the store it copies had
+// reached: a copy of a salvaged copy whose root pages are lost (with them,
+// as a rule, every record of the epoch: bbolt reuses the pages it frees),
+// a backup of one that still holds an older copy of the meta records, and
+// a sound copy. Before, a salvage whose meta records were lost set the
+// floor, 2^20, every time, below the starts the copy it salvaged had
+// counted since, so that a console client was given new events under
+// numbers it had seen.
+func TestSalvageMovesTheStreamEpochOnEachTime(t *testing.T) {
+	defer func(c func() time.Time) { salvageClock = c }(salvageClock)
+	now := time.Date(2026, 12, 1, 19, 0, 0, 0, time.UTC)
+	salvageClock = func() time.Time { return now }
+	src := stepsCopy(t, chainedSteps(t), true)
+	var reached uint64 // the epoch the store salvaged last had reached
+	for i, next := range []string{"roots lost, a day on", "a backup, roots lost, the same hour", "sound", ""} {
+		dst := filepath.Join(t.TempDir(), FileName)
+		rep, err := Salvage(bg, src, dst)
+		require.NoError(t, err)
+		assert.Empty(t, rep.Check.Problems, "db check of the copy")
+		epoch := binary.BigEndian.Uint64(records(t, dst)[bucketMeta][string(metaStreamEpoch)])
+		t.Logf("salvage %d: the store had reached %d, the copy's epoch is %d", i+1, reached, epoch)
+		assert.GreaterOrEqual(t, epoch, uint64(salvageEpochFloor))
+		assert.Greater(t, epoch, reached, "salvage %d", i+1)
+		if next == "" {
+			break
+		}
+
+		// serve starts on the copy a few times, and commits between.
+		d, err := Open(dst, Options{})
+		require.NoError(t, err)
+		for j := range 3 {
+			reached, err = d.NextStreamEpoch()
+			require.NoError(t, err)
+			require.NoError(t, d.Commit(bg, stepCommit("t1", 400+10*i+j)))
+		}
+		require.NoError(t, d.Close())
+		b, err := os.ReadFile(dst)
+		require.NoError(t, err)
+		switch next {
+		case "roots lost, a day on":
+			b = zeroRoots(b)
+			now = now.Add(24 * time.Hour)
+		case "a backup, roots lost, the same hour":
+			src = stepsCopy(t, b, true)
+			continue
+		}
+		src = writeStore(t, b)
+	}
+}
+
+// A branches page that is lost under heads that are read loses the older
+// leaves of the namespaces it held: salvage records their leaves anew from
+// the checkpoints copied, as it does where the heads are lost. Before, db
+// check of the copy named each checkpoint of that page "neither recorded
+// in heads or branches", and the history of its thread did not list it.
+func TestSalvageRebuildsTheBranchesOfALostPage(t *testing.T) {
+	// No checkpoint has a parent, so every one is a leaf: enough of them
+	// that the branches bucket has pages of its own below a branch page.
+	src := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(src, Options{})
+	require.NoError(t, err)
+	const threads, steps = 3, 300
+	for i := 1; i <= threads*steps; i++ {
+		c := stepCommit(fmt.Sprintf("t%d", i%threads), i)
+		c.Sync = i == threads*steps
+		require.NoError(t, d.Commit(bg, c))
+	}
+	require.NoError(t, d.Close())
+	want := records(t, src)
+	id, ps := pageOf(t, src, bucketBranches)
+	f, err := os.OpenFile(src, os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(make([]byte, ps), int64(id)*int64(ps))
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, src, dst)
+	require.NoError(t, err)
+	require.NotEmpty(t, rep.Lost)
+	assert.Equal(t, bucketBranches, rep.Lost[0].Bucket, "%v", rep.Lost)
+	assert.Empty(t, rep.Check.Problems, "db check of the copy")
+	assert.Zero(t, rep.HeadsRebuilt)
+	assert.Positive(t, rep.BranchesRebuilt)
+	got := records(t, dst)
+	assert.Equal(t, want[bucketHeads], got[bucketHeads], "the heads read were changed")
+	assert.Equal(t, want[bucketBranches], got[bucketBranches], "the branches entries are not those the store had")
+
+	d, err = Open(dst, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	for th := range threads {
+		h, err := d.History(bg, fmt.Sprintf("t%d", th), "", "", 0)
+		require.NoError(t, err)
+		assert.Len(t, h, steps, "thread t%d", th)
+	}
+}
+
+// Where the root page is lost, the recent bucket it held, with each
+// thread's newest checkpoints, is lost with it. Salvage copies the newest
+// of them that an older copy of the bucket still holds, and heads each
+// thread at the newest checkpoint copied; and since the newest ones are
+// as a rule on no other page, it says, for each thread, that its head may
+// be behind. Before, the report said nothing of it, and a new turn went
+// on from the head as if it were the thread's last step.
+func TestSalvageSaysAHeadMayBeBehind(t *testing.T) {
+	steps := chainedSteps(t)
+	for _, backup := range []bool{false, true} {
+		t.Run(fmt.Sprintf("backup=%v", backup), func(t *testing.T) {
+			src := stepsCopy(t, steps, backup)
+			kept, err := os.ReadFile(src)
+			require.NoError(t, err)
+			dst := filepath.Join(t.TempDir(), "salvaged.db")
+			rep, err := Salvage(bg, src, dst)
+			require.NoError(t, err)
+			assert.Empty(t, rep.Check.Problems, "db check of the copy")
+			got := records(t, dst)
+			require.NotEmpty(t, got[bucketHeads])
+			want := records(t, writeStore(t, steps))
+			for k, v := range got[bucketHeads] {
+				thread, ns, _ := splitNSKey([]byte(k))
+				head, err := decodeHead(v)
+				require.NoError(t, err)
+				// The head is the newest checkpoint of the thread that the
+				// file still holds whole, in a page of its own or in an
+				// older copy of the recent bucket.
+				newest := ""
+				for _, name := range []string{bucketCheckpoints, bucketRecent} {
+					for ck, cv := range want[name] {
+						th, n, id, _ := splitCheckpointKey([]byte(ck))
+						if th == thread && n == ns && id > newest && bytes.Contains(kept, append([]byte(ck), cv...)) {
+							newest = id
+						}
+					}
+				}
+				assert.Equal(t, newest, head, "thread %s", thread)
+				var said bool
+				for _, p := range rep.Lost {
+					said = said || p.Bucket == bucketHeads && p.Key == renderKey(bucketHeads, []byte(k)) &&
+						strings.HasPrefix(p.Message, "recorded anew at checkpoint "+head+", the newest of the ") &&
+						strings.Contains(p.Message, "the head may be behind the thread's last step, by a number of steps that cannot be told")
+				}
+				assert.True(t, said, "the report does not say that thread %s's head may be behind: %v", thread, rep.Lost)
+			}
 		})
 	}
 }

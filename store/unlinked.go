@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -108,31 +110,56 @@ func unlinkedRecords(b []byte) []foundRecord {
 }
 
 // applianceCopies returns the appliance IDs that the copies of the meta
-// bucket held in the leaf page b name: the page's own elements when they
-// are a meta bucket's, and the inline meta bucket a root page holds. A
-// meta bucket is known by its format record, since its entries carry no
-// checksum; the page bbolt freed when a transaction replaced it still
-// holds it. Anything else names none.
+// bucket held in the leaf page b name (metaCopies), those that name one
+// the store would accept.
 func applianceCopies(b []byte) []string {
+	var ids []string
+	for _, entries := range metaCopies(b) {
+		if id, ok := metaApplianceOf(entries); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// epochCopies returns the stream epochs (NextStreamEpoch) that the copies
+// of the meta bucket held in the leaf page b name, those that are 8 bytes.
+func epochCopies(b []byte) []uint64 {
+	var epochs []uint64
+	for _, entries := range metaCopies(b) {
+		for _, e := range entries {
+			if bytes.Equal(e.k, metaStreamEpoch) && len(e.v) == 8 {
+				epochs = append(epochs, binary.BigEndian.Uint64(e.v))
+			}
+		}
+	}
+	return epochs
+}
+
+// metaCopies returns the entries of the copies of the meta bucket that the
+// leaf page b holds: the page's own elements when they are a meta
+// bucket's, and the inline meta bucket a root page holds. A meta bucket is
+// known by its format record, since its entries carry no checksum; the
+// page bbolt freed when a transaction replaced it still holds it.
+// Anything else holds none.
+func metaCopies(b []byte) [][]salvageEntry {
 	entries, ok := leafPageEntries(b, false)
 	if !ok {
 		return nil
 	}
-	if id, ok := metaApplianceOf(entries); ok {
-		return []string{id}
+	if isMetaBucket(entries) {
+		return [][]salvageEntry{entries}
 	}
-	var ids []string
+	var copies [][]salvageEntry
 	for _, e := range entries {
 		if string(e.k) != bucketMeta {
 			continue
 		}
-		if inner, ok := inlineEntries(e); ok {
-			if id, ok := metaApplianceOf(inner); ok {
-				ids = append(ids, id)
-			}
+		if inner, ok := inlineEntries(e); ok && isMetaBucket(inner) {
+			copies = append(copies, inner)
 		}
 	}
-	return ids
+	return copies
 }
 
 // leafPageEntries returns the elements of the leaf page held in b (an
@@ -156,22 +183,30 @@ func inlineEntries(e salvageEntry) ([]salvageEntry, bool) {
 	return leafPageEntries(e.v[inBucketSize:], true)
 }
 
-// metaApplianceOf returns the appliance ID that entries name when they are
-// a meta bucket's: they hold this store's format record and no bucket.
-func metaApplianceOf(entries []salvageEntry) (string, bool) {
+// isMetaBucket reports whether entries are a meta bucket's: they hold
+// this store's format record and no bucket.
+func isMetaBucket(entries []salvageEntry) bool {
 	var format bool
-	var id string
 	for _, e := range entries {
 		switch {
 		case e.bucket:
-			return "", false
+			return false
 		case bytes.Equal(e.k, metaFormat):
 			format = string(e.v) == formatName
-		case bytes.Equal(e.k, metaAppliance):
-			id = string(e.v)
 		}
 	}
-	return id, format && validApplianceID(id) == nil
+	return format
+}
+
+// metaApplianceOf returns the appliance ID that the meta bucket entries
+// name, when it is one the store would accept.
+func metaApplianceOf(entries []salvageEntry) (string, bool) {
+	for _, e := range entries {
+		if bytes.Equal(e.k, metaAppliance) {
+			return string(e.v), validApplianceID(string(e.v)) == nil
+		}
+	}
+	return "", false
 }
 
 // recognize returns the one bucket whose record k and v are, or false when
@@ -244,6 +279,9 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 		for _, a := range applianceCopies(page) {
 			w.applianceCopies[a] = true
 		}
+		for _, e := range epochCopies(page) {
+			w.epochCopy = max(w.epochCopy, e)
+		}
 		for _, r := range unlinkedRecords(page) {
 			if !w.unreached(r.bucket, r.k) && (r.bucket != bucketCheckpoints || !w.unreached(bucketRecent, r.k)) {
 				continue
@@ -294,6 +332,7 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 			case name == bucketRuns && !isOutcomeIndexKey([]byte(k)) && !runEnded(v):
 				var held bool
 				if v, held = holdRun(v); held {
+					w.held = append(w.held, k)
 					w.lost(name, []byte(k), "came back unfinished from a page that nothing leads to any more, where a newer version, "+
 						"and the thread's newest checkpoint, may be lost: resumed, it could run a committed step or a tool call again. "+
 						"It is copied as failed, so that serve does not resume it; to go on from where it stood, fork its thread at its "+
@@ -319,22 +358,45 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 	return nil
 }
 
-// newerOutcomes reports the outcomes that continue the copy's ledger on
-// pages the walk did not reach, when the tree walked is an older
-// transaction's than the newest: a newer transaction wrote them, which
-// is lost, or never committed. They are not copied: the rest of that
-// transaction (its runs' last records and checkpoints) is lost with its
-// root, and an outcome without it would have serve run its run again,
-// to a second outcome. The tree walked is whole, as after a crash before
-// that commit; but the uplink may have sent those outcomes, and then the
-// collector refuses the copy's next ones, which take their seqs, as a
-// fork.
-func (w *salvageWalk) newerOutcomes(ctx context.Context, out *bbolt.DB) error {
+// newerRecords handles the records on pages the walk did not reach when
+// the tree walked is an older transaction's than the newest: a newer
+// transaction wrote them, which is lost (or never committed), or they are
+// older versions on free pages. The tree walked is whole, as after a crash
+// before that commit, and the rest of that transaction is not mixed in: a
+// part of a commit without the rest (an outcome without its run's last
+// record) would have serve run a step again. The tool-call records are the
+// exception (newerToolCalls).
+func (w *salvageWalk) newerRecords(ctx context.Context, out *bbolt.DB) error {
 	var last uint64
+	var seqs []uint64
+	calls := map[string][][]byte{}
+	// The scan keeps only what is newer than the copy, so that it holds
+	// little of a large store's free pages.
 	err := out.View(func(tx *bbolt.Tx) error {
 		if b := tx.Bucket([]byte(bucketOutcomes)); b != nil {
 			if k, _ := b.Cursor().Last(); len(k) == 8 {
 				last = beUint64(k)
+			}
+		}
+		for id := uint64(2); id < w.pgid; id++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if w.reached(id) {
+				continue
+			}
+			for _, r := range unlinkedRecords(w.unlinkedPage(id)) {
+				switch {
+				case r.bucket == bucketOutcomes: // an outcome's key is its seq, 8 bytes (keyFits)
+					if seq := beUint64(r.k); seq > last && !slices.Contains(seqs, seq) {
+						seqs = append(seqs, seq)
+					}
+				case r.bucket == bucketToolCalls && newerCall(tx, r.k, r.v):
+					vs := calls[string(r.k)]
+					if !slices.ContainsFunc(vs, func(v []byte) bool { return bytes.Equal(v, r.v) }) {
+						calls[string(r.k)] = append(vs, r.v)
+					}
+				}
 			}
 		}
 		return nil
@@ -342,25 +404,20 @@ func (w *salvageWalk) newerOutcomes(ctx context.Context, out *bbolt.DB) error {
 	if err != nil {
 		return err
 	}
-	var seqs []uint64
-	for id := uint64(2); id < w.pgid; id++ {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if w.reached(id) {
-			continue
-		}
-		for _, r := range unlinkedRecords(w.unlinkedPage(id)) {
-			if r.bucket != bucketOutcomes {
-				continue // an outcome's key is its seq, 8 bytes (keyFits)
-			}
-			if seq := beUint64(r.k); seq > last && !slices.Contains(seqs, seq) {
-				seqs = append(seqs, seq)
-			}
-		}
-	}
+	w.newerOutcomes(seqs, last)
+	return w.newerToolCalls(out, calls)
+}
+
+// newerOutcomes reports the outcomes found past the end of the copy's
+// ledger at last, seqs, which the lost transaction appended. They are not
+// copied: the rest of that transaction (its runs' last records and
+// checkpoints) is lost with its root, and an outcome without it would have
+// serve run its run again, to a second outcome. But the uplink may have
+// sent them, and then the collector refuses the copy's next outcomes,
+// which take their seqs, as a fork.
+func (w *salvageWalk) newerOutcomes(seqs []uint64, last uint64) {
 	if len(seqs) == 0 {
-		return nil
+		return
 	}
 	slices.Sort(seqs)
 	w.lost(bucketOutcomes, nil, "outcomes %d to %d, after the copy's ledger ends at %d, are on pages that a newer transaction wrote, "+
@@ -368,6 +425,66 @@ func (w *salvageWalk) newerOutcomes(ctx context.Context, out *bbolt.DB) error {
 		"If the uplink sent them (the collector's list of appliances gives the last seq it holds), "+
 		"the collector refuses the copy's next outcomes, which take their seqs, as a fork: restore a backup that holds them "+
 		"rather than use this copy, if there is one", seqs[0], seqs[len(seqs)-1], last)
+}
+
+// newerCall reports whether the tool-call record v, found under k, is newer
+// than the one the copy holds there, and of a run the copy holds.
+func newerCall(tx *bbolt.Tx, k, v []byte) bool {
+	tc, err := decodeToolCall(v)
+	runs := tx.Bucket([]byte(bucketRuns))
+	if err != nil || runs == nil || runs.Get([]byte(tc.RunID)) == nil {
+		return false
+	}
+	calls := tx.Bucket([]byte(bucketToolCalls))
+	if calls == nil || calls.Get(k) == nil {
+		return true
+	}
+	return versionOrder(bucketToolCalls, v, calls.Get(k)) > 0
+}
+
+// newerToolCalls copies the tool-call records found, calls, that are newer
+// than the copy's: an intent the copy lacks, or a result where the copy
+// holds only the intent. A tool runs only once its intent is committed, so
+// an intent that the lost transaction wrote may stand for a side effect
+// that took place. Left out, the intent is unknown to the copy, and serve,
+// resuming the run from the tree walked, would call the tool again without
+// asking; copied, recovery treats it as after any crash: a recorded result
+// is reused, and an intent without one is asked about (or, for a tool
+// declared idempotent, run again under the same key). Unlike the rest of
+// the transaction, such a record only makes a resumed run more careful.
+// A record whose run the copy does not hold is left out (newerCall): it is
+// one that prune removed (a free page keeps it), or one of a run the lost
+// transaction started, which nothing resumes.
+func (w *salvageWalk) newerToolCalls(out *bbolt.DB, calls map[string][][]byte) error {
+	if len(calls) == 0 {
+		return nil
+	}
+	var added []string
+	err := out.Update(func(tx *bbolt.Tx) error {
+		added = added[:0]
+		b, err := tx.CreateBucketIfNotExists([]byte(bucketToolCalls))
+		if err != nil {
+			return err
+		}
+		for _, k := range slices.Sorted(maps.Keys(calls)) {
+			v, ok := newestVersion(bucketToolCalls, calls[k])
+			if !ok {
+				w.lost(bucketToolCalls, []byte(k), "found in %d differing versions on pages that nothing leads to any more, and which is the newest cannot be told: left out", len(calls[k]))
+				continue
+			}
+			if err := b.Put([]byte(k), v); err != nil {
+				return fmt.Errorf("bucket %s: %w", bucketToolCalls, err)
+			}
+			added = append(added, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range added {
+		w.countUnlinked(bucketToolCalls, []byte(k))
+	}
 	return nil
 }
 
@@ -437,14 +554,19 @@ func (w *salvageWalk) putUnlinked(out *bbolt.DB, name string, batch []salvageEnt
 	if err != nil {
 		return err
 	}
+	for _, r := range added {
+		w.countUnlinked(name, r.k)
+	}
+	return nil
+}
+
+// countUnlinked counts a record copied from a page the walk did not reach.
+func (w *salvageWalk) countUnlinked(name string, k []byte) {
 	if w.rep.Unlinked == nil {
 		w.rep.Unlinked = map[string]int{}
 	}
-	for _, r := range added {
-		w.rep.Records[recordKind(name, r.k)]++
-		w.rep.Unlinked[recordKind(name, r.k)]++
-	}
-	return nil
+	w.rep.Records[recordKind(name, k)]++
+	w.rep.Unlinked[recordKind(name, k)]++
 }
 
 // newestVersion returns the newest of a record's differing versions, the
@@ -552,6 +674,133 @@ func holdRun(v []byte) ([]byte, bool) {
 	r.Error = "salvage: this run came back unfinished from a damaged store, where its newer state may be lost; not resumed " +
 		"(fork its thread at its newest checkpoint to go on)"
 	return encodeRunRecord(r), true
+}
+
+// holdRunsMissingCalls copies as failed (holdRun) each run the walk read
+// as running whose tool-call records may lie where the walk could not
+// reach, and whose records the search of the other pages may not all have
+// found: resumed, the run would find no record under a lost call's key
+// and call the tool again, without asking, where the call may have run.
+// Its tool calls' keys start with its ID and a colon (internal/wiring's
+// keys). The records of its model calls ("model:" and its ID) are left
+// out of the count: a model called again has no side effect, and tool
+// calls it asks for anew are checked against those recorded.
+func (w *salvageWalk) holdRunsMissingCalls(out *bbolt.DB) error {
+	gaps := w.gaps[bucketToolCalls]
+	if len(gaps) == 0 || w.rootLost {
+		return nil // with the root lost, every run was found on such a page
+	}
+	return out.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte(bucketRuns))
+		if b == nil {
+			return nil
+		}
+		var held [][2][]byte
+		err := b.ForEach(func(k, v []byte) error {
+			if isOutcomeIndexKey(k) || w.unreached(bucketRuns, k) {
+				return nil // found on such a page: copyUnlinked judged it
+			}
+			r, err := decodeRunRecord(v)
+			if err != nil || r.Status != engine.StatusRunning {
+				return nil
+			}
+			lo := append(bytes.Clone(k), ':')
+			hi := prefixEnd(lo)
+			if slices.ContainsFunc(gaps, func(g keyRange) bool {
+				return (g.hi == nil || bytes.Compare(g.hi, lo) > 0) && (g.lo == nil || bytes.Compare(g.lo, hi) < 0)
+			}) {
+				failed, _ := holdRun(v)
+				held = append(held, [2][]byte{bytes.Clone(k), failed})
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, h := range held {
+			if err := b.Put(h[0], h[1]); err != nil {
+				return err
+			}
+			w.held = append(w.held, string(h[0]))
+			w.lost(bucketRuns, h[0], "was running, and some of its tool-call records may be lost with a page that cannot be read: "+
+				"resumed, it would call a tool again whose call may have run, without asking. It is copied as failed, so that "+
+				"serve does not resume it; to go on from where it stood, fork its thread at its newest checkpoint (outpost runs "+
+				"fork THREAD --checkpoint ID), once you know what its tools did")
+		}
+		return nil
+	})
+}
+
+// heldIntents names the tool calls of the runs copied as failed (holdRun)
+// that recorded their intent and no result: the tool may have run. Such a
+// run is not resumed, so no recovery asks a person about the call, as it
+// would (uncertain_side_effect); and a new run on a fork of its thread
+// runs the step again under keys of its own, which calls the tool again
+// without asking. The person who goes on from the copy is told instead.
+func (w *salvageWalk) heldIntents(out *bbolt.DB) error {
+	return out.View(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte(bucketToolCalls))
+		if b == nil {
+			return nil
+		}
+		for _, id := range w.held {
+			c := b.Cursor()
+			prefix := []byte(id + ":")
+			for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+				tc, err := decodeToolCall(v)
+				if err != nil || tc.Status != ToolCallIntent {
+					continue
+				}
+				w.lost(bucketToolCalls, k, "run %s, copied as failed, called tool %s and recorded no result: the tool may have run. "+
+					"Nothing resumes the run to ask about it, and a new run on a fork of its thread calls the tool again without "+
+					"asking: find out whether it took effect before going on", id, tc.Tool)
+			}
+		}
+		return nil
+	})
+}
+
+// appendHeldOutcomes appends to the ledger of the copy at path the outcome
+// of each run copied as failed (holdRun), with the run's record as it is
+// copied, through the commit that ends any run: every run that ends leaves
+// an outcome, and the collector learns of these only so. Each is chained
+// to the copy's last outcome, so that db check of the copy and the
+// collector verify the chain as before. Where the collector acknowledged
+// outcomes the copy lacks (cursorPastLedger), none is appended: it would
+// take a seq the collector holds under another hash.
+func (w *salvageWalk) appendHeldOutcomes(ctx context.Context, path string) error {
+	if len(w.held) == 0 {
+		return nil
+	}
+	if w.ackedPast {
+		w.lost(bucketOutcomes, nil, "the %d run(s) copied as failed get no outcome: the seqs the copy's ledger would give them are "+
+			"ones the collector holds", len(w.held))
+		return nil
+	}
+	d, err := Open(path, Options{})
+	if err != nil {
+		return err
+	}
+	// The copy is meant to be moved into a data folder; its lock file,
+	// which only this Open made, is not.
+	defer os.Remove(LockFile(path))
+	for _, id := range w.held {
+		r, err := d.Run(ctx, id)
+		if err == nil {
+			err = d.Commit(ctx, &engine.Commit{Run: r, Sync: true})
+		}
+		var ce *CorruptError
+		switch {
+		case err == nil:
+			w.rep.OutcomesAppended++
+		case ctx.Err() == nil && (errors.As(err, &ce) || errors.Is(err, engine.ErrBlobNotFound)):
+			w.lost(bucketRuns, []byte(id), "copied as failed, but its outcome cannot be appended (%v): the collector does not learn "+
+				"that it ended", err)
+		default:
+			return errors.Join(err, d.Close())
+		}
+	}
+	return d.Close()
 }
 
 // runEnded reports whether the run record v says the run has ended.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -116,10 +117,23 @@ func TestSalvageFindsRecordsNothingLeadsTo(t *testing.T) {
 				}
 				return all
 			}
+			// Past them, the ledger holds an outcome for each run copied
+			// as failed (see below), appended by the salvage.
+			appended := map[string][]byte{}
+			for k, v := range got[bucketOutcomes] {
+				if o, _, err := decodeOutcome(v); err == nil && o.Status == engine.StatusFailed && strings.HasPrefix(o.Error, "salvage: ") {
+					appended[k] = v
+				}
+			}
+			assert.Len(t, appended, rep.OutcomesAppended)
 			for _, name := range []string{bucketBlobLog, bucketWrites, bucketOutcomes, bucketCheckpoints} {
 				wantRecs, gotRecs := want[name], got[name]
-				if name == bucketCheckpoints {
+				switch name {
+				case bucketCheckpoints:
 					wantRecs, gotRecs = ckpts(want), ckpts(got)
+				case bucketOutcomes:
+					gotRecs = maps.Clone(gotRecs)
+					maps.DeleteFunc(gotRecs, func(k string, _ []byte) bool { return appended[k] != nil })
 				}
 				back := 0
 				for k, v := range wantRecs {
@@ -279,16 +293,11 @@ func TestSalvageNamesTheOutcomesOfALostTransaction(t *testing.T) {
 	src, want := salvageFixture(t)
 	b, err := os.ReadFile(src)
 	require.NoError(t, err)
-	ps := int(binary.LittleEndian.Uint32(b[metaOffset+8:]))
-	newest, older := readMeta(b), readMeta(b[ps:])
-	if older.txid > newest.txid {
-		newest, older = older, newest
-	}
-	clear(b[int(newest.root)*ps : int(newest.root+1)*ps])
+	older := clearNewestRoot(b)
 	dst := filepath.Join(t.TempDir(), "salvaged.db")
 	rep, err := Salvage(bg, writeStore(t, b), dst)
 	require.NoError(t, err)
-	require.Equal(t, older.txid, rep.TxID)
+	require.Equal(t, older, rep.TxID)
 	all := len(want[bucketOutcomes])
 	kept := len(records(t, dst)[bucketOutcomes])
 	require.Less(t, kept, all, "the lost transaction appended no outcome")
@@ -298,4 +307,59 @@ func TestSalvageNamesTheOutcomesOfALostTransaction(t *testing.T) {
 			"sent them (the collector's list of appliances gives the last seq it holds), the collector refuses the copy's "+
 			"next outcomes, which take their seqs, as a fork: restore a backup that holds them rather than use this copy, if there is one",
 		kept+1, all, kept)})
+}
+
+// A run that salvage copies as failed gets its outcome, as any run that
+// ends does, chained to the copy's ledger: the collector learns that it
+// ended, and db check of the copy verifies the chain. Before, it ended
+// without one, and nothing upstream heard of it.
+func TestSalvageAppendsTheOutcomesOfTheRunsItFails(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	const threads, ended = 40, 10
+	for i := range threads {
+		require.NoError(t, d.Commit(bg, stepCommit(fmt.Sprintf("t%02d", i), i+1)))
+	}
+	for i := range ended {
+		th := fmt.Sprintf("t%02d", i)
+		require.NoError(t, d.Commit(bg, &engine.Commit{Sync: true, Run: &engine.Run{ID: "run-" + th, Thread: th,
+			Status: engine.StatusCompleted, Checkpoint: fmt.Sprintf("%04d", i+1), Output: []byte(`"done"`)}}))
+	}
+	require.NoError(t, d.Close())
+	steps, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, stepsCopy(t, steps, true), dst)
+	require.NoError(t, err)
+	assert.True(t, rep.Check.OK(), "db check of the copy: %v", rep.Check.Problems)
+	d, err = Open(dst, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	failed, err := d.Runs(bg, engine.RunFilter{Status: engine.StatusFailed})
+	require.NoError(t, err)
+	require.NotEmpty(t, failed, "no run came back unfinished")
+	assert.Equal(t, len(failed), rep.OutcomesAppended)
+	outcomes, err := d.Outcomes(bg, 0, 1000)
+	require.NoError(t, err)
+	require.Len(t, outcomes, ended+len(failed))
+	byRun := map[string]*Outcome{}
+	prev := GenesisHash
+	for _, o := range outcomes {
+		assert.Equal(t, prev, o.PrevHash, "seq %d", o.Seq)
+		prev = o.Hash
+		byRun[o.Run] = o
+	}
+	for _, r := range failed {
+		o := byRun[r.ID]
+		require.NotNil(t, o, "run %s has no outcome", r.ID)
+		assert.Equal(t, engine.StatusFailed, o.Status)
+		assert.Equal(t, r.Error, o.Error)
+		assert.Greater(t, o.Seq, uint64(ended), "run %s's outcome is not after the ledger it was chained to", r.ID)
+		assert.Equal(t, d.ApplianceID(), o.ApplianceID)
+	}
+	st, err := d.Ledger(bg)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(ended+len(failed)), st.LastSeq)
 }

@@ -605,6 +605,14 @@ func dbSalvage(ctx context.Context, dir, dst string, opts store.SalvageOptions, 
 			fmt.Fprintf(stdout, "the heads of %d thread namespace(s) were lost with the page that held them: "+
 				"each is recorded anew as its newest checkpoint copied\n", rep.HeadsRebuilt)
 		}
+		if rep.OutcomesAppended > 0 {
+			fmt.Fprintf(stdout, "%d run(s) that came back unfinished are copied as failed, each with its outcome appended to the "+
+				"copy's ledger, so that the collector learns that it ended\n", rep.OutcomesAppended)
+		}
+		if rep.BranchesRebuilt > 0 {
+			fmt.Fprintf(stdout, "the older leaves of %d thread namespace(s) were lost with the page that held them: "+
+				"each namespace's leaves are recorded anew from the checkpoints copied\n", rep.BranchesRebuilt)
+		}
 		for _, p := range rep.Lost {
 			fmt.Fprintf(stdout, "LOST %s\n", p)
 		}

@@ -8,10 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/uplink"
 )
@@ -32,33 +34,66 @@ func zeroRootPages(t *testing.T, path string) {
 	require.NoError(t, os.WriteFile(path, b, 0o600))
 }
 
+// upstream is an appliance's data folder whose outcomes a collector,
+// running on loopback, holds.
+type upstream struct {
+	app, coll, url, mine string
+	before               uplink.Status
+	stop                 context.CancelFunc
+	done                 chan int
+}
+
+// sentUpstream runs three turns, starts a collector and flushes the
+// outcomes to it.
+func sentUpstream(t *testing.T) *upstream {
+	t.Helper()
+	up := &upstream{app: t.TempDir(), coll: t.TempDir()}
+	for _, input := range []string{"I forgot my metformin dose", "what is metformin for?", "I took two doses by mistake"} {
+		code, _, errs := outpost(t, "run", "--data", up.app, input)
+		require.Zero(t, code, errs)
+	}
+	code, out, errs := outpost(t, "uplink", "status", "--data", up.app, "--json")
+	require.Zero(t, code, errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &up.before))
+	secrets, mine := uplinkSecrets(t, t.TempDir(), up.coll, up.before.ApplianceID)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	up.mine, up.stop = mine, cancel
+	up.url, _, up.done = startCollector(t, ctx, up.coll, secrets)
+	code, _, errs = outpost(t, "uplink", "flush", "--data", up.app, "--url", up.url, "--secret-file", mine)
+	require.Zero(t, code, errs)
+	return up
+}
+
+// appliance stops the collector and returns what it holds of the
+// appliance, the only one it must know.
+func (up *upstream) appliance(t *testing.T) uplink.ApplianceStatus {
+	t.Helper()
+	up.stop()
+	require.Zero(t, <-up.done)
+	st, err := uplink.OpenBoltStore(up.coll)
+	require.NoError(t, err)
+	defer st.Close()
+	list, err := st.Appliances(context.Background())
+	require.NoError(t, err)
+	require.Len(t, list, 1, "the collector sees another appliance")
+	assert.Equal(t, up.before.ApplianceID, list[0].ApplianceID)
+	return list[0]
+}
+
 // A store whose root page is lost, salvaged with the binary, keeps its
 // appliance ID, and its ledger goes on upstream: the collector takes the
 // outcomes run after the salvage as the same appliance's, its chain whole.
 // Before, the copy got a new ID, salvage did not say so, and the flush was
 // refused: the records carried the old ID, the batch the new one.
 func TestSalvagedStoreGoesOnUpstream(t *testing.T) {
-	app, coll := t.TempDir(), t.TempDir()
-	for _, input := range []string{"I forgot my metformin dose", "what is metformin for?", "I took two doses by mistake"} {
-		code, _, errs := outpost(t, "run", "--data", app, input)
-		require.Zero(t, code, errs)
-	}
-	code, out, errs := outpost(t, "uplink", "status", "--data", app, "--json")
-	require.Zero(t, code, errs)
-	var before uplink.Status
-	require.NoError(t, json.Unmarshal([]byte(out), &before))
-
-	secrets, mine := uplinkSecrets(t, t.TempDir(), coll, before.ApplianceID)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	url, _, done := startCollector(t, ctx, coll, secrets)
-	code, _, errs = outpost(t, "uplink", "flush", "--data", app, "--url", url, "--secret-file", mine)
-	require.Zero(t, code, errs)
+	up := sentUpstream(t)
+	app, url, mine, before := up.app, up.url, up.mine, up.before
 
 	db := filepath.Join(app, store.FileName)
 	zeroRootPages(t, db)
 	copied := filepath.Join(t.TempDir(), "salvaged.db")
-	code, out, errs = outpostBin(t, "", "db", "salvage", "--data", app, copied)
+	code, out, errs := outpostBin(t, "", "db", "salvage", "--data", app, copied)
 	require.Equal(t, 1, code, out+errs) // the root page is lost
 	assert.Contains(t, out, "the appliance ID was lost; the copy keeps "+before.ApplianceID+", the ID its outcomes carry\n")
 	require.NoError(t, os.Rename(db, db+".damaged"))
@@ -77,17 +112,9 @@ func TestSalvagedStoreGoesOnUpstream(t *testing.T) {
 	require.Zero(t, code, out+errs)
 	assert.Contains(t, out, "backlog 0")
 
-	cancel()
-	require.Zero(t, <-done)
-	st, err := uplink.OpenBoltStore(coll)
-	require.NoError(t, err)
-	defer st.Close()
-	list, err := st.Appliances(context.Background())
-	require.NoError(t, err)
-	require.Len(t, list, 1, "the collector sees another appliance")
-	assert.Equal(t, before.ApplianceID, list[0].ApplianceID)
-	assert.Equal(t, before.LastSeq+1, list[0].LastSeq)
-	assert.Equal(t, "ok", list[0].Chain)
+	got := up.appliance(t)
+	assert.Equal(t, before.LastSeq+1, got.LastSeq)
+	assert.Equal(t, "ok", got.Chain)
 }
 
 // conversation returns the encoded messages that thread's newest
@@ -186,4 +213,54 @@ func TestSalvagedStoreKeepsTheConversation(t *testing.T) {
 
 	code, out, errs = outpostBin(t, "", "db", "check", "--data", app)
 	require.Zero(t, code, out+errs)
+}
+
+// A run that comes back unfinished from a store whose root page is lost is
+// copied as failed with its outcome, and that outcome goes upstream: the
+// collector takes it after the outcomes it holds, as the same appliance's,
+// its chain whole. Before, the copy appended no outcome for such a run,
+// and the collector never learned that it ended.
+func TestSalvagedStoreSendsTheOutcomesOfTheRunsItFails(t *testing.T) {
+	up := sentUpstream(t)
+	app, url, mine, before := up.app, up.url, up.mine, up.before
+	ctx := context.Background()
+
+	// Runs that a crash cut short, each with its first step: enough of
+	// them that their records fill a page of their own.
+	db := filepath.Join(app, store.FileName)
+	d, err := store.Open(db, store.Options{})
+	require.NoError(t, err)
+	for i := range 30 {
+		thread := fmt.Sprintf("cut-%02d", i)
+		id := fmt.Sprintf("%04d", i+1)
+		require.NoError(t, d.Commit(ctx, &engine.Commit{Sync: true,
+			Checkpoint: &engine.Checkpoint{Thread: thread, ID: id, Step: 1, Created: time.Now().UTC()},
+			Run: &engine.Run{ID: "run-" + thread, Thread: thread, Agent: "medication-adherence", Status: engine.StatusRunning,
+				Checkpoint: id, CreatedAt: time.Now().UTC()}}))
+	}
+	require.NoError(t, d.Close())
+
+	zeroRootPages(t, db)
+	copied := filepath.Join(t.TempDir(), "salvaged.db")
+	code, out, errs := outpostBin(t, "", "db", "salvage", "--data", app, "--json", copied)
+	require.Equal(t, 1, code, out+errs) // the root page is lost
+	var rep store.SalvageReport
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.Equal(t, int(before.LastSeq), rep.Records["outcomes"], "outcomes the collector holds were lost: the copy's would fork its chain")
+	assert.True(t, rep.Check.OK(), "%v", rep.Check.Problems)
+	require.NoError(t, os.Rename(db, db+".damaged"))
+	require.NoError(t, os.Rename(copied, db))
+	d, err = store.Open(db, store.Options{ReadOnly: true})
+	require.NoError(t, err)
+	failed, err := d.Runs(ctx, engine.RunFilter{Status: engine.StatusFailed})
+	require.NoError(t, err)
+	require.NoError(t, d.Close())
+	require.NotEmpty(t, failed, "no run came back to be copied as failed")
+
+	code, out, errs = outpostBin(t, "", "uplink", "flush", "--data", app, "--url", url, "--secret-file", mine)
+	require.Zero(t, code, out+errs)
+	assert.Contains(t, out, "backlog 0")
+	got := up.appliance(t)
+	assert.Equal(t, before.LastSeq+uint64(len(failed)), got.LastSeq, "the collector did not get an outcome for each run copied as failed")
+	assert.Equal(t, "ok", got.Chain)
 }
