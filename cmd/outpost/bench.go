@@ -52,6 +52,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *probeDuring && (*saver != "bbolt" || *threads != 1) {
 		return usageError("--probe-during needs --saver bbolt and --threads 1")
 	}
+	if *threads < 1 || *turns < 1 {
+		return badUsage("--threads and --turns must be at least 1, not %d and %d", *threads, *turns)
+	}
 	if *runs < 1 {
 		return badUsage("--runs must be at least 1, not %d", *runs)
 	}

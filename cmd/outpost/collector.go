@@ -39,9 +39,12 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *secrets == "" {
 		return badUsage("--secrets FILE is required: one \"appliance_id secret\" line per appliance")
 	}
+	if err := checkListenAddr("listen", *listen, "127.0.0.1:7080"); err != nil {
+		return err
+	}
 	keys, err := uplink.LoadSecrets(*secrets)
 	if err != nil {
-		return err
+		return badUsage("--secrets: %v", err)
 	}
 	// The token is made before the store is opened, so that a data folder
 	// it cannot be written to stops the collector before it listens.

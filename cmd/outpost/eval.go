@@ -48,6 +48,9 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *parallel < 1 {
 		return usageError("--parallel must be at least 1")
 	}
+	if *timeout <= 0 {
+		return badUsage("--timeout must be more than 0, not %s: it is the longest one conversation may take", *timeout)
+	}
 	budget, err := bc.budget()
 	if err != nil {
 		return usageError(err.Error())

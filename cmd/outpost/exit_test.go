@@ -1,12 +1,26 @@
 package main
 
 import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"maps"
+	"math/big"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -98,6 +112,8 @@ func TestBadCommandLineExits2(t *testing.T) {
 // given apart exit 2 as well, with a usage hint; a failure of the work
 // itself (no store to read) exits 1.
 func TestFlagValuesRefusedExit2(t *testing.T) {
+	golden, err := filepath.Abs(filepath.Join("..", "..", "testdata", "golden", "reference.jsonl"))
+	require.NoError(t, err)
 	for _, args := range [][]string{
 		{}, {"frobnicate"}, {"runs"}, {"runs", "lisst"}, {"db", "nope"}, {"firmware", "nope"}, {"uplink", "nope"}, {"bench", "nope"},
 		{"runs", "list", "--limit", "0"},
@@ -123,6 +139,34 @@ func TestFlagValuesRefusedExit2(t *testing.T) {
 		{"bench", "reference", "--runs", "0"},
 		{"bench", "reference", "--saver", "disk"},
 		{"eval", "--parallel", "0", "g.jsonl"},
+		// Values checked before any work starts (nothing listens, no
+		// store or data folder is made, no start-up line is printed).
+		{"serve", "--listen", "0.0.0.0:7979"},
+		{"serve", "--listen", "7070"},
+		{"serve", "--listen", "127.0.0.1:99999"},
+		{"serve", "--tls-cert", "cert.pem", "--tls-key", "key.pem"},
+		{"serve", "--uplink", "collector.site:8443", "--uplink-secret", "secret"},
+		{"serve", "--uplink", "http://127.0.0.1:1", "--uplink-secret", "secret"},
+		{"serve", "--appliance-id", "clinic 1", "--listen", "127.0.0.1:0"},
+		{"serve", "--ollama", "http://::1:x", "--listen", "127.0.0.1:0"},
+		{"serve", "--ollama-stall-timeout", "-1s", "--listen", "127.0.0.1:0"},
+		{"uplink", "status", "--url", "collector.site"},
+		{"uplink", "flush", "--uplink", "ftp://collector.site", "--uplink-secret", "secret"},
+		{"uplink", "flush", "--url", "http://127.0.0.1:1", "--secret-file", "secret"},
+		{"uplink", "flush", "--url", "http://127.0.0.1:1", "--secret-file", "secret", "--timeout", "0s"},
+		{"uplink", "flush", "--url", "http://127.0.0.1:1", "--secret-file", "secret", "--appliance-id", "a:b"},
+		{"collector", "--secrets", "secrets"},
+		{"collector", "--listen", "collector", "--secrets", "secrets"},
+		{"run", "--agent", "medication-adherance", "hello"},
+		{"run", "--ollama", "http://::1:x", "hello"},
+		{"run", "--ollama-stall-timeout", "-1s", "hello"},
+		{"resume", "r1", "--decision", "approve", "--ollama", "http://::1:x"},
+		{"firmware", "sign", "--key", "ID.key", "bundle"},
+		{"firmware", "verify", "--keys", "keys", "bundle"},
+		{"firmware", "install", "--keys", "keys", "bundle"},
+		{"eval", "--timeout", "0s", golden},
+		{"bench", "reference", "--threads", "0"},
+		{"db", "salvage", "--appliance-id", "a:b", "copy.db"},
 	} {
 		requireRefused(t, t.TempDir(), args)
 	}
@@ -130,4 +174,93 @@ func TestFlagValuesRefusedExit2(t *testing.T) {
 	code, _, stderr := outpostBin(t, t.TempDir(), "runs", "show", "--data", t.TempDir(), "r1")
 	require.Equal(t, 1, code, "no store is a failure of the work, not of the command line: %s", stderr)
 	require.NotRegexp(t, usageHint, stderr)
+}
+
+// A file a flag names that is there but will not do (a secret that is not
+// one line, a secrets file with a bad line, a certificate and a key that
+// are not PEM, a private key file that holds a public key) is refused as
+// a bad command line too, before anything is done: the folder the command
+// runs in stays empty and the files it was given are as they were.
+func TestFlagFilesRefusedBeforeWork(t *testing.T) {
+	files := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(files, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		return p
+	}
+	secret := write("secret", "two words\n")
+	secrets := write("secrets", "clinic-1\n")
+	pem := write("cert.pem", "not a certificate\n")
+	bundle := filepath.Join(files, "bundle")
+	code, _, stderr := outpostBin(t, files, "firmware", "export", bundle)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpostBin(t, files, "firmware", "keygen", "--out", files)
+	require.Zero(t, code, stderr)
+	pubs, err := filepath.Glob(filepath.Join(files, "*.pub"))
+	require.NoError(t, err)
+	require.Len(t, pubs, 1)
+	before := folderFiles(t, bundle)
+
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"serve", "--uplink", "http://127.0.0.1:1", "--uplink-secret", secret}, "--uplink-secret: uplink secret " + secret + ": want the secret alone on one line"},
+		{[]string{"uplink", "flush", "--url", "http://127.0.0.1:1", "--secret-file", secret}, "--secret-file: uplink secret " + secret},
+		{[]string{"collector", "--secrets", secrets}, "--secrets: secrets " + secrets + " line 1: want \"appliance_id secret\""},
+		{[]string{"serve", "--tls-cert", pem, "--tls-key", pem}, "--tls-cert " + pem + " and --tls-key " + pem + ": tls: "},
+		{[]string{"firmware", "sign", "--key", pubs[0], bundle}, "--key: "},
+	} {
+		dir := t.TempDir()
+		requireRefused(t, dir, tc.args)
+		_, _, stderr := outpostBin(t, dir, tc.args...)
+		require.Contains(t, stderr, tc.says, tc.args)
+	}
+	require.Equal(t, before, folderFiles(t, bundle), "the bundle was not signed")
+}
+
+// A certificate and key that load are taken: serve, checking them before
+// it starts, still serves HTTPS with them beyond loopback's rules.
+func TestServeTakesATLSPairThatLoads(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := selfSigned(t, dir)
+	cmd := exec.Command(builtOutpost(t), "serve", "--data", filepath.Join(dir, "data"), "--listen", "127.0.0.1:0",
+		"--tls-cert", cert, "--tls-key", key, "--ollama", "http://127.0.0.1:1")
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	sc := bufio.NewScanner(out)
+	var url string
+	for url == "" && sc.Scan() {
+		if u, ok := strings.CutPrefix(sc.Text(), "console: "); ok {
+			url = u
+		}
+	}
+	require.True(t, strings.HasPrefix(url, "https://127.0.0.1:"), "serve printed no https console line; stderr:\n%s", stderr.String())
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := c.Get(url + "healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key, as PEM, into
+// dir.
+func selfSigned(t *testing.T, dir string) (cert, key string) {
+	t.Helper()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalECPrivateKey(priv)
+	require.NoError(t, err)
+	cert, key = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	require.NoError(t, os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	require.NoError(t, os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600))
+	return cert, key
 }

@@ -181,6 +181,9 @@ func firmwareSign(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if *key == "" || fs.NArg() != 1 {
 		return badUsage("sign needs --key FILE and one bundle folder (usage: outpost %s)", fs.synopsis)
 	}
+	if _, _, err := firmware.LoadPrivateKey(*key); err != nil {
+		return badUsage("--key: %v", err)
+	}
 	if err := firmware.Sign(fs.Arg(0), *key); err != nil {
 		return explain(err)
 	}
@@ -202,6 +205,9 @@ func firmwareVerify(fs *cmdFlags, args []string, stdout io.Writer) error {
 	}
 	if fs.NArg() != 1 {
 		return badUsage("verify needs one bundle (a folder or a .tar) (usage: outpost %s)", fs.synopsis)
+	}
+	if err := checkKeysFlag(*keys); err != nil {
+		return err
 	}
 	if err := bundleExists(fs.Arg(0)); err != nil {
 		return err
@@ -251,6 +257,9 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 	}
 	if *downgrade && (*by == "" || *reason == "") {
 		return badUsage("--allow-downgrade needs --by NAME and --reason TEXT, which are recorded")
+	}
+	if err := checkKeysFlag(*keys); err != nil {
+		return err
 	}
 	if err := bundleExists(fs.Arg(0)); err != nil {
 		return err

@@ -120,12 +120,15 @@ func (mc *modelChoice) client() *ollama.Client {
 // answers), the command says plainly that it falls back to the scripted
 // model.
 func (mc *modelChoice) provider(ctx context.Context, stderr io.Writer, fallback bool) (models.Provider, string, error) {
-	if mc == nil || mc.model == "" || mc.model == "scripted" {
+	if mc == nil {
 		return nil, "", nil
 	}
+	if err := mc.check(); err != nil {
+		return nil, "", err
+	}
 	name, ok := strings.CutPrefix(mc.model, "ollama:")
-	if !ok || name == "" {
-		return nil, "", badUsage("--model %q: want scripted or ollama:NAME (such as ollama:llama3.2:3b)", mc.model)
+	if !ok {
+		return nil, "", nil
 	}
 	client := mc.client()
 	if err := ollamaReachable(ctx, client.URL()); err != nil {
@@ -136,6 +139,24 @@ func (mc *modelChoice) provider(ctx context.Context, stderr io.Writer, fallback 
 		return nil, "", nil
 	}
 	return client, name, nil
+}
+
+// check refuses what the model flags cannot mean, before any work: a
+// --model that is neither scripted nor ollama:NAME, an --ollama URL that
+// cannot be called, a negative --ollama-stall-timeout.
+func (mc *modelChoice) check() error {
+	if mc.model != "" && mc.model != "scripted" {
+		if name, ok := strings.CutPrefix(mc.model, "ollama:"); !ok || name == "" {
+			return badUsage("--model %q: want scripted or ollama:NAME (such as ollama:llama3.2:3b)", mc.model)
+		}
+	}
+	if err := mc.client().URLErr(); err != nil {
+		return badUsage("--ollama: %v", err)
+	}
+	if mc.stall < 0 {
+		return badUsage("--ollama-stall-timeout must not be negative (0 waits for the node's timeout alone), not %s", mc.stall)
+	}
+	return nil
 }
 
 // ollamaReachable asks the server for its version, briefly.
@@ -281,6 +302,12 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	dur, err := engine.ParseDurability(*durability)
 	if err != nil {
 		return badUsage("--durability must be sync or exit, not %q", *durability)
+	}
+	if err := mc.check(); err != nil {
+		return err
+	}
+	if err := checkNewAgent(*data, *agentName); err != nil {
+		return err
 	}
 	input, _ := json.Marshal(strings.Join(fs.Args(), " "))
 	s, err := openSession(ctx, *data, true, dur, stdout, stderr, *asJSON, mc, bc)
@@ -481,6 +508,9 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if err := d.Validate(); err != nil {
 		return usageError(err.Error())
+	}
+	if err := mc.check(); err != nil {
+		return err
 	}
 	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc)
 	if err != nil {

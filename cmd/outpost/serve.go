@@ -91,7 +91,30 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if (*cert == "") != (*key == "") {
 		return badUsage("--tls-cert and --tls-key go together")
 	}
+	if err := mc.check(); err != nil {
+		return err
+	}
+	if err := checkListenAddr("listen", *listen, "127.0.0.1:7070"); err != nil {
+		return err
+	}
 	if err := console.CheckListen(*listen, *cert != ""); err != nil {
+		return badUsage("--listen: %v", err)
+	}
+	if *cert != "" {
+		if err := checkTLSPair(*cert, *key); err != nil {
+			return err
+		}
+	}
+	var secret []byte
+	if *upURL != "" {
+		if err := checkCollectorURL("uplink", *upURL); err != nil {
+			return err
+		}
+		if secret, err = loadSecretFlag("uplink-secret", *upSecret); err != nil {
+			return err
+		}
+	}
+	if err := checkApplianceIDFlag(*applianceID); err != nil {
 		return err
 	}
 	// The address is taken first: one that is in use stops serve before
@@ -170,10 +193,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	metrics := console.NewMetrics()
 	var up *uplink.Uplink
 	if *upURL != "" {
-		secret, err := uplink.LoadSecret(*upSecret)
-		if err != nil {
-			return err
-		}
 		up, err = uplink.New(db, uplink.Config{URL: *upURL, ApplianceID: *applianceID, Secret: secret,
 			RedactorFor: bundleRedactors(*data), Events: bus})
 		if err != nil {

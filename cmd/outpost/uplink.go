@@ -71,6 +71,11 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if _, err := fs.args(); err != nil {
 		return err
 	}
+	if *url != "" {
+		if err := checkCollectorURL(givenAs(fs, "url"), *url); err != nil {
+			return err
+		}
+	}
 	switch sub {
 	case "status":
 		return uplinkStatus(ctx, *data, *url, *asJSON, stdout)
@@ -78,7 +83,13 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if *url == "" || *secretFile == "" {
 			return badUsage("flush needs --url (or --uplink) and --secret-file (or --uplink-secret) (usage: outpost %s)", fs.synopsis)
 		}
-		secret, err := uplink.LoadSecret(*secretFile)
+		if *timeout <= 0 {
+			return badUsage("--timeout must be more than 0, not %s: it is how long flush waits for the collector", *timeout)
+		}
+		if err := checkApplianceIDFlag(*appliance); err != nil {
+			return err
+		}
+		secret, err := loadSecretFlag(givenAs(fs, "secret-file"), *secretFile)
 		if err != nil {
 			return err
 		}
@@ -89,11 +100,6 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.Writer) error {
-	if url != "" {
-		if err := uplink.CheckURL(url); err != nil {
-			return err
-		}
-	}
 	var st uplink.Status
 	served := false
 	err := withStore(dir,
