@@ -173,8 +173,12 @@ func firmwareKeygen(fs *cmdFlags, args []string, stdout io.Writer) error {
 
 func firmwareSign(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware sign --key FILE DIR"
+	fs.About = `Record the sha256 of every file of the bundle folder DIR in DIR/manifest.json, set its
+key_id, and sign it. A bundle written by firmware export, signed with a key other than the
+development key, gets a description that no longer says the development key signs it; sign
+says so.`
 	key := fs.String("key", "", "private key file (from firmware keygen)")
-	asJSON := fs.Bool("json", false, "print JSON: {signed, key_id}")
+	asJSON := fs.Bool("json", false, "print JSON: {signed, key_id, description?} (description: the one the manifest was given, when sign changed it)")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -184,14 +188,24 @@ func firmwareSign(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if _, _, err := firmware.LoadPrivateKey(*key); err != nil {
 		return badUsage("--key: %v", err)
 	}
-	if err := firmware.Sign(fs.Arg(0), *key); err != nil {
+	done, err := firmware.SignBundle(fs.Arg(0), *key)
+	if err != nil {
 		return explain(err)
 	}
-	id, _, _ := firmware.LoadPrivateKey(*key)
 	if *asJSON {
-		return printJSON(stdout, map[string]string{"signed": fs.Arg(0), "key_id": id})
+		out := map[string]string{"signed": fs.Arg(0), "key_id": done.KeyID}
+		if done.Description != "" {
+			out["description"] = done.Description
+		}
+		return printJSON(stdout, out)
 	}
-	fmt.Fprintf(stdout, "signed %s with %s\n", fs.Arg(0), id)
+	fmt.Fprintf(stdout, "signed %s with %s\n", fs.Arg(0), done.KeyID)
+	if done.Description != "" {
+		// The signature covers the manifest, so a changed line in it is
+		// the user's to know of.
+		fmt.Fprintf(stdout, "changed the description in %s, which said the development key signs the bundle, to: %q\n",
+			filepath.Join(fs.Arg(0), firmware.ManifestFile), done.Description)
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-edge/outpost/console"
+	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -289,7 +291,12 @@ func TestFirmwareCommandsTakeJSON(t *testing.T) {
 
 	code, stdout, stderr = outpost(t, "firmware", "sign", "--key", kg.Private, "--json", ref)
 	require.Zero(t, code, stderr)
-	require.JSONEq(t, `{"signed": "`+ref+`", "key_id": "`+kg.KeyID+`"}`, stdout)
+	raw, err := os.ReadFile(filepath.Join(ref, firmware.ManifestFile))
+	require.NoError(t, err)
+	m, err := firmware.DecodeManifest(raw)
+	require.NoError(t, err)
+	desc, _ := json.Marshal(m.Description) // an exported reference, re-signed: sign changed it
+	require.JSONEq(t, `{"signed": "`+ref+`", "key_id": "`+kg.KeyID+`", "description": `+string(desc)+`}`, stdout)
 
 	data := t.TempDir()
 	code, _, stderr = outpost(t, "firmware", "install", "--data", data, "--keys", kg.Public, ref)
@@ -400,4 +407,56 @@ func installedReference(t *testing.T) (data, ref string) {
 	code, _, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", ref)
 	require.Zero(t, code, stderr)
 	return data, ref
+}
+
+// firmware sign says, in one line, that it changed the description of an
+// exported reference bundle signed with one's own key, and says nothing of
+// it where it changed none (signed again, or with the development key).
+func TestSignSaysItChangedTheDescription(t *testing.T) {
+	dir := t.TempDir()
+	code, _, stderr := outpostBin(t, dir, "firmware", "keygen", "--out", "keys")
+	require.Zero(t, code, stderr)
+	keys, err := filepath.Glob(filepath.Join(dir, "keys", "*.key"))
+	require.NoError(t, err)
+	require.Len(t, keys, 1)
+	devKey, err := filepath.Abs(filepath.Join("..", "..", "testdata", "keys", "dev.key"))
+	require.NoError(t, err)
+	description := func(bundle string) string {
+		raw, err := os.ReadFile(filepath.Join(dir, bundle, firmware.ManifestFile))
+		require.NoError(t, err)
+		m, err := firmware.DecodeManifest(raw)
+		require.NoError(t, err)
+		return m.Description
+	}
+	const says = "changed the description in "
+
+	for _, b := range []string{"mine", "dev"} {
+		code, _, stderr = outpostBin(t, dir, "firmware", "export", b)
+		require.Zero(t, code, stderr)
+	}
+	was := description("mine")
+	code, stdout, stderr := outpostBin(t, dir, "firmware", "sign", "--key", keys[0], "mine")
+	require.Zero(t, code, stderr)
+	now := description("mine")
+	require.NotEqual(t, was, now)
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	require.Len(t, lines, 2, stdout)
+	require.Equal(t, fmt.Sprintf("%s%s, which said the development key signs the bundle, to: %q",
+		says, filepath.Join("mine", firmware.ManifestFile), now), lines[1])
+
+	code, stdout, stderr = outpostBin(t, dir, "firmware", "sign", "--key", keys[0], "--json", "mine")
+	require.Zero(t, code, stderr)
+	require.NotContains(t, stdout, "description", "signed again, nothing changed")
+	code, stdout, stderr = outpostBin(t, dir, "firmware", "sign", "--key", devKey, "dev")
+	require.Zero(t, code, stderr)
+	require.NotContains(t, stdout, says)
+	require.Equal(t, was, description("dev"))
+
+	code, _, stderr = outpostBin(t, dir, "firmware", "export", "json")
+	require.Zero(t, code, stderr)
+	code, stdout, stderr = outpostBin(t, dir, "firmware", "sign", "--key", keys[0], "--json", "json")
+	require.Zero(t, code, stderr)
+	var out map[string]string
+	require.NoError(t, json.Unmarshal([]byte(stdout), &out))
+	require.Equal(t, description("json"), out["description"])
 }
