@@ -98,6 +98,8 @@ func explain(err error) error {
 		hint = "the tar is damaged, cut short or not a tar (a .tar.gz must be unpacked first): get a fresh copy"
 	case errors.Is(err, firmware.ErrMalformed):
 		hint = "fix the file at the line and column given, then sign the bundle again"
+	case errors.Is(err, firmware.ErrMinVersion):
+		hint = "upgrade the outpost binary on this appliance first, then install the bundle (outpost version prints this one)"
 	case errors.Is(err, firmware.ErrNotInstalled):
 		hint = "see what is installed with outpost firmware list"
 	case errors.Is(err, os.ErrNotExist):
@@ -236,6 +238,11 @@ func firmwareVerify(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err != nil {
 		return explain(err)
 	}
+	// As install would: ok means this appliance can install it.
+	if err := b.Manifest.CheckApplianceVersion(version); err != nil {
+		return explain(err)
+	}
+	warnVersionNotChecked(b.Manifest, fs.stderr)
 	if *asJSON {
 		return printJSON(stdout, map[string]any{"ok": true, "name": b.Manifest.Name, "version": b.Manifest.Version,
 			"digest": b.Digest, "key_id": b.Manifest.KeyID, "agents": b.AgentNames()})
@@ -287,9 +294,7 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err != nil {
 		return explain(err)
 	}
-	if want := b.Manifest.MinApplianceVersion; want != "" && !isRelease(version) {
-		fmt.Fprintf(fs.stderr, "warning: this build (%s) is not a release, so the bundle's min_appliance_version %s is not checked\n", version, want)
-	}
+	warnVersionNotChecked(b.Manifest, fs.stderr)
 	release, err := holdDataFolder(*data, "install")
 	if err != nil {
 		return err
@@ -503,18 +508,12 @@ func holdDataFolder(dir, what string) (release func(), err error) {
 	return func() { _ = unlock() }, nil
 }
 
-// isRelease says whether v is a release version (MAJOR.MINOR.PATCH, with
-// an optional leading v), which a bundle's min_appliance_version is held
-// against; a development build ("dev", a commit hash) is not.
-func isRelease(v string) bool {
-	parts := strings.Split(strings.TrimPrefix(v, "v"), ".")
-	if len(parts) != 3 {
-		return false
+// warnVersionNotChecked says on w that this build passes the bundle of
+// manifest m without holding it to its min_appliance_version, when that is
+// so: a development build cannot tell which release it is at least.
+func warnVersionNotChecked(m *firmware.Manifest, w io.Writer) {
+	if m.MinApplianceVersion != "" && !firmware.ChecksApplianceVersion(version) {
+		fmt.Fprintf(w, "warning: this build (%s) is not a release, so the bundle's min_appliance_version %s is not checked: "+
+			"a release build refuses a bundle that needs a newer one\n", version, m.MinApplianceVersion)
 	}
-	for _, p := range parts {
-		if _, err := strconv.Atoi(p); err != nil || p == "" {
-			return false
-		}
-	}
-	return true
 }

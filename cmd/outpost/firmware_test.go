@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -312,26 +313,72 @@ func TestFirmwareCommandsTakeJSON(t *testing.T) {
 	require.JSONEq(t, `{"token": "`+tok+`"}`, stdout)
 }
 
-// A development build cannot hold a bundle to its min_appliance_version,
-// and install says so instead of passing it quietly.
-func TestInstallWarnsWhenTheVersionIsNotChecked(t *testing.T) {
-	require.True(t, isRelease("1.2.3"))
-	require.True(t, isRelease("v0.1.0"))
-	for _, v := range []string{"dev", "98b7d71", "1.2", "1.2.x", "1..3"} {
-		require.False(t, isRelease(v), v)
+// A build whose version reads as none (dev, a bare commit hash) cannot
+// hold a bundle to its min_appliance_version: version says so, and verify
+// and install say so and go on. A release build, and one that git describe
+// stamps past a release, hold it: verify, as install, refuses a bundle
+// that needs a newer appliance and says what to do, and nothing is
+// installed.
+func TestMinApplianceVersion(t *testing.T) {
+	for _, v := range []string{"1.2.3", "v0.1.0", "1.2", "v1.2.0-3-gabc1234-dirty"} {
+		require.True(t, firmware.ChecksApplianceVersion(v), v)
+	}
+	for _, v := range []string{"dev", "dev-98b7d71", "98b7d71", "1.2.x", "1..3", ""} {
+		require.False(t, firmware.ChecksApplianceVersion(v), v)
 	}
 	defer func(v string) { version = v }(version)
-	version = "98b7d71"
-	ref := filepath.Join(t.TempDir(), "ref")
-	code, _, stderr := outpost(t, "firmware", "export", ref)
+	dir := t.TempDir()
+	ref, needy := filepath.Join(dir, "ref"), filepath.Join(dir, "needy")
+	for _, b := range []string{ref, needy} {
+		code, _, stderr := outpost(t, "firmware", "export", b)
+		require.Zero(t, code, stderr)
+	}
+	manifest := filepath.Join(needy, firmware.ManifestFile)
+	raw, err := os.ReadFile(manifest)
+	require.NoError(t, err)
+	edited := strings.Replace(string(raw), `"min_appliance_version": "0.1.0"`, `"min_appliance_version": "99.0.0"`, 1)
+	require.NotEqual(t, string(raw), edited)
+	require.NoError(t, os.WriteFile(manifest, []byte(edited), 0o644))
+	code, _, stderr := outpost(t, "firmware", "sign", "--key", filepath.Join("..", "..", "testdata", "keys", "dev.key"), needy)
 	require.Zero(t, code, stderr)
-	code, _, stderr = outpost(t, "firmware", "install", "--data", t.TempDir(), "--trust-dev-key", ref)
-	require.Zero(t, code, stderr)
-	require.Contains(t, stderr, "warning: this build (98b7d71) is not a release, so the bundle's min_appliance_version 0.1.0 is not checked")
-	version = "1.0.0"
-	code, _, stderr = outpost(t, "firmware", "install", "--data", t.TempDir(), "--trust-dev-key", ref)
-	require.Zero(t, code, stderr)
-	require.NotContains(t, stderr, "warning")
+
+	for _, v := range []string{"dev", "98b7d71"} {
+		version = v
+		code, stdout, stderr := outpost(t, "version")
+		require.Zero(t, code, stderr)
+		require.Equal(t, "outpost "+v+"\n", stdout)
+		require.Contains(t, stderr, "a development build: it installs a bundle without holding it to its min_appliance_version", v)
+		code, stdout, stderr = outpost(t, "version", "--json")
+		require.Zero(t, code, stderr)
+		require.JSONEq(t, `{"version": "`+v+`", "go": "`+runtime.Version()+`", "checks_min_appliance_version": false}`, stdout)
+		for _, cmd := range []string{"verify", "install"} {
+			code, _, stderr = outpost(t, "firmware", cmd, "--data", t.TempDir(), "--trust-dev-key", needy)
+			require.Zero(t, code, stderr)
+			require.Contains(t, stderr, "warning: this build ("+v+") is not a release, so the bundle's min_appliance_version 99.0.0 is not checked", cmd)
+		}
+	}
+	for _, v := range []string{"1.0.0", "v1.0.0-3-gabc1234"} {
+		version = v
+		code, stdout, stderr := outpost(t, "version")
+		require.Zero(t, code, stderr)
+		require.Empty(t, stderr, "a release says nothing of the check")
+		code, stdout, stderr = outpost(t, "version", "--json")
+		require.Zero(t, code, stderr)
+		require.Contains(t, stdout, `"checks_min_appliance_version": true`)
+		for _, cmd := range []string{"verify", "install"} {
+			data := t.TempDir()
+			code, _, stderr = outpost(t, "firmware", cmd, "--data", data, "--trust-dev-key", needy)
+			require.Equal(t, 1, code, cmd)
+			require.Contains(t, stderr, "needs appliance 99.0.0 or later, this is "+v, cmd)
+			require.Contains(t, stderr, "(upgrade the outpost binary on this appliance first", cmd)
+			code, stdout, stderr = outpost(t, "firmware", "list", "--data", data)
+			require.Zero(t, code, stderr)
+			require.Contains(t, stdout, "no bundles installed", cmd)
+		}
+		code, _, stderr = outpost(t, "firmware", "install", "--data", t.TempDir(), "--trust-dev-key", ref)
+		require.Zero(t, code, stderr)
+		require.NotContains(t, stderr, "warning")
+	}
 }
 
 // A bundle folder reached through a link is read (the links inside are

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/internal/gctune"
 )
 
@@ -196,17 +197,22 @@ func parseFlagsFirst(fs *flag.FlagSet, args []string) error {
 func init() {
 	register("version", "print the version", func(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		fs := newCmdFlags("version", "version [--json]", stdout, stderr)
-		asJSON := fs.Bool("json", false, "print JSON: {\"version\", \"go\"}")
+		asJSON := fs.Bool("json", false, "print JSON: {\"version\", \"go\", \"checks_min_appliance_version\"}")
 		if err := fs.parse(args, false); err != nil {
 			return err
 		}
 		if _, err := fs.args(); err != nil {
 			return err
 		}
+		checks := firmware.ChecksApplianceVersion(version)
 		if *asJSON {
-			return printJSON(stdout, map[string]string{"version": version, "go": runtime.Version()})
+			return printJSON(stdout, map[string]any{"version": version, "go": runtime.Version(), "checks_min_appliance_version": checks})
 		}
 		fmt.Fprintf(stdout, "outpost %s\n", version)
+		if !checks {
+			// On stderr: stdout stays the one line scripts read.
+			fmt.Fprintf(stderr, "a development build: it installs a bundle without holding it to its min_appliance_version (a release build does)\n")
+		}
 		return nil
 	})
 }
