@@ -26,10 +26,10 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs := newCmdFlags("collector", "collector --listen ADDR --data DIR --secrets FILE [--postgres DSN]", stdout, stderr)
 	fs.About = "GET /v1/appliances takes a bearer token, made at first start and kept in DIR/" + uplink.TokenFile +
 		" (mode 0600); print it with: outpost token --collector --data DIR"
-	listen := fs.String("listen", "127.0.0.1:7080", "address to listen on")
-	data := fs.String("data", defaultCollectorData, "data folder: the embedded (bbolt) store, and the token of GET /v1/appliances (with --postgres too)")
-	secrets := fs.String("secrets", "", "file of \"appliance_id secret\" lines, one per appliance")
-	pg := fs.String("postgres", "", "store into PostgreSQL at this DSN instead of bbolt (several collectors may share it; copy one's "+uplink.TokenFile+" into the others' --data for one token)")
+	listen := fs.String("listen", "127.0.0.1:7080", "the `ADDR` to listen on, HOST:PORT")
+	data := fs.String("data", defaultCollectorData, "data folder `DIR`: the embedded (bbolt) store, and the token of GET /v1/appliances (with --postgres too)")
+	secrets := fs.String("secrets", "", "`FILE` of \"appliance_id secret\" lines, one per appliance")
+	pg := fs.String("postgres", "", "store into PostgreSQL at this `DSN` instead of bbolt (several collectors may share it; copy one's "+uplink.TokenFile+" into the others' --data for one token)")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}

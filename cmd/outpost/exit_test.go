@@ -264,3 +264,24 @@ func selfSigned(t *testing.T, dir string) (cert, key string) {
 	require.NoError(t, os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600))
 	return cert, key
 }
+
+// Every command's -h names what each of its flags takes (FILE, URL, ADDR,
+// a choice such as sync|exit), not Go's "string" or "value"; outpost -h
+// says where to start, and serve -h what it serves and where its token is.
+func TestHelpNamesWhatFlagsTake(t *testing.T) {
+	code, help, _ := outpostBin(t, "", "-h")
+	require.Zero(t, code)
+	require.Contains(t, help, "Start with \"outpost serve\", then open http://127.0.0.1:7070/ and paste the token that\n\"outpost token\" prints.")
+	vague := regexp.MustCompile(`(?m)^  -[a-z-]+ (string|value)$`)
+	for _, line := range commandLines() {
+		code, help, stderr := outpostBin(t, "", append(slices.Clone(line), "-h")...)
+		require.Zero(t, code, stderr)
+		require.Empty(t, vague.FindAllString(help, -1), "%v -h:\n%s", line, help)
+	}
+	code, help, _ = outpostBin(t, "", "serve", "-h")
+	require.Zero(t, code)
+	require.Contains(t, help, "Serve the HTTP API (/api/v1), its event stream and the operator console page")
+	require.Contains(t, help, "outpost token prints it")
+	require.Contains(t, help, "\n  -uplink-secret FILE\n")
+	require.Contains(t, help, "\n  -listen ADDR\n")
+}

@@ -112,7 +112,7 @@ func explain(err error) error {
 }
 
 func keyFlags(fs *flag.FlagSet) (keys *string, dev *bool) {
-	keys = fs.String("keys", "", "trust this public key file, or the *.pub files of this folder")
+	keys = fs.String("keys", "", "trust the public key file at `PATH`, or the *.pub files of the folder there")
 	dev = fs.Bool("trust-dev-key", false, "trust the development key of the reference bundle (never in production)")
 	return keys, dev
 }
@@ -153,7 +153,7 @@ func keyring(dataDir, keys string, dev bool) (*firmware.Keyring, error) {
 
 func firmwareKeygen(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware keygen [--out DIR] [--json]"
-	out := fs.String("out", ".", "folder for the key pair")
+	out := fs.String("out", ".", "`DIR`, the folder for the key pair")
 	asJSON := fs.Bool("json", false, "print JSON: {key_id, private, public}")
 	if err := fs.parse(args, false); err != nil {
 		return err
@@ -179,7 +179,7 @@ func firmwareSign(fs *cmdFlags, args []string, stdout io.Writer) error {
 key_id, and sign it. A bundle written by firmware export, signed with a key other than the
 development key, gets a description that no longer says the development key signs it; sign
 says so.`
-	key := fs.String("key", "", "private key file (from firmware keygen)")
+	key := fs.String("key", "", "private key `FILE` (from firmware keygen)")
 	asJSON := fs.Bool("json", false, "print JSON: {signed, key_id, description?} (description: the one the manifest was given, when sign changed it)")
 	if err := fs.parse(args, false); err != nil {
 		return err
@@ -267,8 +267,8 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 	keys, dev := keyFlags(fs.FlagSet)
 	activate := fs.Bool("activate", false, "make this version active (the first version of a name always is)")
 	downgrade := fs.Bool("allow-downgrade", false, "install a version lower than one installed before (recorded, with --by and --reason)")
-	by := fs.String("by", "", "who installs (recorded)")
-	reason := fs.String("reason", "", "why (recorded)")
+	by := fs.String("by", "", "who installs, by `NAME` (recorded)")
+	reason := fs.String("reason", "", "why, in a `TEXT` (recorded)")
 	asJSON := fs.Bool("json", false, "print the installed version as JSON")
 	if err := fs.parse(args, false); err != nil {
 		return err
@@ -430,8 +430,8 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware activate [flags] NAME VERSION"
 	data := dataFlag(fs.FlagSet)
 	downgrade := fs.Bool("allow-downgrade", false, "activate a version lower than the active one (recorded, with --by and --reason)")
-	by := fs.String("by", "", "who activates (recorded)")
-	reason := fs.String("reason", "", "why (recorded)")
+	by := fs.String("by", "", "who activates, by `NAME` (recorded)")
+	reason := fs.String("reason", "", "why, in a `TEXT` (recorded)")
 	asJSON := fs.Bool("json", false, "print JSON: {name, version, active}")
 	if err := fs.parse(args, false); err != nil {
 		return err

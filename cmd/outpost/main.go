@@ -153,7 +153,8 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintf(w, "\nRun \"outpost <command> -h\" for a command's flags.\n\n"+
+	fmt.Fprintf(w, "\nStart with \"outpost serve\", then open http://127.0.0.1:7070/ and paste the token that\n"+
+		"\"outpost token\" prints. Run \"outpost <command> -h\" for a command's flags.\n\n"+
 		"Exit status: 0 done; 1 the work failed (for eval, a conversation departed from its golden file);\n"+
 		"2 a bad command line (an unknown command, subcommand or flag, a flag value refused, an argument\n"+
 		"missing or one too many), with nothing done (for eval, also a replay that could not be made).\n")

@@ -55,8 +55,8 @@ const defaultKeepAlive = 24 * time.Hour
 
 func modelFlags(fs *flag.FlagSet) *modelChoice {
 	mc := &modelChoice{keepAlive: keepAliveFlag{d: defaultKeepAlive, set: true}}
-	fs.StringVar(&mc.model, "model", "scripted", "model: scripted (the bundle's deterministic rules) or ollama:NAME (a local model in the agent's lane)")
-	fs.StringVar(&mc.ollama, "ollama", ollama.DefaultURL, "Ollama server URL, for --model ollama:NAME")
+	fs.StringVar(&mc.model, "model", "scripted", "`MODEL`: scripted (the bundle's deterministic rules) or ollama:NAME (a local model in the agent's lane)")
+	fs.StringVar(&mc.ollama, "ollama", ollama.DefaultURL, "the Ollama server's `URL`, for --model ollama:NAME")
 	fs.Var(&mc.keepAlive, "ollama-keep-alive", "how long Ollama keeps the model loaded after each call: a `duration`, -1 until Ollama stops, or 0 to leave it to Ollama's OLLAMA_KEEP_ALIVE (five minutes unless set)")
 	fs.DurationVar(&mc.stall, "ollama-stall-timeout", ollama.DefaultStallTimeout, "longest pause between two chunks of a streamed answer before the call fails and is retried (0 waits for the node's timeout alone)")
 	return mc
@@ -279,12 +279,12 @@ func printEvent(w io.Writer, e engine.Event, asJSON bool) {
 func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("run", "run [flags] INPUT", stdout, stderr)
 	data := dataFlag(fs.FlagSet)
-	agentName := fs.String("agent", firmware.ReferenceAgent, "agent to run (the bench workload's agent is \"reference\")")
+	agentName := fs.String("agent", firmware.ReferenceAgent, "the `AGENT` to run (the bench workload's agent is \"reference\")")
 	mc := modelFlags(fs.FlagSet)
 	var tools toolsFlag
 	fs.Var(&tools, "tools", "narrow the run's tools to these `NAMES` (comma-separated; \"\" for none); without it, the run may call every tool its agent may")
-	thread := fs.String("thread", "default", "thread (conversation) to run the turn on")
-	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit only when the run ends or pauses)")
+	thread := fs.String("thread", "default", "the `THREAD` (conversation) to run the turn on")
+	durability := fs.String("durability", "sync", "when to commit, `sync|exit`: sync, every step; exit, only when the run ends or pauses")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
 	bc := budgetFlags(fs.FlagSet, true)
 	fs.About = runAbout
@@ -481,11 +481,11 @@ func reportRun(run *engine.Run, stdout io.Writer, asJSON bool, dataHint string) 
 func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("resume", "resume [flags] RUN --decision approve|edit|reject [--value JSON]", stdout, stderr)
 	data := dataFlag(fs.FlagSet)
-	interrupt := fs.String("interrupt", "", "interrupt to answer (default: the run's only one)")
-	decision := fs.String("decision", "", "approve, edit or reject")
-	value := fs.String("value", "", `edit: the new value, as JSON (a text is quoted twice: --value '"new text"')`)
-	reason := fs.String("reason", "", "why (recorded with the decision)")
-	by := fs.String("by", "cli", "who decides (recorded with the decision)")
+	interrupt := fs.String("interrupt", "", "the interrupt `ID` to answer (default: the run's only one)")
+	decision := fs.String("decision", "", "the `DECISION`: approve, edit or reject")
+	value := fs.String("value", "", "edit: the new value, as `JSON` (a text is quoted twice: --value '\"new text\"')")
+	reason := fs.String("reason", "", "why, in a `TEXT` (recorded with the decision)")
+	by := fs.String("by", "cli", "who decides, by `NAME` (recorded with the decision)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
 	mc := modelFlags(fs.FlagSet)
 	bc := budgetFlags(fs.FlagSet, true)

@@ -50,18 +50,18 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// taken too, so that serve's flags can be copied here.
 	if sub == "status" {
 		fs.synopsis = "uplink status [--data DIR] [--url URL] [--json]"
-		fs.StringVar(url, "url", "", "the collector's base URL, to report as configured")
+		fs.StringVar(url, "url", "", "the collector's base `URL`, to report as configured")
 		fs.alias("uplink", "url")
 		// What serve is given, to copy as it is; status sends nothing.
-		fs.StringVar(appliance, "appliance-id", "", "taken as serve takes it, and not used: status reports the store's id")
-		fs.StringVar(secretFile, "secret-file", "", "taken as flush takes it, and not used: status sends nothing")
+		fs.StringVar(appliance, "appliance-id", "", "`ID`, taken as serve takes it, and not used: status reports the store's id")
+		fs.StringVar(secretFile, "secret-file", "", "`FILE`, taken as flush takes it, and not used: status sends nothing")
 		fs.alias("uplink-secret", "secret-file")
 	} else {
 		fs.synopsis = "uplink flush --url URL --secret-file FILE [flags]"
-		fs.StringVar(url, "url", "", "the collector's base URL")
+		fs.StringVar(url, "url", "", "the collector's base `URL`")
 		fs.alias("uplink", "url")
-		fs.StringVar(appliance, "appliance-id", "", "this appliance's id upstream (default: the store's)")
-		fs.StringVar(secretFile, "secret-file", "", "file holding this appliance's uplink secret")
+		fs.StringVar(appliance, "appliance-id", "", "this appliance's `ID` upstream (default: the store's)")
+		fs.StringVar(secretFile, "secret-file", "", "`FILE` holding this appliance's uplink secret")
 		fs.alias("uplink-secret", "secret-file")
 		fs.DurationVar(timeout, "timeout", time.Minute, "give up after this long")
 	}
