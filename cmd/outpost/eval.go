@@ -22,6 +22,10 @@ const evalSynopsis = "eval [--bundle PATH [--keys DIR]] [--json] [--parallel N] 
 
 func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("eval", evalSynopsis, stdout, stderr)
+	fs.About = `Replay the golden conversations of each FILE.jsonl (one conversation a line, its turns and
+what each must give) against the embedded reference bundle's agents, or --bundle's, and report
+the turns that depart from them. Exit 1 when one departs; exit 2 when the replay cannot be made
+(no file, a malformed one, an agent no bundle has, a bundle that will not load).`
 	bundle := fs.String("bundle", "", "resolve agents from the bundle at `PATH` (a directory or .tar) instead of the embedded reference bundle")
 	keys := fs.String("keys", "", "trusted public keys for --bundle, at `PATH`: a folder of .pub files, or one file (default: the development key)")
 	asJSON := fs.Bool("json", false, "write the report as JSON on stdout")

@@ -284,4 +284,10 @@ func TestHelpNamesWhatFlagsTake(t *testing.T) {
 	require.Contains(t, help, "outpost token prints it")
 	require.Contains(t, help, "\n  -uplink-secret FILE\n")
 	require.Contains(t, help, "\n  -listen ADDR\n")
+	code, help, _ = outpostBin(t, "", "resume", "-h")
+	require.Zero(t, code)
+	require.Contains(t, help, "edit sends --value in its place:\na text is quoted twice, --value '\"Please call the pharmacy.\"'")
+	code, help, _ = outpostBin(t, "", "eval", "-h")
+	require.Zero(t, code)
+	require.Contains(t, help, "Exit 1 when one departs; exit 2 when the replay cannot be made")
 }

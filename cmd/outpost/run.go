@@ -480,6 +480,11 @@ func reportRun(run *engine.Run, stdout io.Writer, asJSON bool, dataHint string) 
 
 func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("resume", "resume [flags] RUN --decision approve|edit|reject [--value JSON]", stdout, stderr)
+	fs.About = `Answer a run that waits for a person (outpost run, runs show and runs list --status interrupted
+name them), then run it on to its end, printing its events. approve sends the draft as it is;
+reject withholds it, and the agent sends its notice instead; edit sends --value in its place:
+a text is quoted twice, --value '"Please call the pharmacy."'. A decision the run cannot
+take leaves it waiting.`
 	data := dataFlag(fs.FlagSet)
 	interrupt := fs.String("interrupt", "", "the interrupt `ID` to answer (default: the run's only one)")
 	decision := fs.String("decision", "", "the `DECISION`: approve, edit or reject")
