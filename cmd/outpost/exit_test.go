@@ -150,6 +150,7 @@ func TestFlagValuesRefusedExit2(t *testing.T) {
 		{"serve", "--appliance-id", "clinic 1", "--listen", "127.0.0.1:0"},
 		{"serve", "--ollama", "http://::1:x", "--listen", "127.0.0.1:0"},
 		{"serve", "--ollama-stall-timeout", "-1s", "--listen", "127.0.0.1:0"},
+		{"serve", "--allow-host", "https://clinic-pc.local", "--listen", "127.0.0.1:0"},
 		{"uplink", "status", "--url", "collector.site"},
 		{"uplink", "flush", "--uplink", "ftp://collector.site", "--uplink-secret", "secret"},
 		{"uplink", "flush", "--url", "http://127.0.0.1:1", "--secret-file", "secret"},

@@ -31,7 +31,13 @@ type hostList []string
 func (h *hostList) String() string { return strings.Join(*h, ",") }
 func (h *hostList) Set(s string) error {
 	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
+		p = strings.TrimSpace(p)
+		// The console matches the Host a browser sends: a URL or a path
+		// would never match, and the name would be refused at every visit.
+		if strings.ContainsAny(p, "/@ \t") {
+			return errors.New("want a host name, such as clinic-pc.local (or clinic-pc.local:7070), not a URL")
+		}
+		if p != "" {
 			*h = append(*h, p)
 		}
 	}
