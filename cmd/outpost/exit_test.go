@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/store"
 )
 
 // commandLines is every command, and every subcommand of the commands that
@@ -159,6 +161,8 @@ func TestFlagValuesRefusedExit2(t *testing.T) {
 		{"collector", "--secrets", "secrets"},
 		{"collector", "--listen", "collector", "--secrets", "secrets"},
 		{"run", "--agent", "medication-adherance", "hello"},
+		{"run", "--tools", "kb_serch", "hello"},
+		{"run", "--thread", "", "hello"},
 		{"run", "--ollama", "http://::1:x", "hello"},
 		{"run", "--ollama-stall-timeout", "-1s", "hello"},
 		{"resume", "r1", "--decision", "approve", "--ollama", "http://::1:x"},
@@ -291,4 +295,34 @@ func TestHelpNamesWhatFlagsTake(t *testing.T) {
 	code, help, _ = outpostBin(t, "", "eval", "-h")
 	require.Zero(t, code)
 	require.Contains(t, help, "Exit 1 when one departs; exit 2 when the replay cannot be made")
+}
+
+// With bundles installed in the data folder, run still refuses an agent no
+// active bundle has, or a tool its agent cannot have, before it makes a
+// store (exit 2), and runs what the bundles do have.
+func TestRunChecksAgentAndToolsAgainstInstalledBundles(t *testing.T) {
+	dir := t.TempDir()
+	data, ref := filepath.Join(dir, "data"), filepath.Join(dir, "ref")
+	code, _, stderr := outpostBin(t, dir, "firmware", "export", ref)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpostBin(t, dir, "firmware", "install", "--data", data, "--trust-dev-key", ref)
+	require.Zero(t, code, stderr)
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--agent", "medication-adherance"}, `--agent: unknown agent "medication-adherance" (available: `},
+		{[]string{"--agent", "medication-adherence-tools", "--tools", "kb_search,kb_serch"}, `--tools: agent "medication-adherence-tools" cannot have tool kb_serch here`},
+	} {
+		args := append(append([]string{"run", "--data", data}, tc.args...), "when is my next metformin refill due")
+		code, stdout, stderr := outpostBin(t, dir, args...)
+		require.Equal(t, 2, code, "%v: %s", args, stderr)
+		require.Empty(t, stdout)
+		require.Contains(t, stderr, tc.says)
+		require.NoFileExists(t, filepath.Join(data, store.FileName), args)
+	}
+	code, stdout, stderr := outpostBin(t, dir, "run", "--data", data, "--agent", "medication-adherence-tools", "--tools", "kb_search",
+		"when is my next metformin refill due")
+	require.Zero(t, code, stderr)
+	require.Regexp(t, `tool\.called +generate_response +\{"args"`, stdout)
 }

@@ -2,13 +2,12 @@ package main
 
 import (
 	"crypto/tls"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 
-	"github.com/outpost-edge/outpost/bench"
+	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/uplink"
@@ -86,27 +85,39 @@ func checkKeysFlag(keys string) error {
 	return nil
 }
 
-// checkNewAgent refuses an --agent that no run in the data folder dir
-// could start with, when that is known without the store: while no bundle
-// is installed there, new runs have the embedded reference bundle's agents
-// and the bench workload's. With bundles installed, the run itself says.
-func checkNewAgent(dir, agent string) error {
-	if _, err := os.Stat(filepath.Join(dir, "firmware")); err == nil {
+// checkNewRun refuses what run's --thread, --agent and --tools ask for
+// when a new run in the data folder dir could not start with it, as the
+// run would refuse it, but before the store is opened or made: an empty
+// thread, an agent that no bundle new runs use has, a tool outside the
+// agent's registry. The bundles installed in dir are read for it (no store
+// is opened); where they cannot be read, or none is installed and the
+// folder does not say so yet, the run itself says what is wrong.
+func checkNewRun(dir, thread, agent string, tools *toolsFlag) error {
+	if thread == "" {
+		return badUsage("--thread is empty: name the thread (conversation) to run the turn on, or leave --thread out for \"default\"")
+	}
+	var resolve engine.Resolver
+	var err error
+	if _, serr := os.Stat(filepath.Join(dir, "firmware")); serr != nil {
+		resolve, err = resolver() // nothing installed: the embedded bundle's agents and the bench's
+	} else {
+		resolve, err = applianceResolver(dir, nil, nil, true)
+	}
+	if err != nil {
 		return nil
 	}
-	ref, err := firmware.Reference()
-	if err != nil {
-		return err
+	ag, err := resolve(agent, engine.BundleRef{})
+	if errors.Is(err, engine.ErrUnknownAgent) {
+		return badUsage("--agent: %v", err)
 	}
-	workload, err := bench.ReferenceAgent()
-	if err != nil {
-		return err
-	}
-	names := append(ref.AgentNames(), workload.Name)
-	if slices.Contains(names, agent) {
+	if err != nil || !tools.set {
 		return nil
 	}
-	return badUsage("--agent %q: no such agent (available: %s)", agent, strings.Join(names, ", "))
+	unknown, err := firmware.UnknownTools(ag, firmware.ParseToolList(tools.names))
+	if err != nil || len(unknown) == 0 {
+		return nil
+	}
+	return badUsage("--tools: %v", &firmware.UnknownToolsError{Agent: agent, Names: unknown})
 }
 
 // givenAs is the name under which the command line set the flag name: an

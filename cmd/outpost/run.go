@@ -306,7 +306,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := mc.check(); err != nil {
 		return err
 	}
-	if err := checkNewAgent(*data, *agentName); err != nil {
+	if err := checkNewRun(*data, *thread, *agentName, &tools); err != nil {
 		return err
 	}
 	input, _ := json.Marshal(strings.Join(fs.Args(), " "))
