@@ -46,6 +46,11 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return badUsage("--secrets: %v", err)
 	}
+	if *pg != "" {
+		if err := uplink.CheckPostgresDSN(*pg); err != nil {
+			return badUsage("--postgres: %v", err)
+		}
+	}
 	// The token is made before the store is opened, so that a data folder
 	// it cannot be written to stops the collector before it listens.
 	tok, created, err := console.LoadOrCreateTokenFile(*data, uplink.TokenFile)

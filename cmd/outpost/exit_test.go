@@ -184,8 +184,10 @@ func TestFlagValuesRefusedExit2(t *testing.T) {
 // A file a flag names that is there but will not do (a secret that is not
 // one line, a secrets file with a bad line, a certificate and a key that
 // are not PEM, a private key file that holds a public key) is refused as
-// a bad command line too, before anything is done: the folder the command
-// runs in stays empty and the files it was given are as they were.
+// a bad command line too, before anything is done, as is a collector's
+// --postgres DSN that does not parse beside a good secrets file: the
+// folder the command runs in stays empty (no collector-data, no token) and
+// the files it was given are as they were.
 func TestFlagFilesRefusedBeforeWork(t *testing.T) {
 	files := t.TempDir()
 	write := func(name, content string) string {
@@ -195,6 +197,7 @@ func TestFlagFilesRefusedBeforeWork(t *testing.T) {
 	}
 	secret := write("secret", "two words\n")
 	secrets := write("secrets", "clinic-1\n")
+	goodSecrets := write("good-secrets", "clinic-1 s3cret\n")
 	pem := write("cert.pem", "not a certificate\n")
 	bundle := filepath.Join(files, "bundle")
 	code, _, stderr := outpostBin(t, files, "firmware", "export", bundle)
@@ -213,6 +216,7 @@ func TestFlagFilesRefusedBeforeWork(t *testing.T) {
 		{[]string{"serve", "--uplink", "http://127.0.0.1:1", "--uplink-secret", secret}, "--uplink-secret: uplink secret " + secret + ": want the secret alone on one line"},
 		{[]string{"uplink", "flush", "--url", "http://127.0.0.1:1", "--secret-file", secret}, "--secret-file: uplink secret " + secret},
 		{[]string{"collector", "--secrets", secrets}, "--secrets: secrets " + secrets + " line 1: want \"appliance_id secret\""},
+		{[]string{"collector", "--secrets", goodSecrets, "--postgres", "port=notanumber"}, "--postgres: collector postgres: cannot parse `port=notanumber`"},
 		{[]string{"serve", "--tls-cert", pem, "--tls-key", pem}, "--tls-cert " + pem + " and --tls-key " + pem + ": tls: "},
 		{[]string{"firmware", "sign", "--key", pubs[0], bundle}, "--key: "},
 	} {
