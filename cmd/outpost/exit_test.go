@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"maps"
 	"math/big"
@@ -329,4 +330,36 @@ func TestRunChecksAgentAndToolsAgainstInstalledBundles(t *testing.T) {
 		"when is my next metformin refill due")
 	require.Zero(t, code, stderr)
 	require.Regexp(t, `tool\.called +generate_response +\{"args"`, stdout)
+}
+
+// An unknown agent's error lists the agents new runs have: with a bundle
+// installed, its agents (and the bench workload's), not the embedded
+// bundle's, which new runs no longer use.
+func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
+	dir := t.TempDir()
+	data, b := filepath.Join(dir, "data"), filepath.Join(dir, "clinic")
+	code, _, stderr := outpostBin(t, dir, "firmware", "export", b)
+	require.Zero(t, code, stderr)
+	// A bundle of one agent: the reference without its tools agent.
+	mf := filepath.Join(b, "manifest.json")
+	raw, err := os.ReadFile(mf)
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(raw, &m))
+	m["name"] = "clinic"
+	delete(m["agents"].(map[string]any), "medication-adherence-tools")
+	raw, err = json.Marshal(m)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(mf, raw, 0o644))
+	require.NoError(t, os.Remove(filepath.Join(b, "agents", "medication-adherence-tools.json")))
+	devKey, err := filepath.Abs(filepath.Join("..", "..", "testdata", "keys", "dev.key"))
+	require.NoError(t, err)
+	code, _, stderr = outpostBin(t, dir, "firmware", "sign", "--key", devKey, b)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpostBin(t, dir, "firmware", "install", "--data", data, "--trust-dev-key", b)
+	require.Zero(t, code, stderr)
+
+	code, _, stderr = outpostBin(t, dir, "run", "--data", data, "--agent", "medication-adherence-tools", "hello")
+	require.Equal(t, 2, code, stderr)
+	require.Contains(t, stderr, `unknown agent "medication-adherence-tools" (available: medication-adherence, reference)`)
 }
