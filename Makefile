@@ -1,6 +1,8 @@
 # Outpost: build, run and test. `make help` lists the targets.
 SHELL := /bin/bash
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# A release tag (v1.2.0, or v1.2.0-3-gabc1234 past it), else dev-COMMIT: a
+# bare commit hash of digits alone would read as a version number.
+VERSION ?= $(shell git describe --tags --dirty 2>/dev/null || echo dev-$$(git describe --always --dirty 2>/dev/null))
 LDFLAGS := -s -w -X main.version=$(VERSION)
 DATA ?= ./outpost-data
 FUZZTIME ?= 10s

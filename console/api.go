@@ -156,40 +156,6 @@ func missingInput(raw json.RawMessage) bool {
 	return len(raw) == 0 || string(raw) == "null" || (json.Unmarshal(raw, &str) == nil && str == "")
 }
 
-// unknownTools returns the names of a request's tool override that the
-// agent's active tool set cannot hold: not in the bundle's registry, or
-// left out by the appliance's restriction. It resolves the set as the run
-// would open (the agent's Pin, on a run that is never stored), which
-// refuses the names the override gives in vain. An agent without a Pin has
-// no tool registry, so every name is unknown to it.
-func unknownTools(ag *engine.Agent, names []string) ([]string, error) {
-	if len(names) == 0 {
-		return nil, nil
-	}
-	if ag.Pin == nil {
-		return names, nil
-	}
-	probe := &engine.Run{Agent: ag.Name, Bundle: ag.Bundle, Meta: map[string]string{firmware.MetaTools: strings.Join(names, ",")}}
-	if err := ag.Pin(probe); err != nil {
-		var unknown *firmware.UnknownToolsError
-		if errors.As(err, &unknown) {
-			return unknown.Names, nil
-		}
-		return nil, err
-	}
-	raw, ok := probe.Meta[firmware.MetaActiveTools]
-	if !ok {
-		return nil, fmt.Errorf("agent %s pins no active tool set", quote(ag.Name))
-	}
-	var set struct {
-		Ignored *[]string `json:"ignored"`
-	}
-	if err := json.Unmarshal([]byte(raw), &set); err != nil || set.Ignored == nil {
-		return nil, fmt.Errorf("agent %s: read its active tool set: %v", quote(ag.Name), err)
-	}
-	return *set.Ignored, nil
-}
-
 type startRequest struct {
 	Agent         string          `json:"agent"`
 	Input         json.RawMessage `json:"input"`
@@ -249,7 +215,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) *apiError {
 		// Fail closed: a name the run could never use (a typo, a tool
 		// this appliance leaves out) is refused, not quietly dropped
 		// from a run that then goes ahead without it.
-		unknown, err := unknownTools(ag, *req.Tools)
+		unknown, err := firmware.UnknownTools(ag, *req.Tools)
 		if err != nil {
 			return errorf(http.StatusInternalServerError, "resolve_failed", err.Error())
 		}

@@ -3,10 +3,10 @@ package firmware
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -463,24 +463,73 @@ type ReviewRequest struct {
 }
 
 // reviewEdit is the text an edit decision on a review gives: its value is
-// a JSON string or {"text": ...}.
+// a JSON string or {"text": ...}. A value it cannot use is refused with
+// the field at fault ("value", "value.text") and why, since the person who
+// sent it sees only this message.
 func reviewEdit(v json.RawMessage) (string, error) {
+	const want = `an edit's value is the answer to send, as a JSON string or as {"text": "..."}`
 	var edited string
-	if err := json.Unmarshal(v, &edited); err != nil {
+	field := "value"
+	if kind := jsonKind(v); kind == "a string" {
+		if err := json.Unmarshal(v, &edited); err != nil {
+			return "", fmt.Errorf("%q is not valid JSON: %v", field, err)
+		}
+	} else if kind != "an object" {
+		return "", fmt.Errorf("%q is %s: %s", field, kind, want)
+	} else {
 		var obj struct {
-			Text string `json:"text"`
+			Text json.RawMessage `json:"text"`
 		}
-		if err2 := json.Unmarshal(v, &obj); err2 != nil || obj.Text == "" {
-			return "", errors.New(`an edit's value must be a JSON string or {"text": ...}`)
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(v, &obj); err != nil || json.Unmarshal(v, &fields) != nil {
+			return "", fmt.Errorf("%q is not valid JSON: %s", field, want)
 		}
-		edited = obj.Text
+		field = "value.text"
+		switch kind := jsonKind(obj.Text); {
+		case obj.Text == nil && len(fields) == 0:
+			return "", fmt.Errorf(`"value" is an empty object: %s`, want)
+		case obj.Text == nil:
+			names := make([]string, 0, len(fields))
+			for k := range fields {
+				names = append(names, strconv.Quote(k))
+			}
+			sort.Strings(names)
+			return "", fmt.Errorf(`"value" has no "text" field (its fields: %s): %s`, strings.Join(names, ", "), want)
+		case kind != "a string":
+			return "", fmt.Errorf("%q is %s, not a string: %s", field, kind, want)
+		}
+		if err := json.Unmarshal(obj.Text, &edited); err != nil {
+			return "", fmt.Errorf("%q is not valid JSON: %v", field, err)
+		}
 	}
 	// An edit is the answer the person sends: an empty one would reach
 	// the patient as no answer at all.
 	if strings.TrimSpace(edited) == "" {
-		return "", errors.New("an edit's text is empty: write the answer, or approve or reject the draft")
+		return "", fmt.Errorf("%q is empty: write the answer, or approve or reject the draft", field)
 	}
 	return edited, nil
+}
+
+// jsonKind names the kind of JSON value v holds, as a message says it: "a
+// string", "an object", "a number", and so on.
+func jsonKind(v json.RawMessage) string {
+	t := strings.TrimSpace(string(v))
+	if t == "" {
+		return "empty"
+	}
+	switch t[0] {
+	case '"':
+		return "a string"
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
 }
 
 // checkReview is a review node's check of a decision (engine.CheckDecision):

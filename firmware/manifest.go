@@ -196,6 +196,17 @@ func parseVersion(s string) ([3]int, error) {
 	return v, nil
 }
 
+// ChecksApplianceVersion reports whether an appliance whose version is v
+// holds bundles to their min_appliance_version: v reads as a version
+// (MAJOR[.MINOR[.PATCH]], an optional leading "v", anything after a '-' or
+// '+' left out, as git describe writes "v1.2.0-3-gabc1234"). A
+// development build ("dev", a bare commit hash) does not, and
+// CheckApplianceVersion passes every bundle on it.
+func ChecksApplianceVersion(v string) bool {
+	_, err := parseVersion(v)
+	return err == nil
+}
+
 // CheckApplianceVersion returns an error wrapping ErrMinVersion when the
 // appliance's version is older than the manifest requires. An appliance
 // version that is not a release ("dev", a commit hash) passes: development

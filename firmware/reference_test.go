@@ -400,9 +400,17 @@ func TestReviewRefusesAnUnusableEditUpFront(t *testing.T) {
 	}
 	in := o.run.Interrupts[0].ID
 	// An empty edit would send the patient an empty answer.
-	const notText, empty = `an edit's value must be a JSON string or {"text": ...}`, "an edit's text is empty"
-	for _, tc := range []struct{ bad, why string }{{`{"foo":1}`, notText}, {`12345`, notText}, {`{"text":""}`, notText},
-		{`""`, empty}, {`" \n "`, empty}, {`{"text":"  "}`, empty}} {
+	const want = `: an edit's value is the answer to send, as a JSON string or as {"text": "..."}`
+	for _, tc := range []struct{ bad, why string }{
+		{`{"foo":1,"Bar":2}`, `"value" has no "text" field (its fields: "Bar", "foo")` + want},
+		{`{}`, `"value" is an empty object` + want},
+		{`12345`, `"value" is a number` + want},
+		{`["a"]`, `"value" is an array` + want},
+		{`true`, `"value" is a boolean` + want},
+		{`{"text":5}`, `"value.text" is a number, not a string` + want},
+		{`{"text":null}`, `"value.text" is null, not a string` + want},
+		{`{"text":""}`, `"value.text" is empty: write the answer, or approve or reject the draft`},
+		{`""`, `"value" is empty: write the answer`}, {`" \n "`, `"value" is empty`}, {`{"text":"  "}`, `"value.text" is empty`}} {
 		bad := tc.bad
 		_, err := h.m.Resume(ctx, o.run.ID, map[string]engine.Decision{in: {Kind: engine.Edit, Value: json.RawMessage(bad), By: "nurse"}})
 		if !errors.Is(err, engine.ErrBadDecision) || !strings.Contains(err.Error(), tc.why) {

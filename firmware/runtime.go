@@ -198,6 +198,41 @@ func (b *Bundle) pinTools(run *engine.Run) error {
 	return nil
 }
 
+// UnknownTools returns the names of a request's tool override that the
+// agent's active tool set cannot hold: not in the bundle's registry, or
+// left out by the appliance's restriction. It resolves the set as the run
+// would open (the agent's Pin, on a run that is never stored, so that a
+// request can be refused before anything starts), which refuses the names
+// the override gives in vain. An agent without a Pin has no tool registry,
+// so every name is unknown to it.
+func UnknownTools(ag *engine.Agent, names []string) ([]string, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	if ag.Pin == nil {
+		return names, nil
+	}
+	probe := &engine.Run{Agent: ag.Name, Bundle: ag.Bundle, Meta: map[string]string{MetaTools: strings.Join(names, ",")}}
+	if err := ag.Pin(probe); err != nil {
+		var unknown *UnknownToolsError
+		if errors.As(err, &unknown) {
+			return unknown.Names, nil
+		}
+		return nil, err
+	}
+	raw, ok := probe.Meta[MetaActiveTools]
+	if !ok {
+		return nil, fmt.Errorf("agent %q pins no active tool set", ag.Name)
+	}
+	var set struct {
+		Ignored *[]string `json:"ignored"`
+	}
+	if err := json.Unmarshal([]byte(raw), &set); err != nil || set.Ignored == nil {
+		return nil, fmt.Errorf("agent %q: read its active tool set: %v", ag.Name, err)
+	}
+	return *set.Ignored, nil
+}
+
 // ActiveTools returns the run's active tool set: the one pinned on the run
 // when it opened (Meta[MetaActiveTools]). A run opened without the pin (a
 // graph invoked directly, not through the run manager) gets it resolved

@@ -15,26 +15,44 @@ import (
 // bundle (Export), signed with a key other than the development key, gets
 // a description that no longer says the development key signs it.
 func Sign(dir, keyFile string) error {
+	_, err := SignBundle(dir, keyFile)
+	return err
+}
+
+// Signed is what SignBundle did to a bundle besides signing it.
+type Signed struct {
+	KeyID string
+	// Description, when not "", is the description the manifest was given
+	// in place of WasDescription: an exported reference bundle signed by
+	// a key other than the development key no longer says that the
+	// development key signs it.
+	Description, WasDescription string
+}
+
+// SignBundle is Sign, and says what it changed in the manifest.
+func SignBundle(dir, keyFile string) (*Signed, error) {
 	id, priv, err := LoadPrivateKey(keyFile)
 	if err != nil {
-		return fmt.Errorf("sign: %w", err)
+		return nil, fmt.Errorf("sign: %w", err)
 	}
 	files, err := readDir(dir)
 	if err != nil {
-		return fmt.Errorf("sign: %w", err)
+		return nil, fmt.Errorf("sign: %w", err)
 	}
 	raw, ok := files[ManifestFile]
 	if !ok {
-		return fmt.Errorf("sign %s: %w: %s", dir, ErrMissingFile, ManifestFile)
+		return nil, fmt.Errorf("sign %s: %w: %s", dir, ErrMissingFile, ManifestFile)
 	}
 	var m Manifest
 	if _, err := decodeStrict(ManifestFile, raw, &m); err != nil {
-		return fmt.Errorf("sign %s: %w", dir, err)
+		return nil, fmt.Errorf("sign %s: %w", dir, err)
 	}
 	m.KeyID = id
+	done := &Signed{KeyID: id}
 	if m.Description == referenceDescription && !isDevKey(id) {
 		// The exported reference bundle, signed by another key: its
 		// description no longer says which key signs it.
+		done.WasDescription, done.Description = m.Description, resignedReferenceDescription
 		m.Description = resignedReferenceDescription
 	}
 	if m.Created.IsZero() {
@@ -48,14 +66,17 @@ func Sign(dir, keyFile string) error {
 	}
 	out, err := json.MarshalIndent(&m, "", "  ")
 	if err != nil {
-		return fmt.Errorf("sign %s: %w", dir, err)
+		return nil, fmt.Errorf("sign %s: %w", dir, err)
 	}
 	out = append(out, '\n')
 	// Check what we are about to sign the way an appliance will read it.
 	if _, err := DecodeManifest(out); err != nil {
-		return fmt.Errorf("sign %s: %w", dir, err)
+		return nil, fmt.Errorf("sign %s: %w", dir, err)
 	}
-	return signManifest(dir, out, id, priv)
+	if err := signManifest(dir, out, id, priv); err != nil {
+		return nil, err
+	}
+	return done, nil
 }
 
 func signManifest(dir string, manifest []byte, id string, priv ed25519.PrivateKey) error {

@@ -1115,6 +1115,11 @@ func (d *DB) SetApplianceID(ctx context.Context, id string) error {
 
 var metaAppliance = []byte("appliance_id")
 
+// CheckApplianceID reports an appliance id that no store takes (empty, or
+// with spaces or colons), so that a command can refuse it before it opens
+// one.
+func CheckApplianceID(id string) error { return validApplianceID(id) }
+
 func validApplianceID(id string) error {
 	if id == "" || strings.ContainsAny(id, " \t\r\n:") {
 		return fmt.Errorf("%w: appliance id %q must be non-empty, without spaces or colons", ErrInvalidKey, id)

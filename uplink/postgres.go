@@ -24,6 +24,15 @@ type PostgresStore struct {
 
 var _ CollectorStore = (*PostgresStore)(nil)
 
+// CheckPostgresDSN reports a dsn that OpenPostgresStore could not parse,
+// without connecting, so that a command can refuse it before it starts.
+func CheckPostgresDSN(dsn string) error {
+	if _, err := pgxpool.ParseConfig(dsn); err != nil {
+		return fmt.Errorf("collector postgres: %w", err)
+	}
+	return nil
+}
+
 // OpenPostgresStore connects to dsn and creates the collector's tables in
 // schema ("outpost" when empty) if they do not exist.
 func OpenPostgresStore(ctx context.Context, dsn, schema string) (*PostgresStore, error) {

@@ -139,7 +139,7 @@ func New(db *store.DB, cfg Config) (*Uplink, error) {
 		// A URL that cannot be sent to fails here, at once, not after
 		// retries that cannot succeed.
 		if err := CheckURL(cfg.URL); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("uplink: %w", err)
 		}
 	}
 	if cfg.ApplianceID != "" {
@@ -158,7 +158,7 @@ func New(db *store.DB, cfg Config) (*Uplink, error) {
 func CheckURL(collector string) error {
 	u, err := url.Parse(collector)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("uplink: collector URL %q: want http:// or https:// and a host, such as https://collector.site:8443", collector)
+		return fmt.Errorf("collector URL %q: want http:// or https:// and a host, such as https://collector.site:8443", collector)
 	}
 	return nil
 }

@@ -33,8 +33,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageError(fmt.Sprintf("unknown workload %q", args[0]))
 	}
 	fs := newCmdFlags("bench reference", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--runs N] [--probe-during] [--data DIR] [--cpuprofile FILE] [--trace FILE] [--json]", stdout, stderr)
-	saver := fs.String("saver", "memory", "checkpointer: memory or bbolt")
-	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit at run end)")
+	saver := fs.String("saver", "memory", "the checkpointer, `memory|bbolt`: in memory, or a bbolt file")
+	durability := fs.String("durability", "sync", "when to commit, `sync|exit`: sync, every step; exit, at run end")
 	threads := fs.Int("threads", 1, "threads run concurrently")
 	turns := fs.Int("turns", 200, "turns per thread")
 	dataDir := fs.String("data", "", "folder `DIR` for the bbolt file, made if need be (default: a new temporary folder, removed after)")
@@ -51,6 +51,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *probeDuring && (*saver != "bbolt" || *threads != 1) {
 		return usageError("--probe-during needs --saver bbolt and --threads 1")
+	}
+	if *threads < 1 || *turns < 1 {
+		return badUsage("--threads and --turns must be at least 1, not %d and %d", *threads, *turns)
 	}
 	if *runs < 1 {
 		return badUsage("--runs must be at least 1, not %d", *runs)

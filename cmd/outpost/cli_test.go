@@ -160,7 +160,7 @@ func TestRunToolsFlag(t *testing.T) {
 	require.Contains(t, stdout, `"reason":"tool \"kb_search\" is not allowed by this request"`)
 	require.NotContains(t, stdout, "tool.called")
 	code, _, stderr = outpostBin(t, "", "run", "--data", data, "--agent", "medication-adherence-tools", "--tools", "-", q)
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code, "a tool the agent cannot have is a bad command line")
 	require.Contains(t, stderr, "cannot have tool - here")
 }
 

@@ -26,10 +26,10 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs := newCmdFlags("collector", "collector --listen ADDR --data DIR --secrets FILE [--postgres DSN]", stdout, stderr)
 	fs.About = "GET /v1/appliances takes a bearer token, made at first start and kept in DIR/" + uplink.TokenFile +
 		" (mode 0600); print it with: outpost token --collector --data DIR"
-	listen := fs.String("listen", "127.0.0.1:7080", "address to listen on")
-	data := fs.String("data", defaultCollectorData, "data folder: the embedded (bbolt) store, and the token of GET /v1/appliances (with --postgres too)")
-	secrets := fs.String("secrets", "", "file of \"appliance_id secret\" lines, one per appliance")
-	pg := fs.String("postgres", "", "store into PostgreSQL at this DSN instead of bbolt (several collectors may share it, and its token: the first to start stores its own there, and the others take it into their --data)")
+	listen := fs.String("listen", "127.0.0.1:7080", "the `ADDR` to listen on, HOST:PORT")
+	data := fs.String("data", defaultCollectorData, "data folder `DIR`: the embedded (bbolt) store, and the token of GET /v1/appliances (with --postgres too)")
+	secrets := fs.String("secrets", "", "`FILE` of \"appliance_id secret\" lines, one per appliance")
+	pg := fs.String("postgres", "", "store into PostgreSQL at this `DSN` instead of bbolt (several collectors may share it, and its token: the first to start stores its own there, and the others take it into their --data)")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -39,9 +39,17 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *secrets == "" {
 		return badUsage("--secrets FILE is required: one \"appliance_id secret\" line per appliance")
 	}
+	if err := checkListenAddr("listen", *listen, "127.0.0.1:7080"); err != nil {
+		return err
+	}
 	keys, err := uplink.LoadSecrets(*secrets)
 	if err != nil {
-		return err
+		return badUsage("--secrets: %v", err)
+	}
+	if *pg != "" {
+		if err := uplink.CheckPostgresDSN(*pg); err != nil {
+			return badUsage("--postgres: %v", err)
+		}
 	}
 	// The token is made before the store is opened, so that a data folder
 	// it cannot be written to stops the collector before it listens.

@@ -311,6 +311,17 @@ func applianceResolver(dir string, rt *firmware.Runtime, notice func(string), be
 			return a, err
 		}, names, benchAgent)
 	}
+	// New runs have the active installed bundles' agents alone, and an
+	// unknown agent's error lists those.
+	names = nil
+	for _, rec := range in.List() {
+		if !rec.Active {
+			continue
+		}
+		if b, err := in.Open(rec.Name, rec.Version); err == nil {
+			names = append(names, b.AgentNames()...)
+		}
+	}
 	fromInstaller := firmware.Resolver(in)
 	return namingAgents(func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
 		if pinned.Name != "" && pinned == ref.Ref() {

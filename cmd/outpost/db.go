@@ -146,6 +146,9 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		return dbPrune(ctx, *data, olderThan.d, *asJSON, stdout, stderr)
 	}
+	if err := checkApplianceIDFlag(applianceID); err != nil {
+		return err
+	}
 	return dbSalvage(ctx, *data, dst, store.SalvageOptions{ApplianceID: applianceID}, *asJSON, stdout, stderr)
 }
 

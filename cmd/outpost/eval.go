@@ -22,12 +22,16 @@ const evalSynopsis = "eval [--bundle PATH [--keys DIR]] [--json] [--parallel N] 
 
 func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("eval", evalSynopsis, stdout, stderr)
-	bundle := fs.String("bundle", "", "resolve agents from this bundle (a directory or .tar) instead of the embedded reference bundle")
-	keys := fs.String("keys", "", "trusted public keys for --bundle: a folder of .pub files, or one file (default: the development key)")
+	fs.About = `Replay the golden conversations of each FILE.jsonl (one conversation a line, its turns and
+what each must give) against the embedded reference bundle's agents, or --bundle's, and report
+the turns that depart from them. Exit 1 when one departs; exit 2 when the replay cannot be made
+(no file, a malformed one, an agent no bundle has, a bundle that will not load).`
+	bundle := fs.String("bundle", "", "resolve agents from the bundle at `PATH` (a directory or .tar) instead of the embedded reference bundle")
+	keys := fs.String("keys", "", "trusted public keys for --bundle, at `PATH`: a folder of .pub files, or one file (default: the development key)")
 	asJSON := fs.Bool("json", false, "write the report as JSON on stdout")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "conversations replayed at once")
-	flagsCh := fs.String("flags-channel", "flags", "the channel that a turn's expected flags are checked against")
-	finalCh := fs.String("final-channel", "final", "the channel holding the final answer (the run's output when the agent has none)")
+	flagsCh := fs.String("flags-channel", "flags", "the channel `NAME` that a turn's expected flags are checked against")
+	finalCh := fs.String("final-channel", "final", "the channel `NAME` holding the final answer (the run's output when the agent has none)")
 	timeout := fs.Duration("timeout", time.Minute, "the longest one conversation may take")
 	bc := budgetFlags(fs.FlagSet, false)
 	// Exit 1 says a conversation failed; 2 says the replay could not be
@@ -47,6 +51,9 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if *parallel < 1 {
 		return usageError("--parallel must be at least 1")
+	}
+	if *timeout <= 0 {
+		return badUsage("--timeout must be more than 0, not %s: it is the longest one conversation may take", *timeout)
 	}
 	budget, err := bc.budget()
 	if err != nil {

@@ -1,14 +1,31 @@
 package main
 
 import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
 	"maps"
+	"math/big"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/store"
 )
 
 // commandLines is every command, and every subcommand of the commands that
@@ -98,6 +115,8 @@ func TestBadCommandLineExits2(t *testing.T) {
 // given apart exit 2 as well, with a usage hint; a failure of the work
 // itself (no store to read) exits 1.
 func TestFlagValuesRefusedExit2(t *testing.T) {
+	golden, err := filepath.Abs(filepath.Join("..", "..", "testdata", "golden", "reference.jsonl"))
+	require.NoError(t, err)
 	for _, args := range [][]string{
 		{}, {"frobnicate"}, {"runs"}, {"runs", "lisst"}, {"db", "nope"}, {"firmware", "nope"}, {"uplink", "nope"}, {"bench", "nope"},
 		{"runs", "list", "--limit", "0"},
@@ -123,6 +142,37 @@ func TestFlagValuesRefusedExit2(t *testing.T) {
 		{"bench", "reference", "--runs", "0"},
 		{"bench", "reference", "--saver", "disk"},
 		{"eval", "--parallel", "0", "g.jsonl"},
+		// Values checked before any work starts (nothing listens, no
+		// store or data folder is made, no start-up line is printed).
+		{"serve", "--listen", "0.0.0.0:7979"},
+		{"serve", "--listen", "7070"},
+		{"serve", "--listen", "127.0.0.1:99999"},
+		{"serve", "--tls-cert", "cert.pem", "--tls-key", "key.pem"},
+		{"serve", "--uplink", "collector.site:8443", "--uplink-secret", "secret"},
+		{"serve", "--uplink", "http://127.0.0.1:1", "--uplink-secret", "secret"},
+		{"serve", "--appliance-id", "clinic 1", "--listen", "127.0.0.1:0"},
+		{"serve", "--ollama", "http://::1:x", "--listen", "127.0.0.1:0"},
+		{"serve", "--ollama-stall-timeout", "-1s", "--listen", "127.0.0.1:0"},
+		{"serve", "--allow-host", "https://clinic-pc.local", "--listen", "127.0.0.1:0"},
+		{"uplink", "status", "--url", "collector.site"},
+		{"uplink", "flush", "--uplink", "ftp://collector.site", "--uplink-secret", "secret"},
+		{"uplink", "flush", "--url", "http://127.0.0.1:1", "--secret-file", "secret"},
+		{"uplink", "flush", "--url", "http://127.0.0.1:1", "--secret-file", "secret", "--timeout", "0s"},
+		{"uplink", "flush", "--url", "http://127.0.0.1:1", "--secret-file", "secret", "--appliance-id", "a:b"},
+		{"collector", "--secrets", "secrets"},
+		{"collector", "--listen", "collector", "--secrets", "secrets"},
+		{"run", "--agent", "medication-adherance", "hello"},
+		{"run", "--tools", "kb_serch", "hello"},
+		{"run", "--thread", "", "hello"},
+		{"run", "--ollama", "http://::1:x", "hello"},
+		{"run", "--ollama-stall-timeout", "-1s", "hello"},
+		{"resume", "r1", "--decision", "approve", "--ollama", "http://::1:x"},
+		{"firmware", "sign", "--key", "ID.key", "bundle"},
+		{"firmware", "verify", "--keys", "keys", "bundle"},
+		{"firmware", "install", "--keys", "keys", "bundle"},
+		{"eval", "--timeout", "0s", golden},
+		{"bench", "reference", "--threads", "0"},
+		{"db", "salvage", "--appliance-id", "a:b", "copy.db"},
 	} {
 		requireRefused(t, t.TempDir(), args)
 	}
@@ -130,4 +180,186 @@ func TestFlagValuesRefusedExit2(t *testing.T) {
 	code, _, stderr := outpostBin(t, t.TempDir(), "runs", "show", "--data", t.TempDir(), "r1")
 	require.Equal(t, 1, code, "no store is a failure of the work, not of the command line: %s", stderr)
 	require.NotRegexp(t, usageHint, stderr)
+}
+
+// A file a flag names that is there but will not do (a secret that is not
+// one line, a secrets file with a bad line, a certificate and a key that
+// are not PEM, a private key file that holds a public key) is refused as
+// a bad command line too, before anything is done, as is a collector's
+// --postgres DSN that does not parse beside a good secrets file: the
+// folder the command runs in stays empty (no collector-data, no token) and
+// the files it was given are as they were.
+func TestFlagFilesRefusedBeforeWork(t *testing.T) {
+	files := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(files, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		return p
+	}
+	secret := write("secret", "two words\n")
+	secrets := write("secrets", "clinic-1\n")
+	goodSecrets := write("good-secrets", "clinic-1 s3cret\n")
+	pem := write("cert.pem", "not a certificate\n")
+	bundle := filepath.Join(files, "bundle")
+	code, _, stderr := outpostBin(t, files, "firmware", "export", bundle)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpostBin(t, files, "firmware", "keygen", "--out", files)
+	require.Zero(t, code, stderr)
+	pubs, err := filepath.Glob(filepath.Join(files, "*.pub"))
+	require.NoError(t, err)
+	require.Len(t, pubs, 1)
+	before := folderFiles(t, bundle)
+
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"serve", "--uplink", "http://127.0.0.1:1", "--uplink-secret", secret}, "--uplink-secret: uplink secret " + secret + ": want the secret alone on one line"},
+		{[]string{"uplink", "flush", "--url", "http://127.0.0.1:1", "--secret-file", secret}, "--secret-file: uplink secret " + secret},
+		{[]string{"collector", "--secrets", secrets}, "--secrets: secrets " + secrets + " line 1: want \"appliance_id secret\""},
+		{[]string{"collector", "--secrets", goodSecrets, "--postgres", "port=notanumber"}, "--postgres: collector postgres: cannot parse `port=notanumber`"},
+		{[]string{"serve", "--tls-cert", pem, "--tls-key", pem}, "--tls-cert " + pem + " and --tls-key " + pem + ": tls: "},
+		{[]string{"firmware", "sign", "--key", pubs[0], bundle}, "--key: "},
+	} {
+		dir := t.TempDir()
+		requireRefused(t, dir, tc.args)
+		_, _, stderr := outpostBin(t, dir, tc.args...)
+		require.Contains(t, stderr, tc.says, tc.args)
+	}
+	require.Equal(t, before, folderFiles(t, bundle), "the bundle was not signed")
+}
+
+// A certificate and key that load are taken: serve, checking them before
+// it starts, still serves HTTPS with them beyond loopback's rules.
+func TestServeTakesATLSPairThatLoads(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := selfSigned(t, dir)
+	cmd := exec.Command(builtOutpost(t), "serve", "--data", filepath.Join(dir, "data"), "--listen", "127.0.0.1:0",
+		"--tls-cert", cert, "--tls-key", key, "--ollama", "http://127.0.0.1:1")
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	sc := bufio.NewScanner(out)
+	var url string
+	for url == "" && sc.Scan() {
+		if u, ok := strings.CutPrefix(sc.Text(), "console: "); ok {
+			url = u
+		}
+	}
+	require.True(t, strings.HasPrefix(url, "https://127.0.0.1:"), "serve printed no https console line; stderr:\n%s", stderr.String())
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := c.Get(url + "healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key, as PEM, into
+// dir.
+func selfSigned(t *testing.T, dir string) (cert, key string) {
+	t.Helper()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalECPrivateKey(priv)
+	require.NoError(t, err)
+	cert, key = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	require.NoError(t, os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	require.NoError(t, os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600))
+	return cert, key
+}
+
+// Every command's -h names what each of its flags takes (FILE, URL, ADDR,
+// a choice such as sync|exit), not Go's "string" or "value"; outpost -h
+// says where to start, and serve -h what it serves and where its token is.
+func TestHelpNamesWhatFlagsTake(t *testing.T) {
+	code, help, _ := outpostBin(t, "", "-h")
+	require.Zero(t, code)
+	require.Contains(t, help, "Start with \"outpost serve\", then open http://127.0.0.1:7070/ and paste the token that\n\"outpost token\" prints.")
+	vague := regexp.MustCompile(`(?m)^  -[a-z-]+ (string|value)$`)
+	for _, line := range commandLines() {
+		code, help, stderr := outpostBin(t, "", append(slices.Clone(line), "-h")...)
+		require.Zero(t, code, stderr)
+		require.Empty(t, vague.FindAllString(help, -1), "%v -h:\n%s", line, help)
+	}
+	code, help, _ = outpostBin(t, "", "serve", "-h")
+	require.Zero(t, code)
+	require.Contains(t, help, "Serve the HTTP API (/api/v1), its event stream and the operator console page")
+	require.Contains(t, help, "outpost token prints it")
+	require.Contains(t, help, "\n  -uplink-secret FILE\n")
+	require.Contains(t, help, "\n  -listen ADDR\n")
+	code, help, _ = outpostBin(t, "", "resume", "-h")
+	require.Zero(t, code)
+	require.Contains(t, help, "edit sends --value in its place:\na text is quoted twice, --value '\"Please call the pharmacy.\"'")
+	code, help, _ = outpostBin(t, "", "eval", "-h")
+	require.Zero(t, code)
+	require.Contains(t, help, "Exit 1 when one departs; exit 2 when the replay cannot be made")
+}
+
+// With bundles installed in the data folder, run still refuses an agent no
+// active bundle has, or a tool its agent cannot have, before it makes a
+// store (exit 2), and runs what the bundles do have.
+func TestRunChecksAgentAndToolsAgainstInstalledBundles(t *testing.T) {
+	dir := t.TempDir()
+	data, ref := filepath.Join(dir, "data"), filepath.Join(dir, "ref")
+	code, _, stderr := outpostBin(t, dir, "firmware", "export", ref)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpostBin(t, dir, "firmware", "install", "--data", data, "--trust-dev-key", ref)
+	require.Zero(t, code, stderr)
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--agent", "medication-adherance"}, `--agent: unknown agent "medication-adherance" (available: `},
+		{[]string{"--agent", "medication-adherence-tools", "--tools", "kb_search,kb_serch"}, `--tools: agent "medication-adherence-tools" cannot have tool kb_serch here`},
+	} {
+		args := append(append([]string{"run", "--data", data}, tc.args...), "when is my next metformin refill due")
+		code, stdout, stderr := outpostBin(t, dir, args...)
+		require.Equal(t, 2, code, "%v: %s", args, stderr)
+		require.Empty(t, stdout)
+		require.Contains(t, stderr, tc.says)
+		require.NoFileExists(t, filepath.Join(data, store.FileName), args)
+	}
+	code, stdout, stderr := outpostBin(t, dir, "run", "--data", data, "--agent", "medication-adherence-tools", "--tools", "kb_search",
+		"when is my next metformin refill due")
+	require.Zero(t, code, stderr)
+	require.Regexp(t, `tool\.called +generate_response +\{"args"`, stdout)
+}
+
+// An unknown agent's error lists the agents new runs have: with a bundle
+// installed, its agents (and the bench workload's), not the embedded
+// bundle's, which new runs no longer use.
+func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
+	dir := t.TempDir()
+	data, b := filepath.Join(dir, "data"), filepath.Join(dir, "clinic")
+	code, _, stderr := outpostBin(t, dir, "firmware", "export", b)
+	require.Zero(t, code, stderr)
+	// A bundle of one agent: the reference without its tools agent.
+	mf := filepath.Join(b, "manifest.json")
+	raw, err := os.ReadFile(mf)
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(raw, &m))
+	m["name"] = "clinic"
+	delete(m["agents"].(map[string]any), "medication-adherence-tools")
+	raw, err = json.Marshal(m)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(mf, raw, 0o644))
+	require.NoError(t, os.Remove(filepath.Join(b, "agents", "medication-adherence-tools.json")))
+	devKey, err := filepath.Abs(filepath.Join("..", "..", "testdata", "keys", "dev.key"))
+	require.NoError(t, err)
+	code, _, stderr = outpostBin(t, dir, "firmware", "sign", "--key", devKey, b)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpostBin(t, dir, "firmware", "install", "--data", data, "--trust-dev-key", b)
+	require.Zero(t, code, stderr)
+
+	code, _, stderr = outpostBin(t, dir, "run", "--data", data, "--agent", "medication-adherence-tools", "hello")
+	require.Equal(t, 2, code, stderr)
+	require.Contains(t, stderr, `unknown agent "medication-adherence-tools" (available: medication-adherence, reference)`)
 }

@@ -98,6 +98,8 @@ func explain(err error) error {
 		hint = "the tar is damaged, cut short or not a tar (a .tar.gz must be unpacked first): get a fresh copy"
 	case errors.Is(err, firmware.ErrMalformed):
 		hint = "fix the file at the line and column given, then sign the bundle again"
+	case errors.Is(err, firmware.ErrMinVersion):
+		hint = "upgrade the outpost binary on this appliance first, then install the bundle (outpost version prints this one)"
 	case errors.Is(err, firmware.ErrNotInstalled):
 		hint = "see what is installed with outpost firmware list"
 	case errors.Is(err, os.ErrNotExist):
@@ -110,7 +112,7 @@ func explain(err error) error {
 }
 
 func keyFlags(fs *flag.FlagSet) (keys *string, dev *bool) {
-	keys = fs.String("keys", "", "trust this public key file, or the *.pub files of this folder")
+	keys = fs.String("keys", "", "trust the public key file at `PATH`, or the *.pub files of the folder there")
 	dev = fs.Bool("trust-dev-key", false, "trust the development key of the reference bundle (never in production)")
 	return keys, dev
 }
@@ -151,7 +153,7 @@ func keyring(dataDir, keys string, dev bool) (*firmware.Keyring, error) {
 
 func firmwareKeygen(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware keygen [--out DIR] [--json]"
-	out := fs.String("out", ".", "folder for the key pair")
+	out := fs.String("out", ".", "`DIR`, the folder for the key pair")
 	asJSON := fs.Bool("json", false, "print JSON: {key_id, private, public}")
 	if err := fs.parse(args, false); err != nil {
 		return err
@@ -173,22 +175,39 @@ func firmwareKeygen(fs *cmdFlags, args []string, stdout io.Writer) error {
 
 func firmwareSign(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware sign --key FILE DIR"
-	key := fs.String("key", "", "private key file (from firmware keygen)")
-	asJSON := fs.Bool("json", false, "print JSON: {signed, key_id}")
+	fs.About = `Record the sha256 of every file of the bundle folder DIR in DIR/manifest.json, set its
+key_id, and sign it. A bundle written by firmware export, signed with a key other than the
+development key, gets a description that no longer says the development key signs it; sign
+says so.`
+	key := fs.String("key", "", "private key `FILE` (from firmware keygen)")
+	asJSON := fs.Bool("json", false, "print JSON: {signed, key_id, description?} (description: the one the manifest was given, when sign changed it)")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
 	if *key == "" || fs.NArg() != 1 {
 		return badUsage("sign needs --key FILE and one bundle folder (usage: outpost %s)", fs.synopsis)
 	}
-	if err := firmware.Sign(fs.Arg(0), *key); err != nil {
+	if _, _, err := firmware.LoadPrivateKey(*key); err != nil {
+		return badUsage("--key: %v", err)
+	}
+	done, err := firmware.SignBundle(fs.Arg(0), *key)
+	if err != nil {
 		return explain(err)
 	}
-	id, _, _ := firmware.LoadPrivateKey(*key)
 	if *asJSON {
-		return printJSON(stdout, map[string]string{"signed": fs.Arg(0), "key_id": id})
+		out := map[string]string{"signed": fs.Arg(0), "key_id": done.KeyID}
+		if done.Description != "" {
+			out["description"] = done.Description
+		}
+		return printJSON(stdout, out)
 	}
-	fmt.Fprintf(stdout, "signed %s with %s\n", fs.Arg(0), id)
+	fmt.Fprintf(stdout, "signed %s with %s\n", fs.Arg(0), done.KeyID)
+	if done.Description != "" {
+		// The signature covers the manifest, so a changed line in it is
+		// the user's to know of.
+		fmt.Fprintf(stdout, "changed the description in %s, which said the development key signs the bundle, to: %q\n",
+			filepath.Join(fs.Arg(0), firmware.ManifestFile), done.Description)
+	}
 	return nil
 }
 
@@ -203,6 +222,9 @@ func firmwareVerify(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if fs.NArg() != 1 {
 		return badUsage("verify needs one bundle (a folder or a .tar) (usage: outpost %s)", fs.synopsis)
 	}
+	if err := checkKeysFlag(*keys); err != nil {
+		return err
+	}
 	if err := bundleExists(fs.Arg(0)); err != nil {
 		return err
 	}
@@ -216,6 +238,11 @@ func firmwareVerify(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err != nil {
 		return explain(err)
 	}
+	// As install would: ok means this appliance can install it.
+	if err := b.Manifest.CheckApplianceVersion(version); err != nil {
+		return explain(err)
+	}
+	warnVersionNotChecked(b.Manifest, fs.stderr)
 	if *asJSON {
 		return printJSON(stdout, map[string]any{"ok": true, "name": b.Manifest.Name, "version": b.Manifest.Version,
 			"digest": b.Digest, "key_id": b.Manifest.KeyID, "agents": b.AgentNames()})
@@ -240,8 +267,8 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 	keys, dev := keyFlags(fs.FlagSet)
 	activate := fs.Bool("activate", false, "make this version active (the first version of a name always is)")
 	downgrade := fs.Bool("allow-downgrade", false, "install a version lower than one installed before (recorded, with --by and --reason)")
-	by := fs.String("by", "", "who installs (recorded)")
-	reason := fs.String("reason", "", "why (recorded)")
+	by := fs.String("by", "", "who installs, by `NAME` (recorded)")
+	reason := fs.String("reason", "", "why, in a `TEXT` (recorded)")
 	asJSON := fs.Bool("json", false, "print the installed version as JSON")
 	if err := fs.parse(args, false); err != nil {
 		return err
@@ -251,6 +278,9 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 	}
 	if *downgrade && (*by == "" || *reason == "") {
 		return badUsage("--allow-downgrade needs --by NAME and --reason TEXT, which are recorded")
+	}
+	if err := checkKeysFlag(*keys); err != nil {
+		return err
 	}
 	if err := bundleExists(fs.Arg(0)); err != nil {
 		return err
@@ -264,9 +294,7 @@ func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err != nil {
 		return explain(err)
 	}
-	if want := b.Manifest.MinApplianceVersion; want != "" && !isRelease(version) {
-		fmt.Fprintf(fs.stderr, "warning: this build (%s) is not a release, so the bundle's min_appliance_version %s is not checked\n", version, want)
-	}
+	warnVersionNotChecked(b.Manifest, fs.stderr)
 	release, err := holdDataFolder(*data, "install")
 	if err != nil {
 		return err
@@ -402,8 +430,8 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware activate [flags] NAME VERSION"
 	data := dataFlag(fs.FlagSet)
 	downgrade := fs.Bool("allow-downgrade", false, "activate a version lower than the active one (recorded, with --by and --reason)")
-	by := fs.String("by", "", "who activates (recorded)")
-	reason := fs.String("reason", "", "why (recorded)")
+	by := fs.String("by", "", "who activates, by `NAME` (recorded)")
+	reason := fs.String("reason", "", "why, in a `TEXT` (recorded)")
 	asJSON := fs.Bool("json", false, "print JSON: {name, version, active}")
 	if err := fs.parse(args, false); err != nil {
 		return err
@@ -480,18 +508,12 @@ func holdDataFolder(dir, what string) (release func(), err error) {
 	return func() { _ = unlock() }, nil
 }
 
-// isRelease says whether v is a release version (MAJOR.MINOR.PATCH, with
-// an optional leading v), which a bundle's min_appliance_version is held
-// against; a development build ("dev", a commit hash) is not.
-func isRelease(v string) bool {
-	parts := strings.Split(strings.TrimPrefix(v, "v"), ".")
-	if len(parts) != 3 {
-		return false
+// warnVersionNotChecked says on w that this build passes the bundle of
+// manifest m without holding it to its min_appliance_version, when that is
+// so: a development build cannot tell which release it is at least.
+func warnVersionNotChecked(m *firmware.Manifest, w io.Writer) {
+	if m.MinApplianceVersion != "" && !firmware.ChecksApplianceVersion(version) {
+		fmt.Fprintf(w, "warning: this build (%s) is not a release, so the bundle's min_appliance_version %s is not checked: "+
+			"a release build refuses a bundle that needs a newer one\n", version, m.MinApplianceVersion)
 	}
-	for _, p := range parts {
-		if _, err := strconv.Atoi(p); err != nil || p == "" {
-			return false
-		}
-	}
-	return true
 }

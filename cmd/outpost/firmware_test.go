@@ -2,15 +2,18 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-edge/outpost/console"
+	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -289,7 +292,12 @@ func TestFirmwareCommandsTakeJSON(t *testing.T) {
 
 	code, stdout, stderr = outpost(t, "firmware", "sign", "--key", kg.Private, "--json", ref)
 	require.Zero(t, code, stderr)
-	require.JSONEq(t, `{"signed": "`+ref+`", "key_id": "`+kg.KeyID+`"}`, stdout)
+	raw, err := os.ReadFile(filepath.Join(ref, firmware.ManifestFile))
+	require.NoError(t, err)
+	m, err := firmware.DecodeManifest(raw)
+	require.NoError(t, err)
+	desc, _ := json.Marshal(m.Description) // an exported reference, re-signed: sign changed it
+	require.JSONEq(t, `{"signed": "`+ref+`", "key_id": "`+kg.KeyID+`", "description": `+string(desc)+`}`, stdout)
 
 	data := t.TempDir()
 	code, _, stderr = outpost(t, "firmware", "install", "--data", data, "--keys", kg.Public, ref)
@@ -305,26 +313,72 @@ func TestFirmwareCommandsTakeJSON(t *testing.T) {
 	require.JSONEq(t, `{"token": "`+tok+`"}`, stdout)
 }
 
-// A development build cannot hold a bundle to its min_appliance_version,
-// and install says so instead of passing it quietly.
-func TestInstallWarnsWhenTheVersionIsNotChecked(t *testing.T) {
-	require.True(t, isRelease("1.2.3"))
-	require.True(t, isRelease("v0.1.0"))
-	for _, v := range []string{"dev", "98b7d71", "1.2", "1.2.x", "1..3"} {
-		require.False(t, isRelease(v), v)
+// A build whose version reads as none (dev, a bare commit hash) cannot
+// hold a bundle to its min_appliance_version: version says so, and verify
+// and install say so and go on. A release build, and one that git describe
+// stamps past a release, hold it: verify, as install, refuses a bundle
+// that needs a newer appliance and says what to do, and nothing is
+// installed.
+func TestMinApplianceVersion(t *testing.T) {
+	for _, v := range []string{"1.2.3", "v0.1.0", "1.2", "v1.2.0-3-gabc1234-dirty"} {
+		require.True(t, firmware.ChecksApplianceVersion(v), v)
+	}
+	for _, v := range []string{"dev", "dev-98b7d71", "98b7d71", "1.2.x", "1..3", ""} {
+		require.False(t, firmware.ChecksApplianceVersion(v), v)
 	}
 	defer func(v string) { version = v }(version)
-	version = "98b7d71"
-	ref := filepath.Join(t.TempDir(), "ref")
-	code, _, stderr := outpost(t, "firmware", "export", ref)
+	dir := t.TempDir()
+	ref, needy := filepath.Join(dir, "ref"), filepath.Join(dir, "needy")
+	for _, b := range []string{ref, needy} {
+		code, _, stderr := outpost(t, "firmware", "export", b)
+		require.Zero(t, code, stderr)
+	}
+	manifest := filepath.Join(needy, firmware.ManifestFile)
+	raw, err := os.ReadFile(manifest)
+	require.NoError(t, err)
+	edited := strings.Replace(string(raw), `"min_appliance_version": "0.1.0"`, `"min_appliance_version": "99.0.0"`, 1)
+	require.NotEqual(t, string(raw), edited)
+	require.NoError(t, os.WriteFile(manifest, []byte(edited), 0o644))
+	code, _, stderr := outpost(t, "firmware", "sign", "--key", filepath.Join("..", "..", "testdata", "keys", "dev.key"), needy)
 	require.Zero(t, code, stderr)
-	code, _, stderr = outpost(t, "firmware", "install", "--data", t.TempDir(), "--trust-dev-key", ref)
-	require.Zero(t, code, stderr)
-	require.Contains(t, stderr, "warning: this build (98b7d71) is not a release, so the bundle's min_appliance_version 0.1.0 is not checked")
-	version = "1.0.0"
-	code, _, stderr = outpost(t, "firmware", "install", "--data", t.TempDir(), "--trust-dev-key", ref)
-	require.Zero(t, code, stderr)
-	require.NotContains(t, stderr, "warning")
+
+	for _, v := range []string{"dev", "98b7d71"} {
+		version = v
+		code, stdout, stderr := outpost(t, "version")
+		require.Zero(t, code, stderr)
+		require.Equal(t, "outpost "+v+"\n", stdout)
+		require.Contains(t, stderr, "a development build: it installs a bundle without holding it to its min_appliance_version", v)
+		code, stdout, stderr = outpost(t, "version", "--json")
+		require.Zero(t, code, stderr)
+		require.JSONEq(t, `{"version": "`+v+`", "go": "`+runtime.Version()+`", "checks_min_appliance_version": false}`, stdout)
+		for _, cmd := range []string{"verify", "install"} {
+			code, _, stderr = outpost(t, "firmware", cmd, "--data", t.TempDir(), "--trust-dev-key", needy)
+			require.Zero(t, code, stderr)
+			require.Contains(t, stderr, "warning: this build ("+v+") is not a release, so the bundle's min_appliance_version 99.0.0 is not checked", cmd)
+		}
+	}
+	for _, v := range []string{"1.0.0", "v1.0.0-3-gabc1234"} {
+		version = v
+		code, stdout, stderr := outpost(t, "version")
+		require.Zero(t, code, stderr)
+		require.Empty(t, stderr, "a release says nothing of the check")
+		code, stdout, stderr = outpost(t, "version", "--json")
+		require.Zero(t, code, stderr)
+		require.Contains(t, stdout, `"checks_min_appliance_version": true`)
+		for _, cmd := range []string{"verify", "install"} {
+			data := t.TempDir()
+			code, _, stderr = outpost(t, "firmware", cmd, "--data", data, "--trust-dev-key", needy)
+			require.Equal(t, 1, code, cmd)
+			require.Contains(t, stderr, "needs appliance 99.0.0 or later, this is "+v, cmd)
+			require.Contains(t, stderr, "(upgrade the outpost binary on this appliance first", cmd)
+			code, stdout, stderr = outpost(t, "firmware", "list", "--data", data)
+			require.Zero(t, code, stderr)
+			require.Contains(t, stdout, "no bundles installed", cmd)
+		}
+		code, _, stderr = outpost(t, "firmware", "install", "--data", t.TempDir(), "--trust-dev-key", ref)
+		require.Zero(t, code, stderr)
+		require.NotContains(t, stderr, "warning")
+	}
 }
 
 // A bundle folder reached through a link is read (the links inside are
@@ -400,4 +454,56 @@ func installedReference(t *testing.T) (data, ref string) {
 	code, _, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", ref)
 	require.Zero(t, code, stderr)
 	return data, ref
+}
+
+// firmware sign says, in one line, that it changed the description of an
+// exported reference bundle signed with one's own key, and says nothing of
+// it where it changed none (signed again, or with the development key).
+func TestSignSaysItChangedTheDescription(t *testing.T) {
+	dir := t.TempDir()
+	code, _, stderr := outpostBin(t, dir, "firmware", "keygen", "--out", "keys")
+	require.Zero(t, code, stderr)
+	keys, err := filepath.Glob(filepath.Join(dir, "keys", "*.key"))
+	require.NoError(t, err)
+	require.Len(t, keys, 1)
+	devKey, err := filepath.Abs(filepath.Join("..", "..", "testdata", "keys", "dev.key"))
+	require.NoError(t, err)
+	description := func(bundle string) string {
+		raw, err := os.ReadFile(filepath.Join(dir, bundle, firmware.ManifestFile))
+		require.NoError(t, err)
+		m, err := firmware.DecodeManifest(raw)
+		require.NoError(t, err)
+		return m.Description
+	}
+	const says = "changed the description in "
+
+	for _, b := range []string{"mine", "dev"} {
+		code, _, stderr = outpostBin(t, dir, "firmware", "export", b)
+		require.Zero(t, code, stderr)
+	}
+	was := description("mine")
+	code, stdout, stderr := outpostBin(t, dir, "firmware", "sign", "--key", keys[0], "mine")
+	require.Zero(t, code, stderr)
+	now := description("mine")
+	require.NotEqual(t, was, now)
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	require.Len(t, lines, 2, stdout)
+	require.Equal(t, fmt.Sprintf("%s%s, which said the development key signs the bundle, to: %q",
+		says, filepath.Join("mine", firmware.ManifestFile), now), lines[1])
+
+	code, stdout, stderr = outpostBin(t, dir, "firmware", "sign", "--key", keys[0], "--json", "mine")
+	require.Zero(t, code, stderr)
+	require.NotContains(t, stdout, "description", "signed again, nothing changed")
+	code, stdout, stderr = outpostBin(t, dir, "firmware", "sign", "--key", devKey, "dev")
+	require.Zero(t, code, stderr)
+	require.NotContains(t, stdout, says)
+	require.Equal(t, was, description("dev"))
+
+	code, _, stderr = outpostBin(t, dir, "firmware", "export", "json")
+	require.Zero(t, code, stderr)
+	code, stdout, stderr = outpostBin(t, dir, "firmware", "sign", "--key", keys[0], "--json", "json")
+	require.Zero(t, code, stderr)
+	var out map[string]string
+	require.NoError(t, json.Unmarshal([]byte(stdout), &out))
+	require.Equal(t, description("json"), out["description"])
 }

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/internal/gctune"
 )
 
@@ -152,7 +153,8 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintf(w, "\nRun \"outpost <command> -h\" for a command's flags.\n\n"+
+	fmt.Fprintf(w, "\nStart with \"outpost serve\", then open http://127.0.0.1:7070/ and paste the token that\n"+
+		"\"outpost token\" prints. Run \"outpost <command> -h\" for a command's flags.\n\n"+
 		"Exit status: 0 done; 1 the work failed (for eval, a conversation departed from its golden file);\n"+
 		"2 a bad command line (an unknown command, subcommand or flag, a flag value refused, an argument\n"+
 		"missing or one too many), with nothing done (for eval, also a replay that could not be made).\n")
@@ -196,17 +198,22 @@ func parseFlagsFirst(fs *flag.FlagSet, args []string) error {
 func init() {
 	register("version", "print the version", func(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		fs := newCmdFlags("version", "version [--json]", stdout, stderr)
-		asJSON := fs.Bool("json", false, "print JSON: {\"version\", \"go\"}")
+		asJSON := fs.Bool("json", false, "print JSON: {\"version\", \"go\", \"checks_min_appliance_version\"}")
 		if err := fs.parse(args, false); err != nil {
 			return err
 		}
 		if _, err := fs.args(); err != nil {
 			return err
 		}
+		checks := firmware.ChecksApplianceVersion(version)
 		if *asJSON {
-			return printJSON(stdout, map[string]string{"version": version, "go": runtime.Version()})
+			return printJSON(stdout, map[string]any{"version": version, "go": runtime.Version(), "checks_min_appliance_version": checks})
 		}
 		fmt.Fprintf(stdout, "outpost %s\n", version)
+		if !checks {
+			// On stderr: stdout stays the one line scripts read.
+			fmt.Fprintf(stderr, "a development build: it installs a bundle without holding it to its min_appliance_version (a release build does)\n")
+		}
 		return nil
 	})
 }

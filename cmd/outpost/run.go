@@ -55,8 +55,8 @@ const defaultKeepAlive = 24 * time.Hour
 
 func modelFlags(fs *flag.FlagSet) *modelChoice {
 	mc := &modelChoice{keepAlive: keepAliveFlag{d: defaultKeepAlive, set: true}}
-	fs.StringVar(&mc.model, "model", "scripted", "model: scripted (the bundle's deterministic rules) or ollama:NAME (a local model in the agent's lane)")
-	fs.StringVar(&mc.ollama, "ollama", ollama.DefaultURL, "Ollama server URL, for --model ollama:NAME")
+	fs.StringVar(&mc.model, "model", "scripted", "`MODEL`: scripted (the bundle's deterministic rules) or ollama:NAME (a local model in the agent's lane)")
+	fs.StringVar(&mc.ollama, "ollama", ollama.DefaultURL, "the Ollama server's `URL`, for --model ollama:NAME")
 	fs.Var(&mc.keepAlive, "ollama-keep-alive", "how long Ollama keeps the model loaded after each call: a `duration`, -1 until Ollama stops, or 0 to leave it to Ollama's OLLAMA_KEEP_ALIVE (five minutes unless set)")
 	fs.DurationVar(&mc.stall, "ollama-stall-timeout", ollama.DefaultStallTimeout, "longest pause between two chunks of a streamed answer before the call fails and is retried (0 waits for the node's timeout alone)")
 	return mc
@@ -120,12 +120,15 @@ func (mc *modelChoice) client() *ollama.Client {
 // answers), the command says plainly that it falls back to the scripted
 // model.
 func (mc *modelChoice) provider(ctx context.Context, stderr io.Writer, fallback bool) (models.Provider, string, error) {
-	if mc == nil || mc.model == "" || mc.model == "scripted" {
+	if mc == nil {
 		return nil, "", nil
 	}
+	if err := mc.check(); err != nil {
+		return nil, "", err
+	}
 	name, ok := strings.CutPrefix(mc.model, "ollama:")
-	if !ok || name == "" {
-		return nil, "", badUsage("--model %q: want scripted or ollama:NAME (such as ollama:llama3.2:3b)", mc.model)
+	if !ok {
+		return nil, "", nil
 	}
 	client := mc.client()
 	if err := ollamaReachable(ctx, client.URL()); err != nil {
@@ -136,6 +139,24 @@ func (mc *modelChoice) provider(ctx context.Context, stderr io.Writer, fallback 
 		return nil, "", nil
 	}
 	return client, name, nil
+}
+
+// check refuses what the model flags cannot mean, before any work: a
+// --model that is neither scripted nor ollama:NAME, an --ollama URL that
+// cannot be called, a negative --ollama-stall-timeout.
+func (mc *modelChoice) check() error {
+	if mc.model != "" && mc.model != "scripted" {
+		if name, ok := strings.CutPrefix(mc.model, "ollama:"); !ok || name == "" {
+			return badUsage("--model %q: want scripted or ollama:NAME (such as ollama:llama3.2:3b)", mc.model)
+		}
+	}
+	if err := mc.client().URLErr(); err != nil {
+		return badUsage("--ollama: %v", err)
+	}
+	if mc.stall < 0 {
+		return badUsage("--ollama-stall-timeout must not be negative (0 waits for the node's timeout alone), not %s", mc.stall)
+	}
+	return nil
 }
 
 // ollamaReachable asks the server for its version, briefly.
@@ -258,12 +279,12 @@ func printEvent(w io.Writer, e engine.Event, asJSON bool) {
 func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("run", "run [flags] INPUT", stdout, stderr)
 	data := dataFlag(fs.FlagSet)
-	agentName := fs.String("agent", firmware.ReferenceAgent, "agent to run (the bench workload's agent is \"reference\")")
+	agentName := fs.String("agent", firmware.ReferenceAgent, "the `AGENT` to run (the bench workload's agent is \"reference\")")
 	mc := modelFlags(fs.FlagSet)
 	var tools toolsFlag
 	fs.Var(&tools, "tools", "narrow the run's tools to these `NAMES` (comma-separated; \"\" for none); without it, the run may call every tool its agent may")
-	thread := fs.String("thread", "default", "thread (conversation) to run the turn on")
-	durability := fs.String("durability", "sync", "sync (commit every step) or exit (commit only when the run ends or pauses)")
+	thread := fs.String("thread", "default", "the `THREAD` (conversation) to run the turn on")
+	durability := fs.String("durability", "sync", "when to commit, `sync|exit`: sync, every step; exit, only when the run ends or pauses")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
 	bc := budgetFlags(fs.FlagSet, true)
 	fs.About = runAbout
@@ -281,6 +302,12 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	dur, err := engine.ParseDurability(*durability)
 	if err != nil {
 		return badUsage("--durability must be sync or exit, not %q", *durability)
+	}
+	if err := mc.check(); err != nil {
+		return err
+	}
+	if err := checkNewRun(*data, *thread, *agentName, &tools); err != nil {
+		return err
 	}
 	input, _ := json.Marshal(strings.Join(fs.Args(), " "))
 	s, err := openSession(ctx, *data, true, dur, stdout, stderr, *asJSON, mc, bc)
@@ -453,12 +480,17 @@ func reportRun(run *engine.Run, stdout io.Writer, asJSON bool, dataHint string) 
 
 func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("resume", "resume [flags] RUN --decision approve|edit|reject [--value JSON]", stdout, stderr)
+	fs.About = `Answer a run that waits for a person (outpost run, runs show and runs list --status interrupted
+name them), then run it on to its end, printing its events. approve sends the draft as it is;
+reject withholds it, and the agent sends its notice instead; edit sends --value in its place:
+a text is quoted twice, --value '"Please call the pharmacy."'. A decision the run cannot
+take leaves it waiting.`
 	data := dataFlag(fs.FlagSet)
-	interrupt := fs.String("interrupt", "", "interrupt to answer (default: the run's only one)")
-	decision := fs.String("decision", "", "approve, edit or reject")
-	value := fs.String("value", "", `edit: the new value, as JSON (a text is quoted twice: --value '"new text"')`)
-	reason := fs.String("reason", "", "why (recorded with the decision)")
-	by := fs.String("by", "cli", "who decides (recorded with the decision)")
+	interrupt := fs.String("interrupt", "", "the interrupt `ID` to answer (default: the run's only one)")
+	decision := fs.String("decision", "", "the `DECISION`: approve, edit or reject")
+	value := fs.String("value", "", "edit: the new value, as `JSON` (a text is quoted twice: --value '\"new text\"')")
+	reason := fs.String("reason", "", "why, in a `TEXT` (recorded with the decision)")
+	by := fs.String("by", "cli", "who decides, by `NAME` (recorded with the decision)")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
 	mc := modelFlags(fs.FlagSet)
 	bc := budgetFlags(fs.FlagSet, true)
@@ -481,6 +513,9 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if err := d.Validate(); err != nil {
 		return usageError(err.Error())
+	}
+	if err := mc.check(); err != nil {
+		return err
 	}
 	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc)
 	if err != nil {

@@ -92,11 +92,11 @@ func pageLimit(limit *int, stderr io.Writer) error {
 
 func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rerr error) {
 	fs, data, asJSON := runsFlags("list", "runs list [flags]", stdout, stderr)
-	status := fs.String("status", "", "only runs in this status: "+statusNames())
-	agent := fs.String("agent", "", "only runs of this agent")
-	thread := fs.String("thread", "", "only runs on this thread")
+	status := fs.String("status", "", "only runs in this `STATUS`: "+statusNames())
+	agent := fs.String("agent", "", "only runs of this `AGENT`")
+	thread := fs.String("thread", "", "only runs on this `THREAD`")
 	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many, 1 to %d (a larger number reads as %d)", maxLimit, maxLimit))
-	after := fs.String("after", "", "start after this run id (the previous page's last)")
+	after := fs.String("after", "", "start after the run `RUN` (the previous page's last)")
 	newest := fs.Bool("newest-first", false, "list the newest runs first (--after then pages on towards older ones)")
 	if err := fs.parse(args, false); err != nil {
 		return err
@@ -300,7 +300,7 @@ func readableJSON(raw json.RawMessage) string {
 func runsHistory(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, data, asJSON := runsFlags("history", "runs history [flags] THREAD", stdout, stderr)
 	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many checkpoints, newest first, 1 to %d (a larger number reads as %d)", maxLimit, maxLimit))
-	before := fs.String("before", "", "start below this checkpoint id (the previous page's last)")
+	before := fs.String("before", "", "start below the checkpoint `ID` (the previous page's last)")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -417,7 +417,7 @@ func runsReplay(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 func runsFork(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, data, asJSON := runsFlags("fork", "runs fork [flags] THREAD --checkpoint ID", stdout, stderr)
-	checkpoint := fs.String("checkpoint", "", "the checkpoint to branch from (see outpost runs history THREAD)")
+	checkpoint := fs.String("checkpoint", "", "the checkpoint `ID` to branch from (see outpost runs history THREAD)")
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}

@@ -31,7 +31,13 @@ type hostList []string
 func (h *hostList) String() string { return strings.Join(*h, ",") }
 func (h *hostList) Set(s string) error {
 	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
+		p = strings.TrimSpace(p)
+		// The console matches the Host a browser sends: a URL or a path
+		// would never match, and the name would be refused at every visit.
+		if strings.ContainsAny(p, "/@ \t") {
+			return errors.New("want a host name, such as clinic-pc.local (or clinic-pc.local:7070), not a URL")
+		}
+		if p != "" {
 			*h = append(*h, p)
 		}
 	}
@@ -58,17 +64,21 @@ func consoleUplink(db *store.DB, up *uplink.Uplink) func(context.Context) (*cons
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--ollama-keep-alive D] [--ollama-stall-timeout D] [--tls-cert FILE --tls-key FILE] [--allow-host NAME] [--workers N] [--max-run-time DURATION] [--max-tokens N] [--max-recoveries N] [--max-alone-time DURATION] [--uplink URL --uplink-secret FILE] [--appliance-id ID]", stdout, stderr)
+	fs.About = `Serve the HTTP API (/api/v1), its event stream and the operator console page, on
+--listen (http://127.0.0.1:7070/ unless told). The page and the API take a bearer token,
+made at the first start: outpost token prints it. While serve runs it owns the data
+folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	data := dataFlag(fs.FlagSet)
-	listen := fs.String("listen", "127.0.0.1:7070", "address to serve on; beyond loopback it needs --tls-cert and --tls-key")
+	listen := fs.String("listen", "127.0.0.1:7070", "the `ADDR` to serve on, HOST:PORT; beyond loopback it needs --tls-cert and --tls-key")
 	mc := modelFlags(fs.FlagSet)
-	cert := fs.String("tls-cert", "", "TLS certificate file (PEM)")
-	key := fs.String("tls-key", "", "TLS private key file (PEM)")
+	cert := fs.String("tls-cert", "", "TLS certificate `FILE` (PEM)")
+	key := fs.String("tls-key", "", "TLS private key `FILE` (PEM)")
 	var hosts hostList
-	fs.Var(&hosts, "allow-host", "a Host name the console answers to besides the loopback ones (repeatable)")
+	fs.Var(&hosts, "allow-host", "a Host `NAME` the console answers to besides the loopback ones (repeatable)")
 	workers := fs.Int("workers", 8, "runs executing at once")
-	upURL := fs.String("uplink", "", "collector URL to send the outcome ledger to (e.g. https://collector.site:8443)")
-	applianceID := fs.String("appliance-id", "", "this appliance's id upstream (default: the store's)")
-	upSecret := fs.String("uplink-secret", "", "file holding the HMAC secret shared with the collector")
+	upURL := fs.String("uplink", "", "the collector `URL` to send the outcome ledger to (e.g. https://collector.site:8443)")
+	applianceID := fs.String("appliance-id", "", "this appliance's `ID` upstream (default: the store's)")
+	upSecret := fs.String("uplink-secret", "", "`FILE` holding the HMAC secret shared with the collector")
 	bc := budgetFlags(fs.FlagSet, true)
 	if err := fs.parse(args, false); err != nil {
 		return err
@@ -91,7 +101,30 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if (*cert == "") != (*key == "") {
 		return badUsage("--tls-cert and --tls-key go together")
 	}
+	if err := mc.check(); err != nil {
+		return err
+	}
+	if err := checkListenAddr("listen", *listen, "127.0.0.1:7070"); err != nil {
+		return err
+	}
 	if err := console.CheckListen(*listen, *cert != ""); err != nil {
+		return badUsage("--listen: %v", err)
+	}
+	if *cert != "" {
+		if err := checkTLSPair(*cert, *key); err != nil {
+			return err
+		}
+	}
+	var secret []byte
+	if *upURL != "" {
+		if err := checkCollectorURL("uplink", *upURL); err != nil {
+			return err
+		}
+		if secret, err = loadSecretFlag("uplink-secret", *upSecret); err != nil {
+			return err
+		}
+	}
+	if err := checkApplianceIDFlag(*applianceID); err != nil {
 		return err
 	}
 	// The address is taken first: one that is in use stops serve before
@@ -170,10 +203,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	metrics := console.NewMetrics()
 	var up *uplink.Uplink
 	if *upURL != "" {
-		secret, err := uplink.LoadSecret(*upSecret)
-		if err != nil {
-			return err
-		}
 		up, err = uplink.New(db, uplink.Config{URL: *upURL, ApplianceID: *applianceID, Secret: secret,
 			RedactorFor: bundleRedactors(*data), Events: bus})
 		if err != nil {

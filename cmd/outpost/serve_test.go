@@ -288,3 +288,50 @@ func TestServeRefusesNoWorkers(t *testing.T) {
 		assert.NoDirExists(t, data)
 	}
 }
+
+// An edit of a paused review that the review cannot use is refused over
+// the HTTP API with 422 bad_decision, and the message names the field at
+// fault and why; the review stands, and a usable edit then ends the run.
+func TestEditErrorsSayWhatIsWrong(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	s := startServe(t, builtOutpost(t), t.TempDir())
+	code, body := s.call(t, http.MethodPost, "/api/v1/threads/t1/runs",
+		`{"agent": "medication-adherence", "input": "remind me to refill my metformin", "wait": "20s"}`)
+	require.Equal(t, http.StatusCreated, code, "%s", body)
+	var run struct{ ID, Status, Output string }
+	require.NoError(t, json.Unmarshal(body, &run))
+	require.Equal(t, "interrupted", run.Status, "%s", body)
+
+	const refuses, want = `node "review_response" refuses this edit: `, `: an edit's value is the answer to send, as a JSON string or as {"text": "..."}`
+	for _, tc := range []struct{ value, says string }{
+		{`12345`, `"value" is a number` + want},
+		{`["Call the pharmacy."]`, `"value" is an array` + want},
+		{`{"txt": "Call the pharmacy."}`, `"value" has no "text" field (its fields: "txt")` + want},
+		{`{"text": 7}`, `"value.text" is a number, not a string` + want},
+		{`{"text": ""}`, `"value.text" is empty: write the answer, or approve or reject the draft`},
+		{`"  "`, `"value" is empty: write the answer, or approve or reject the draft`},
+	} {
+		code, body = s.call(t, http.MethodPost, "/api/v1/runs/"+run.ID+"/resume", `{"decision": "edit", "value": `+tc.value+`}`)
+		require.Equal(t, http.StatusUnprocessableEntity, code, "%s: %s", tc.value, body)
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		require.NoError(t, json.Unmarshal(body, &e), "%s", body)
+		require.Equal(t, "bad_decision", e.Error.Code, tc.value)
+		require.Equal(t, "resume run "+run.ID+": "+refuses+tc.says, e.Error.Message, tc.value)
+	}
+	code, body = s.call(t, http.MethodGet, "/api/v1/runs/"+run.ID, "")
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	require.NoError(t, json.Unmarshal(body, &run))
+	require.Equal(t, "interrupted", run.Status, "a refused edit leaves the review standing")
+
+	code, body = s.call(t, http.MethodPost, "/api/v1/runs/"+run.ID+"/resume",
+		`{"decision": "edit", "value": {"text": "Please call the pharmacy."}, "wait": "20s"}`)
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	require.NoError(t, json.Unmarshal(body, &run))
+	require.Equal(t, "completed", run.Status, "%s", body)
+	require.Contains(t, run.Output, "Please call the pharmacy.")
+	s.stop(t)
+}

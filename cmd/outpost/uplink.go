@@ -50,18 +50,18 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// taken too, so that serve's flags can be copied here.
 	if sub == "status" {
 		fs.synopsis = "uplink status [--data DIR] [--url URL] [--json]"
-		fs.StringVar(url, "url", "", "the collector's base URL, to report as configured")
+		fs.StringVar(url, "url", "", "the collector's base `URL`, to report as configured")
 		fs.alias("uplink", "url")
 		// What serve is given, to copy as it is; status sends nothing.
-		fs.StringVar(appliance, "appliance-id", "", "taken as serve takes it, and not used: status reports the store's id")
-		fs.StringVar(secretFile, "secret-file", "", "taken as flush takes it, and not used: status sends nothing")
+		fs.StringVar(appliance, "appliance-id", "", "`ID`, taken as serve takes it, and not used: status reports the store's id")
+		fs.StringVar(secretFile, "secret-file", "", "`FILE`, taken as flush takes it, and not used: status sends nothing")
 		fs.alias("uplink-secret", "secret-file")
 	} else {
 		fs.synopsis = "uplink flush --url URL --secret-file FILE [flags]"
-		fs.StringVar(url, "url", "", "the collector's base URL")
+		fs.StringVar(url, "url", "", "the collector's base `URL`")
 		fs.alias("uplink", "url")
-		fs.StringVar(appliance, "appliance-id", "", "this appliance's id upstream (default: the store's)")
-		fs.StringVar(secretFile, "secret-file", "", "file holding this appliance's uplink secret")
+		fs.StringVar(appliance, "appliance-id", "", "this appliance's `ID` upstream (default: the store's)")
+		fs.StringVar(secretFile, "secret-file", "", "`FILE` holding this appliance's uplink secret")
 		fs.alias("uplink-secret", "secret-file")
 		fs.DurationVar(timeout, "timeout", time.Minute, "give up after this long")
 	}
@@ -71,6 +71,11 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if _, err := fs.args(); err != nil {
 		return err
 	}
+	if *url != "" {
+		if err := checkCollectorURL(givenAs(fs, "url"), *url); err != nil {
+			return err
+		}
+	}
 	switch sub {
 	case "status":
 		return uplinkStatus(ctx, *data, *url, *asJSON, stdout)
@@ -78,7 +83,13 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if *url == "" || *secretFile == "" {
 			return badUsage("flush needs --url (or --uplink) and --secret-file (or --uplink-secret) (usage: outpost %s)", fs.synopsis)
 		}
-		secret, err := uplink.LoadSecret(*secretFile)
+		if *timeout <= 0 {
+			return badUsage("--timeout must be more than 0, not %s: it is how long flush waits for the collector", *timeout)
+		}
+		if err := checkApplianceIDFlag(*appliance); err != nil {
+			return err
+		}
+		secret, err := loadSecretFlag(givenAs(fs, "secret-file"), *secretFile)
 		if err != nil {
 			return err
 		}
@@ -89,11 +100,6 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.Writer) error {
-	if url != "" {
-		if err := uplink.CheckURL(url); err != nil {
-			return err
-		}
-	}
 	var st uplink.Status
 	served := false
 	err := withStore(dir,

@@ -98,6 +98,11 @@ func NewWithOptions(baseURL string, hc *http.Client, opts Options) *Client {
 	return c
 }
 
+// URLErr says why the base URL cannot be called (it does not parse, or
+// names no host), or is nil: a command can refuse such a URL before it
+// starts work, where every call would fail on it later.
+func (c *Client) URLErr() error { return c.baseErr }
+
 // Name returns "ollama".
 func (c *Client) Name() string { return providerName }
 
