@@ -207,3 +207,17 @@ func TestToolOverrideFailsClosed(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitOutlivedIsNotAFailure: DESIGN's accept/poll, in exit durability
+// too, where the store has no record of the run until it pauses or ends: a
+// run that outlives the request's "wait" is answered 201 and "running",
+// not as a failure.
+func TestWaitOutlivedIsNotAFailure(t *testing.T) {
+	e := newEnvWith(t, t.TempDir(), engine.ManagerOptions{Durability: engine.DurabilityExit}, nil)
+	r := e.do("POST", "/api/v1/threads/slow/runs", map[string]any{"agent": testAgent, "input": "block me", "wait": "300ms"})
+	if r.status != http.StatusCreated || r.json(t)["status"] != "running" {
+		t.Fatalf("a run that outlives its wait: %d %s, want 201 and status running", r.status, r.body)
+	}
+	e.unblock()
+	e.waitStatus(r.json(t)["id"].(string), "completed")
+}
