@@ -1,10 +1,13 @@
 package console_test
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/engine"
@@ -220,4 +223,57 @@ func TestWaitOutlivedIsNotAFailure(t *testing.T) {
 	}
 	e.unblock()
 	e.waitStatus(r.json(t)["id"].(string), "completed")
+}
+
+// TestCancelChecksItsBodyHoweverSent: a malformed body gets a 4xx and
+// changes nothing, whether it comes with a Content-Length or chunked,
+// without one; an empty body, or {}, cancels.
+func TestCancelChecksItsBodyHoweverSent(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("cancel-body", "block me", "")
+	id := run["id"].(string)
+	e.waitStatus(id, "running")
+	cancel := func(body string, chunked bool) resp {
+		t.Helper()
+		var rd io.Reader = strings.NewReader(body)
+		if chunked {
+			rd = io.MultiReader(rd) // no length known: sent chunked
+		}
+		ctx, stop := context.WithTimeout(context.Background(), 30*time.Second)
+		defer stop()
+		req, err := http.NewRequestWithContext(ctx, "POST", e.url+"/api/v1/runs/"+id+"/cancel", rd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+e.token)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp{status: res.StatusCode, header: res.Header, body: b}
+	}
+	for _, tc := range []struct {
+		body    string
+		chunked bool
+		code    string
+	}{
+		{"not json", false, "bad_json"},
+		{"not json", true, "bad_json"},
+		{`{"reason": "x"}`, true, "unknown_field"},
+	} {
+		if r := cancel(tc.body, tc.chunked); r.status != http.StatusBadRequest || r.errCode(t) != tc.code {
+			t.Fatalf("cancel with body %q (chunked %v): %d %s, want 400 %s", tc.body, tc.chunked, r.status, r.body, tc.code)
+		}
+		if m := e.do("GET", "/api/v1/runs/"+id, nil).json(t); m["status"] != "running" {
+			t.Fatalf("a refused cancel changed the run: %v", m["status"])
+		}
+	}
+	if r := cancel("", true); r.status != http.StatusOK || r.json(t)["status"] != "cancelled" {
+		t.Fatalf("cancel with an empty chunked body: %d %s", r.status, r.body)
+	}
 }
