@@ -277,3 +277,42 @@ func TestCancelChecksItsBodyHoweverSent(t *testing.T) {
 		t.Fatalf("cancel with an empty chunked body: %d %s", r.status, r.body)
 	}
 }
+
+// TestRunStatusesAsDesignNamesThem: the run list's status filter takes
+// each status DESIGN names, spelled as it spells them, and refuses others.
+func TestRunStatusesAsDesignNamesThem(t *testing.T) {
+	e := newEnv(t, nil)
+	for _, status := range []string{"queued", "running", "interrupted", "completed", "failed", "cancelled", "budget_exceeded"} {
+		if r := e.do("GET", "/api/v1/runs?status="+status, nil); r.status != http.StatusOK {
+			t.Errorf("status=%s: %d %s", status, r.status, r.body)
+		}
+	}
+	for _, status := range []string{"canceled", "budget-exceeded", "done"} {
+		if r := e.do("GET", "/api/v1/runs?status="+status, nil); r.status != http.StatusBadRequest || r.errCode(t) != "bad_status" {
+			t.Errorf("status=%s: %d %s, want 400 bad_status", status, r.status, r.body)
+		}
+	}
+}
+
+// TestUplinkStatusAsDesignNamesIt: GET /api/v1/uplink is {"configured",
+// "acked_seq", "last_seq", "backlog", "last_error"?, "last_success_at"?}.
+func TestUplinkStatusAsDesignNamesIt(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	e := newEnv(t, func(c *console.Config) {
+		c.Uplink = func(context.Context) (*console.UplinkStatus, error) {
+			return &console.UplinkStatus{Configured: true, AckedSeq: 7, LastSeq: 9, Backlog: 2,
+				LastError: "collector answered 503", LastSuccessAt: &at}, nil
+		}
+	})
+	r := e.do("GET", "/api/v1/uplink", nil)
+	if r.status != http.StatusOK {
+		t.Fatalf("uplink: %d %s", r.status, r.body)
+	}
+	m := r.json(t)
+	for k, want := range map[string]any{"configured": true, "acked_seq": 7.0, "last_seq": 9.0, "backlog": 2.0,
+		"last_error": "collector answered 503", "last_success_at": "2026-03-01T12:00:00Z"} {
+		if m[k] != want {
+			t.Errorf("%s is %#v, want %#v: %s", k, m[k], want, r.body)
+		}
+	}
+}
