@@ -78,20 +78,35 @@ func viewRun(r *engine.Run) runView {
 // case would let the request mean one thing to a proxy or a log reader and
 // another to the appliance.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError {
+	body, e := s.readBody(w, r)
+	if e != nil {
+		return e
+	}
+	return decodeBody(body, v)
+}
+
+// readBody reads a request's body, up to the size limit, whether it comes
+// with a Content-Length or chunked, without one.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return errorf(http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the body is over %d bytes", tooBig.Limit))
+			return nil, errorf(http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the body is over %d bytes", tooBig.Limit))
 		}
-		return errorf(http.StatusBadRequest, "bad_body", "read body: "+err.Error())
+		return nil, errorf(http.StatusBadRequest, "bad_body", "read body: "+err.Error())
 	}
+	return body, nil
+}
+
+// decodeBody is decode's check of a body read whole.
+func decodeBody(body []byte, v any) *apiError {
 	// Checked first, so that an array or a string is not reported in terms
 	// of the Go type it would have been decoded into.
 	if i := bytes.IndexFunc(body, func(c rune) bool { return !strings.ContainsRune(" \t\r\n", c) }); i >= 0 && body[i] != '{' {
 		return errorf(http.StatusBadRequest, "bad_json", "the body must be a JSON object")
 	}
-	_, err = strictjson.Decode(body, v)
+	_, err := strictjson.Decode(body, v)
 	var se *strictjson.Error
 	switch {
 	case err == nil:
@@ -484,9 +499,16 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) *apiError {
 
 func (s *Server) cancel(w http.ResponseWriter, r *http.Request) *apiError {
 	id := r.PathValue("id")
-	if r.ContentLength > 0 {
+	// A cancel takes no body, or an empty JSON object. A body that is there
+	// is checked whether it has a Content-Length or comes chunked without
+	// one, so that a malformed one is refused before the run is touched.
+	body, e := s.readBody(w, r)
+	if e != nil {
+		return e
+	}
+	if len(bytes.TrimSpace(body)) > 0 {
 		var empty struct{}
-		if e := s.decode(w, r, &empty); e != nil {
+		if e := decodeBody(body, &empty); e != nil {
 			return e
 		}
 	}

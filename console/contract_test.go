@@ -1,10 +1,13 @@
 package console_test
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/engine"
@@ -205,5 +208,111 @@ func TestToolOverrideFailsClosed(t *testing.T) {
 				t.Fatal("the refused request changed the store")
 			}
 		})
+	}
+}
+
+// TestWaitOutlivedIsNotAFailure: DESIGN's accept/poll, in exit durability
+// too, where the store has no record of the run until it pauses or ends: a
+// run that outlives the request's "wait" is answered 201 and "running",
+// not as a failure.
+func TestWaitOutlivedIsNotAFailure(t *testing.T) {
+	e := newEnvWith(t, t.TempDir(), engine.ManagerOptions{Durability: engine.DurabilityExit}, nil)
+	r := e.do("POST", "/api/v1/threads/slow/runs", map[string]any{"agent": testAgent, "input": "block me", "wait": "300ms"})
+	if r.status != http.StatusCreated || r.json(t)["status"] != "running" {
+		t.Fatalf("a run that outlives its wait: %d %s, want 201 and status running", r.status, r.body)
+	}
+	e.unblock()
+	e.waitStatus(r.json(t)["id"].(string), "completed")
+}
+
+// TestCancelChecksItsBodyHoweverSent: a malformed body gets a 4xx and
+// changes nothing, whether it comes with a Content-Length or chunked,
+// without one; an empty body, or {}, cancels.
+func TestCancelChecksItsBodyHoweverSent(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("cancel-body", "block me", "")
+	id := run["id"].(string)
+	e.waitStatus(id, "running")
+	cancel := func(body string, chunked bool) resp {
+		t.Helper()
+		var rd io.Reader = strings.NewReader(body)
+		if chunked {
+			rd = io.MultiReader(rd) // no length known: sent chunked
+		}
+		ctx, stop := context.WithTimeout(context.Background(), 30*time.Second)
+		defer stop()
+		req, err := http.NewRequestWithContext(ctx, "POST", e.url+"/api/v1/runs/"+id+"/cancel", rd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+e.token)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp{status: res.StatusCode, header: res.Header, body: b}
+	}
+	for _, tc := range []struct {
+		body    string
+		chunked bool
+		code    string
+	}{
+		{"not json", false, "bad_json"},
+		{"not json", true, "bad_json"},
+		{`{"reason": "x"}`, true, "unknown_field"},
+	} {
+		if r := cancel(tc.body, tc.chunked); r.status != http.StatusBadRequest || r.errCode(t) != tc.code {
+			t.Fatalf("cancel with body %q (chunked %v): %d %s, want 400 %s", tc.body, tc.chunked, r.status, r.body, tc.code)
+		}
+		if m := e.do("GET", "/api/v1/runs/"+id, nil).json(t); m["status"] != "running" {
+			t.Fatalf("a refused cancel changed the run: %v", m["status"])
+		}
+	}
+	if r := cancel("", true); r.status != http.StatusOK || r.json(t)["status"] != "cancelled" {
+		t.Fatalf("cancel with an empty chunked body: %d %s", r.status, r.body)
+	}
+}
+
+// TestRunStatusesAsDesignNamesThem: the run list's status filter takes
+// each status DESIGN names, spelled as it spells them, and refuses others.
+func TestRunStatusesAsDesignNamesThem(t *testing.T) {
+	e := newEnv(t, nil)
+	for _, status := range []string{"queued", "running", "interrupted", "completed", "failed", "cancelled", "budget_exceeded"} {
+		if r := e.do("GET", "/api/v1/runs?status="+status, nil); r.status != http.StatusOK {
+			t.Errorf("status=%s: %d %s", status, r.status, r.body)
+		}
+	}
+	for _, status := range []string{"canceled", "budget-exceeded", "done"} {
+		if r := e.do("GET", "/api/v1/runs?status="+status, nil); r.status != http.StatusBadRequest || r.errCode(t) != "bad_status" {
+			t.Errorf("status=%s: %d %s, want 400 bad_status", status, r.status, r.body)
+		}
+	}
+}
+
+// TestUplinkStatusAsDesignNamesIt: GET /api/v1/uplink is {"configured",
+// "acked_seq", "last_seq", "backlog", "last_error"?, "last_success_at"?}.
+func TestUplinkStatusAsDesignNamesIt(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	e := newEnv(t, func(c *console.Config) {
+		c.Uplink = func(context.Context) (*console.UplinkStatus, error) {
+			return &console.UplinkStatus{Configured: true, AckedSeq: 7, LastSeq: 9, Backlog: 2,
+				LastError: "collector answered 503", LastSuccessAt: &at}, nil
+		}
+	})
+	r := e.do("GET", "/api/v1/uplink", nil)
+	if r.status != http.StatusOK {
+		t.Fatalf("uplink: %d %s", r.status, r.body)
+	}
+	m := r.json(t)
+	for k, want := range map[string]any{"configured": true, "acked_seq": 7.0, "last_seq": 9.0, "backlog": 2.0,
+		"last_error": "collector answered 503", "last_success_at": "2026-03-01T12:00:00Z"} {
+		if m[k] != want {
+			t.Errorf("%s is %#v, want %#v: %s", k, m[k], want, r.body)
+		}
 	}
 }

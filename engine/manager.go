@@ -714,7 +714,9 @@ func (m *Manager) turnsChanged() {
 }
 
 // Wait blocks until the run is no longer executing (it ended or paused at an
-// interrupt) or ctx ends, and returns the stored run.
+// interrupt) or ctx ends, and returns the run as Run reports it: a run that
+// outlives ctx is reported running (or queued), also in exit durability,
+// where the store has no record of it yet.
 func (m *Manager) Wait(ctx context.Context, runID string) (*Run, error) {
 	m.mu.Lock()
 	a := m.runs[runID]
@@ -729,7 +731,7 @@ func (m *Manager) Wait(ctx context.Context, runID string) (*Run, error) {
 		case <-ctx.Done():
 		}
 	}
-	return m.store.Run(context.WithoutCancel(ctx), runID)
+	return m.Run(context.WithoutCancel(ctx), runID)
 }
 
 // Run returns a run's record. The store is not rewritten at every step, so

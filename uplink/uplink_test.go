@@ -523,6 +523,15 @@ func TestUplinkResendsWhatTheCollectorLost(t *testing.T) {
 // appliances reads a collector's GET /v1/appliances.
 func appliances(t *testing.T, url string) []ApplianceStatus {
 	t.Helper()
+	var list struct{ Appliances []ApplianceStatus }
+	require.NoError(t, json.Unmarshal(appliancesBody(t, url), &list))
+	return list.Appliances
+}
+
+// appliancesBody is the body of a collector's GET /v1/appliances, which
+// must answer 200.
+func appliancesBody(t *testing.T, url string) []byte {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, url+AppliancesPath, nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+testToken)
@@ -530,9 +539,9 @@ func appliances(t *testing.T, url string) []ApplianceStatus {
 	require.NoError(t, err)
 	defer r.Body.Close()
 	require.Equal(t, http.StatusOK, r.StatusCode)
-	var list struct{ Appliances []ApplianceStatus }
-	require.NoError(t, json.NewDecoder(r.Body).Decode(&list))
-	return list.Appliances
+	body, err := io.ReadAll(r.Body)
+	require.NoError(t, err)
+	return body
 }
 
 // A collector URL that cannot be sent to is refused when the uplink is
