@@ -61,17 +61,40 @@ func Decode(file string, data []byte) ([]Conversation, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrGolden, err)
 	}
-	seen := map[string]int{}
-	for _, c := range cs {
-		if prev, dup := seen[c.Name]; dup {
-			return nil, fmt.Errorf("%w: %s:%d: conversation %q: name already used on line %d", ErrGolden, c.File, c.Line, c.Name, prev)
-		}
-		seen[c.Name] = c.Line
-		if err := validate(c); err != nil {
-			return nil, fmt.Errorf("%w: %s:%d: conversation %q: %w", ErrGolden, c.File, c.Line, c.Name, err)
-		}
+	if err := check(cs); err != nil {
+		return nil, err
 	}
 	return cs, nil
+}
+
+// Bundled returns the golden conversations that bundle b ships (its
+// manifest's golden files), checked as Decode checks a file's. A bundle
+// that ships none is ErrNoConversations.
+func Bundled(b *firmware.Bundle) ([]Conversation, error) {
+	if len(b.Golden) == 0 {
+		return nil, fmt.Errorf("%w in bundle %s", ErrNoConversations, b.Manifest)
+	}
+	if err := check(b.Golden); err != nil {
+		return nil, fmt.Errorf("bundle %s: %w", b.Manifest, err)
+	}
+	return b.Golden, nil
+}
+
+// check validates decoded conversations beyond their shape (see Decode).
+// Names are unique within a file.
+func check(cs []Conversation) error {
+	type named struct{ file, name string }
+	seen := map[named]int{}
+	for _, c := range cs {
+		if prev, dup := seen[named{c.File, c.Name}]; dup {
+			return fmt.Errorf("%w: %s:%d: conversation %q: name already used on line %d", ErrGolden, c.File, c.Line, c.Name, prev)
+		}
+		seen[named{c.File, c.Name}] = c.Line
+		if err := validate(c); err != nil {
+			return fmt.Errorf("%w: %s:%d: conversation %q: %w", ErrGolden, c.File, c.Line, c.Name, err)
+		}
+	}
+	return nil
 }
 
 func validate(c Conversation) error {

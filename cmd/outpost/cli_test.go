@@ -341,7 +341,7 @@ func TestFirmwareNewcomerRound(t *testing.T) {
 	ok("firmware", "activate", "--data", data, "medication-adherence", "3")
 	require.Regexp(t, `medication-adherence +3 +active`, ok("firmware", "list", "--data", data))
 
-	golden, err := filepath.Abs(filepath.Join("..", "..", "testdata", "golden", "reference.jsonl"))
+	golden, err := filepath.Abs(referenceGolden)
 	require.NoError(t, err)
 	code, _, stderr := outpostBin(t, dir, "eval", "--bundle", v2, golden)
 	require.Equal(t, 2, code)
@@ -365,7 +365,7 @@ func TestFirmwareNewcomerRound(t *testing.T) {
 // such a case, and exited 1. eval no longer lists --max-recoveries, which
 // it took and ignored (its runs live in memory, and nothing recovers them).
 func TestEvalFlagErrorsAreHarnessErrors(t *testing.T) {
-	golden, err := filepath.Abs(filepath.Join("..", "..", "testdata", "golden", "reference.jsonl"))
+	golden, err := filepath.Abs(referenceGolden)
 	require.NoError(t, err)
 	code, help, _ := outpostBin(t, "", "eval", "-h")
 	require.Zero(t, code)

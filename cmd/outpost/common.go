@@ -244,6 +244,11 @@ func resolver() (engine.Resolver, error) {
 	if err != nil {
 		return nil, err
 	}
+	return referenceResolver(b)
+}
+
+// referenceResolver is resolver's, for the embedded bundle b loaded already.
+func referenceResolver(b *firmware.Bundle) (engine.Resolver, error) {
 	return withBench(firmware.BundleResolver(b), b.AgentNames())
 }
 

@@ -18,14 +18,15 @@ func init() {
 	register("eval", "replay golden conversations and report where an agent departs from them", runEval)
 }
 
-const evalSynopsis = "eval [--bundle PATH [--keys DIR]] [--json] [--parallel N] [--timeout DURATION] [--max-run-time DURATION] [--max-tokens N] [--flags-channel NAME] [--final-channel NAME] FILE.jsonl..."
+const evalSynopsis = "eval [--bundle PATH [--keys DIR]] [--json] [--parallel N] [--timeout DURATION] [--max-run-time DURATION] [--max-tokens N] [--flags-channel NAME] [--final-channel NAME] [FILE.jsonl...]"
 
 func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("eval", evalSynopsis, stdout, stderr)
 	fs.About = `Replay the golden conversations of each FILE.jsonl (one conversation a line, its turns and
 what each must give) against the embedded reference bundle's agents, or --bundle's, and report
-the turns that depart from them. Exit 1 when one departs; exit 2 when the replay cannot be made
-(no file, a malformed one, an agent no bundle has, a bundle that will not load).`
+the turns that depart from them. With no FILE, replay the ones the bundle ships (its manifest's
+golden files). Exit 1 when one departs; exit 2 when the replay cannot be made (no file and none
+in the bundle, a malformed one, an agent no bundle has, a bundle that will not load).`
 	bundle := fs.String("bundle", "", "resolve agents from the bundle at `PATH` (a directory or .tar) instead of the embedded reference bundle")
 	keys := fs.String("keys", "", "trusted public keys for --bundle, at `PATH`: a folder of .pub files, or one file (default: the development key)")
 	asJSON := fs.Bool("json", false, "write the report as JSON on stdout")
@@ -45,10 +46,6 @@ the turns that depart from them. Exit 1 when one departs; exit 2 when the replay
 		return usageError(err.Error())
 	}
 	files := fs.Args()
-	if len(files) == 0 {
-		fs.printUsage(stderr)
-		return usageError("")
-	}
 	if *parallel < 1 {
 		return usageError("--parallel must be at least 1")
 	}
@@ -59,13 +56,23 @@ the turns that depart from them. Exit 1 when one departs; exit 2 when the replay
 	if err != nil {
 		return usageError(err.Error())
 	}
-	convs, err := eval.Load(files...)
+	var convs []eval.Conversation
+	if len(files) > 0 {
+		if convs, err = eval.Load(files...); err != nil {
+			return replayError{err}
+		}
+	}
+	resolve, b, err := evalResolver(*bundle, *keys)
 	if err != nil {
 		return replayError{err}
 	}
-	resolve, err := evalResolver(*bundle, *keys)
-	if err != nil {
-		return replayError{err}
+	if len(files) == 0 {
+		if convs, err = eval.Bundled(b); errors.Is(err, eval.ErrNoConversations) {
+			fs.printUsage(stderr)
+			return usageError(fmt.Sprintf("no FILE.jsonl given, and %s ships no golden conversations", b.Manifest))
+		} else if err != nil {
+			return replayError{err}
+		}
 	}
 	if err := eval.CheckAgents(convs, resolve); err != nil {
 		return replayError{err}
@@ -92,25 +99,30 @@ the turns that depart from them. Exit 1 when one departs; exit 2 when the replay
 
 // evalResolver resolves agents from the bundle at path, verified against
 // the keys in keyDir, or from the embedded reference bundle when path is "".
-func evalResolver(path, keyDir string) (engine.Resolver, error) {
+func evalResolver(path, keyDir string) (engine.Resolver, *firmware.Bundle, error) {
 	if path == "" {
 		if keyDir != "" {
-			return nil, fmt.Errorf("--keys applies to --bundle only (the embedded bundle is checked at build time)")
+			return nil, nil, fmt.Errorf("--keys applies to --bundle only (the embedded bundle is checked at build time)")
 		}
-		return resolver()
+		b, err := firmware.Reference()
+		if err != nil {
+			return nil, nil, err
+		}
+		resolve, err := referenceResolver(b)
+		return resolve, b, err
 	}
 	ring, err := evalKeyring(keyDir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	b, err := firmware.Load(path, ring)
 	if errors.Is(err, firmware.ErrUnknownKey) {
-		return nil, fmt.Errorf("%w\n(eval trusts the development key alone unless --keys names the signer's .pub file, or a folder of them)", err)
+		return nil, nil, fmt.Errorf("%w\n(eval trusts the development key alone unless --keys names the signer's .pub file, or a folder of them)", err)
 	}
 	if err != nil {
-		return nil, explain(err)
+		return nil, nil, explain(err)
 	}
-	return firmware.BundleResolver(b), nil
+	return firmware.BundleResolver(b), b, nil
 }
 
 // evalKeyring trusts the keys in dir, or only the development key.

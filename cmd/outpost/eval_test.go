@@ -16,32 +16,67 @@ import (
 	"github.com/outpost-edge/outpost/firmware"
 )
 
-// TestGoldenReference replays every conversation under testdata/golden
-// against the embedded reference bundle, as "outpost eval" does without
-// --bundle; "make test" runs it.
+// referenceGolden is the golden file the embedded reference bundle ships.
+const referenceGolden = "../../firmware/reference/bundle/golden/reference.jsonl"
+
+// TestGoldenReference replays the golden conversations the embedded
+// reference bundle ships, as "outpost eval" does with no file; "make test"
+// runs it.
 func TestGoldenReference(t *testing.T) {
-	files, err := filepath.Glob("../../testdata/golden/*.jsonl")
+	ref, err := firmware.Reference()
 	require.NoError(t, err)
-	if len(files) == 0 {
-		t.Skip("SKIPPED: no golden conversations under testdata/golden")
-	}
-	convs, err := eval.Load(files...)
+	convs, err := eval.Bundled(ref)
 	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(convs), 40, "the reference bundle ships its golden conversations")
+	fromFile, err := eval.Load(referenceGolden)
+	require.NoError(t, err)
+	require.Len(t, convs, len(fromFile), "the bundle holds the golden file as it is in the repository")
 	resolve, err := resolver()
 	require.NoError(t, err)
-	for _, name := range agentsOf(convs) {
-		if _, err := resolve(name, engine.BundleRef{}); errors.Is(err, engine.ErrUnknownAgent) {
-			t.Skipf("SKIPPED: the golden conversations are for agent %q, which this binary does not embed yet: %v", name, err)
-		}
-	}
 	rep, err := eval.Run(t.Context(), convs, eval.Options{Resolver: resolve})
 	require.NoError(t, err)
 	for _, c := range rep.Cases {
 		if !c.Passed {
-			t.Errorf("%s (%s:%d): %s", c.Name, filepath.Base(c.File), c.Line, c.Failure)
+			t.Errorf("%s (%s:%d): %s", c.Name, c.File, c.Line, c.Failure)
 		}
 	}
-	t.Logf("%d golden conversations from %d files: %d passed, %d failed in %s", len(rep.Cases), len(files), rep.Passed, rep.Failed, rep.Duration)
+	t.Logf("%d golden conversations: %d passed, %d failed in %s", len(rep.Cases), rep.Passed, rep.Failed, rep.Duration)
+}
+
+// With no file, eval replays the golden conversations that the bundle
+// ships: the embedded one, or --bundle's (here the reference bundle as
+// firmware export writes it). A bundle that ships none is a bad command
+// line, as no file was before.
+func TestEvalWithNoFileReplaysTheBundles(t *testing.T) {
+	ref, err := firmware.Reference()
+	require.NoError(t, err)
+	exported := filepath.Join(t.TempDir(), "reference")
+	require.NoError(t, firmware.Export(exported))
+	for _, args := range [][]string{{"eval", "--json"}, {"eval", "--json", "--bundle", exported}} {
+		code, stdout, stderr := outpost(t, args...)
+		require.Zero(t, code, "%v: %s%s", args, stderr, stdout)
+		var rep struct{ Passed, Failed int }
+		require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+		require.Zero(t, rep.Failed, args)
+		require.Equal(t, len(ref.Golden), rep.Passed, "%v replays every conversation the bundle ships", args)
+	}
+
+	none := filepath.Join(t.TempDir(), "none")
+	require.NoError(t, firmware.Export(none))
+	manifest := filepath.Join(none, "manifest.json")
+	data, err := os.ReadFile(manifest)
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(data, &m))
+	delete(m, "golden")
+	data, err = json.Marshal(m)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(manifest, data, 0o644))
+	require.NoError(t, os.RemoveAll(filepath.Join(none, "golden")))
+	require.NoError(t, firmware.Sign(none, "../../testdata/keys/dev.key"))
+	code, stdout, stderr := outpost(t, "eval", "--bundle", none)
+	require.Equal(t, 2, code, stdout+stderr)
+	require.Contains(t, stderr, "no FILE.jsonl given, and medication-adherence v1 ships no golden conversations")
 }
 
 func agentsOf(convs []eval.Conversation) []string {
@@ -108,10 +143,6 @@ func TestEvalCommand(t *testing.T) {
 	require.Contains(t, stderr, "bad.jsonl:2:")
 	require.Contains(t, stderr, `unknown field "turns.0.expect.flag"`)
 
-	code, _, stderr = outpost(t, "eval")
-	require.Equal(t, 2, code)
-	require.Contains(t, stderr, "Usage: outpost eval")
-
 	code, _, stderr = outpost(t, "eval", "--parallel", "0", ok)
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "--parallel must be at least 1")
@@ -175,26 +206,6 @@ func TestEvalBundle(t *testing.T) {
 	code, _, stderr = outpost(t, "eval", "--bundle", dir, golden)
 	require.Equal(t, 2, code)
 	require.ErrorIs(t, errorFrom(stderr), firmware.ErrUnknownKey)
-}
-
-// TestEvalExportedReference replays the golden set against the reference
-// bundle written out by firmware export, loaded with --bundle and verified
-// with the default keyring (the development key): the same conversations
-// pass on the bundle as a file as on the embedded one.
-func TestEvalExportedReference(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "reference")
-	require.NoError(t, firmware.Export(dir))
-	files, err := filepath.Glob("../../testdata/golden/*.jsonl")
-	require.NoError(t, err)
-	if len(files) == 0 {
-		t.Skip("SKIPPED: no golden conversations under testdata/golden")
-	}
-	code, stdout, stderr := outpost(t, append([]string{"eval", "--bundle", dir, "--json"}, files...)...)
-	require.Zero(t, code, stderr+stdout)
-	var rep struct{ Passed, Failed int }
-	require.NoError(t, json.Unmarshal([]byte(stdout), &rep))
-	require.Zero(t, rep.Failed)
-	require.GreaterOrEqual(t, rep.Passed, 40)
 }
 
 // errorFrom maps a printed error back to the sentinel it names, for

@@ -115,7 +115,7 @@ func TestBadCommandLineExits2(t *testing.T) {
 // given apart exit 2 as well, with a usage hint; a failure of the work
 // itself (no store to read) exits 1.
 func TestFlagValuesRefusedExit2(t *testing.T) {
-	golden, err := filepath.Abs(filepath.Join("..", "..", "testdata", "golden", "reference.jsonl"))
+	golden, err := filepath.Abs(referenceGolden)
 	require.NoError(t, err)
 	for _, args := range [][]string{
 		{}, {"frobnicate"}, {"runs"}, {"runs", "lisst"}, {"db", "nope"}, {"firmware", "nope"}, {"uplink", "nope"}, {"bench", "nope"},
