@@ -81,11 +81,7 @@ var collectorLine = regexp.MustCompile(`^collector listening on (http://127\.0\.
 func startCollectorBin(t *testing.T, bin, data, secrets, dsn string) (url, head string) {
 	t.Helper()
 	cmd := exec.Command(bin, "collector", "--listen", "127.0.0.1:0", "--data", data, "--secrets", secrets, "--postgres", dsn)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	var stderr lockedBuffer
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
+	out, stderr := startBin(t, cmd)
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	lines := make(chan string, 10)
 	go func() {

@@ -236,11 +236,7 @@ func TestServeTakesATLSPairThatLoads(t *testing.T) {
 	cert, key := selfSigned(t, dir)
 	cmd := exec.Command(builtOutpost(t), "serve", "--data", filepath.Join(dir, "data"), "--listen", "127.0.0.1:0",
 		"--tls-cert", cert, "--tls-key", key, "--ollama", "http://127.0.0.1:1")
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	var stderr lockedBuffer
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
+	out, stderr := startBin(t, cmd)
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	sc := bufio.NewScanner(out)
 	var url string

@@ -72,17 +72,25 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
+// startBin starts cmd with its standard output on a pipe, and keeps what
+// it writes to standard error.
+func startBin(t *testing.T, cmd *exec.Cmd) (io.ReadCloser, *lockedBuffer) {
+	t.Helper()
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	require.NoError(t, cmd.Start())
+	return out, stderr
+}
+
 var consoleLine = regexp.MustCompile(`^console: (http://127\.0\.0\.1:\d+)/$`)
 
 func startServe(t *testing.T, bin, data string) *serving {
 	t.Helper()
 	cmd := exec.Command(bin, "serve", "--data", data, "--listen", "127.0.0.1:0", "--model", "ollama:llama3.2",
 		"--ollama", "http://127.0.0.1:1")
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	var stderr lockedBuffer
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
+	out, stderr := startBin(t, cmd)
 	s := &serving{cmd: cmd, lines: make(chan string, 100), done: make(chan error, 1)}
 	go func() {
 		sc := bufio.NewScanner(out)
