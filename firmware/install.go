@@ -397,6 +397,16 @@ func (in *Installer) Activate(name string, version int64, o ...ActivateOptions) 
 	if len(o) > 0 {
 		opt = o[0]
 	}
+	// A version this appliance may not run is not made active: one that
+	// needs a newer appliance (this binary was rolled back after the
+	// install) or whose files no longer verify.
+	if b, err := in.Open(name, version); err == nil {
+		if err := b.Manifest.CheckApplianceVersion(in.opts.ApplianceVersion); err != nil {
+			return fmt.Errorf("activate %s v%d: %w", name, version, err)
+		}
+	} else if !errors.Is(err, ErrNotInstalled) {
+		return fmt.Errorf("activate %s v%d: %w", name, version, err)
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if active, ok := in.idx.Active[name]; ok && version < active && !opt.AllowDowngrade && in.find(name, version) >= 0 {

@@ -50,6 +50,12 @@ func Resolver(in *Installer) engine.Resolver {
 		case 0:
 			return nil, fmt.Errorf("%w: %w: no active bundle has agent %q (active: %s)", engine.ErrUnknownAgent, ErrUnknownAgent, name, strings.Join(names, ", "))
 		case 1:
+			// A new run does not start on a bundle that needs a newer
+			// appliance than this one (a binary rolled back after the
+			// install). Runs already pinned to it go on.
+			if err := found[0].Manifest.CheckApplianceVersion(in.opts.ApplianceVersion); err != nil {
+				return nil, err
+			}
 			return agentOf(found[0], name)
 		}
 		var which []string

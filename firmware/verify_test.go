@@ -13,6 +13,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/internal/fsync"
 )
@@ -264,6 +267,35 @@ func TestMinApplianceVersion(t *testing.T) {
 	if _, err := in.Install(patternsDir, firmware.InstallOptions{}); !errors.Is(err, firmware.ErrMinVersion) {
 		t.Fatalf("install on an old appliance: err = %v", err)
 	}
+}
+
+// A binary rolled back below a bundle's min_appliance_version after the
+// bundle was installed starts no new run on it and does not make it
+// active again; runs already pinned to it go on. A development build
+// holds no bundle to its minimum.
+func TestMinApplianceVersionAfterARollback(t *testing.T) {
+	dir := t.TempDir()
+	in, err := firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{ApplianceVersion: "0.1.0"})
+	require.NoError(t, err)
+	rec, err := in.Install(patternsDir, firmware.InstallOptions{})
+	require.NoError(t, err)
+	require.NoError(t, in.Activate(rec.Name, rec.Version), "the version it needs activates it")
+
+	old, err := firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{ApplianceVersion: "0.0.9"})
+	require.NoError(t, err)
+	_, err = firmware.Resolver(old)("sequential", engine.BundleRef{})
+	require.ErrorIs(t, err, firmware.ErrMinVersion, "a new run on the rolled-back binary")
+	require.ErrorContains(t, err, "needs appliance 0.1.0 or later, this is 0.0.9")
+	_, err = firmware.Resolver(old)("sequential", rec.Ref())
+	require.NoError(t, err, "a run pinned to the version goes on")
+	err = old.Activate(rec.Name, rec.Version)
+	require.ErrorIs(t, err, firmware.ErrMinVersion, "activate on the rolled-back binary")
+
+	dev, err := firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{ApplianceVersion: "dev"})
+	require.NoError(t, err)
+	_, err = firmware.Resolver(dev)("sequential", engine.BundleRef{})
+	require.NoError(t, err, "a development build")
+	require.NoError(t, dev.Activate(rec.Name, rec.Version))
 }
 
 func TestKeygenAndRotation(t *testing.T) {
