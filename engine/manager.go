@@ -151,16 +151,15 @@ type Manager struct {
 	queued  int
 	threads map[string]*active // thread -> its running or paused run
 	runs    map[string]*active // run id -> the same
-	// suspects counts the crash-loop guard's suspects (see Recover) whose
-	// turn alone has not ended: they have not yet made progress, paused,
-	// ended or run alone for MaxAlone. While there are any, runs take
-	// their worker slots in turns (see takeTurn): waiting holds the
-	// suspects waiting for their turn, in order; alone is the one whose
-	// turn it is, holding every slot, and aloneEnd the timer that ends its
-	// turn. head is the first suspect waiting while none runs alone, and
+	// The crash-loop guard's suspects (see Recover) whose turn alone has
+	// not ended (they have not yet made progress, paused, ended or run
+	// alone for MaxAlone) are in waiting or alone. While there are any,
+	// runs take their worker slots in turns (see takeTurn): waiting holds
+	// the suspects waiting for their turn, in order; alone is the one
+	// whose turn it is, holding every slot, and aloneEnd the timer that
+	// ends its turn. head is the first suspect waiting while none runs alone, and
 	// headEnd the timer that ends its wait. changed is closed, and made
 	// anew, whenever the turns change, to wake the runs that wait on them.
-	suspects int
 	waiting  []*active
 	alone    *active
 	aloneEnd *time.Timer
@@ -543,7 +542,7 @@ func (m *Manager) run(ctx context.Context, cancel context.CancelCauseFunc, a *ac
 func (m *Manager) takeWorker(ctx context.Context, a *active) int {
 	for {
 		m.mu.Lock()
-		if m.suspects == 0 {
+		if !m.suspectsLeft() {
 			m.mu.Unlock()
 			select {
 			case m.sem <- struct{}{}:
@@ -651,7 +650,6 @@ func (m *Manager) clearSuspect(a *active) {
 	} else {
 		m.waiting = slices.DeleteFunc(m.waiting, func(w *active) bool { return w == a })
 	}
-	m.suspects--
 	m.headChanged()
 	m.turnsChanged()
 }
@@ -695,6 +693,10 @@ func (m *Manager) headChanged() {
 	})
 }
 
+// suspectsLeft says whether a suspect's turn alone has not ended: one
+// waits for it, or runs alone. The caller holds m.mu.
+func (m *Manager) suspectsLeft() bool { return m.alone != nil || len(m.waiting) > 0 }
+
 // stopHead ends the wait headChanged started. The caller holds m.mu.
 func (m *Manager) stopHead() {
 	if m.headEnd != nil {
@@ -708,7 +710,7 @@ func (m *Manager) stopHead() {
 func (m *Manager) turnsChanged() {
 	close(m.changed)
 	m.changed = nil
-	if m.suspects > 0 {
+	if m.suspectsLeft() {
 		m.changed = make(chan struct{})
 	}
 }
@@ -1279,7 +1281,6 @@ func (m *Manager) unregister(suspects, others []recovered, paused []*active) {
 		if r.a.suspect {
 			r.a.suspect = false
 			m.waiting = slices.DeleteFunc(m.waiting, func(w *active) bool { return w == r.a })
-			m.suspects--
 		}
 		paused = append(paused, r.a)
 	}
@@ -1367,7 +1368,6 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 			m.changed = make(chan struct{})
 		}
 		m.waiting = append(m.waiting, a)
-		m.suspects++
 		m.mu.Unlock()
 	}
 	return recovered{a, e, suspect}, nil

@@ -1096,7 +1096,7 @@ func (d *DB) SetApplianceID(ctx context.Context, id string) error {
 	if id == d.ApplianceID() {
 		return nil
 	}
-	if err := validApplianceID(id); err != nil {
+	if err := CheckApplianceID(id); err != nil {
 		return err
 	}
 	err := d.q.do(&request{
@@ -1118,9 +1118,7 @@ var metaAppliance = []byte("appliance_id")
 // CheckApplianceID reports an appliance id that no store takes (empty, or
 // with spaces or colons), so that a command can refuse it before it opens
 // one.
-func CheckApplianceID(id string) error { return validApplianceID(id) }
-
-func validApplianceID(id string) error {
+func CheckApplianceID(id string) error {
 	if id == "" || strings.ContainsAny(id, " \t\r\n:") {
 		return fmt.Errorf("%w: appliance id %q must be non-empty, without spaces or colons", ErrInvalidKey, id)
 	}
@@ -1147,7 +1145,7 @@ func setApplianceID(tx *bbolt.Tx, id string) error {
 // recorded, else a new one minted now.
 func initApplianceID(tx *bbolt.Tx, want string) (string, error) {
 	if want != "" {
-		if err := validApplianceID(want); err != nil {
+		if err := CheckApplianceID(want); err != nil {
 			return "", err
 		}
 		return want, setApplianceID(tx, want)

@@ -122,7 +122,7 @@ func Salvage(ctx context.Context, src, dst string) (*SalvageReport, error) {
 // SalvageWith is Salvage with options.
 func SalvageWith(ctx context.Context, src, dst string, opts SalvageOptions) (*SalvageReport, error) {
 	if opts.ApplianceID != "" {
-		if err := validApplianceID(opts.ApplianceID); err != nil {
+		if err := CheckApplianceID(opts.ApplianceID); err != nil {
 			return nil, fmt.Errorf("salvage %s: %w", src, err)
 		}
 	}
@@ -628,7 +628,7 @@ func ledgerAppliance(tx *bbolt.Tx) string {
 	}
 	c := b.Cursor()
 	for k, v := c.Last(); k != nil; k, v = c.Prev() {
-		if o, _, err := decodeOutcome(v); err == nil && validApplianceID(o.ApplianceID) == nil {
+		if o, _, err := decodeOutcome(v); err == nil && CheckApplianceID(o.ApplianceID) == nil {
 			return o.ApplianceID
 		}
 	}

@@ -155,7 +155,7 @@ func FuzzApplianceCopies(f *testing.F) {
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, page []byte) {
 		for _, id := range applianceCopies(page) {
-			require.NoError(t, validApplianceID(id))
+			require.NoError(t, CheckApplianceID(id))
 		}
 	})
 }

@@ -203,7 +203,7 @@ func isMetaBucket(entries []salvageEntry) bool {
 func metaApplianceOf(entries []salvageEntry) (string, bool) {
 	for _, e := range entries {
 		if bytes.Equal(e.k, metaAppliance) {
-			return string(e.v), validApplianceID(string(e.v)) == nil
+			return string(e.v), CheckApplianceID(string(e.v)) == nil
 		}
 	}
 	return "", false
