@@ -54,7 +54,7 @@ func (d *DB) Compact(ctx context.Context, dst string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("compact store: %w", err)
 	}
-	out, err := bbolt.Open(dst, 0o600, Options{Timeout: d.opts.Timeout, PageSize: d.opts.PageSize}.bolt())
+	out, err := openBolt(dst, Options{Timeout: d.opts.Timeout, PageSize: d.opts.PageSize})
 	if err != nil {
 		return fmt.Errorf("compact store: create %s: %w", dst, err)
 	}

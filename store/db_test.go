@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -208,6 +209,28 @@ func TestSize(t *testing.T) {
 	require.NoError(t, err)
 	assert.Positive(t, n)
 	assert.Equal(t, FileName, filepath.Base(d.Path()))
+}
+
+// A store is mapped large at open (DefaultMmapSize), so that it is not
+// remapped as it grows, yet its file grows by growStep, not by bbolt's 16
+// MB: a store of a few megabytes stays a few megabytes on disk.
+func TestStoreFileGrowsByStep(t *testing.T) {
+	assert.Equal(t, DefaultMmapSize, Options{}.bolt().InitialMmapSize)
+	assert.Equal(t, 64<<20, Options{InitialMmapSize: 64 << 20}.bolt().InitialMmapSize)
+
+	d := openTest(t)
+	ctx := t.Context()
+	data := make([]byte, 64<<10)
+	var used int64
+	for i := 0; used < 5<<20; i++ {
+		binary.BigEndian.PutUint64(data, uint64(i)) // a new blob each time
+		_, err := d.PutBlob(ctx, data)
+		require.NoError(t, err)
+		require.NoError(t, d.db.View(func(tx *bbolt.Tx) error { used = tx.Size(); return nil }))
+		fi, err := os.Stat(d.Path())
+		require.NoError(t, err)
+		require.LessOrEqual(t, fi.Size(), used+growStep+64<<10, "blob %d: %d bytes of pages in use", i, used)
+	}
 }
 
 // A format 3 or 4 file is read as it is, read-only too, and stamped with

@@ -67,8 +67,8 @@ func (r *runway) giveUp() {
 // extend tops the runway up when what is left of it is short of an eighth
 // of the pages in use (within runwayMin and half a chunk): it zeroes the
 // file from the high-water mark to its end, or runwayChunk of it. bbolt
-// grows a small file by doubling it, so this happens a few times per
-// doubling at most. It runs at the start of a write transaction, before
+// grows the file by growStep at a time, so this happens about once per
+// step. It runs at the start of a write transaction, before
 // the transaction writes anything. A failure gives the runway up rather
 // than failing the commit.
 func (r *runway) extend(tx *bbolt.Tx) {

@@ -348,7 +348,7 @@ func (w *salvageWalk) lost(bucket string, key []byte, format string, a ...any) {
 // the root bucket's entries name, each read from the source as it is
 // written, a few thousand records to a transaction.
 func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salvageEntry) error {
-	out, err := bbolt.Open(path, 0o600, Options{Timeout: DefaultTimeout}.bolt())
+	out, err := openBolt(path, Options{Timeout: DefaultTimeout})
 	if err != nil {
 		return err
 	}
