@@ -162,6 +162,21 @@ func TestChatFailures(t *testing.T) {
 			contains:  []string{"llama runner process has terminated"},
 		},
 		{
+			name:     "error status with no body",
+			handler:  answerStatus(http.StatusBadRequest, ""),
+			kind:     models.BadRequest,
+			status:   400,
+			contains: []string{"no error message"},
+		},
+		{
+			name:      "server error with no body",
+			handler:   answerStatus(http.StatusInternalServerError, ""),
+			kind:      models.Server,
+			transient: true,
+			status:    500,
+			contains:  []string{"no error message"},
+		},
+		{
 			name:      "busy",
 			handler:   answerStatus(http.StatusServiceUnavailable, `{"error":"server busy, please try again.  maximum pending requests exceeded"}`),
 			kind:      models.Server,

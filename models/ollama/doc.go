@@ -22,7 +22,8 @@
 // answer capped at the request's Options.MaxOutputTokens takes (many tokens
 // in one chunk, or the whole answer in one line): it is not read on, so the
 // cap holds before the line is in memory. An error status's body holds no
-// answer: it is read as the error, capped or not.
+// answer: it is read as the error, capped or not, and an error status with
+// an empty body is the server's error too, not a stream that was dropped.
 // The tests replay Ollama's NDJSON streams recorded under testdata/ollama;
 // run them with -update next to a real Ollama to record fresh ones.
 package ollama

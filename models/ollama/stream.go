@@ -45,7 +45,7 @@ func (e errLineTooLong) Error() string {
 // answer, decoded, reading no line longer than maxLine bytes. It returns
 // fn's error, the server's (an error status or an {"error": ...} line, as
 // api.Client returns them), that of a line that does not decode, or an
-// errLineTooLong. Like api.Client it returns nil when the body ends,
+// errLineTooLong. Like api.Client it returns nil when a 2xx body ends,
 // whether at its end or cut short (the connection dropped, the context
 // ended): only a missing final chunk tells those apart.
 func (c *Client) chatStream(ctx context.Context, creq *api.ChatRequest, maxLine int, fn func(api.ChatResponse) error) error {
@@ -71,6 +71,11 @@ func (c *Client) chatStream(ctx context.Context, creq *api.ChatRequest, maxLine 
 			return api.StatusError{StatusCode: resp.StatusCode, Status: resp.Status, ErrorMessage: err.Error()}
 		case errors.As(err, &long):
 			return err
+		case err != nil && resp.StatusCode >= http.StatusBadRequest:
+			// Every line of an error's body ends the stream with the error,
+			// so this one had none. api.Client would end it without an
+			// error, as if an answer had been dropped.
+			return api.StatusError{StatusCode: resp.StatusCode, Status: resp.Status, ErrorMessage: "the server sent no error message"}
 		case err != nil:
 			return nil
 		}
