@@ -238,8 +238,8 @@ const (
 // one chunk, or its whole answer in one line: the call fails as an answer
 // past its cap, whether the line is short enough to be counted (cut by
 // the caller's count) or so long that it is not read whole (cut by its
-// length, a few kilobytes in, not after the 8 MB that api.Client would
-// read of it), and an error the server sends after it does not hide that.
+// length, a few kilobytes in, not after the 8 MB that are read of a line
+// with no cap), and an error the server sends after it does not hide that.
 // Only the chunks within the cap reach the caller.
 func TestChatCappedHoldsAgainstBigChunks(t *testing.T) {
 	const limit = 50

@@ -1,11 +1,10 @@
 package ollama
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -33,8 +32,10 @@ const DefaultStallTimeout = 30 * time.Second
 // concurrent use.
 type Client struct {
 	base    string // as shown in error messages
-	api     *api.Client
-	baseErr error // a base URL that cannot be parsed fails every call
+	url     *url.URL
+	http    *http.Client
+	api     *api.Client // for /api/tags; chats are streamed by chatStream
+	baseErr error       // a base URL that cannot be parsed fails every call
 	opts    Options
 }
 
@@ -89,12 +90,8 @@ func NewWithOptions(baseURL string, hc *http.Client, opts Options) *Client {
 		c.baseErr = fmt.Errorf("invalid Ollama URL %q: %w", baseURL, err)
 		return c
 	}
-	// The stream's body is watched: api.Client ends a stream without an
-	// error both when the connection drops and when a line is too long
-	// for it, and only how the body's reading ended tells them apart.
-	watched := *hc
-	watched.Transport = watchTransport{base: hc.Transport}
-	c.api = api.NewClient(u, &watched)
+	c.url, c.http = u, hc
+	c.api = api.NewClient(u, hc)
 	return c
 }
 
@@ -142,11 +139,10 @@ func (c *Client) Chat(ctx context.Context, req models.Request, stream func(model
 		defer cancel()
 	}
 
-	end := &streamEnd{maxLine: maxLine(req.Options.MaxOutputTokens)}
-	callCtx = context.WithValue(callCtx, streamEndKey{}, end)
+	lineCap := maxLine(req.Options.MaxOutputTokens)
 	start := time.Now()
 	acc := accumulator{model: req.Model}
-	err = c.api.Chat(callCtx, creq, func(r api.ChatResponse) error {
+	err = c.chatStream(callCtx, creq, cmp.Or(lineCap, maxStreamLine), func(r api.ChatResponse) error {
 		watch.pause()
 		chunk := acc.add(r)
 		if stream == nil || (chunk.Content == "" && chunk.Thinking == "" && len(chunk.ToolCalls) == 0) {
@@ -160,25 +156,22 @@ func (c *Client) Chat(ctx context.Context, req models.Request, stream func(model
 		return nil
 	})
 	watch.pause()
-	var cb callbackError
-	if errors.Is(end.err, errLineOverCap) && !errors.As(err, &cb) {
-		return nil, c.lineOverCap(req, end.maxLine, &acc)
-	}
-	if err != nil {
+	var long errLineTooLong
+	switch {
+	case errors.As(err, &long) && lineCap > 0:
+		return nil, c.lineOverCap(req, lineCap, &acc)
+	case errors.As(err, &long):
+		// The same call would stop at the same line again.
+		return nil, c.newError(models.Stream, req.Model, errors.New("a line of the stream is longer than the 8 MB that is read of a line"))
+	case err != nil:
 		return nil, c.classify(callCtx, req.Model, err)
 	}
 	if !acc.done {
-		// api.Client ends a stream without error when the body stops early,
-		// whether the context ran out or the server went away: only the
-		// missing final chunk tells.
+		// The stream ends without error when the body stops early, whether
+		// the context ran out or the server went away: only the missing
+		// final chunk tells.
 		if callCtx.Err() != nil {
 			return nil, c.contextError(callCtx, req.Model)
-		}
-		if end.err == nil {
-			// The body was neither read to its end nor cut: api.Client
-			// stopped at a line longer than it reads. The same call would
-			// stop there again.
-			return nil, c.newError(models.Stream, req.Model, errors.New("a line of the stream is longer than the 8 MB the Ollama client reads"))
 		}
 		return nil, c.newError(models.Stream, req.Model, fmt.Errorf("%w: the stream ended before its final chunk", models.ErrDropped))
 	}
@@ -276,38 +269,6 @@ func (c *Client) list(ctx context.Context) (*api.ListResponse, error) {
 	return list, nil
 }
 
-// streamEnd is how the reading of a chat's response body ended: io.EOF at
-// its end, another error when it was cut, errLineOverCap when a line ran
-// past maxLine, nil while it was not read to any of them. It is read once
-// Client.Chat's call to api.Client has returned; the body is read on that
-// call's goroutine.
-type streamEnd struct {
-	err error
-	// maxLine, when positive, is the most bytes a line of the stream may
-	// hold (see maxLine), and line the bytes of the line being read.
-	maxLine, line int
-}
-
-// overLine counts the bytes read of the stream's lines, and reports
-// whether one of them has run past maxLine.
-func (s *streamEnd) overLine(read []byte) bool {
-	for {
-		i := bytes.IndexByte(read, '\n')
-		if i < 0 {
-			s.line += len(read)
-			return s.line > s.maxLine
-		}
-		if s.line+i > s.maxLine {
-			return true
-		}
-		s.line, read = 0, read[i+1:]
-	}
-}
-
-// errLineOverCap ends the reading of a stream whose line ran past the
-// bytes that the answer's cap allows a line.
-var errLineOverCap = errors.New("a line of the stream ran past what the answer's cap allows")
-
 // Bounds of a stream's line while the answer is capped (see maxLine).
 const (
 	lineOverhead  = 16 << 10 // a chunk's fields besides its text, and a token of any length
@@ -315,17 +276,17 @@ const (
 )
 
 // maxLine is the most bytes a line of the stream of an answer capped at
-// limit tokens (0: none) may hold. api.Client reads a whole line before it
-// hands it on, up to 8 MB, so a provider that sends many tokens in one
-// chunk, or its whole answer in one line, would be read whole before its
-// answer could be counted against the cap. No honest chunk comes near the
-// bound: Ollama streams a token a line, and even an answer that comes
+// limit tokens (0: none) may hold. A line is read whole before it is
+// handed on, up to maxStreamLine, so a provider that sends many tokens in
+// one chunk, or its whole answer in one line, would be read whole before
+// its answer could be counted against the cap. No honest chunk comes near
+// the bound: Ollama streams a token a line, and even an answer that comes
 // whole (a proxy that drops "stream") takes less than bytesPerToken a
 // token. A line that runs past it is taken for an answer past the cap
 // (what else it could hold, padding or fields Ollama does not send, is no
-// answer either). 0 means no bound but api.Client's.
+// answer either). 0 means no bound but maxStreamLine.
 func maxLine(limit int) int {
-	if limit <= 0 || limit > (8<<20)/bytesPerToken {
+	if limit <= 0 || limit > (maxStreamLine-lineOverhead)/bytesPerToken {
 		return 0
 	}
 	return lineOverhead + limit*bytesPerToken
@@ -343,46 +304,6 @@ func (c *Client) lineOverCap(req models.Request, maxLine int, acc *accumulator) 
 	e.URL = c.base
 	e.CompletionTokens = max(limit, models.EstimateAnswerTokens(acc.message()))
 	return e
-}
-
-type streamEndKey struct{}
-
-// watchTransport records in the request's streamEnd, if it has one, how
-// the response body's reading ended.
-type watchTransport struct{ base http.RoundTripper }
-
-func (t watchTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	base := t.base
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	resp, err := base.RoundTrip(r)
-	if end, ok := r.Context().Value(streamEndKey{}).(*streamEnd); ok && err == nil {
-		resp.Body = &watchedBody{ReadCloser: resp.Body, end: end}
-	}
-	return resp, err
-}
-
-type watchedBody struct {
-	io.ReadCloser
-	end *streamEnd
-}
-
-func (b *watchedBody) Read(p []byte) (int, error) {
-	if errors.Is(b.end.err, errLineOverCap) {
-		return 0, b.end.err
-	}
-	n, err := b.ReadCloser.Read(p)
-	if b.end.maxLine > 0 && b.end.overLine(p[:n]) {
-		// The line is not read on: the bytes of it already read go no
-		// further than api.Client's buffer, and the call fails.
-		b.end.err = errLineOverCap
-		return n, errLineOverCap
-	}
-	if err != nil && b.end.err == nil {
-		b.end.err = err
-	}
-	return n, err
 }
 
 func withTag(name string) string {

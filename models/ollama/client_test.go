@@ -162,6 +162,21 @@ func TestChatFailures(t *testing.T) {
 			contains:  []string{"llama runner process has terminated"},
 		},
 		{
+			name:     "error status with no body",
+			handler:  answerStatus(http.StatusBadRequest, ""),
+			kind:     models.BadRequest,
+			status:   400,
+			contains: []string{"no error message"},
+		},
+		{
+			name:      "server error with no body",
+			handler:   answerStatus(http.StatusInternalServerError, ""),
+			kind:      models.Server,
+			transient: true,
+			status:    500,
+			contains:  []string{"no error message"},
+		},
+		{
 			name:      "busy",
 			handler:   answerStatus(http.StatusServiceUnavailable, `{"error":"server busy, please try again.  maximum pending requests exceeded"}`),
 			kind:      models.Server,
@@ -401,8 +416,9 @@ func TestNewDefaults(t *testing.T) {
 	require.Equal(t, "ollama", New("", nil).Name())
 }
 
-// A slow response body must not be mistaken for a finished one: the reader
-// in api.Client ignores read errors, so this pins the "no final chunk" check.
+// A slow response body must not be mistaken for a finished one: the stream
+// ends without an error when its body does, so this pins the "no final
+// chunk" check.
 func TestChatIncompleteStreamWithoutError(t *testing.T) {
 	lines := fixtureLines(t, "plain.ndjson")
 	srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
@@ -525,7 +541,9 @@ func TestChatInvalidLineIsQuotedShort(t *testing.T) {
 	}
 }
 
-// A proxy in front of Ollama answers a failure with its own page.
+// A proxy in front of Ollama answers a failure with its own page. When the
+// answer is capped, the page is no answer to hold to the cap, however much
+// longer it is than a line of the capped answer may be.
 func TestChatStatusPageIsQuotedShort(t *testing.T) {
 	page := "<html><head><title>502 Bad Gateway</title></head><body>" + strings.Repeat("<!-- padding -->", 4000) + "</body></html>"
 	srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
@@ -533,13 +551,21 @@ func TestChatStatusPageIsQuotedShort(t *testing.T) {
 		w.WriteHeader(http.StatusBadGateway)
 		_, _ = w.Write([]byte(page))
 	})
-	_, err := New(srv.URL, srv.Client()).Chat(context.Background(), chatRequestFor("llama3.2"), nil)
-	var me *models.Error
-	require.ErrorAs(t, err, &me)
-	require.Equal(t, models.Server, me.Kind)
-	require.True(t, models.IsTransient(err))
-	require.Contains(t, err.Error(), "502 Bad Gateway")
-	require.Less(t, len(err.Error()), 600, "error: %.200s…", err)
+	for name, limit := range map[string]int{"no cap": 0, "capped": 50} {
+		t.Run(name, func(t *testing.T) {
+			req := chatRequestFor("llama3.2")
+			req.Options.MaxOutputTokens = limit
+			_, err := New(srv.URL, srv.Client()).Chat(context.Background(), req, nil)
+			var me *models.Error
+			require.ErrorAs(t, err, &me)
+			require.Equal(t, models.Server, me.Kind, "error: %v", err)
+			require.Equal(t, http.StatusBadGateway, me.Status)
+			require.True(t, models.IsTransient(err))
+			require.Contains(t, err.Error(), "<title>502 Bad Gateway</title>", "the page is quoted")
+			require.Less(t, len(err.Error()), 600, "error: %.200s…", err)
+		})
+	}
+	require.Greater(t, len(page), maxLine(50), "the page is longer than a line of an answer capped at 50 tokens")
 }
 
 // A deadline the caller set with a cause of its own (the engine's node
@@ -567,9 +593,9 @@ func TestChatCallerDeadlineWithCauseIsATimeout(t *testing.T) {
 	require.Contains(t, err.Error(), `node "generate_response" timed out`)
 }
 
-// api.Client reads lines of up to 8 MB and stops reading, without an
-// error, at a longer one. That is not a dropped connection: the same call
-// would stop at the same line, so it is not worth a retry.
+// Lines of up to 8 MB are read, and the stream stops at a longer one. That
+// is not a dropped connection: the same call would stop at the same line,
+// so it is not worth a retry.
 func TestChatLineTooLong(t *testing.T) {
 	plain := fixtureLines(t, "plain.ndjson")
 	huge := fmt.Sprintf(`{"model":"llama3.2","created_at":"2025-06-12T09:14:02.118394Z","message":{"role":"assistant","content":%q},"done":false}`,

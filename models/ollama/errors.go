@@ -17,8 +17,8 @@ import (
 	"github.com/outpost-edge/outpost/models"
 )
 
-// callbackError carries the stream callback's error through api.Client so
-// that Chat can return it unchanged, told apart from the client's own.
+// callbackError carries the stream callback's error through chatStream so
+// that Chat can return it unchanged, told apart from the stream's own.
 type callbackError struct{ err error }
 
 func (e callbackError) Error() string { return e.err.Error() }
@@ -66,8 +66,8 @@ func (c *Client) contextError(ctx context.Context, model string) *models.Error {
 	return c.newError(models.Canceled, model, cause)
 }
 
-// classify turns what api.Client returned into a *models.Error, or returns
-// the stream callback's own error unchanged.
+// classify turns what chatStream or api.Client returned into a
+// *models.Error, or returns the stream callback's own error unchanged.
 func (c *Client) classify(ctx context.Context, model string, err error) error {
 	var cb callbackError
 	if errors.As(err, &cb) {
@@ -104,7 +104,7 @@ func (c *Client) classify(ctx context.Context, model string, err error) error {
 		return c.newError(models.Stream, model, fmt.Errorf("%w: %v", models.ErrDropped, err))
 	}
 	// What remains came from the body of a 200 stream: an {"error": ...}
-	// line, or a line that was not JSON, which api.Client returns whole.
+	// line, or a line that was not JSON, which chatStream returns whole.
 	if msg := err.Error(); len(msg) > maxQuoted {
 		err = errors.New(shorten(msg))
 	}
@@ -112,7 +112,7 @@ func (c *Client) classify(ctx context.Context, model string, err error) error {
 }
 
 // maxQuoted bounds the server's text quoted in an error. A line that is
-// not JSON comes back whole (up to api.Client's 8 MB line), and an error
+// not JSON comes back whole (up to maxStreamLine), and an error
 // travels into events, the run's record and its outcome.
 const maxQuoted = 300
 
