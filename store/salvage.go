@@ -167,9 +167,14 @@ func SalvageWith(ctx context.Context, src, dst string, opts SalvageOptions) (*Sa
 	}
 	var w *salvageWalk
 	var entries []salvageEntry
+	var stamp, txid uint64
+	for _, m := range metas {
+		stamp, txid = max(stamp, m.epochStamp), max(txid, m.txid)
+	}
 	newWalk := func(m boltMeta) *salvageWalk {
 		return &salvageWalk{pageWalk: newPageWalk(f, m.pageSize, min(m.pgid, uint64(fi.Size())/m.pageSize)), rep: rep,
-			gaps: map[string][]keyRange{}, applianceWant: opts.ApplianceID, applianceCopies: map[string]bool{}}
+			gaps: map[string][]keyRange{}, applianceWant: opts.ApplianceID, applianceCopies: map[string]bool{},
+			srcStamp: stamp, srcTxID: txid}
 	}
 	for i, m := range metas {
 		w = newWalk(m)
@@ -212,6 +217,9 @@ func SalvageWith(ctx context.Context, src, dst string, opts SalvageOptions) (*Sa
 		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp))
 	}
 	if err := w.appendHeldOutcomes(ctx, tmp); err != nil {
+		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp), os.Remove(LockFile(tmp)))
+	}
+	if err := stampEpoch(tmp, w.epoch); err != nil {
 		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp), os.Remove(LockFile(tmp)))
 	}
 	if err := os.Rename(tmp, dst); err != nil {
@@ -293,8 +301,12 @@ type salvageWalk struct {
 	// pages name (applianceCopies in unlinked.go).
 	applianceWant   string
 	applianceCopies map[string]bool
-	// epochCopy is the greatest stream epoch that those copies name.
-	epochCopy uint64
+	// epochCopy is the greatest stream epoch that those copies name;
+	// srcStamp and srcTxID, the greatest epoch stamp (stampEpoch) and
+	// transaction ID that the source's whole meta pages hold; epoch, the
+	// stream epoch the copy is given (moveEpoch).
+	epochCopy, srcStamp, srcTxID uint64
+	epoch                        uint64
 	// newerLost says the tree walked is not the newest transaction's.
 	newerLost bool
 	// held are the runs copied as failed (holdRun); ackedPast, that the
