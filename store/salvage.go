@@ -52,6 +52,11 @@ type SalvageReport struct {
 	// OutcomesAppended counts the outcomes appended to the copy's ledger
 	// for the runs it copies as failed (appendHeldOutcomes).
 	OutcomesAppended int `json:"outcomes_appended"`
+	// Inferred names, by run ID, the runs found only as an older version
+	// from before they ended, whose ended state is taken from the outcome
+	// the copy holds, and that outcome ("outcome SEQ"): the commit that
+	// ends a run writes its outcome with its last record.
+	Inferred map[string]string `json:"inferred,omitempty"`
 	// BranchesRebuilt counts the namespaces whose heads entry was read
 	// but whose branches entries (their older leaves) may be lost: their
 	// leaves are recorded anew in the same way, so that their history
