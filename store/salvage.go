@@ -408,6 +408,9 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 			if err := w.heldIntents(out); err != nil {
 				return err
 			}
+			if err := w.unnamedCalls(out); err != nil {
+				return err
+			}
 		case w.newerLost:
 			if err := w.newerRecords(ctx, out); err != nil {
 				return err

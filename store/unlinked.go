@@ -724,11 +724,7 @@ func (w *salvageWalk) holdRunsMissingCalls(out *bbolt.DB) error {
 			if err != nil || r.Status != engine.StatusRunning {
 				return nil
 			}
-			lo := append(bytes.Clone(k), ':')
-			hi := prefixEnd(lo)
-			if slices.ContainsFunc(gaps, func(g keyRange) bool {
-				return (g.hi == nil || bytes.Compare(g.hi, lo) > 0) && (g.lo == nil || bytes.Compare(g.lo, hi) < 0)
-			}) {
+			if w.callsMayBeLost(string(k)) {
 				failed, _ := holdRun(v)
 				held = append(held, [2][]byte{bytes.Clone(k), failed})
 			}
@@ -748,6 +744,80 @@ func (w *salvageWalk) holdRunsMissingCalls(out *bbolt.DB) error {
 				"fork THREAD --checkpoint ID), once you know what its tools did")
 		}
 		return nil
+	})
+}
+
+// callsMayBeLost reports whether tool-call records of the run id may lie
+// where the walk could not reach: in the root page, which holds the
+// tool-call records of a store with few of them, or below a lost page of
+// the bucket. Its tool calls' keys start with its ID and a colon
+// (internal/wiring's keys).
+func (w *salvageWalk) callsMayBeLost(id string) bool {
+	lo := []byte(id + ":")
+	hi := prefixEnd(lo)
+	return w.rootLost || slices.ContainsFunc(w.gaps[bucketToolCalls], func(g keyRange) bool {
+		return (g.hi == nil || bytes.Compare(g.hi, lo) > 0) && (g.lo == nil || bytes.Compare(g.lo, hi) < 0)
+	})
+}
+
+// lostCallsWhere says where the tool-call records that callsMayBeLost
+// means were lost.
+func (w *salvageWalk) lostCallsWhere() string {
+	if w.rootLost {
+		return "the root page, which holds them all in a store with few of them, or on a page that cannot be read, which " +
+			"nothing tells apart from a free one once the root page is lost"
+	}
+	return "a page of the tool-call records that cannot be read"
+}
+
+// unnamedCalls says plainly, for each run whose tool-call records may be
+// lost (callsMayBeLost), that the calls salvage names are not all it made:
+// a run copied as failed (holdRun) whose calls salvage cannot name may
+// still have called a tool, which a new run on a fork of its thread calls
+// again without asking; and a run that waits for a person calls again, once
+// resumed, a tool that the node it paused in called before it paused, where
+// the call's record is lost: resuming re-enters that node, and a call whose
+// key has no record runs as a new one (DESIGN: a side effect is never
+// silently repeated). Neither is resumed by serve at start.
+func (w *salvageWalk) unnamedCalls(out *bbolt.DB) error {
+	return out.View(func(tx *bbolt.Tx) error {
+		runs, calls := tx.Bucket([]byte(bucketRuns)), tx.Bucket([]byte(bucketToolCalls))
+		if runs == nil {
+			return nil
+		}
+		named := func(id string) int {
+			n := 0
+			if calls != nil {
+				prefix := []byte(id + ":")
+				c := calls.Cursor()
+				for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+					n++
+				}
+			}
+			return n
+		}
+		for _, id := range w.held {
+			if w.callsMayBeLost(id) {
+				w.lost(bucketToolCalls, []byte(id+":"), "run %s, copied as failed, may have made tool calls whose records are lost, "+
+					"with %s: %d record(s) of its calls came back, and any other call it made cannot be named. A new run on a fork of "+
+					"its thread calls such a tool again without asking: find out from the tools' side what it did before going on",
+					id, w.lostCallsWhere(), named(id))
+			}
+		}
+		return runs.ForEach(func(k, v []byte) error {
+			if isOutcomeIndexKey(k) || !w.callsMayBeLost(string(k)) {
+				return nil
+			}
+			r, err := decodeRunRecord(v)
+			if err != nil || r.Status != engine.StatusInterrupted {
+				return nil
+			}
+			w.lost(bucketToolCalls, append(bytes.Clone(k), ':'), "run %s waits for a person, and records of its tool calls may be "+
+				"lost, with %s (%d came back): resumed, the node it paused in runs again, and calls again without asking any tool it "+
+				"called before it paused whose record is lost. Find out from the tools' side what it did before resuming it; to "+
+				"go on without it, cancel it and fork its thread", k, w.lostCallsWhere(), named(string(k)))
+			return nil
+		})
 	})
 }
 
