@@ -183,7 +183,9 @@ func TestSalvageMovesTheStreamEpochWhateverTheClock(t *testing.T) {
 	for _, backup := range []bool{false, true} {
 		t.Run(fmt.Sprintf("backup=%v", backup), func(t *testing.T) {
 			src := stepsCopy(t, chainedSteps(t), backup)
-			var reached uint64 // the epoch the store salvaged last had reached
+			// The epoch the store salvaged last had reached, and the one the
+			// salvage before gave its copy.
+			var reached, stamped uint64
 			for i, clock := range []string{"now", "the same hour", "set back a year", "the same hour"} {
 				switch clock {
 				case "set back a year":
@@ -191,12 +193,24 @@ func TestSalvageMovesTheStreamEpochWhateverTheClock(t *testing.T) {
 				case "the same hour":
 					now = now.Add(time.Minute)
 				}
+				if i > 0 {
+					// The backup keeps the copy's stamp, and compaction
+					// stamps the count it copies.
+					b, err := os.ReadFile(src)
+					require.NoError(t, err)
+					want := stamped
+					if !backup {
+						want = reached
+					}
+					assert.Equal(t, want, readMeta(b).epochStamp, "the stamp of the store salvaged")
+				}
 				dst := filepath.Join(t.TempDir(), FileName)
 				rep, err := Salvage(bg, src, dst)
 				require.NoError(t, err)
 				assert.Empty(t, rep.Check.Problems, "db check of the copy")
 				epoch := binary.BigEndian.Uint64(records(t, dst)[bucketMeta][string(metaStreamEpoch)])
 				t.Logf("salvage %d (%s): the store had reached %d, the copy's epoch is %d", i+1, clock, reached, epoch)
+				stamped = epoch
 				assert.GreaterOrEqual(t, epoch, uint64(salvageEpochFloor))
 				require.Greater(t, epoch, reached, "salvage %d, %s", i+1, clock)
 
