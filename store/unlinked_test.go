@@ -415,32 +415,41 @@ func TestSalvageEndsARunFromItsOutcome(t *testing.T) {
 	b, err := os.ReadFile(backup)
 	require.NoError(t, err)
 	require.True(t, bytes.Contains(b, append([]byte("run-x"), older...)), "the file holds no older record of run-x")
-	// The root pages are lost, and with them the page that holds run-x's
-	// newest record.
+	// The root pages are lost, and with them run-x's newest record: the
+	// page that holds it, or its bytes, which rot in place, leaving the
+	// rest of its page (its outcome index entry, which names its final
+	// checkpoint, among them) whole; or its page and its outcome's.
 	ps := int(binary.LittleEndian.Uint32(b[metaOffset+8:]))
 	b = zeroRoots(b)
 	newest := append([]byte("run-x"), want[bucketRuns]["run-x"]...)
-	for off := 2 * ps; off < len(b); off += ps {
-		if bytes.Contains(b[off:off+ps], newest) {
-			clear(b[off : off+ps])
-		}
-	}
-	require.False(t, bytes.Contains(b, newest))
-	src := writeStore(t, b)
-
-	for _, lostOutcome := range []bool{false, true} {
-		t.Run(fmt.Sprintf("outcome lost=%v", lostOutcome), func(t *testing.T) {
-			src := src
-			if lostOutcome {
-				b := bytes.Clone(b)
-				rec := append(seqKey(outcome.Seq), want[bucketOutcomes][string(seqKey(outcome.Seq))]...)
-				for off := 2 * ps; off < len(b); off += ps {
-					if bytes.Contains(b[off:off+ps], rec) {
-						clear(b[off : off+ps])
-					}
-				}
-				src = writeStore(t, b)
+	index := append(outcomeIndexKey("run-x"), want[bucketRuns][string(outcomeIndexKey("run-x"))]...)
+	clearPages := func(b, rec []byte) {
+		for off := 2 * ps; off < len(b); off += ps {
+			if bytes.Contains(b[off:off+ps], rec) {
+				clear(b[off : off+ps])
 			}
+		}
+		require.False(t, bytes.Contains(b, rec))
+	}
+	for _, damage := range []string{"page lost", "record rotted", "outcome lost"} {
+		t.Run(damage, func(t *testing.T) {
+			b := bytes.Clone(b)
+			switch damage {
+			case "record rotted":
+				at := bytes.Index(b, newest) + len(newest) - 1
+				b[at] ^= 0xff
+			case "outcome lost":
+				clearPages(b, append(seqKey(outcome.Seq), want[bucketOutcomes][string(seqKey(outcome.Seq))]...))
+				fallthrough
+			default:
+				clearPages(b, newest)
+			}
+			lostOutcome := damage == "outcome lost"
+			final := "0022" // the checkpoint of the older record
+			if bytes.Contains(b, index) {
+				final = "0023"
+			}
+			src := writeStore(t, b)
 			dst := filepath.Join(t.TempDir(), "salvaged.db")
 			rep, err := Salvage(bg, src, dst)
 			require.NoError(t, err)
@@ -461,6 +470,12 @@ func TestSalvageEndsARunFromItsOutcome(t *testing.T) {
 			assert.Equal(t, outcome.Steps, r.Steps)
 			assert.Empty(t, r.Error)
 			assert.Equal(t, map[string]string{"run-x": fmt.Sprintf("outcome %d", outcome.Seq)}, rep.Inferred)
+			assert.Equal(t, final, r.Checkpoint, "run-x's checkpoint")
+			if final == "0023" {
+				assert.True(t, slices.ContainsFunc(rep.Lost, func(p Problem) bool {
+					return p.Key == "run-x" && strings.Contains(p.Message, "the final checkpoint its outcome index entry names, 0023")
+				}), "%v", rep.Lost)
+			}
 			assert.True(t, slices.ContainsFunc(rep.Lost, func(p Problem) bool {
 				return p.Bucket == bucketRuns && p.Key == "run-x" && strings.Contains(p.Message,
 					fmt.Sprintf("its outcome (seq %d), which the copy holds, says it ended completed", outcome.Seq))
