@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -60,14 +61,26 @@ func (d *DB) Compact(ctx context.Context, dst string) error {
 	}
 	err = d.view(func(tx *bbolt.Tx) error { return copyInto(ctx, out, tx, compactTxBytes) })
 	var used int64
+	var epoch uint64
 	if err == nil {
-		err = out.View(func(tx *bbolt.Tx) error { used = tx.Size(); return nil })
+		err = out.View(func(tx *bbolt.Tx) error {
+			used = tx.Size()
+			if meta := tx.Bucket([]byte(bucketMeta)); meta != nil && len(meta.Get(metaStreamEpoch)) == 8 {
+				epoch = binary.BigEndian.Uint64(meta.Get(metaStreamEpoch))
+			}
+			return nil
+		})
 	}
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
 		err = trimFile(dst, used)
+	}
+	if err == nil {
+		// The copy's transaction IDs start again from the first: its
+		// stamp keeps the count it begins with (lostEpoch).
+		err = stampEpoch(dst, epoch)
 	}
 	if err == nil {
 		err = fsync.Dir(filepath.Dir(dst))

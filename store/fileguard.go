@@ -50,7 +50,9 @@ type boltMeta struct {
 	pageSize       uint64
 	root, freelist uint64
 	pgid, txid     uint64
-	valid          bool
+	// epochStamp is the stream epoch the file began with (stampEpoch).
+	epochStamp uint64
+	valid      bool
 }
 
 func readMeta(b []byte) boltMeta {
@@ -75,6 +77,7 @@ func readMeta(b []byte) boltMeta {
 	m.freelist = le.Uint64(b[metaOffset+32:])
 	m.pgid = le.Uint64(b[metaOffset+40:])
 	m.txid = le.Uint64(b[metaOffset+48:])
+	m.epochStamp = le.Uint64(b[epochStampOffset:])
 	m.valid = m.pageSize >= minPageSize && m.pageSize <= maxPageSize && bits.OnesCount64(m.pageSize) == 1
 	return m
 }

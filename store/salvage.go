@@ -52,6 +52,11 @@ type SalvageReport struct {
 	// OutcomesAppended counts the outcomes appended to the copy's ledger
 	// for the runs it copies as failed (appendHeldOutcomes).
 	OutcomesAppended int `json:"outcomes_appended"`
+	// Inferred names, by run ID, the runs found only as an older version
+	// from before they ended, whose ended state is taken from the outcome
+	// the copy holds, and that outcome ("outcome SEQ"): the commit that
+	// ends a run writes its outcome with its last record.
+	Inferred map[string]string `json:"inferred,omitempty"`
 	// BranchesRebuilt counts the namespaces whose heads entry was read
 	// but whose branches entries (their older leaves) may be lost: their
 	// leaves are recorded anew in the same way, so that their history
@@ -167,9 +172,14 @@ func SalvageWith(ctx context.Context, src, dst string, opts SalvageOptions) (*Sa
 	}
 	var w *salvageWalk
 	var entries []salvageEntry
+	var stamp, txid uint64
+	for _, m := range metas {
+		stamp, txid = max(stamp, m.epochStamp), max(txid, m.txid)
+	}
 	newWalk := func(m boltMeta) *salvageWalk {
 		return &salvageWalk{pageWalk: newPageWalk(f, m.pageSize, min(m.pgid, uint64(fi.Size())/m.pageSize)), rep: rep,
-			gaps: map[string][]keyRange{}, applianceWant: opts.ApplianceID, applianceCopies: map[string]bool{}}
+			gaps: map[string][]keyRange{}, applianceWant: opts.ApplianceID, applianceCopies: map[string]bool{},
+			srcStamp: stamp, srcTxID: txid}
 	}
 	for i, m := range metas {
 		w = newWalk(m)
@@ -212,6 +222,9 @@ func SalvageWith(ctx context.Context, src, dst string, opts SalvageOptions) (*Sa
 		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp))
 	}
 	if err := w.appendHeldOutcomes(ctx, tmp); err != nil {
+		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp), os.Remove(LockFile(tmp)))
+	}
+	if err := stampEpoch(tmp, w.epoch); err != nil {
 		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp), os.Remove(LockFile(tmp)))
 	}
 	if err := os.Rename(tmp, dst); err != nil {
@@ -293,8 +306,12 @@ type salvageWalk struct {
 	// pages name (applianceCopies in unlinked.go).
 	applianceWant   string
 	applianceCopies map[string]bool
-	// epochCopy is the greatest stream epoch that those copies name.
-	epochCopy uint64
+	// epochCopy is the greatest stream epoch that those copies name;
+	// srcStamp and srcTxID, the greatest epoch stamp (stampEpoch) and
+	// transaction ID that the source's whole meta pages hold; epoch, the
+	// stream epoch the copy is given (moveEpoch).
+	epochCopy, srcStamp, srcTxID uint64
+	epoch                        uint64
 	// newerLost says the tree walked is not the newest transaction's.
 	newerLost bool
 	// held are the runs copied as failed (holdRun); ackedPast, that the
@@ -389,6 +406,9 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 				return err
 			}
 			if err := w.heldIntents(out); err != nil {
+				return err
+			}
+			if err := w.unnamedCalls(out); err != nil {
 				return err
 			}
 		case w.newerLost:

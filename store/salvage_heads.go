@@ -3,8 +3,11 @@ package store
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"hash/fnv"
 	"maps"
+	"os"
 	"slices"
 	"time"
 
@@ -47,7 +50,8 @@ func (w *salvageWalk) rebuildLost(tx *bbolt.Tx) error {
 // salvageEpochStep is how far past the greatest stream epoch that older
 // copies of the meta bucket name a salvage sets a lost one: the newest
 // copy may be older than the lost record by the starts since it was
-// written.
+// written. It also bounds how far past the epoch a file began with
+// (stampEpoch) a lost one is set (lostEpoch).
 const salvageEpochStep = 1 << 10
 
 // salvageEpochBase is the time from which a lost stream epoch counts
@@ -62,14 +66,15 @@ var salvageClock = time.Now
 // before. Read with the meta bucket, it is moved on by one: a lost newer
 // transaction may have been a start that counted it, and the stream may
 // have numbered events under that count already. Lost, it is set by
-// lostEpoch.
+// lostEpoch. It keeps the epoch set in w.epoch, for stampEpoch.
 func (w *salvageWalk) moveEpoch(meta *bbolt.Bucket, metaLost bool) error {
 	v := meta.Get(metaStreamEpoch)
 	switch {
 	case v != nil && len(v) != 8:
 		return nil // db check of the copy names it
 	case v != nil:
-		return meta.Put(metaStreamEpoch, binary.BigEndian.AppendUint64(nil, binary.BigEndian.Uint64(v)+1))
+		w.epoch = binary.BigEndian.Uint64(v) + 1
+		return meta.Put(metaStreamEpoch, binary.BigEndian.AppendUint64(nil, w.epoch))
 	case !metaLost:
 		return nil // no start counted yet
 	}
@@ -77,31 +82,102 @@ func (w *salvageWalk) moveEpoch(meta *bbolt.Bucket, metaLost bool) error {
 	if err := meta.Put(metaStreamEpoch, binary.BigEndian.AppendUint64(nil, epoch)); err != nil {
 		return err
 	}
+	w.epoch = epoch
 	w.lost(bucketMeta, metaStreamEpoch, "the event stream's start count is lost: it is set to %d, %s, "+
 		"so that the stream's numbers stay above those a client saw before", epoch, why)
 	return nil
 }
 
-// lostEpoch is the stream epoch of a copy whose own is lost, and why. The
-// floor is above any an appliance reaches by counting its starts; but the
-// store may be a salvaged copy itself, whose count started at the floor
-// (a salvage whose root page is lost, with both meta pages' roots, finds
-// no older record of it as a rule: bbolt reuses the pages it frees). So
-// the epoch is the floor plus the hours since salvageEpochBase, which
-// passes the count of an earlier salvage's copy as long as it started no
-// more than once an hour on average since; and past the greatest that
-// older copies of the meta bucket name, where the file still holds some.
-// 2^20 hours is 119 years, so event numbers stay exact in a JavaScript
+// lostEpoch is the stream epoch of a copy whose own is lost, and why: the
+// greatest of
+//
+//   - the floor, above any a store that no salvage made reaches by
+//     counting its starts;
+//   - the epoch the file began with (its stamp, stampEpoch) plus the
+//     transactions it committed since, at most salvageEpochStep, plus one.
+//     Each start of the stream is a transaction of its own, so the count
+//     the file reached is at most its stamp plus its transaction ID: where
+//     that ID is within the step the epoch is past it for certain, and
+//     beyond, as long as the file was started no more than that many
+//     times. The meta pages, which hold both, are what a salvage needs
+//     whole anyway, so a lost root page does not take them, and a
+//     salvage of a salvaged copy moves on from the first salvage's count
+//     whatever the clock says;
+//   - the floor plus the hours since salvageEpochBase, which keeps apart
+//     two copies salvaged from the same file at different times;
+//   - past the greatest that older copies of the meta bucket name, where
+//     the file still holds some.
+//
+// With 2^20 hours (119 years), or 2^10 salvages of a file in turn, the
+// epoch stays below 2^21, so event numbers stay exact in a JavaScript
 // number (NextStreamEpoch).
 func (w *salvageWalk) lostEpoch() (uint64, string) {
 	hours := uint64(max(0, salvageClock().Sub(salvageEpochBase)/time.Hour))
-	epoch, why := salvageEpochFloor+hours, fmt.Sprintf("the floor %d, above any an appliance reaches, plus the %d hours since %s, "+
-		"above any a copy salvaged before reaches unless it started more than once an hour since",
-		salvageEpochFloor, hours, salvageEpochBase.Format(time.DateOnly))
-	if w.epochCopy+salvageEpochStep > epoch {
-		epoch, why = w.epochCopy+salvageEpochStep, fmt.Sprintf("past %d, the greatest an older copy of the store's meta records names", w.epochCopy)
+	epoch, why := uint64(salvageEpochFloor), fmt.Sprintf("the floor %d, above any an appliance reaches", salvageEpochFloor)
+	if e := salvageEpochFloor + hours; e > epoch {
+		epoch, why = e, fmt.Sprintf("the floor %d, above any an appliance reaches, plus the %d hours since %s",
+			salvageEpochFloor, hours, salvageEpochBase.Format(time.DateOnly))
+	}
+	if e := w.srcStamp + min(w.srcTxID, salvageEpochStep) + 1; e > epoch {
+		epoch, why = e, fmt.Sprintf("past %d, the count the file began with, plus its %d transactions since, "+
+			"each of which counted at most one start", w.srcStamp, w.srcTxID)
+		if w.srcTxID > salvageEpochStep {
+			why = fmt.Sprintf("past %d, the count the file began with, by %d: past any it reached unless it started "+
+				"more than %d times in its %d transactions since", w.srcStamp, e-w.srcStamp, salvageEpochStep, w.srcTxID)
+		}
+	}
+	if e := w.epochCopy + salvageEpochStep; w.epochCopy > 0 && e > epoch {
+		epoch, why = e, fmt.Sprintf("past %d, the greatest an older copy of the store's meta records names", w.epochCopy)
 	}
 	return epoch, why
+}
+
+// epochStampOffset is where a meta page holds the root bucket's sequence,
+// which bbolt carries from each meta page to the next and never sets or
+// reads itself.
+const epochStampOffset = metaOffset + 24
+
+// stampEpoch records, in both meta pages of the closed store file at
+// path, the stream epoch the file begins with: a salvage's copy, whose
+// epoch the salvage set, and a compacted copy, whose transaction IDs start
+// again from the first. A later salvage that finds the meta bucket lost
+// with the root page reads it there (lostEpoch): the count of a file is at
+// most its stamp plus its transaction ID. A store made new has none (0),
+// and counts from 0.
+func stampEpoch(path string, epoch uint64) error {
+	if epoch == 0 {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	err = func() error {
+		fi, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		m0, m1, off1 := readMetas(f, fi.Size())
+		if !m0.valid || !m1.valid {
+			return fmt.Errorf("stamp the stream epoch: %w: a meta page is not whole", ErrDamaged)
+		}
+		le := binary.LittleEndian
+		b := make([]byte, metaOffset+metaSize)
+		for _, off := range []int64{0, off1} {
+			if _, err := f.ReadAt(b, off); err != nil {
+				return err
+			}
+			le.PutUint64(b[epochStampOffset:], epoch)
+			h := fnv.New64a()
+			_, _ = h.Write(b[metaOffset:metaChecksumOffset])
+			le.PutUint64(b[metaChecksumOffset:], h.Sum64())
+			if _, err := f.WriteAt(b, off); err != nil {
+				return err
+			}
+		}
+		return f.Sync()
+	}()
+	return errors.Join(err, f.Close())
 }
 
 // rebuildHeads records the leaves (leaves.go) of every namespace of the

@@ -108,6 +108,25 @@ func TestSalvageRebuildsTheHeadsTheRootHeld(t *testing.T) {
 	}
 }
 
+// startThrice starts the stream of the store at path three times, as
+// serve does, with a commit after each (steps from 400+10*round), and
+// returns the epoch reached and the file's bytes.
+func startThrice(t *testing.T, path string, round int) (uint64, []byte) {
+	t.Helper()
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	var reached uint64
+	for j := range 3 {
+		reached, err = d.NextStreamEpoch()
+		require.NoError(t, err)
+		require.NoError(t, d.Commit(bg, stepCommit("t1", 400+10*round+j)))
+	}
+	require.NoError(t, d.Close())
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return reached, b
+}
+
 // Each salvage moves the stream epoch past the one the store it copies had
 // reached: a copy of a salvaged copy whose root pages are lost (with them,
 // as a rule, every record of the epoch: bbolt reuses the pages it frees),
@@ -135,17 +154,8 @@ func TestSalvageMovesTheStreamEpochOnEachTime(t *testing.T) {
 			break
 		}
 
-		// serve starts on the copy a few times, and commits between.
-		d, err := Open(dst, Options{})
-		require.NoError(t, err)
-		for j := range 3 {
-			reached, err = d.NextStreamEpoch()
-			require.NoError(t, err)
-			require.NoError(t, d.Commit(bg, stepCommit("t1", 400+10*i+j)))
-		}
-		require.NoError(t, d.Close())
-		b, err := os.ReadFile(dst)
-		require.NoError(t, err)
+		var b []byte
+		reached, b = startThrice(t, dst, i)
 		switch next {
 		case "roots lost, a day on":
 			b = zeroRoots(b)
@@ -155,6 +165,62 @@ func TestSalvageMovesTheStreamEpochOnEachTime(t *testing.T) {
 			continue
 		}
 		src = writeStore(t, b)
+	}
+}
+
+// A copy that salvage made, started and then damaged, its root pages
+// lost, is salvaged again in the same hour, or with the clock set back:
+// each salvage's epoch passes every one the copy before it counted. The
+// salvage stamps the epoch it sets in the copy's meta pages, which a
+// salvage reads whole whatever else is lost, and a compaction stamps the
+// epoch it copies. Before, with no older copy of the meta records left in
+// the file (a compacted copy has none), a salvage in the same hour set the
+// epoch the salvage before it had set, below the starts counted since.
+func TestSalvageMovesTheStreamEpochWhateverTheClock(t *testing.T) {
+	defer func(c func() time.Time) { salvageClock = c }(salvageClock)
+	now := time.Date(2026, 12, 1, 19, 0, 0, 0, time.UTC)
+	salvageClock = func() time.Time { return now }
+	for _, backup := range []bool{false, true} {
+		t.Run(fmt.Sprintf("backup=%v", backup), func(t *testing.T) {
+			src := stepsCopy(t, chainedSteps(t), backup)
+			// The epoch the store salvaged last had reached, and the one the
+			// salvage before gave its copy.
+			var reached, stamped uint64
+			for i, clock := range []string{"now", "the same hour", "set back a year", "the same hour"} {
+				switch clock {
+				case "set back a year":
+					now = now.AddDate(-1, 0, 0)
+				case "the same hour":
+					now = now.Add(time.Minute)
+				}
+				if i > 0 {
+					// The backup keeps the copy's stamp, and compaction
+					// stamps the count it copies.
+					b, err := os.ReadFile(src)
+					require.NoError(t, err)
+					want := stamped
+					if !backup {
+						want = reached
+					}
+					assert.Equal(t, want, readMeta(b).epochStamp, "the stamp of the store salvaged")
+				}
+				dst := filepath.Join(t.TempDir(), FileName)
+				rep, err := Salvage(bg, src, dst)
+				require.NoError(t, err)
+				assert.Empty(t, rep.Check.Problems, "db check of the copy")
+				epoch := binary.BigEndian.Uint64(records(t, dst)[bucketMeta][string(metaStreamEpoch)])
+				t.Logf("salvage %d (%s): the store had reached %d, the copy's epoch is %d", i+1, clock, reached, epoch)
+				stamped = epoch
+				assert.GreaterOrEqual(t, epoch, uint64(salvageEpochFloor))
+				require.Greater(t, epoch, reached, "salvage %d, %s", i+1, clock)
+
+				// Then its root pages are lost, on a backup of it or on a
+				// compacted copy, which holds no older meta records.
+				var b []byte
+				reached, b = startThrice(t, dst, i)
+				src = stepsCopy(t, b, backup)
+			}
+		})
 	}
 }
 

@@ -2,14 +2,17 @@ package store
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/engine"
 )
@@ -126,9 +129,11 @@ func TestSalvageNamesTheOpenToolCallsOfTheRunsItFails(t *testing.T) {
 	require.NoError(t, err, "the intent did not come back")
 	require.Equal(t, ToolCallIntent, call.Status)
 
+	// The calls named; each run copied as failed is also said to have
+	// made, perhaps, calls that cannot be named (its ID and a colon).
 	var named []string
 	for _, p := range rep.Lost {
-		if p.Bucket == bucketToolCalls {
+		if p.Bucket == bucketToolCalls && !strings.HasSuffix(p.Key, ":") {
 			named = append(named, p.Key)
 		}
 	}
@@ -189,4 +194,72 @@ func TestSalvageHoldsTheRunsWhoseToolCallsAreLost(t *testing.T) {
 	}
 	assert.Less(t, held, 6, "runs whose calls lie on no lost page are not resumed")
 	assert.Equal(t, held, rep.OutcomesAppended)
+}
+
+// A store with few tool-call records keeps them in its root page: lost
+// with it, they are gone whole, and salvage can name none of the calls of
+// the runs it copies. Salvage says plainly, of each run copied as failed,
+// that it may have called tools that cannot be named, and of each run that
+// waits for a person, that resuming it calls again, without asking, a tool
+// its node called before it paused. Neither is resumed at start. Before,
+// the report named no call of them, and read as though they had made none.
+func TestSalvageSaysTheToolCallsLostWithTheRoot(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	for i := 1; i <= 40; i++ {
+		require.NoError(t, d.Commit(bg, stepCommit(fmt.Sprintf("t%d", i%3), i)))
+	}
+	call := ToolCall{Node: "n", Tool: "send_letter", ArgsHash: "h", Args: engine.Value{Inline: []byte(`"to the pharmacy"`)}}
+	// run-t0 called the tool, then paused for a person in the same node;
+	// its payload is large enough that the runs bucket has a page of its
+	// own rather than live in the root page.
+	call.RunID = "run-t0"
+	require.NoError(t, d.PutToolIntent(bg, "run-t0:39:task:0", call))
+	require.NoError(t, d.PutToolResult(bg, "run-t0:39:task:0", ToolCall{Result: engine.Value{Inline: []byte(`"sent"`)}}))
+	payload := json.RawMessage(`"` + strings.Repeat("x", 3000) + `"`)
+	require.NoError(t, d.Commit(bg, &engine.Commit{Sync: true, Run: &engine.Run{ID: "run-t0", Thread: "t0", Status: engine.StatusInterrupted,
+		Checkpoint: "0039", Steps: 13, Interrupts: []engine.PendingInterrupt{{ID: "i", Node: "n", TaskID: "task", Payload: payload}}}}))
+	// run-t1 recorded its intent, and no result: the tool may have run.
+	call.RunID = "run-t1"
+	require.NoError(t, d.PutToolIntent(bg, "run-t1:40:task:0", call))
+	require.NoError(t, d.Close())
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
+	require.NoError(t, err)
+	require.NoError(t, db.View(func(tx *bbolt.Tx) error {
+		require.Zero(t, tx.Bucket([]byte(bucketToolCalls)).Root(), "the tool calls have a page of their own")
+		return nil
+	}))
+	require.NoError(t, db.Close())
+
+	// A compacted copy of the store holds no older root page to find them on.
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, stepsCopy(t, b, false), dst)
+	require.NoError(t, err)
+	assert.Empty(t, records(t, dst)[bucketToolCalls], "tool-call records came back")
+	said := func(key, text string) bool {
+		return slices.ContainsFunc(rep.Lost, func(p Problem) bool {
+			return p.Bucket == bucketToolCalls && p.Key == renderKey(bucketToolCalls, []byte(key)) && strings.Contains(p.Message, text)
+		})
+	}
+	c, err := Open(dst, Options{})
+	require.NoError(t, err)
+	defer c.Close()
+	for _, id := range []string{"run-t1", "run-t2"} {
+		r, err := c.Run(bg, id)
+		require.NoError(t, err)
+		assert.Equal(t, engine.StatusFailed, r.Status, "run %s would be resumed", id)
+		assert.True(t, said(id+":", "copied as failed, may have made tool calls whose records are lost, with the root page"),
+			"the report does not say that run %s's calls cannot be named: %v", id, rep.Lost)
+	}
+	r, err := c.Run(bg, "run-t0")
+	require.NoError(t, err)
+	assert.Equal(t, engine.StatusInterrupted, r.Status)
+	assert.True(t, said("run-t0:", "calls again without asking any tool it called before it paused whose record is lost"),
+		"the report does not say that resuming run-t0 may call a tool again: %v", rep.Lost)
+	running, err := c.Runs(bg, engine.RunFilter{Status: engine.StatusRunning})
+	require.NoError(t, err)
+	assert.Empty(t, running, "runs that serve would resume at start")
 }

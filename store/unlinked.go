@@ -37,7 +37,9 @@ import (
 //     with its result over its intent; the furthest uplink cursor. Copies
 //     that cannot be ordered are reported and all left out;
 //   - it is not a run record that says the run is unfinished when the
-//     run's outcome index entry or outcome says it ended. An unfinished
+//     run's outcome index entry or outcome says it ended: where the copy
+//     holds the outcome, the record is copied as that outcome ended the
+//     run (endFromOutcome), and named; else it is left out. An unfinished
 //     run record that is copied is reported too, and copied as failed
 //     (holdRun): where its newer versions and its outcome are all lost,
 //     nothing says it ended, and serve would resume it from a thread head
@@ -312,7 +314,7 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 			}
 			continue
 		}
-		var ended map[string]bool
+		var ended map[string]runEnd
 		if name == bucketRuns {
 			var err error
 			if ended, err = endedRuns(out, found[bucketRuns]); err != nil {
@@ -322,12 +324,30 @@ func (w *salvageWalk) copyUnlinked(ctx context.Context, out *bbolt.DB) error {
 		var batch []salvageEntry
 		for _, k := range slices.Sorted(maps.Keys(found[name])) {
 			v, ok := newestVersion(name, found[name][k])
+			end, endSaid := ended[k]
 			switch {
 			case !ok:
 				w.lost(name, []byte(k), "found in %d differing versions on pages that nothing leads to any more, and which is the newest cannot be told: left out", len(found[name][k]))
 				continue
-			case name == bucketRuns && !isOutcomeIndexKey([]byte(k)) && ended[k] && !runEnded(v):
-				w.lost(name, []byte(k), "found only as an older version, from before the run ended (its outcome is stored): left out")
+			case name == bucketRuns && !isOutcomeIndexKey([]byte(k)) && end.outcome != nil && !runEnded(v):
+				if v, ok = endFromOutcome(v, end); !ok {
+					continue // the salvage copies only records that decode
+				}
+				if w.rep.Inferred == nil {
+					w.rep.Inferred = map[string]string{}
+				}
+				w.rep.Inferred[k] = fmt.Sprintf("outcome %d", end.outcome.Seq)
+				final := "the checkpoint of that version, which may be older than its last (no outcome index entry names its final one)"
+				if end.checkpoint != "" {
+					final = "the final checkpoint its outcome index entry names, " + end.checkpoint
+				}
+				w.lost(name, []byte(k), "found only as an older version, from before the run ended; its outcome (seq %d), which the copy "+
+					"holds, says it ended %s at %s: it is copied as %s, with the outcome's end time, steps, output and error, and %s. "+
+					"Decisions it recorded after that version, if any, are lost", end.outcome.Seq, end.outcome.Status,
+					end.outcome.EndedAt.Format(time.RFC3339), end.outcome.Status, final)
+			case name == bucketRuns && !isOutcomeIndexKey([]byte(k)) && endSaid && !runEnded(v):
+				w.lost(name, []byte(k), "found only as an older version, from before the run ended (its outcome index entry is "+
+					"stored, but not its outcome, which would say how it ended): left out")
 				continue
 			case name == bucketRuns && !isOutcomeIndexKey([]byte(k)) && !runEnded(v):
 				var held bool
@@ -704,11 +724,7 @@ func (w *salvageWalk) holdRunsMissingCalls(out *bbolt.DB) error {
 			if err != nil || r.Status != engine.StatusRunning {
 				return nil
 			}
-			lo := append(bytes.Clone(k), ':')
-			hi := prefixEnd(lo)
-			if slices.ContainsFunc(gaps, func(g keyRange) bool {
-				return (g.hi == nil || bytes.Compare(g.hi, lo) > 0) && (g.lo == nil || bytes.Compare(g.lo, hi) < 0)
-			}) {
+			if w.callsMayBeLost(string(k)) {
 				failed, _ := holdRun(v)
 				held = append(held, [2][]byte{bytes.Clone(k), failed})
 			}
@@ -728,6 +744,80 @@ func (w *salvageWalk) holdRunsMissingCalls(out *bbolt.DB) error {
 				"fork THREAD --checkpoint ID), once you know what its tools did")
 		}
 		return nil
+	})
+}
+
+// callsMayBeLost reports whether tool-call records of the run id may lie
+// where the walk could not reach: in the root page, which holds the
+// tool-call records of a store with few of them, or below a lost page of
+// the bucket. Its tool calls' keys start with its ID and a colon
+// (internal/wiring's keys).
+func (w *salvageWalk) callsMayBeLost(id string) bool {
+	lo := []byte(id + ":")
+	hi := prefixEnd(lo)
+	return w.rootLost || slices.ContainsFunc(w.gaps[bucketToolCalls], func(g keyRange) bool {
+		return (g.hi == nil || bytes.Compare(g.hi, lo) > 0) && (g.lo == nil || bytes.Compare(g.lo, hi) < 0)
+	})
+}
+
+// lostCallsWhere says where the tool-call records that callsMayBeLost
+// means were lost.
+func (w *salvageWalk) lostCallsWhere() string {
+	if w.rootLost {
+		return "the root page, which holds them all in a store with few of them, or on a page that cannot be read, which " +
+			"nothing tells apart from a free one once the root page is lost"
+	}
+	return "a page of the tool-call records that cannot be read"
+}
+
+// unnamedCalls says plainly, for each run whose tool-call records may be
+// lost (callsMayBeLost), that the calls salvage names are not all it made:
+// a run copied as failed (holdRun) whose calls salvage cannot name may
+// still have called a tool, which a new run on a fork of its thread calls
+// again without asking; and a run that waits for a person calls again, once
+// resumed, a tool that the node it paused in called before it paused, where
+// the call's record is lost: resuming re-enters that node, and a call whose
+// key has no record runs as a new one (DESIGN: a side effect is never
+// silently repeated). Neither is resumed by serve at start.
+func (w *salvageWalk) unnamedCalls(out *bbolt.DB) error {
+	return out.View(func(tx *bbolt.Tx) error {
+		runs, calls := tx.Bucket([]byte(bucketRuns)), tx.Bucket([]byte(bucketToolCalls))
+		if runs == nil {
+			return nil
+		}
+		named := func(id string) int {
+			n := 0
+			if calls != nil {
+				prefix := []byte(id + ":")
+				c := calls.Cursor()
+				for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+					n++
+				}
+			}
+			return n
+		}
+		for _, id := range w.held {
+			if w.callsMayBeLost(id) {
+				w.lost(bucketToolCalls, []byte(id+":"), "run %s, copied as failed, may have made tool calls whose records are lost, "+
+					"with %s: %d record(s) of its calls came back, and any other call it made cannot be named. A new run on a fork of "+
+					"its thread calls such a tool again without asking: find out from the tools' side what it did before going on",
+					id, w.lostCallsWhere(), named(id))
+			}
+		}
+		return runs.ForEach(func(k, v []byte) error {
+			if isOutcomeIndexKey(k) || !w.callsMayBeLost(string(k)) {
+				return nil
+			}
+			r, err := decodeRunRecord(v)
+			if err != nil || r.Status != engine.StatusInterrupted {
+				return nil
+			}
+			w.lost(bucketToolCalls, append(bytes.Clone(k), ':'), "run %s waits for a person, and records of its tool calls may be "+
+				"lost, with %s (%d came back): resumed, the node it paused in runs again, and calls again without asking any tool it "+
+				"called before it paused whose record is lost. Find out from the tools' side what it did before resuming it; to "+
+				"go on without it, cancel it and fork its thread", k, w.lostCallsWhere(), named(string(k)))
+			return nil
+		})
 	})
 }
 
@@ -809,23 +899,42 @@ func runEnded(v []byte) bool {
 	return err == nil && r.Status.Terminal()
 }
 
+// runEnd is what the copy says of a run that ended: its newest terminal
+// outcome in the copy's ledger, with the reference of an output kept out
+// of line (nil where only an outcome index entry says it ended), and the
+// final checkpoint that its outcome index entry names ("" where none is
+// copied or found).
+type runEnd struct {
+	outcome    *Outcome
+	outputRef  engine.BlobRef
+	checkpoint string
+}
+
 // endedRuns returns the runs that the copy's ledger and outcome index, or
 // the outcome index entries found, say have ended.
-func endedRuns(out *bbolt.DB, found map[string][][]byte) (map[string]bool, error) {
-	ended := map[string]bool{}
+func endedRuns(out *bbolt.DB, found map[string][][]byte) (map[string]runEnd, error) {
+	ended := map[string]runEnd{}
+	index := func(k string, v []byte) {
+		var o outcomeRun
+		if decodeJSONRecord(v, outcomeRunVersion, &o) == nil && o.Status.Terminal() {
+			id := strings.TrimSuffix(k, outcomeIndexSuffix)
+			e := ended[id]
+			e.checkpoint = o.Checkpoint
+			ended[id] = e
+		}
+	}
 	for k, vs := range found {
 		if v, ok := newestVersion(bucketRuns, vs); ok && isOutcomeIndexKey([]byte(k)) {
-			var o outcomeRun
-			if decodeJSONRecord(v, outcomeRunVersion, &o) == nil && o.Status.Terminal() {
-				ended[strings.TrimSuffix(k, outcomeIndexSuffix)] = true
-			}
+			index(k, v)
 		}
 	}
 	err := out.View(func(tx *bbolt.Tx) error {
 		if b := tx.Bucket([]byte(bucketOutcomes)); b != nil {
 			err := b.ForEach(func(_, v []byte) error {
-				if o, _, err := decodeOutcome(v); err == nil && o.Status.Terminal() {
-					ended[o.Run] = true
+				if o, ref, err := decodeOutcome(v); err == nil && o.Status.Terminal() {
+					e := ended[o.Run]
+					e.outcome, e.outputRef = o, ref // the ledger's order: the newest last
+					ended[o.Run] = e
 				}
 				return nil
 			})
@@ -835,9 +944,8 @@ func endedRuns(out *bbolt.DB, found map[string][][]byte) (map[string]bool, error
 		}
 		if b := tx.Bucket([]byte(bucketRuns)); b != nil {
 			return b.ForEach(func(k, v []byte) error {
-				var o outcomeRun
-				if isOutcomeIndexKey(k) && decodeJSONRecord(v, outcomeRunVersion, &o) == nil && o.Status.Terminal() {
-					ended[strings.TrimSuffix(string(k), outcomeIndexSuffix)] = true
+				if isOutcomeIndexKey(k) {
+					index(string(k), v)
 				}
 				return nil
 			})
@@ -845,6 +953,32 @@ func endedRuns(out *bbolt.DB, found map[string][][]byte) (map[string]bool, error
 		return nil
 	})
 	return ended, err
+}
+
+// endFromOutcome returns the run record v, an older version that says the
+// run is unfinished, as the run ended by the outcome e holds: its status,
+// end time, steps, output and error, which the commit that ended the run
+// wrote together with the newest version, and the final checkpoint that
+// its outcome index entry names, where one is copied or found. The
+// interrupts the older version waited on were answered, or the run would
+// not have ended. It returns false where v does not decode.
+func endFromOutcome(v []byte, e runEnd) ([]byte, bool) {
+	r, err := decodeRunRecord(v)
+	if err != nil {
+		return v, false
+	}
+	o := e.outcome
+	r.Status, r.EndedAt, r.Steps, r.Error, r.Interrupts = o.Status, o.EndedAt, o.Steps, o.Error, nil
+	r.Output, r.OutputRef = nil, ""
+	if !e.outputRef.IsZero() {
+		r.OutputRef = e.outputRef.String()
+	} else if len(o.Output) > 0 && string(o.Output) != "null" {
+		r.Output = o.Output
+	}
+	if e.checkpoint != "" {
+		r.Checkpoint = e.checkpoint
+	}
+	return encodeRunRecord(r), true
 }
 
 // rebuildBlobIndex indexes every blob of the copy's log at or below the

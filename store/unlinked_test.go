@@ -8,8 +8,10 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -362,4 +364,125 @@ func TestSalvageAppendsTheOutcomesOfTheRunsItFails(t *testing.T) {
 	st, err := d.Ledger(bg)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(ended+len(failed)), st.LastSeq)
+}
+
+// A run found only as an older version, from before it ended, whose
+// outcome the copy holds, is copied as the outcome says it ended, and the
+// report names it and the outcome it was inferred from: the commit that
+// ends a run writes its outcome with its last record. Before, it was left
+// out, though its outcome proved how it ended. A run whose outcome is lost
+// too is copied as failed, as before: nothing proves that it completed.
+func TestSalvageEndsARunFromItsOutcome(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	// Runs that ended, enough that the runs and outcomes buckets have
+	// pages of their own rather than live in the root page.
+	output := func(i int) []byte { return []byte(fmt.Sprintf(`{"answer":"%s %d"}`, strings.Repeat("y", 200), i)) }
+	for i := 1; i <= 12; i++ {
+		c := stepCommit(fmt.Sprintf("t%d", i), i)
+		c.Run.ID, c.Run.Status, c.Run.Output, c.Run.EndedAt = fmt.Sprintf("run-%02d", i), engine.StatusCompleted, output(i), tc0
+		require.NoError(t, d.Commit(bg, c))
+	}
+	// run-x takes three steps, then completes; a reader holds the file as
+	// it stood before it ended, so that the page with the run's older
+	// record is not reused, as a free page often is not.
+	var older []byte
+	for i := 20; i < 23; i++ {
+		c := stepCommit("tx", i)
+		c.Run.ID, c.Run.Steps = "run-x", i-19
+		require.NoError(t, d.Commit(bg, c))
+	}
+	pin, err := d.db.Begin(false)
+	require.NoError(t, err)
+	older = bytes.Clone(pin.Bucket([]byte(bucketRuns)).Get([]byte("run-x")))
+	end := stepCommit("tx", 23)
+	end.Run.ID, end.Run.Steps, end.Run.Status, end.Run.Output, end.Run.EndedAt = "run-x", 4, engine.StatusCompleted, output(99), tc0.Add(time.Minute)
+	require.NoError(t, d.Commit(bg, end))
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	require.NoError(t, d.BackupFile(bg, backup))
+	require.NoError(t, pin.Rollback())
+	require.NoError(t, d.Close())
+	want := records(t, backup)
+	var outcome *Outcome
+	for _, v := range want[bucketOutcomes] {
+		if o, _, err := decodeOutcome(v); err == nil && o.Run == "run-x" {
+			outcome = o
+		}
+	}
+	require.NotNil(t, outcome, "run-x left no outcome")
+
+	b, err := os.ReadFile(backup)
+	require.NoError(t, err)
+	require.True(t, bytes.Contains(b, append([]byte("run-x"), older...)), "the file holds no older record of run-x")
+	// The root pages are lost, and with them run-x's newest record: the
+	// page that holds it, or its bytes, which rot in place, leaving the
+	// rest of its page (its outcome index entry, which names its final
+	// checkpoint, among them) whole; or its page and its outcome's.
+	ps := int(binary.LittleEndian.Uint32(b[metaOffset+8:]))
+	b = zeroRoots(b)
+	newest := append([]byte("run-x"), want[bucketRuns]["run-x"]...)
+	index := append(outcomeIndexKey("run-x"), want[bucketRuns][string(outcomeIndexKey("run-x"))]...)
+	clearPages := func(b, rec []byte) {
+		for off := 2 * ps; off < len(b); off += ps {
+			if bytes.Contains(b[off:off+ps], rec) {
+				clear(b[off : off+ps])
+			}
+		}
+		require.False(t, bytes.Contains(b, rec))
+	}
+	for _, damage := range []string{"page lost", "record rotted", "outcome lost"} {
+		t.Run(damage, func(t *testing.T) {
+			b := bytes.Clone(b)
+			switch damage {
+			case "record rotted":
+				at := bytes.Index(b, newest) + len(newest) - 1
+				b[at] ^= 0xff
+			case "outcome lost":
+				clearPages(b, append(seqKey(outcome.Seq), want[bucketOutcomes][string(seqKey(outcome.Seq))]...))
+				fallthrough
+			default:
+				clearPages(b, newest)
+			}
+			lostOutcome := damage == "outcome lost"
+			final := "0022" // the checkpoint of the older record
+			if bytes.Contains(b, index) {
+				final = "0023"
+			}
+			src := writeStore(t, b)
+			dst := filepath.Join(t.TempDir(), "salvaged.db")
+			rep, err := Salvage(bg, src, dst)
+			require.NoError(t, err)
+			assert.Empty(t, rep.Check.Problems, "db check of the copy")
+			c, err := Open(dst, Options{})
+			require.NoError(t, err)
+			defer c.Close()
+			r, err := c.Run(bg, "run-x")
+			require.NoError(t, err, "run-x did not come back")
+			if lostOutcome {
+				assert.Equal(t, engine.StatusFailed, r.Status, "nothing the copy holds proves run-x completed")
+				assert.NotContains(t, rep.Inferred, "run-x")
+				return
+			}
+			assert.Equal(t, engine.StatusCompleted, r.Status, "run-x: %s", r.Error)
+			assert.JSONEq(t, string(output(99)), string(r.Output))
+			assert.True(t, r.EndedAt.Equal(outcome.EndedAt), "ended at %v, not %v", r.EndedAt, outcome.EndedAt)
+			assert.Equal(t, outcome.Steps, r.Steps)
+			assert.Empty(t, r.Error)
+			assert.Equal(t, map[string]string{"run-x": fmt.Sprintf("outcome %d", outcome.Seq)}, rep.Inferred)
+			assert.Equal(t, final, r.Checkpoint, "run-x's checkpoint")
+			if final == "0023" {
+				assert.True(t, slices.ContainsFunc(rep.Lost, func(p Problem) bool {
+					return p.Key == "run-x" && strings.Contains(p.Message, "the final checkpoint its outcome index entry names, 0023")
+				}), "%v", rep.Lost)
+			}
+			assert.True(t, slices.ContainsFunc(rep.Lost, func(p Problem) bool {
+				return p.Bucket == bucketRuns && p.Key == "run-x" && strings.Contains(p.Message,
+					fmt.Sprintf("its outcome (seq %d), which the copy holds, says it ended completed", outcome.Seq))
+			}), "the report does not say run-x's status was inferred: %v", rep.Lost)
+			running, err := c.Runs(bg, engine.RunFilter{Status: engine.StatusRunning})
+			require.NoError(t, err)
+			assert.Empty(t, running)
+		})
+	}
 }
