@@ -191,6 +191,11 @@ says so.`
 		return badUsage("--key: %v", err)
 	}
 	done, err := firmware.SignBundle(fs.Arg(0), *key)
+	if errors.Is(err, firmware.ErrMissingFile) {
+		// explain's hint is for a bundle one was given; this one is being
+		// made.
+		return fmt.Errorf("%w\n(add the file to the folder, or take it out of %s, then sign again)", err, firmware.ManifestFile)
+	}
 	if err != nil {
 		return explain(err)
 	}
