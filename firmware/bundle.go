@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
 	"slices"
@@ -97,7 +98,19 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 	b := &Bundle{Manifest: m, Digest: v.digest, runtime: rt, Prompts: map[string]string{}, Lanes: map[string]policy.Lane{},
 		Graphs: map[string]*GraphSpec{}, agents: map[string]*engine.Agent{}}
 	policyErr := func(file string, err error) error {
-		return &FileError{File: file, Err: fmt.Errorf("%w: %w", ErrMalformed, err)}
+		fe := &FileError{File: file, Err: fmt.Errorf("%w: %w", ErrMalformed, err)}
+		// The policy decoders name the item at fault by its JSON path;
+		// the file's positions give its line and column.
+		var ie *policy.ItemError
+		if errors.As(err, &ie) {
+			var doc any
+			if pos, perr := decodeStrict(file, v.files[file], &doc); perr == nil {
+				if off := pos.At(ie.Path); off >= 0 {
+					fe.Line, fe.Column = lineCol(v.files[file], off)
+				}
+			}
+		}
+		return fe
 	}
 	var err error
 	if m.Tools != "" {

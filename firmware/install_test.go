@@ -473,3 +473,47 @@ func TestBundleNamesMeet(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A mistake in an item of a policy file (a tool, a red flag, an approval,
+// a redaction detector) is reported at that item's line and column, as a
+// mistake in a graph file is, so that the hint to fix the file at the line
+// and column given has one to give.
+func TestPolicyFileMistakesSayWhere(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, text, bad, says string
+	}{
+		{name: "tool kind", file: "tools.json", bad: `{"name": "send_reminder"`, says: `kind must be "read" or "write", got "reed"`,
+			text: `{"tools": [
+  {"name": "lookup_schedule", "kind": "read"},
+  {"name": "send_reminder", "kind": "reed"}
+]}`},
+		{name: "red flag pattern", file: "rules.json", bad: `{"name": "open"`, says: "missing closing )",
+			text: `{"red_flags": [
+    {"name": "chest-pain", "pattern": "chest pain", "flag": "acute", "template": "Call now."},
+    {"name": "open", "pattern": "(unclosed", "flag": "acute", "template": "Call now."}
+  ]}`},
+		{name: "approval decision", file: "rules.json", bad: `{"tool": "send_reminder"`, says: `decision must be allow, ask or deny, got "maybe"`,
+			text: `{"approvals": [
+    {"tool": "lookup_schedule", "decision": "allow"},
+    {"tool": "send_reminder", "decision": "maybe"}
+  ]}`},
+		{name: "redaction detector", file: "redaction.json", bad: `["email", "iban"]`, says: `unknown detector "iban"`,
+			text: `{"fields": ["status"],
+  "detectors": ["email", "iban"]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := variant(t, 2, func(dir string) { writeFile(t, dir, tc.file, tc.text) })
+			off := strings.Index(tc.text, tc.bad)
+			line := strings.Count(tc.text[:off], "\n") + 1
+			col := off - strings.LastIndex(tc.text[:off], "\n")
+			_, err := firmware.Load(dir, testKeyring(t))
+			var fe *firmware.FileError
+			if !errors.Is(err, firmware.ErrMalformed) || !errors.As(err, &fe) || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("%v, want a *FileError wrapping ErrMalformed that says %s", err, tc.says)
+			}
+			if fe.File != tc.file || fe.Line != line || fe.Column != col {
+				t.Fatalf("%v: at %s:%d:%d, want %s:%d:%d", err, fe.File, fe.Line, fe.Column, tc.file, line, col)
+			}
+		})
+	}
+}
