@@ -517,3 +517,28 @@ func TestFirmwareSignAFolderLackingAFile(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, string(sig), string(afterSig), "nothing is signed")
 }
+
+// A node of a kind that does not exist is named with the known kinds once,
+// and with what to do, as any other mistake in a graph file is; the kinds
+// were listed twice, and the hint said nothing of fixing the file.
+func TestFirmwareVerifyUnknownNodeKind(t *testing.T) {
+	dir := t.TempDir()
+	b := filepath.Join(dir, "b")
+	code, _, stderr := outpostBin(t, dir, "firmware", "export", b)
+	require.Zero(t, code, stderr)
+	graph := filepath.Join(b, "agents", "medication-adherence.json")
+	raw, err := os.ReadFile(graph)
+	require.NoError(t, err)
+	require.Contains(t, string(raw), `"kind": "router"`)
+	require.NoError(t, os.WriteFile(graph, []byte(strings.Replace(string(raw), `"kind": "router"`, `"kind": "routr"`, 1)), 0o644))
+	devKey, err := filepath.Abs(filepath.Join("..", "..", "testdata", "keys", "dev.key"))
+	require.NoError(t, err)
+	code, _, stderr = outpostBin(t, dir, "firmware", "sign", "--key", devKey, b)
+	require.Zero(t, code, stderr)
+
+	code, _, stderr = outpostBin(t, dir, "firmware", "verify", "--trust-dev-key", b)
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, `node "intake": unknown node kind "routr" (known: `)
+	require.Equal(t, 1, strings.Count(stderr, "tool_loop"), "the known kinds are listed once:\n%s", stderr)
+	require.Contains(t, stderr, "(fix the node's kind at the line and column given, then sign the bundle again)")
+}
