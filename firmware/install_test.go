@@ -308,8 +308,11 @@ func TestPinnedRunResumesOnItsVersion(t *testing.T) {
 	if _, err := resolve("reviewed", bad); !errors.Is(err, firmware.ErrPinnedMismatch) {
 		t.Fatalf("changed digest: %v", err)
 	}
-	if _, err := resolve("nobody", engine.BundleRef{}); !errors.Is(err, engine.ErrUnknownAgent) || !errors.Is(err, firmware.ErrUnknownAgent) {
-		t.Fatalf("unknown agent: %v", err)
+	for _, resolve := range []engine.Resolver{resolve, firmware.BundleResolver(loadPatterns(t))} {
+		if _, err := resolve("nobody", engine.BundleRef{}); !errors.Is(err, engine.ErrUnknownAgent) || !errors.Is(err, firmware.ErrUnknownAgent) ||
+			strings.Count(err.Error(), "unknown agent") != 1 || !strings.Contains(err.Error(), `"nobody"`) {
+			t.Fatalf("unknown agent: %v, want it to say \"unknown agent\" once and name the agent", err)
+		}
 	}
 }
 
