@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 
@@ -33,6 +35,9 @@ type Bundle struct {
 	agents    map[string]*engine.Agent
 	indexOnce sync.Once
 	idx       *bm25
+
+	// modelLanes are the lanes the model nodes take, for checkNames.
+	modelLanes []laneUse
 
 	runtime     *Runtime // nil: the scripted rules, calls recorded in memory
 	runtimeInit sync.Once
@@ -77,6 +82,9 @@ func LoadWithRuntime(p string, keys *Keyring, rt *Runtime) (*Bundle, error) {
 		return nil, fmt.Errorf("load %s: %w", p, err)
 	}
 	b, err := load(v, rt)
+	if err == nil {
+		err = b.checkNames(v)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", p, err)
 	}
@@ -90,7 +98,19 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 	b := &Bundle{Manifest: m, Digest: v.digest, runtime: rt, Prompts: map[string]string{}, Lanes: map[string]policy.Lane{},
 		Graphs: map[string]*GraphSpec{}, agents: map[string]*engine.Agent{}}
 	policyErr := func(file string, err error) error {
-		return &FileError{File: file, Err: fmt.Errorf("%w: %w", ErrMalformed, err)}
+		fe := &FileError{File: file, Err: fmt.Errorf("%w: %w", ErrMalformed, err)}
+		// The policy decoders name the item at fault by its JSON path;
+		// the file's positions give its line and column.
+		var ie *policy.ItemError
+		if errors.As(err, &ie) {
+			var doc any
+			if pos, perr := decodeStrict(file, v.files[file], &doc); perr == nil {
+				if off := pos.At(ie.Path); off >= 0 {
+					fe.Line, fe.Column = lineCol(v.files[file], off)
+				}
+			}
+		}
+		return fe
 	}
 	var err error
 	if m.Tools != "" {
@@ -151,7 +171,26 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 		}
 		b.agents[name] = a
 	}
+	b.modelLanes = gc.lanes
 	return b, nil
+}
+
+// checkNames refuses a bundle whose names do not meet: an approval for a
+// tool outside its registry, a model node whose lane the lanes file lacks.
+// A misspelt name there passes every other check and shows only at run
+// time, if ever, so verify and install refuse it. Open does not: a bundle
+// installed before this check still serves the runs pinned to it.
+func (b *Bundle) checkNames(v *verified) error {
+	m := v.manifest
+	if m.Rules != "" {
+		if err := checkApprovals(m.Rules, v.files[m.Rules], b.Rules.Approvals, b.Registry); err != nil {
+			return err
+		}
+	}
+	if m.Lanes != "" {
+		return b.checkLanes(m.Lanes)
+	}
+	return nil
 }
 
 // newAgent wraps a compiled graph as an engine agent: the request's input
@@ -215,6 +254,48 @@ func (b *Bundle) loadLanes(file string, data []byte) error {
 			return malformed(file, data, pos.At(at), "", "a second lane for agent %q", l.Agent)
 		}
 		b.Lanes[l.Agent] = l
+	}
+	return nil
+}
+
+// checkLanes refuses a model node whose lane the lanes file lacks: every
+// model call of it would be refused at run time (fail closed), on a bundle
+// that verified. A lane under a misspelt agent leaves that agent so.
+func (b *Bundle) checkLanes(file string) error {
+	for _, u := range b.modelLanes {
+		if _, ok := b.Lanes[u.lane]; ok {
+			continue
+		}
+		which := fmt.Sprintf("its lane, %q (the graph's name, as its config names no \"lane\"),", u.lane)
+		if u.named {
+			which = fmt.Sprintf("config.lane: %q", u.lane)
+		}
+		return u.env.Errorf("%s is not in %s, so every model call of the node would be refused (lanes: %s)",
+			which, file, strings.Join(sortedKeys(b.Lanes), ", "))
+	}
+	return nil
+}
+
+// checkApprovals refuses a standing approval for a tool that the bundle's
+// registry does not hold: a misspelt name would leave the tool it meant at
+// the default decision, so that a read tool meant to be denied would run.
+func checkApprovals(file string, data []byte, approvals []policy.ApprovalRule, reg *policy.Registry) error {
+	var tools []string
+	if reg != nil {
+		tools = reg.Names()
+	}
+	for i, a := range approvals {
+		if a.Tool == "*" || slices.Contains(tools, a.Tool) {
+			continue
+		}
+		// The rules decoded strictly once already; this pass finds where.
+		pos, _ := decodeStrict(file, data, &policy.Rules{})
+		at := fmt.Sprintf("approvals.%d", i)
+		known := "the bundle has no tool registry"
+		if len(tools) > 0 {
+			known = "tools: " + strings.Join(tools, ", ")
+		}
+		return malformed(file, data, pos.At(at), "", "%s.tool: %q is not a tool of the bundle's registry (%s)", at, a.Tool, known)
 	}
 	return nil
 }

@@ -99,7 +99,15 @@ type graphCompiler struct {
 	bundle   *Bundle
 	files    contents
 	compiled map[string]*compiledGraph
-	stack    []string // files being compiled, for cycle detection
+	stack    []string  // files being compiled, for cycle detection
+	lanes    []laneUse // the lanes model nodes take, in the order compiled
+}
+
+// laneUse is a model node's lane, with the node's Env for where it is.
+type laneUse struct {
+	lane  string
+	named bool // by the node's "lane", not by default
+	env   *Env
 }
 
 type compiledGraph struct {

@@ -222,7 +222,11 @@ func (in *Installer) Install(path string, o InstallOptions) (*Installed, error) 
 	if err := m.CheckApplianceVersion(in.opts.ApplianceVersion); err != nil {
 		return nil, fmt.Errorf("install %s: %w", path, err)
 	}
-	if _, err := load(v, nil); err != nil {
+	b, err := load(v, nil)
+	if err == nil {
+		err = b.checkNames(v)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("install %s: %w", path, err)
 	}
 

@@ -308,8 +308,11 @@ func TestPinnedRunResumesOnItsVersion(t *testing.T) {
 	if _, err := resolve("reviewed", bad); !errors.Is(err, firmware.ErrPinnedMismatch) {
 		t.Fatalf("changed digest: %v", err)
 	}
-	if _, err := resolve("nobody", engine.BundleRef{}); !errors.Is(err, engine.ErrUnknownAgent) || !errors.Is(err, firmware.ErrUnknownAgent) {
-		t.Fatalf("unknown agent: %v", err)
+	for _, resolve := range []engine.Resolver{resolve, firmware.BundleResolver(loadPatterns(t))} {
+		if _, err := resolve("nobody", engine.BundleRef{}); !errors.Is(err, engine.ErrUnknownAgent) || !errors.Is(err, firmware.ErrUnknownAgent) ||
+			strings.Count(err.Error(), "unknown agent") != 1 || !strings.Contains(err.Error(), `"nobody"`) {
+			t.Fatalf("unknown agent: %v, want it to say \"unknown agent\" once and name the agent", err)
+		}
 	}
 }
 
@@ -391,5 +394,129 @@ func TestLostIndexIsRefused(t *testing.T) {
 	empty := t.TempDir()
 	if _, err := firmware.NewInstaller(empty, nil, firmware.InstallerOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A bundle whose names do not meet (an approval for a tool outside its
+// registry, a model node whose lane the lanes file lacks) is refused by
+// Load and Install, naming the file, the line and column, the node and
+// the field; the installer is left as it was. A lane for no agent, left
+// over from one taken out, is no harm and is taken.
+func TestBundleNamesMeet(t *testing.T) {
+	const rules = `{
+  "citations": {"pattern": "\\[(kb-[0-9]+)\\]"},
+  "approvals": [
+    {"tool": "send_reminder", "decision": "ask", "reason": "it writes"},
+    {"tool": "lookup_schedul", "decision": "deny", "reason": "misspelt"}
+  ]
+}`
+	solo := func(lane string) string {
+		return `{"name": "solo", "channels": [
+    {"name": "input", "type": "string", "reducer": "replace"},
+    {"name": "answer", "type": "string", "reducer": "replace"}],
+  "input": "input", "output": "answer",
+  "nodes": [{"name": "ask", "kind": "model", "config": {"input": "input", "out": "answer"` + lane + `}}],
+  "edges": [{"from": "START", "to": "ask"}, {"from": "ask", "to": "END"}]}`
+	}
+	withSolo := func(dir, graph, lanes string) {
+		writeFile(t, dir, "agents/solo.json", graph)
+		writeFile(t, dir, "lanes.json", lanes)
+		editManifest(t, dir, func(m map[string]any) { m["agents"].(map[string]any)["solo"] = "agents/solo.json" })
+	}
+	for _, tc := range []struct {
+		name, file, text, bad, node, field string
+		edit                               func(dir string)
+	}{
+		{name: "approval for an unknown tool", file: "rules.json", text: rules, bad: `{"tool": "lookup_schedul"`,
+			field: `approvals.1.tool: "lookup_schedul" is not a tool`, edit: func(dir string) { writeFile(t, dir, "rules.json", rules) }},
+		{name: "lane under a misspelt agent", file: "agents/solo.json", text: solo(""), bad: `{"name": "ask"`, node: "ask",
+			field: `its lane, "solo" (the graph's name`, edit: func(dir string) {
+				withSolo(dir, solo(""), `{"lanes": [{"agent": "sollo", "models": ["llama3.2:*"]}]}`)
+			}},
+		{name: "lane a node names", file: "agents/solo.json", text: solo(`, "lane": "shared"`), bad: `{"name": "ask"`, node: "ask",
+			field: `config.lane: "shared" is not in lanes.json`, edit: func(dir string) {
+				withSolo(dir, solo(`, "lane": "shared"`), `{"lanes": [{"agent": "solo", "models": ["llama3.2:*"]}]}`)
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := variant(t, 2, tc.edit)
+			off := strings.Index(tc.text, tc.bad)
+			line := strings.Count(tc.text[:off], "\n") + 1
+			col := off - strings.LastIndex(tc.text[:off], "\n")
+
+			_, loadErr := firmware.Load(dir, testKeyring(t))
+			in := newInstaller(t, t.TempDir())
+			_, installErr := in.Install(dir, firmware.InstallOptions{})
+			for what, err := range map[string]error{"load": loadErr, "install": installErr} {
+				var fe *firmware.FileError
+				if !errors.Is(err, firmware.ErrMalformed) || !errors.As(err, &fe) {
+					t.Fatalf("%s: %v, want a *FileError wrapping ErrMalformed", what, err)
+				}
+				if fe.File != tc.file || fe.Line != line || fe.Column != col || fe.Node != tc.node || !strings.Contains(err.Error(), tc.field) {
+					t.Fatalf("%s: %v, want it at %s:%d:%d, node %q, naming %s", what, err, tc.file, line, col, tc.node, tc.field)
+				}
+			}
+			if list := in.List(); len(list) != 0 {
+				t.Fatalf("a refused install left %+v", list)
+			}
+		})
+	}
+
+	// The names meet: the approval names a tool of the registry, the
+	// node's lane is in the lanes file, and a lane left over for no agent
+	// does no harm.
+	dir := variant(t, 2, func(dir string) {
+		writeFile(t, dir, "rules.json", strings.Replace(rules, "lookup_schedul", "lookup_schedule", 1))
+		withSolo(dir, solo(`, "lane": "shared"`), `{"lanes": [{"agent": "shared", "models": ["llama3.2:*"]}, {"agent": "gone", "models": ["llama3.2:*"]}]}`)
+	})
+	if _, err := firmware.Load(dir, testKeyring(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newInstaller(t, t.TempDir()).Install(dir, firmware.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A mistake in an item of a policy file (a tool, a red flag, an approval,
+// a redaction detector) is reported at that item's line and column, as a
+// mistake in a graph file is, so that the hint to fix the file at the line
+// and column given has one to give.
+func TestPolicyFileMistakesSayWhere(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, text, bad, says string
+	}{
+		{name: "tool kind", file: "tools.json", bad: `{"name": "send_reminder"`, says: `kind must be "read" or "write", got "reed"`,
+			text: `{"tools": [
+  {"name": "lookup_schedule", "kind": "read"},
+  {"name": "send_reminder", "kind": "reed"}
+]}`},
+		{name: "red flag pattern", file: "rules.json", bad: `{"name": "open"`, says: "missing closing )",
+			text: `{"red_flags": [
+    {"name": "chest-pain", "pattern": "chest pain", "flag": "acute", "template": "Call now."},
+    {"name": "open", "pattern": "(unclosed", "flag": "acute", "template": "Call now."}
+  ]}`},
+		{name: "approval decision", file: "rules.json", bad: `{"tool": "send_reminder"`, says: `decision must be allow, ask or deny, got "maybe"`,
+			text: `{"approvals": [
+    {"tool": "lookup_schedule", "decision": "allow"},
+    {"tool": "send_reminder", "decision": "maybe"}
+  ]}`},
+		{name: "redaction detector", file: "redaction.json", bad: `["email", "iban"]`, says: `unknown detector "iban"`,
+			text: `{"fields": ["status"],
+  "detectors": ["email", "iban"]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := variant(t, 2, func(dir string) { writeFile(t, dir, tc.file, tc.text) })
+			off := strings.Index(tc.text, tc.bad)
+			line := strings.Count(tc.text[:off], "\n") + 1
+			col := off - strings.LastIndex(tc.text[:off], "\n")
+			_, err := firmware.Load(dir, testKeyring(t))
+			var fe *firmware.FileError
+			if !errors.Is(err, firmware.ErrMalformed) || !errors.As(err, &fe) || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("%v, want a *FileError wrapping ErrMalformed that says %s", err, tc.says)
+			}
+			if fe.File != tc.file || fe.Line != line || fe.Column != col {
+				t.Fatalf("%v: at %s:%d:%d, want %s:%d:%d", err, fe.File, fe.Line, fe.Column, tc.file, line, col)
+			}
+		})
 	}
 }

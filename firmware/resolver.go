@@ -48,7 +48,7 @@ func Resolver(in *Installer) engine.Resolver {
 		}
 		switch len(found) {
 		case 0:
-			return nil, fmt.Errorf("%w: %w: no active bundle has agent %q (active: %s)", engine.ErrUnknownAgent, ErrUnknownAgent, name, strings.Join(names, ", "))
+			return nil, unknownAgentError{fmt.Errorf("%w: no active bundle has agent %q (active: %s)", ErrUnknownAgent, name, strings.Join(names, ", "))}
 		case 1:
 			// A new run does not start on a bundle that needs a newer
 			// appliance than this one (a binary rolled back after the
@@ -80,7 +80,15 @@ func BundleResolver(b *Bundle) engine.Resolver {
 func agentOf(b *Bundle, name string) (*engine.Agent, error) {
 	a, err := b.Agent(name)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", engine.ErrUnknownAgent, err)
+		return nil, unknownAgentError{err}
 	}
 	return a, nil
 }
+
+// unknownAgentError is an error of ours wrapping ErrUnknownAgent that is
+// also engine's ErrUnknownAgent. Both sentinels read "unknown agent", so it
+// is said once.
+type unknownAgentError struct{ err error }
+
+func (e unknownAgentError) Error() string   { return e.err.Error() }
+func (e unknownAgentError) Unwrap() []error { return []error{engine.ErrUnknownAgent, e.err} }

@@ -345,8 +345,12 @@ func (c *modelCommon) prepare(env *Env) (system string, script *scripted.Provide
 	if c.NumPredict < 0 {
 		return "", nil, env.Errorf("num_predict must not be negative (0 is no cap)")
 	}
-	if c.Lane == "" {
+	named := c.Lane != ""
+	if !named {
 		c.Lane = env.Graph
+	}
+	if env.gc != nil {
+		env.gc.lanes = append(env.gc.lanes, laneUse{lane: c.Lane, named: named, env: env})
 	}
 	if c.System != "" {
 		p, ok := env.Bundle.Prompts[c.System]

@@ -44,8 +44,17 @@ func SignBundle(dir, keyFile string) (*Signed, error) {
 		return nil, fmt.Errorf("sign %s: %w: %s", dir, ErrMissingFile, ManifestFile)
 	}
 	var m Manifest
-	if _, err := decodeStrict(ManifestFile, raw, &m); err != nil {
+	pos, err := decodeStrict(ManifestFile, raw, &m)
+	if err != nil {
 		return nil, fmt.Errorf("sign %s: %w", dir, err)
+	}
+	// A file the manifest names that the folder lacks is the author's to
+	// add or unname: say which entry names it, and where.
+	for _, r := range m.references() {
+		if _, ok := files[r.path]; !ok && checkPath(r.path) == nil {
+			return nil, fmt.Errorf("sign %s: %w", dir, malformedAs(ErrMissingFile, ManifestFile, raw, pos.At(r.field), "",
+				"%s names %q, which is not in the folder", r.field, r.path))
+		}
 	}
 	m.KeyID = id
 	done := &Signed{KeyID: id}

@@ -22,3 +22,18 @@ var (
 	ErrBudgetExceeded = errors.New("budget exceeded")
 	ErrModelNotInLane = errors.New("model not in the agent's lane")
 )
+
+// ItemError is an error in one item of a bundle's policy file. Path is the
+// item's JSON path ("tools.2", "red_flags.1", "citations"), so that a
+// caller holding the file can say at which line it stands; the message is
+// Err's alone.
+type ItemError struct {
+	Path string
+	Err  error
+}
+
+func (e *ItemError) Error() string { return e.Err.Error() }
+func (e *ItemError) Unwrap() error { return e.Err }
+
+// itemError wraps err as the error of the item at path.
+func itemError(path string, err error) error { return &ItemError{Path: path, Err: err} }

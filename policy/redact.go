@@ -102,7 +102,7 @@ func NewRedactor(p RedactionPolicy) (*Redactor, error) {
 			}
 		}
 		if !known {
-			return nil, fmt.Errorf("%w: redaction: unknown detector %q", ErrBadRule, d)
+			return nil, itemError("detectors", fmt.Errorf("%w: redaction: unknown detector %q", ErrBadRule, d))
 		}
 		want[d] = true
 	}
@@ -115,7 +115,7 @@ func NewRedactor(p RedactionPolicy) (*Redactor, error) {
 		parts := strings.Split(f, ".")
 		for _, part := range parts {
 			if part == "" {
-				return nil, fmt.Errorf("%w: redaction: bad field path %q", ErrBadRule, f)
+				return nil, itemError("fields", fmt.Errorf("%w: redaction: bad field path %q", ErrBadRule, f))
 			}
 		}
 		r.fields = append(r.fields, parts)

@@ -55,18 +55,19 @@ func NewRegistry(tools []Tool) (*Registry, error) {
 	var errs []error
 	for i, t := range tools {
 		what := fmt.Sprintf("tool %d (%q)", i, t.Name)
+		at := fmt.Sprintf("tools.%d", i)
 		if !toolNameRE.MatchString(t.Name) {
-			errs = append(errs, fmt.Errorf("%w: %s: name must match %s", ErrBadRule, what, toolNameRE))
+			errs = append(errs, itemError(at, fmt.Errorf("%w: %s: name must match %s", ErrBadRule, what, toolNameRE)))
 			continue
 		}
 		if _, dup := r.tools[t.Name]; dup {
-			errs = append(errs, fmt.Errorf("%w: %s: declared twice", ErrBadRule, what))
+			errs = append(errs, itemError(at, fmt.Errorf("%w: %s: declared twice", ErrBadRule, what)))
 			continue
 		}
 		if t.Kind != KindRead && t.Kind != KindWrite {
 			// No default: a tool whose kind was forgotten must not slip in as
 			// a read tool and skip approval.
-			errs = append(errs, fmt.Errorf("%w: %s: kind must be %q or %q, got %q", ErrBadRule, what, KindRead, KindWrite, t.Kind))
+			errs = append(errs, itemError(at, fmt.Errorf("%w: %s: kind must be %q or %q, got %q", ErrBadRule, what, KindRead, KindWrite, t.Kind)))
 			continue
 		}
 		raw := t.Schema
@@ -75,16 +76,16 @@ func NewRegistry(tools []Tool) (*Registry, error) {
 		}
 		s, err := CompileSchema(raw)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+			errs = append(errs, itemError(at, fmt.Errorf("%s: %w", what, err)))
 			continue
 		}
 		if len(s.types) != 1 || s.types[0] != "object" {
-			errs = append(errs, fmt.Errorf("%w: %s: schema must have \"type\": \"object\" (tool arguments are an object)", ErrBadRule, what))
+			errs = append(errs, itemError(at, fmt.Errorf("%w: %s: schema must have \"type\": \"object\" (tool arguments are an object)", ErrBadRule, what)))
 			continue
 		}
 		var buf bytes.Buffer
 		if err := json.Compact(&buf, raw); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %s: schema: %v", ErrBadRule, what, err))
+			errs = append(errs, itemError(at, fmt.Errorf("%w: %s: schema: %v", ErrBadRule, what, err)))
 			continue
 		}
 		t.Schema = buf.Bytes()

@@ -90,3 +90,45 @@ func TestToolWithoutSchemaTakesNoArguments(t *testing.T) {
 	assert.False(t, res.Allowed)
 	assert.Equal(t, LayerSchema, res.Layer)
 }
+
+// Each policy decoder names the item at fault by its JSON path, so that a
+// caller holding the file can point at it.
+func TestItemErrorPaths(t *testing.T) {
+	for _, tc := range []struct {
+		name, path string
+		decode     func() error
+	}{
+		{"tool", "tools.1", func() error {
+			_, err := DecodeRegistry([]byte(`{"tools": [{"name": "a", "kind": "read"}, {"name": "b", "kind": "reed"}]}`))
+			return err
+		}},
+		{"red flag", "red_flags.0", func() error {
+			_, err := DecodeRules([]byte(`{"red_flags": [{"name": "x", "pattern": "(", "flag": "f", "template": "t"}]}`))
+			return err
+		}},
+		{"scope", "scope", func() error {
+			_, err := DecodeRules([]byte(`{"scope": {"keywords": ["dose"]}}`))
+			return err
+		}},
+		{"citations", "citations", func() error {
+			_, err := DecodeRules([]byte(`{"citations": {"pattern": "(a)(b)"}}`))
+			return err
+		}},
+		{"approval", "approvals.1", func() error {
+			_, err := DecodeRules([]byte(`{"approvals": [{"tool": "a", "decision": "allow"}, {"tool": "b", "decision": "maybe"}]}`))
+			return err
+		}},
+		{"detector", "detectors", func() error {
+			_, err := DecodeRedactionPolicy([]byte(`{"detectors": ["nope"]}`))
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.decode()
+			require.ErrorIs(t, err, ErrBadRule)
+			var ie *ItemError
+			require.ErrorAs(t, err, &ie)
+			assert.Equal(t, tc.path, ie.Path)
+		})
+	}
+}

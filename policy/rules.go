@@ -91,34 +91,35 @@ func (r *Rules) compile() (*compiledRules, error) {
 	seen := map[string]bool{}
 	for i, f := range r.RedFlags {
 		what := fmt.Sprintf("red flag %d (%q)", i, f.Name)
+		at := fmt.Sprintf("red_flags.%d", i)
 		switch {
 		case f.Name == "":
-			return nil, fmt.Errorf("%w: %s: no name", ErrBadRule, what)
+			return nil, itemError(at, fmt.Errorf("%w: %s: no name", ErrBadRule, what))
 		case seen[f.Name]:
-			return nil, fmt.Errorf("%w: %s: declared twice", ErrBadRule, what)
+			return nil, itemError(at, fmt.Errorf("%w: %s: declared twice", ErrBadRule, what))
 		case f.Flag == "":
-			return nil, fmt.Errorf("%w: %s: no flag", ErrBadRule, what)
+			return nil, itemError(at, fmt.Errorf("%w: %s: no flag", ErrBadRule, what))
 		case strings.TrimSpace(f.Template) == "":
-			return nil, fmt.Errorf("%w: %s: no template", ErrBadRule, what)
+			return nil, itemError(at, fmt.Errorf("%w: %s: no template", ErrBadRule, what))
 		case f.Pattern == "":
-			return nil, fmt.Errorf("%w: %s: no pattern", ErrBadRule, what)
+			return nil, itemError(at, fmt.Errorf("%w: %s: no pattern", ErrBadRule, what))
 		}
 		seen[f.Name] = true
 		re, err := regexp.Compile("(?i)" + f.Pattern)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s: pattern: %v", ErrBadRule, what, err)
+			return nil, itemError(at, fmt.Errorf("%w: %s: pattern: %v", ErrBadRule, what, err))
 		}
 		c.redFlags = append(c.redFlags, re)
 	}
 	for _, k := range r.Scope.Keywords {
 		k = strings.TrimSpace(k)
 		if k == "" {
-			return nil, fmt.Errorf("%w: scope: empty keyword", ErrBadRule)
+			return nil, itemError("scope", fmt.Errorf("%w: scope: empty keyword", ErrBadRule))
 		}
 		c.keywords = append(c.keywords, regexp.MustCompile(`(?i)(^|[^\pL\pN])`+regexp.QuoteMeta(k)))
 	}
 	if len(c.keywords) > 0 && strings.TrimSpace(r.Scope.Refusal) == "" {
-		return nil, fmt.Errorf("%w: scope: keywords without a refusal", ErrBadRule)
+		return nil, itemError("scope", fmt.Errorf("%w: scope: keywords without a refusal", ErrBadRule))
 	}
 	pattern := r.Citation.Pattern
 	if pattern == "" {
@@ -126,15 +127,15 @@ func (r *Rules) compile() (*compiledRules, error) {
 	}
 	re, err := regexp.Compile(pattern)
 	if err != nil {
-		return nil, fmt.Errorf("%w: citations: pattern: %v", ErrBadRule, err)
+		return nil, itemError("citations", fmt.Errorf("%w: citations: pattern: %v", ErrBadRule, err))
 	}
 	if re.NumSubexp() > 1 {
-		return nil, fmt.Errorf("%w: citations: pattern has %d groups, want at most one (the id)", ErrBadRule, re.NumSubexp())
+		return nil, itemError("citations", fmt.Errorf("%w: citations: pattern has %d groups, want at most one (the id)", ErrBadRule, re.NumSubexp()))
 	}
 	c.citeRE = re
-	for _, a := range r.Approvals {
+	for i, a := range r.Approvals {
 		if err := a.Validate(); err != nil {
-			return nil, err
+			return nil, itemError(fmt.Sprintf("approvals.%d", i), err)
 		}
 	}
 	return c, nil

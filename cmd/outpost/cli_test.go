@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -474,4 +475,70 @@ func TestDBCheckFileProblemsAdvise(t *testing.T) {
 		"or, while the store itself is sound, take a new one (outpost db backup FILE)\n"+
 		"(with no sound copy, copy out what can still be read: copy the file into an empty folder as outpost.db, "+
 		"then run outpost db salvage --data FOLDER NEWFILE)\n", stderr)
+}
+
+// An author who signs a bundle folder whose manifest names a file the
+// folder lacks is told which entry names it, where, and what to do (add
+// the file or take it out of the manifest), not to "get a complete copy"
+// of a bundle they are making; nothing is signed.
+func TestFirmwareSignAFolderLackingAFile(t *testing.T) {
+	dir := t.TempDir()
+	keys, b := filepath.Join(dir, "keys"), filepath.Join(dir, "b")
+	for _, args := range [][]string{{"firmware", "keygen", "--out", keys}, {"firmware", "export", b}} {
+		code, _, stderr := outpostBin(t, dir, args...)
+		require.Zero(t, code, "%v: %s", args, stderr)
+	}
+	key, err := filepath.Glob(filepath.Join(keys, "*.key"))
+	require.NoError(t, err)
+	require.Len(t, key, 1)
+	manifest, err := os.ReadFile(filepath.Join(b, "manifest.json"))
+	require.NoError(t, err)
+	sig, err := os.ReadFile(filepath.Join(b, "manifest.sig"))
+	require.NoError(t, err)
+	var m struct{ Knowledge []string }
+	require.NoError(t, json.Unmarshal(manifest, &m))
+	const gone = 4
+	require.NoError(t, os.Remove(filepath.Join(b, filepath.FromSlash(m.Knowledge[gone]))))
+
+	code, stdout, stderr := outpostBin(t, dir, "firmware", "sign", "--key", key[0], b)
+	require.Equal(t, 1, code, stderr)
+	require.Empty(t, stdout)
+	at := bytes.Index(manifest, []byte(`"knowledge": [`)) + len(`"knowledge": `)
+	line := bytes.Count(manifest[:at], []byte("\n")) + 1
+	col := at - bytes.LastIndexByte(manifest[:at], '\n')
+	require.Contains(t, stderr, fmt.Sprintf("manifest.json:%d:%d: ", line, col))
+	require.Contains(t, stderr, fmt.Sprintf("knowledge.%d names %q, which is not in the folder", gone, m.Knowledge[gone]))
+	require.Contains(t, stderr, "(add the file to the folder, or take it out of manifest.json, then sign again)")
+	require.NotContains(t, stderr, "get a complete copy")
+	after, err := os.ReadFile(filepath.Join(b, "manifest.json"))
+	require.NoError(t, err)
+	require.Equal(t, string(manifest), string(after), "the manifest is not changed")
+	afterSig, err := os.ReadFile(filepath.Join(b, "manifest.sig"))
+	require.NoError(t, err)
+	require.Equal(t, string(sig), string(afterSig), "nothing is signed")
+}
+
+// A node of a kind that does not exist is named with the known kinds once,
+// and with what to do, as any other mistake in a graph file is; the kinds
+// were listed twice, and the hint said nothing of fixing the file.
+func TestFirmwareVerifyUnknownNodeKind(t *testing.T) {
+	dir := t.TempDir()
+	b := filepath.Join(dir, "b")
+	code, _, stderr := outpostBin(t, dir, "firmware", "export", b)
+	require.Zero(t, code, stderr)
+	graph := filepath.Join(b, "agents", "medication-adherence.json")
+	raw, err := os.ReadFile(graph)
+	require.NoError(t, err)
+	require.Contains(t, string(raw), `"kind": "router"`)
+	require.NoError(t, os.WriteFile(graph, []byte(strings.Replace(string(raw), `"kind": "router"`, `"kind": "routr"`, 1)), 0o644))
+	devKey, err := filepath.Abs(filepath.Join("..", "..", "testdata", "keys", "dev.key"))
+	require.NoError(t, err)
+	code, _, stderr = outpostBin(t, dir, "firmware", "sign", "--key", devKey, b)
+	require.Zero(t, code, stderr)
+
+	code, _, stderr = outpostBin(t, dir, "firmware", "verify", "--trust-dev-key", b)
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, `node "intake": unknown node kind "routr" (known: `)
+	require.Equal(t, 1, strings.Count(stderr, "tool_loop"), "the known kinds are listed once:\n%s", stderr)
+	require.Contains(t, stderr, "(fix the node's kind at the line and column given, then sign the bundle again)")
 }

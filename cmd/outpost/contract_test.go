@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -85,4 +86,35 @@ func flagHelp(help, name string) (string, bool) {
 		return strings.Join(desc, "\n"), true
 	}
 	return "", false
+}
+
+// TestHelpNamesACommand asks "outpost help X [SUB]" for every command and
+// subcommand, as one would ask git or go: it prints what "outpost X [SUB]
+// -h" prints, with exit 0, and names a command that does not exist as
+// an unknown command, with exit 2.
+func TestHelpNamesACommand(t *testing.T) {
+	dir := t.TempDir()
+	_, general, _ := outpostBin(t, dir, "help")
+	var asked [][]string
+	for name, c := range commands {
+		asked = append(asked, []string{name})
+		for _, sub := range c.subs {
+			asked = append(asked, []string{name, sub})
+		}
+	}
+	for _, args := range asked {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			wantCode, want, wantErr := outpostBin(t, dir, append(slices.Clone(args), "-h")...)
+			require.Zero(t, wantCode, wantErr)
+			code, got, stderr := outpostBin(t, dir, append([]string{"help"}, args...)...)
+			require.Zero(t, code, stderr)
+			require.Equal(t, want, got, "outpost help %s prints what -h does", strings.Join(args, " "))
+			require.NotEqual(t, general, got, "outpost help %s is not the list of commands", strings.Join(args, " "))
+		})
+	}
+
+	code, stdout, stderr := outpostBin(t, dir, "help", "frobnicate")
+	require.Equal(t, 2, code)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, `unknown command "frobnicate"`)
 }

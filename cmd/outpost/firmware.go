@@ -93,7 +93,8 @@ func explain(err error) error {
 	case errors.Is(err, firmware.ErrDowngrade):
 		hint = "to install or activate an older version on purpose, add --allow-downgrade --by NAME --reason TEXT (it is recorded)"
 	case errors.Is(err, firmware.ErrUnknownNodeKind):
-		hint = "known node kinds: " + fmt.Sprint(firmware.Kinds())
+		// The error lists the known kinds already.
+		hint = "fix the node's kind at the line and column given, then sign the bundle again"
 	case errors.Is(err, firmware.ErrMalformed) && strings.Contains(err.Error(), "read bundle tar"):
 		hint = "the tar is damaged, cut short or not a tar (a .tar.gz must be unpacked first): get a fresh copy"
 	case errors.Is(err, firmware.ErrMalformed):
@@ -191,6 +192,11 @@ says so.`
 		return badUsage("--key: %v", err)
 	}
 	done, err := firmware.SignBundle(fs.Arg(0), *key)
+	if errors.Is(err, firmware.ErrMissingFile) {
+		// explain's hint is for a bundle one was given; this one is being
+		// made.
+		return fmt.Errorf("%w\n(add the file to the folder, or take it out of %s, then sign again)", err, firmware.ManifestFile)
+	}
 	if err != nil {
 		return explain(err)
 	}

@@ -97,6 +97,12 @@ func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
+	if args[0] == "help" && len(args) > 1 && args[1] != "help" {
+		// "outpost help db check" is "outpost db check -h", as git's and
+		// go's help are: the command's own help, or its unknown-command
+		// error.
+		return execute(ctx, append(slices.Clone(args[1:]), "-h"), stdout, stderr)
+	}
 	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(stdout)
 		return 0
@@ -154,7 +160,8 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintf(w, "\nStart with \"outpost serve\", then open http://127.0.0.1:7070/ and paste the token that\n"+
-		"\"outpost token\" prints. Run \"outpost <command> -h\" for a command's flags.\n\n"+
+		"\"outpost token\" prints. Run \"outpost <command> -h\" (or \"outpost help <command>\") for a\n"+
+		"command's flags.\n\n"+
 		"Exit status: 0 done; 1 the work failed (for eval, a conversation departed from its golden file);\n"+
 		"2 a bad command line (an unknown command, subcommand or flag, a flag value refused, an argument\n"+
 		"missing or one too many), with nothing done (for eval, also a replay that could not be made).\n")
