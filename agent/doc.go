@@ -27,6 +27,8 @@
 // On recovery a recorded result is reused; an intent without a result is run
 // again only for a tool declared idempotent (with the same key); for any
 // other tool the run pauses with an interrupt whose payload's reason is
-// "uncertain_side_effect", and a person decides. ExampleToolLoop shows a
-// whole turn.
+// "uncertain_side_effect", and a person decides. A CallLog that may have
+// lost records of a run (LostCalls: a store salvaged after damage) has the
+// same question asked about a call of such a tool that has no record and
+// may have run before. ExampleToolLoop shows a whole turn.
 package agent

@@ -299,6 +299,18 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 		return "", fmt.Errorf("tool call %s: %w", key, err)
 	}
 	switch {
+	case existing == nil && !tool.Idempotent:
+		lost, err := l.recordMayBeLost(ctx)
+		if err != nil {
+			return "", fmt.Errorf("tool call %s: %w", key, err)
+		}
+		if lost {
+			// The call may have run before the store was damaged, and its
+			// record been lost with the page that held it: the intent just
+			// recorded stands for it, and a person decides.
+			return l.uncertain(ctx, impl, rec, reasonSalvaged)
+		}
+		return l.execute(ctx, impl, rec, key, "")
 	case existing == nil:
 		return l.execute(ctx, impl, rec, key, "")
 	case existing.Done():
@@ -313,36 +325,124 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 		// key is harmless by its declaration.
 		return l.execute(ctx, impl, *existing, key, "")
 	}
-	return l.uncertain(ctx, impl, *existing)
+	return l.uncertain(ctx, impl, *existing, reasonRecovered)
+}
+
+// LostCalls is implemented by a CallLog that may have lost records of a
+// run's calls: the store-backed log of a store salvaged after damage.
+// CallsLostThrough returns the newest checkpoint ID from which a task of
+// the run may have made calls whose records are lost ("" when none may
+// be): a task that runs from that checkpoint or an older one, and calls a
+// tool whose key has no record, may be repeating a call that ran.
+type LostCalls interface {
+	CallsLostThrough(ctx context.Context, run string) (string, error)
+}
+
+// recordMayBeLost reports whether a call of this task that has no record
+// may have run before, its record lost (LostCalls). Checkpoint IDs grow
+// with time, so a task that runs from a checkpoint made after the records
+// were lost is not one.
+func (l *loop) recordMayBeLost(ctx context.Context) (bool, error) {
+	lc, ok := l.cfg.Log.(LostCalls)
+	if !ok {
+		return false, nil
+	}
+	through, err := lc.CallsLostThrough(ctx, l.info.Run)
+	if err != nil {
+		return false, err
+	}
+	return through != "" && l.info.Checkpoint <= through, nil
+}
+
+// Why uncertain asks, in the Reason of its "#ask<n>" markers, and what the
+// question says to the person.
+const (
+	reasonRecovered = "an intent without a result was found on recovery"
+	reasonSalvaged  = "no record of the call was found in a salvaged store whose records of the run may be lost"
+	detailRecovered = "the call may or may not have run before a crash; approve runs it again, reject reports it as not done"
+	detailSalvaged  = "the call's record may have been lost when the store was salvaged, so it may or may not have run " +
+		"before; approve runs it again, reject reports it as not done"
+)
+
+// askedMarker is the result of an "#ask<n>" marker that records decisions
+// set aside: the task's Interrupt calls before the question returned
+// answers given to other questions (see uncertain). A marker of none holds
+// "asked".
+type askedMarker struct {
+	SetAside int `json:"set_aside"`
+}
+
+func setAsideBy(m *CallRecord) int {
+	var a askedMarker
+	if json.Unmarshal(m.Result, &a) != nil || a.SetAside < 0 {
+		return 0
+	}
+	return a.SetAside
 }
 
 // uncertain handles a call of a non-idempotent tool whose intent has no
-// result: it may have run before a crash. A person decides whether it runs
-// again. Each question is marked in the log ("#ask<n>") before it is asked,
-// so that every later execution of the task raises its interrupts in the
-// same order, and each decision is recorded ("#retry<n>") before it is acted
-// on; a re-run that itself leaves no result is asked about again.
-func (l *loop) uncertain(ctx context.Context, impl Tool, rec CallRecord) (string, error) {
+// result: it may have run before a crash, or before the store was salvaged
+// (why, reasonSalvaged: the call had no record, and rec was recorded just
+// now). A person decides whether it runs again. Each question is marked in
+// the log ("#ask<n>") before it is asked, so that every later execution of
+// the task raises its interrupts in the same order, and each decision is
+// recorded ("#retry<n>") before it is acted on; a re-run that itself leaves
+// no result is asked about again.
+//
+// Decisions are matched to a task's interrupts by their order. A question
+// whose marker was not closed before has never been asked, so a decision
+// its Interrupt returns answers another question, one the task asked
+// before at that place in its order (after a salvage lost a call's record,
+// the node asks this one first): the decision is set aside, the question
+// asked after it, and the marker records how many were set aside, for the
+// task's later executions to pass over them as well. The question set
+// aside is asked again where the task comes to it.
+func (l *loop) uncertain(ctx context.Context, impl Tool, rec CallRecord, why string) (string, error) {
 	key := rec.Key
 	for n := 1; ; n++ {
 		askKey := key + "#ask" + strconv.Itoa(n)
 		retryKey := key + "#retry" + strconv.Itoa(n)
 		marker := rec
 		marker.Key, marker.Decision, marker.DecidedBy = askKey, "ask", "policy:"+ReasonUncertainSideEffect
-		marker.Reason = "an intent without a result was found on recovery"
+		if marker.Reason = reasonRecovered; n == 1 {
+			marker.Reason = why
+		}
 		m, err := intent(ctx, l.cfg.Log, marker)
 		if err != nil {
 			return "", fmt.Errorf("tool call %s: %w", key, err)
 		}
-		if !m.Done() {
-			// The marker holds no side effect: close it at once, so that
-			// it never reads as an open intent.
-			if err := l.cfg.Log.Done(ctx, askKey, json.RawMessage(`"asked"`), ""); err != nil {
+		asked, setAside := m.Done(), 0
+		if m != nil {
+			marker.Reason = m.Reason
+		}
+		if asked {
+			setAside = setAsideBy(m)
+		}
+		ti := ToolInterrupt{Reason: ReasonUncertainSideEffect, Tool: rec.Tool, Args: rec.Args, Key: key, Detail: detailRecovered}
+		if marker.Reason == reasonSalvaged {
+			ti.Detail = detailSalvaged
+		}
+		for range setAside {
+			if _, err := engine.Interrupt(ctx, ti); err != nil {
+				return "", err
+			}
+		}
+		d, err := engine.Interrupt(ctx, ti)
+		for !asked && err == nil {
+			setAside++
+			d, err = engine.Interrupt(ctx, ti)
+		}
+		if !asked {
+			// The marker holds no side effect: it is closed before the
+			// question is put, so that it never reads as an open intent.
+			result := json.RawMessage(`"asked"`)
+			if setAside > 0 {
+				result, _ = json.Marshal(askedMarker{SetAside: setAside})
+			}
+			if err := l.cfg.Log.Done(ctx, askKey, result, ""); err != nil {
 				return "", fmt.Errorf("tool call %s: %w", askKey, err)
 			}
 		}
-		d, err := engine.Interrupt(ctx, ToolInterrupt{Reason: ReasonUncertainSideEffect, Tool: rec.Tool, Args: rec.Args, Key: key,
-			Detail: "the call may or may not have run before a crash; approve runs it again, reject reports it as not done"})
 		if err != nil {
 			return "", err
 		}

@@ -436,3 +436,57 @@ func TestToolIntentFollowsItsRunInExitDurability(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, hist, 1, "no tool called: only the end is committed")
 }
+
+// lostLog is a call log that may have lost the records of calls made from
+// checkpoints up to through (agent.LostCalls), as a salvaged store's may.
+type lostLog struct {
+	agent.CallLog
+	through string
+}
+
+func (l *lostLog) CallsLostThrough(context.Context, string) (string, error) { return l.through, nil }
+
+// A call with no record, made from a checkpoint within the range whose
+// records may be lost, of a tool not declared idempotent, is asked about
+// (uncertain_side_effect) before it runs; the "#ask1" and "#retry1"
+// markers of that question are not themselves taken for lost calls. A
+// tool declared idempotent, a call from a newer checkpoint, and a log
+// that lost nothing run the call as before.
+func TestCallWhoseRecordMayBeLost(t *testing.T) {
+	allowAll := withRules(policy.ApprovalRule{Tool: "*", Decision: policy.DecisionAllow})
+	for _, tc := range []struct {
+		name, tool, through string
+		asks                bool
+	}{
+		{"not idempotent, within the range", "write_x", "~", true},
+		{"idempotent, within the range", "idem_w", "~", false},
+		{"not idempotent, from a newer checkpoint", "write_x", "0", false},
+		{"not idempotent, nothing lost", "write_x", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &seqProvider{msgs: []models.Message{toolTurn(call(tc.tool, `{}`)), answerTurn("ok")}}
+			e := newEnv(t, withProvider(p), allowAll, withLog(func(l agent.CallLog) agent.CallLog {
+				return &lostLog{CallLog: l, through: tc.through}
+			}))
+			res := e.invoke("go")
+			if !tc.asks {
+				require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+				require.Equal(t, 1, e.tools[tc.tool].n())
+				return
+			}
+			ti := interruptOf(t, res)
+			require.Equal(t, agent.ReasonUncertainSideEffect, ti.Reason)
+			require.Contains(t, ti.Detail, "may have been lost when the store was salvaged")
+			require.Zero(t, e.tools[tc.tool].n(), "the call ran before a person decided")
+
+			res = e.resume(res, engine.Decision{Kind: engine.Approve, By: "carol"})
+			require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+			require.Equal(t, []string{ti.Key}, e.tools[tc.tool].keys, "the approved call runs once, with its key")
+			var keys []string
+			for _, r := range e.mem.Records(res.Run.ID + ":") {
+				keys = append(keys, r.Key)
+			}
+			require.Equal(t, []string{ti.Key, ti.Key + "#ask1", ti.Key + "#retry1"}, keys)
+		})
+	}
+}

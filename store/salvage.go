@@ -405,6 +405,9 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 			if err := w.holdRunsMissingCalls(out); err != nil {
 				return err
 			}
+			if err := w.markLostCalls(out); err != nil {
+				return err
+			}
 			if err := w.heldIntents(out); err != nil {
 				return err
 			}

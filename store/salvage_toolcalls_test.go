@@ -200,9 +200,14 @@ func TestSalvageHoldsTheRunsWhoseToolCallsAreLost(t *testing.T) {
 // with it, they are gone whole, and salvage can name none of the calls of
 // the runs it copies. Salvage says plainly, of each run copied as failed,
 // that it may have called tools that cannot be named, and of each run that
-// waits for a person, that resuming it calls again, without asking, a tool
-// its node called before it paused. Neither is resumed at start. Before,
-// the report named no call of them, and read as though they had made none.
+// waits for a person, that resuming it runs again the node it paused in,
+// which asks a person before it calls again a tool whose record is lost.
+// Neither is resumed at start. The run that waits is marked with the
+// newest checkpoint of its thread the copy holds, from which on its calls'
+// records are known (MetaCallsLostThrough); the runs copied as failed,
+// which nothing resumes, are not. Before, the report named no call of
+// them, and read as though they had made none, and nothing marked the run
+// that waits, whose resumed node called the tool again without asking.
 func TestSalvageSaysTheToolCallsLostWithTheRoot(t *testing.T) {
 	path := filepath.Join(t.TempDir(), FileName)
 	d, err := Open(path, Options{})
@@ -253,12 +258,16 @@ func TestSalvageSaysTheToolCallsLostWithTheRoot(t *testing.T) {
 		assert.Equal(t, engine.StatusFailed, r.Status, "run %s would be resumed", id)
 		assert.True(t, said(id+":", "copied as failed, may have made tool calls whose records are lost, with the root page"),
 			"the report does not say that run %s's calls cannot be named: %v", id, rep.Lost)
+		assert.NotContains(t, r.Meta, MetaCallsLostThrough, "run %s, which nothing resumes, is marked", id)
 	}
 	r, err := c.Run(bg, "run-t0")
 	require.NoError(t, err)
 	assert.Equal(t, engine.StatusInterrupted, r.Status)
-	assert.True(t, said("run-t0:", "calls again without asking any tool it called before it paused whose record is lost"),
-		"the report does not say that resuming run-t0 may call a tool again: %v", rep.Lost)
+	assert.True(t, said("run-t0:", "each call it makes again of a tool not declared idempotent whose record is lost waits "+
+		"for a person's decision (uncertain_side_effect)"), "the report does not say what resuming run-t0 does: %v", rep.Lost)
+	assert.Equal(t, "0039", r.Checkpoint)
+	assert.Equal(t, r.Checkpoint, r.Meta[MetaCallsLostThrough], "the run that waits is not marked: %v", r.Meta)
+	assert.True(t, rep.Check.OK(), "%v", rep.Check.Problems)
 	running, err := c.Runs(bg, engine.RunFilter{Status: engine.StatusRunning})
 	require.NoError(t, err)
 	assert.Empty(t, running, "runs that serve would resume at start")

@@ -747,6 +747,81 @@ func (w *salvageWalk) holdRunsMissingCalls(out *bbolt.DB) error {
 	})
 }
 
+// MetaCallsLostThrough is the key of Run.Meta by which salvage marks a run
+// that it copies unfinished and whose tool-call records may be lost
+// (callsMayBeLost). Its value is the newest checkpoint ID the copy holds of
+// the run's thread, in any namespace: a task that runs from that
+// checkpoint or an older one (the steps up to and including the run's step
+// at salvage) may have called a tool before the store was damaged, and
+// the call's record may be lost; a task that runs from a newer checkpoint
+// made its calls after the salvage, and their records are known. The tool
+// loop asks a person before it runs a call of a tool not declared
+// idempotent that such a task makes and that has no record (see
+// agent.LostCalls). Code that does not know the key ignores it.
+const MetaCallsLostThrough = "store.calls_lost_through"
+
+// markLostCalls marks (MetaCallsLostThrough) each unfinished run of the copy
+// whose tool-call records may be lost: resumed, the node it paused in runs
+// again, and a call whose record is lost would otherwise run as a new one.
+// A run held as failed (holdRun) is resumed by no one, and is not marked.
+func (w *salvageWalk) markLostCalls(out *bbolt.DB) error {
+	return out.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte(bucketRuns))
+		if b == nil {
+			return nil
+		}
+		marked := map[string]*runRecord{}
+		threads := map[string]string{}
+		err := b.ForEach(func(k, v []byte) error {
+			if isOutcomeIndexKey(k) || !w.callsMayBeLost(string(k)) {
+				return nil
+			}
+			r, err := decodeRunRecord(v)
+			if err != nil || r.Status.Terminal() {
+				return nil
+			}
+			marked[string(k)], threads[r.Thread] = r, r.Checkpoint
+			return nil
+		})
+		if err != nil || len(marked) == 0 {
+			return err
+		}
+		// Checkpoint keys begin with the ID, so a thread's newest is found
+		// only by reading them all.
+		for _, name := range []string{bucketCheckpoints, bucketRecent} {
+			cb := tx.Bucket([]byte(name))
+			if cb == nil {
+				continue
+			}
+			err := cb.ForEach(func(k, _ []byte) error {
+				thread, _, id, ok := splitCheckpointKey(k)
+				if newest, want := threads[thread]; ok && want && id > newest {
+					threads[thread] = id
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		for _, id := range slices.Sorted(maps.Keys(marked)) {
+			r := marked[id]
+			through := threads[r.Thread]
+			if through == "" {
+				continue // no checkpoint to resume from: nothing runs again
+			}
+			if r.Meta == nil {
+				r.Meta = map[string]string{}
+			}
+			r.Meta[MetaCallsLostThrough] = through
+			if err := b.Put([]byte(id), encodeRunRecord(r)); err != nil {
+				return fmt.Errorf("bucket %s: %w", bucketRuns, err)
+			}
+		}
+		return nil
+	})
+}
+
 // callsMayBeLost reports whether tool-call records of the run id may lie
 // where the walk could not reach: in the root page, which holds the
 // tool-call records of a store with few of them, or below a lost page of
@@ -774,10 +849,10 @@ func (w *salvageWalk) lostCallsWhere() string {
 // lost (callsMayBeLost), that the calls salvage names are not all it made:
 // a run copied as failed (holdRun) whose calls salvage cannot name may
 // still have called a tool, which a new run on a fork of its thread calls
-// again without asking; and a run that waits for a person calls again, once
-// resumed, a tool that the node it paused in called before it paused, where
-// the call's record is lost: resuming re-enters that node, and a call whose
-// key has no record runs as a new one (DESIGN: a side effect is never
+// again without asking; and a run that waits for a person runs again, once
+// resumed, the node it paused in, whose calls may have lost their records:
+// marked (markLostCalls), it asks a person before it runs again such a call
+// of a tool not declared idempotent (DESIGN: a side effect is never
 // silently repeated). Neither is resumed by serve at start.
 func (w *salvageWalk) unnamedCalls(out *bbolt.DB) error {
 	return out.View(func(tx *bbolt.Tx) error {
@@ -813,9 +888,10 @@ func (w *salvageWalk) unnamedCalls(out *bbolt.DB) error {
 				return nil
 			}
 			w.lost(bucketToolCalls, append(bytes.Clone(k), ':'), "run %s waits for a person, and records of its tool calls may be "+
-				"lost, with %s (%d came back): resumed, the node it paused in runs again, and calls again without asking any tool it "+
-				"called before it paused whose record is lost. Find out from the tools' side what it did before resuming it; to "+
-				"go on without it, cancel it and fork its thread", k, w.lostCallsWhere(), named(string(k)))
+				"lost, with %s (%d came back): resumed, the node it paused in runs again, and each call it makes again of a tool "+
+				"not declared idempotent whose record is lost waits for a person's decision (uncertain_side_effect), as a call "+
+				"that a crash cut short does; a tool declared idempotent is called again with the same key. Find out from the "+
+				"tools' side what it did before deciding", k, w.lostCallsWhere(), named(string(k)))
 			return nil
 		})
 	})

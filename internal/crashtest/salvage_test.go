@@ -7,15 +7,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/policy"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -119,4 +122,283 @@ func TestSalvagedRunAsksAboutAToolCallOfALostTransaction(t *testing.T) {
 	var ti agent.ToolInterrupt
 	require.NoError(t, json.Unmarshal(run.Interrupts[0].Payload, &ti))
 	assert.Equal(t, agent.ReasonUncertainSideEffect, ti.Reason)
+}
+
+// countingTool counts the times it runs: its side effects.
+type countingTool struct{ calls atomic.Int32 }
+
+func (c *countingTool) Call(context.Context, json.RawMessage, string) (json.RawMessage, error) {
+	c.calls.Add(1)
+	return json.RawMessage(`{"done":true}`), nil
+}
+
+// letterAgent's node asks the model, which calls record_dose (the tool
+// under test, idempotent as declared) and then send_letter, a write tool
+// that waits for a person's approval: the run pauses in the node after
+// record_dose has run.
+func letterAgent(db *store.DB, idempotent bool, dose, letter agent.Tool) (*engine.Agent, error) {
+	return loopAgent(db, loopSpec{name: "letters",
+		tools: []policy.Tool{
+			{Name: "record_dose", Kind: policy.KindWrite, Idempotent: idempotent, Description: "record a dose"},
+			{Name: "send_letter", Kind: policy.KindWrite, Description: "send a letter"}},
+		script: `[
+	 {"when_no_tool_result": true, "tool_calls": [
+	   {"name": "record_dose", "arguments": {"v": "metformin"}},
+	   {"name": "send_letter", "arguments": {"v": "to the pharmacy"}}]},
+	 {"when_tool_result": true, "respond": "done: {{context}}"}]`,
+		impls: map[string]agent.Tool{"record_dose": dose, "send_letter": letter},
+		rules: []policy.ApprovalRule{{Tool: "record_dose", Decision: policy.DecisionAllow},
+			{Tool: "send_letter", Decision: policy.DecisionAsk}},
+		// Notes kept inline in the checkpoint (each below engine's blob
+		// threshold) make the run's checkpoint too large for the recent
+		// bucket, which lives in the root page (bbolt keeps a bucket of at
+		// most a quarter page inline): it is stored where it outlives the
+		// root page.
+		extra: func(b *engine.Builder) []engine.Write {
+			var ws []engine.Write
+			for i := range store.DefaultPageSize/4/(engine.BlobThreshold-64) + 1 {
+				ws = append(ws, engine.Replace[string](b, fmt.Sprintf("note%d", i)).Set(strings.Repeat("n", engine.BlobThreshold-64)))
+			}
+			return ws
+		},
+	})
+}
+
+// echoAgent runs one node that does nothing, and calls no tool.
+func echoAgent() (*engine.Agent, error) {
+	b := engine.NewGraph("echo")
+	b.AddNode("echo", func(context.Context, engine.State) ([]engine.Write, error) { return nil, nil })
+	b.AddEdge(engine.Start, "echo")
+	b.AddEdge("echo", engine.End)
+	g, err := b.Compile()
+	return &engine.Agent{Name: "echo", Graph: g}, err
+}
+
+// lostCallsStore makes a store whose run waits for a person's approval of
+// send_letter, in the node that called record_dose before it paused; the
+// store has so few tool-call records that their bucket lives in the root
+// page. damage, when set, loses the root pages of a compacted copy of it,
+// as a cut file does, and the copy is salvaged; else the store is
+// salvaged as it is. It returns the salvaged copy's folder, the run, and
+// the salvage's report.
+func lostCallsStore(t *testing.T, idempotent, damage bool) (string, *engine.Run, *store.SalvageReport) {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	db, err := store.OpenDir(dir, store.Options{})
+	require.NoError(t, err)
+	dose, letter := &countingTool{}, &countingTool{}
+	ag, err := letterAgent(db, idempotent, dose, letter)
+	require.NoError(t, err)
+	resolve := func(name string, _ engine.BundleRef) (*engine.Agent, error) {
+		if name == "echo" {
+			return echoAgent()
+		}
+		return ag, nil
+	}
+	m := engine.NewManager(db, resolve, engine.ManagerOptions{Workers: 1})
+	// Turns on other threads that call no tool give the runs and the
+	// checkpoints pages of their own, outside the root page.
+	for i := range 30 {
+		run, err := m.Invoke(ctx, engine.RunRequest{Thread: fmt.Sprintf("e%d", i), Agent: "echo"})
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusCompleted, run.Status, run.Error)
+	}
+	input, _ := json.Marshal("I took my metformin; please write to the pharmacy.")
+	run, err := m.Invoke(ctx, engine.RunRequest{Thread: "w", Agent: "letters", Input: input})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusInterrupted, run.Status, run.Error)
+	require.EqualValues(t, 1, dose.calls.Load())
+	m.Close()
+	require.NoError(t, db.Close())
+	path := filepath.Join(dir, store.FileName)
+
+	if damage {
+		ro, err := store.Open(path, store.Options{ReadOnly: true})
+		require.NoError(t, err)
+		compacted := filepath.Join(t.TempDir(), store.FileName)
+		require.NoError(t, ro.Compact(ctx, compacted))
+		require.NoError(t, ro.Close())
+		bdb, err := bbolt.Open(compacted, 0o600, &bbolt.Options{ReadOnly: true})
+		require.NoError(t, err)
+		require.NoError(t, bdb.View(func(tx *bbolt.Tx) error {
+			require.Zero(t, tx.Bucket([]byte("toolcalls")).Root(), "the tool calls have a page of their own")
+			return nil
+		}))
+		require.NoError(t, bdb.Close())
+		image, err := os.ReadFile(compacted)
+		require.NoError(t, err)
+		// bbolt's meta pages: a 16-byte page header, then the page size at
+		// 8 and the root page at 16.
+		le := binary.LittleEndian
+		ps := int(le.Uint32(image[16+8:]))
+		for _, meta := range [][]byte{image, image[ps:]} {
+			root := int(le.Uint64(meta[16+16:]))
+			clear(image[root*ps : (root+1)*ps])
+		}
+		path = filepath.Join(t.TempDir(), store.FileName)
+		require.NoError(t, os.WriteFile(path, image, 0o600))
+	}
+	copyDir := t.TempDir()
+	rep, err := store.Salvage(ctx, path, filepath.Join(copyDir, store.FileName))
+	require.NoError(t, err)
+	require.True(t, rep.Check.OK(), "%v", rep.Check.Problems)
+	return copyDir, run, rep
+}
+
+// resumeCopy opens the salvaged copy in dir and resumes run with the
+// decisions that decide returns for each interrupt it waits on, until it
+// waits no more or decide returns none. It returns the run, the payloads
+// of the interrupts it was asked, in order, and the tools' counts.
+func resumeCopy(t *testing.T, dir string, idempotent bool, run *engine.Run, decide func(agent.ToolInterrupt) string) (*engine.Run, []agent.ToolInterrupt, int32, int32) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := store.OpenDir(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	// The tools count from the calls they made before the salvage.
+	dose, letter := &countingTool{}, &countingTool{}
+	dose.calls.Store(1)
+	ag, err := letterAgent(db, idempotent, dose, letter)
+	require.NoError(t, err)
+	m := engine.NewManager(db, func(string, engine.BundleRef) (*engine.Agent, error) { return ag, nil }, engine.ManagerOptions{Workers: 1})
+	defer m.Close()
+	_, err = m.Recover(ctx)
+	require.NoError(t, err)
+	var asked []agent.ToolInterrupt
+	for run.Status == engine.StatusInterrupted {
+		require.Len(t, run.Interrupts, 1)
+		var ti agent.ToolInterrupt
+		require.NoError(t, json.Unmarshal(run.Interrupts[0].Payload, &ti))
+		asked = append(asked, ti)
+		kind := decide(ti)
+		if kind == "" {
+			break
+		}
+		run, err = m.Resume(ctx, run.ID, map[string]engine.Decision{run.Interrupts[0].ID: {Kind: kind, By: "nurse"}})
+		require.NoError(t, err)
+		run, err = m.Wait(ctx, run.ID)
+		require.NoError(t, err)
+	}
+	return run, asked, dose.calls.Load(), letter.calls.Load()
+}
+
+// approveLetters approves send_letter, and answers the question about
+// record_dose with onDose.
+func approveLetters(onDose string) func(agent.ToolInterrupt) string {
+	return func(ti agent.ToolInterrupt) string {
+		if ti.Tool == "send_letter" {
+			return engine.Approve
+		}
+		return onDose
+	}
+}
+
+// A run that waits for a person in a store whose tool-call records are
+// lost with its root page, and whose node called record_dose (not
+// idempotent) before it paused, is resumed from the salvaged copy: the
+// node runs again, finds no record of its record_dose call, and asks a
+// person (uncertain_side_effect) instead of calling the tool again.
+// Approved, it runs it again (twice in all, by a person's decision);
+// rejected, not. The approval of send_letter that resumed the run answers
+// that question, not this one, and send_letter is asked about again after
+// it; and since nothing tells its call, made now, from one whose record
+// was lost, it is asked about as a call that may have run as well.
+// Before, the resumed node called record_dose a second time without
+// asking.
+func TestSalvagedRunAsksAboutAToolCallWhoseRecordIsLost(t *testing.T) {
+	for _, tc := range []struct {
+		decision string
+		want     int32
+		reply    string
+	}{
+		{engine.Approve, 2, `{\"done\":true}`},
+		{engine.Reject, 1, "was not run again (declined by the operator)"},
+	} {
+		t.Run(tc.decision, func(t *testing.T) {
+			dir, run, rep := lostCallsStore(t, false, true)
+			ctx := context.Background()
+			db, err := store.OpenDir(dir, store.Options{})
+			require.NoError(t, err)
+			r, err := db.Run(ctx, run.ID)
+			require.NoError(t, err)
+			require.NoError(t, db.Close())
+			require.Equal(t, engine.StatusInterrupted, r.Status)
+			assert.Equal(t, r.Checkpoint, r.Meta[store.MetaCallsLostThrough], "the run is not marked: %v", r.Meta)
+			assert.Empty(t, recordsOf(t, dir, run.ID), "tool-call records came back: %v", rep.Lost)
+
+			final, asked, doses, letters := resumeCopy(t, dir, false, r, approveLetters(tc.decision))
+			assert.Equal(t, tc.want, doses, "record_dose ran %d times", doses)
+			assert.Equal(t, []string{"send_letter", "record_dose", "send_letter", "send_letter"}, tools(asked))
+			assert.Equal(t, []string{agent.ReasonApproval, agent.ReasonUncertainSideEffect, agent.ReasonApproval,
+				agent.ReasonUncertainSideEffect}, reasons(asked))
+			require.Len(t, asked, 4)
+			assert.Contains(t, asked[1].Detail, "may have been lost when the store was salvaged")
+			assert.EqualValues(t, 1, letters)
+			require.Equal(t, engine.StatusCompleted, final.Status, final.Error)
+			assert.Contains(t, string(final.Output), tc.reply)
+		})
+	}
+}
+
+// A tool declared idempotent is called again, with the key of its first
+// call, without asking: a repeated call is harmless by its declaration.
+func TestSalvagedRunCallsAnIdempotentToolAgain(t *testing.T) {
+	dir, run, _ := lostCallsStore(t, true, true)
+	final, asked, doses, letters := resumeCopy(t, dir, true, run, approveLetters(""))
+	assert.Equal(t, []string{"send_letter", "send_letter"}, tools(asked))
+	assert.Equal(t, []string{agent.ReasonApproval, agent.ReasonUncertainSideEffect}, reasons(asked))
+	assert.EqualValues(t, 2, doses)
+	assert.EqualValues(t, 1, letters)
+	require.Equal(t, engine.StatusCompleted, final.Status, final.Error)
+}
+
+// A run salvaged from a store that lost nothing carries no mark, and
+// resumes as it would have: its record_dose call's record is reused.
+func TestSalvagedRunWithItsRecordsResumesAsBefore(t *testing.T) {
+	dir, run, rep := lostCallsStore(t, false, false)
+	require.Empty(t, rep.Lost)
+	db, err := store.OpenDir(dir, store.Options{})
+	require.NoError(t, err)
+	r, err := db.Run(context.Background(), run.ID)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	assert.NotContains(t, r.Meta, store.MetaCallsLostThrough)
+	final, asked, doses, letters := resumeCopy(t, dir, false, r, approveLetters(""))
+	assert.Equal(t, []string{"send_letter"}, tools(asked))
+	assert.EqualValues(t, 1, doses)
+	assert.EqualValues(t, 1, letters)
+	require.Equal(t, engine.StatusCompleted, final.Status, final.Error)
+}
+
+func reasons(asked []agent.ToolInterrupt) []string {
+	var out []string
+	for _, ti := range asked {
+		out = append(out, ti.Reason)
+	}
+	return out
+}
+
+func tools(asked []agent.ToolInterrupt) []string {
+	var out []string
+	for _, ti := range asked {
+		out = append(out, ti.Tool)
+	}
+	return out
+}
+
+// recordsOf lists the keys of the tool-call records of run that the store
+// in dir holds.
+func recordsOf(t *testing.T, dir, run string) []string {
+	t.Helper()
+	db, err := store.OpenDir(dir, store.Options{ReadOnly: true})
+	require.NoError(t, err)
+	defer db.Close()
+	calls, err := db.ToolCalls(context.Background(), run+":")
+	require.NoError(t, err)
+	var keys []string
+	for _, c := range calls {
+		keys = append(keys, c.Key)
+	}
+	return keys
 }

@@ -67,16 +67,41 @@ func (a *appendTool) Call(_ context.Context, _ json.RawMessage, key string) (jso
 }
 
 func toolAgent(db *store.DB, tool agent.Tool) (*engine.Agent, error) {
-	reg, err := policy.NewRegistry([]policy.Tool{{Name: "append_line", Kind: policy.KindWrite, Idempotent: false,
-		Description: "append a line", Schema: json.RawMessage(`{"type":"object","properties":{"v":{"type":"string"}}}`)}})
-	if err != nil {
-		return nil, err
-	}
-	rules, err := scripted.ParseRules([]byte(`[
+	return loopAgent(db, loopSpec{name: "writer",
+		tools: []policy.Tool{{Name: "append_line", Kind: policy.KindWrite, Idempotent: false, Description: "append a line"}},
+		script: `[
 	 {"when_no_tool_result": true, "tool_calls": [
 	   {"name": "append_line", "arguments": {"v": "{{input}}/1"}},
 	   {"name": "append_line", "arguments": {"v": "{{input}}/2"}}]},
-	 {"when_tool_result": true, "respond": "appended: {{context}}"}]`))
+	 {"when_tool_result": true, "respond": "appended: {{context}}"}]`,
+		impls: map[string]agent.Tool{"append_line": tool},
+		rules: []policy.ApprovalRule{{Tool: "append_line", Decision: policy.DecisionAllow}},
+	})
+}
+
+// loopSpec describes an agent of one tool-loop node on a scripted model,
+// whose call log is the store's.
+type loopSpec struct {
+	name  string
+	tools []policy.Tool // each takes {"v": string}
+	// script is the scripted model's rules.
+	script string
+	impls  map[string]agent.Tool
+	rules  []policy.ApprovalRule
+	// extra declares more channels, and returns the writes the input
+	// makes to them.
+	extra func(b *engine.Builder) []engine.Write
+}
+
+func loopAgent(db *store.DB, spec loopSpec) (*engine.Agent, error) {
+	for i := range spec.tools {
+		spec.tools[i].Schema = json.RawMessage(`{"type":"object","properties":{"v":{"type":"string"}}}`)
+	}
+	reg, err := policy.NewRegistry(spec.tools)
+	if err != nil {
+		return nil, err
+	}
+	rules, err := scripted.ParseRules([]byte(spec.script))
 	if err != nil {
 		return nil, err
 	}
@@ -84,14 +109,18 @@ func toolAgent(db *store.DB, tool agent.Tool) (*engine.Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := engine.NewGraph("writer")
+	b := engine.NewGraph(spec.name)
 	messages := engine.Append[models.Message](b, "messages")
 	answer := engine.Replace[string](b, "answer")
+	var extra []engine.Write
+	if spec.extra != nil {
+		extra = spec.extra(b)
+	}
 	node, err := agent.ToolLoop(agent.LoopConfig{
-		Provider: provider, Model: "scripted", Lane: policy.Lane{Agent: "writer", Models: []string{"scripted"}},
+		Provider: provider, Model: "scripted", Lane: policy.Lane{Agent: spec.name, Models: []string{"scripted"}},
 		ActiveTools: func(context.Context, engine.State) (*policy.ActiveSet, error) { return policy.Resolve(reg, nil, nil) },
-		Impls:       map[string]agent.Tool{"append_line": tool},
-		Rules:       []policy.ApprovalRule{{Tool: "append_line", Decision: policy.DecisionAllow}},
+		Impls:       spec.impls,
+		Rules:       spec.rules,
 		Log:         wiring.CallLog(db, db), Blobs: db,
 		Messages: messages, Answer: answer,
 	})
@@ -105,11 +134,11 @@ func toolAgent(db *store.DB, tool agent.Tool) (*engine.Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &engine.Agent{Name: "writer", Graph: g,
+	return &engine.Agent{Name: spec.name, Graph: g,
 		Input: func(raw json.RawMessage) ([]engine.Write, error) {
 			var s string
 			err := json.Unmarshal(raw, &s)
-			return []engine.Write{engine.Push(messages, models.Message{Role: models.RoleUser, Content: s})}, err
+			return append([]engine.Write{engine.Push(messages, models.Message{Role: models.RoleUser, Content: s})}, extra...), err
 		},
 		Output: func(s engine.State) json.RawMessage {
 			out, _ := json.Marshal(answer.Get(s))

@@ -17,6 +17,8 @@ import (
 //
 // store.ToolCall has no fields for the approval, so the record's Args value
 // holds an envelope: {"args", "decision", "decided_by", "reason"}.
+//
+// It implements agent.LostCalls, from the mark salvage leaves on a run.
 func CallLog(db *store.DB, blobs engine.BlobStore) agent.CallLog {
 	return &callLog{db: db, blobs: blobs}
 }
@@ -155,6 +157,21 @@ func Records(ctx context.Context, log agent.CallLog, prefix string) ([]agent.Cal
 		out = append(out, *r)
 	}
 	return out, nil
+}
+
+// CallsLostThrough implements agent.LostCalls: the mark that salvage left
+// on the run's record where its tool-call records may be lost
+// (store.MetaCallsLostThrough), "" where it left none. A run record that
+// cannot be read is an error: the tool loop then runs no call.
+func (c *callLog) CallsLostThrough(ctx context.Context, run string) (string, error) {
+	r, err := c.db.Run(ctx, run)
+	if errors.Is(err, engine.ErrRunNotFound) {
+		return "", nil // a run the store does not keep was never salvaged
+	}
+	if err != nil {
+		return "", fmt.Errorf("load run %s: %w", run, err)
+	}
+	return r.Meta[store.MetaCallsLostThrough], nil
 }
 
 // ModelTokens implements agent.TokenCounter: the tokens that run's model
