@@ -249,19 +249,26 @@ func TestWebsocketWindowExceeded(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		e.bus.Publish(engine.Event{Type: engine.EventCheckpoint, Run: "run_x", Thread: "x", Data: json.RawMessage(`{}`)})
 	}
-	c := e.connect(ctx)
-	// Wait until the hub has seen all 20.
+	// Wait until the hub has seen all 20 (a resume's reply names the
+	// newest seq), on a connection of its own: one that resumed earlier
+	// gets the events the hub sees later live, and a replay skips those.
+	probe := e.connect(ctx)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c.send(ctx, map[string]any{"type": "resume", "seq": 19})
-		msgs := c.until(ctx, func(m map[string]any) bool { return m["type"] == "resumed" })
-		if len(msgs) == 2 && msgs[0]["seq"] == 20.0 {
+		probe.send(ctx, map[string]any{"type": "resume", "seq": 19})
+		msgs := probe.until(ctx, func(m map[string]any) bool { return m["type"] == "resumed" })
+		if msgs[len(msgs)-1]["seq"] == 20.0 {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("hub never caught up: %v", msgs)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	c := e.connect(ctx)
+	c.send(ctx, map[string]any{"type": "resume", "seq": 19})
+	if msgs := c.until(ctx, func(m map[string]any) bool { return m["type"] == "resumed" }); len(msgs) != 2 || msgs[0]["seq"] != 20.0 {
+		t.Fatalf("resume from 19: %v", msgs)
 	}
 	c.send(ctx, map[string]any{"type": "resume", "seq": 2})
 	msgs := c.until(ctx, func(m map[string]any) bool { return m["type"] == "resumed" })
