@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -91,8 +92,51 @@ func NewWithOptions(baseURL string, hc *http.Client, opts Options) *Client {
 		return c
 	}
 	c.url, c.http = u, hc
-	c.api = api.NewClient(u, hc)
+	// api.Client reads a reply whole; the model list of an honest server
+	// takes kilobytes.
+	limited := *hc
+	limited.Transport = limitTransport{base: hc.Transport, max: maxListBody}
+	c.api = api.NewClient(u, &limited)
 	return c
+}
+
+// maxListBody bounds the model list's reply (/api/tags), about half a
+// kilobyte a model.
+const maxListBody = 4 << 20
+
+// limitTransport fails the reading of a response body past max bytes.
+type limitTransport struct {
+	base http.RoundTripper
+	max  int64
+}
+
+func (t limitTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := cmp.Or(t.base, http.DefaultTransport).RoundTrip(r)
+	if err == nil {
+		resp.Body = &limitedBody{ReadCloser: resp.Body, left: t.max}
+	}
+	return resp, err
+}
+
+type limitedBody struct {
+	io.ReadCloser
+	left int64
+}
+
+// errBodyTooLong ends the reading of a reply longer than its bound.
+var errBodyTooLong = fmt.Errorf("the server's reply is longer than the %d MB that is read of it", maxListBody>>20)
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		// At the bound: only a body that ends here is whole.
+		if n, err := b.ReadCloser.Read(make([]byte, 1)); n == 0 && err != nil {
+			return 0, err
+		}
+		return 0, errBodyTooLong
+	}
+	n, err := b.ReadCloser.Read(p[:min(int64(len(p)), b.left)])
+	b.left -= int64(n)
+	return n, err
 }
 
 // URLErr says why the base URL cannot be called (it does not parse, or

@@ -6,8 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -625,4 +628,54 @@ func failingStream(t *testing.T, lines ...[]byte) (int, error) {
 	require.Equal(t, models.Stream, me.Kind, "error: %v", err)
 	require.False(t, models.IsTransient(err), "error: %v", err)
 	return chunks, err
+}
+
+// The model list is read whole, so a server (or something in its place)
+// that sends a list without end is cut off at maxListBody, with an error
+// that says so, not read into memory to its end. A list that ends at the
+// bound is whole.
+func TestModelListIsBounded(t *testing.T) {
+	entry := `{"name":"llama3.2:latest","model":"llama3.2:latest"},`
+	list := func(n int) string { return `{"models":[` + strings.Repeat(entry, n) + entry[:len(entry)-1] + `]}` }
+	fits := (maxListBody - len(list(0))) / len(entry)
+	for _, tc := range []struct {
+		name string
+		body string // "" for one without end
+	}{
+		{"at the bound", list(fits) + strings.Repeat(" ", maxListBody-len(list(fits)))},
+		{"without end", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tc.body != "" {
+					_, _ = io.WriteString(w, tc.body)
+					return
+				}
+				_, _ = io.WriteString(w, `{"models":[`)
+				chunk := strings.Repeat(entry, 1<<12)
+				for i := 0; i < (64<<20)/len(chunk); i++ {
+					if _, err := io.WriteString(w, chunk); err != nil {
+						return // the client hung up
+					}
+				}
+			}))
+			defer srv.Close()
+			c := New(srv.URL, srv.Client())
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			ok, err := c.HasModel(context.Background(), "llama3.2")
+			runtime.ReadMemStats(&after)
+			if tc.body != "" {
+				require.Len(t, tc.body, maxListBody)
+				require.NoError(t, err)
+				require.True(t, ok)
+				return
+			}
+			// Reading the 64 MB whole would allocate more than twice that;
+			// the bound leaves room for the server's side of the test.
+			require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(8*maxListBody), "bytes allocated")
+			require.Error(t, err)
+			require.Contains(t, err.Error(), "longer than the 4 MB")
+		})
+	}
 }
