@@ -200,6 +200,7 @@ func TestFlagFilesRefusedBeforeWork(t *testing.T) {
 	secrets := write("secrets", "clinic-1\n")
 	goodSecrets := write("good-secrets", "clinic-1 s3cret\n")
 	pem := write("cert.pem", "not a certificate\n")
+	cert, key := selfSigned(t, t.TempDir())
 	bundle := filepath.Join(files, "bundle")
 	code, _, stderr := outpostBin(t, files, "firmware", "export", bundle)
 	require.Zero(t, code, stderr)
@@ -220,6 +221,9 @@ func TestFlagFilesRefusedBeforeWork(t *testing.T) {
 		{[]string{"collector", "--secrets", goodSecrets, "--postgres", "port=notanumber"}, "--postgres: collector postgres: cannot parse `port=notanumber`"},
 		{[]string{"serve", "--tls-cert", pem, "--tls-key", pem}, "--tls-cert " + pem + " and --tls-key " + pem + ": tls: "},
 		{[]string{"firmware", "sign", "--key", pubs[0], bundle}, "--key: "},
+		// With TLS, an address beyond loopback is taken; one written as an
+		// IPv4 address that is not one is refused, not looked up as a name.
+		{[]string{"serve", "--listen", "999.1.1.1:8443", "--tls-cert", cert, "--tls-key", key}, `--listen "999.1.1.1:8443": want HOST:PORT, such as 127.0.0.1:7070 ("999.1.1.1" is not an IP address)`},
 	} {
 		dir := t.TempDir()
 		requireRefused(t, dir, tc.args)

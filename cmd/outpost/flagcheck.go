@@ -3,9 +3,11 @@ package main
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
@@ -22,11 +24,16 @@ import (
 // store's pages, a collector that does not answer) fails the work, exit 1.
 
 // checkListenAddr refuses an address that cannot be listened on: no port,
-// or a port that is neither a number up to 65535 nor a service name.
+// a port that is neither a number up to 65535 nor a service name, or a
+// host written as an IPv4 address that is not one (999.1.1.1), which would
+// otherwise be looked up as a name when serve starts.
 func checkListenAddr(name, addr, example string) error {
-	_, port, err := net.SplitHostPort(addr)
+	host, port, err := net.SplitHostPort(addr)
 	if err == nil {
 		_, err = net.LookupPort("tcp", port)
+	}
+	if err == nil && host != "" && strings.Trim(host, "0123456789.") == "" && net.ParseIP(host) == nil {
+		err = fmt.Errorf("%q is not an IP address", host)
 	}
 	if err != nil {
 		return badUsage("--%s %q: want HOST:PORT, such as %s (%v)", name, addr, example, err)
