@@ -6,6 +6,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -940,4 +942,145 @@ func TestLargeOutputIsWholeInTheDetail(t *testing.T) {
 	c.eval(ctx, `select(`+jsString(run["id"].(string))+`); true`)
 	c.until(ctx, "the whole output", `document.getElementById("output").textContent.includes("w5999") &&
 		document.getElementById("output").textContent.includes("Goodbye.")`, shot)
+}
+
+// TestToolCallReviewInThePage: a run that waits for approval of a tool
+// call. The page says in words why it asks and what each decision does,
+// shows the arguments as text (markup in them is never run), and offers
+// them in the edit box as JSON. An edit that is not valid JSON is refused
+// on the page, and nothing is sent: it must not reach the run as a string
+// in place of the arguments. A valid edit is sent as the arguments.
+func TestToolCallReviewInThePage(t *testing.T) {
+	const input = `please review toolcall <img src=x onerror="window.ran=1"><script>window.ran=2</script> für 你好`
+	e := newEnv(t, nil)
+	_, run := e.startRun("toolcall", input, "10s")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the tool call's review", `!document.getElementById("interrupt").hidden &&
+		document.getElementById("interrupt-why").textContent.includes("The agent asks to call schedule_followup, which needs a person's approval (a follow-up commits staff time)") &&
+		document.getElementById("edit-label").textContent === "Edited arguments of schedule_followup, as JSON (for edit)" &&
+		JSON.parse(document.getElementById("edit-value").value).when === "Friday" &&
+		JSON.parse(document.getElementById("edit-value").value).note === `+jsString(input)+` &&
+		document.getElementById("interrupt-payload").textContent.includes("<script>window.ran=2</script> für 你好")`, shot)
+	shot("tool-call-review")
+	if ran := c.eval(ctx, `String(window.ran) + " " + document.querySelectorAll("#detail img, #detail script").length`); ran != "undefined 0" {
+		t.Fatalf("markup in the arguments was run or drawn: %v", ran)
+	}
+
+	c.eval(ctx, `document.getElementById("edit-value").value = '{"when": "Monday"'; document.getElementById("edit").click(); true`)
+	c.until(ctx, "the malformed edit refused", `document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent.includes("The edited arguments are not valid JSON") &&
+		document.getElementById("decide-error").textContent.includes("nothing was sent")`, shot)
+	got := e.do("GET", "/api/v1/runs/"+id, nil).json(t)
+	if got["status"] != "interrupted" || got["decisions"] != nil {
+		t.Fatalf("after a malformed edit the run is %v with decisions %v", got["status"], got["decisions"])
+	}
+
+	c.eval(ctx, `document.getElementById("edit-value").value = '{"when": "Monday", "note": "call back"}'; document.getElementById("edit").click(); true`)
+	got = e.waitStatus(id, "completed")
+	if got["output"] != `edit {"when":"Monday","note":"call back"} Goodbye.` {
+		t.Fatalf("answer after the edit: %v", got["output"])
+	}
+
+	// A call that may already have run says so before anything else.
+	_, run = e.startRun("toolcall-uncertain", "please review toolcall uncertain", "10s")
+	c.eval(ctx, `select(`+jsString(run["id"].(string))+`); true`)
+	c.until(ctx, "the uncertain call's review", `!document.getElementById("interrupt").hidden &&
+		document.getElementById("interrupt-why").textContent.startsWith("The call to schedule_followup may already have run (the call may or may not have run before a crash). Find out")`, shot)
+}
+
+// TestDecisionWhileTheApplianceIsUnreachable: the appliance stops
+// answering (stopped, restarting, the network down) while an operator
+// looks at a review. The page says the stream is down; a decision then
+// clicked gets a message that says the appliance could not be reached and
+// that the decision may or may not have been recorded, not the browser's
+// "Failed to fetch". Once the appliance answers again, the page is live
+// and the decision can be made.
+func TestDecisionWhileTheApplianceIsUnreachable(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("unreachable", "please review this", "10s")
+	id := run["id"].(string)
+	// The page reaches the appliance through a link the test can cut.
+	link := newLink(t, e.srv.Listener.Addr().String())
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, &env{url: "http://" + link.addr, token: e.token}, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+
+	link.cut()
+	c.until(ctx, "the stream down", `document.getElementById("stream").textContent === "stream: reconnecting"`, shot)
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	c.until(ctx, "the decision not sent", `document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent.startsWith("Cannot reach the appliance (") &&
+		document.getElementById("decide-error").textContent.includes("your approve may or may not have been recorded") &&
+		!document.getElementById("approve").disabled`, shot)
+	shot("unreachable")
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "interrupted" {
+		t.Fatalf("the decision the page could not send changed the run: %v", got["status"])
+	}
+
+	link.restore()
+	c.until(ctx, "the stream back", `document.getElementById("stream").textContent === "stream: live"`, shot)
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	e.waitStatus(id, "completed")
+}
+
+// link is a TCP relay to an address, which a test cuts (every connection
+// closed, nothing listening) and restores at the same address, as a
+// network or an appliance goes down and comes back.
+type link struct {
+	t      *testing.T
+	addr   string
+	target string
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  []net.Conn
+}
+
+func newLink(t *testing.T, target string) *link {
+	l := &link{t: t, addr: "127.0.0.1:0", target: target}
+	l.restore()
+	l.addr = l.ln.Addr().String()
+	t.Cleanup(l.cut)
+	return l
+}
+
+func (l *link) restore() {
+	ln, err := net.Listen("tcp", l.addr)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	l.mu.Lock()
+	l.ln = ln
+	l.mu.Unlock()
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", l.target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			l.mu.Lock()
+			l.conns = append(l.conns, in, out)
+			l.mu.Unlock()
+			go func() { io.Copy(out, in); out.Close() }()
+			go func() { io.Copy(in, out); in.Close() }()
+		}
+	}()
+}
+
+func (l *link) cut() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ln.Close()
+	for _, c := range l.conns {
+		c.Close()
+	}
+	l.conns = nil
 }
