@@ -262,11 +262,17 @@ func openPage(ctx context.Context, c *cdp, e *env, shot func(string)) {
 // signIn opens the console page of e and signs in with its token.
 func signIn(ctx context.Context, t *testing.T, c *cdp, e *env, shot func(string)) {
 	t.Helper()
+	signInAs(ctx, t, c, e, shot, "Dr Test")
+}
+
+// signInAs signs in as signIn does, under the operator's name given.
+func signInAs(ctx context.Context, t *testing.T, c *cdp, e *env, shot func(string), name string) {
+	t.Helper()
 	openPage(ctx, c, e, shot)
 	shot("1-sign-in")
 	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s;
-		document.getElementById("operator").value = "Dr Test";
-		document.getElementById("login-btn").click(); true`, jsString(e.token)))
+		document.getElementById("operator").value = %s;
+		document.getElementById("login-btn").click(); true`, jsString(e.token), jsString(name)))
 	c.until(ctx, "the console", `!document.getElementById("main").hidden && document.getElementById("stream").textContent.includes("live") &&
 		document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
 }
@@ -1083,4 +1089,24 @@ func (l *link) cut() {
 		c.Close()
 	}
 	l.conns = nil
+}
+
+// TestOperatorNameInAnyScript: an operator whose name is written in a
+// script past Latin-1 signs in (fetch refuses such a header value as is),
+// and the decision is recorded under the name as typed.
+func TestOperatorNameInAnyScript(t *testing.T) {
+	const name = "张医生 Müller"
+	e := newEnv(t, nil)
+	_, run := e.startRun("operator-name", "please review this", "10s")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signInAs(ctx, t, c, e, shot, name)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	c.until(ctx, "the decision under the name typed", `document.getElementById("decisions").textContent.includes(`+jsString("approve by "+name+" (console-token)")+`)`, shot)
+	got := e.waitStatus(id, "completed")
+	if by := got["decisions"].([]any)[0].(map[string]any)["by"]; by != name+" (console-token)" {
+		t.Fatalf("decision recorded by %q", by)
+	}
 }

@@ -26,7 +26,9 @@ const state = {
 
 async function api(method, path, body) {
   const headers = { "Authorization": "Bearer " + state.token };
-  if (state.operator) headers["X-Operator"] = state.operator;
+  // A header carries bytes, and fetch refuses a letter past Latin-1 (a
+  // name in Chinese, Greek, Polish): the name goes as its UTF-8 bytes.
+  if (state.operator) headers["X-Operator"] = String.fromCharCode(...new TextEncoder().encode(state.operator));
   if (body !== undefined) headers["Content-Type"] = "application/json";
   let res;
   try {
