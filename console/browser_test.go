@@ -1110,3 +1110,17 @@ func TestOperatorNameInAnyScript(t *testing.T) {
 		t.Fatalf("decision recorded by %q", by)
 	}
 }
+
+// TestTranscriptSaysWhenStepsCannotBeRead: a run opened while the
+// appliance does not answer says that its steps could not be read, rather
+// than show an empty transcript, which reads as a run that did nothing.
+func TestTranscriptSaysWhenStepsCannotBeRead(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("unread", "hello", "10s")
+	link := newLink(t, e.srv.Listener.Addr().String())
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, &env{url: "http://" + link.addr, token: e.token}, shot)
+	link.cut()
+	c.eval(ctx, `select(`+jsString(run["id"].(string))+`); true`)
+	c.until(ctx, "the steps not read", `document.getElementById("transcript").textContent.startsWith("The run's steps could not be read: Cannot reach the appliance (")`, shot)
+}

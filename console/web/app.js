@@ -291,13 +291,15 @@ async function select(id) {
   // draw them) and drawn in their place once the past is in.
   const since = state.lastSeq || 0;
   state.drawing = id;
-  let mine = [];
+  let mine = [], unread = "";
   try {
     const h = await api("GET", "/api/v1/threads/" + encodeURIComponent(run.thread) + "/history?limit=1000");
     mine = h.checkpoints.filter((c) => c.run === id).reverse();
-  } catch (e) { /* history is best effort */ }
+  } catch (e) { unread = e.message; }
   if (state.selects !== turn) return; // another select has the transcript now
   state.drawing = "";
+  // An empty transcript would read as a run that did nothing.
+  if (unread) line("denied", "The run's steps could not be read: " + unread + ". Open the run again to retry.");
   drawHeld(mine, (state.log.get(id) || []).filter((e) => e.seq > since));
   await drawGraph(run);
 }
