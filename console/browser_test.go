@@ -1124,3 +1124,19 @@ func TestTranscriptSaysWhenStepsCannotBeRead(t *testing.T) {
 	c.eval(ctx, `select(`+jsString(run["id"].(string))+`); true`)
 	c.until(ctx, "the steps not read", `document.getElementById("transcript").textContent.startsWith("The run's steps could not be read: Cannot reach the appliance (")`, shot)
 }
+
+// TestTranscriptNamesTheToolCallAsked: the transcript's line for a run
+// that stops to ask about a tool call names the call and the question in
+// words, not the payload's code ("approval_required").
+func TestTranscriptNamesTheToolCallAsked(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	for _, tc := range []struct{ input, says string }{
+		{"please review toolcall", "waiting for review at review: a call to schedule_followup needs approval"},
+		{"please review toolcall uncertain", "waiting for review at review: the call to schedule_followup may already have run"},
+	} {
+		startFromPage(ctx, c, strings.ReplaceAll(tc.input, " ", "-"), tc.input)
+		c.until(ctx, "the question in the transcript", `[...document.querySelectorAll("#transcript li")].some(li => li.textContent.trim() === `+jsString(tc.says)+`)`, shot)
+	}
+}

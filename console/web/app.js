@@ -676,7 +676,11 @@ function renderEvent(e) {
     case "interrupt": {
       // The pause sign is drawn by the stylesheet: no font that Debian
       // installs by default has a glyph for U+23F8, which drew as a box.
-      const li = line("flag", " waiting for review at " + e.node + (d.payload && d.payload.reason ? " (" + d.payload.reason + ")" : ""));
+      const p = d.payload || {};
+      const call = toolCall(d);
+      const why = call && p.reason === "uncertain_side_effect" ? ": the call to " + call.tool + " may already have run" :
+        call ? ": a call to " + call.tool + " needs approval" : p.reason ? " (" + p.reason + ")" : "";
+      const li = line("flag", " waiting for review at " + e.node + why);
       const icon = el("span", "icon-pause");
       icon.setAttribute("role", "img");
       icon.setAttribute("aria-label", "paused:");
