@@ -1140,3 +1140,20 @@ func TestTranscriptNamesTheToolCallAsked(t *testing.T) {
 		c.until(ctx, "the question in the transcript", `[...document.querySelectorAll("#transcript li")].some(li => li.textContent.trim() === `+jsString(tc.says)+`)`, shot)
 	}
 }
+
+// TestReviewErrorGoesWithTheReview: an operator's edit is refused, and
+// another operator then decides the review. The page shows the run as it
+// now is, without the refusal, which no longer says anything true about
+// it.
+func TestReviewErrorGoesWithTheReview(t *testing.T) {
+	e, c, ctx, shot, id := openReview(t, "error-goes", "please review this")
+	c.eval(ctx, `document.getElementById("edit-value").value = "an unsafe answer"; document.getElementById("edit").click(); true`)
+	c.until(ctx, "the edit refused", `document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent.includes("the edited answer says unsafe")`, shot)
+	if r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "approve", "wait": "10s"}, "X-Operator", "Dr Other"); r.status != 200 {
+		t.Fatalf("the other operator's decision: %d %s", r.status, r.body)
+	}
+	c.until(ctx, "the run decided elsewhere, without the refusal", `document.getElementById("run-status").dataset.status === "completed" &&
+		document.getElementById("decisions").textContent.includes("approve by Dr Other") &&
+		document.getElementById("decide-error").hidden`, shot)
+}

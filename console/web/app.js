@@ -353,7 +353,16 @@ function renderDetail(run) {
   show($("decisions-box"), (run.decisions || []).length > 0);
   show($("cancel"), run.status === "queued" || run.status === "running" || run.status === "interrupted");
   const pending = run.status === "interrupted" && run.interrupts && run.interrupts.length > 0;
-  show($("interrupt"), pending);
+  // A review that closes (decided elsewhere, cancelled, or by this page's
+  // decision that could not be confirmed) takes the error about it away:
+  // it no longer says anything true about the run on screen.
+  const form = $("interrupt");
+  if (!pending && form.dataset.interrupt && form.dataset.run === run.id) {
+    delete form.dataset.interrupt;
+    show($("decide-error"), false);
+  }
+  form.dataset.run = run.id;
+  show(form, pending);
   if (pending) {
     const i = run.interrupts[0];
     const call = toolCall(i);
