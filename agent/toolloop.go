@@ -49,6 +49,29 @@ type ToolInterrupt struct {
 	Detail string `json:"detail,omitempty"`
 }
 
+// CheckToolDecision returns a tool loop node's check of a person's decision
+// (engine.CheckDecisionOn): an edit whose value the tool's schema in reg
+// refuses (not an object, a field missing or of the wrong type) is refused
+// before the question is spent. The loop would otherwise take the edit as
+// the decision, refuse the call it names and go on without it, so that a
+// typo in the arguments would stand for a rejection.
+func CheckToolDecision(reg *policy.Registry) (func(json.RawMessage, engine.Decision) error, error) {
+	tools, err := policy.Resolve(reg, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	return func(payload json.RawMessage, d engine.Decision) error {
+		var ti ToolInterrupt
+		if d.Kind != engine.Edit || json.Unmarshal(payload, &ti) != nil || ti.Tool == "" {
+			return nil
+		}
+		if chk := tools.Check(ti.Tool, normalizeArgs(d.Value)); !chk.Allowed {
+			return fmt.Errorf("%s: an edit's value is the call's arguments, a JSON object that the tool's schema accepts", chk.Reason)
+		}
+		return nil
+	}, nil
+}
+
 // LoopConfig configures a tool loop node.
 type LoopConfig struct {
 	Provider models.Provider

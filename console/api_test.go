@@ -197,6 +197,30 @@ func TestInterruptApproveThroughAPI(t *testing.T) {
 	}
 }
 
+// TestOperatorNameIsRecordedWhole: the name that X-Operator gives is
+// recorded with the decision as written, whatever its script: as UTF-8,
+// and as Latin-1 bytes, which is what a browser sends for a name written
+// into a header as is; a long one is cut between two letters.
+func TestOperatorNameIsRecordedWhole(t *testing.T) {
+	e := newEnv(t, nil)
+	for i, tc := range []struct{ header, by string }{
+		{"Dr M\xfcller", "Dr Müller (console-token)"},
+		{"张医生 Müller", "张医生 Müller (console-token)"},
+		{strings.Repeat("é", 70), strings.Repeat("é", 64) + " (console-token)"},
+	} {
+		_, run := e.startRun(fmt.Sprintf("operator-%d", i), "please review this", "10s")
+		r := e.do("POST", "/api/v1/runs/"+run["id"].(string)+"/resume", map[string]any{"decision": "approve", "wait": "10s"},
+			"X-Operator", tc.header)
+		if r.status != 200 {
+			t.Fatalf("resume with X-Operator %q: %d %s", tc.header, r.status, r.body)
+		}
+		d := r.json(t)["decisions"].([]any)[0].(map[string]any)
+		if d["by"] != tc.by {
+			t.Errorf("X-Operator %q is recorded as %q, want %q", tc.header, d["by"], tc.by)
+		}
+	}
+}
+
 func TestEditAndReject(t *testing.T) {
 	e := newEnv(t, nil)
 	for _, tc := range []struct {

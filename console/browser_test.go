@@ -6,6 +6,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -260,11 +262,17 @@ func openPage(ctx context.Context, c *cdp, e *env, shot func(string)) {
 // signIn opens the console page of e and signs in with its token.
 func signIn(ctx context.Context, t *testing.T, c *cdp, e *env, shot func(string)) {
 	t.Helper()
+	signInAs(ctx, t, c, e, shot, "Dr Test")
+}
+
+// signInAs signs in as signIn does, under the operator's name given.
+func signInAs(ctx context.Context, t *testing.T, c *cdp, e *env, shot func(string), name string) {
+	t.Helper()
 	openPage(ctx, c, e, shot)
 	shot("1-sign-in")
 	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s;
-		document.getElementById("operator").value = "Dr Test";
-		document.getElementById("login-btn").click(); true`, jsString(e.token)))
+		document.getElementById("operator").value = %s;
+		document.getElementById("login-btn").click(); true`, jsString(e.token), jsString(name)))
 	c.until(ctx, "the console", `!document.getElementById("main").hidden && document.getElementById("stream").textContent.includes("live") &&
 		document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
 }
@@ -940,4 +948,212 @@ func TestLargeOutputIsWholeInTheDetail(t *testing.T) {
 	c.eval(ctx, `select(`+jsString(run["id"].(string))+`); true`)
 	c.until(ctx, "the whole output", `document.getElementById("output").textContent.includes("w5999") &&
 		document.getElementById("output").textContent.includes("Goodbye.")`, shot)
+}
+
+// TestToolCallReviewInThePage: a run that waits for approval of a tool
+// call. The page says in words why it asks and what each decision does,
+// shows the arguments as text (markup in them is never run), and offers
+// them in the edit box as JSON. An edit that is not valid JSON is refused
+// on the page, and nothing is sent: it must not reach the run as a string
+// in place of the arguments. A valid edit is sent as the arguments.
+func TestToolCallReviewInThePage(t *testing.T) {
+	const input = `please review toolcall <img src=x onerror="window.ran=1"><script>window.ran=2</script> für 你好`
+	e := newEnv(t, nil)
+	_, run := e.startRun("toolcall", input, "10s")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the tool call's review", `!document.getElementById("interrupt").hidden &&
+		document.getElementById("interrupt-why").textContent.includes("The agent asks to call schedule_followup, which needs a person's approval (a follow-up commits staff time)") &&
+		document.getElementById("edit-label").textContent === "Edited arguments of schedule_followup, as JSON (for edit)" &&
+		JSON.parse(document.getElementById("edit-value").value).when === "Friday" &&
+		JSON.parse(document.getElementById("edit-value").value).note === `+jsString(input)+` &&
+		document.getElementById("interrupt-payload").textContent.includes("<script>window.ran=2</script> für 你好")`, shot)
+	shot("tool-call-review")
+	if ran := c.eval(ctx, `String(window.ran) + " " + document.querySelectorAll("#detail img, #detail script").length`); ran != "undefined 0" {
+		t.Fatalf("markup in the arguments was run or drawn: %v", ran)
+	}
+
+	c.eval(ctx, `document.getElementById("edit-value").value = '{"when": "Monday"'; document.getElementById("edit").click(); true`)
+	c.until(ctx, "the malformed edit refused", `document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent.includes("The edited arguments are not valid JSON") &&
+		document.getElementById("decide-error").textContent.includes("nothing was sent")`, shot)
+	got := e.do("GET", "/api/v1/runs/"+id, nil).json(t)
+	if got["status"] != "interrupted" || got["decisions"] != nil {
+		t.Fatalf("after a malformed edit the run is %v with decisions %v", got["status"], got["decisions"])
+	}
+
+	c.eval(ctx, `document.getElementById("edit-value").value = '{"when": "Monday", "note": "call back"}'; document.getElementById("edit").click(); true`)
+	got = e.waitStatus(id, "completed")
+	if got["output"] != `edit {"when":"Monday","note":"call back"} Goodbye.` {
+		t.Fatalf("answer after the edit: %v", got["output"])
+	}
+
+	// A call that may already have run says so before anything else.
+	_, run = e.startRun("toolcall-uncertain", "please review toolcall uncertain", "10s")
+	c.eval(ctx, `select(`+jsString(run["id"].(string))+`); true`)
+	c.until(ctx, "the uncertain call's review", `!document.getElementById("interrupt").hidden &&
+		document.getElementById("interrupt-why").textContent.startsWith("The call to schedule_followup may already have run (the call may or may not have run before a crash). Find out")`, shot)
+}
+
+// TestDecisionWhileTheApplianceIsUnreachable: the appliance stops
+// answering (stopped, restarting, the network down) while an operator
+// looks at a review. The page says the stream is down; a decision then
+// clicked gets a message that says the appliance could not be reached and
+// that the decision may or may not have been recorded, not the browser's
+// "Failed to fetch". Once the appliance answers again, the page is live
+// and the decision can be made.
+func TestDecisionWhileTheApplianceIsUnreachable(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("unreachable", "please review this", "10s")
+	id := run["id"].(string)
+	// The page reaches the appliance through a link the test can cut.
+	link := newLink(t, e.srv.Listener.Addr().String())
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, &env{url: "http://" + link.addr, token: e.token}, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+
+	link.cut()
+	c.until(ctx, "the stream down", `document.getElementById("stream").textContent === "stream: reconnecting"`, shot)
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	c.until(ctx, "the decision not sent", `document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent.startsWith("Cannot reach the appliance (") &&
+		document.getElementById("decide-error").textContent.includes("your approve may or may not have been recorded") &&
+		!document.getElementById("approve").disabled`, shot)
+	shot("unreachable")
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "interrupted" {
+		t.Fatalf("the decision the page could not send changed the run: %v", got["status"])
+	}
+
+	link.restore()
+	c.until(ctx, "the stream back", `document.getElementById("stream").textContent === "stream: live"`, shot)
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	e.waitStatus(id, "completed")
+}
+
+// link is a TCP relay to an address, which a test cuts (every connection
+// closed, nothing listening) and restores at the same address, as a
+// network or an appliance goes down and comes back.
+type link struct {
+	t      *testing.T
+	addr   string
+	target string
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  []net.Conn
+}
+
+func newLink(t *testing.T, target string) *link {
+	l := &link{t: t, addr: "127.0.0.1:0", target: target}
+	l.restore()
+	l.addr = l.ln.Addr().String()
+	t.Cleanup(l.cut)
+	return l
+}
+
+func (l *link) restore() {
+	ln, err := net.Listen("tcp", l.addr)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	l.mu.Lock()
+	l.ln = ln
+	l.mu.Unlock()
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", l.target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			l.mu.Lock()
+			l.conns = append(l.conns, in, out)
+			l.mu.Unlock()
+			go func() { io.Copy(out, in); out.Close() }()
+			go func() { io.Copy(in, out); in.Close() }()
+		}
+	}()
+}
+
+func (l *link) cut() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ln.Close()
+	for _, c := range l.conns {
+		c.Close()
+	}
+	l.conns = nil
+}
+
+// TestOperatorNameInAnyScript: an operator whose name is written in a
+// script past Latin-1 signs in (fetch refuses such a header value as is),
+// and the decision is recorded under the name as typed.
+func TestOperatorNameInAnyScript(t *testing.T) {
+	const name = "张医生 Müller"
+	e := newEnv(t, nil)
+	_, run := e.startRun("operator-name", "please review this", "10s")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signInAs(ctx, t, c, e, shot, name)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	c.until(ctx, "the decision under the name typed", `document.getElementById("decisions").textContent.includes(`+jsString("approve by "+name+" (console-token)")+`)`, shot)
+	got := e.waitStatus(id, "completed")
+	if by := got["decisions"].([]any)[0].(map[string]any)["by"]; by != name+" (console-token)" {
+		t.Fatalf("decision recorded by %q", by)
+	}
+}
+
+// TestTranscriptSaysWhenStepsCannotBeRead: a run opened while the
+// appliance does not answer says that its steps could not be read, rather
+// than show an empty transcript, which reads as a run that did nothing.
+func TestTranscriptSaysWhenStepsCannotBeRead(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("unread", "hello", "10s")
+	link := newLink(t, e.srv.Listener.Addr().String())
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, &env{url: "http://" + link.addr, token: e.token}, shot)
+	link.cut()
+	c.eval(ctx, `select(`+jsString(run["id"].(string))+`); true`)
+	c.until(ctx, "the steps not read", `document.getElementById("transcript").textContent.startsWith("The run's steps could not be read: Cannot reach the appliance (")`, shot)
+}
+
+// TestTranscriptNamesTheToolCallAsked: the transcript's line for a run
+// that stops to ask about a tool call names the call and the question in
+// words, not the payload's code ("approval_required").
+func TestTranscriptNamesTheToolCallAsked(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	for _, tc := range []struct{ input, says string }{
+		{"please review toolcall", "waiting for review at review: a call to schedule_followup needs approval"},
+		{"please review toolcall uncertain", "waiting for review at review: the call to schedule_followup may already have run"},
+	} {
+		startFromPage(ctx, c, strings.ReplaceAll(tc.input, " ", "-"), tc.input)
+		c.until(ctx, "the question in the transcript", `[...document.querySelectorAll("#transcript li")].some(li => li.textContent.trim() === `+jsString(tc.says)+`)`, shot)
+	}
+}
+
+// TestReviewErrorGoesWithTheReview: an operator's edit is refused, and
+// another operator then decides the review. The page shows the run as it
+// now is, without the refusal, which no longer says anything true about
+// it.
+func TestReviewErrorGoesWithTheReview(t *testing.T) {
+	e, c, ctx, shot, id := openReview(t, "error-goes", "please review this")
+	c.eval(ctx, `document.getElementById("edit-value").value = "an unsafe answer"; document.getElementById("edit").click(); true`)
+	c.until(ctx, "the edit refused", `document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent.includes("the edited answer says unsafe")`, shot)
+	if r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "approve", "wait": "10s"}, "X-Operator", "Dr Other"); r.status != 200 {
+		t.Fatalf("the other operator's decision: %d %s", r.status, r.body)
+	}
+	c.until(ctx, "the run decided elsewhere, without the refusal", `document.getElementById("run-status").dataset.status === "completed" &&
+		document.getElementById("decisions").textContent.includes("approve by Dr Other") &&
+		document.getElementById("decide-error").hidden`, shot)
 }

@@ -78,6 +78,21 @@ func testGraph(release <-chan struct{}) (*engine.Agent, error) {
 		if !strings.Contains(input.Get(s), "review") {
 			return []engine.Write{final.Set(text)}, nil
 		}
+		// "toolcall" asks about a tool call instead, as a tool loop does:
+		// for approval, or ("uncertain") as a call a crash may have cut
+		// short.
+		if in := input.Get(s); strings.Contains(in, "toolcall") {
+			reason, detail := "approval_required", "a follow-up commits staff time"
+			if strings.Contains(in, "uncertain") {
+				reason, detail = "uncertain_side_effect", "the call may or may not have run before a crash"
+			}
+			d, err := engine.Interrupt(ctx, map[string]any{"reason": reason, "tool": "schedule_followup",
+				"args": map[string]any{"when": "Friday", "note": in}, "key": "k1", "detail": detail})
+			if err != nil {
+				return nil, err
+			}
+			return []engine.Write{final.Set(d.Kind + " " + string(d.Value))}, nil
+		}
 		d, err := engine.Interrupt(ctx, map[string]any{"draft": text, "reason": "uncited"})
 		if err != nil {
 			return nil, err

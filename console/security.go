@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 )
 
 // loopbackNames are the Host names always allowed: a browser that reaches
@@ -98,17 +99,29 @@ func tokenSubprotocol(r *http.Request) (proto, token string) {
 
 // operator names who made a decision: the X-Operator header when given
 // (the console sends the name typed at login), else the token's identity.
+// A header is bytes: the name is read as UTF-8 (what the console sends),
+// and a value that is not UTF-8 as Latin-1, what a browser's fetch sends
+// for a string written as is ("Dr M\xfcller"), so that no name is recorded
+// garbled.
 func operator(r *http.Request) string {
-	name := strings.TrimSpace(r.Header.Get("X-Operator"))
-	if len(name) > 64 {
-		name = name[:64]
+	name := r.Header.Get("X-Operator")
+	if !utf8.ValidString(name) {
+		runes := make([]rune, len(name))
+		for i := 0; i < len(name); i++ {
+			runes[i] = rune(name[i])
+		}
+		name = string(runes)
 	}
 	name = strings.Map(func(c rune) rune {
 		if c < 0x20 || c == 0x7f {
 			return -1
 		}
 		return c
-	}, name)
+	}, strings.TrimSpace(name))
+	// At most 64 letters, cut between two of them.
+	if runes := []rune(name); len(runes) > 64 {
+		name = string(runes[:64])
+	}
 	if name == "" {
 		return "console-token"
 	}

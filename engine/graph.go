@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -59,7 +60,17 @@ func WithTimeout(d time.Duration) NodeOption { return func(n *node) { n.timeout 
 // is an ErrBadDecision and the run stays interrupted, where the node would
 // otherwise fail on it once the review had been spent (an edit whose value
 // the node cannot use, say).
-func CheckDecision(fn func(Decision) error) NodeOption { return func(n *node) { n.check = fn } }
+func CheckDecision(fn func(Decision) error) NodeOption {
+	return CheckDecisionOn(func(_ json.RawMessage, d Decision) error { return fn(d) })
+}
+
+// CheckDecisionOn is CheckDecision for a node whose check depends on the
+// question it asked: fn is also given the payload of the interrupt the
+// decision answers, so that an edit is checked against that question (the
+// arguments of the tool call it is about, say).
+func CheckDecisionOn(fn func(payload json.RawMessage, d Decision) error) NodeOption {
+	return func(n *node) { n.check = fn }
+}
 
 // checkDecision runs the check of the node that raised in, if it has one.
 // ns is the namespace g runs in; an interrupt raised deeper, inside a
@@ -85,7 +96,7 @@ func (g *Graph) checkDecision(ns string, in PendingInterrupt, d Decision) error 
 	if n == nil || n.check == nil {
 		return nil
 	}
-	if err := n.check(d); err != nil {
+	if err := n.check(in.Payload, d); err != nil {
 		return &refusalError{node: in.Node, kind: d.Kind, err: err}
 	}
 	return nil
@@ -109,7 +120,7 @@ type node struct {
 	writes   []string
 	reads    []string
 	subgraph *Graph
-	check    func(Decision) error
+	check    func(payload json.RawMessage, d Decision) error
 }
 
 type condEdge struct {

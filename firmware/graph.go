@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/engine"
 )
 
@@ -283,6 +284,13 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		}
 		if n.Kind == KindReview {
 			opts = append(opts, engine.CheckDecision(checkReview))
+		}
+		if n.Kind == KindToolLoop && env.Bundle.Registry != nil {
+			check, err := agent.CheckToolDecision(env.Bundle.Registry)
+			if err != nil {
+				return nil, env.Errorf("tool_loop: %v", err)
+			}
+			opts = append(opts, engine.CheckDecisionOn(check))
 		}
 		b.AddNode(n.Name, fn, opts...)
 	}

@@ -300,17 +300,39 @@ func TestServeRefusesNoWorkers(t *testing.T) {
 // An edit of a paused review that the review cannot use is refused over
 // the HTTP API with 422 bad_decision, and the message names the field at
 // fault and why; the review stands, and a usable edit then ends the run.
-func TestEditErrorsSayWhatIsWrong(t *testing.T) {
+// requireRefused posts a resume of run that must be refused with a 422 of
+// the code and message given.
+func (s *serving) requireRefused(t *testing.T, run, resume, code, message string) {
+	t.Helper()
+	status, body := s.call(t, http.MethodPost, "/api/v1/runs/"+run+"/resume", resume)
+	require.Equal(t, http.StatusUnprocessableEntity, status, "%s: %s", resume, body)
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	require.NoError(t, json.Unmarshal(body, &e), "%s", body)
+	require.Equal(t, code, e.Error.Code, resume)
+	require.Equal(t, message, e.Error.Message, resume)
+}
+
+// startReview serves on a new data folder and starts a turn of agent on
+// input that must wait for review; it returns the run as the API gave it.
+func startReview(t *testing.T, agent, input string) (*serving, []byte) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
 	s := startServe(t, builtOutpost(t), t.TempDir())
 	code, body := s.call(t, http.MethodPost, "/api/v1/threads/t1/runs",
-		`{"agent": "medication-adherence", "input": "remind me to refill my metformin", "wait": "20s"}`)
+		`{"agent": "`+agent+`", "input": "`+input+`", "wait": "20s"}`)
 	require.Equal(t, http.StatusCreated, code, "%s", body)
+	require.Contains(t, string(body), `"status":"interrupted"`)
+	return s, body
+}
+
+func TestEditErrorsSayWhatIsWrong(t *testing.T) {
+	s, body := startReview(t, "medication-adherence", "remind me to refill my metformin")
 	var run struct{ ID, Status, Output string }
 	require.NoError(t, json.Unmarshal(body, &run))
-	require.Equal(t, "interrupted", run.Status, "%s", body)
 
 	const refuses, want = `node "review_response" refuses this edit: `, `: an edit's value is the answer to send, as a JSON string or as {"text": "..."}`
 	for _, tc := range []struct{ value, says string }{
@@ -321,16 +343,9 @@ func TestEditErrorsSayWhatIsWrong(t *testing.T) {
 		{`{"text": ""}`, `"value.text" is empty: write the answer, or approve or reject the draft`},
 		{`"  "`, `"value" is empty: write the answer, or approve or reject the draft`},
 	} {
-		code, body = s.call(t, http.MethodPost, "/api/v1/runs/"+run.ID+"/resume", `{"decision": "edit", "value": `+tc.value+`}`)
-		require.Equal(t, http.StatusUnprocessableEntity, code, "%s: %s", tc.value, body)
-		var e struct {
-			Error struct{ Code, Message string }
-		}
-		require.NoError(t, json.Unmarshal(body, &e), "%s", body)
-		require.Equal(t, "bad_decision", e.Error.Code, tc.value)
-		require.Equal(t, "resume run "+run.ID+": "+refuses+tc.says, e.Error.Message, tc.value)
+		s.requireRefused(t, run.ID, `{"decision": "edit", "value": `+tc.value+`}`, "bad_decision", "resume run "+run.ID+": "+refuses+tc.says)
 	}
-	code, body = s.call(t, http.MethodGet, "/api/v1/runs/"+run.ID, "")
+	code, body := s.call(t, http.MethodGet, "/api/v1/runs/"+run.ID, "")
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	require.NoError(t, json.Unmarshal(body, &run))
 	require.Equal(t, "interrupted", run.Status, "a refused edit leaves the review standing")
@@ -341,5 +356,51 @@ func TestEditErrorsSayWhatIsWrong(t *testing.T) {
 	require.NoError(t, json.Unmarshal(body, &run))
 	require.Equal(t, "completed", run.Status, "%s", body)
 	require.Contains(t, run.Output, "Please call the pharmacy.")
+	s.stop(t)
+}
+
+// TestToolEditErrorsLeaveTheCallWaiting: an edit of a tool call's arguments
+// that the tool's schema refuses (a typo that is not JSON, which arrives
+// as a string, a missing field, a field of the wrong type) is refused with
+// the reason, and the call still waits for a decision: it does not stand
+// for a rejection of the call. A valid edit then runs the call with the
+// arguments given.
+func TestToolEditErrorsLeaveTheCallWaiting(t *testing.T) {
+	s, body := startReview(t, "medication-adherence-tools", "please schedule a follow-up")
+	var run struct {
+		ID, Status, Output string
+		Interrupts         []struct {
+			ID      string
+			Payload struct{ Reason, Tool string }
+		}
+	}
+	require.NoError(t, json.Unmarshal(body, &run))
+	require.Len(t, run.Interrupts, 1, "%s", body)
+	require.Equal(t, "schedule_followup", run.Interrupts[0].Payload.Tool, "%s", body)
+	asked := run.Interrupts[0].ID
+
+	const refuses, want = `node "generate_response" refuses this edit: arguments for "schedule_followup": `,
+		`: an edit's value is the call's arguments, a JSON object that the tool's schema accepts`
+	for _, tc := range []struct{ value, says string }{
+		{`"{\"when\": \"tomorrow\", \"note\": \"x\""`, `$: want object, got string` + want},
+		{`{"note": "call back"}`, `$.when: required` + want},
+		{`{"when": 3, "note": "call back"}`, `$.when: want string, got number` + want},
+	} {
+		s.requireRefused(t, run.ID, `{"decision": "edit", "interrupt": "`+asked+`", "value": `+tc.value+`}`,
+			"bad_decision", "resume run "+run.ID+": "+refuses+tc.says)
+		code, body := s.call(t, http.MethodGet, "/api/v1/runs/"+run.ID, "")
+		require.Equal(t, http.StatusOK, code, "%s", body)
+		require.NoError(t, json.Unmarshal(body, &run))
+		require.Equal(t, "interrupted", run.Status, "after the refused edit %s: %s", tc.value, body)
+		require.Equal(t, asked, run.Interrupts[0].ID, "the same call still waits: %s", body)
+	}
+
+	code, body := s.call(t, http.MethodPost, "/api/v1/runs/"+run.ID+"/resume",
+		`{"decision": "edit", "interrupt": "`+asked+`", "value": {"when": "Friday 10:00", "note": "call back"}, "wait": "20s"}`)
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	require.NoError(t, json.Unmarshal(body, &run))
+	require.Equal(t, "completed", run.Status, "%s", body)
+	require.Contains(t, run.Output, `"scheduled":true`, "the edited call ran")
+	require.Contains(t, run.Output, "Friday 10:00", "with the edited arguments")
 	s.stop(t)
 }

@@ -26,9 +26,21 @@ const state = {
 
 async function api(method, path, body) {
   const headers = { "Authorization": "Bearer " + state.token };
-  if (state.operator) headers["X-Operator"] = state.operator;
+  // A header carries bytes, and fetch refuses a letter past Latin-1 (a
+  // name in Chinese, Greek, Polish): the name goes as its UTF-8 bytes.
+  if (state.operator) headers["X-Operator"] = String.fromCharCode(...new TextEncoder().encode(state.operator));
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  let res;
+  try {
+    res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (e) {
+    // No answer at all (the appliance stopped or restarting, the network
+    // down): the browser's own words ("Failed to fetch") say nothing of it.
+    const err = new Error("Cannot reach the appliance (" + e.message + ")");
+    err.status = 0;
+    err.unreachable = true;
+    throw err;
+  }
   let data = null;
   try { data = await res.json(); } catch (e) { data = null; }
   // A token that stops being valid (the appliance made a new one) ends
@@ -92,7 +104,7 @@ async function signIn() {
   try {
     await api("GET", "/api/v1/runs?limit=1");
   } catch (e) {
-    text($("login-error"), e.status === 401 ? "That token is not valid." : "Cannot reach the appliance: " + e.message);
+    text($("login-error"), e.status === 401 ? "That token is not valid." : e.unreachable ? e.message + "." : "The appliance refused: " + e.message);
     show($("login-error"), true);
     show($("login"), true);
     show($("main"), false);
@@ -279,13 +291,15 @@ async function select(id) {
   // draw them) and drawn in their place once the past is in.
   const since = state.lastSeq || 0;
   state.drawing = id;
-  let mine = [];
+  let mine = [], unread = "";
   try {
     const h = await api("GET", "/api/v1/threads/" + encodeURIComponent(run.thread) + "/history?limit=1000");
     mine = h.checkpoints.filter((c) => c.run === id).reverse();
-  } catch (e) { /* history is best effort */ }
+  } catch (e) { unread = e.message; }
   if (state.selects !== turn) return; // another select has the transcript now
   state.drawing = "";
+  // An empty transcript would read as a run that did nothing.
+  if (unread) line("denied", "The run's steps could not be read: " + unread + ". Open the run again to retry.");
   drawHeld(mine, (state.log.get(id) || []).filter((e) => e.seq > since));
   await drawGraph(run);
 }
@@ -339,17 +353,31 @@ function renderDetail(run) {
   show($("decisions-box"), (run.decisions || []).length > 0);
   show($("cancel"), run.status === "queued" || run.status === "running" || run.status === "interrupted");
   const pending = run.status === "interrupted" && run.interrupts && run.interrupts.length > 0;
-  show($("interrupt"), pending);
+  // A review that closes (decided elsewhere, cancelled, or by this page's
+  // decision that could not be confirmed) takes the error about it away:
+  // it no longer says anything true about the run on screen.
+  const form = $("interrupt");
+  if (!pending && form.dataset.interrupt && form.dataset.run === run.id) {
+    delete form.dataset.interrupt;
+    show($("decide-error"), false);
+  }
+  form.dataset.run = run.id;
+  show(form, pending);
   if (pending) {
     const i = run.interrupts[0];
+    const call = toolCall(i);
     text($("interrupt-node"), i.node);
+    text($("interrupt-why"), whyAsked(i.payload || {}, call));
     text($("interrupt-payload"), JSON.stringify(i.payload, null, 2));
+    text($("edit-label"), call ? "Edited arguments of " + call.tool + ", as JSON (for edit)" : "Edited answer (for edit)");
     // The form belongs to the review on screen: another run's (or an
     // earlier review's) draft and reason must never ride along into this
     // decision.
     if ($("interrupt").dataset.interrupt !== i.id) {
       $("interrupt").dataset.interrupt = i.id;
-      $("edit-value").value = i.payload && typeof i.payload.draft === "string" ? i.payload.draft : "";
+      // An edit of a tool call starts from the arguments asked about.
+      $("edit-value").value = call ? JSON.stringify(call.args, null, 2) :
+        i.payload && typeof i.payload.draft === "string" ? i.payload.draft : "";
       $("reason").value = "";
       show($("decide-error"), false);
     }
@@ -357,6 +385,30 @@ function renderDetail(run) {
   }
   if (["completed", "failed", "cancelled", "budget_exceeded"].includes(run.status)) state.current.set(run.id, "");
   highlight(run);
+}
+
+// toolCall returns the tool call an interrupt asks about ({tool, args}),
+// or null for a review of a draft.
+function toolCall(i) {
+  const p = i && i.payload;
+  return p && typeof p.tool === "string" && p.tool !== "" && p.args !== undefined ? { tool: p.tool, args: p.args } : null;
+}
+
+// whyAsked says in words why the run waits, and what each decision does:
+// for a call that may already have run, the operator must know that
+// before approving it again.
+function whyAsked(p, call) {
+  const detail = typeof p.detail === "string" && p.detail ? " (" + p.detail + ")" : "";
+  if (call && p.reason === "uncertain_side_effect") {
+    return "The call to " + call.tool + " may already have run" + detail + ". Find out from the tool's side whether it " +
+      "took effect before deciding: approve (or edit) runs it again, reject reports it to the agent as not done.";
+  }
+  if (call) {
+    return "The agent asks to call " + call.tool + ", which needs a person's approval" + detail +
+      ". Approve runs the call as shown, edit runs it with the arguments below, reject does not run it.";
+  }
+  if (Array.isArray(p.reasons) && p.reasons.length) return "Why it is held for review: " + p.reasons.join("; ") + ".";
+  return "";
 }
 
 async function drawGraph(run) {
@@ -441,11 +493,20 @@ async function decide(kind) {
       return;
     }
     // A review of a draft is edited as text: what the operator typed is
-    // the answer, even where it would read as JSON ("2", "null"). Other
-    // reviews take the JSON value they show.
+    // the answer, even where it would read as JSON ("2", "null"). A tool
+    // call is edited as its arguments, which must be JSON: a typo is
+    // refused here, never sent as a string in their place. Other reviews
+    // take the JSON value they show.
     const i = (run.interrupts || []).find((x) => x.id === $("interrupt").dataset.interrupt);
     if (i && i.payload && typeof i.payload.draft === "string") body.value = raw;
-    else try { body.value = JSON.parse(raw); } catch (e) { body.value = raw; }
+    else if (toolCall(i)) {
+      try { body.value = JSON.parse(raw); } catch (e) {
+        text($("decide-error"), "The edited arguments are not valid JSON (" + e.message + "): nothing was sent. " +
+          "Write them as a JSON object, as shown above, or approve or reject the call.");
+        show($("decide-error"), true);
+        return;
+      }
+    } else try { body.value = JSON.parse(raw); } catch (e) { body.value = raw; }
   }
   for (const b of ["approve", "edit", "reject"]) $(b).disabled = true;
   try {
@@ -458,6 +519,10 @@ async function decide(kind) {
   } catch (e) {
     let msg = e.message;
     if (e.status === 409 || e.code === "unknown_interrupt") msg = await decidedElsewhere(run.id, body.interrupt) || msg;
+    // The request may have reached the appliance before the answer was
+    // lost: the operator must not take it as refused, nor as recorded.
+    if (e.unreachable) msg = e.message + ": your " + kind + " may or may not have been recorded. Once the appliance answers " +
+      "again (the stream says live), this run is shown as it then is: check its decisions before deciding again.";
     text($("decide-error"), msg);
     show($("decide-error"), true);
   } finally {
@@ -620,7 +685,11 @@ function renderEvent(e) {
     case "interrupt": {
       // The pause sign is drawn by the stylesheet: no font that Debian
       // installs by default has a glyph for U+23F8, which drew as a box.
-      const li = line("flag", " waiting for review at " + e.node + (d.payload && d.payload.reason ? " (" + d.payload.reason + ")" : ""));
+      const p = d.payload || {};
+      const call = toolCall(d);
+      const why = call && p.reason === "uncertain_side_effect" ? ": the call to " + call.tool + " may already have run" :
+        call ? ": a call to " + call.tool + " needs approval" : p.reason ? " (" + p.reason + ")" : "";
+      const li = line("flag", " waiting for review at " + e.node + why);
       const icon = el("span", "icon-pause");
       icon.setAttribute("role", "img");
       icon.setAttribute("aria-label", "paused:");
