@@ -444,21 +444,7 @@ func TestBundleNamesMeet(t *testing.T) {
 			line := strings.Count(tc.text[:off], "\n") + 1
 			col := off - strings.LastIndex(tc.text[:off], "\n")
 
-			_, loadErr := firmware.Load(dir, testKeyring(t))
-			in := newInstaller(t, t.TempDir())
-			_, installErr := in.Install(dir, firmware.InstallOptions{})
-			for what, err := range map[string]error{"load": loadErr, "install": installErr} {
-				var fe *firmware.FileError
-				if !errors.Is(err, firmware.ErrMalformed) || !errors.As(err, &fe) {
-					t.Fatalf("%s: %v, want a *FileError wrapping ErrMalformed", what, err)
-				}
-				if fe.File != tc.file || fe.Line != line || fe.Column != col || fe.Node != tc.node || !strings.Contains(err.Error(), tc.field) {
-					t.Fatalf("%s: %v, want it at %s:%d:%d, node %q, naming %s", what, err, tc.file, line, col, tc.node, tc.field)
-				}
-			}
-			if list := in.List(); len(list) != 0 {
-				t.Fatalf("a refused install left %+v", list)
-			}
+			requireRefusedAt(t, dir, tc.file, line, col, tc.node, tc.field)
 		})
 	}
 
@@ -474,6 +460,28 @@ func TestBundleNamesMeet(t *testing.T) {
 	}
 	if _, err := newInstaller(t, t.TempDir()).Install(dir, firmware.InstallOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// requireRefusedAt fails t unless Load (what verify runs) and Install both
+// refuse the bundle at dir with a *FileError wrapping ErrMalformed at
+// file:line:col and node, whose text holds field, and nothing is installed.
+func requireRefusedAt(t *testing.T, dir, file string, line, col int, node, field string) {
+	t.Helper()
+	_, loadErr := firmware.Load(dir, testKeyring(t))
+	in := newInstaller(t, t.TempDir())
+	_, installErr := in.Install(dir, firmware.InstallOptions{})
+	for what, err := range map[string]error{"load": loadErr, "install": installErr} {
+		var fe *firmware.FileError
+		if !errors.Is(err, firmware.ErrMalformed) || !errors.As(err, &fe) {
+			t.Fatalf("%s: %v, want a *FileError wrapping ErrMalformed", what, err)
+		}
+		if fe.File != file || fe.Line != line || fe.Column != col || fe.Node != node || !strings.Contains(err.Error(), field) {
+			t.Fatalf("%s: %v, want it at %s:%d:%d, node %q, naming %s", what, err, file, line, col, node, field)
+		}
+	}
+	if list := in.List(); len(list) != 0 {
+		t.Fatalf("a refused install left %+v", list)
 	}
 }
 

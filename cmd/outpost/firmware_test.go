@@ -507,3 +507,32 @@ func TestSignSaysItChangedTheDescription(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout), &out))
 	require.Equal(t, description("json"), out["description"])
 }
+
+// A golden conversation that no replay could pass is a mistake in the
+// bundle that verify and install refuse, at its line and column, naming
+// the conversation and the field: not something that only eval finds.
+func TestFirmwareRefusesABadGoldenExpectation(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ref")
+	code, _, stderr := outpostBin(t, "", "firmware", "export", dir)
+	require.Zero(t, code, stderr)
+	golden := filepath.Join(dir, "golden", "reference.jsonl")
+	raw, err := os.ReadFile(golden)
+	require.NoError(t, err)
+	lines := strings.Count(string(raw), "\n")
+	bad := `{"name": "misspelt-status", "agent": "medication-adherence", "turns": [{"input": "hi", "expect": {"status": "complete"}}]}`
+	require.NoError(t, os.WriteFile(golden, append(raw, bad+"\n"...), 0o644))
+	code, _, stderr = outpostBin(t, "", "firmware", "sign", "--key", filepath.Join("..", "..", "testdata", "keys", "dev.key"), dir)
+	require.Zero(t, code, stderr)
+
+	where := fmt.Sprintf("golden/reference.jsonl:%d:%d: ", lines+1, strings.Index(bad, `{"status"`)+1)
+	for _, cmd := range []string{"verify", "install"} {
+		data := t.TempDir()
+		code, _, stderr = outpostBin(t, "", "firmware", cmd, "--data", data, "--trust-dev-key", dir)
+		require.Equal(t, 1, code, "%s: %s", cmd, stderr)
+		require.Contains(t, stderr, where, cmd)
+		require.Contains(t, stderr, `conversation "misspelt-status": turns.0.expect.status: "complete" is not a status a turn ends in`, cmd)
+		code, stdout, stderr := outpostBin(t, "", "firmware", "list", "--data", data)
+		require.Zero(t, code, stderr)
+		require.Contains(t, stdout, "no bundles installed", cmd)
+	}
+}
