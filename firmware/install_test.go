@@ -528,3 +528,45 @@ func TestPolicyFileMistakesSayWhere(t *testing.T) {
 		})
 	}
 }
+
+// An installed version is read and verified at its first Open; opened
+// again, or for another Runtime once SetRuntime changes it, it is loaded
+// from what was verified. The embedded bundle is verified at its first
+// load in a process.
+func TestBundlesAreVerifiedOnceAProcess(t *testing.T) {
+	in := newInstaller(t, t.TempDir())
+	if _, err := in.Install(variant(t, 2, nil), firmware.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before := firmware.Verifications()
+	plain, err := in.Open("patterns", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := in.Open("patterns", 2); err != nil || again != plain {
+		t.Fatalf("open again: %p, %v; want the bundle opened first, %p", again, err, plain)
+	}
+	rt := &firmware.Runtime{}
+	in.SetRuntime(rt)
+	forRT, err := in.Open("patterns", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if forRT.Runtime() != rt || plain.Runtime() != nil || forRT.Digest != plain.Digest {
+		t.Fatalf("opened for the runtime: %p (digest %s), want a bundle for %p (digest %s)", forRT.Runtime(), forRT.Digest, rt, plain.Digest)
+	}
+	if n := firmware.Verifications() - before; n != 1 {
+		t.Fatalf("the installed version was verified %d times, want once", n)
+	}
+
+	if _, err := firmware.Reference(); err != nil {
+		t.Fatal(err)
+	}
+	before = firmware.Verifications()
+	if b, err := firmware.ReferenceWithRuntime(rt); err != nil || b.Runtime() != rt {
+		t.Fatalf("reference for a runtime: %v", err)
+	}
+	if n := firmware.Verifications() - before; n != 0 {
+		t.Fatalf("the embedded bundle was verified %d more times", n)
+	}
+}

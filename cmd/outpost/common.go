@@ -288,17 +288,23 @@ func namingAgents(resolve engine.Resolver, names []string, withBench bool) (engi
 // and resumed runs the exact version they are pinned to; otherwise (and for
 // runs pinned to it) the embedded reference bundle serves, and notice is
 // told so. Model nodes run with rt. With benchAgent, the bench workload's agent
-// is there too (see namingAgents).
-func applianceResolver(dir string, rt *firmware.Runtime, notice func(string), benchAgent bool) (engine.Resolver, error) {
+// is there too (see namingAgents). in is dir's installer where one is open
+// already (checkNewRun's), so that the bundles it verified are not verified
+// again; nil opens one.
+func applianceResolver(dir string, in *firmware.Installer, rt *firmware.Runtime, notice func(string), benchAgent bool) (engine.Resolver, error) {
 	ref, err := firmware.ReferenceWithRuntime(rt)
 	if err != nil {
 		return nil, err
 	}
 	embedded := firmware.BundleResolver(ref)
-	in, installed, err := openInstaller(dir, rt)
-	if err != nil {
-		return nil, err
+	if in == nil {
+		if in, err = openInstaller(dir, rt); err != nil {
+			return nil, err
+		}
+	} else {
+		in.SetRuntime(rt)
 	}
+	installed := len(in.List()) > 0
 	told := false
 	tell := func() {
 		if !told && notice != nil {
@@ -355,18 +361,13 @@ func trustedKeys(dataDir string, extra ...string) (*firmware.Keyring, error) {
 	return firmware.LoadKeyring(paths...)
 }
 
-// openInstaller opens the firmware installer of dir and reports whether any
-// bundle is installed.
-func openInstaller(dir string, rt *firmware.Runtime) (*firmware.Installer, bool, error) {
+// openInstaller opens the firmware installer of dir.
+func openInstaller(dir string, rt *firmware.Runtime) (*firmware.Installer, error) {
 	keys, err := trustedKeys(dir)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	in, err := firmware.NewInstaller(dir, keys, firmware.InstallerOptions{ApplianceVersion: version, Runtime: rt})
-	if err != nil {
-		return nil, false, err
-	}
-	return in, len(in.List()) > 0, nil
+	return firmware.NewInstaller(dir, keys, firmware.InstallerOptions{ApplianceVersion: version, Runtime: rt})
 }
 
 func printJSON(w io.Writer, v any) error {

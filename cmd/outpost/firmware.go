@@ -377,7 +377,7 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if fi, err := os.Stat(*data); err != nil || !fi.IsDir() {
 		return fmt.Errorf("no data folder %s", *data)
 	}
-	in, _, err := openInstaller(*data, nil)
+	in, err := openInstaller(*data, nil)
 	if err != nil {
 		return err
 	}
@@ -460,7 +460,7 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer release()
-	in, _, err := openInstaller(*data, nil)
+	in, err := openInstaller(*data, nil)
 	if err != nil {
 		return err
 	}

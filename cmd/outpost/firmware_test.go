@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -535,4 +537,33 @@ func TestFirmwareRefusesABadGoldenExpectation(t *testing.T) {
 		require.Zero(t, code, stderr)
 		require.Contains(t, stdout, "no bundles installed", cmd)
 	}
+}
+
+// run checks its --agent against the active bundle before it opens the
+// store, then runs the turn on that bundle, and serve resolves agents and
+// lists the bundles for the console: each reads and verifies the active
+// bundle once, not once for every use.
+func TestRunAndServeVerifyTheActiveBundleOnce(t *testing.T) {
+	data, _ := installedReference(t)
+	_, err := firmware.Reference() // the embedded bundle, verified once a process
+	require.NoError(t, err)
+
+	before := firmware.Verifications()
+	code, stdout, stderr := outpost(t, "run", "--data", data, "--agent", firmware.ReferenceAgent, "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "completed")
+	require.Equal(t, int64(1), firmware.Verifications()-before, "run verified the active bundle this many times")
+
+	before = firmware.Verifications()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan int, 1)
+	go func() {
+		var out, errb bytes.Buffer
+		served <- execute(ctx, []string{"serve", "--data", data, "--listen", "127.0.0.1:0"}, &out, &errb)
+	}()
+	awaitControl(t, data) // serve has resolved its agents and listed its bundles
+	verified := firmware.Verifications() - before
+	cancel()
+	require.Zero(t, <-served)
+	require.Equal(t, int64(1), verified, "serve verified the active bundle this many times")
 }

@@ -191,8 +191,9 @@ func runtimeFor(db *store.DB, dir string, p models.Provider, model string, budge
 }
 
 // openSession opens the store in dir, making it first when create is set
-// (run makes one; resume answers a run that must already be there).
-func openSession(ctx context.Context, dir string, create bool, durability engine.Durability, out, stderr io.Writer, asJSON bool, mc *modelChoice, bc *budgetChoice) (*session, error) {
+// (run makes one; resume answers a run that must already be there). in is
+// dir's firmware installer where one is open already (nil opens one).
+func openSession(ctx context.Context, dir string, create bool, durability engine.Durability, out, stderr io.Writer, asJSON bool, mc *modelChoice, bc *budgetChoice, in *firmware.Installer) (*session, error) {
 	budget, err := bc.budget()
 	if err != nil {
 		return nil, err
@@ -216,7 +217,7 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 		db.Close()
 		return nil, err
 	}
-	resolve, err := applianceResolver(dir, rt, func(notice string) { fmt.Fprintf(stderr, "%s\n", notice) }, true)
+	resolve, err := applianceResolver(dir, in, rt, func(notice string) { fmt.Fprintf(stderr, "%s\n", notice) }, true)
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -306,11 +307,12 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := mc.check(); err != nil {
 		return err
 	}
-	if err := checkNewRun(*data, *thread, *agentName, &tools); err != nil {
+	in, err := checkNewRun(*data, *thread, *agentName, &tools)
+	if err != nil {
 		return err
 	}
 	input, _ := json.Marshal(strings.Join(fs.Args(), " "))
-	s, err := openSession(ctx, *data, true, dur, stdout, stderr, *asJSON, mc, bc)
+	s, err := openSession(ctx, *data, true, dur, stdout, stderr, *asJSON, mc, bc, in)
 	if err != nil {
 		return err
 	}
@@ -517,7 +519,7 @@ take leaves it waiting.`
 	if err := mc.check(); err != nil {
 		return err
 	}
-	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc)
+	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc, nil)
 	if err != nil {
 		return err
 	}

@@ -175,11 +175,16 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	}
 	// The bundle is announced below, once; the resolver's own notice
 	// would repeat it at the first run.
-	resolve, err := applianceResolver(*data, rt, nil, false)
+	// One installer for both, so that each bundle is verified once.
+	in, err := openInstaller(*data, rt)
 	if err != nil {
 		return err
 	}
-	bundles, err := bundleInfo(*data, rt)
+	resolve, err := applianceResolver(*data, in, rt, nil, false)
+	if err != nil {
+		return err
+	}
+	bundles, err := bundleInfo(in, rt)
 	if err != nil {
 		return err
 	}
@@ -304,14 +309,10 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	return nil
 }
 
-// bundleInfo lists the bundles new runs use: the installed ones, or the
-// embedded reference bundle when none is installed.
-func bundleInfo(dir string, rt *firmware.Runtime) ([]console.BundleInfo, error) {
-	in, installed, err := openInstaller(dir, rt)
-	if err != nil {
-		return nil, err
-	}
-	if !installed {
+// bundleInfo lists the bundles new runs use: the installed ones of in, or
+// the embedded reference bundle when none is installed.
+func bundleInfo(in *firmware.Installer, rt *firmware.Runtime) ([]console.BundleInfo, error) {
+	if len(in.List()) == 0 {
 		ref, err := firmware.ReferenceWithRuntime(rt)
 		if err != nil {
 			return nil, err
