@@ -329,20 +329,10 @@ func TestMinApplianceVersion(t *testing.T) {
 		require.False(t, firmware.ChecksApplianceVersion(v), v)
 	}
 	defer func(v string) { version = v }(version)
-	dir := t.TempDir()
-	ref, needy := filepath.Join(dir, "ref"), filepath.Join(dir, "needy")
-	for _, b := range []string{ref, needy} {
-		code, _, stderr := outpost(t, "firmware", "export", b)
-		require.Zero(t, code, stderr)
-	}
-	manifest := filepath.Join(needy, firmware.ManifestFile)
-	raw, err := os.ReadFile(manifest)
-	require.NoError(t, err)
-	edited := strings.Replace(string(raw), `"min_appliance_version": "0.1.0"`, `"min_appliance_version": "99.0.0"`, 1)
-	require.NotEqual(t, string(raw), edited)
-	require.NoError(t, os.WriteFile(manifest, []byte(edited), 0o644))
-	code, _, stderr := outpost(t, "firmware", "sign", "--key", filepath.Join("..", "..", "testdata", "keys", "dev.key"), needy)
+	ref := filepath.Join(t.TempDir(), "ref")
+	code, _, stderr := outpost(t, "firmware", "export", ref)
 	require.Zero(t, code, stderr)
+	needy := referenceNeeding(t, "99.0.0")
 
 	for _, v := range []string{"dev", "98b7d71"} {
 		version = v
@@ -566,4 +556,56 @@ func TestRunAndServeVerifyTheActiveBundleOnce(t *testing.T) {
 	cancel()
 	require.Zero(t, <-served)
 	require.Equal(t, int64(1), verified, "serve verified the active bundle this many times")
+}
+
+// A release binary rolled back below the min_appliance_version of the
+// bundle a run waiting for a person is pinned to refuses to resume it,
+// saying why and what to do, and the run waits on; the binary upgraded
+// again resumes it.
+func TestResumeAfterARollbackBelowTheBundlesMinimum(t *testing.T) {
+	defer func(v string) { version = v }(version)
+	version = "1.0.0"
+	data, needy := t.TempDir(), referenceNeeding(t, "1.0.0")
+	code, _, stderr := outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", needy)
+	require.Zero(t, code, stderr)
+
+	code, stdout, stderr := outpost(t, "run", "--data", data, "--json", "Can I stop taking lisinopril?")
+	require.Zero(t, code, stderr)
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	var run struct{ ID, Status string }
+	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &run))
+	require.Equal(t, "interrupted", run.Status)
+
+	version = "0.9.0"
+	code, _, stderr = outpost(t, "resume", "--data", data, run.ID, "--decision", "approve")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "medication-adherence v1 needs appliance 1.0.0 or later, this is 0.9.0")
+	require.Contains(t, stderr, "upgrade the outpost binary to 1.0.0 or later again")
+	code, stdout, stderr = outpost(t, "runs", "show", "--data", data, run.ID)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "interrupted")
+
+	version = "1.0.0"
+	code, stdout, stderr = outpost(t, "resume", "--data", data, run.ID, "--decision", "approve")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, ": completed")
+}
+
+// referenceNeeding exports the reference bundle with min_appliance_version
+// set to min, signed again with the development key, and returns its
+// folder.
+func referenceNeeding(t *testing.T, min string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "needy")
+	code, _, stderr := outpost(t, "firmware", "export", dir)
+	require.Zero(t, code, stderr)
+	manifest := filepath.Join(dir, firmware.ManifestFile)
+	raw, err := os.ReadFile(manifest)
+	require.NoError(t, err)
+	edited := strings.Replace(string(raw), `"min_appliance_version": "0.1.0"`, `"min_appliance_version": "`+min+`"`, 1)
+	require.NotEqual(t, string(raw), edited)
+	require.NoError(t, os.WriteFile(manifest, []byte(edited), 0o644))
+	code, _, stderr = outpost(t, "firmware", "sign", "--key", filepath.Join("..", "..", "testdata", "keys", "dev.key"), dir)
+	require.Zero(t, code, stderr)
+	return dir
 }
