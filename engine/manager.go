@@ -211,8 +211,9 @@ type active struct {
 	// suspect: the run is one of the crash-loop guard's suspects and its
 	// turn alone has not ended (see Recover). waitedOut: it was one, and
 	// its wait for its turn ran out; it runs as any run, and the suspects
-	// after it do not hold it back. slots is how many worker slots the run
-	// holds: one, or all of them while a suspect runs alone.
+	// after it do not hold it back, until it pauses. slots is how many
+	// worker slots the run holds: one, or all of them while a suspect runs
+	// alone.
 	suspect   bool
 	waitedOut bool
 	slots     int
@@ -344,6 +345,10 @@ func (m *Manager) release(a *active, paused bool) {
 		// Nor is it being recovered: a pause is progress, and a Resume
 		// resumes it, counting no recovery (see markRecovery).
 		a.recovery = 0
+		// Nor a suspect whose wait ran out: that let the execution that
+		// paused run beside the suspects, and a Resume waits for their
+		// turns as any run does (see takeTurn).
+		a.waitedOut = false
 		old := a.done
 		a.done = make(chan struct{})
 		close(old)
