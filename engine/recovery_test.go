@@ -722,10 +722,7 @@ func TestRecoveryUnboundedSuspectIsNotHeldBack(t *testing.T) {
 	defer m.Close()
 	require.Equal(t, 2, m.Suspects())
 	first := <-entered
-	second := ids[0]
-	if second == first {
-		second = ids[1]
-	}
+	second := otherOf(ids, first)
 	close(gates[thread[first]][0])
 	require.Equal(t, first, <-entered, "the first suspect's step committed, and it goes on")
 	next := startOn(t, m, "twostep", "new")[0]
@@ -966,4 +963,34 @@ func TestRecoveryResumedSuspectWaitsForTheSuspectsTurns(t *testing.T) {
 	require.NotEqual(t, second, third, "the resumed run took a worker while the third suspect waited for its turn")
 	enters(t, entered, second, "the resumed run goes on once no suspect waits")
 	require.Equal(t, engine.StatusCompleted, waitFor(t, m, second).Status)
+}
+
+// A waiting suspect's wait has a bound of its own, apart from the turn
+// alone's: here the first suspect's turn alone ends at once, while it
+// hangs on holding its worker, and the second waits for its turn for
+// MaxSuspectWait, not for the turn alone's bound.
+func TestRecoverySuspectWaitHasItsOwnBound(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 2)
+	agents, opts := hangBesideOK(t, entered)
+	ids := crashTwiceTogether(t, store, opts, entered, agents, "hang", "a", "b")
+
+	opts.MaxAlone = 20 * time.Millisecond
+	opts.MaxSuspectWait = time.Second
+	_, m, _ := startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 2, m.Suspects())
+	first := <-entered
+	second := otherOf(ids, first)
+	noneEnters(t, entered, "the second suspect stopped waiting for its turn once the turn alone's bound had passed")
+	enters(t, entered, second, "the second suspect's wait runs out after MaxSuspectWait")
+	require.GreaterOrEqual(t, tookAt(t, store, second).Sub(tookAt(t, store, first)), opts.MaxSuspectWait, "the second suspect waited less than MaxSuspectWait")
+}
+
+// otherOf is the id of two that is not id.
+func otherOf(two []string, id string) string {
+	if two[0] == id {
+		return two[1]
+	}
+	return two[0]
 }

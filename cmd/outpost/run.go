@@ -228,7 +228,8 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 	// The manager's wall time holds for agents from outside a bundle too
 	// (the bench workload's).
 	s.m = engine.NewManager(db, resolve, engine.ManagerOptions{Durability: durability, Events: s.bus, MaxDuration: budget.WallTime,
-		MaxTokens: budget.Tokens, MaxRecoveries: bc.maxRecoveries(), MaxAlone: bc.maxAlone()})
+		MaxTokens: budget.Tokens, MaxRecoveries: bc.maxRecoveries(), MaxAlone: bc.maxAlone(),
+		MaxSuspectWait: bc.maxSuspectWait()})
 	// While this process owns the store, db backup and db check reach it
 	// through the control socket, and runs list and show read its runs as
 	// its manager has them (in exit durability, not stored until they end).
