@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -268,6 +269,13 @@ func TestPinnedRunsDoNotGoOnAfterARollback(t *testing.T) {
 	}
 	if failed.Bundle != rec.Ref() {
 		t.Fatalf("failed run pinned to %+v", failed.Bundle)
+	}
+	outcomes, err := db.Outcomes(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(outcomes, func(o *store.Outcome) bool { return o.Run == cut.ID && o.Status == engine.StatusFailed }) {
+		t.Fatalf("the run left running left no failed outcome")
 	}
 	approve := map[string]engine.Decision{waiting.Interrupts[0].ID: {Kind: engine.Approve, By: "nurse"}}
 	if _, err := m.Resume(ctx, waiting.ID, approve); !errors.Is(err, firmware.ErrMinVersion) || !strings.Contains(err.Error(), "this is 0.0.9") {
