@@ -73,10 +73,16 @@ type ManagerOptions struct {
 	MaxRecoveries int
 	// MaxAlone bounds a suspect's turn alone: once it has run alone that
 	// long without making progress, the other runs get workers again
-	// beside it (see Recover). It also bounds a suspect's wait for its
-	// turn, while the suspects before it run on after theirs. Default
-	// DefaultMaxAlone; negative for no bound on either.
+	// beside it (see Recover). Default DefaultMaxAlone; negative for no
+	// bound.
 	MaxAlone time.Duration
+	// MaxSuspectWait bounds a suspect's wait for its turn, while the runs
+	// that hold workers (the suspects before it, running on after their
+	// turns) keep it from coming and no other run takes a worker: once it
+	// has waited that long, it runs beside them as any run does (see
+	// Recover). Zero means MaxAlone, as set or defaulted; negative for no
+	// bound.
+	MaxSuspectWait time.Duration
 
 	// clock stands in for the wall clock in the runs' active time and
 	// records (see RunConfig.clock); nil in use.
@@ -211,8 +217,9 @@ type active struct {
 	// suspect: the run is one of the crash-loop guard's suspects and its
 	// turn alone has not ended (see Recover). waitedOut: it was one, and
 	// its wait for its turn ran out; it runs as any run, and the suspects
-	// after it do not hold it back. slots is how many worker slots the run
-	// holds: one, or all of them while a suspect runs alone.
+	// after it do not hold it back, until it pauses. slots is how many
+	// worker slots the run holds: one, or all of them while a suspect runs
+	// alone.
 	suspect   bool
 	waitedOut bool
 	slots     int
@@ -244,6 +251,9 @@ func NewManager(store Store, resolve Resolver, opts ManagerOptions) *Manager {
 	}
 	if opts.MaxAlone == 0 {
 		opts.MaxAlone = DefaultMaxAlone
+	}
+	if opts.MaxSuspectWait == 0 {
+		opts.MaxSuspectWait = opts.MaxAlone
 	}
 	ctx, stop := context.WithCancelCause(context.Background())
 	m := &Manager{store: store, resolve: resolve, opts: opts, cache: NewStateCache(opts.CacheSize, opts.CacheBytes),
@@ -344,6 +354,10 @@ func (m *Manager) release(a *active, paused bool) {
 		// Nor is it being recovered: a pause is progress, and a Resume
 		// resumes it, counting no recovery (see markRecovery).
 		a.recovery = 0
+		// Nor a suspect whose wait ran out: that let the execution that
+		// paused run beside the suspects, and a Resume waits for their
+		// turns as any run does (see takeTurn).
+		a.waitedOut = false
 		old := a.done
 		a.done = make(chan struct{})
 		close(old)
@@ -657,8 +671,8 @@ func (m *Manager) clearSuspect(a *active) {
 // headChanged starts the wait of the first suspect waiting, when none runs
 // alone and it has not begun to wait already. The other runs take no
 // worker slots meanwhile (see takeTurn), so that the runs that hold them
-// end or pause and its turn comes. After MaxAlone, with its turn still not
-// come, the suspect waits no longer: it runs as any run does, beside the
+// end or pause and its turn comes. After MaxSuspectWait, with its turn
+// still not come, the suspect waits no longer: it runs as any run does, beside the
 // others, and a crash counts against every run it cuts short. So a slow
 // run holds a suspect back, and a suspect holds the others up, for a
 // bounded time. A wait that runs out while no run holds a slot, which
@@ -673,7 +687,7 @@ func (m *Manager) headChanged() {
 		return
 	}
 	m.stopHead()
-	d := m.opts.MaxAlone
+	d := m.opts.MaxSuspectWait
 	if head == nil || d <= 0 {
 		return
 	}
@@ -1091,10 +1105,10 @@ func (e *DamagedRunsError) Error() string {
 // before every suspect has had its turn. The first suspect's turn begins
 // at once, as no run executes yet. Each of the next ones takes its turn
 // once no run holds a worker: the suspects before it may run on after
-// their turns, and it waits for them to end or pause, for MaxAlone at
-// most; if its turn has still not come by then, it runs beside them as
+// their turns, and it waits for them to end or pause, for MaxSuspectWait
+// at most; if its turn has still not come by then, it runs beside them as
 // any run, counted as any run, and the next suspect waits in its place
-// (with no bound on MaxAlone, it waits until its turn comes). The turn
+// (with no bound on the wait, it waits until its turn comes). The turn
 // ends when the suspect makes progress (in exit durability it commits its
 // steps until one does, see markRecovery), pauses or ends, or once it has
 // run alone for

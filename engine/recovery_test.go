@@ -722,10 +722,7 @@ func TestRecoveryUnboundedSuspectIsNotHeldBack(t *testing.T) {
 	defer m.Close()
 	require.Equal(t, 2, m.Suspects())
 	first := <-entered
-	second := ids[0]
-	if second == first {
-		second = ids[1]
-	}
+	second := otherOf(ids, first)
 	close(gates[thread[first]][0])
 	require.Equal(t, first, <-entered, "the first suspect's step committed, and it goes on")
 	next := startOn(t, m, "twostep", "new")[0]
@@ -905,4 +902,95 @@ func TestRecoveryRetriedAfterAFailedPassKeepsTheSuspectsTurn(t *testing.T) {
 	}
 	require.Equal(t, 3, n, "the runs of both passes")
 	require.Equal(t, 1, m.Suspects())
+}
+
+// A suspect whose wait for its turn ran out runs beside the others for
+// that execution alone. Once it pauses for a person, which is progress, a
+// resume of it is a run as any other: it waits for the suspects' turns, as
+// a new run does, rather than take a worker while a suspect still waits.
+// Here the first suspect hangs and holds its worker, the second pauses
+// once its wait ran out, and it is resumed while the third waits.
+func TestRecoveryResumedSuspectWaitsForTheSuspectsTurns(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 8)
+	var mu sync.Mutex
+	pausing := false
+	roles := map[string]string{}
+	b := engine.NewGraph("pausing")
+	out := engine.Replace[string](b, "out")
+	b.AddNode("work", func(ctx context.Context, _ engine.State) ([]engine.Write, error) {
+		info, _ := engine.InfoFrom(ctx)
+		mu.Lock()
+		role := roles[info.Run]
+		if role == "" && pausing {
+			role = []string{"hang", "pause", "hang"}[len(roles)]
+			roles[info.Run] = role
+		}
+		mu.Unlock()
+		entered <- info.Run
+		if role == "pause" {
+			if _, err := engine.Interrupt(ctx, "go on?"); err != nil {
+				return nil, err
+			}
+			return []engine.Write{out.Set("done")}, nil
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	b.AddEdge(engine.Start, "work")
+	agents := []*engine.Agent{{Name: "pausing", Graph: mustCompile(t, b)}}
+	opts := engine.ManagerOptions{Workers: 4, MaxAlone: 50 * time.Millisecond}
+	crashTwiceTogether(t, store, opts, entered, agents, "pausing", "a", "b", "c")
+
+	mu.Lock()
+	pausing = true
+	mu.Unlock()
+	opts.MaxAlone = time.Second
+	_, m, n := startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 3, m.Suspects(), "of %d", n)
+	<-entered // the first, whose turn alone runs out while it hangs
+	second := <-entered
+	paused := waitFor(t, m, second) // its wait ran out: it ran, and paused
+	require.Equal(t, engine.StatusInterrupted, paused.Status)
+	mu.Lock()
+	require.Equal(t, "pause", roles[second])
+	mu.Unlock()
+
+	_, err := m.Resume(context.Background(), second, map[string]engine.Decision{paused.Interrupts[0].ID: {Kind: engine.Approve}})
+	require.NoError(t, err)
+	third := <-entered
+	require.NotEqual(t, second, third, "the resumed run took a worker while the third suspect waited for its turn")
+	enters(t, entered, second, "the resumed run goes on once no suspect waits")
+	require.Equal(t, engine.StatusCompleted, waitFor(t, m, second).Status)
+}
+
+// A waiting suspect's wait has a bound of its own, apart from the turn
+// alone's: here the first suspect's turn alone ends at once, while it
+// hangs on holding its worker, and the second waits for its turn for
+// MaxSuspectWait, not for the turn alone's bound.
+func TestRecoverySuspectWaitHasItsOwnBound(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 2)
+	agents, opts := hangBesideOK(t, entered)
+	ids := crashTwiceTogether(t, store, opts, entered, agents, "hang", "a", "b")
+
+	opts.MaxAlone = 20 * time.Millisecond
+	opts.MaxSuspectWait = time.Second
+	_, m, _ := startLife(t, store, opts, agents...)
+	defer m.Close()
+	require.Equal(t, 2, m.Suspects())
+	first := <-entered
+	second := otherOf(ids, first)
+	noneEnters(t, entered, "the second suspect stopped waiting for its turn once the turn alone's bound had passed")
+	enters(t, entered, second, "the second suspect's wait runs out after MaxSuspectWait")
+	require.GreaterOrEqual(t, tookAt(t, store, second).Sub(tookAt(t, store, first)), opts.MaxSuspectWait, "the second suspect waited less than MaxSuspectWait")
+}
+
+// otherOf is the id of two that is not id.
+func otherOf(two []string, id string) string {
+	if two[0] == id {
+		return two[1]
+	}
+	return two[0]
 }

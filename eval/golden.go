@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"regexp"
 	"strings"
 
 	"github.com/outpost-edge/outpost/engine"
@@ -20,13 +19,6 @@ type (
 	Expect       = firmware.Expect
 	Resume       = firmware.Resume
 )
-
-// statuses a turn may expect: a turn ends at one of them.
-var statuses = map[string]bool{
-	string(engine.StatusCompleted): true, string(engine.StatusInterrupted): true,
-	string(engine.StatusFailed): true, string(engine.StatusCancelled): true,
-	string(engine.StatusBudgetExceeded): true,
-}
 
 // Load reads golden files, in order. A file that holds no conversation is
 // not an error; a set of files holding none at all is (ErrNoConversations).
@@ -80,65 +72,11 @@ func Bundled(b *firmware.Bundle) ([]Conversation, error) {
 	return b.Golden, nil
 }
 
-// check validates decoded conversations beyond their shape (see Decode).
-// Names are unique within a file.
+// check validates decoded conversations beyond their shape (see Decode),
+// as firmware.CheckGolden does for verify and install.
 func check(cs []Conversation) error {
-	type named struct{ file, name string }
-	seen := map[named]int{}
-	for _, c := range cs {
-		if prev, dup := seen[named{c.File, c.Name}]; dup {
-			return fmt.Errorf("%w: %s:%d: conversation %q: name already used on line %d", ErrGolden, c.File, c.Line, c.Name, prev)
-		}
-		seen[named{c.File, c.Name}] = c.Line
-		if err := validate(c); err != nil {
-			return fmt.Errorf("%w: %s:%d: conversation %q: %w", ErrGolden, c.File, c.Line, c.Name, err)
-		}
-	}
-	return nil
-}
-
-func validate(c Conversation) error {
-	for i, t := range c.Turns {
-		at := fmt.Sprintf("turns.%d", i)
-		if len(t.Input) == 0 {
-			return fmt.Errorf("%s.input: every turn needs an input", at)
-		}
-		if err := validateExpect(at+".expect", t.Expect); err != nil {
-			return err
-		}
-		if t.AfterResume != nil && t.Resume == nil {
-			return fmt.Errorf("%s.after_resume: given without a resume", at)
-		}
-		if t.Resume != nil {
-			d := engine.Decision{Kind: t.Resume.Decision, Value: t.Resume.Value, Reason: t.Resume.Reason}
-			if err := d.Validate(); err != nil {
-				return fmt.Errorf("%s.resume.decision: %w", at, err)
-			}
-			if t.Expect != nil && t.Expect.Status != "" && t.Expect.Status != string(engine.StatusInterrupted) {
-				return fmt.Errorf("%s.resume: the turn expects status %s, so there is nothing to resume", at, t.Expect.Status)
-			}
-		}
-		if err := validateExpect(at+".after_resume", t.AfterResume); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func validateExpect(at string, e *Expect) error {
-	if e == nil {
-		return nil
-	}
-	if e.Status != "" && !statuses[e.Status] {
-		return fmt.Errorf("%s.status: %q is not a status a turn ends in (completed, interrupted, failed, cancelled, budget_exceeded)", at, e.Status)
-	}
-	if e.Interrupt != "" && e.Status != "" && e.Status != string(engine.StatusInterrupted) {
-		return fmt.Errorf("%s.interrupt: given with status %s", at, e.Status)
-	}
-	if e.FinalRegex != "" {
-		if _, err := regexp.Compile(e.FinalRegex); err != nil {
-			return fmt.Errorf("%s.final_regex: %w", at, err)
-		}
+	if err := firmware.CheckGolden(cs); err != nil {
+		return fmt.Errorf("%w: %w", ErrGolden, err)
 	}
 	return nil
 }

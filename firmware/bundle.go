@@ -1,8 +1,6 @@
 package firmware
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -176,7 +174,8 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 }
 
 // checkNames refuses a bundle whose names do not meet: an approval for a
-// tool outside its registry, a model node whose lane the lanes file lacks.
+// tool outside its registry, a model node whose lane the lanes file lacks,
+// a golden conversation that no replay could pass (checkGolden).
 // A misspelt name there passes every other check and shows only at run
 // time, if ever, so verify and install refuse it. Open does not: a bundle
 // installed before this check still serves the runs pinned to it.
@@ -188,9 +187,11 @@ func (b *Bundle) checkNames(v *verified) error {
 		}
 	}
 	if m.Lanes != "" {
-		return b.checkLanes(m.Lanes)
+		if err := b.checkLanes(m.Lanes); err != nil {
+			return err
+		}
 	}
-	return nil
+	return b.checkGolden()
 }
 
 // newAgent wraps a compiled graph as an engine agent: the request's input
@@ -311,74 +312,4 @@ func parseDoc(p string, data []byte) Doc {
 		d.Text = strings.TrimSpace(rest)
 	}
 	return d
-}
-
-// Conversation is one golden conversation: turns on one thread, each with
-// what it must produce (see DESIGN.md, "Golden conversations").
-type Conversation struct {
-	Name  string `json:"name"`
-	Agent string `json:"agent"`
-	Turns []Turn `json:"turns"`
-	File  string `json:"-"`
-	Line  int    `json:"-"`
-}
-
-// Turn is one input of a conversation.
-type Turn struct {
-	Input       json.RawMessage `json:"input"`
-	Expect      *Expect         `json:"expect,omitempty"`
-	Resume      *Resume         `json:"resume,omitempty"`
-	AfterResume *Expect         `json:"after_resume,omitempty"`
-}
-
-// Expect is what a turn must produce. Every field is optional; a nil slice
-// is not checked, an empty one must match exactly.
-type Expect struct {
-	Path          []string `json:"path,omitempty"`
-	Flags         []string `json:"flags"`
-	FinalContains []string `json:"final_contains,omitempty"`
-	FinalRegex    string   `json:"final_regex,omitempty"`
-	Tools         []string `json:"tools"`
-	Status        string   `json:"status,omitempty"`
-	Interrupt     string   `json:"interrupt,omitempty"`
-}
-
-// Resume is the decision a paused turn is resumed with.
-type Resume struct {
-	Decision string          `json:"decision"`
-	Value    json.RawMessage `json:"value,omitempty"`
-	Reason   string          `json:"reason,omitempty"`
-}
-
-// DecodeGolden reads a golden-conversation file: one JSON object a line,
-// blank lines and lines starting with '#' skipped, decoded strictly. Its
-// errors wrap ErrMalformed and call the file a malformed golden file, since
-// outpost eval reads ones that no bundle holds.
-func DecodeGolden(file string, data []byte) ([]Conversation, error) {
-	var out []Conversation
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 0, 64<<10), maxFileSize)
-	off := 0
-	for line := 1; sc.Scan(); line++ {
-		raw := sc.Bytes()
-		start := off
-		off += len(raw) + 1
-		t := bytes.TrimSpace(raw)
-		if len(t) == 0 || t[0] == '#' {
-			continue
-		}
-		var c Conversation
-		if _, err := decodeStrictAs(errMalformedGolden, file, data, start, raw, &c); err != nil {
-			return nil, err
-		}
-		if c.Name == "" || c.Agent == "" || len(c.Turns) == 0 {
-			return nil, malformedAs(errMalformedGolden, file, data, start, "", "a conversation needs a name, an agent and turns")
-		}
-		c.File, c.Line = file, line
-		out = append(out, c)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, &FileError{File: file, Err: fmt.Errorf("%w: %v", errMalformedGolden, err)}
-	}
-	return out, nil
 }

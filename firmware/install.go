@@ -106,7 +106,15 @@ type Installer struct {
 
 	mu    sync.Mutex
 	idx   index
-	cache map[string]*Bundle // by name@version
+	cache map[string]openedVersion // by name@version
+}
+
+// openedVersion is a version Open loaded, with the contents it verified,
+// from which the version is loaded again for another Runtime (SetRuntime)
+// without being read and verified again.
+type openedVersion struct {
+	b *Bundle
+	v *verified
 }
 
 // NewInstaller opens (creating if needed) the firmware directory under
@@ -119,7 +127,7 @@ func NewInstaller(dataDir string, keys *Keyring, opts InstallerOptions) (*Instal
 	if err := fsync.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("firmware installer: %w", err)
 	}
-	in := &Installer{dir: dir, keys: keys, opts: opts, cache: map[string]*Bundle{},
+	in := &Installer{dir: dir, keys: keys, opts: opts, cache: map[string]openedVersion{},
 		idx: index{Format: indexFormat, Active: map[string]int64{}, Highest: map[string]int64{}}}
 	data, err := os.ReadFile(filepath.Join(dir, indexFile))
 	switch {
@@ -457,7 +465,8 @@ func (in *Installer) Log() []LogEntry {
 
 // Open loads an installed version, verifying its signature and hashes
 // again and checking its digest against the one recorded at install.
-// Loaded bundles are cached.
+// Loaded bundles are cached: a version is read and verified at its first
+// Open, and loaded again only for another Runtime (SetRuntime).
 func (in *Installer) Open(name string, version int64) (*Bundle, error) {
 	in.mu.Lock()
 	i := in.find(name, version)
@@ -467,24 +476,40 @@ func (in *Installer) Open(name string, version int64) (*Bundle, error) {
 	}
 	rec := in.idx.Installed[i]
 	key := name + "@" + strconv.FormatInt(version, 10)
-	if b := in.cache[key]; b != nil && b.Digest == rec.Digest {
-		in.mu.Unlock()
-		return b, nil
-	}
+	rt := in.opts.Runtime
+	c, cached := in.cache[key]
 	in.mu.Unlock()
-
-	v, err := in.verifyInstalled(rec)
-	if err != nil {
-		return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
+	cached = cached && c.b.Digest == rec.Digest
+	if cached && c.b.runtime == rt {
+		return c.b, nil
 	}
-	b, err := load(v, in.opts.Runtime)
+
+	v := c.v
+	if !cached {
+		var err error
+		if v, err = in.verifyInstalled(rec); err != nil {
+			return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
+		}
+	}
+	b, err := load(v, rt)
 	if err != nil {
 		return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
 	}
 	in.mu.Lock()
-	in.cache[key] = b
+	in.cache[key] = openedVersion{b: b, v: v}
 	in.mu.Unlock()
 	return b, nil
+}
+
+// SetRuntime sets what the model and tool-loop nodes of the bundles opened
+// from now on run with (InstallerOptions.Runtime). A version opened before
+// is loaded again for rt from the contents verified at its first Open, not
+// read and verified again: a process that checks a command line's agent
+// before it has a store to run it with verifies the bundle once.
+func (in *Installer) SetRuntime(rt *Runtime) {
+	in.mu.Lock()
+	in.opts.Runtime = rt
+	in.mu.Unlock()
 }
 
 // Verify checks an installed version on disk as Open does (signature,

@@ -444,21 +444,7 @@ func TestBundleNamesMeet(t *testing.T) {
 			line := strings.Count(tc.text[:off], "\n") + 1
 			col := off - strings.LastIndex(tc.text[:off], "\n")
 
-			_, loadErr := firmware.Load(dir, testKeyring(t))
-			in := newInstaller(t, t.TempDir())
-			_, installErr := in.Install(dir, firmware.InstallOptions{})
-			for what, err := range map[string]error{"load": loadErr, "install": installErr} {
-				var fe *firmware.FileError
-				if !errors.Is(err, firmware.ErrMalformed) || !errors.As(err, &fe) {
-					t.Fatalf("%s: %v, want a *FileError wrapping ErrMalformed", what, err)
-				}
-				if fe.File != tc.file || fe.Line != line || fe.Column != col || fe.Node != tc.node || !strings.Contains(err.Error(), tc.field) {
-					t.Fatalf("%s: %v, want it at %s:%d:%d, node %q, naming %s", what, err, tc.file, line, col, tc.node, tc.field)
-				}
-			}
-			if list := in.List(); len(list) != 0 {
-				t.Fatalf("a refused install left %+v", list)
-			}
+			requireRefusedAt(t, dir, tc.file, line, col, tc.node, tc.field)
 		})
 	}
 
@@ -474,6 +460,28 @@ func TestBundleNamesMeet(t *testing.T) {
 	}
 	if _, err := newInstaller(t, t.TempDir()).Install(dir, firmware.InstallOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// requireRefusedAt fails t unless Load (what verify runs) and Install both
+// refuse the bundle at dir with a *FileError wrapping ErrMalformed at
+// file:line:col and node, whose text holds field, and nothing is installed.
+func requireRefusedAt(t *testing.T, dir, file string, line, col int, node, field string) {
+	t.Helper()
+	_, loadErr := firmware.Load(dir, testKeyring(t))
+	in := newInstaller(t, t.TempDir())
+	_, installErr := in.Install(dir, firmware.InstallOptions{})
+	for what, err := range map[string]error{"load": loadErr, "install": installErr} {
+		var fe *firmware.FileError
+		if !errors.Is(err, firmware.ErrMalformed) || !errors.As(err, &fe) {
+			t.Fatalf("%s: %v, want a *FileError wrapping ErrMalformed", what, err)
+		}
+		if fe.File != file || fe.Line != line || fe.Column != col || fe.Node != node || !strings.Contains(err.Error(), field) {
+			t.Fatalf("%s: %v, want it at %s:%d:%d, node %q, naming %s", what, err, file, line, col, node, field)
+		}
+	}
+	if list := in.List(); len(list) != 0 {
+		t.Fatalf("a refused install left %+v", list)
 	}
 }
 
@@ -518,5 +526,47 @@ func TestPolicyFileMistakesSayWhere(t *testing.T) {
 				t.Fatalf("%v: at %s:%d:%d, want %s:%d:%d", err, fe.File, fe.Line, fe.Column, tc.file, line, col)
 			}
 		})
+	}
+}
+
+// An installed version is read and verified at its first Open; opened
+// again, or for another Runtime once SetRuntime changes it, it is loaded
+// from what was verified. The embedded bundle is verified at its first
+// load in a process.
+func TestBundlesAreVerifiedOnceAProcess(t *testing.T) {
+	in := newInstaller(t, t.TempDir())
+	if _, err := in.Install(variant(t, 2, nil), firmware.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before := firmware.Verifications()
+	plain, err := in.Open("patterns", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := in.Open("patterns", 2); err != nil || again != plain {
+		t.Fatalf("open again: %p, %v; want the bundle opened first, %p", again, err, plain)
+	}
+	rt := &firmware.Runtime{}
+	in.SetRuntime(rt)
+	forRT, err := in.Open("patterns", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if forRT.Runtime() != rt || plain.Runtime() != nil || forRT.Digest != plain.Digest {
+		t.Fatalf("opened for the runtime: %p (digest %s), want a bundle for %p (digest %s)", forRT.Runtime(), forRT.Digest, rt, plain.Digest)
+	}
+	if n := firmware.Verifications() - before; n != 1 {
+		t.Fatalf("the installed version was verified %d times, want once", n)
+	}
+
+	if _, err := firmware.Reference(); err != nil {
+		t.Fatal(err)
+	}
+	before = firmware.Verifications()
+	if b, err := firmware.ReferenceWithRuntime(rt); err != nil || b.Runtime() != rt {
+		t.Fatalf("reference for a runtime: %v", err)
+	}
+	if n := firmware.Verifications() - before; n != 0 {
+		t.Fatalf("the embedded bundle was verified %d more times", n)
 	}
 }

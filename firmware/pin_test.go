@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,12 +92,7 @@ func TestActiveToolSetIsPinnedAcrossRestart(t *testing.T) {
 // to be dropped, and the run went ahead without it.
 func TestUnknownToolInNarrowerSetRefusedAtStart(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	db, err := store.OpenDir(dir, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	_, db := tempStore(t)
 	rt := &firmware.Runtime{Tools: []string{"kb_search", "current_time"}, Log: wiring.CallLog(db, db), Blobs: db, Runs: db}
 	b, err := firmware.ReferenceWithRuntime(rt)
 	if err != nil {
@@ -207,4 +203,111 @@ func TestRuntimeStepAndWallTimeBudgetsApply(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An appliance whose binary was rolled back below the min_appliance_version
+// of a bundle that runs are pinned to does not run that bundle for them:
+// at start a run left running ends failed, saying why and what to do, and
+// a run waiting for a person is refused its resume and waits on, until the
+// binary is upgraded again.
+func TestPinnedRunsDoNotGoOnAfterARollback(t *testing.T) {
+	ctx := context.Background()
+	dir, db := tempStore(t)
+	manager := func(version string) (*engine.Manager, error) {
+		in, err := firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{ApplianceVersion: version})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := engine.NewManager(db, firmware.Resolver(in), engine.ManagerOptions{})
+		_, err = m.Recover(ctx)
+		return m, err
+	}
+
+	// On the release the bundle needs (0.1.0): two runs pause for review.
+	in, err := firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{ApplianceVersion: "0.1.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := in.Install(patternsDir, firmware.InstallOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := manager("0.1.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	input := json.RawMessage(`"I missed a dose"`)
+	waiting, err := m.Invoke(ctx, engine.RunRequest{Thread: "waiting", Agent: "reviewed", Input: input})
+	if err != nil || waiting.Status != engine.StatusInterrupted {
+		t.Fatalf("run: %v %+v", err, waiting)
+	}
+	cut, err := m.Invoke(ctx, engine.RunRequest{Thread: "cut", Agent: "reviewed", Input: input})
+	if err != nil || cut.Status != engine.StatusInterrupted {
+		t.Fatalf("run: %v %+v", err, cut)
+	}
+	m.Close()
+	// The second was running when the appliance stopped: its record says
+	// so, as a crash leaves it, and the next start resumes it.
+	cut.Status, cut.Interrupts = engine.StatusRunning, nil
+	if err := db.Commit(ctx, &engine.Commit{Run: cut, Sync: true}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The binary is rolled back to 0.0.9.
+	m, err = manager("0.0.9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed, err := db.Run(ctx, cut.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"patterns v1 needs appliance 0.1.0 or later, this is 0.0.9", "upgrade the outpost binary to 0.1.0 or later"} {
+		if failed.Status != engine.StatusFailed || !strings.Contains(failed.Error, want) {
+			t.Fatalf("the run left running: %s %q, want failed, saying %q", failed.Status, failed.Error, want)
+		}
+	}
+	if failed.Bundle != rec.Ref() {
+		t.Fatalf("failed run pinned to %+v", failed.Bundle)
+	}
+	outcomes, err := db.Outcomes(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(outcomes, func(o *store.Outcome) bool { return o.Run == cut.ID && o.Status == engine.StatusFailed }) {
+		t.Fatalf("the run left running left no failed outcome")
+	}
+	approve := map[string]engine.Decision{waiting.Interrupts[0].ID: {Kind: engine.Approve, By: "nurse"}}
+	if _, err := m.Resume(ctx, waiting.ID, approve); !errors.Is(err, firmware.ErrMinVersion) || !strings.Contains(err.Error(), "this is 0.0.9") {
+		t.Fatalf("resume on the rolled-back binary: %v, want ErrMinVersion", err)
+	}
+	if still, err := db.Run(ctx, waiting.ID); err != nil || still.Status != engine.StatusInterrupted {
+		t.Fatalf("the run waiting for a person: %v %+v, want it waiting still", err, still)
+	}
+	m.Close()
+
+	// Upgraded again, the waiting run goes on.
+	m, err = manager("0.1.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.Resume(ctx, waiting.ID, approve); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := m.Wait(ctx, waiting.ID); err != nil || done.Status != engine.StatusCompleted {
+		t.Fatalf("resumed after the upgrade: %v %+v", err, done)
+	}
+}
+
+// tempStore is a new store in a folder of its own, closed when t ends.
+func tempStore(t *testing.T) (dir string, db *store.DB) {
+	t.Helper()
+	dir = t.TempDir()
+	db, err := store.OpenDir(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return dir, db
 }

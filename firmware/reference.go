@@ -62,6 +62,31 @@ func referenceContents() (contents, error) {
 	return referenceFiles, referenceErr
 }
 
+var (
+	referenceVerifyOnce sync.Once
+	referenceV          *verified
+	referenceVErr       error
+)
+
+// referenceVerified is the embedded bundle, verified against the
+// development key once.
+func referenceVerified() (*verified, error) {
+	referenceVerifyOnce.Do(func() {
+		files, err := referenceContents()
+		if err != nil {
+			referenceVErr = err
+			return
+		}
+		keys, err := DevKeyring()
+		if err != nil {
+			referenceVErr = err
+			return
+		}
+		referenceV, referenceVErr = verifyContents(files, keys)
+	})
+	return referenceV, referenceVErr
+}
+
 // DevKeyring trusts only the development key the reference bundle is
 // signed with.
 // referenceDescription is the embedded reference bundle's description,
@@ -101,17 +126,10 @@ func DevPublicKey() []byte { return append([]byte(nil), devPub...) }
 // nodes answer from the bundle's scripted rules).
 func Reference() (*Bundle, error) { return ReferenceWithRuntime(nil) }
 
-// ReferenceWithRuntime loads the embedded reference bundle for rt.
+// ReferenceWithRuntime loads the embedded reference bundle for rt. The
+// bundle is part of the binary, so it is verified at its first load alone.
 func ReferenceWithRuntime(rt *Runtime) (*Bundle, error) {
-	files, err := referenceContents()
-	if err != nil {
-		return nil, fmt.Errorf("reference bundle: %w", err)
-	}
-	keys, err := DevKeyring()
-	if err != nil {
-		return nil, fmt.Errorf("reference bundle: %w", err)
-	}
-	v, err := verifyContents(files, keys)
+	v, err := referenceVerified()
 	if err != nil {
 		return nil, fmt.Errorf("reference bundle: %w", err)
 	}

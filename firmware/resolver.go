@@ -12,7 +12,11 @@ import (
 // run (zero pinned ref) gets the agent from the active version of the
 // bundle that has it; a resumed or recovered run gets it from exactly the
 // version it is pinned to, whose digest must still match, whatever is
-// active now.
+// active now. Neither gets an agent of a bundle that needs a newer
+// appliance than this one (ErrMinVersion: the binary was rolled back after
+// the install): a new run does not start on it, a run left running is not
+// resumed (the manager's recovery fails it, with the reason), and a run
+// waiting for a person goes on waiting until the binary is upgraded again.
 func Resolver(in *Installer) engine.Resolver {
 	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
 		if pinned.Name != "" {
@@ -22,6 +26,13 @@ func Resolver(in *Installer) engine.Resolver {
 			}
 			if b.Digest != pinned.Digest {
 				return nil, fmt.Errorf("%w: %s v%d is %s, the run is pinned to %s", ErrPinnedMismatch, pinned.Name, pinned.Version, b.Digest, pinned.Digest)
+			}
+			// The bundle's graphs may need what only the newer binary
+			// has; running them on this one is what its minimum forbids.
+			if err := b.Manifest.CheckApplianceVersion(in.opts.ApplianceVersion); err != nil {
+				return nil, fmt.Errorf("%w; a run pinned to it does not go on under this binary (one left running ends failed, "+
+					"one waiting for a person waits): to go on with it, upgrade the outpost binary to %s or later again",
+					err, b.Manifest.MinApplianceVersion)
 			}
 			return agentOf(b, name)
 		}
@@ -52,7 +63,7 @@ func Resolver(in *Installer) engine.Resolver {
 		case 1:
 			// A new run does not start on a bundle that needs a newer
 			// appliance than this one (a binary rolled back after the
-			// install). Runs already pinned to it go on.
+			// install).
 			if err := found[0].Manifest.CheckApplianceVersion(in.opts.ApplianceVersion); err != nil {
 				return nil, err
 			}

@@ -270,9 +270,10 @@ func TestMinApplianceVersion(t *testing.T) {
 }
 
 // A binary rolled back below a bundle's min_appliance_version after the
-// bundle was installed starts no new run on it and does not make it
-// active again; runs already pinned to it go on. A development build
-// holds no bundle to its minimum.
+// bundle was installed starts no new run on it, does not make it active
+// again, and does not run it for a run pinned to it either (see
+// TestPinnedRunsDoNotGoOnAfterARollback). A development build holds no
+// bundle to its minimum.
 func TestMinApplianceVersionAfterARollback(t *testing.T) {
 	dir := t.TempDir()
 	in, err := firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{ApplianceVersion: "0.1.0"})
@@ -287,7 +288,7 @@ func TestMinApplianceVersionAfterARollback(t *testing.T) {
 	require.ErrorIs(t, err, firmware.ErrMinVersion, "a new run on the rolled-back binary")
 	require.ErrorContains(t, err, "needs appliance 0.1.0 or later, this is 0.0.9")
 	_, err = firmware.Resolver(old)("sequential", rec.Ref())
-	require.NoError(t, err, "a run pinned to the version goes on")
+	require.ErrorIs(t, err, firmware.ErrMinVersion, "a run pinned to the version, on the rolled-back binary")
 	err = old.Activate(rec.Name, rec.Version)
 	require.ErrorIs(t, err, firmware.ErrMinVersion, "activate on the rolled-back binary")
 
@@ -295,6 +296,8 @@ func TestMinApplianceVersionAfterARollback(t *testing.T) {
 	require.NoError(t, err)
 	_, err = firmware.Resolver(dev)("sequential", engine.BundleRef{})
 	require.NoError(t, err, "a development build")
+	_, err = firmware.Resolver(dev)("sequential", rec.Ref())
+	require.NoError(t, err, "a pinned run on a development build")
 	require.NoError(t, dev.Activate(rec.Name, rec.Version))
 }
 

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -23,6 +25,8 @@ func TestRunBudgetFlags(t *testing.T) {
 	require.Contains(t, stdout, "(default 3)")
 	require.Contains(t, stdout, "-max-alone-time")
 	require.Contains(t, stdout, "(default 2m0s)")
+	require.Contains(t, stdout, "-max-suspect-wait")
+	require.Contains(t, stdout, "left out, as long as --max-alone-time")
 
 	for _, tc := range []struct {
 		flag, value, says string
@@ -46,13 +50,15 @@ func TestRunBudgetFlags(t *testing.T) {
 	require.NotZero(t, code)
 	require.Contains(t, stderr, "--max-recoveries must not be negative")
 	for _, args := range [][]string{{"run", "hello"}, {"serve"}, {"resume", "run_x", "--decision", "approve"}} {
-		data := t.TempDir()
-		code, _, stderr = outpost(t, append([]string{args[0], "--data", data, "--max-alone-time", "-1s"}, args[1:]...)...)
-		require.NotZero(t, code)
-		require.Contains(t, stderr, "--max-alone-time must not be negative", args[0])
-		entries, err := os.ReadDir(data)
-		require.NoError(t, err)
-		require.Empty(t, entries, "%s made nothing", args[0])
+		for _, flag := range []string{"--max-alone-time", "--max-suspect-wait"} {
+			data := t.TempDir()
+			code, _, stderr = outpost(t, append([]string{args[0], "--data", data, flag, "-1s"}, args[1:]...)...)
+			require.NotZero(t, code)
+			require.Contains(t, stderr, flag+" must not be negative", args[0])
+			entries, err := os.ReadDir(data)
+			require.NoError(t, err)
+			require.Empty(t, entries, "%s made nothing", args[0])
+		}
 	}
 }
 
@@ -95,4 +101,27 @@ func helpOf(t *testing.T, help, flag string) string {
 	require.True(t, ok, "%s is not in the help:\n%s", flag, help)
 	lines := strings.SplitAfter(rest, "\n")
 	return lines[0] + lines[1]
+}
+
+// --max-suspect-wait bounds a suspect's wait for its turn on its own; left
+// out, the wait is bounded as the turn alone is, and 0 is no bound.
+func TestMaxSuspectWaitFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		manager time.Duration // what the run manager is given
+		says    string
+	}{
+		{nil, 2 * time.Minute, "waiting for its turn for 2m0s at most"},
+		{[]string{"--max-alone-time", "30s"}, 30 * time.Second, "waiting for its turn for 30s at most"},
+		{[]string{"--max-alone-time", "0"}, -1, "waiting for its turn until its turn comes"},
+		{[]string{"--max-suspect-wait", "5m"}, 5 * time.Minute, "runs alone for 2m0s at most (--max-alone-time), waiting for its turn for 5m0s at most"},
+		{[]string{"--max-alone-time", "0", "--max-suspect-wait", "10s"}, 10 * time.Second, "waiting for its turn for 10s at most"},
+		{[]string{"--max-suspect-wait", "0"}, -1, "waiting for its turn until its turn comes"},
+	} {
+		fs := flag.NewFlagSet("run", flag.ContinueOnError)
+		bc := budgetFlags(fs, true)
+		require.NoError(t, fs.Parse(tc.args))
+		require.Equal(t, tc.manager, bc.maxSuspectWait(), "%v", tc.args)
+		require.Contains(t, bc.describe(), tc.says, "%v", tc.args)
+	}
 }

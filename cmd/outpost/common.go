@@ -68,13 +68,15 @@ const (
 	defaultMaxTokens = 100_000
 )
 
-// budgetChoice is what --max-run-time, --max-tokens, --max-recoveries and
-// --max-alone-time set.
+// budgetChoice is what --max-run-time, --max-tokens, --max-recoveries,
+// --max-alone-time and --max-suspect-wait set.
 type budgetChoice struct {
 	runTime    time.Duration
 	tokens     int
 	recoveries int
 	alone      time.Duration
+	wait       time.Duration
+	fs         *flag.FlagSet // to tell --max-suspect-wait given from left out
 }
 
 // budgetFlags adds --max-run-time and --max-tokens, and, with
@@ -95,8 +97,11 @@ func budgetFlags(fs *flag.FlagSet, recoveries bool) *budgetChoice {
 			"from its second recovery in a row on (with 1, from its first), a run has a turn alone, so that only its own crashes count")
 	fs.DurationVar(&bc.alone, "max-alone-time", engine.DefaultMaxAlone,
 		"longest a run suspected of crashing the appliance runs alone (0 for no limit); "+
-			"then the other runs get workers beside it, and a crash counts against every run it cuts short; "+
-			"a suspect waits for its turn at most as long, while no other run takes a worker")
+			"then the other runs get workers beside it, and a crash counts against every run it cuts short")
+	fs.DurationVar(&bc.wait, "max-suspect-wait", 0,
+		"longest a suspect waits for its turn alone while the suspects before it run on after theirs and no other run takes a worker "+
+			"(0 for no limit; left out, as long as --max-alone-time); then it runs beside them as any run does")
+	bc.fs = fs
 	return bc
 }
 
@@ -116,6 +121,9 @@ func (bc *budgetChoice) budget() (policy.Budget, error) {
 	}
 	if bc.alone < 0 {
 		return policy.Budget{}, badUsage("--max-alone-time must not be negative (0 for no limit), not %s", bc.alone)
+	}
+	if bc.wait < 0 {
+		return policy.Budget{}, badUsage("--max-suspect-wait must not be negative (0 for no limit), not %s", bc.wait)
 	}
 	return policy.Budget{WallTime: bc.runTime, Tokens: bc.tokens}, nil
 }
@@ -138,9 +146,14 @@ func (bc *budgetChoice) describe() string {
 	if bc.alone > 0 {
 		alone = "for " + bc.alone.String() + " at most"
 	}
+	wait := "until its turn comes"
+	if d := bc.suspectWait(); d > 0 {
+		wait = "for " + d.String() + " at most"
+	}
 	return fmt.Sprintf("budgets: each run at most %s and %s (--max-run-time, --max-tokens; an agent may set less); "+
-		"a run a crash left running is resumed %s (--max-recoveries), and one suspected of the crashes runs alone %s (--max-alone-time)",
-		wall, tokens, recoveries, alone)
+		"a run a crash left running is resumed %s (--max-recoveries), and one suspected of the crashes runs alone %s (--max-alone-time), "+
+		"waiting for its turn %s (--max-suspect-wait)",
+		wall, tokens, recoveries, alone, wait)
 }
 
 // maxRecoveries is --max-recoveries as engine.ManagerOptions.MaxRecoveries
@@ -165,6 +178,27 @@ func (bc *budgetChoice) maxAlone() time.Duration {
 		return -1
 	}
 	return bc.alone
+}
+
+// suspectWait is the bound on a suspect's wait for its turn, 0 for none:
+// --max-suspect-wait, or --max-alone-time when that is left out.
+func (bc *budgetChoice) suspectWait() time.Duration {
+	if bc.fs != nil && flagGiven(bc.fs, "max-suspect-wait") {
+		return bc.wait
+	}
+	return bc.alone
+}
+
+// maxSuspectWait is suspectWait as engine.ManagerOptions.MaxSuspectWait
+// takes it, where a negative duration is no limit.
+func (bc *budgetChoice) maxSuspectWait() time.Duration {
+	if bc == nil {
+		return 0
+	}
+	if d := bc.suspectWait(); d > 0 {
+		return d
+	}
+	return -1
 }
 
 // openStore opens the store in dir, explaining the common failures. The
@@ -288,17 +322,23 @@ func namingAgents(resolve engine.Resolver, names []string, withBench bool) (engi
 // and resumed runs the exact version they are pinned to; otherwise (and for
 // runs pinned to it) the embedded reference bundle serves, and notice is
 // told so. Model nodes run with rt. With benchAgent, the bench workload's agent
-// is there too (see namingAgents).
-func applianceResolver(dir string, rt *firmware.Runtime, notice func(string), benchAgent bool) (engine.Resolver, error) {
+// is there too (see namingAgents). in is dir's installer where one is open
+// already (checkNewRun's), so that the bundles it verified are not verified
+// again; nil opens one.
+func applianceResolver(dir string, in *firmware.Installer, rt *firmware.Runtime, notice func(string), benchAgent bool) (engine.Resolver, error) {
 	ref, err := firmware.ReferenceWithRuntime(rt)
 	if err != nil {
 		return nil, err
 	}
 	embedded := firmware.BundleResolver(ref)
-	in, installed, err := openInstaller(dir, rt)
-	if err != nil {
-		return nil, err
+	if in == nil {
+		if in, err = openInstaller(dir, rt); err != nil {
+			return nil, err
+		}
+	} else {
+		in.SetRuntime(rt)
 	}
+	installed := len(in.List()) > 0
 	told := false
 	tell := func() {
 		if !told && notice != nil {
@@ -355,18 +395,13 @@ func trustedKeys(dataDir string, extra ...string) (*firmware.Keyring, error) {
 	return firmware.LoadKeyring(paths...)
 }
 
-// openInstaller opens the firmware installer of dir and reports whether any
-// bundle is installed.
-func openInstaller(dir string, rt *firmware.Runtime) (*firmware.Installer, bool, error) {
+// openInstaller opens the firmware installer of dir.
+func openInstaller(dir string, rt *firmware.Runtime) (*firmware.Installer, error) {
 	keys, err := trustedKeys(dir)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	in, err := firmware.NewInstaller(dir, keys, firmware.InstallerOptions{ApplianceVersion: version, Runtime: rt})
-	if err != nil {
-		return nil, false, err
-	}
-	return in, len(in.List()) > 0, nil
+	return firmware.NewInstaller(dir, keys, firmware.InstallerOptions{ApplianceVersion: version, Runtime: rt})
 }
 
 func printJSON(w io.Writer, v any) error {

@@ -340,7 +340,8 @@ func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
 	data, b := filepath.Join(dir, "data"), filepath.Join(dir, "clinic")
 	code, _, stderr := outpostBin(t, dir, "firmware", "export", b)
 	require.Zero(t, code, stderr)
-	// A bundle of one agent: the reference without its tools agent.
+	// A bundle of one agent: the reference without its tools agent, and
+	// without the golden conversations, some of which are the tools agent's.
 	mf := filepath.Join(b, "manifest.json")
 	raw, err := os.ReadFile(mf)
 	require.NoError(t, err)
@@ -348,10 +349,12 @@ func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
 	require.NoError(t, json.Unmarshal(raw, &m))
 	m["name"] = "clinic"
 	delete(m["agents"].(map[string]any), "medication-adherence-tools")
+	delete(m, "golden")
 	raw, err = json.Marshal(m)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(mf, raw, 0o644))
 	require.NoError(t, os.Remove(filepath.Join(b, "agents", "medication-adherence-tools.json")))
+	require.NoError(t, os.RemoveAll(filepath.Join(b, "golden")))
 	devKey, err := filepath.Abs(filepath.Join("..", "..", "testdata", "keys", "dev.key"))
 	require.NoError(t, err)
 	code, _, stderr = outpostBin(t, dir, "firmware", "sign", "--key", devKey, b)

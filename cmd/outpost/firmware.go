@@ -29,7 +29,10 @@ Commands:
   keygen  [--out DIR]                        make an ed25519 key pair (KEYID.key, mode 0600, and KEYID.pub)
   sign    --key FILE DIR                     record every file's sha256 in DIR/manifest.json and sign it
   verify  [--data DIR] [--keys PATH] [--trust-dev-key] BUNDLE
-                                             check a bundle (a folder or a .tar) without installing it
+                                             check a bundle (a folder or a .tar) without installing it: its
+                                             signature and files, its graphs, and that its names meet (tools,
+                                             lanes, and the agents, nodes, tools and statuses its golden
+                                             conversations expect)
   install [--data DIR] [--keys PATH] [--trust-dev-key] [--activate]
           [--allow-downgrade --by NAME --reason TEXT] BUNDLE
                                              verify and install a bundle; the first version of a name becomes active;
@@ -374,7 +377,7 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if fi, err := os.Stat(*data); err != nil || !fi.IsDir() {
 		return fmt.Errorf("no data folder %s", *data)
 	}
-	in, _, err := openInstaller(*data, nil)
+	in, err := openInstaller(*data, nil)
 	if err != nil {
 		return err
 	}
@@ -457,7 +460,7 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer release()
-	in, _, err := openInstaller(*data, nil)
+	in, err := openInstaller(*data, nil)
 	if err != nil {
 		return err
 	}

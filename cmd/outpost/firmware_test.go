@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -327,20 +329,10 @@ func TestMinApplianceVersion(t *testing.T) {
 		require.False(t, firmware.ChecksApplianceVersion(v), v)
 	}
 	defer func(v string) { version = v }(version)
-	dir := t.TempDir()
-	ref, needy := filepath.Join(dir, "ref"), filepath.Join(dir, "needy")
-	for _, b := range []string{ref, needy} {
-		code, _, stderr := outpost(t, "firmware", "export", b)
-		require.Zero(t, code, stderr)
-	}
-	manifest := filepath.Join(needy, firmware.ManifestFile)
-	raw, err := os.ReadFile(manifest)
-	require.NoError(t, err)
-	edited := strings.Replace(string(raw), `"min_appliance_version": "0.1.0"`, `"min_appliance_version": "99.0.0"`, 1)
-	require.NotEqual(t, string(raw), edited)
-	require.NoError(t, os.WriteFile(manifest, []byte(edited), 0o644))
-	code, _, stderr := outpost(t, "firmware", "sign", "--key", filepath.Join("..", "..", "testdata", "keys", "dev.key"), needy)
+	ref := filepath.Join(t.TempDir(), "ref")
+	code, _, stderr := outpost(t, "firmware", "export", ref)
 	require.Zero(t, code, stderr)
+	needy := referenceNeeding(t, "99.0.0")
 
 	for _, v := range []string{"dev", "98b7d71"} {
 		version = v
@@ -506,4 +498,114 @@ func TestSignSaysItChangedTheDescription(t *testing.T) {
 	var out map[string]string
 	require.NoError(t, json.Unmarshal([]byte(stdout), &out))
 	require.Equal(t, description("json"), out["description"])
+}
+
+// A golden conversation that no replay could pass is a mistake in the
+// bundle that verify and install refuse, at its line and column, naming
+// the conversation and the field: not something that only eval finds.
+func TestFirmwareRefusesABadGoldenExpectation(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ref")
+	code, _, stderr := outpostBin(t, "", "firmware", "export", dir)
+	require.Zero(t, code, stderr)
+	golden := filepath.Join(dir, "golden", "reference.jsonl")
+	raw, err := os.ReadFile(golden)
+	require.NoError(t, err)
+	lines := strings.Count(string(raw), "\n")
+	bad := `{"name": "misspelt-status", "agent": "medication-adherence", "turns": [{"input": "hi", "expect": {"status": "complete"}}]}`
+	require.NoError(t, os.WriteFile(golden, append(raw, bad+"\n"...), 0o644))
+	code, _, stderr = outpostBin(t, "", "firmware", "sign", "--key", filepath.Join("..", "..", "testdata", "keys", "dev.key"), dir)
+	require.Zero(t, code, stderr)
+
+	where := fmt.Sprintf("golden/reference.jsonl:%d:%d: ", lines+1, strings.Index(bad, `{"status"`)+1)
+	for _, cmd := range []string{"verify", "install"} {
+		data := t.TempDir()
+		code, _, stderr = outpostBin(t, "", "firmware", cmd, "--data", data, "--trust-dev-key", dir)
+		require.Equal(t, 1, code, "%s: %s", cmd, stderr)
+		require.Contains(t, stderr, where, cmd)
+		require.Contains(t, stderr, `conversation "misspelt-status": turns.0.expect.status: "complete" is not a status a turn ends in`, cmd)
+		code, stdout, stderr := outpostBin(t, "", "firmware", "list", "--data", data)
+		require.Zero(t, code, stderr)
+		require.Contains(t, stdout, "no bundles installed", cmd)
+	}
+}
+
+// run checks its --agent against the active bundle before it opens the
+// store, then runs the turn on that bundle, and serve resolves agents and
+// lists the bundles for the console: each reads and verifies the active
+// bundle once, not once for every use.
+func TestRunAndServeVerifyTheActiveBundleOnce(t *testing.T) {
+	data, _ := installedReference(t)
+	_, err := firmware.Reference() // the embedded bundle, verified once a process
+	require.NoError(t, err)
+
+	before := firmware.Verifications()
+	code, stdout, stderr := outpost(t, "run", "--data", data, "--agent", firmware.ReferenceAgent, "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "completed")
+	require.Equal(t, int64(1), firmware.Verifications()-before, "run verified the active bundle this many times")
+
+	before = firmware.Verifications()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan int, 1)
+	go func() {
+		var out, errb bytes.Buffer
+		served <- execute(ctx, []string{"serve", "--data", data, "--listen", "127.0.0.1:0"}, &out, &errb)
+	}()
+	awaitControl(t, data) // serve has resolved its agents and listed its bundles
+	verified := firmware.Verifications() - before
+	cancel()
+	require.Zero(t, <-served)
+	require.Equal(t, int64(1), verified, "serve verified the active bundle this many times")
+}
+
+// A release binary rolled back below the min_appliance_version of the
+// bundle a run waiting for a person is pinned to refuses to resume it,
+// saying why and what to do, and the run waits on; the binary upgraded
+// again resumes it.
+func TestResumeAfterARollbackBelowTheBundlesMinimum(t *testing.T) {
+	defer func(v string) { version = v }(version)
+	version = "1.0.0"
+	data, needy := t.TempDir(), referenceNeeding(t, "1.0.0")
+	code, _, stderr := outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", needy)
+	require.Zero(t, code, stderr)
+
+	code, stdout, stderr := outpost(t, "run", "--data", data, "--json", "Can I stop taking lisinopril?")
+	require.Zero(t, code, stderr)
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	var run struct{ ID, Status string }
+	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &run))
+	require.Equal(t, "interrupted", run.Status)
+
+	version = "0.9.0"
+	code, _, stderr = outpost(t, "resume", "--data", data, run.ID, "--decision", "approve")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "medication-adherence v1 needs appliance 1.0.0 or later, this is 0.9.0")
+	require.Contains(t, stderr, "upgrade the outpost binary to 1.0.0 or later again")
+	code, stdout, stderr = outpost(t, "runs", "show", "--data", data, run.ID)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "interrupted")
+
+	version = "1.0.0"
+	code, stdout, stderr = outpost(t, "resume", "--data", data, run.ID, "--decision", "approve")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, ": completed")
+}
+
+// referenceNeeding exports the reference bundle with min_appliance_version
+// set to min, signed again with the development key, and returns its
+// folder.
+func referenceNeeding(t *testing.T, min string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "needy")
+	code, _, stderr := outpost(t, "firmware", "export", dir)
+	require.Zero(t, code, stderr)
+	manifest := filepath.Join(dir, firmware.ManifestFile)
+	raw, err := os.ReadFile(manifest)
+	require.NoError(t, err)
+	edited := strings.Replace(string(raw), `"min_appliance_version": "0.1.0"`, `"min_appliance_version": "`+min+`"`, 1)
+	require.NotEqual(t, string(raw), edited)
+	require.NoError(t, os.WriteFile(manifest, []byte(edited), 0o644))
+	code, _, stderr = outpost(t, "firmware", "sign", "--key", filepath.Join("..", "..", "testdata", "keys", "dev.key"), dir)
+	require.Zero(t, code, stderr)
+	return dir
 }

@@ -98,33 +98,36 @@ func checkKeysFlag(keys string) error {
 // thread, an agent that no bundle new runs use has, a tool outside the
 // agent's registry. The bundles installed in dir are read for it (no store
 // is opened); where they cannot be read, or none is installed and the
-// folder does not say so yet, the run itself says what is wrong.
-func checkNewRun(dir, thread, agent string, tools *toolsFlag) error {
+// folder does not say so yet, the run itself says what is wrong. It returns
+// the installer it read them with, if any, for the run's session to use,
+// so that the bundles are not verified again.
+func checkNewRun(dir, thread, agent string, tools *toolsFlag) (*firmware.Installer, error) {
 	if thread == "" {
-		return badUsage("--thread is empty: name the thread (conversation) to run the turn on, or leave --thread out for \"default\"")
+		return nil, badUsage("--thread is empty: name the thread (conversation) to run the turn on, or leave --thread out for \"default\"")
 	}
+	var in *firmware.Installer
 	var resolve engine.Resolver
 	var err error
 	if _, serr := os.Stat(filepath.Join(dir, "firmware")); serr != nil {
 		resolve, err = resolver() // nothing installed: the embedded bundle's agents and the bench's
-	} else {
-		resolve, err = applianceResolver(dir, nil, nil, true)
+	} else if in, err = openInstaller(dir, nil); err == nil {
+		resolve, err = applianceResolver(dir, in, nil, nil, true)
 	}
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	ag, err := resolve(agent, engine.BundleRef{})
 	if errors.Is(err, engine.ErrUnknownAgent) {
-		return badUsage("--agent: %v", err)
+		return nil, badUsage("--agent: %v", err)
 	}
 	if err != nil || !tools.set {
-		return nil
+		return in, nil
 	}
 	unknown, err := firmware.UnknownTools(ag, firmware.ParseToolList(tools.names))
 	if err != nil || len(unknown) == 0 {
-		return nil
+		return in, nil
 	}
-	return badUsage("--tools: %v", &firmware.UnknownToolsError{Agent: agent, Names: unknown})
+	return nil, badUsage("--tools: %v", &firmware.UnknownToolsError{Agent: agent, Names: unknown})
 }
 
 // givenAs is the name under which the command line set the flag name: an

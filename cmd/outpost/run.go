@@ -191,8 +191,9 @@ func runtimeFor(db *store.DB, dir string, p models.Provider, model string, budge
 }
 
 // openSession opens the store in dir, making it first when create is set
-// (run makes one; resume answers a run that must already be there).
-func openSession(ctx context.Context, dir string, create bool, durability engine.Durability, out, stderr io.Writer, asJSON bool, mc *modelChoice, bc *budgetChoice) (*session, error) {
+// (run makes one; resume answers a run that must already be there). in is
+// dir's firmware installer where one is open already (nil opens one).
+func openSession(ctx context.Context, dir string, create bool, durability engine.Durability, out, stderr io.Writer, asJSON bool, mc *modelChoice, bc *budgetChoice, in *firmware.Installer) (*session, error) {
 	budget, err := bc.budget()
 	if err != nil {
 		return nil, err
@@ -216,7 +217,7 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 		db.Close()
 		return nil, err
 	}
-	resolve, err := applianceResolver(dir, rt, func(notice string) { fmt.Fprintf(stderr, "%s\n", notice) }, true)
+	resolve, err := applianceResolver(dir, in, rt, func(notice string) { fmt.Fprintf(stderr, "%s\n", notice) }, true)
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -227,7 +228,8 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 	// The manager's wall time holds for agents from outside a bundle too
 	// (the bench workload's).
 	s.m = engine.NewManager(db, resolve, engine.ManagerOptions{Durability: durability, Events: s.bus, MaxDuration: budget.WallTime,
-		MaxTokens: budget.Tokens, MaxRecoveries: bc.maxRecoveries(), MaxAlone: bc.maxAlone()})
+		MaxTokens: budget.Tokens, MaxRecoveries: bc.maxRecoveries(), MaxAlone: bc.maxAlone(),
+		MaxSuspectWait: bc.maxSuspectWait()})
 	// While this process owns the store, db backup and db check reach it
 	// through the control socket, and runs list and show read its runs as
 	// its manager has them (in exit durability, not stored until they end).
@@ -306,11 +308,12 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := mc.check(); err != nil {
 		return err
 	}
-	if err := checkNewRun(*data, *thread, *agentName, &tools); err != nil {
+	in, err := checkNewRun(*data, *thread, *agentName, &tools)
+	if err != nil {
 		return err
 	}
 	input, _ := json.Marshal(strings.Join(fs.Args(), " "))
-	s, err := openSession(ctx, *data, true, dur, stdout, stderr, *asJSON, mc, bc)
+	s, err := openSession(ctx, *data, true, dur, stdout, stderr, *asJSON, mc, bc, in)
 	if err != nil {
 		return err
 	}
@@ -517,7 +520,7 @@ take leaves it waiting.`
 	if err := mc.check(); err != nil {
 		return err
 	}
-	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc)
+	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc, nil)
 	if err != nil {
 		return err
 	}

@@ -63,7 +63,7 @@ func consoleUplink(db *store.DB, up *uplink.Uplink) func(context.Context) (*cons
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newCmdFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--ollama-keep-alive D] [--ollama-stall-timeout D] [--tls-cert FILE --tls-key FILE] [--allow-host NAME] [--workers N] [--max-run-time DURATION] [--max-tokens N] [--max-recoveries N] [--max-alone-time DURATION] [--uplink URL --uplink-secret FILE] [--appliance-id ID]", stdout, stderr)
+	fs := newCmdFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--ollama-keep-alive D] [--ollama-stall-timeout D] [--tls-cert FILE --tls-key FILE] [--allow-host NAME] [--workers N] [--max-run-time DURATION] [--max-tokens N] [--max-recoveries N] [--max-alone-time DURATION] [--max-suspect-wait DURATION] [--uplink URL --uplink-secret FILE] [--appliance-id ID]", stdout, stderr)
 	fs.About = `Serve the HTTP API (/api/v1), its event stream and the operator console page, on
 --listen (http://127.0.0.1:7070/ unless told). The page and the API take a bearer token,
 made at the first start: outpost token prints it. While serve runs it owns the data
@@ -175,11 +175,16 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	}
 	// The bundle is announced below, once; the resolver's own notice
 	// would repeat it at the first run.
-	resolve, err := applianceResolver(*data, rt, nil, false)
+	// One installer for both, so that each bundle is verified once.
+	in, err := openInstaller(*data, rt)
 	if err != nil {
 		return err
 	}
-	bundles, err := bundleInfo(*data, rt)
+	resolve, err := applianceResolver(*data, in, rt, nil, false)
+	if err != nil {
+		return err
+	}
+	bundles, err := bundleInfo(in, rt)
 	if err != nil {
 		return err
 	}
@@ -213,7 +218,8 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 		fmt.Fprintf(stdout, "uplink: none configured (--uplink URL --uplink-secret FILE); outcomes stay on the appliance\n")
 	}
 	m := engine.NewManager(console.InstrumentStore(db, metrics), resolve, engine.ManagerOptions{Workers: *workers, Events: bus,
-		MaxDuration: budget.WallTime, MaxTokens: budget.Tokens, MaxRecoveries: bc.maxRecoveries(), MaxAlone: bc.maxAlone()})
+		MaxDuration: budget.WallTime, MaxTokens: budget.Tokens, MaxRecoveries: bc.maxRecoveries(), MaxAlone: bc.maxAlone(),
+		MaxSuspectWait: bc.maxSuspectWait()})
 	srv := console.New(console.Config{Manager: m, Bus: bus, Resolve: resolve, Agents: agents, Token: tok,
 		AllowHosts: hosts, Bundles: func() []console.BundleInfo { return bundles }, Metrics: metrics,
 		Health: []console.HealthCheck{{Name: "model", Check: modelHealth}}, StoreSize: db.Size, StoreWrites: db.WriteErr, CountRuns: db.CountRuns,
@@ -304,14 +310,10 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	return nil
 }
 
-// bundleInfo lists the bundles new runs use: the installed ones, or the
-// embedded reference bundle when none is installed.
-func bundleInfo(dir string, rt *firmware.Runtime) ([]console.BundleInfo, error) {
-	in, installed, err := openInstaller(dir, rt)
-	if err != nil {
-		return nil, err
-	}
-	if !installed {
+// bundleInfo lists the bundles new runs use: the installed ones of in, or
+// the embedded reference bundle when none is installed.
+func bundleInfo(in *firmware.Installer, rt *firmware.Runtime) ([]console.BundleInfo, error) {
+	if len(in.List()) == 0 {
 		ref, err := firmware.ReferenceWithRuntime(rt)
 		if err != nil {
 			return nil, err

@@ -120,6 +120,7 @@ func startServe(t *testing.T, bin, data string) *serving {
 	assert.Contains(t, strings.Join(head, "\n"), "budgets: each run at most 15m0s of run time and 100000 tokens", "the default budgets are shown")
 	assert.Contains(t, strings.Join(head, "\n"), "a run a crash left running is resumed 3 times in a row at most (--max-recoveries)", "and the recovery limit")
 	assert.Contains(t, strings.Join(head, "\n"), "and one suspected of the crashes runs alone for 2m0s at most (--max-alone-time)", "and the bound on a suspect's turn alone")
+	assert.Contains(t, strings.Join(head, "\n"), "waiting for its turn for 2m0s at most (--max-suspect-wait)", "and the bound on a suspect's wait for it")
 	tok, err := os.ReadFile(filepath.Join(data, console.TokenFile))
 	require.NoError(t, err)
 	s.token = strings.TrimSpace(string(tok))

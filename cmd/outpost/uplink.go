@@ -263,7 +263,7 @@ func bundleRedactors(dir string) func(engine.BundleRef) uplink.Redactor {
 	var mu sync.Mutex
 	cache := map[engine.BundleRef]uplink.Redactor{}
 	ref, _ := firmware.Reference()
-	in, _, _ := openInstaller(dir, nil)
+	in, _ := openInstaller(dir, nil)
 	return func(r engine.BundleRef) uplink.Redactor {
 		mu.Lock()
 		defer mu.Unlock()

@@ -42,7 +42,8 @@ func (e errLineTooLong) Error() string {
 }
 
 // chatStream posts creq to /api/chat and hands fn each line of the NDJSON
-// answer, decoded, reading no line longer than maxLine bytes. It returns
+// answer, decoded, reading no line longer than maxLine bytes and passing
+// over blank (or white-space-only) lines. It returns
 // fn's error, the server's (an error status or an {"error": ...} line, as
 // api.Client returns them), that of a line that does not decode, or an
 // errLineTooLong. Like api.Client it returns nil when a 2xx body ends,
@@ -79,6 +80,14 @@ func (c *Client) chatStream(ctx context.Context, creq *api.ChatRequest, maxLine 
 		case err != nil:
 			return nil
 		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			// Ollama ends each object with one newline and writes no
+			// blank lines, but a proxy between may (keep-alives, a
+			// pretty-printer's \r\n\r\n); a blank line holds no object,
+			// as the NDJSON spec lets a reader take it. api.Client
+			// would fail the call with the empty line as its message.
+			continue
+		}
 		if err := chatLine(resp, line, fn); err != nil {
 			return err
 		}
@@ -86,7 +95,8 @@ func (c *Client) chatStream(ctx context.Context, creq *api.ChatRequest, maxLine 
 }
 
 // chatLine hands fn one line of the stream, or returns the error that the
-// line, or the response's status, makes of it, as api.Client does.
+// line, or the response's status, makes of it, as api.Client does, save
+// that a line that does not decode is named as such, not only quoted.
 func chatLine(resp *http.Response, line []byte, fn func(api.ChatResponse) error) error {
 	var errorResponse struct {
 		Error     string `json:"error,omitempty"`
@@ -96,7 +106,7 @@ func chatLine(resp *http.Response, line []byte, fn func(api.ChatResponse) error)
 		if resp.StatusCode >= http.StatusBadRequest {
 			return api.StatusError{StatusCode: resp.StatusCode, Status: resp.Status, ErrorMessage: string(line)}
 		}
-		return errors.New(string(line))
+		return fmt.Errorf("a line of the stream is not a JSON object: %s", line)
 	}
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized:
@@ -108,7 +118,7 @@ func chatLine(resp *http.Response, line []byte, fn func(api.ChatResponse) error)
 	}
 	var r api.ChatResponse
 	if err := json.Unmarshal(line, &r); err != nil {
-		return err
+		return fmt.Errorf("a line of the stream is not a chat answer: %w", err)
 	}
 	return fn(r)
 }

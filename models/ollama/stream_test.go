@@ -166,3 +166,71 @@ func TestLineReaderBound(t *testing.T) {
 		}
 	}
 }
+
+// Ollama writes one object a line and no blank lines, but something between
+// it and the appliance (a proxy's keep-alive, a server that writes \r\n
+// twice) may: a blank or white-space-only line holds no object and is
+// passed over, in an answer and in an error's body alike.
+func TestChatPassesOverBlankLines(t *testing.T) {
+	want := expectFixture(t, "plain.ndjson")
+	plain := fixtureLines(t, "plain.ndjson")
+	blanks := []string{"", "   ", "\t", "\r", " \r"}
+	srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		for i, line := range plain {
+			fmt.Fprintf(w, "%s\n%s\n", blanks[i%len(blanks)], line)
+			w.(http.Flusher).Flush()
+		}
+	})
+	chunks := 0
+	resp, err := New(srv.URL, srv.Client()).Chat(context.Background(), chatRequestFor("llama3.2"), func(models.Chunk) error {
+		chunks++
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, want.content, resp.Message.Content)
+	require.Equal(t, want.doneReason, resp.DoneReason)
+	require.Equal(t, want.completionTokens, resp.CompletionTokens)
+	require.Equal(t, want.chunks, chunks)
+
+	for name, body := range map[string]string{
+		"blank line before the error": "\n  \n" + `{"error":"llama runner process has terminated: signal: killed"}` + "\n",
+		"blank lines only":            "\n \n\t\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := newFakeOllama(t, func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusInternalServerError)
+				_, _ = w.Write([]byte(body))
+			})
+			_, err := New(srv.URL, srv.Client()).Chat(context.Background(), chatRequestFor("llama3.2"), nil)
+			var me *models.Error
+			require.ErrorAs(t, err, &me)
+			require.Equal(t, models.Server, me.Kind, "error: %v", err)
+			require.NotEmpty(t, strings.TrimSpace(me.Err.Error()), "error: %v", err)
+			if strings.Contains(body, "error") {
+				require.Contains(t, err.Error(), "llama runner process has terminated")
+			} else {
+				require.Contains(t, err.Error(), "no error message")
+			}
+		})
+	}
+}
+
+// A line of a 2xx stream that is not an answer fails the call with an error
+// that says so, whatever the line holds: never with the bare line, which may
+// be nothing an operator can read.
+func TestChatUndecodableLineIsNamed(t *testing.T) {
+	plain := fixtureLines(t, "plain.ndjson")
+	for name, bad := range map[string]string{
+		"not JSON":          "data: [DONE]",
+		"JSON, no object":   `"keep-alive"`,
+		"a wrong field":     `{"model":"llama3.2","message":"If","done":false}`,
+		"control character": "\x00\x01",
+	} {
+		t.Run(name, func(t *testing.T) {
+			chunks, err := failingStream(t, plain[0], []byte(bad), plain[len(plain)-1])
+			require.Equal(t, 1, chunks, "the line before it was streamed")
+			require.Regexp(t, `failed mid-answer: a line of the stream is not a (JSON object|chat answer)`, err.Error())
+		})
+	}
+}

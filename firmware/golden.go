@@ -1,0 +1,249 @@
+package firmware
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/strictjson"
+)
+
+// Conversation is one golden conversation: turns on one thread, each with
+// what it must produce (see DESIGN.md, "Golden conversations").
+type Conversation struct {
+	Name  string `json:"name"`
+	Agent string `json:"agent"`
+	Turns []Turn `json:"turns"`
+	File  string `json:"-"`
+	Line  int    `json:"-"`
+	// raw is the conversation's line of the file, read again to place a
+	// fault that CheckGolden finds at its column.
+	raw []byte
+}
+
+// Turn is one input of a conversation.
+type Turn struct {
+	Input       json.RawMessage `json:"input"`
+	Expect      *Expect         `json:"expect,omitempty"`
+	Resume      *Resume         `json:"resume,omitempty"`
+	AfterResume *Expect         `json:"after_resume,omitempty"`
+}
+
+// Expect is what a turn must produce. Every field is optional; a nil slice
+// is not checked, an empty one must match exactly.
+type Expect struct {
+	Path          []string `json:"path,omitempty"`
+	Flags         []string `json:"flags"`
+	FinalContains []string `json:"final_contains,omitempty"`
+	FinalRegex    string   `json:"final_regex,omitempty"`
+	Tools         []string `json:"tools"`
+	Status        string   `json:"status,omitempty"`
+	Interrupt     string   `json:"interrupt,omitempty"`
+}
+
+// Resume is the decision a paused turn is resumed with.
+type Resume struct {
+	Decision string          `json:"decision"`
+	Value    json.RawMessage `json:"value,omitempty"`
+	Reason   string          `json:"reason,omitempty"`
+}
+
+// DecodeGolden reads a golden-conversation file: one JSON object a line,
+// blank lines and lines starting with '#' skipped, decoded strictly. Its
+// errors wrap ErrMalformed and call the file a malformed golden file, since
+// outpost eval reads ones that no bundle holds. It checks the shape alone:
+// CheckGolden checks what the fields say. A bundle is opened with the shape
+// checked alone, so that one installed before a check was added still
+// serves the runs pinned to it; verify and install check the rest.
+func DecodeGolden(file string, data []byte) ([]Conversation, error) {
+	var out []Conversation
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 64<<10), maxFileSize)
+	off := 0
+	for line := 1; sc.Scan(); line++ {
+		raw := sc.Bytes()
+		start := off
+		off += len(raw) + 1
+		t := bytes.TrimSpace(raw)
+		if len(t) == 0 || t[0] == '#' {
+			continue
+		}
+		var c Conversation
+		if _, err := decodeStrictAs(errMalformedGolden, file, data, start, raw, &c); err != nil {
+			return nil, err
+		}
+		if c.Name == "" || c.Agent == "" || len(c.Turns) == 0 {
+			return nil, malformedAs(errMalformedGolden, file, data, start, "", "a conversation needs a name, an agent and turns")
+		}
+		c.File, c.Line, c.raw = file, line, data[start:start+len(raw)]
+		out = append(out, c)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, &FileError{File: file, Err: fmt.Errorf("%w: %v", errMalformedGolden, err)}
+	}
+	return out, nil
+}
+
+// statuses a turn may expect: a turn ends at one of them.
+var statuses = []string{
+	string(engine.StatusCompleted), string(engine.StatusInterrupted), string(engine.StatusFailed),
+	string(engine.StatusCancelled), string(engine.StatusBudgetExceeded),
+}
+
+// CheckGolden checks decoded conversations beyond their shape, for what
+// would otherwise only fail when they are replayed: every turn has an
+// input, a status is one a turn can end in, an interrupt comes with no
+// other status, a regular expression compiles, a resume decision is
+// approve, reject or edit (with a value), and comes only after a turn that
+// may pause, after_resume comes with a resume, and names are unique within
+// a file. Its error is a *FileError wrapping ErrMalformed, at the line and
+// column of the item at fault, that names the conversation and the field.
+func CheckGolden(cs []Conversation) error {
+	type named struct{ file, name string }
+	seen := map[named]int{}
+	for _, c := range cs {
+		if prev, dup := seen[named{c.File, c.Name}]; dup {
+			return c.fault("", "name already used on line %d", prev)
+		}
+		seen[named{c.File, c.Name}] = c.Line
+		if err := c.check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Conversation) check() error {
+	for i, t := range c.Turns {
+		at := fmt.Sprintf("turns.%d", i)
+		if len(t.Input) == 0 {
+			return c.fault(at, "%s.input: every turn needs an input", at)
+		}
+		if err := c.checkExpect(at+".expect", t.Expect); err != nil {
+			return err
+		}
+		if t.AfterResume != nil && t.Resume == nil {
+			return c.fault(at+".after_resume", "%s.after_resume: given without a resume", at)
+		}
+		if t.Resume != nil {
+			d := engine.Decision{Kind: t.Resume.Decision, Value: t.Resume.Value, Reason: t.Resume.Reason}
+			if err := d.Validate(); err != nil {
+				return c.fault(at+".resume", "%s.resume.decision: %v", at, err)
+			}
+			if t.Expect != nil && t.Expect.Status != "" && t.Expect.Status != string(engine.StatusInterrupted) {
+				return c.fault(at+".resume", "%s.resume: the turn expects status %s, so there is nothing to resume", at, t.Expect.Status)
+			}
+		}
+		if err := c.checkExpect(at+".after_resume", t.AfterResume); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Conversation) checkExpect(at string, e *Expect) error {
+	if e == nil {
+		return nil
+	}
+	if e.Status != "" && !slices.Contains(statuses, e.Status) {
+		return c.fault(at, "%s.status: %q is not a status a turn ends in (%s)", at, e.Status, strings.Join(statuses, ", "))
+	}
+	if e.Interrupt != "" && e.Status != "" && e.Status != string(engine.StatusInterrupted) {
+		return c.fault(at, "%s.interrupt: given with status %s", at, e.Status)
+	}
+	if e.FinalRegex != "" {
+		if _, err := regexp.Compile(e.FinalRegex); err != nil {
+			return c.fault(at, "%s.final_regex: %v", at, err)
+		}
+	}
+	return nil
+}
+
+// fault reports a mistake in conversation c at the item whose JSON path
+// is at (its nearest object or array; "" for the conversation), as an
+// error of a malformed golden file that names the conversation.
+func (c *Conversation) fault(at, format string, args ...any) *FileError {
+	e := &FileError{File: c.File, Line: c.Line,
+		Err: fmt.Errorf("%w: conversation %q: %s", errMalformedGolden, c.Name, fmt.Sprintf(format, args...))}
+	if c.raw == nil {
+		return e // built by hand, not decoded: no column to give
+	}
+	e.Column = 1
+	var shape Conversation
+	if pos, err := strictjson.Decode(c.raw, &shape); err == nil && at != "" {
+		if off := pos.At(at); off >= 0 {
+			_, e.Column = lineCol(c.raw, off)
+		}
+	}
+	return e
+}
+
+// checkGolden refuses a golden conversation of the bundle that no replay of
+// it could pass: one CheckGolden refuses, or one that names an agent the
+// bundle lacks, or expects a node its agent's graph lacks (in its path or
+// as its interrupt) or a tool its registry lacks. Like checkNames, whose
+// part it is, it is for verify and install, not Open.
+func (b *Bundle) checkGolden() error {
+	if err := CheckGolden(b.Golden); err != nil {
+		return err
+	}
+	var tools []string
+	if b.Registry != nil {
+		tools = b.Registry.Names()
+	}
+	for _, c := range b.Golden {
+		spec, ok := b.Graphs[c.Agent]
+		if !ok {
+			return c.fault("", "agent: %q is not an agent of the bundle (agents: %s)", c.Agent, strings.Join(b.AgentNames(), ", "))
+		}
+		var nodes []string
+		for _, n := range spec.Nodes {
+			nodes = append(nodes, n.Name)
+		}
+		for i, t := range c.Turns {
+			if err := c.checkExpectNames(fmt.Sprintf("turns.%d.expect", i), t.Expect, nodes, tools); err != nil {
+				return err
+			}
+			if err := c.checkExpectNames(fmt.Sprintf("turns.%d.after_resume", i), t.AfterResume, nodes, tools); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkExpectNames refuses an expectation that names a node outside nodes
+// (the agent's graph; a subgraph's node is reported as "parent/child") or
+// a tool outside tools.
+func (c *Conversation) checkExpectNames(at string, e *Expect, nodes, tools []string) error {
+	if e == nil {
+		return nil
+	}
+	for i, n := range e.Path {
+		if !slices.Contains(nodes, n) {
+			return c.fault(at+".path", "%s.path.%d: %q is not a node of agent %q's graph (nodes: %s)", at, i, n, c.Agent, strings.Join(nodes, ", "))
+		}
+	}
+	if e.Interrupt != "" {
+		for _, n := range strings.Split(e.Interrupt, ",") {
+			if root, _, _ := strings.Cut(n, "/"); !slices.Contains(nodes, root) {
+				return c.fault(at, "%s.interrupt: %q is not a node of agent %q's graph (nodes: %s)", at, n, c.Agent, strings.Join(nodes, ", "))
+			}
+		}
+	}
+	for i, name := range e.Tools {
+		if !slices.Contains(tools, name) {
+			known := "the bundle has no tool registry"
+			if len(tools) > 0 {
+				known = "tools: " + strings.Join(tools, ", ")
+			}
+			return c.fault(at+".tools", "%s.tools.%d: %q is not a tool of the bundle's registry (%s)", at, i, name, known)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,128 @@
+package firmware_test
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/outpost-edge/outpost/firmware"
+)
+
+// goldenWith is the patterns bundle's golden file with line as its third
+// line, after a comment and a conversation that passes every check.
+func goldenWith(line string) string {
+	return "# golden conversations\n" +
+		`{"name": "good", "agent": "sequential", "turns": [{"input": "hi", "expect": {"path": ["intake", "lookup", "answer"], "status": "completed"}}]}` + "\n" +
+		line + "\n"
+}
+
+// A golden conversation whose expectations no replay could meet is a
+// mistake in the bundle, as a misspelt name in its rules is: verify (Load)
+// and install refuse it at its line and column, naming the conversation
+// and the field, where only eval reported it before, and late.
+func TestBundleGoldenExpectationsAreChecked(t *testing.T) {
+	for _, tc := range []struct {
+		name, line, bad, field string // bad: the text the error points at
+	}{
+		{"status a turn cannot end in", `{"name": "s", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "done"}}]}`,
+			`{"status": "done"}`, `turns.0.expect.status: "done" is not a status a turn ends in`},
+		{"regular expression that does not compile", `{"name": "r", "agent": "sequential", "turns": [{"input": "hi", "expect": {"final_regex": "(kb-"}}]}`,
+			`{"final_regex"`, `turns.0.expect.final_regex: error parsing regexp`},
+		{"interrupt with another status", `{"name": "i", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "completed", "interrupt": "answer"}}]}`,
+			`{"status": "completed", "interrupt"`, `turns.0.expect.interrupt: given with status completed`},
+		{"after_resume with no resume", `{"name": "a", "agent": "sequential", "turns": [{"input": "hi", "after_resume": {"status": "completed"}}]}`,
+			`{"status": "completed"}`, `turns.0.after_resume: given without a resume`},
+		{"bad resume decision", `{"name": "d", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "interrupted"}, "resume": {"decision": "maybe"}}]}`,
+			`{"decision": "maybe"}`, `turns.0.resume.decision: `},
+		{"turn with no input", `{"name": "n", "agent": "sequential", "turns": [{"input": "hi"}, {"expect": {"status": "completed"}}]}`,
+			`{"expect": {"status": "completed"}}`, `turns.1.input: every turn needs an input`},
+		{"name used twice", `{"name": "good", "agent": "sequential", "turns": [{"input": "hi"}]}`,
+			`{"name": "good"`, `name already used on line 2`},
+		{"agent the bundle lacks", `{"name": "g", "agent": "sequentail", "turns": [{"input": "hi"}]}`,
+			`{"name": "g"`, `agent: "sequentail" is not an agent of the bundle`},
+		{"node the graph lacks", `{"name": "p", "agent": "sequential", "turns": [{"input": "hi", "expect": {"path": ["intake", "lokup"]}}]}`,
+			`["intake", "lokup"]`, `turns.0.expect.path.1: "lokup" is not a node of agent "sequential"'s graph`},
+		{"interrupt at a node the graph lacks", `{"name": "q", "agent": "sequential", "turns": [{"input": "hi", "expect": {"interrupt": "review"}}]}`,
+			`{"interrupt": "review"}`, `turns.0.expect.interrupt: "review" is not a node of agent "sequential"'s graph`},
+		{"tool the registry lacks", `{"name": "t", "agent": "sequential", "turns": [{"input": "hi", "expect": {"tools": ["lookup_schedul"]}}]}`,
+			`["lookup_schedul"]`, `turns.0.expect.tools.0: "lookup_schedul" is not a tool of the bundle's registry`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			golden := goldenWith(tc.line)
+			dir := variant(t, 2, func(dir string) { writeFile(t, dir, "golden/patterns.jsonl", golden) })
+			off := strings.Index(golden, tc.bad)
+			if off < 0 || !strings.Contains(tc.line, tc.bad) {
+				t.Fatalf("%q is not in the line", tc.bad)
+			}
+			col := off - strings.LastIndex(golden[:off], "\n")
+			name := tc.line[strings.Index(tc.line, `"name": "`)+9:]
+			name = name[:strings.IndexByte(name, '"')]
+
+			requireRefusedAt(t, dir, "golden/patterns.jsonl", 3, col, "", `conversation "`+name+`": `+tc.field)
+		})
+	}
+
+	// The expectations meet the bundle: an interrupt at a subgraph's node
+	// is named by its parent, an expectation may be left out, and a
+	// resumed turn's after_resume is checked as its expect is.
+	ok := `{"name": "ok", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "interrupted", "interrupt": "answer/review"}, "resume": {"decision": "approve"}, "after_resume": {"path": ["answer"], "tools": []}}]}`
+	dir := variant(t, 2, func(dir string) { writeFile(t, dir, "golden/patterns.jsonl", goldenWith(ok)) })
+	if _, err := firmware.Load(dir, testKeyring(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newInstaller(t, t.TempDir()).Install(dir, firmware.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A bundle installed before a check was added still opens, so that the
+// runs pinned to it go on: Open verifies what it verified then (signature,
+// hashes, the digest recorded at install), not what verify checks now.
+func TestInstalledBundleOpensWithoutGoldenChecks(t *testing.T) {
+	data := t.TempDir()
+	in := newInstaller(t, data)
+	if _, err := in.Install(variant(t, 2, nil), firmware.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// An older appliance installed this version with a golden conversation
+	// that today's install refuses: its folder and its index entry.
+	bad := variant(t, 2, func(dir string) {
+		writeFile(t, dir, "golden/patterns.jsonl", goldenWith(`{"name": "s", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "done"}}]}`))
+	})
+	if _, err := firmware.Load(bad, testKeyring(t)); !errors.Is(err, firmware.ErrMalformed) {
+		t.Fatalf("load: %v, want ErrMalformed", err)
+	}
+	installed := filepath.Join(data, "firmware", "patterns", "2")
+	for _, f := range []string{firmware.ManifestFile, firmware.SignatureFile, "golden/patterns.jsonl"} {
+		b, err := os.ReadFile(filepath.Join(bad, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(installed, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	manifest, _ := os.ReadFile(filepath.Join(bad, firmware.ManifestFile))
+	indexPath := filepath.Join(data, "firmware", "index.json")
+	index, _ := os.ReadFile(indexPath)
+	var ix map[string]any
+	if err := json.Unmarshal(index, &ix); err != nil {
+		t.Fatal(err)
+	}
+	ix["installed"].([]any)[0].(map[string]any)["digest"] = firmware.Digest(manifest)
+	index, _ = json.Marshal(ix)
+	if err := os.WriteFile(indexPath, index, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	b, err := newInstaller(t, data).Open("patterns", 2)
+	if err != nil {
+		t.Fatalf("open: %v, want the installed bundle opened as installed", err)
+	}
+	if b.Digest != firmware.Digest(manifest) || len(b.Golden) != 2 {
+		t.Fatalf("opened %s with %d golden conversations, want the installed copy", b.Digest, len(b.Golden))
+	}
+}
