@@ -161,7 +161,8 @@ func Records(ctx context.Context, log agent.CallLog, prefix string) ([]agent.Cal
 
 // CallsLostThrough implements agent.LostCalls: the mark that salvage left
 // on the run's record where its tool-call records may be lost
-// (store.MetaCallsLostThrough), "" where it left none. A run record that
+// (store.MetaCallsLostThrough, agent.CallsLostInAnyStep for
+// store.CallsLostInAnyStep), "" where it left none. A run record that
 // cannot be read is an error: the tool loop then runs no call.
 func (c *callLog) CallsLostThrough(ctx context.Context, run string) (string, error) {
 	r, err := c.db.Run(ctx, run)
@@ -171,7 +172,11 @@ func (c *callLog) CallsLostThrough(ctx context.Context, run string) (string, err
 	if err != nil {
 		return "", fmt.Errorf("load run %s: %w", run, err)
 	}
-	return r.Meta[store.MetaCallsLostThrough], nil
+	through := r.Meta[store.MetaCallsLostThrough]
+	if through == store.CallsLostInAnyStep {
+		return agent.CallsLostInAnyStep, nil
+	}
+	return through, nil
 }
 
 // ModelTokens implements agent.TokenCounter: the tokens that run's model
