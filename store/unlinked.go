@@ -826,8 +826,8 @@ func (w *salvageWalk) markLostCalls(out *bbolt.DB) error {
 			case !w.reachKnown(id):
 				through = CallsLostInAnyStep
 				if !w.callsMayBeLost(id) { // else unnamedCalls says it
-					w.lost(bucketRuns, []byte(id), "is unfinished, and the copy may not hold its newest checkpoints, nor tell "+
-						"how far it got: %s", resumedInAnyStep)
+					w.lost(bucketRuns, []byte(id), "is unfinished, and the copy may not hold its newest record or "+
+						"checkpoints, nor tell how far it got: %s", resumedInAnyStep)
 				}
 			case through == "":
 				continue // no checkpoint to resume from: nothing runs again
@@ -940,8 +940,8 @@ func (w *salvageWalk) unnamedCalls(out *bbolt.DB) error {
 			}
 			if r.Meta[MetaCallsLostThrough] == CallsLostInAnyStep {
 				w.lost(bucketToolCalls, append(bytes.Clone(k), ':'), "run %s waits for a person, and records of its tool calls "+
-					"may be lost, with %s (%d came back); and the copy may not hold its newest checkpoints, nor tell how far it "+
-					"got: %s", k, w.lostCallsWhere(), named(string(k)), resumedInAnyStep)
+					"may be lost, with %s (%d came back); and the copy may not hold its newest record or checkpoints, nor tell "+
+					"how far it got: %s", k, w.lostCallsWhere(), named(string(k)), resumedInAnyStep)
 				return nil
 			}
 			w.lost(bucketToolCalls, append(bytes.Clone(k), ':'), "run %s waits for a person, and records of its tool calls may be "+

@@ -242,7 +242,8 @@ func TestSalvagedRunAsksAboutCallsOfStepsWhoseCheckpointsAreLost(t *testing.T) {
 	require.GreaterOrEqual(t, lost, 2, "fewer than two steps' checkpoints are lost: the test shows nothing")
 	require.Len(t, recordsOf(t, dir, run.ID), 5, "tool-call records were lost: %v", rep.Lost)
 	assert.True(t, slices.ContainsFunc(rep.Lost, func(p store.Problem) bool {
-		return p.Bucket == "runs" && p.Key == run.ID && strings.Contains(p.Message, "in any step, waits for a person's decision")
+		return p.Bucket == "runs" && p.Key == run.ID && strings.Contains(p.Message, "may not hold its newest record or checkpoints") &&
+			strings.Contains(p.Message, "in any step, waits for a person's decision")
 	}), "the report does not say what resuming the run does: %v", rep.Lost)
 
 	r, hist := copiedRun(t, dir, run.ID)
