@@ -1,7 +1,10 @@
 package store
 
 import (
+	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -49,4 +52,58 @@ func TestCallsLostThroughReadsNoRunOfAStoreWithoutMarks(t *testing.T) {
 			assert.Empty(t, got, "a run the store does not hold")
 		})
 	}
+}
+
+// A run that waits for a person, whose thread's two newest checkpoints
+// fail their checksums on pages that are whole, comes back with its
+// thread's head recorded anew two steps behind it, at the newest
+// checkpoint left. Resumed, it runs those two steps again, the second
+// under a new checkpoint, whose calls have new keys that no record
+// answers: it is marked as one that may repeat a call in any step, and the
+// report says so, though no page was lost. Before, salvage marked runs
+// only where a page was lost, and the run would have called the tools of
+// that second step again without asking.
+func TestSalvageMarksARunWhoseCheckpointsFailTheirChecksums(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path, Options{})
+	require.NoError(t, err)
+	for i := 1; i <= 5; i++ {
+		require.NoError(t, d.Commit(bg, stepCommit("t0", i)))
+	}
+	require.NoError(t, d.Commit(bg, &engine.Commit{Sync: true, Run: &engine.Run{ID: "run-t0", Thread: "t0",
+		Status: engine.StatusInterrupted, Checkpoint: "0005"}}))
+	require.NoError(t, d.Close())
+	want := records(t, path)
+
+	// Damage one byte in the middle of each of the two newest
+	// checkpoints, wherever the file holds them.
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	for _, id := range []string{"0004", "0005"} {
+		key := string(checkpointKey("t0", "", id))
+		rec := want[bucketCheckpoints][key]
+		if rec == nil {
+			rec = want[bucketRecent][key]
+		}
+		require.NotNil(t, rec, "checkpoint %s", id)
+		require.Positive(t, damageRecord(b, rec))
+	}
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, path, dst)
+	require.NoError(t, err)
+	c, err := Open(dst, Options{})
+	require.NoError(t, err)
+	defer c.Close()
+	head, err := c.Checkpoint(bg, "t0", "", "")
+	require.NoError(t, err)
+	assert.Equal(t, "0003", head.ID)
+	r, err := c.Run(bg, "run-t0")
+	require.NoError(t, err)
+	assert.Equal(t, engine.StatusInterrupted, r.Status)
+	assert.Equal(t, CallsLostInAnyStep, r.Meta[MetaCallsLostThrough], "the run is not marked: %v", rep.Lost)
+	assert.True(t, slices.ContainsFunc(rep.Lost, func(p Problem) bool {
+		return p.Bucket == bucketRuns && p.Key == "run-t0" && strings.Contains(p.Message, "in any step, waits for a person's decision")
+	}), "the report does not say what resuming the run does: %v", rep.Lost)
 }

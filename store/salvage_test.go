@@ -236,16 +236,7 @@ func TestSalvageLeavesOutARecordThatFailsItsChecksum(t *testing.T) {
 	// it: its live copy, and any stale one on a free page.
 	b, err := os.ReadFile(src)
 	require.NoError(t, err)
-	damaged := 0
-	for at := 0; ; {
-		i := bytes.Index(b[at:], rec)
-		if i < 0 {
-			break
-		}
-		b[at+i+len(rec)/2] ^= 0xFF
-		at += i + len(rec)
-		damaged++
-	}
+	damaged := damageRecord(b, rec)
 	require.Positive(t, damaged)
 	t.Logf("the file holds the record %d time(s)", damaged)
 	require.NoError(t, os.WriteFile(src, b, 0o600))
@@ -296,6 +287,21 @@ func TestSalvageLeavesOutARecordThatFailsItsChecksum(t *testing.T) {
 	js, err := json.Marshal(rep)
 	require.NoError(t, err)
 	assert.Contains(t, string(js), `"problems":[]`)
+}
+
+// damageRecord flips one byte in the middle of rec wherever the file image
+// b holds it, and returns how many times it does.
+func damageRecord(b, rec []byte) int {
+	damaged := 0
+	for at := 0; ; {
+		i := bytes.Index(b[at:], rec)
+		if i < 0 {
+			return damaged
+		}
+		b[at+i+len(rec)/2] ^= 0xFF
+		at += i + len(rec)
+		damaged++
+	}
 }
 
 // With the newer meta page damaged, the walk starts from the older one;

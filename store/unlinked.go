@@ -861,16 +861,18 @@ const resumedInAnyStep = "resumed, it goes on from the newest checkpoint of its 
 // whose number nothing left tells, and resumed from it, it runs those
 // steps again, under checkpoints made after the salvage.
 func (w *salvageWalk) reachKnown(id string) bool {
-	if w.rootLost || w.unreached(bucketRuns, []byte(id)) {
+	if w.rootLost || w.unreached(bucketRuns, []byte(id)) || w.checkpointsLeftOut() {
 		return false
 	}
-	for _, name := range []string{bucketCheckpoints, bucketRecent} {
-		lost := func(p Problem) bool { return p.Bucket == name }
-		if len(w.gaps[name]) > 0 || slices.ContainsFunc(w.rep.Lost, lost) {
-			return false
-		}
-	}
-	return true
+	return len(w.gaps[bucketCheckpoints]) == 0 && len(w.gaps[bucketRecent]) == 0
+}
+
+// checkpointsLeftOut reports whether checkpoints were left out of the copy
+// one by one, on pages that were read: records that failed their checks.
+func (w *salvageWalk) checkpointsLeftOut() bool {
+	return slices.ContainsFunc(w.rep.Lost, func(p Problem) bool {
+		return p.Bucket == bucketCheckpoints || p.Bucket == bucketRecent
+	})
 }
 
 // callsMayBeLost reports whether tool-call records of the run id may lie
