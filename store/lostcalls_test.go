@@ -99,6 +99,10 @@ func TestSalvageMarksARunWhoseCheckpointsFailTheirChecksums(t *testing.T) {
 	head, err := c.Checkpoint(bg, "t0", "", "")
 	require.NoError(t, err)
 	assert.Equal(t, "0003", head.ID)
+	assert.True(t, slices.ContainsFunc(rep.Lost, func(p Problem) bool {
+		return p.Bucket == bucketHeads && strings.HasPrefix(p.Message, "named checkpoint 0005, which was lost (on a page that "+
+			"cannot be read, or failing its checks); recorded anew at checkpoint 0003")
+	}), "the report does not say that the head was recorded anew: %v", rep.Lost)
 	r, err := c.Run(bg, "run-t0")
 	require.NoError(t, err)
 	assert.Equal(t, engine.StatusInterrupted, r.Status)

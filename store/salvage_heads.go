@@ -210,7 +210,8 @@ func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (heads, branches int, err error
 	headLost := map[string]bool{}
 	// dangling holds, by heads key, the checkpoint that a heads entry read
 	// through the tree names, where the copy lacks it: it was on a page
-	// that could not be read. Such an entry is recorded anew as well.
+	// that could not be read, or failed its checks. Such an entry is
+	// recorded anew as well.
 	dangling, cps := map[string]string{}, openCheckpoints(tx)
 	danglingHead := func(key []byte, thread, ns string) bool {
 		if _, seen := dangling[string(key)]; !seen {
@@ -298,10 +299,10 @@ func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (heads, branches int, err error
 				"holds are lost: the head may be behind the thread's last step, by a number of steps that cannot be told. "+
 				"Check the thread's history (outpost runs history THREAD) before a new turn goes on from it", head, len(ids))
 		case dangling[key] != "":
-			w.lost(bucketHeads, []byte(key), "named checkpoint %s, which was on a page that cannot be read; recorded anew at "+
-				"checkpoint %s, the newest of the %d copied: the head may be behind the thread's last step, by a number of "+
-				"steps that cannot be told. Check the thread's history (outpost runs history THREAD) before a new turn goes on "+
-				"from it", dangling[key], head, len(ids))
+			w.lost(bucketHeads, []byte(key), "named checkpoint %s, which was lost (on a page that cannot be read, or failing "+
+				"its checks); recorded anew at checkpoint %s, the newest of the %d copied: the head may be behind the thread's "+
+				"last step, by a number of steps that cannot be told. Check the thread's history (outpost runs history THREAD) "+
+				"before a new turn goes on from it", dangling[key], head, len(ids))
 		}
 	}
 	return heads, branches, nil

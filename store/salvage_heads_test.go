@@ -385,7 +385,8 @@ func TestSalvageRecordsAnewAHeadWhoseCheckpointIsLost(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, slices.ContainsFunc(rep.Lost, func(p Problem) bool {
 			return p.Bucket == bucketHeads && p.Key == renderKey(bucketHeads, []byte(k)) &&
-				strings.HasPrefix(p.Message, "named checkpoint "+old+", which was on a page that cannot be read; recorded anew at checkpoint "+head)
+				strings.HasPrefix(p.Message, "named checkpoint "+old+", which was lost (on a page that cannot be read, or failing its "+
+					"checks); recorded anew at checkpoint "+head)
 		}), "the report does not say that thread %s's head was recorded anew: %v", thread, rep.Lost)
 	}
 	require.Positive(t, anew, "no head named a checkpoint of the lost page")
