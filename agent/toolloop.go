@@ -356,15 +356,23 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 // CallsLostThrough returns the newest checkpoint ID from which a task of
 // the run may have made calls whose records are lost ("" when none may
 // be): a task that runs from that checkpoint or an older one, and calls a
-// tool whose key has no record, may be repeating a call that ran.
+// tool whose key has no record, may be repeating a call that ran. It
+// returns CallsLostInAnyStep where the run may have gone on past the
+// checkpoints that are left: then every task of the run may be.
 type LostCalls interface {
 	CallsLostThrough(ctx context.Context, run string) (string, error)
 }
 
+// CallsLostInAnyStep is what LostCalls returns for a run whose every task
+// may be repeating a call whose record is lost.
+const CallsLostInAnyStep = "any"
+
 // recordMayBeLost reports whether a call of this task that has no record
 // may have run before, its record lost (LostCalls). Checkpoint IDs grow
 // with time, so a task that runs from a checkpoint made after the records
-// were lost is not one.
+// were lost is not one, unless the run may have gone on past the
+// checkpoints that were left, and runs again under new ones steps that it
+// had run.
 func (l *loop) recordMayBeLost(ctx context.Context) (bool, error) {
 	lc, ok := l.cfg.Log.(LostCalls)
 	if !ok {
@@ -374,7 +382,7 @@ func (l *loop) recordMayBeLost(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return through != "" && l.info.Checkpoint <= through, nil
+	return through == CallsLostInAnyStep || through != "" && l.info.Checkpoint <= through, nil
 }
 
 // Why uncertain asks, in the Reason of its "#ask<n>" markers, and what the

@@ -461,6 +461,7 @@ func TestCallWhoseRecordMayBeLost(t *testing.T) {
 		{"not idempotent, within the range", "write_x", "~", true},
 		{"idempotent, within the range", "idem_w", "~", false},
 		{"not idempotent, from a newer checkpoint", "write_x", "0", false},
+		{"not idempotent, in any step", "write_x", agent.CallsLostInAnyStep, true},
 		{"not idempotent, nothing lost", "write_x", "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -253,6 +253,9 @@ type DB struct {
 	// noIndex is set when a file of version 6 or before is opened
 	// read-only: it has no unfinished bucket (unfinished.go).
 	noIndex bool
+	// lostCallsMarked is set when a run of the store may carry the mark
+	// of salvage (lostcalls.go), as it opened.
+	lostCallsMarked bool
 }
 
 var _ engine.Store = (*DB)(nil)
@@ -351,6 +354,7 @@ func Open(path string, opts Options) (*DB, error) {
 			return err
 		}
 		observeNewestIDs(tx)
+		d.lostCallsMarked = lostCallsMarked(tx, d.noIndex)
 		return nil
 	})
 	if err != nil {

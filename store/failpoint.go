@@ -38,8 +38,8 @@ var failpoint struct {
 // cost that do not measure time. Every hook is nil in production; tests
 // set them before the reads and clear them after.
 var probe struct {
-	// runRead runs for each run record that a listing (Runs) reads, with
-	// its key.
+	// runRead runs for each run record that a listing (Runs) reads, and
+	// for each that CallsLostThrough reads, with its key.
 	runRead func(key []byte)
 	// blobLoaded runs for each blob read whole (blobs.load).
 	blobLoaded func(ref engine.BlobRef)

@@ -418,6 +418,16 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 			if err := w.newerRecords(ctx, out); err != nil {
 				return err
 			}
+			fallthrough
+		default:
+			// Checkpoints that failed their checks were left out, on pages
+			// that were read: a run may have gone on past the copy's
+			// newest checkpoint of its thread (see reachKnown).
+			if w.checkpointsLeftOut() {
+				if err := w.markLostCalls(out); err != nil {
+					return err
+				}
+			}
 		}
 		if err := out.Update(w.keepFormat); err != nil {
 			return err

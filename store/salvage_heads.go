@@ -183,7 +183,8 @@ func stampEpoch(path string, epoch uint64) error {
 // rebuildHeads records the leaves (leaves.go) of every namespace of the
 // copy's checkpoints whose heads entry was not read through the tree (it
 // is lost, or it was found on a page that nothing leads to any more, where
-// it may be an older version naming an older checkpoint), or whose
+// it may be an older version naming an older checkpoint), or names a
+// checkpoint that the copy lacks, or whose
 // branches entries may lie where the walk could not reach. The
 // namespace's newest checkpoint goes in heads, and the others that no
 // newer checkpoint of the namespace names as parent in branches, in place
@@ -207,13 +208,28 @@ func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (heads, branches int, err error
 	// headLost holds, by heads key, the namespaces to record anew, and
 	// whether their heads entry is what was lost.
 	headLost := map[string]bool{}
+	// dangling holds, by heads key, the checkpoint that a heads entry read
+	// through the tree names, where the copy lacks it: it was on a page
+	// that could not be read, or failed its checks. Such an entry is
+	// recorded anew as well.
+	dangling, cps := map[string]string{}, openCheckpoints(tx)
+	danglingHead := func(key []byte, thread, ns string) bool {
+		if _, seen := dangling[string(key)]; !seen {
+			id, err := decodeHead(hb.Get(key))
+			if err != nil || cps.Get(checkpointKey(thread, ns, id)) != nil {
+				id = ""
+			}
+			dangling[string(key)] = id
+		}
+		return dangling[string(key)] != ""
+	}
 	err = eachCheckpoint(context.Background(), tx, func(_ string, k, _ []byte) error {
 		thread, ns, id, ok := splitCheckpointKey(k)
 		if !ok {
 			return nil
 		}
 		key := nsKey(thread, ns)
-		if hb.Get(key) == nil || w.unreached(bucketHeads, key) {
+		if hb.Get(key) == nil || w.unreached(bucketHeads, key) || danglingHead(key, thread, ns) {
 			headLost[string(key)] = true
 		} else if _, seen := headLost[string(key)]; !seen && w.unreached(bucketBranches, branchKey(thread, ns, id)) {
 			headLost[string(key)] = false
@@ -276,11 +292,17 @@ func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (heads, branches int, err error
 			continue
 		}
 		heads++
-		if w.rootLost || len(w.gaps[bucketRecent]) > 0 {
+		switch {
+		case w.rootLost || len(w.gaps[bucketRecent]) > 0:
 			w.lost(bucketHeads, []byte(key), "recorded anew at checkpoint %s, the newest of the %d copied; the thread's newest "+
 				"checkpoints waited in the recent bucket, which the lost root page held, and those that no other page still "+
 				"holds are lost: the head may be behind the thread's last step, by a number of steps that cannot be told. "+
 				"Check the thread's history (outpost runs history THREAD) before a new turn goes on from it", head, len(ids))
+		case dangling[key] != "":
+			w.lost(bucketHeads, []byte(key), "named checkpoint %s, which was lost (on a page that cannot be read, or failing "+
+				"its checks); recorded anew at checkpoint %s, the newest of the %d copied: the head may be behind the thread's "+
+				"last step, by a number of steps that cannot be told. Check the thread's history (outpost runs history THREAD) "+
+				"before a new turn goes on from it", dangling[key], head, len(ids))
 		}
 	}
 	return heads, branches, nil

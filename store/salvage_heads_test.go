@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/engine"
 )
 
 // chainedSteps writes a store of three threads, each a chain of steps,
@@ -320,4 +322,74 @@ func TestSalvageSaysAHeadMayBeBehind(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A page of checkpoints that cannot be read, holding the checkpoints that
+// heads read through the tree name, leaves those heads naming checkpoints
+// the copy lacks: each is recorded anew at the newest checkpoint of its
+// thread that the copy holds, and named, as a head lost with the root page
+// is. Before, the copy's heads named the lost checkpoints, db check of the
+// copy said so, and the threads could be neither resumed nor gone on from.
+func TestSalvageRecordsAnewAHeadWhoseCheckpointIsLost(t *testing.T) {
+	fixture, _ := salvageFixture(t)
+	d, err := Open(fixture, Options{})
+	require.NoError(t, err)
+	// A last step of four threads whose checkpoint is too large for the
+	// recent bucket: the checkpoints their heads name are at the right
+	// edge of the checkpoints bucket.
+	for th := 1; th < 5; th++ {
+		c := stepCommit(fmt.Sprintf("t%d", th), 300+th)
+		c.Run = nil // the thread's run has ended
+		for i := range 8 {
+			c.Checkpoint.Channels = append(c.Checkpoint.Channels, engine.ChannelValue{Channel: fmt.Sprintf("note%d", i),
+				Value: engine.Value{Inline: []byte(`"` + strings.Repeat("n", 400) + `"`)}})
+		}
+		require.NoError(t, d.Commit(bg, c))
+	}
+	// A compacted copy holds no older copies of the pages, on free
+	// pages, for the salvage to find the lost records on.
+	src := filepath.Join(t.TempDir(), FileName)
+	require.NoError(t, d.Compact(bg, src))
+	require.NoError(t, d.Close())
+	want := records(t, src)
+	id, ps := rootChild(t, src, bucketCheckpoints, -1)
+	f, err := os.OpenFile(src, os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(bytes.Repeat([]byte{0xEE}, 64), int64(id)*int64(ps))
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, src, dst)
+	require.NoError(t, err)
+	got := records(t, dst)
+	anew := 0
+	for k, v := range want[bucketHeads] {
+		thread, ns, _ := splitNSKey([]byte(k))
+		head, err := decodeHead(got[bucketHeads][k])
+		require.NoError(t, err)
+		newest := ""
+		for _, name := range []string{bucketCheckpoints, bucketRecent} {
+			for ck := range got[name] {
+				if th, n, id, _ := splitCheckpointKey([]byte(ck)); th == thread && n == ns && id > newest {
+					newest = id
+				}
+			}
+		}
+		assert.Equal(t, newest, head, "thread %s", thread)
+		if string(v) == string(got[bucketHeads][k]) {
+			continue
+		}
+		anew++
+		old, err := decodeHead(v)
+		require.NoError(t, err)
+		assert.True(t, slices.ContainsFunc(rep.Lost, func(p Problem) bool {
+			return p.Bucket == bucketHeads && p.Key == renderKey(bucketHeads, []byte(k)) &&
+				strings.HasPrefix(p.Message, "named checkpoint "+old+", which was lost (on a page that cannot be read, or failing its "+
+					"checks); recorded anew at checkpoint "+head)
+		}), "the report does not say that thread %s's head was recorded anew: %v", thread, rep.Lost)
+	}
+	require.Positive(t, anew, "no head named a checkpoint of the lost page")
+	assert.False(t, slices.ContainsFunc(rep.Check.Problems, func(p Problem) bool { return p.Bucket == bucketHeads }),
+		"db check of the copy: %v", rep.Check.Problems)
 }

@@ -142,6 +142,13 @@ func TestSalvageCopiesASoundStoreWhole(t *testing.T) {
 // its root branch page.
 func pageOf(t *testing.T, path, name string) (id uint64, ps int) {
 	t.Helper()
+	return rootChild(t, path, name, 0)
+}
+
+// rootChild returns the i-th child of a bucket's root branch page,
+// counted from the last where i is negative.
+func rootChild(t *testing.T, path, name string, i int) (id uint64, ps int) {
+	t.Helper()
 	root, ps := bucketRoot(t, path, name)
 	f, err := os.Open(path)
 	require.NoError(t, err)
@@ -149,8 +156,13 @@ func pageOf(t *testing.T, path, name string) (id uint64, ps int) {
 	page := make([]byte, ps)
 	_, err = f.ReadAt(page, int64(root)*int64(ps))
 	require.NoError(t, err)
-	require.Equal(t, uint16(branchPageFlag), binary.LittleEndian.Uint16(page[8:]))
-	return binary.LittleEndian.Uint64(page[pageHeaderSize+8:]), ps
+	le := binary.LittleEndian
+	require.Equal(t, uint16(branchPageFlag), le.Uint16(page[8:]))
+	if i < 0 {
+		i += int(le.Uint16(page[10:])) // the page's count of elements
+	}
+	// A branch element: pos and ksize (4 bytes each), then the child's id.
+	return le.Uint64(page[pageHeaderSize+16*i+8:]), ps
 }
 
 // A damaged leaf page loses the records on it, and only those: the store
@@ -224,16 +236,7 @@ func TestSalvageLeavesOutARecordThatFailsItsChecksum(t *testing.T) {
 	// it: its live copy, and any stale one on a free page.
 	b, err := os.ReadFile(src)
 	require.NoError(t, err)
-	damaged := 0
-	for at := 0; ; {
-		i := bytes.Index(b[at:], rec)
-		if i < 0 {
-			break
-		}
-		b[at+i+len(rec)/2] ^= 0xFF
-		at += i + len(rec)
-		damaged++
-	}
+	damaged := damageRecord(b, rec)
 	require.Positive(t, damaged)
 	t.Logf("the file holds the record %d time(s)", damaged)
 	require.NoError(t, os.WriteFile(src, b, 0o600))
@@ -284,6 +287,21 @@ func TestSalvageLeavesOutARecordThatFailsItsChecksum(t *testing.T) {
 	js, err := json.Marshal(rep)
 	require.NoError(t, err)
 	assert.Contains(t, string(js), `"problems":[]`)
+}
+
+// damageRecord flips one byte in the middle of rec wherever the file image
+// b holds it, and returns how many times it does.
+func damageRecord(b, rec []byte) int {
+	damaged := 0
+	for at := 0; ; {
+		i := bytes.Index(b[at:], rec)
+		if i < 0 {
+			return damaged
+		}
+		b[at+i+len(rec)/2] ^= 0xFF
+		at += i + len(rec)
+		damaged++
+	}
 }
 
 // With the newer meta page damaged, the walk starts from the older one;

@@ -202,10 +202,12 @@ func TestSalvageHoldsTheRunsWhoseToolCallsAreLost(t *testing.T) {
 // that it may have called tools that cannot be named, and of each run that
 // waits for a person, that resuming it runs again the node it paused in,
 // which asks a person before it calls again a tool whose record is lost.
-// Neither is resumed at start. The run that waits is marked with the
-// newest checkpoint of its thread the copy holds, from which on its calls'
-// records are known (MetaCallsLostThrough); the runs copied as failed,
-// which nothing resumes, are not. Before, the report named no call of
+// Neither is resumed at start. The run that waits is marked
+// (MetaCallsLostThrough) as one whose every step may repeat a call whose
+// record is lost (CallsLostInAnyStep): with the root page, its newest
+// record and its thread's newest checkpoints may be lost, and nothing
+// tells how far it got; the runs copied as failed, which nothing resumes,
+// are not. Before, the report named no call of
 // them, and read as though they had made none, and nothing marked the run
 // that waits, whose resumed node called the tool again without asking.
 func TestSalvageSaysTheToolCallsLostWithTheRoot(t *testing.T) {
@@ -263,10 +265,13 @@ func TestSalvageSaysTheToolCallsLostWithTheRoot(t *testing.T) {
 	r, err := c.Run(bg, "run-t0")
 	require.NoError(t, err)
 	assert.Equal(t, engine.StatusInterrupted, r.Status)
-	assert.True(t, said("run-t0:", "each call it makes again of a tool not declared idempotent whose record is lost waits "+
-		"for a person's decision (uncertain_side_effect)"), "the report does not say what resuming run-t0 does: %v", rep.Lost)
+	assert.True(t, said("run-t0:", "each call it makes of a tool not declared idempotent that has no record, in any step, "+
+		"waits for a person's decision (uncertain_side_effect)"), "the report does not say what resuming run-t0 does: %v", rep.Lost)
 	assert.Equal(t, "0039", r.Checkpoint)
-	assert.Equal(t, r.Checkpoint, r.Meta[MetaCallsLostThrough], "the run that waits is not marked: %v", r.Meta)
+	assert.Equal(t, CallsLostInAnyStep, r.Meta[MetaCallsLostThrough], "the run that waits is not marked: %v", r.Meta)
+	through, err := c.CallsLostThrough(bg, "run-t0")
+	require.NoError(t, err)
+	assert.Equal(t, CallsLostInAnyStep, through, "the copy does not answer with the mark")
 	assert.True(t, rep.Check.OK(), "%v", rep.Check.Problems)
 	running, err := c.Runs(bg, engine.RunFilter{Status: engine.StatusRunning})
 	require.NoError(t, err)

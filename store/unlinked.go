@@ -749,21 +749,36 @@ func (w *salvageWalk) holdRunsMissingCalls(out *bbolt.DB) error {
 
 // MetaCallsLostThrough is the key of Run.Meta by which salvage marks a run
 // that it copies unfinished and whose tool-call records may be lost
-// (callsMayBeLost). Its value is the newest checkpoint ID the copy holds of
-// the run's thread, in any namespace: a task that runs from that
-// checkpoint or an older one (the steps up to and including the run's step
-// at salvage) may have called a tool before the store was damaged, and
-// the call's record may be lost; a task that runs from a newer checkpoint
-// made its calls after the salvage, and their records are known. The tool
-// loop asks a person before it runs a call of a tool not declared
-// idempotent that such a task makes and that has no record (see
-// agent.LostCalls). Code that does not know the key ignores it.
+// (callsMayBeLost). Where the copy holds the run's newest state (see
+// reachKnown), its value is the newest checkpoint ID the copy holds of the
+// run's thread, in any namespace: a task that runs from that checkpoint or
+// an older one (the steps up to and including the run's step at salvage)
+// may have called a tool before the store was damaged, and the call's
+// record may be lost; a task that runs from a newer checkpoint made its
+// calls after the salvage, and their records are known. Where the copy
+// may not hold it, its value is CallsLostInAnyStep. The tool loop asks a
+// person before it runs a call of a tool not declared idempotent that
+// such a task makes and that has no record (see agent.LostCalls). Code
+// that does not know the key ignores it.
 const MetaCallsLostThrough = "store.calls_lost_through"
+
+// CallsLostInAnyStep is the value of MetaCallsLostThrough for a run whose
+// reach the copy cannot tell: its newest record, or its thread's newest
+// checkpoints, may be lost with the damage. Resumed, it runs again from an
+// older checkpoint, under new ones, steps that it may have run before:
+// every task of the run may be repeating a call whose record is lost. (The
+// value also sorts after every checkpoint ID, so that code which reads it
+// as one asks about every step as well.)
+const CallsLostInAnyStep = "any"
 
 // markLostCalls marks (MetaCallsLostThrough) each unfinished run of the copy
 // whose tool-call records may be lost: resumed, the node it paused in runs
 // again, and a call whose record is lost would otherwise run as a new one.
-// A run held as failed (holdRun) is resumed by no one, and is not marked.
+// It marks as well each one whose reach the copy cannot tell (reachKnown),
+// even where its calls' records are whole: the steps it runs again under
+// new checkpoints call their tools under new keys, which no record
+// answers. A run held as failed (holdRun) is resumed by no one, and is not
+// marked.
 func (w *salvageWalk) markLostCalls(out *bbolt.DB) error {
 	return out.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket([]byte(bucketRuns))
@@ -773,7 +788,7 @@ func (w *salvageWalk) markLostCalls(out *bbolt.DB) error {
 		marked := map[string]*runRecord{}
 		threads := map[string]string{}
 		err := b.ForEach(func(k, v []byte) error {
-			if isOutcomeIndexKey(k) || !w.callsMayBeLost(string(k)) {
+			if isOutcomeIndexKey(k) || !w.callsMayBeLost(string(k)) && w.reachKnown(string(k)) {
 				return nil
 			}
 			r, err := decodeRunRecord(v)
@@ -807,7 +822,14 @@ func (w *salvageWalk) markLostCalls(out *bbolt.DB) error {
 		for _, id := range slices.Sorted(maps.Keys(marked)) {
 			r := marked[id]
 			through := threads[r.Thread]
-			if through == "" {
+			switch {
+			case !w.reachKnown(id):
+				through = CallsLostInAnyStep
+				if !w.callsMayBeLost(id) { // else unnamedCalls says it
+					w.lost(bucketRuns, []byte(id), "is unfinished, and the copy may not hold its newest record or "+
+						"checkpoints, nor tell how far it got: %s", resumedInAnyStep)
+				}
+			case through == "":
 				continue // no checkpoint to resume from: nothing runs again
 			}
 			if r.Meta == nil {
@@ -819,6 +841,37 @@ func (w *salvageWalk) markLostCalls(out *bbolt.DB) error {
 			}
 		}
 		return nil
+	})
+}
+
+// resumedInAnyStep says what resuming a run marked CallsLostInAnyStep does.
+const resumedInAnyStep = "resumed, it goes on from the newest checkpoint of its thread that the copy holds, which may be " +
+	"behind it, and runs again steps it may have run, whose calls have new keys that no record answers: each call it makes " +
+	"of a tool not declared idempotent that has no record, in any step, waits for a person's decision " +
+	"(uncertain_side_effect), as a call that a crash cut short does; a tool declared idempotent is called again. Find out " +
+	"from the tools' side what it did before deciding"
+
+// reachKnown reports whether the copy holds how far the run id got: its
+// newest record, and every checkpoint of the store. Resumed, it then goes
+// on from the checkpoint it stood at, and runs again only the step it
+// stood in (a subgraph's inner steps included, from their own newest
+// checkpoints). Otherwise a newer record, or the newest checkpoints of its
+// thread (which wait in the recent bucket, in the root page), may be lost:
+// the run may have gone on past the copy's newest checkpoint by steps
+// whose number nothing left tells, and resumed from it, it runs those
+// steps again, under checkpoints made after the salvage.
+func (w *salvageWalk) reachKnown(id string) bool {
+	if w.rootLost || w.unreached(bucketRuns, []byte(id)) || w.checkpointsLeftOut() {
+		return false
+	}
+	return len(w.gaps[bucketCheckpoints]) == 0 && len(w.gaps[bucketRecent]) == 0
+}
+
+// checkpointsLeftOut reports whether checkpoints were left out of the copy
+// one by one, on pages that were read: records that failed their checks.
+func (w *salvageWalk) checkpointsLeftOut() bool {
+	return slices.ContainsFunc(w.rep.Lost, func(p Problem) bool {
+		return p.Bucket == bucketCheckpoints || p.Bucket == bucketRecent
 	})
 }
 
@@ -885,6 +938,12 @@ func (w *salvageWalk) unnamedCalls(out *bbolt.DB) error {
 			}
 			r, err := decodeRunRecord(v)
 			if err != nil || r.Status != engine.StatusInterrupted {
+				return nil
+			}
+			if r.Meta[MetaCallsLostThrough] == CallsLostInAnyStep {
+				w.lost(bucketToolCalls, append(bytes.Clone(k), ':'), "run %s waits for a person, and records of its tool calls "+
+					"may be lost, with %s (%d came back); and the copy may not hold its newest record or checkpoints, nor tell "+
+					"how far it got: %s", k, w.lostCallsWhere(), named(string(k)), resumedInAnyStep)
 				return nil
 			}
 			w.lost(bucketToolCalls, append(bytes.Clone(k), ':'), "run %s waits for a person, and records of its tool calls may be "+

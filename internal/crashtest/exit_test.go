@@ -135,22 +135,7 @@ func exitToolAgent(t *testing.T, db *store.DB, tool agent.Tool, shape string) *e
 	}
 	g, err := b.Compile()
 	require.NoError(t, err)
-	return &engine.Agent{Name: "writer", Graph: g,
-		Input: func(raw json.RawMessage) ([]engine.Write, error) {
-			var s string
-			if err := json.Unmarshal(raw, &s); err != nil {
-				return nil, err
-			}
-			var ws []engine.Write
-			for _, c := range inputs {
-				ws = append(ws, engine.Push(c, models.Message{Role: models.RoleUser, Content: s}))
-			}
-			return ws, nil
-		},
-		Output: func(s engine.State) json.RawMessage {
-			out, _ := json.Marshal(answer.Get(s))
-			return out
-		}}
+	return conversationAgent("writer", g, inputs, answer, nil)
 }
 
 // TestExitDurabilityCrashDuringToolCall stops the process while a tool call

@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,9 +92,76 @@ type loopSpec struct {
 	// extra declares more channels, and returns the writes the input
 	// makes to them.
 	extra func(b *engine.Builder) []engine.Write
+	// subgraph, when set, runs the node inside a subgraph node of that
+	// name, on the same conversation.
+	subgraph string
 }
 
 func loopAgent(db *store.DB, spec loopSpec) (*engine.Agent, error) {
+	b := engine.NewGraph(spec.name)
+	messages := engine.Append[models.Message](b, "messages")
+	answer := engine.Replace[string](b, "answer")
+	var extra []engine.Write
+	if spec.extra != nil {
+		extra = spec.extra(b)
+	}
+	g, err := loopGraph(db, b, spec, messages, answer)
+	if err != nil {
+		return nil, err
+	}
+	return conversationAgent(spec.name, g, []engine.Chan[[]models.Message]{messages}, answer, extra), nil
+}
+
+// conversationAgent is the agent name of g whose input, a JSON string, is
+// the user's message in each of convs, with the writes extra, and whose
+// output is answer.
+func conversationAgent(name string, g *engine.Graph, convs []engine.Chan[[]models.Message], answer engine.Chan[string], extra []engine.Write) *engine.Agent {
+	return &engine.Agent{Name: name, Graph: g,
+		Input: func(raw json.RawMessage) ([]engine.Write, error) {
+			var s string
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return nil, err
+			}
+			ws := slices.Clone(extra)
+			for _, c := range convs {
+				ws = append(ws, engine.Push(c, models.Message{Role: models.RoleUser, Content: s}))
+			}
+			return ws, nil
+		},
+		Output: func(s engine.State) json.RawMessage {
+			out, _ := json.Marshal(answer.Get(s))
+			return out
+		}}
+}
+
+// loopGraph compiles b with spec's node, alone or in its subgraph.
+func loopGraph(db *store.DB, b *engine.Builder, spec loopSpec, messages engine.Chan[[]models.Message], answer engine.Chan[string]) (*engine.Graph, error) {
+	name := "loop"
+	if spec.subgraph != "" {
+		inner := spec
+		inner.subgraph = ""
+		ib := engine.NewGraph(spec.name + "/" + spec.subgraph)
+		sub, err := loopGraph(db, ib, inner, engine.Append[models.Message](ib, messages.Name()), engine.Replace[string](ib, answer.Name()))
+		if err != nil {
+			return nil, err
+		}
+		name = spec.subgraph
+		b.AddSubgraph(name, sub)
+	} else {
+		node, err := loopNode(db, spec, messages, answer)
+		if err != nil {
+			return nil, err
+		}
+		b.AddNode(name, node)
+	}
+	b.AddEdge(engine.Start, name)
+	b.AddEdge(name, engine.End)
+	return b.Compile()
+}
+
+// loopNode is the tool-loop node of spec (its extra aside), on the
+// channels given.
+func loopNode(db *store.DB, spec loopSpec, messages engine.Chan[[]models.Message], answer engine.Chan[string]) (engine.NodeFunc, error) {
 	for i := range spec.tools {
 		spec.tools[i].Schema = json.RawMessage(`{"type":"object","properties":{"v":{"type":"string"}}}`)
 	}
@@ -109,14 +177,7 @@ func loopAgent(db *store.DB, spec loopSpec) (*engine.Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := engine.NewGraph(spec.name)
-	messages := engine.Append[models.Message](b, "messages")
-	answer := engine.Replace[string](b, "answer")
-	var extra []engine.Write
-	if spec.extra != nil {
-		extra = spec.extra(b)
-	}
-	node, err := agent.ToolLoop(agent.LoopConfig{
+	return agent.ToolLoop(agent.LoopConfig{
 		Provider: provider, Model: "scripted", Lane: policy.Lane{Agent: spec.name, Models: []string{"scripted"}},
 		ActiveTools: func(context.Context, engine.State) (*policy.ActiveSet, error) { return policy.Resolve(reg, nil, nil) },
 		Impls:       spec.impls,
@@ -124,26 +185,6 @@ func loopAgent(db *store.DB, spec loopSpec) (*engine.Agent, error) {
 		Log:         wiring.CallLog(db, db), Blobs: db,
 		Messages: messages, Answer: answer,
 	})
-	if err != nil {
-		return nil, err
-	}
-	b.AddNode("loop", node)
-	b.AddEdge(engine.Start, "loop")
-	b.AddEdge("loop", engine.End)
-	g, err := b.Compile()
-	if err != nil {
-		return nil, err
-	}
-	return &engine.Agent{Name: spec.name, Graph: g,
-		Input: func(raw json.RawMessage) ([]engine.Write, error) {
-			var s string
-			err := json.Unmarshal(raw, &s)
-			return append([]engine.Write{engine.Push(messages, models.Message{Role: models.RoleUser, Content: s})}, extra...), err
-		},
-		Output: func(s engine.State) json.RawMessage {
-			out, _ := json.Marshal(answer.Get(s))
-			return out
-		}}, nil
 }
 
 // toolChild runs turns on toolThreads workers until each has its turns

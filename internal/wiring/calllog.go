@@ -161,17 +161,15 @@ func Records(ctx context.Context, log agent.CallLog, prefix string) ([]agent.Cal
 
 // CallsLostThrough implements agent.LostCalls: the mark that salvage left
 // on the run's record where its tool-call records may be lost
-// (store.MetaCallsLostThrough), "" where it left none. A run record that
+// (store.DB.CallsLostThrough; agent.CallsLostInAnyStep for
+// store.CallsLostInAnyStep), "" where it left none. A run record that
 // cannot be read is an error: the tool loop then runs no call.
 func (c *callLog) CallsLostThrough(ctx context.Context, run string) (string, error) {
-	r, err := c.db.Run(ctx, run)
-	if errors.Is(err, engine.ErrRunNotFound) {
-		return "", nil // a run the store does not keep was never salvaged
+	through, err := c.db.CallsLostThrough(ctx, run)
+	if through == store.CallsLostInAnyStep {
+		return agent.CallsLostInAnyStep, nil
 	}
-	if err != nil {
-		return "", fmt.Errorf("load run %s: %w", run, err)
-	}
-	return r.Meta[store.MetaCallsLostThrough], nil
+	return through, err
 }
 
 // ModelTokens implements agent.TokenCounter: the tokens that run's model
