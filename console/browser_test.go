@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1156,4 +1157,77 @@ func TestReviewErrorGoesWithTheReview(t *testing.T) {
 	c.until(ctx, "the run decided elsewhere, without the refusal", `document.getElementById("run-status").dataset.status === "completed" &&
 		document.getElementById("decisions").textContent.includes("approve by Dr Other") &&
 		document.getElementById("decide-error").hidden`, shot)
+}
+
+// TestSeveralQuestionsInThePage: a run waits on two questions at once (two
+// parallel branches each asking), next to another run waiting on one. The
+// review says which of the run's questions it shows and how many wait
+// across the runs listed, the operator moves to the second, and the
+// decision goes to the interrupt shown; the first then waits alone. A
+// value longer than the Decisions list shows opens in full, as text.
+func TestSeveralQuestionsInThePage(t *testing.T) {
+	e := newEnv(t, nil)
+	e.startRun("one-question", "please review this", "10s")
+	r := e.do("POST", "/api/v1/threads/two-questions/runs", map[string]any{"agent": twoQuestionsAgent, "input": "hi", "wait": "10s"})
+	if r.status != http.StatusCreated {
+		t.Fatalf("start run: %d %s", r.status, r.body)
+	}
+	run := r.json(t)
+	id := run["id"].(string)
+	asked, _ := run["interrupts"].([]any)
+	if run["status"] != "interrupted" || len(asked) != 2 {
+		t.Fatalf("the run is %v, waiting on %d interrupts", run["status"], len(asked))
+	}
+	var qs [2]struct{ id, node string }
+	for i, a := range asked {
+		m := a.(map[string]any)
+		qs[i].id, qs[i].node = m["id"].(string), m["node"].(string)
+	}
+
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.until(ctx, "the list naming the two questions", `[...document.querySelectorAll("#runs li")].some(li =>
+		li.dataset.run === `+jsString(id)+` && li.textContent.includes("waiting for review (2 questions)"))`, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the first of two questions", `!document.getElementById("interrupt").hidden &&
+		document.getElementById("interrupt-count").textContent === "Question 1 of 2 waiting on this run; 3 questions wait across 2 runs" &&
+		document.getElementById("interrupt-node").textContent === `+jsString(qs[0].node)+` &&
+		document.getElementById("interrupt-prev").disabled && !document.getElementById("interrupt-next").disabled &&
+		document.getElementById("edit-value").value === "the `+qs[0].node+` draft (hi)"`, shot)
+	shot("first-of-two-questions")
+
+	long := strings.Repeat("a checked answer, ", 6) + `<img src=x onerror="window.ran=1"> für 你好`
+	c.eval(ctx, `document.getElementById("interrupt-next").click(); true`)
+	c.until(ctx, "the second question", `document.getElementById("interrupt-count").textContent.startsWith("Question 2 of 2 waiting on this run") &&
+		document.getElementById("interrupt-node").textContent === `+jsString(qs[1].node)+` &&
+		document.getElementById("edit-value").value === "the `+qs[1].node+` draft (hi)"`, shot)
+	c.eval(ctx, `document.getElementById("edit-value").value = `+jsString(long)+`; document.getElementById("edit").click(); true`)
+
+	c.until(ctx, "the first question, waiting alone", `document.getElementById("run-status").dataset.status === "interrupted" &&
+		document.getElementById("interrupt-count").textContent === "2 questions wait across 2 runs" &&
+		document.getElementById("interrupt-node").textContent === `+jsString(qs[0].node)+` &&
+		document.getElementById("interrupt-next").hidden`, shot)
+	got := e.do("GET", "/api/v1/runs/"+id, nil).json(t)
+	ds, _ := got["decisions"].([]any)
+	if len(ds) != 1 || ds[0].(map[string]any)["interrupt"] != qs[1].id || ds[0].(map[string]any)["value"] != long {
+		t.Fatalf("the decision went elsewhere: %v", got["decisions"])
+	}
+
+	c.until(ctx, "the whole value, as text", `document.querySelector("#decisions details.value pre") !== null &&
+		document.querySelector("#decisions details.value pre").textContent === `+jsString(long), shot)
+	c.eval(ctx, `document.querySelector("#decisions details.value").open = true; true`)
+	shot("the-whole-value")
+	if ran := c.eval(ctx, `String(window.ran) + " " + document.querySelectorAll("#detail img").length`); ran != "undefined 0" {
+		t.Fatalf("markup in the value was run or drawn: %v", ran)
+	}
+
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	got = e.waitStatus(id, "completed")
+	ds, _ = got["decisions"].([]any)
+	if len(ds) != 2 || ds[1].(map[string]any)["interrupt"] != qs[0].id {
+		t.Fatalf("the second decision went elsewhere: %v", got["decisions"])
+	}
+	if want := map[string]any{qs[0].node: "the " + qs[0].node + " draft (hi)", qs[1].node: long}; !reflect.DeepEqual(got["output"], want) {
+		t.Fatalf("output %v, want %v", got["output"], want)
+	}
 }

@@ -45,6 +45,62 @@ type env struct {
 
 func (e *env) unblock() { e.once.Do(func() { close(e.release) }) }
 
+// twoQuestionsAgent is a second agent of the test env's, not listed by
+// the console, whose runs wait on two questions at once.
+const twoQuestionsAgent = "two-questions"
+
+// twoQuestionsGraph asks for a review of a draft in two parallel branches,
+// "left" and "right", so that its run waits on two interrupts at once; its
+// output is each branch's answer: the draft, the edited text, or
+// "withheld".
+func twoQuestionsGraph() (*engine.Agent, error) {
+	b := engine.NewGraph(twoQuestionsAgent)
+	input := engine.Replace[string](b, "input")
+	got := engine.Merge[string, string](b, "got")
+	for _, name := range []string{"left", "right"} {
+		b.AddNode(name, func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+			text := "the " + name + " draft (" + input.Get(s) + ")"
+			d, err := engine.Interrupt(ctx, map[string]any{"draft": text, "reason": "uncited"})
+			if err != nil {
+				return nil, err
+			}
+			switch d.Kind {
+			case engine.Edit:
+				if err := json.Unmarshal(d.Value, &text); err != nil {
+					return nil, err
+				}
+			case engine.Reject:
+				text = "withheld"
+			}
+			return []engine.Write{got.Set(map[string]string{name: text})}, nil
+		})
+		b.AddEdge(engine.Start, name)
+	}
+	g, err := b.Compile()
+	if err != nil {
+		return nil, err
+	}
+	return testBundleAgent(twoQuestionsAgent, g, input, func(s engine.State) any { return got.Get(s) }), nil
+}
+
+// testBundleAgent is an agent of the test bundle on graph g, whose input is
+// a JSON string written to input and whose output is what output reads.
+func testBundleAgent(name string, g *engine.Graph, input engine.Chan[string], output func(engine.State) any) *engine.Agent {
+	return &engine.Agent{Name: name, Graph: g,
+		Bundle: engine.BundleRef{Name: "test-bundle", Version: 3, Digest: "sha256:test"},
+		Input: func(raw json.RawMessage) ([]engine.Write, error) {
+			var s string
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return nil, fmt.Errorf("input must be a JSON string: %w", err)
+			}
+			return []engine.Write{input.Set(s)}, nil
+		},
+		Output: func(s engine.State) json.RawMessage {
+			b, _ := json.Marshal(output(s))
+			return b
+		}}
+}
+
 func testGraph(release <-chan struct{}) (*engine.Agent, error) {
 	b := engine.NewGraph(testAgent)
 	input := engine.Replace[string](b, "input")
@@ -128,19 +184,7 @@ func testGraph(release <-chan struct{}) (*engine.Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &engine.Agent{Name: testAgent, Graph: g,
-		Bundle: engine.BundleRef{Name: "test-bundle", Version: 3, Digest: "sha256:test"},
-		Input: func(raw json.RawMessage) ([]engine.Write, error) {
-			var s string
-			if err := json.Unmarshal(raw, &s); err != nil {
-				return nil, fmt.Errorf("input must be a JSON string: %w", err)
-			}
-			return []engine.Write{input.Set(s)}, nil
-		},
-		Output: func(s engine.State) json.RawMessage {
-			b, _ := json.Marshal(final.Get(s))
-			return b
-		}}, nil
+	return testBundleAgent(testAgent, g, input, func(s engine.State) any { return final.Get(s) }), nil
 }
 
 func newEnv(t *testing.T, mod func(*console.Config)) *env {
@@ -176,9 +220,16 @@ func newEnvWithStore(t *testing.T, dir string, opts engine.ManagerOptions, wrap 
 	if err != nil {
 		t.Fatal(err)
 	}
+	two, err := twoQuestionsGraph()
+	if err != nil {
+		t.Fatal(err)
+	}
 	resolve := func(name string, _ engine.BundleRef) (*engine.Agent, error) {
-		if name == testAgent {
+		switch name {
+		case testAgent:
 			return ag, nil
+		case twoQuestionsAgent:
+			return two, nil
 		}
 		return nil, fmt.Errorf("%w %q", engine.ErrUnknownAgent, name)
 	}

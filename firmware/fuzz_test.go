@@ -100,6 +100,80 @@ func FuzzDecodeGolden(f *testing.F) {
 	})
 }
 
+// FuzzCheckGolden decodes and checks arbitrary golden files. An error, of
+// either, is a *FileError wrapping ErrMalformed with a message, at a line
+// of the file that holds a conversation and a column within that line.
+// Each conversation keeps its own line, and the conversations re-encoded,
+// one a line, decode to the same conversations and check the same way.
+func FuzzCheckGolden(f *testing.F) {
+	if data, err := os.ReadFile(filepath.Join(fuzzBundle, "golden", "patterns.jsonl")); err == nil {
+		f.Add(data)
+	}
+	f.Add([]byte("# a comment\n\n" + `{"name": "a", "agent": "x", "turns": [{"input": "hi", "expect": {"status": "done"}}]}` + "\n"))
+	f.Add([]byte(`{"name": "a", "agent": "x", "turns": [{"input": 1, "resume": {"decision": "edit"}, "after_resume": {"final_regex": "("}}]}`))
+	f.Add([]byte("\r\n" + `{"name": "a", "agent": "x", "turns": [{"input": 1, "expect": {"interrupt": "n", "status": "failed"}}]}` + "\r\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		lines := bytes.Split(data, []byte("\n"))
+		checkFault := func(what string, err error) {
+			var fe *FileError
+			if !errors.As(err, &fe) || !errors.Is(err, ErrMalformed) || err.Error() == "" {
+				t.Fatalf("%s: not a *FileError wrapping ErrMalformed: %v", what, err)
+			}
+			if fe.Line == 0 {
+				return // the scanner's own error, of no one line
+			}
+			if fe.Line < 1 || fe.Line > len(lines) {
+				t.Fatalf("%s: line %d of a file of %d: %v", what, fe.Line, len(lines), err)
+			}
+			line := bytes.TrimSpace(lines[fe.Line-1])
+			if len(line) == 0 || line[0] == '#' {
+				t.Fatalf("%s: line %d holds no conversation (%q): %v", what, fe.Line, lines[fe.Line-1], err)
+			}
+			if fe.Column < 0 || fe.Column > len(lines[fe.Line-1])+1 {
+				t.Fatalf("%s: column %d of a line of %d bytes: %v", what, fe.Column, len(lines[fe.Line-1]), err)
+			}
+		}
+		cs, err := DecodeGolden("g.jsonl", data)
+		if err != nil {
+			checkFault("decode", err)
+			return
+		}
+		for _, c := range cs {
+			if got := bytes.TrimSuffix(lines[c.Line-1], []byte("\r")); !bytes.Equal(c.raw, got) {
+				t.Fatalf("conversation %q of line %d holds %q, the line is %q", c.Name, c.Line, c.raw, got)
+			}
+		}
+		checked := CheckGolden(cs)
+		if checked != nil {
+			checkFault("check", checked)
+		}
+
+		var again []byte
+		for _, c := range cs {
+			b, err := json.Marshal(c)
+			if err != nil {
+				t.Fatalf("encode %q: %v", c.Name, err)
+			}
+			again = append(append(again, b...), '\n')
+		}
+		cs2, err := DecodeGolden("g.jsonl", again)
+		if err != nil {
+			t.Fatalf("re-encoded conversations do not decode: %v\n%s", err, again)
+		}
+		var again2 []byte
+		for _, c := range cs2 {
+			b, _ := json.Marshal(c)
+			again2 = append(append(again2, b...), '\n')
+		}
+		if !bytes.Equal(again, again2) {
+			t.Fatalf("re-encoded conversations decode to others:\n%s\n%s", again, again2)
+		}
+		if checked2 := CheckGolden(cs2); (checked == nil) != (checked2 == nil) {
+			t.Fatalf("checked %v, re-encoded %v", checked, checked2)
+		}
+	})
+}
+
 func FuzzCompileYAMLGraph(f *testing.F) {
 	matches, _ := filepath.Glob(filepath.Join(fuzzBundle, "agents", "*.yaml"))
 	for _, m := range matches {

@@ -28,7 +28,10 @@ type Conversation struct {
 
 // Turn is one input of a conversation.
 type Turn struct {
-	Input       json.RawMessage `json:"input"`
+	// Input is left out of an encoding when absent, as the decoder found
+	// it: "input": null is an input (a JSON null), and CheckGolden tells
+	// the two apart.
+	Input       json.RawMessage `json:"input,omitempty"`
 	Expect      *Expect         `json:"expect,omitempty"`
 	Resume      *Resume         `json:"resume,omitempty"`
 	AfterResume *Expect         `json:"after_resume,omitempty"`
@@ -68,7 +71,12 @@ func DecodeGolden(file string, data []byte) ([]Conversation, error) {
 	for line := 1; sc.Scan(); line++ {
 		raw := sc.Bytes()
 		start := off
-		off += len(raw) + 1
+		// The scanner drops a line's \r before its \n: the next line
+		// starts past both.
+		if off += len(raw); off < len(data) && data[off] == '\r' {
+			off++
+		}
+		off++
 		t := bytes.TrimSpace(raw)
 		if len(t) == 0 || t[0] == '#' {
 			continue

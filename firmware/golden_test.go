@@ -3,6 +3,7 @@ package firmware_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,19 +51,23 @@ func TestBundleGoldenExpectationsAreChecked(t *testing.T) {
 		{"tool the registry lacks", `{"name": "t", "agent": "sequential", "turns": [{"input": "hi", "expect": {"tools": ["lookup_schedul"]}}]}`,
 			`["lookup_schedul"]`, `turns.0.expect.tools.0: "lookup_schedul" is not a tool of the bundle's registry`},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			golden := goldenWith(tc.line)
-			dir := variant(t, 2, func(dir string) { writeFile(t, dir, "golden/patterns.jsonl", golden) })
-			off := strings.Index(golden, tc.bad)
-			if off < 0 || !strings.Contains(tc.line, tc.bad) {
-				t.Fatalf("%q is not in the line", tc.bad)
-			}
-			col := off - strings.LastIndex(golden[:off], "\n")
-			name := tc.line[strings.Index(tc.line, `"name": "`)+9:]
-			name = name[:strings.IndexByte(name, '"')]
+		// A file written on Windows ends its lines with \r\n: the line
+		// and column are the same.
+		for _, eol := range []string{"\n", "\r\n"} {
+			t.Run(fmt.Sprintf("%s, lines ending %q", tc.name, eol), func(t *testing.T) {
+				golden := strings.ReplaceAll(goldenWith(tc.line), "\n", eol)
+				dir := variant(t, 2, func(dir string) { writeFile(t, dir, "golden/patterns.jsonl", golden) })
+				off := strings.Index(golden, tc.bad)
+				if off < 0 || !strings.Contains(tc.line, tc.bad) {
+					t.Fatalf("%q is not in the line", tc.bad)
+				}
+				col := off - strings.LastIndex(golden[:off], "\n")
+				name := tc.line[strings.Index(tc.line, `"name": "`)+9:]
+				name = name[:strings.IndexByte(name, '"')]
 
-			requireRefusedAt(t, dir, "golden/patterns.jsonl", 3, col, "", `conversation "`+name+`": `+tc.field)
-		})
+				requireRefusedAt(t, dir, "golden/patterns.jsonl", 3, col, "", `conversation "`+name+`": `+tc.field)
+			})
+		}
 	}
 
 	// The expectations meet the bundle: an interrupt at a subgraph's node

@@ -516,18 +516,27 @@ func (in *Installer) SetRuntime(rt *Runtime) {
 // every file's sha256, and the digest recorded at install) without loading
 // it, so that a listing can tell which versions would no longer open.
 func (in *Installer) Verify(name string, version int64) error {
+	_, err := in.VerifiedManifest(name, version)
+	return err
+}
+
+// VerifiedManifest checks an installed version on disk as Verify does and
+// returns its manifest, so that a listing can also tell which versions
+// this appliance may not run (Manifest.CheckApplianceVersion).
+func (in *Installer) VerifiedManifest(name string, version int64) (*Manifest, error) {
 	in.mu.Lock()
 	i := in.find(name, version)
 	if i < 0 {
 		in.mu.Unlock()
-		return fmt.Errorf("verify: %w: %s v%d", ErrNotInstalled, name, version)
+		return nil, fmt.Errorf("verify: %w: %s v%d", ErrNotInstalled, name, version)
 	}
 	rec := in.idx.Installed[i]
 	in.mu.Unlock()
-	if _, err := in.verifyInstalled(rec); err != nil {
-		return fmt.Errorf("verify %s v%d: %w", name, version, err)
+	v, err := in.verifyInstalled(rec)
+	if err != nil {
+		return nil, fmt.Errorf("verify %s v%d: %w", name, version, err)
 	}
-	return nil
+	return v.manifest, nil
 }
 
 // verifyInstalled reads rec's folder and verifies it against the trusted

@@ -37,8 +37,9 @@ Commands:
           [--allow-downgrade --by NAME --reason TEXT] BUNDLE
                                              verify and install a bundle; the first version of a name becomes active;
                                              the same bundle again repairs an installed copy that changed on disk
-  list    [--data DIR] [--json]              installed bundles, which version is active, and whether each
-                                             still verifies on disk (exit 1 if one does not)
+  list    [--data DIR] [--json]              installed bundles, which version is active, whether each
+                                             still verifies on disk (exit 1 if one does not), and which
+                                             need a newer appliance than this binary (needs_appliance)
   activate [--data DIR] [--allow-downgrade --by NAME --reason TEXT] NAME VERSION
                                              make an installed version the one new runs use
                                              (going back below the active one is a recorded downgrade)
@@ -384,18 +385,27 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	// Each version is checked on disk as serve checks it before a run
 	// uses it, so that a bundle changed or damaged since its install is
 	// seen here, not when a run is refused.
+	// A version that needs a newer appliance than this binary is marked
+	// too: it cannot be activated, and the runs pinned to it do not go on.
 	type listed struct {
 		firmware.Installed
 		Verified bool   `json:"verified"`
 		Problem  string `json:"problem,omitempty"`
+		// NeedsAppliance is the bundle's min_appliance_version, set only
+		// when this binary is older.
+		NeedsAppliance string `json:"needs_appliance,omitempty"`
 	}
 	list := []listed{}
-	var damaged []string
+	var damaged, needy []string
 	for _, i := range in.List() {
 		l := listed{Installed: i, Verified: true}
-		if err := in.Verify(i.Name, i.Version); err != nil {
+		m, err := in.VerifiedManifest(i.Name, i.Version)
+		if err != nil {
 			l.Verified, l.Problem = false, err.Error()
 			damaged = append(damaged, fmt.Sprintf("%s v%d", i.Name, i.Version))
+		} else if err := m.CheckApplianceVersion(version); err != nil {
+			l.NeedsAppliance = m.MinApplianceVersion
+			needy = append(needy, fmt.Sprintf("%s v%d needs appliance %s", i.Name, i.Version, m.MinApplianceVersion))
 		}
 		list = append(list, l)
 	}
@@ -425,6 +435,9 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 		if i.Downgrade {
 			marks = append(marks, "(downgrade)")
 		}
+		if i.NeedsAppliance != "" {
+			marks = append(marks, "(needs appliance "+i.NeedsAppliance+")")
+		}
 		active := strings.Join(marks, " ")
 		state := "verified"
 		if !i.Verified {
@@ -432,7 +445,14 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", i.Name, i.Version, active, i.KeyID, i.InstalledAt.Local().Format("2006-01-02 15:04"), i.Digest, state)
 	}
-	return errors.Join(tw.Flush(), failed)
+	if err := tw.Flush(); err != nil {
+		return errors.Join(err, failed)
+	}
+	for _, n := range needy {
+		fmt.Fprintf(stdout, "%s or later, this is %s: it cannot be activated, no new run starts on it, "+
+			"and the runs pinned to it do not go on until the outpost binary is upgraded to that version\n", n, version)
+	}
+	return failed
 }
 
 func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {

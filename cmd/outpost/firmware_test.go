@@ -564,10 +564,7 @@ func TestRunAndServeVerifyTheActiveBundleOnce(t *testing.T) {
 // again resumes it.
 func TestResumeAfterARollbackBelowTheBundlesMinimum(t *testing.T) {
 	defer func(v string) { version = v }(version)
-	version = "1.0.0"
-	data, needy := t.TempDir(), referenceNeeding(t, "1.0.0")
-	code, _, stderr := outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", needy)
-	require.Zero(t, code, stderr)
+	data := installedNeeding(t, "1.0.0")
 
 	code, stdout, stderr := outpost(t, "run", "--data", data, "--json", "Can I stop taking lisinopril?")
 	require.Zero(t, code, stderr)
@@ -591,6 +588,18 @@ func TestResumeAfterARollbackBelowTheBundlesMinimum(t *testing.T) {
 	require.Contains(t, stdout, ": completed")
 }
 
+// installedNeeding installs, as a release build of version min, the
+// reference bundle needing appliance min into a new data folder, and
+// returns the folder. The caller restores version.
+func installedNeeding(t *testing.T, min string) string {
+	t.Helper()
+	version = min
+	data, needy := t.TempDir(), referenceNeeding(t, min)
+	code, _, stderr := outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", needy)
+	require.Zero(t, code, stderr)
+	return data
+}
+
 // referenceNeeding exports the reference bundle with min_appliance_version
 // set to min, signed again with the development key, and returns its
 // folder.
@@ -608,4 +617,47 @@ func referenceNeeding(t *testing.T, min string) string {
 	code, _, stderr = outpost(t, "firmware", "sign", "--key", filepath.Join("..", "..", "testdata", "keys", "dev.key"), dir)
 	require.Zero(t, code, stderr)
 	return dir
+}
+
+// A release binary rolled back below an installed version's
+// min_appliance_version marks that version in firmware list, in text and
+// JSON, and says what it means; the binary upgraded again lists it
+// unmarked. A development build checks no minimum and marks nothing.
+func TestFirmwareListMarksVersionsNeedingANewerAppliance(t *testing.T) {
+	defer func(v string) { version = v }(version)
+	data := installedNeeding(t, "1.0.0")
+
+	type entry struct {
+		Name           string
+		Version        int64
+		Verified       bool
+		NeedsAppliance *string `json:"needs_appliance"`
+	}
+	list := func() []entry {
+		t.Helper()
+		code, stdout, stderr := outpost(t, "firmware", "list", "--data", data, "--json")
+		require.Zero(t, code, stderr)
+		var out struct{ Installed []entry }
+		require.NoError(t, json.Unmarshal([]byte(stdout), &out), stdout)
+		require.Len(t, out.Installed, 1)
+		return out.Installed
+	}
+	for _, v := range []string{"1.0.0", "1.2.0", "dev"} {
+		version = v
+		got := list()
+		require.Nil(t, got[0].NeedsAppliance, v)
+		code, stdout, stderr := outpost(t, "firmware", "list", "--data", data)
+		require.Zero(t, code, stderr)
+		require.NotContains(t, stdout, "needs appliance", v)
+	}
+
+	version = "0.9.0"
+	got := list()
+	require.True(t, got[0].Verified)
+	require.NotNil(t, got[0].NeedsAppliance)
+	require.Equal(t, "1.0.0", *got[0].NeedsAppliance)
+	code, stdout, stderr := outpost(t, "firmware", "list", "--data", data)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "active (needs appliance 1.0.0)")
+	require.Contains(t, stdout, "medication-adherence v1 needs appliance 1.0.0 or later, this is 0.9.0: it cannot be activated")
 }

@@ -22,6 +22,7 @@ const state = {
   selects: 0,            // counts selects, so that only the last one draws
   streams: new Map(),    // run id + node -> <span> collecting tokens
   log: new Map(),        // run id -> its events seen by this page, to redraw a transcript
+  question: new Map(),   // run id -> the id of the interrupt its review shows
 };
 
 async function api(method, path, body) {
@@ -210,6 +211,13 @@ async function loadRuns() {
   $("runs").setAttribute("aria-busy", "false");
 }
 
+// questions says how many questions a run waiting for review holds, when
+// it holds more than one.
+function questions(r) {
+  const n = (r.interrupts || []).length;
+  return n > 1 ? " (" + n + " questions)" : "";
+}
+
 function renderRuns() {
   const onlyReview = $("filter-review").checked;
   const ul = $("runs");
@@ -228,10 +236,15 @@ function renderRuns() {
     }
     const left = el("span");
     left.append(el("span", "", short(r.input === undefined ? r.agent : r.input, 60)), el("span", "thread", r.thread + " · " + r.agent));
-    b.append(left, el("span", "status " + r.status, r.status === "interrupted" ? "waiting for review" : r.status));
+    b.append(left, el("span", "status " + r.status, r.status === "interrupted" ? "waiting for review" + questions(r) : r.status));
     b.addEventListener("click", () => select(r.id));
     li.append(b);
     ul.append(li);
+  }
+  // The review's count of what waits follows the list.
+  const sel = state.runs.get(state.selected);
+  if (sel && sel.status === "interrupted" && sel.interrupts && sel.interrupts.length && !$("interrupt").hidden && $("interrupt").dataset.run === sel.id) {
+    countQuestions(sel, Math.max(0, sel.interrupts.findIndex((x) => x.id === state.question.get(sel.id))));
   }
 }
 $("filter-review").addEventListener("change", renderRuns);
@@ -347,8 +360,16 @@ function renderDetail(run) {
   const ds = $("decisions");
   ds.replaceChildren();
   for (const d of run.decisions || []) {
-    ds.append(el("li", "", d.decision + " by " + (d.by || "?") + " at " + new Date(d.at).toLocaleString() +
-      (d.value !== undefined ? " · value " + short(d.value, 80) : "") + (d.reason ? " · " + d.reason : "")));
+    const li = el("li", "", d.decision + " by " + (d.by || "?") + " at " + new Date(d.at).toLocaleString() +
+      (d.value !== undefined ? " · value " + short(d.value, 80) : "") + (d.reason ? " · " + d.reason : ""));
+    // A value cut short opens in full, as text.
+    if (d.value !== undefined && short(d.value, 80) !== short(d.value, Infinity)) {
+      const more = el("details", "value");
+      const whole = typeof d.value === "string" ? d.value : JSON.stringify(d.value, null, 2);
+      more.append(el("summary", "", "the whole value"), el("pre", "", whole));
+      li.append(more);
+    }
+    ds.append(li);
   }
   show($("decisions-box"), (run.decisions || []).length > 0);
   show($("cancel"), run.status === "queued" || run.status === "running" || run.status === "interrupted");
@@ -364,7 +385,17 @@ function renderDetail(run) {
   form.dataset.run = run.id;
   show(form, pending);
   if (pending) {
-    const i = run.interrupts[0];
+    // The question on screen stays there until the operator moves on or
+    // it is answered; the first one otherwise.
+    const at = Math.max(0, run.interrupts.findIndex((x) => x.id === state.question.get(run.id)));
+    const i = run.interrupts[at];
+    state.question.set(run.id, i.id);
+    const n = run.interrupts.length;
+    countQuestions(run, at);
+    show($("interrupt-prev"), n > 1);
+    show($("interrupt-next"), n > 1);
+    $("interrupt-prev").disabled = at === 0;
+    $("interrupt-next").disabled = at === n - 1;
     const call = toolCall(i);
     text($("interrupt-node"), i.node);
     text($("interrupt-why"), whyAsked(i.payload || {}, call));
@@ -471,6 +502,33 @@ function line(cls, s) {
   if (following) ol.scrollTop = ol.scrollHeight;
   return li;
 }
+
+// countQuestions says which of the run's questions is on screen (at, of
+// how many), and how many wait across the runs the page lists.
+function countQuestions(run, at) {
+  const n = run.interrupts.length;
+  let count = n > 1 ? "Question " + (at + 1) + " of " + n + " waiting on this run" : "";
+  const others = [...state.runs.values()].filter((r) => r.id !== run.id && r.status === "interrupted");
+  if (others.length) {
+    const all = others.reduce((sum, r) => sum + Math.max(1, (r.interrupts || []).length), n);
+    count += (count ? "; " : "") + all + " questions wait across " + (others.length + 1) + " runs";
+  }
+  text($("interrupt-count"), count);
+}
+
+// moveQuestion shows the run's question step places on from the one on
+// screen; the decision buttons then answer that one.
+function moveQuestion(step) {
+  const run = state.runs.get(state.selected);
+  if (!run || !run.interrupts) return;
+  const at = run.interrupts.findIndex((x) => x.id === state.question.get(run.id));
+  const next = run.interrupts[at + step];
+  if (!next) return;
+  state.question.set(run.id, next.id);
+  renderDetail(run);
+}
+$("interrupt-prev").addEventListener("click", () => moveQuestion(-1));
+$("interrupt-next").addEventListener("click", () => moveQuestion(1));
 
 for (const [id, kind] of [["approve", "approve"], ["edit", "edit"], ["reject", "reject"]]) {
   $(id).addEventListener("click", () => decide(kind));
