@@ -405,6 +405,9 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 			if err := w.holdRunsMissingCalls(out); err != nil {
 				return err
 			}
+			if err := w.holdRunsOfEmptyThreads(out); err != nil {
+				return err
+			}
 			if err := w.markLostCalls(out); err != nil {
 				return err
 			}
@@ -424,6 +427,9 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 			// that were read: a run may have gone on past the copy's
 			// newest checkpoint of its thread (see reachKnown).
 			if w.checkpointsLeftOut() {
+				if err := w.holdRunsOfEmptyThreads(out); err != nil {
+					return err
+				}
 				if err := w.markLostCalls(out); err != nil {
 					return err
 				}
