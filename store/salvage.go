@@ -174,7 +174,7 @@ func SalvageWith(ctx context.Context, src, dst string, opts SalvageOptions) (*Sa
 	var entries []salvageEntry
 	var stamp, txid uint64
 	for _, m := range metas {
-		stamp, txid = max(stamp, m.epochStamp), max(txid, m.txid)
+		stamp, txid = max(stamp, m.startCount()), max(txid, m.txid)
 	}
 	newWalk := func(m boltMeta) *salvageWalk {
 		return &salvageWalk{pageWalk: newPageWalk(f, m.pageSize, min(m.pgid, uint64(fi.Size())/m.pageSize)), rep: rep,

@@ -60,14 +60,22 @@ const salvageEpochStep = 1 << 10
 // hours above the floor (lostEpoch).
 var salvageEpochBase = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// salvageClock is the salvage's clock; tests move it.
+// salvageClock is the salvage's clock, and a restored backup's
+// (restoredEpoch); tests move it.
 var salvageClock = time.Now
+
+// epochHours is the number of hours since salvageEpochBase.
+func epochHours() uint64 {
+	return uint64(max(0, salvageClock().Sub(salvageEpochBase)/time.Hour))
+}
 
 // moveEpoch sets the copy's stream epoch past any the store gave out, so
 // that a console client is never given new events under numbers it saw
 // before. Read with the meta bucket, it is moved on by one: a lost newer
 // transaction may have been a start that counted it, and the stream may
-// have numbered events under that count already. Lost, it is set by
+// have numbered events under that count already. A backup's copy is moved
+// on from the count it goes on from once restored (startCount), where
+// that is greater. Lost, it is set by
 // lostEpoch. It keeps the epoch set in w.epoch, for stampEpoch.
 func (w *salvageWalk) moveEpoch(meta *bbolt.Bucket, metaLost bool) error {
 	v := meta.Get(metaStreamEpoch)
@@ -75,7 +83,7 @@ func (w *salvageWalk) moveEpoch(meta *bbolt.Bucket, metaLost bool) error {
 	case v != nil && len(v) != 8:
 		return nil // db check of the copy names it
 	case v != nil:
-		w.epoch = binary.BigEndian.Uint64(v) + 1
+		w.epoch = max(binary.BigEndian.Uint64(v), w.srcStamp) + 1
 		return meta.Put(metaStreamEpoch, binary.BigEndian.AppendUint64(nil, w.epoch))
 	case !metaLost:
 		return nil // no start counted yet
@@ -114,7 +122,7 @@ func (w *salvageWalk) moveEpoch(meta *bbolt.Bucket, metaLost bool) error {
 // epoch stays below 2^21, so event numbers stay exact in a JavaScript
 // number (NextStreamEpoch).
 func (w *salvageWalk) lostEpoch() (uint64, string) {
-	hours := uint64(max(0, salvageClock().Sub(salvageEpochBase)/time.Hour))
+	hours := epochHours()
 	epoch, why := uint64(salvageEpochFloor), fmt.Sprintf("the floor %d, above any an appliance reaches", salvageEpochFloor)
 	if e := salvageEpochFloor + hours; e > epoch {
 		epoch, why = e, fmt.Sprintf("the floor %d, above any an appliance reaches, plus the %d hours since %s",
