@@ -18,9 +18,15 @@ import (
 // writing: bbolt copies the file as of one read transaction. It returns the
 // bytes written.
 func (d *DB) Backup(ctx context.Context, w io.Writer) (int64, error) {
-	var n int64
-	err := d.view(func(tx *bbolt.Tx) error {
+	n, _, err := d.backup(ctx, w)
+	return n, err
+}
+
+// backup is Backup, and returns the stream count the copy holds too.
+func (d *DB) backup(ctx context.Context, w io.Writer) (n int64, count uint64, err error) {
+	err = d.view(func(tx *bbolt.Tx) error {
 		copyProgressOf(ctx).start(tx.Size())
+		count = streamCount(tx)
 		var err error
 		n, err = tx.WriteTo(ctxWriter{ctx, w})
 		return err
@@ -29,18 +35,121 @@ func (d *DB) Backup(ctx context.Context, w io.Writer) (int64, error) {
 		err = cerr // bbolt flattens the writer's error into text
 	}
 	if err != nil {
-		return n, fmt.Errorf("backup store %s: %w", d.path, err)
+		return n, 0, fmt.Errorf("backup store %s: %w", d.path, err)
 	}
-	return n, nil
+	return n, count, nil
 }
 
 // BackupFile writes a consistent copy of the store to a new file at path,
-// fsynced before it appears under its name. It refuses to overwrite.
+// fsynced before it appears under its name, and stamps it a backup
+// (stampBackup). It refuses to overwrite.
 func (d *DB) BackupFile(ctx context.Context, path string) error {
 	return writeNewFile(path, func(f *os.File) error {
-		_, err := d.Backup(ctx, f)
-		return err
+		_, count, err := d.backup(ctx, f)
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			return err
+		}
+		return stampBackup(f.Name(), count)
 	})
+}
+
+// A backup restored in place of its store takes the event stream's start
+// count (NextStreamEpoch) back to what it was when the backup was taken,
+// while the store it replaces may have started since and given a console
+// client events under the counts that follow: the restored store would
+// give new events numbers the client saw. So a backup is stamped in its
+// meta pages (stampEpoch), which bbolt carries from one meta page to the
+// next, with backupStamp, the hour it was taken and the count it holds;
+// and the first start of a store whose count is still the one its stamp
+// names moves the count past any its original can have reached
+// (restoredEpoch). After that start the count differs from the stamp's,
+// and the count goes on by one.
+
+const (
+	// backupStamp marks an epoch stamp as a backup's (stampBackup).
+	backupStamp = 1 << 62
+	// stampCountBits are the low bits of a backup's stamp, which hold
+	// the count: counts stay below 2^21 (NextStreamEpoch). The bits
+	// above, up to backupStamp, hold the hour it was taken (epochHours).
+	stampCountBits = 21
+)
+
+// stampBackup stamps the backup at path, taken when the stream count was
+// count (stampEpoch). A copy whose meta pages are not whole is not
+// stamped: it does not check clean, and db backup removes it and says
+// why; nor is one whose count does not fit.
+func stampBackup(path string, count uint64) error {
+	if count >= 1<<stampCountBits {
+		return nil
+	}
+	err := stampEpoch(path, backupStamp|epochHours()<<stampCountBits|count)
+	if err != nil && !errors.Is(err, ErrDamaged) {
+		return fmt.Errorf("stamp the backup: %w", err)
+	}
+	return nil
+}
+
+// backupOf reads the epoch stamp of a backup (stampBackup): the count it
+// holds and the hour it was taken; ok is false for any other stamp.
+func backupOf(stamp uint64) (count, hour uint64, ok bool) {
+	if stamp&backupStamp == 0 {
+		return 0, 0, false
+	}
+	return stamp & (1<<stampCountBits - 1), stamp &^ backupStamp >> stampCountBits, true
+}
+
+// streamCount is the stream count (NextStreamEpoch) that tx reads, 0
+// where the store has none.
+func streamCount(tx *bbolt.Tx) uint64 {
+	if meta := tx.Bucket([]byte(bucketMeta)); meta != nil && len(meta.Get(metaStreamEpoch)) == 8 {
+		return binary.BigEndian.Uint64(meta.Get(metaStreamEpoch))
+	}
+	return 0
+}
+
+// restoredEpoch is the stream count from which a restored backup, taken
+// when the count was count, in the hour hour (stampBackup), goes on at its
+// first start: the greater of
+//
+//   - the floor plus the hours since salvageEpochBase (lostEpoch), above
+//     any count a store that was never salvaged or restored reaches by
+//     counting its starts;
+//   - count plus salvageEpochStep plus the hours since the backup was
+//     taken: past any count the original reached unless it started more
+//     than that many times since.
+//
+// Both rise with the hour the backup is restored, so that the same backup
+// restored again later goes on past the first restore's count, as long as
+// that one started fewer times than the hours between. The count stays
+// below 2^21 for 2^19 hours (60 years) from salvageEpochBase.
+func restoredEpoch(count, hour uint64) uint64 {
+	now := epochHours()
+	return max(count+salvageEpochStep+now-min(hour, now), salvageEpochFloor+now)
+}
+
+// restoredStamp returns the epoch stamp of the store file at path where
+// it is a backup that has not started since it was taken, holding count
+// (stampBackup), else 0.
+func restoredStamp(path string, count uint64) uint64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0
+	}
+	m0, m1, _ := readMetas(f, fi.Size())
+	for _, m := range []boltMeta{m0, m1} {
+		if c, _, ok := backupOf(m.epochStamp); m.valid && ok && c == count {
+			return m.epochStamp
+		}
+	}
+	return 0
 }
 
 // Compact writes a compacted copy of the store to a new file at dst: free
@@ -65,9 +174,7 @@ func (d *DB) Compact(ctx context.Context, dst string) error {
 	if err == nil {
 		err = out.View(func(tx *bbolt.Tx) error {
 			used = tx.Size()
-			if meta := tx.Bucket([]byte(bucketMeta)); meta != nil && len(meta.Get(metaStreamEpoch)) == 8 {
-				epoch = binary.BigEndian.Uint64(meta.Get(metaStreamEpoch))
-			}
+			epoch = streamCount(tx)
 			return nil
 		})
 	}
@@ -79,8 +186,13 @@ func (d *DB) Compact(ctx context.Context, dst string) error {
 	}
 	if err == nil {
 		// The copy's transaction IDs start again from the first: its
-		// stamp keeps the count it begins with (lostEpoch).
-		err = stampEpoch(dst, epoch)
+		// stamp keeps the count it begins with (lostEpoch), and that it
+		// is a backup not started since it was restored.
+		stamp := epoch
+		if st := restoredStamp(d.path, epoch); st != 0 {
+			stamp = st
+		}
+		err = stampEpoch(dst, stamp)
 	}
 	if err == nil {
 		err = fsync.Dir(filepath.Dir(dst))

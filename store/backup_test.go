@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -304,4 +305,104 @@ func TestCheckCountsSpace(t *testing.T) {
 	after := space(d)
 	assert.Less(t, after.FreeBytes, before.FreeBytes/4)
 	assert.InDelta(t, before.UsedBytes, after.UsedBytes, float64(before.UsedBytes)/4, "compaction kept what was in use, give or take refilled pages")
+}
+
+// A backup restored in place of its store goes on counting the event
+// stream's starts past every count the store gave out after the backup
+// was taken, so that no event number a console client saw is given again;
+// from its second start it counts by one. The same backup restored again
+// later goes on past the first restore's counts. Backups taken by the
+// store's owner over its control socket are stamped the same way; a
+// compacted copy of a restored backup that has not started keeps the
+// stamp, and a salvage of one goes on from the count it would go on from.
+func TestARestoredBackupGoesOnPastItsStoresStreamCount(t *testing.T) {
+	defer func(c func() time.Time) { salvageClock = c }(salvageClock)
+	now := time.Now()
+	salvageClock = func() time.Time { return now }
+	restore := func(t *testing.T, backup string) *DB {
+		t.Helper()
+		b, err := os.ReadFile(backup)
+		require.NoError(t, err)
+		dir := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(dir, FileName), b, 0o600))
+		d, err := OpenDir(dir, Options{})
+		require.NoError(t, err)
+		return d
+	}
+	starts := func(t *testing.T, d *DB, n int) (first, last uint64) {
+		t.Helper()
+		for i := range n {
+			e, err := d.NextStreamEpoch()
+			require.NoError(t, err)
+			if i == 0 {
+				first = e
+			} else {
+				require.Equal(t, last+1, e, "a start after the first counts by one")
+			}
+			last = e
+		}
+		return first, last
+	}
+	for _, tc := range []struct {
+		how        string
+		aboveFloor bool
+	}{{"local", false}, {"control", false}, {"compacted", false}, {"salvaged", false}, {"local", true}} {
+		how := tc.how
+		t.Run(fmt.Sprintf("%s,above-floor=%v", how, tc.aboveFloor), func(t *testing.T) {
+			dir := t.TempDir()
+			d, err := OpenDir(dir, Options{})
+			require.NoError(t, err)
+			defer d.Close()
+			require.NoError(t, d.Commit(bg, stepCommit("t", 1)))
+			if tc.aboveFloor {
+				// A store whose count a salvage set above the floor, to
+				// the hour (lostEpoch).
+				require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
+					return bucket(tx, bucketMeta).Put(metaStreamEpoch,
+						binary.BigEndian.AppendUint64(nil, salvageEpochFloor+epochHours()))
+				}))
+			}
+			starts(t, d, 3)
+			backup := filepath.Join(t.TempDir(), "backup.db")
+			switch how {
+			case "control":
+				require.NoError(t, serveControl(t, d, dir).BackupFile(bg, backup))
+			default:
+				require.NoError(t, d.BackupFile(bg, backup))
+			}
+			switch how {
+			case "compacted":
+				r := restore(t, backup)
+				backup = filepath.Join(t.TempDir(), "compacted.db")
+				require.NoError(t, r.Compact(bg, backup))
+				require.NoError(t, r.Close())
+			case "salvaged":
+				salvaged := filepath.Join(t.TempDir(), "salvaged.db")
+				_, err := Salvage(bg, backup, salvaged)
+				require.NoError(t, err)
+				backup = salvaged
+			}
+			_, last := starts(t, d, 5) // the store goes on after the backup
+
+			r := restore(t, backup)
+			first, again := starts(t, r, 2)
+			assert.Greater(t, first, last, "the restored store counts from a count its store gave out")
+			assert.Less(t, again, uint64(1)<<21, "event numbers are not exact in a JavaScript number")
+			require.NoError(t, r.Close())
+			r, err = OpenDir(filepath.Dir(r.path), Options{})
+			require.NoError(t, err)
+			next, _ := starts(t, r, 1)
+			assert.Equal(t, again+1, next, "a restored store that has started goes on by one")
+			require.NoError(t, r.Close())
+
+			if how == "salvaged" {
+				return // a salvage's copy is not a backup: it is used once
+			}
+			now = now.Add(4 * time.Hour) // restored again, later
+			r = restore(t, backup)
+			first, _ = starts(t, r, 1)
+			assert.Greater(t, first, next, "the backup restored again counts from a count the first restore gave out")
+			require.NoError(t, r.Close())
+		})
+	}
 }

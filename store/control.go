@@ -64,6 +64,7 @@ func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns) error 
 		err := db.view(func(tx *bbolt.Tx) error {
 			w.Header().Set("Content-Type", "application/octet-stream")
 			w.Header().Set("Content-Length", strconv.FormatInt(tx.Size(), 10))
+			w.Header().Set(streamCountHeader, strconv.FormatUint(streamCount(tx), 10))
 			started = true
 			_, err := tx.WriteTo(ctxWriter{r.Context(), w})
 			return err
@@ -263,9 +264,20 @@ func (c *Control) BackupFile(ctx context.Context, path string) error {
 		if n != want {
 			return fmt.Errorf("backup: got %d of %d bytes", n, want)
 		}
-		return nil
+		if err := f.Sync(); err != nil {
+			return err
+		}
+		count, err := strconv.ParseUint(resp.Header.Get(streamCountHeader), 10, 64)
+		if err != nil {
+			return nil // an owner of an earlier version: a copy as it made them
+		}
+		return stampBackup(f.Name(), count)
 	})
 }
+
+// streamCountHeader carries the stream count the copy a store owner sends
+// holds, which the client stamps it with (stampBackup).
+const streamCountHeader = "Outpost-Stream-Count"
 
 // maxControlAnswer bounds an answer the client reads from the control
 // socket, and an answer of runs the owner will build: a page of runs

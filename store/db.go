@@ -812,10 +812,12 @@ func prefixEnd(prefix []byte) []byte {
 }
 
 // NextStreamEpoch counts one more start of the appliance's event stream
-// and returns the count, from 1. serve numbers its events from the count
-// shifted 32 bits up, so that numbers go on rising across restarts (a
-// client resuming from an earlier life is told so) and stay exact in a
-// JavaScript number (2^21 starts of 2^32 events each).
+// and returns the count, from 1; the first start of a restored backup
+// moves it past any its original can have reached (stampBackup). serve
+// numbers its events from the count shifted 32 bits up, so that numbers
+// go on rising across restarts (a client resuming from an earlier life is
+// told so) and stay exact in a JavaScript number (2^21 starts of 2^32
+// events each).
 func (d *DB) NextStreamEpoch() (uint64, error) {
 	var n uint64
 	err := d.db.Update(func(tx *bbolt.Tx) error {
@@ -825,6 +827,9 @@ func (d *DB) NextStreamEpoch() (uint64, error) {
 				return corrupt(bucketMeta, metaStreamEpoch, errTruncated)
 			}
 			n = binary.BigEndian.Uint64(v)
+		}
+		if count, hour, ok := backupOf(restoredStamp(d.path, n)); ok {
+			n = max(n, restoredEpoch(count, hour)) // see stampBackup
 		}
 		n++
 		return meta.Put(metaStreamEpoch, binary.BigEndian.AppendUint64(nil, n))

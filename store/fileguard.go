@@ -50,7 +50,8 @@ type boltMeta struct {
 	pageSize       uint64
 	root, freelist uint64
 	pgid, txid     uint64
-	// epochStamp is the stream epoch the file began with (stampEpoch).
+	// epochStamp is the stream epoch the file began with (stampEpoch),
+	// or a backup's stamp (stampBackup).
 	epochStamp uint64
 	valid      bool
 }
@@ -393,4 +394,14 @@ func (w *pageWalk) nodes(b []byte, what string, inline bool, minKey, maxKey []by
 		}
 	}
 	return prev, nil
+}
+
+// startCount is the stream count the file began with, by its stamp
+// (stampEpoch): for a backup's (stampBackup), the count it goes on from
+// once restored and started.
+func (m boltMeta) startCount() uint64 {
+	if count, hour, ok := backupOf(m.epochStamp); ok {
+		return restoredEpoch(count, hour)
+	}
+	return m.epochStamp
 }

@@ -174,7 +174,7 @@ func SalvageWith(ctx context.Context, src, dst string, opts SalvageOptions) (*Sa
 	var entries []salvageEntry
 	var stamp, txid uint64
 	for _, m := range metas {
-		stamp, txid = max(stamp, m.epochStamp), max(txid, m.txid)
+		stamp, txid = max(stamp, m.startCount()), max(txid, m.txid)
 	}
 	newWalk := func(m boltMeta) *salvageWalk {
 		return &salvageWalk{pageWalk: newPageWalk(f, m.pageSize, min(m.pgid, uint64(fi.Size())/m.pageSize)), rep: rep,
@@ -405,6 +405,9 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 			if err := w.holdRunsMissingCalls(out); err != nil {
 				return err
 			}
+			if err := w.holdRunsOfEmptyThreads(out); err != nil {
+				return err
+			}
 			if err := w.markLostCalls(out); err != nil {
 				return err
 			}
@@ -424,6 +427,9 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 			// that were read: a run may have gone on past the copy's
 			// newest checkpoint of its thread (see reachKnown).
 			if w.checkpointsLeftOut() {
+				if err := w.holdRunsOfEmptyThreads(out); err != nil {
+					return err
+				}
 				if err := w.markLostCalls(out); err != nil {
 					return err
 				}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/outpost-edge/outpost/engine"
 )
 
 // A store's root page holds its small buckets inline: the heads bucket,
@@ -58,14 +60,22 @@ const salvageEpochStep = 1 << 10
 // hours above the floor (lostEpoch).
 var salvageEpochBase = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// salvageClock is the salvage's clock; tests move it.
+// salvageClock is the salvage's clock, and a restored backup's
+// (restoredEpoch); tests move it.
 var salvageClock = time.Now
+
+// epochHours is the number of hours since salvageEpochBase.
+func epochHours() uint64 {
+	return uint64(max(0, salvageClock().Sub(salvageEpochBase)/time.Hour))
+}
 
 // moveEpoch sets the copy's stream epoch past any the store gave out, so
 // that a console client is never given new events under numbers it saw
 // before. Read with the meta bucket, it is moved on by one: a lost newer
 // transaction may have been a start that counted it, and the stream may
-// have numbered events under that count already. Lost, it is set by
+// have numbered events under that count already. A backup's copy is moved
+// on from the count it goes on from once restored (startCount), where
+// that is greater. Lost, it is set by
 // lostEpoch. It keeps the epoch set in w.epoch, for stampEpoch.
 func (w *salvageWalk) moveEpoch(meta *bbolt.Bucket, metaLost bool) error {
 	v := meta.Get(metaStreamEpoch)
@@ -73,7 +83,7 @@ func (w *salvageWalk) moveEpoch(meta *bbolt.Bucket, metaLost bool) error {
 	case v != nil && len(v) != 8:
 		return nil // db check of the copy names it
 	case v != nil:
-		w.epoch = binary.BigEndian.Uint64(v) + 1
+		w.epoch = max(binary.BigEndian.Uint64(v), w.srcStamp) + 1
 		return meta.Put(metaStreamEpoch, binary.BigEndian.AppendUint64(nil, w.epoch))
 	case !metaLost:
 		return nil // no start counted yet
@@ -112,7 +122,7 @@ func (w *salvageWalk) moveEpoch(meta *bbolt.Bucket, metaLost bool) error {
 // epoch stays below 2^21, so event numbers stay exact in a JavaScript
 // number (NextStreamEpoch).
 func (w *salvageWalk) lostEpoch() (uint64, string) {
-	hours := uint64(max(0, salvageClock().Sub(salvageEpochBase)/time.Hour))
+	hours := epochHours()
 	epoch, why := uint64(salvageEpochFloor), fmt.Sprintf("the floor %d, above any an appliance reaches", salvageEpochFloor)
 	if e := salvageEpochFloor + hours; e > epoch {
 		epoch, why = e, fmt.Sprintf("the floor %d, above any an appliance reaches, plus the %d hours since %s",
@@ -213,6 +223,9 @@ func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (heads, branches int, err error
 	// that could not be read, or failed its checks. Such an entry is
 	// recorded anew as well.
 	dangling, cps := map[string]string{}, openCheckpoints(tx)
+	// kept holds, by heads key, the namespaces of which the copy holds a
+	// checkpoint.
+	kept := map[string]bool{}
 	danglingHead := func(key []byte, thread, ns string) bool {
 		if _, seen := dangling[string(key)]; !seen {
 			id, err := decodeHead(hb.Get(key))
@@ -229,6 +242,7 @@ func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (heads, branches int, err error
 			return nil
 		}
 		key := nsKey(thread, ns)
+		kept[string(key)] = true
 		if hb.Get(key) == nil || w.unreached(bucketHeads, key) || danglingHead(key, thread, ns) {
 			headLost[string(key)] = true
 		} else if _, seen := headLost[string(key)]; !seen && w.unreached(bucketBranches, branchKey(thread, ns, id)) {
@@ -237,6 +251,9 @@ func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (heads, branches int, err error
 		return nil
 	})
 	if err != nil {
+		return 0, 0, err
+	}
+	if err := w.dropEmptyHeads(hb, bb, kept); err != nil {
 		return 0, 0, err
 	}
 	// parents holds, by heads key, each checkpoint's parent ID.
@@ -306,4 +323,117 @@ func (w *salvageWalk) rebuildHeads(tx *bbolt.Tx) (heads, branches int, err error
 		}
 	}
 	return heads, branches, nil
+}
+
+// dropEmptyHeads deletes the heads entry and the branches entries of each
+// namespace of which the copy holds no checkpoint (kept): every one of
+// them was lost, so what the entries name is lost too, and no checkpoint
+// is left to record anew in their place. Kept, they would leave the
+// thread's history and a new turn on it failing on a checkpoint that is
+// not there; dropped, the namespace is as one that has not begun, and a
+// new run on the thread starts from an empty state. A heads entry that
+// does not decode is left for db check of the copy to name.
+func (w *salvageWalk) dropEmptyHeads(hb, bb *bbolt.Bucket, kept map[string]bool) error {
+	heads := map[string]string{}
+	err := hb.ForEach(func(k, v []byte) error {
+		if _, _, ok := splitNSKey(k); ok && !kept[string(k)] {
+			if id, err := decodeHead(v); err == nil {
+				heads[string(k)] = id
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var branchOnly []string
+	err = bb.ForEach(func(k, _ []byte) error {
+		thread, ns, _, ok := splitBranchKey(k)
+		if key := string(nsKey(thread, ns)); ok && !kept[key] && hb.Get([]byte(key)) == nil {
+			branchOnly = append(branchOnly, key)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, key := range slices.Compact(slices.Concat(slices.Sorted(maps.Keys(heads)), branchOnly)) {
+		thread, ns, _ := splitNSKey([]byte(key))
+		if err := dropBranches(bb, thread, ns); err != nil {
+			return err
+		}
+		id, ok := heads[key]
+		if !ok {
+			w.lost(bucketBranches, []byte(key), "named checkpoints that were lost with every other checkpoint of their "+
+				"namespace, which has no heads entry: they are dropped")
+			continue
+		}
+		if err := hb.Delete([]byte(key)); err != nil {
+			return fmt.Errorf("drop head %s: %w", renderKey(bucketHeads, []byte(key)), err)
+		}
+		w.lost(bucketHeads, []byte(key), "named checkpoint %s, which was lost with every other checkpoint of its namespace "+
+			"(on a page that cannot be read, or failing its checks): the heads entry and its branches entries are dropped, "+
+			"and the thread's history is empty from here. A new run on the thread starts from an empty state", id)
+	}
+	return nil
+}
+
+// holdRunsOfEmptyThreads copies as failed each unfinished run that has
+// committed a step (its record names a checkpoint) on a thread of which
+// the copy holds no checkpoint, in any namespace: its state went with
+// them, and its thread's head is dropped (dropEmptyHeads). serve would
+// resume it from nothing, and it would end at once as completed, with no
+// output, an outcome it never reached. Failed, it stays readable, its
+// thread is free for a new run, and its outcome is appended
+// (appendHeldOutcomes). An interrupted run is left as it is, as holdRun
+// leaves it: it waits for a person already.
+func (w *salvageWalk) holdRunsOfEmptyThreads(out *bbolt.DB) error {
+	return out.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte(bucketRuns))
+		if b == nil {
+			return nil
+		}
+		stopped := map[string]*runRecord{}
+		err := b.ForEach(func(k, v []byte) error {
+			if isOutcomeIndexKey(k) {
+				return nil
+			}
+			r, err := decodeRunRecord(v)
+			if err == nil && !r.Status.Terminal() && r.Status != engine.StatusInterrupted && r.Checkpoint != "" {
+				stopped[string(k)] = r
+			}
+			return nil
+		})
+		if err != nil || len(stopped) == 0 {
+			return err
+		}
+		kept := map[string]bool{}
+		err = eachCheckpoint(context.Background(), tx, func(_ string, k, _ []byte) error {
+			if thread, _, _, ok := splitCheckpointKey(k); ok {
+				kept[thread] = true
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, id := range slices.Sorted(maps.Keys(stopped)) {
+			r := stopped[id]
+			if kept[r.Thread] {
+				continue
+			}
+			was := r.Status
+			r.Status, r.EndedAt = engine.StatusFailed, time.Now().UTC()
+			r.Error = "salvage: every checkpoint of this run's thread was lost with the damaged store, and its state with them; " +
+				"not resumed (start a new run on the thread)"
+			if err := b.Put([]byte(id), encodeRunRecord(r)); err != nil {
+				return fmt.Errorf("bucket %s: %w", bucketRuns, err)
+			}
+			w.held = append(w.held, id)
+			w.lost(bucketRuns, []byte(id), "was %s, and every checkpoint of its thread %q is lost (its last was %s): resumed, it "+
+				"would go on from nothing and end as completed without having finished. It is copied as failed; its thread is "+
+				"free for a new run", was, r.Thread, r.Checkpoint)
+		}
+		return nil
+	})
 }

@@ -185,9 +185,8 @@ func TestSalvageMovesTheStreamEpochWhateverTheClock(t *testing.T) {
 	for _, backup := range []bool{false, true} {
 		t.Run(fmt.Sprintf("backup=%v", backup), func(t *testing.T) {
 			src := stepsCopy(t, chainedSteps(t), backup)
-			// The epoch the store salvaged last had reached, and the one the
-			// salvage before gave its copy.
-			var reached, stamped uint64
+			// The epoch the store salvaged last had reached.
+			var reached uint64
 			for i, clock := range []string{"now", "the same hour", "set back a year", "the same hour"} {
 				switch clock {
 				case "set back a year":
@@ -196,15 +195,17 @@ func TestSalvageMovesTheStreamEpochWhateverTheClock(t *testing.T) {
 					now = now.Add(time.Minute)
 				}
 				if i > 0 {
-					// The backup keeps the copy's stamp, and compaction
-					// stamps the count it copies.
+					// A backup is stamped as one, with the count it
+					// holds (stampBackup), and compaction stamps the
+					// count it copies.
 					b, err := os.ReadFile(src)
 					require.NoError(t, err)
-					want := stamped
-					if !backup {
-						want = reached
+					stamp := readMeta(b).epochStamp
+					if count, _, ok := backupOf(stamp); backup {
+						assert.True(t, ok, "the backup is not stamped as one")
+						stamp = count
 					}
-					assert.Equal(t, want, readMeta(b).epochStamp, "the stamp of the store salvaged")
+					assert.Equal(t, reached, stamp, "the stamp of the store salvaged")
 				}
 				dst := filepath.Join(t.TempDir(), FileName)
 				rep, err := Salvage(bg, src, dst)
@@ -212,9 +213,9 @@ func TestSalvageMovesTheStreamEpochWhateverTheClock(t *testing.T) {
 				assert.Empty(t, rep.Check.Problems, "db check of the copy")
 				epoch := binary.BigEndian.Uint64(records(t, dst)[bucketMeta][string(metaStreamEpoch)])
 				t.Logf("salvage %d (%s): the store had reached %d, the copy's epoch is %d", i+1, clock, reached, epoch)
-				stamped = epoch
 				assert.GreaterOrEqual(t, epoch, uint64(salvageEpochFloor))
 				require.Greater(t, epoch, reached, "salvage %d, %s", i+1, clock)
+				require.Less(t, epoch, uint64(1)<<21, "event numbers are not exact in a JavaScript number")
 
 				// Then its root pages are lost, on a backup of it or on a
 				// compacted copy, which holds no older meta records.
@@ -334,30 +335,8 @@ func TestSalvageRecordsAnewAHeadWhoseCheckpointIsLost(t *testing.T) {
 	fixture, _ := salvageFixture(t)
 	d, err := Open(fixture, Options{})
 	require.NoError(t, err)
-	// A last step of four threads whose checkpoint is too large for the
-	// recent bucket: the checkpoints their heads name are at the right
-	// edge of the checkpoints bucket.
-	for th := 1; th < 5; th++ {
-		c := stepCommit(fmt.Sprintf("t%d", th), 300+th)
-		c.Run = nil // the thread's run has ended
-		for i := range 8 {
-			c.Checkpoint.Channels = append(c.Checkpoint.Channels, engine.ChannelValue{Channel: fmt.Sprintf("note%d", i),
-				Value: engine.Value{Inline: []byte(`"` + strings.Repeat("n", 400) + `"`)}})
-		}
-		require.NoError(t, d.Commit(bg, c))
-	}
-	// A compacted copy holds no older copies of the pages, on free
-	// pages, for the salvage to find the lost records on.
-	src := filepath.Join(t.TempDir(), FileName)
-	require.NoError(t, d.Compact(bg, src))
-	require.NoError(t, d.Close())
-	want := records(t, src)
-	id, ps := rootChild(t, src, bucketCheckpoints, -1)
-	f, err := os.OpenFile(src, os.O_RDWR, 0)
-	require.NoError(t, err)
-	_, err = f.WriteAt(bytes.Repeat([]byte{0xEE}, 64), int64(id)*int64(ps))
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
+	// A last step of four threads, whose runs have ended.
+	src, want := loseLastSteps(t, d, []string{"t1", "t2", "t3", "t4"}, "")
 
 	dst := filepath.Join(t.TempDir(), "salvaged.db")
 	rep, err := Salvage(bg, src, dst)
@@ -392,4 +371,85 @@ func TestSalvageRecordsAnewAHeadWhoseCheckpointIsLost(t *testing.T) {
 	require.Positive(t, anew, "no head named a checkpoint of the lost page")
 	assert.False(t, slices.ContainsFunc(rep.Check.Problems, func(p Problem) bool { return p.Bucket == bucketHeads }),
 		"db check of the copy: %v", rep.Check.Problems)
+}
+
+// A thread of which the copy keeps no checkpoint at all has nothing to
+// record its head anew at: the head that named a lost checkpoint is
+// dropped, so that the copy passes db check and the thread reads as one
+// that has not begun; the thread's unfinished run, which would go on
+// from nothing, is copied as failed.
+func TestSalvageDropsAHeadWhoseCheckpointsAreAllLost(t *testing.T) {
+	fixture, _ := salvageFixture(t)
+	d, err := Open(fixture, Options{})
+	require.NoError(t, err)
+	// The last steps of four threads with older steps, and the first and
+	// only one of a thread whose run is still going.
+	src, _ := loseLastSteps(t, d, []string{"t1", "t2", "t3", "t4", "lone"}, "lone")
+
+	dst := filepath.Join(t.TempDir(), "salvaged.db")
+	rep, err := Salvage(bg, src, dst)
+	require.NoError(t, err)
+	got := records(t, dst)
+	lone := nsKey("lone", "")
+	for _, name := range []string{bucketCheckpoints, bucketRecent} {
+		for ck := range got[name] {
+			th, _, _, _ := splitCheckpointKey([]byte(ck))
+			require.NotEqual(t, "lone", th, "the lost page did not hold the thread's only checkpoint")
+		}
+	}
+	assert.NotContains(t, got[bucketHeads], string(lone))
+	assert.True(t, slices.ContainsFunc(rep.Lost, func(p Problem) bool {
+		return p.Bucket == bucketHeads && p.Key == renderKey(bucketHeads, lone) &&
+			strings.HasPrefix(p.Message, "named checkpoint 0305, which was lost with every other checkpoint of its namespace")
+	}), "the report does not say that thread lone's head was dropped: %v", rep.Lost)
+	assert.False(t, slices.ContainsFunc(rep.Check.Problems, func(p Problem) bool {
+		return p.Bucket == bucketHeads || p.Bucket == bucketBranches
+	}), "db check of the copy: %v", rep.Check.Problems)
+
+	c, err := Open(dst, Options{})
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Checkpoint(bg, "lone", "", "")
+	require.ErrorIs(t, err, engine.ErrCheckpointNotFound, "a run resumed on the thread, or a new one, reads its head")
+	run, err := c.Run(bg, "run-lone")
+	require.NoError(t, err)
+	assert.Equal(t, engine.StatusFailed, run.Status, "resumed from nothing, it would end as completed")
+	assert.True(t, slices.ContainsFunc(rep.Lost, func(p Problem) bool {
+		return p.Bucket == bucketRuns && p.Key == "run-lone" && strings.Contains(p.Message, "every checkpoint of its thread \"lone\" is lost")
+	}), "the report does not say that run-lone was copied as failed: %v", rep.Lost)
+	assert.Equal(t, 1, rep.OutcomesAppended)
+}
+
+// loseLastSteps commits to d a step of each of threads in turn, numbered
+// from 301, whose checkpoint is too large for the recent bucket, so that
+// the checkpoints are at the right edge of the checkpoints bucket; only
+// the run of thread running goes on, the others have ended. It closes d,
+// and returns a compacted copy of it whose last page of checkpoints is
+// damaged, and the records the copy held before. A compacted copy holds
+// no older copies of the pages, on free pages, for the salvage to find
+// the lost records on.
+func loseLastSteps(t *testing.T, d *DB, threads []string, running string) (string, map[string]map[string][]byte) {
+	t.Helper()
+	for i, thread := range threads {
+		c := stepCommit(thread, 301+i)
+		if thread != running {
+			c.Run = nil
+		}
+		for i := range 8 {
+			c.Checkpoint.Channels = append(c.Checkpoint.Channels, engine.ChannelValue{Channel: fmt.Sprintf("note%d", i),
+				Value: engine.Value{Inline: []byte(`"` + strings.Repeat("n", 400) + `"`)}})
+		}
+		require.NoError(t, d.Commit(bg, c))
+	}
+	src := filepath.Join(t.TempDir(), FileName)
+	require.NoError(t, d.Compact(bg, src))
+	require.NoError(t, d.Close())
+	want := records(t, src)
+	id, ps := rootChild(t, src, bucketCheckpoints, -1)
+	f, err := os.OpenFile(src, os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(bytes.Repeat([]byte{0xEE}, 64), int64(id)*int64(ps))
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	return src, want
 }

@@ -65,24 +65,7 @@ func TestSalvagedRunAsksAboutAToolCallOfALostTransaction(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, engine.StatusCompleted, run.Status, run.Error)
 	}
-	tool.hold.Store(true)
-	input, _ := json.Marshal("the letter")
-	started, err := m.Start(ctx, engine.RunRequest{Thread: "w", Agent: "writer", Input: input})
-	require.NoError(t, err)
-	select {
-	case <-tool.held:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the tool was not called")
-	}
-	// The intent is committed, and the tool has done its work: what the
-	// file holds now is what a power cut leaves.
-	image, err := os.ReadFile(filepath.Join(dir, store.FileName))
-	require.NoError(t, err)
-	close(tool.release)
-	_, err = m.Wait(ctx, started.ID)
-	require.NoError(t, err)
-	m.Close()
-	require.NoError(t, db.Close())
+	started, image := imageInToolCall(t, dir, db, m, tool)
 
 	// bbolt's meta page: a 16-byte page header, then the page size at 8,
 	// the root page at 16 and the transaction at 48.
@@ -122,6 +105,33 @@ func TestSalvagedRunAsksAboutAToolCallOfALostTransaction(t *testing.T) {
 	var ti agent.ToolInterrupt
 	require.NoError(t, json.Unmarshal(run.Interrupts[0].Payload, &ti))
 	assert.Equal(t, agent.ReasonUncertainSideEffect, ti.Reason)
+}
+
+// imageInToolCall starts a run of agent "writer" on thread "w" with m,
+// whose tool is tool, and returns it with the bytes of the store file in
+// dir while the tool holds its call: the intent is committed, and the
+// tool has done its work, so that what the file holds is what a power cut
+// leaves. The run then goes on to its end, and m and db are closed.
+func imageInToolCall(t *testing.T, dir string, db *store.DB, m *engine.Manager, tool *holdingTool) (*engine.Run, []byte) {
+	t.Helper()
+	ctx := context.Background()
+	tool.hold.Store(true)
+	input, _ := json.Marshal("the letter")
+	started, err := m.Start(ctx, engine.RunRequest{Thread: "w", Agent: "writer", Input: input})
+	require.NoError(t, err)
+	select {
+	case <-tool.held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the tool was not called")
+	}
+	image, err := os.ReadFile(filepath.Join(dir, store.FileName))
+	require.NoError(t, err)
+	close(tool.release)
+	_, err = m.Wait(ctx, started.ID)
+	require.NoError(t, err)
+	m.Close()
+	require.NoError(t, db.Close())
+	return started, image
 }
 
 // countingTool counts the times it runs: its side effects.
