@@ -881,6 +881,17 @@ func (m *Manager) Resume(ctx context.Context, runID string, decisions map[string
 		}
 	}
 	e, err := m.prepareResume(ctx, ag, run)
+	if err == nil && (e.head == nil || e.head.RunID != "" && e.head.RunID != run.ID) {
+		// A run pauses at a checkpoint of its own, which holds the
+		// questions the decisions answer, and no other run takes the
+		// thread while it waits (a checkpoint that names no run predates
+		// the field, and is taken as the run's). A thread without it (a store salvaged
+		// after damage lost it) would have the run go on from an earlier
+		// state, or an empty one, and end with an outcome it never
+		// reached.
+		err = fmt.Errorf("resume run %s: %w: the checkpoint it paused at is not in the store (thread %q), "+
+			"so it cannot go on from where it stopped; cancel it and start a new run", runID, ErrCheckpointNotFound, run.Thread)
+	}
 	if err != nil {
 		m.dequeue()
 		m.release(a, true)
