@@ -109,9 +109,9 @@ type Installer struct {
 	cache map[string]openedVersion // by name@version
 }
 
-// openedVersion is a version Open loaded, with the contents it verified,
-// from which the version is loaded again for another Runtime (SetRuntime)
-// without being read and verified again.
+// openedVersion is a version Open loaded and, where it was loaded with no
+// Runtime, the contents it verified, from which the version is loaded again
+// for the Runtime SetRuntime sets without being read and verified again.
 type openedVersion struct {
 	b *Bundle
 	v *verified
@@ -485,7 +485,7 @@ func (in *Installer) Open(name string, version int64) (*Bundle, error) {
 	}
 
 	v := c.v
-	if !cached {
+	if !cached || v == nil {
 		var err error
 		if v, err = in.verifyInstalled(rec); err != nil {
 			return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
@@ -494,6 +494,12 @@ func (in *Installer) Open(name string, version int64) (*Bundle, error) {
 	b, err := load(v, rt)
 	if err != nil {
 		return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
+	}
+	// The contents are kept only for a bundle loaded before the runtime
+	// was set, which is loaded again once it is (SetRuntime); a bundle
+	// loaded with its runtime does not hold its files' bytes.
+	if rt != nil {
+		v = nil
 	}
 	in.mu.Lock()
 	in.cache[key] = openedVersion{b: b, v: v}

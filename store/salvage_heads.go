@@ -386,7 +386,9 @@ func (w *salvageWalk) dropEmptyHeads(hb, bb *bbolt.Bucket, kept map[string]bool)
 // output, an outcome it never reached. Failed, it stays readable, its
 // thread is free for a new run, and its outcome is appended
 // (appendHeldOutcomes). An interrupted run is left as it is, as holdRun
-// leaves it: it waits for a person already.
+// leaves it: it waits for a person already, and the engine refuses a
+// decision on a run whose thread lost the checkpoint it paused at
+// (engine.Manager.Resume), so that person cancels it.
 func (w *salvageWalk) holdRunsOfEmptyThreads(out *bbolt.DB) error {
 	return out.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket([]byte(bucketRuns))
