@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/outpost-edge/outpost/engine"
@@ -29,8 +30,7 @@ type Conversation struct {
 // Turn is one input of a conversation.
 type Turn struct {
 	// Input is left out of an encoding when absent, as the decoder found
-	// it: "input": null is an input (a JSON null), and CheckGolden tells
-	// the two apart.
+	// it; "input": null stays null, and CheckGolden refuses both.
 	Input       json.RawMessage `json:"input,omitempty"`
 	Expect      *Expect         `json:"expect,omitempty"`
 	Resume      *Resume         `json:"resume,omitempty"`
@@ -38,13 +38,14 @@ type Turn struct {
 }
 
 // Expect is what a turn must produce. Every field is optional; a nil slice
-// is not checked, an empty one must match exactly.
+// is not checked, an empty one must match exactly, so an encoding leaves
+// out the one and keeps the other.
 type Expect struct {
-	Path          []string `json:"path,omitempty"`
-	Flags         []string `json:"flags"`
+	Path          []string `json:"path,omitzero"`
+	Flags         []string `json:"flags,omitzero"`
 	FinalContains []string `json:"final_contains,omitempty"`
 	FinalRegex    string   `json:"final_regex,omitempty"`
-	Tools         []string `json:"tools"`
+	Tools         []string `json:"tools,omitzero"`
 	Status        string   `json:"status,omitempty"`
 	Interrupt     string   `json:"interrupt,omitempty"`
 }
@@ -104,8 +105,8 @@ var statuses = []string{
 }
 
 // CheckGolden checks decoded conversations beyond their shape, for what
-// would otherwise only fail when they are replayed: every turn has an
-// input, a status is one a turn can end in, an interrupt comes with no
+// would otherwise only fail when they are replayed: no field is null,
+// every turn has an input, a status is one a turn can end in, an interrupt comes with no
 // other status, a regular expression compiles, a resume decision is
 // approve, reject or edit (with a value), and comes only after a turn that
 // may pause, after_resume comes with a resume, and names are unique within
@@ -127,6 +128,9 @@ func CheckGolden(cs []Conversation) error {
 }
 
 func (c *Conversation) check() error {
+	if at := c.nullAt(); at != "" {
+		return c.fault(at, "%s: null where %s is wanted (leave out a field that is not given)", at, wantedAt(at))
+	}
 	for i, t := range c.Turns {
 		at := fmt.Sprintf("turns.%d", i)
 		if len(t.Input) == 0 {
@@ -170,6 +174,86 @@ func (c *Conversation) checkExpect(at string, e *Expect) error {
 		}
 	}
 	return nil
+}
+
+// userData matches the paths whose values are the turn's own data, where
+// a null inside is a value like any other: a turn's input and a resume's
+// value (a null as the whole of either is still refused).
+var userData = regexp.MustCompile(`^turns\.\d+\.(input|resume\.value)$`)
+
+// nullAt returns the JSON path of the first null in the conversation's
+// line ("turns.0.expect.flags"), or "" for none. encoding/json reads a null
+// as a field left out, or an item of a list as "", so that the replay
+// would not check what the file seems to ask (a null flags is no check of
+// the flags, not a check that none is raised) or would run a turn with no
+// input. A conversation built by hand, not decoded, has no line to read.
+func (c *Conversation) nullAt() string {
+	if c.raw == nil {
+		return ""
+	}
+	at, _ := firstNull(json.NewDecoder(bytes.NewReader(c.raw)), "")
+	return at
+}
+
+// firstNull reads one value from dec and returns the path of its first
+// null, at being the value's own path.
+func firstNull(dec *json.Decoder, at string) (string, error) {
+	if userData.MatchString(at) {
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil || string(v) != "null" {
+			return "", err
+		}
+		return at, nil
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return "", err
+	}
+	if tok == nil {
+		return at, nil
+	}
+	d, ok := tok.(json.Delim)
+	if !ok {
+		return "", nil
+	}
+	prefix := at
+	if prefix != "" {
+		prefix += "."
+	}
+	for i := 0; dec.More(); i++ {
+		key := strconv.Itoa(i)
+		if d == '{' {
+			k, err := dec.Token()
+			if err != nil {
+				return "", err
+			}
+			key, _ = k.(string)
+		}
+		if found, err := firstNull(dec, prefix+key); found != "" || err != nil {
+			return found, err
+		}
+	}
+	_, err = dec.Token()
+	return "", err
+}
+
+// wantedAt says what a golden conversation wants at path at.
+func wantedAt(at string) string {
+	field := at[strings.LastIndexByte(at, '.')+1:]
+	if _, err := strconv.Atoi(field); err == nil && strings.Count(at, ".") == 1 {
+		field = "turn" // an item of turns
+	}
+	switch field {
+	case "input":
+		return "an input (every turn needs one)"
+	case "value":
+		return "a value"
+	case "turns", "path", "flags", "final_contains", "tools":
+		return "a list"
+	case "turn", "expect", "resume", "after_resume":
+		return "an object"
+	}
+	return "a string"
 }
 
 // fault reports a mistake in conversation c at the item whose JSON path

@@ -40,6 +40,26 @@ func TestBundleGoldenExpectationsAreChecked(t *testing.T) {
 			`{"decision": "maybe"}`, `turns.0.resume.decision: `},
 		{"turn with no input", `{"name": "n", "agent": "sequential", "turns": [{"input": "hi"}, {"expect": {"status": "completed"}}]}`,
 			`{"expect": {"status": "completed"}}`, `turns.1.input: every turn needs an input`},
+		// A null reads as a field left out (an expectation not checked, a
+		// resume not made), or as an input that is no input.
+		{"null input", `{"name": "ni", "agent": "sequential", "turns": [{"input": "hi"}, {"input": null, "expect": {"status": "completed"}}]}`,
+			`{"input": null`, `turns.1.input: null where an input (every turn needs one) is wanted`},
+		{"null flags", `{"name": "nf", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "completed", "flags": null}}]}`,
+			`{"status": "completed", "flags": null}`, `turns.0.expect.flags: null where a list is wanted`},
+		{"null tools", `{"name": "nt", "agent": "sequential", "turns": [{"input": "hi", "expect": {"tools": null}}]}`,
+			`{"tools": null}`, `turns.0.expect.tools: null where a list is wanted`},
+		{"null name in a path", `{"name": "np", "agent": "sequential", "turns": [{"input": "hi", "expect": {"path": ["intake", null]}}]}`,
+			`["intake", null]`, `turns.0.expect.path.1: null where a string is wanted`},
+		{"null status", `{"name": "ns", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": null}}]}`,
+			`{"status": null}`, `turns.0.expect.status: null where a string is wanted`},
+		{"null expect", `{"name": "ne", "agent": "sequential", "turns": [{"input": "hi", "expect": null}]}`,
+			`{"input": "hi", "expect": null}`, `turns.0.expect: null where an object is wanted`},
+		{"null resume", `{"name": "nr", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "interrupted"}, "resume": null}]}`,
+			`{"input": "hi", "expect": {"status": "interrupted"}, "resume": null}`, `turns.0.resume: null where an object is wanted`},
+		{"null resume value", `{"name": "nv", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "interrupted"}, "resume": {"decision": "edit", "value": null}}]}`,
+			`{"decision": "edit", "value": null}`, `turns.0.resume.value: null where a value is wanted`},
+		{"null turn", `{"name": "nn", "agent": "sequential", "turns": [{"input": "hi"}, null]}`,
+			`[{"input": "hi"}, null]`, `turns.1: null where an object is wanted`},
 		{"name used twice", `{"name": "good", "agent": "sequential", "turns": [{"input": "hi"}]}`,
 			`{"name": "good"`, `name already used on line 2`},
 		{"agent the bundle lacks", `{"name": "g", "agent": "sequentail", "turns": [{"input": "hi"}]}`,
@@ -72,8 +92,10 @@ func TestBundleGoldenExpectationsAreChecked(t *testing.T) {
 
 	// The expectations meet the bundle: an interrupt at a subgraph's node
 	// is named by its parent, an expectation may be left out, and a
-	// resumed turn's after_resume is checked as its expect is.
-	ok := `{"name": "ok", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "interrupted", "interrupt": "answer/review"}, "resume": {"decision": "approve"}, "after_resume": {"path": ["answer"], "tools": []}}]}`
+	// resumed turn's after_resume is checked as its expect is. A null
+	// inside an input or an edit's value is the turn's data, not a field.
+	ok := `{"name": "ok", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "interrupted", "interrupt": "answer/review"}, "resume": {"decision": "approve"}, "after_resume": {"path": ["answer"], "tools": []}}, ` +
+		`{"input": {"text": "hi", "note": null}, "expect": {"status": "interrupted"}, "resume": {"decision": "edit", "value": {"text": "ok", "note": [null]}}}]}`
 	dir := variant(t, 2, func(dir string) { writeFile(t, dir, "golden/patterns.jsonl", goldenWith(ok)) })
 	if _, err := firmware.Load(dir, testKeyring(t)); err != nil {
 		t.Fatal(err)
