@@ -278,8 +278,16 @@ func (c *Conversation) fault(at, format string, args ...any) *FileError {
 // checkGolden refuses a golden conversation of the bundle that no replay of
 // it could pass: one CheckGolden refuses, or one that names an agent the
 // bundle lacks, or expects a node its agent's graph lacks (in its path or
-// as its interrupt) or a tool its registry lacks. Like checkNames, whose
-// part it is, it is for verify and install, not Open.
+// as its interrupt), a tool its registry lacks, or a flag its agent can
+// never raise. Like checkNames, whose part it is, it is for verify and
+// install, not Open.
+//
+// The flags a replay reads are those of the agent's "flags" channel. What
+// its graph's nodes can write there is known where only guardrails,
+// reviews and model nodes' flag_risks do, which raise flags of the rules'
+// and their own vocabulary; where the run's input, a node whose config
+// names the channel, or a node of a Go program's own kind may write to it,
+// the expected flags are not checked.
 func (b *Bundle) checkGolden() error {
 	if err := CheckGolden(b.Golden); err != nil {
 		return err
@@ -297,13 +305,39 @@ func (b *Bundle) checkGolden() error {
 		for _, n := range spec.Nodes {
 			nodes = append(nodes, n.Name)
 		}
+		flags, unknown := spec.raised.can(DefaultFlagsChannel)
 		for i, t := range c.Turns {
-			if err := c.checkExpectNames(fmt.Sprintf("turns.%d.expect", i), t.Expect, nodes, tools); err != nil {
-				return err
+			for _, e := range []struct {
+				at     string
+				expect *Expect
+			}{{fmt.Sprintf("turns.%d.expect", i), t.Expect}, {fmt.Sprintf("turns.%d.after_resume", i), t.AfterResume}} {
+				if err := c.checkExpectNames(e.at, e.expect, nodes, tools); err != nil {
+					return err
+				}
+				if unknown == "" {
+					if err := c.checkExpectFlags(e.at, e.expect, flags); err != nil {
+						return err
+					}
+				}
 			}
-			if err := c.checkExpectNames(fmt.Sprintf("turns.%d.after_resume", i), t.AfterResume, nodes, tools); err != nil {
-				return err
+		}
+	}
+	return nil
+}
+
+// checkExpectFlags refuses an expectation of a flag outside flags, the
+// ones the conversation's agent can raise.
+func (c *Conversation) checkExpectFlags(at string, e *Expect, flags []string) error {
+	if e == nil {
+		return nil
+	}
+	for i, f := range e.Flags {
+		if !slices.Contains(flags, f) {
+			known := "it raises none"
+			if len(flags) > 0 {
+				known = "its flags: " + strings.Join(flags, ", ")
 			}
+			return c.fault(at+".flags", "%s.flags.%d: %q is not a flag agent %q can raise (%s)", at, i, f, c.Agent, known)
 		}
 	}
 	return nil

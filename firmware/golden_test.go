@@ -68,6 +68,15 @@ func TestBundleGoldenExpectationsAreChecked(t *testing.T) {
 			`["intake", "lokup"]`, `turns.0.expect.path.1: "lokup" is not a node of agent "sequential"'s graph`},
 		{"interrupt at a node the graph lacks", `{"name": "q", "agent": "sequential", "turns": [{"input": "hi", "expect": {"interrupt": "review"}}]}`,
 			`{"interrupt": "review"}`, `turns.0.expect.interrupt: "review" is not a node of agent "sequential"'s graph`},
+		// The flags an agent can raise are its guardrails' (the rules' red
+		// flags and scope flag, or the citation flags), its reviews' and
+		// its model nodes' flag_risks.
+		{"flag the agent cannot raise", `{"name": "f", "agent": "conditional", "turns": [{"input": "chest pain", "expect": {"flags": ["acute", "acutee"]}}]}`,
+			`["acute", "acutee"]`, `turns.0.expect.flags.1: "acutee" is not a flag agent "conditional" can raise (its flags: acute, out_of_scope)`},
+		{"flag after a resume the agent cannot raise", `{"name": "fr", "agent": "reviewed", "turns": [{"input": "hi", "expect": {"status": "interrupted"}, "resume": {"decision": "approve"}, "after_resume": {"flags": ["review_aproved"]}}]}`,
+			`["review_aproved"]`, `turns.0.after_resume.flags.0: "review_aproved" is not a flag agent "reviewed" can raise (its flags: review_approved, review_edited, review_rejected)`},
+		{"flag of an agent that raises none", `{"name": "fn", "agent": "sequential", "turns": [{"input": "hi", "expect": {"flags": ["acute"]}}]}`,
+			`["acute"]`, `turns.0.expect.flags.0: "acute" is not a flag agent "sequential" can raise (it raises none)`},
 		{"tool the registry lacks", `{"name": "t", "agent": "sequential", "turns": [{"input": "hi", "expect": {"tools": ["lookup_schedul"]}}]}`,
 			`["lookup_schedul"]`, `turns.0.expect.tools.0: "lookup_schedul" is not a tool of the bundle's registry`},
 	} {
@@ -96,7 +105,22 @@ func TestBundleGoldenExpectationsAreChecked(t *testing.T) {
 	// inside an input or an edit's value is the turn's data, not a field.
 	ok := `{"name": "ok", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "interrupted", "interrupt": "answer/review"}, "resume": {"decision": "approve"}, "after_resume": {"path": ["answer"], "tools": []}}, ` +
 		`{"input": {"text": "hi", "note": null}, "expect": {"status": "interrupted"}, "resume": {"decision": "edit", "value": {"text": "ok", "note": [null]}}}]}`
-	dir := variant(t, 2, func(dir string) { writeFile(t, dir, "golden/patterns.jsonl", goldenWith(ok)) })
+	// An agent's flags are checked where they are known: a node of a Go
+	// program's own kind (iterative's test_polish) may raise any, and so
+	// may a node whose config names the flags channel (noted's template).
+	ok += "\n" + `{"name": "ok-flags", "agent": "conditional", "turns": [{"input": "chest pain", "expect": {"flags": ["acute"]}}, {"input": "hi", "expect": {"flags": []}}]}` +
+		"\n" + `{"name": "ok-custom-kind", "agent": "iterative", "turns": [{"input": "hi", "expect": {"flags": ["converged"]}}]}` +
+		"\n" + `{"name": "ok-written-flags", "agent": "noted", "turns": [{"input": "hi", "expect": {"flags": ["noted"]}}]}`
+	dir := variant(t, 2, func(dir string) {
+		writeFile(t, dir, "golden/patterns.jsonl", goldenWith(ok))
+		writeFile(t, dir, "agents/noted.json", `{"name": "noted", "channels": [
+    {"name": "input", "type": "string", "reducer": "replace"},
+    {"name": "flags", "type": "strings", "reducer": "append"}],
+  "input": "input",
+  "nodes": [{"name": "note", "kind": "template", "config": {"template": "noted", "out": "flags"}}],
+  "edges": [{"from": "START", "to": "note"}, {"from": "note", "to": "END"}]}`)
+		editManifest(t, dir, func(m map[string]any) { m["agents"].(map[string]any)["noted"] = "agents/noted.json" })
+	})
 	if _, err := firmware.Load(dir, testKeyring(t)); err != nil {
 		t.Fatal(err)
 	}
