@@ -133,8 +133,11 @@ func (c *Conversation) check() error {
 	}
 	for i, t := range c.Turns {
 		at := fmt.Sprintf("turns.%d", i)
-		if len(t.Input) == 0 {
+		switch strings.TrimSpace(string(t.Input)) {
+		case "":
 			return c.fault(at, "%s.input: every turn needs an input", at)
+		case "null": // a conversation built in Go, with no line to read
+			return c.fault(at, "%s.input: null where %s is wanted", at, wantedAt(at+".input"))
 		}
 		if err := c.checkExpect(at+".expect", t.Expect); err != nil {
 			return err

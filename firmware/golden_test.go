@@ -177,3 +177,28 @@ func TestInstalledBundleOpensWithoutGoldenChecks(t *testing.T) {
 		t.Fatalf("opened %s with %d golden conversations, want the installed copy", b.Digest, len(b.Golden))
 	}
 }
+
+// A conversation built in Go, not decoded from a file, is checked as a
+// decoded one is: a turn whose input is JSON null has no input.
+func TestCheckGoldenBuiltInGo(t *testing.T) {
+	for _, tc := range []struct {
+		input json.RawMessage
+		want  string // "" for none
+	}{
+		{json.RawMessage(`"hi"`), ""},
+		{json.RawMessage(`{"text": "hi", "note": null}`), ""},
+		{nil, "turns.1.input: every turn needs an input"},
+		{json.RawMessage(`null`), "turns.1.input: null where an input (every turn needs one) is wanted"},
+		{json.RawMessage(" null\n"), "turns.1.input: null where an input (every turn needs one) is wanted"},
+	} {
+		c := firmware.Conversation{Name: "go", Agent: "sequential", File: "built.jsonl", Line: 1,
+			Turns: []firmware.Turn{{Input: json.RawMessage(`"first"`)}, {Input: tc.input}}}
+		err := firmware.CheckGolden([]firmware.Conversation{c})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("input %q: %v, want it taken", tc.input, err)
+		case tc.want != "" && (!errors.Is(err, firmware.ErrMalformed) || !strings.Contains(err.Error(), `conversation "go": `+tc.want)):
+			t.Errorf("input %q: %v, want ErrMalformed naming %q", tc.input, err, tc.want)
+		}
+	}
+}
