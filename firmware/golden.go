@@ -129,7 +129,11 @@ func CheckGolden(cs []Conversation) error {
 
 func (c *Conversation) check() error {
 	if at := c.nullAt(); at != "" {
-		return c.fault(at, "%s: null where %s is wanted (leave out a field that is not given)", at, wantedAt(at))
+		hint := ""
+		if optionalField(at) {
+			hint = " (leave out a field that is not given)"
+		}
+		return c.fault(at, "%s: null where %s is wanted%s", at, wantedAt(at), hint)
 	}
 	for i, t := range c.Turns {
 		at := fmt.Sprintf("turns.%d", i)
@@ -238,6 +242,17 @@ func firstNull(dec *json.Decoder, at string) (string, error) {
 	}
 	_, err = dec.Token()
 	return "", err
+}
+
+// optionalField reports whether path at names a field that a golden
+// conversation may leave out: not an item of a list, nor a turn's input
+// or the conversation's name, agent or turns.
+func optionalField(at string) bool {
+	field := at[strings.LastIndexByte(at, '.')+1:]
+	if _, err := strconv.Atoi(field); err == nil {
+		return false
+	}
+	return strings.Contains(at, ".") && field != "input"
 }
 
 // wantedAt says what a golden conversation wants at path at.

@@ -45,7 +45,7 @@ func TestBundleGoldenExpectationsAreChecked(t *testing.T) {
 		{"null input", `{"name": "ni", "agent": "sequential", "turns": [{"input": "hi"}, {"input": null, "expect": {"status": "completed"}}]}`,
 			`{"input": null`, `turns.1.input: null where an input (every turn needs one) is wanted`},
 		{"null flags", `{"name": "nf", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "completed", "flags": null}}]}`,
-			`{"status": "completed", "flags": null}`, `turns.0.expect.flags: null where a list is wanted`},
+			`{"status": "completed", "flags": null}`, `turns.0.expect.flags: null where a list is wanted (leave out a field that is not given)`},
 		{"null tools", `{"name": "nt", "agent": "sequential", "turns": [{"input": "hi", "expect": {"tools": null}}]}`,
 			`{"tools": null}`, `turns.0.expect.tools: null where a list is wanted`},
 		{"null name in a path", `{"name": "np", "agent": "sequential", "turns": [{"input": "hi", "expect": {"path": ["intake", null]}}]}`,
@@ -179,7 +179,8 @@ func TestInstalledBundleOpensWithoutGoldenChecks(t *testing.T) {
 }
 
 // A conversation built in Go, not decoded from a file, is checked as a
-// decoded one is: a turn whose input is JSON null has no input.
+// decoded one is: a turn whose input is JSON null has no input (and is
+// not told to leave it out).
 func TestCheckGoldenBuiltInGo(t *testing.T) {
 	for _, tc := range []struct {
 		input json.RawMessage
@@ -189,16 +190,26 @@ func TestCheckGoldenBuiltInGo(t *testing.T) {
 		{json.RawMessage(`{"text": "hi", "note": null}`), ""},
 		{nil, "turns.1.input: every turn needs an input"},
 		{json.RawMessage(`null`), "turns.1.input: null where an input (every turn needs one) is wanted"},
-		{json.RawMessage(" null\n"), "turns.1.input: null where an input (every turn needs one) is wanted"},
+		{json.RawMessage(" null "), "turns.1.input: null where an input (every turn needs one) is wanted"},
 	} {
-		c := firmware.Conversation{Name: "go", Agent: "sequential", File: "built.jsonl", Line: 1,
+		built := firmware.Conversation{Name: "go", Agent: "sequential", File: "g.jsonl", Line: 1,
 			Turns: []firmware.Turn{{Input: json.RawMessage(`"first"`)}, {Input: tc.input}}}
-		err := firmware.CheckGolden([]firmware.Conversation{c})
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("input %q: %v, want it taken", tc.input, err)
-		case tc.want != "" && (!errors.Is(err, firmware.ErrMalformed) || !strings.Contains(err.Error(), `conversation "go": `+tc.want)):
-			t.Errorf("input %q: %v, want ErrMalformed naming %q", tc.input, err, tc.want)
+		second := "{}"
+		if tc.input != nil {
+			second = `{"input": ` + string(tc.input) + `}`
+		}
+		decoded, err := firmware.DecodeGolden("g.jsonl", []byte(`{"name": "go", "agent": "sequential", "turns": [{"input": "first"}, `+second+`]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for what, c := range map[string]firmware.Conversation{"built": built, "decoded": decoded[0]} {
+			err := firmware.CheckGolden([]firmware.Conversation{c})
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("%s, input %q: %v, want it taken", what, tc.input, err)
+			case tc.want != "" && (!errors.Is(err, firmware.ErrMalformed) || !strings.HasSuffix(err.Error(), `conversation "go": `+tc.want)):
+				t.Errorf("%s, input %q: %v, want ErrMalformed ending %q", what, tc.input, err, tc.want)
+			}
 		}
 	}
 }
