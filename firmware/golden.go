@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/outpost-edge/outpost/engine"
@@ -29,8 +30,7 @@ type Conversation struct {
 // Turn is one input of a conversation.
 type Turn struct {
 	// Input is left out of an encoding when absent, as the decoder found
-	// it: "input": null is an input (a JSON null), and CheckGolden tells
-	// the two apart.
+	// it; "input": null stays null, and CheckGolden refuses both.
 	Input       json.RawMessage `json:"input,omitempty"`
 	Expect      *Expect         `json:"expect,omitempty"`
 	Resume      *Resume         `json:"resume,omitempty"`
@@ -38,13 +38,14 @@ type Turn struct {
 }
 
 // Expect is what a turn must produce. Every field is optional; a nil slice
-// is not checked, an empty one must match exactly.
+// is not checked, an empty one must match exactly, so an encoding leaves
+// out the one and keeps the other.
 type Expect struct {
-	Path          []string `json:"path,omitempty"`
-	Flags         []string `json:"flags"`
+	Path          []string `json:"path,omitzero"`
+	Flags         []string `json:"flags,omitzero"`
 	FinalContains []string `json:"final_contains,omitempty"`
 	FinalRegex    string   `json:"final_regex,omitempty"`
-	Tools         []string `json:"tools"`
+	Tools         []string `json:"tools,omitzero"`
 	Status        string   `json:"status,omitempty"`
 	Interrupt     string   `json:"interrupt,omitempty"`
 }
@@ -104,8 +105,8 @@ var statuses = []string{
 }
 
 // CheckGolden checks decoded conversations beyond their shape, for what
-// would otherwise only fail when they are replayed: every turn has an
-// input, a status is one a turn can end in, an interrupt comes with no
+// would otherwise only fail when they are replayed: no field is null,
+// every turn has an input, a status is one a turn can end in, an interrupt comes with no
 // other status, a regular expression compiles, a resume decision is
 // approve, reject or edit (with a value), and comes only after a turn that
 // may pause, after_resume comes with a resume, and names are unique within
@@ -127,10 +128,20 @@ func CheckGolden(cs []Conversation) error {
 }
 
 func (c *Conversation) check() error {
+	if at := c.nullAt(); at != "" {
+		hint := ""
+		if optionalField(at) {
+			hint = " (leave out a field that is not given)"
+		}
+		return c.fault(at, "%s: null where %s is wanted%s", at, wantedAt(at), hint)
+	}
 	for i, t := range c.Turns {
 		at := fmt.Sprintf("turns.%d", i)
-		if len(t.Input) == 0 {
+		switch strings.TrimSpace(string(t.Input)) {
+		case "":
 			return c.fault(at, "%s.input: every turn needs an input", at)
+		case "null": // a conversation built in Go, with no line to read
+			return c.fault(at, "%s.input: null where %s is wanted", at, wantedAt(at+".input"))
 		}
 		if err := c.checkExpect(at+".expect", t.Expect); err != nil {
 			return err
@@ -172,6 +183,97 @@ func (c *Conversation) checkExpect(at string, e *Expect) error {
 	return nil
 }
 
+// userData matches the paths whose values are the turn's own data, where
+// a null inside is a value like any other: a turn's input and a resume's
+// value (a null as the whole of either is still refused).
+var userData = regexp.MustCompile(`^turns\.\d+\.(input|resume\.value)$`)
+
+// nullAt returns the JSON path of the first null in the conversation's
+// line ("turns.0.expect.flags"), or "" for none. encoding/json reads a null
+// as a field left out, or an item of a list as "", so that the replay
+// would not check what the file seems to ask (a null flags is no check of
+// the flags, not a check that none is raised) or would run a turn with no
+// input. A conversation built by hand, not decoded, has no line to read.
+func (c *Conversation) nullAt() string {
+	if c.raw == nil {
+		return ""
+	}
+	at, _ := firstNull(json.NewDecoder(bytes.NewReader(c.raw)), "")
+	return at
+}
+
+// firstNull reads one value from dec and returns the path of its first
+// null, at being the value's own path.
+func firstNull(dec *json.Decoder, at string) (string, error) {
+	if userData.MatchString(at) {
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil || string(v) != "null" {
+			return "", err
+		}
+		return at, nil
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return "", err
+	}
+	if tok == nil {
+		return at, nil
+	}
+	d, ok := tok.(json.Delim)
+	if !ok {
+		return "", nil
+	}
+	prefix := at
+	if prefix != "" {
+		prefix += "."
+	}
+	for i := 0; dec.More(); i++ {
+		key := strconv.Itoa(i)
+		if d == '{' {
+			k, err := dec.Token()
+			if err != nil {
+				return "", err
+			}
+			key, _ = k.(string)
+		}
+		if found, err := firstNull(dec, prefix+key); found != "" || err != nil {
+			return found, err
+		}
+	}
+	_, err = dec.Token()
+	return "", err
+}
+
+// optionalField reports whether path at names a field that a golden
+// conversation may leave out: not an item of a list, nor a turn's input
+// or the conversation's name, agent or turns.
+func optionalField(at string) bool {
+	field := at[strings.LastIndexByte(at, '.')+1:]
+	if _, err := strconv.Atoi(field); err == nil {
+		return false
+	}
+	return strings.Contains(at, ".") && field != "input"
+}
+
+// wantedAt says what a golden conversation wants at path at.
+func wantedAt(at string) string {
+	field := at[strings.LastIndexByte(at, '.')+1:]
+	if _, err := strconv.Atoi(field); err == nil && strings.Count(at, ".") == 1 {
+		field = "turn" // an item of turns
+	}
+	switch field {
+	case "input":
+		return "an input (every turn needs one)"
+	case "value":
+		return "a value"
+	case "turns", "path", "flags", "final_contains", "tools":
+		return "a list"
+	case "turn", "expect", "resume", "after_resume":
+		return "an object"
+	}
+	return "a string"
+}
+
 // fault reports a mistake in conversation c at the item whose JSON path
 // is at (its nearest object or array; "" for the conversation), as an
 // error of a malformed golden file that names the conversation.
@@ -194,8 +296,16 @@ func (c *Conversation) fault(at, format string, args ...any) *FileError {
 // checkGolden refuses a golden conversation of the bundle that no replay of
 // it could pass: one CheckGolden refuses, or one that names an agent the
 // bundle lacks, or expects a node its agent's graph lacks (in its path or
-// as its interrupt) or a tool its registry lacks. Like checkNames, whose
-// part it is, it is for verify and install, not Open.
+// as its interrupt), a tool its registry lacks, or a flag its agent can
+// never raise. Like checkNames, whose part it is, it is for verify and
+// install, not Open.
+//
+// The flags a replay reads are those of the agent's "flags" channel. What
+// its graph's nodes can write there is known where only guardrails,
+// reviews and model nodes' flag_risks do, which raise flags of the rules'
+// and their own vocabulary; where the run's input, a node whose config
+// names the channel, or a node of a Go program's own kind may write to it,
+// the expected flags are not checked.
 func (b *Bundle) checkGolden() error {
 	if err := CheckGolden(b.Golden); err != nil {
 		return err
@@ -213,13 +323,39 @@ func (b *Bundle) checkGolden() error {
 		for _, n := range spec.Nodes {
 			nodes = append(nodes, n.Name)
 		}
+		flags, unknown := spec.raised.can(DefaultFlagsChannel)
 		for i, t := range c.Turns {
-			if err := c.checkExpectNames(fmt.Sprintf("turns.%d.expect", i), t.Expect, nodes, tools); err != nil {
-				return err
+			for _, e := range []struct {
+				at     string
+				expect *Expect
+			}{{fmt.Sprintf("turns.%d.expect", i), t.Expect}, {fmt.Sprintf("turns.%d.after_resume", i), t.AfterResume}} {
+				if err := c.checkExpectNames(e.at, e.expect, nodes, tools); err != nil {
+					return err
+				}
+				if unknown == "" {
+					if err := c.checkExpectFlags(e.at, e.expect, flags); err != nil {
+						return err
+					}
+				}
 			}
-			if err := c.checkExpectNames(fmt.Sprintf("turns.%d.after_resume", i), t.AfterResume, nodes, tools); err != nil {
-				return err
+		}
+	}
+	return nil
+}
+
+// checkExpectFlags refuses an expectation of a flag outside flags, the
+// ones the conversation's agent can raise.
+func (c *Conversation) checkExpectFlags(at string, e *Expect, flags []string) error {
+	if e == nil {
+		return nil
+	}
+	for i, f := range e.Flags {
+		if !slices.Contains(flags, f) {
+			known := "it raises none"
+			if len(flags) > 0 {
+				known = "its flags: " + strings.Join(flags, ", ")
 			}
+			return c.fault(at+".flags", "%s.flags.%d: %q is not a flag agent %q can raise (%s)", at, i, f, c.Agent, known)
 		}
 	}
 	return nil

@@ -40,6 +40,26 @@ func TestBundleGoldenExpectationsAreChecked(t *testing.T) {
 			`{"decision": "maybe"}`, `turns.0.resume.decision: `},
 		{"turn with no input", `{"name": "n", "agent": "sequential", "turns": [{"input": "hi"}, {"expect": {"status": "completed"}}]}`,
 			`{"expect": {"status": "completed"}}`, `turns.1.input: every turn needs an input`},
+		// A null reads as a field left out (an expectation not checked, a
+		// resume not made), or as an input that is no input.
+		{"null input", `{"name": "ni", "agent": "sequential", "turns": [{"input": "hi"}, {"input": null, "expect": {"status": "completed"}}]}`,
+			`{"input": null`, `turns.1.input: null where an input (every turn needs one) is wanted`},
+		{"null flags", `{"name": "nf", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "completed", "flags": null}}]}`,
+			`{"status": "completed", "flags": null}`, `turns.0.expect.flags: null where a list is wanted (leave out a field that is not given)`},
+		{"null tools", `{"name": "nt", "agent": "sequential", "turns": [{"input": "hi", "expect": {"tools": null}}]}`,
+			`{"tools": null}`, `turns.0.expect.tools: null where a list is wanted`},
+		{"null name in a path", `{"name": "np", "agent": "sequential", "turns": [{"input": "hi", "expect": {"path": ["intake", null]}}]}`,
+			`["intake", null]`, `turns.0.expect.path.1: null where a string is wanted`},
+		{"null status", `{"name": "ns", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": null}}]}`,
+			`{"status": null}`, `turns.0.expect.status: null where a string is wanted`},
+		{"null expect", `{"name": "ne", "agent": "sequential", "turns": [{"input": "hi", "expect": null}]}`,
+			`{"input": "hi", "expect": null}`, `turns.0.expect: null where an object is wanted`},
+		{"null resume", `{"name": "nr", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "interrupted"}, "resume": null}]}`,
+			`{"input": "hi", "expect": {"status": "interrupted"}, "resume": null}`, `turns.0.resume: null where an object is wanted`},
+		{"null resume value", `{"name": "nv", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "interrupted"}, "resume": {"decision": "edit", "value": null}}]}`,
+			`{"decision": "edit", "value": null}`, `turns.0.resume.value: null where a value is wanted`},
+		{"null turn", `{"name": "nn", "agent": "sequential", "turns": [{"input": "hi"}, null]}`,
+			`[{"input": "hi"}, null]`, `turns.1: null where an object is wanted`},
 		{"name used twice", `{"name": "good", "agent": "sequential", "turns": [{"input": "hi"}]}`,
 			`{"name": "good"`, `name already used on line 2`},
 		{"agent the bundle lacks", `{"name": "g", "agent": "sequentail", "turns": [{"input": "hi"}]}`,
@@ -48,6 +68,15 @@ func TestBundleGoldenExpectationsAreChecked(t *testing.T) {
 			`["intake", "lokup"]`, `turns.0.expect.path.1: "lokup" is not a node of agent "sequential"'s graph`},
 		{"interrupt at a node the graph lacks", `{"name": "q", "agent": "sequential", "turns": [{"input": "hi", "expect": {"interrupt": "review"}}]}`,
 			`{"interrupt": "review"}`, `turns.0.expect.interrupt: "review" is not a node of agent "sequential"'s graph`},
+		// The flags an agent can raise are its guardrails' (the rules' red
+		// flags and scope flag, or the citation flags), its reviews' and
+		// its model nodes' flag_risks.
+		{"flag the agent cannot raise", `{"name": "f", "agent": "conditional", "turns": [{"input": "chest pain", "expect": {"flags": ["acute", "acutee"]}}]}`,
+			`["acute", "acutee"]`, `turns.0.expect.flags.1: "acutee" is not a flag agent "conditional" can raise (its flags: acute, out_of_scope)`},
+		{"flag after a resume the agent cannot raise", `{"name": "fr", "agent": "reviewed", "turns": [{"input": "hi", "expect": {"status": "interrupted"}, "resume": {"decision": "approve"}, "after_resume": {"flags": ["review_aproved"]}}]}`,
+			`["review_aproved"]`, `turns.0.after_resume.flags.0: "review_aproved" is not a flag agent "reviewed" can raise (its flags: review_approved, review_edited, review_rejected)`},
+		{"flag of an agent that raises none", `{"name": "fn", "agent": "sequential", "turns": [{"input": "hi", "expect": {"flags": ["acute"]}}]}`,
+			`["acute"]`, `turns.0.expect.flags.0: "acute" is not a flag agent "sequential" can raise (it raises none)`},
 		{"tool the registry lacks", `{"name": "t", "agent": "sequential", "turns": [{"input": "hi", "expect": {"tools": ["lookup_schedul"]}}]}`,
 			`["lookup_schedul"]`, `turns.0.expect.tools.0: "lookup_schedul" is not a tool of the bundle's registry`},
 	} {
@@ -72,9 +101,26 @@ func TestBundleGoldenExpectationsAreChecked(t *testing.T) {
 
 	// The expectations meet the bundle: an interrupt at a subgraph's node
 	// is named by its parent, an expectation may be left out, and a
-	// resumed turn's after_resume is checked as its expect is.
-	ok := `{"name": "ok", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "interrupted", "interrupt": "answer/review"}, "resume": {"decision": "approve"}, "after_resume": {"path": ["answer"], "tools": []}}]}`
-	dir := variant(t, 2, func(dir string) { writeFile(t, dir, "golden/patterns.jsonl", goldenWith(ok)) })
+	// resumed turn's after_resume is checked as its expect is. A null
+	// inside an input or an edit's value is the turn's data, not a field.
+	ok := `{"name": "ok", "agent": "sequential", "turns": [{"input": "hi", "expect": {"status": "interrupted", "interrupt": "answer/review"}, "resume": {"decision": "approve"}, "after_resume": {"path": ["answer"], "tools": []}}, ` +
+		`{"input": {"text": "hi", "note": null}, "expect": {"status": "interrupted"}, "resume": {"decision": "edit", "value": {"text": "ok", "note": [null]}}}]}`
+	// An agent's flags are checked where they are known: a node of a Go
+	// program's own kind (iterative's test_polish) may raise any, and so
+	// may a node whose config names the flags channel (noted's template).
+	ok += "\n" + `{"name": "ok-flags", "agent": "conditional", "turns": [{"input": "chest pain", "expect": {"flags": ["acute"]}}, {"input": "hi", "expect": {"flags": []}}]}` +
+		"\n" + `{"name": "ok-custom-kind", "agent": "iterative", "turns": [{"input": "hi", "expect": {"flags": ["converged"]}}]}` +
+		"\n" + `{"name": "ok-written-flags", "agent": "noted", "turns": [{"input": "hi", "expect": {"flags": ["noted"]}}]}`
+	dir := variant(t, 2, func(dir string) {
+		writeFile(t, dir, "golden/patterns.jsonl", goldenWith(ok))
+		writeFile(t, dir, "agents/noted.json", `{"name": "noted", "channels": [
+    {"name": "input", "type": "string", "reducer": "replace"},
+    {"name": "flags", "type": "strings", "reducer": "append"}],
+  "input": "input",
+  "nodes": [{"name": "note", "kind": "template", "config": {"template": "noted", "out": "flags"}}],
+  "edges": [{"from": "START", "to": "note"}, {"from": "note", "to": "END"}]}`)
+		editManifest(t, dir, func(m map[string]any) { m["agents"].(map[string]any)["noted"] = "agents/noted.json" })
+	})
 	if _, err := firmware.Load(dir, testKeyring(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -129,5 +175,41 @@ func TestInstalledBundleOpensWithoutGoldenChecks(t *testing.T) {
 	}
 	if b.Digest != firmware.Digest(manifest) || len(b.Golden) != 2 {
 		t.Fatalf("opened %s with %d golden conversations, want the installed copy", b.Digest, len(b.Golden))
+	}
+}
+
+// A conversation built in Go, not decoded from a file, is checked as a
+// decoded one is: a turn whose input is JSON null has no input (and is
+// not told to leave it out).
+func TestCheckGoldenBuiltInGo(t *testing.T) {
+	for _, tc := range []struct {
+		input json.RawMessage
+		want  string // "" for none
+	}{
+		{json.RawMessage(`"hi"`), ""},
+		{json.RawMessage(`{"text": "hi", "note": null}`), ""},
+		{nil, "turns.1.input: every turn needs an input"},
+		{json.RawMessage(`null`), "turns.1.input: null where an input (every turn needs one) is wanted"},
+		{json.RawMessage(" null "), "turns.1.input: null where an input (every turn needs one) is wanted"},
+	} {
+		built := firmware.Conversation{Name: "go", Agent: "sequential", File: "g.jsonl", Line: 1,
+			Turns: []firmware.Turn{{Input: json.RawMessage(`"first"`)}, {Input: tc.input}}}
+		second := "{}"
+		if tc.input != nil {
+			second = `{"input": ` + string(tc.input) + `}`
+		}
+		decoded, err := firmware.DecodeGolden("g.jsonl", []byte(`{"name": "go", "agent": "sequential", "turns": [{"input": "first"}, `+second+`]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for what, c := range map[string]firmware.Conversation{"built": built, "decoded": decoded[0]} {
+			err := firmware.CheckGolden([]firmware.Conversation{c})
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("%s, input %q: %v, want it taken", what, tc.input, err)
+			case tc.want != "" && (!errors.Is(err, firmware.ErrMalformed) || !strings.HasSuffix(err.Error(), `conversation "go": `+tc.want)):
+				t.Errorf("%s, input %q: %v, want ErrMalformed ending %q", what, tc.input, err, tc.want)
+			}
+		}
 	}
 }

@@ -52,6 +52,9 @@ type GraphSpec struct {
 	Edges      []EdgeSpec `json:"edges"`
 	// maxRunTime is MaxRunTime parsed.
 	maxRunTime time.Duration
+	// raised is what the graph's nodes can write to its channels as
+	// flags, set when it is compiled.
+	raised *raised
 }
 
 // NodeSpec is one node of a graph file: its name, its kind and the kind's
@@ -220,6 +223,16 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		spec.maxRunTime = d
 	}
 
+	// What the nodes can raise, and where other writes make it unknown.
+	raised := &raised{}
+	for _, ch := range []struct{ name, why string }{
+		{spec.Input, "the run's input is written to it"}, {spec.History, "the run's input is written to it"},
+	} {
+		if ch.name != "" {
+			raised.opaque(ch.name, fmt.Sprintf("channel %q of graph %q: %s", ch.name, spec.Name, ch.why))
+		}
+	}
+
 	// Nodes.
 	names := map[string]NodeSpec{}
 	fanouts := map[string]*fanoutConfig{}
@@ -233,7 +246,14 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		}
 		names[n.Name] = n
 		env := &Env{Bundle: gc.bundle, File: file, Graph: spec.Name, Node: n.Name, Flags: spec.Flags,
-			channels: channels, handles: handles, data: data, cfgOff: pos.At(at + ".config"), nodeOff: pos.At(at), gc: gc}
+			channels: channels, handles: handles, data: data, cfgOff: pos.At(at + ".config"), nodeOff: pos.At(at), gc: gc,
+			raised: raised}
+		for _, ch := range namedChannels(n.Config, channels) {
+			raised.opaque(ch, fmt.Sprintf("node %q of graph %q names channel %q in its config", n.Name, spec.Name, ch))
+		}
+		if _, builtin := builtinKinds[n.Kind]; !builtin {
+			raised.opaque(anyChannel, fmt.Sprintf("node %q of graph %q is of kind %q, which may write anything", n.Name, spec.Name, n.Kind))
+		}
 		var opts []engine.NodeOption
 		if n.Timeout != "" {
 			d, err := time.ParseDuration(n.Timeout)
@@ -262,6 +282,7 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 			if err != nil {
 				return nil, err
 			}
+			raised.include(n.Name, sub.spec.raised, channels)
 			b.AddSubgraph(n.Name, sub.graph, opts...)
 			continue
 		case KindFanout:
@@ -411,6 +432,7 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		}
 		return nil, &FileError{File: file, Err: err}
 	}
+	spec.raised = raised
 	return &compiledGraph{spec: &spec, graph: g, channels: channels, handles: handles}, nil
 }
 

@@ -404,6 +404,7 @@ func TestLostIndexIsRefused(t *testing.T) {
 // over from one taken out, is no harm and is taken.
 func TestBundleNamesMeet(t *testing.T) {
 	const rules = `{
+  "red_flags": [{"name": "chest-pain", "pattern": "chest pain", "flag": "acute", "template": "Call your local emergency number now."}],
   "citations": {"pattern": "\\[(kb-[0-9]+)\\]"},
   "approvals": [
     {"tool": "send_reminder", "decision": "ask", "reason": "it writes"},

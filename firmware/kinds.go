@@ -117,6 +117,14 @@ type Env struct {
 	cfgOff   int            // where the node's config starts in data, or -1
 	nodeOff  int
 	gc       *graphCompiler
+	raised   *raised // what the graph's nodes can raise
+}
+
+// raise records that the node can add flags to the graph's flags channel.
+func (e *Env) raise(flags ...string) {
+	if e.raised != nil {
+		e.raised.add(e.Flags, flags...)
+	}
 }
 
 // Channel returns a channel the graph declares.
@@ -332,6 +340,7 @@ func buildGuardrail(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 		if err := out.canHoldText(); err != nil {
 			return nil, env.Errorf("out: %v", err)
 		}
+		env.raise(rules.PreFlags()...)
 		return func(_ context.Context, s engine.State) ([]engine.Write, error) {
 			v, _ := s.Value(in.Name)
 			raised, short := rules.Pre(render(v))
@@ -361,6 +370,7 @@ func buildGuardrail(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 				return nil, err
 			}
 		}
+		env.raise(FlagUncited, FlagForeignCitation)
 		return func(_ context.Context, s engine.State) ([]engine.Write, error) {
 			v, _ := s.Value(draft.Name)
 			var retrieved []string
@@ -569,6 +579,9 @@ func buildReview(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 	flags, hasFlags := env.channels[env.Flags]
 	if c.RejectText == "" {
 		c.RejectText = "A reviewer withheld this answer. Please contact the clinic directly."
+	}
+	if hasFlags && flags.Type == TypeStrings {
+		env.raise(FlagReviewApproved, FlagReviewEdited, FlagReviewRejected)
 	}
 	return func(ctx context.Context, s engine.State) ([]engine.Write, error) {
 		v, _ := s.Value(draft.Name)

@@ -477,6 +477,7 @@ func buildModel(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 		if flags, err = env.need("flags", env.Flags, TypeStrings); err != nil {
 			return nil, err
 		}
+		env.raise(FlagUncited, FlagForeignCitation, FlagWriteTool)
 	}
 	b := env.Bundle
 	return func(ctx context.Context, s engine.State) ([]engine.Write, error) {

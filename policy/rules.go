@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -151,6 +152,32 @@ func (r *Rules) ready() (*compiledRules, error) {
 	return r.compile()
 }
 
+// FlagRulesInvalid is the flag Pre raises when the rules do not compile.
+const FlagRulesInvalid = "rules_invalid"
+
+// PreFlags lists every flag Pre can raise, sorted: each red flag's, and the
+// scope's where the scope has keywords (FlagRulesInvalid alone where the
+// rules do not compile).
+func (r *Rules) PreFlags() []string {
+	c, err := r.ready()
+	if err != nil {
+		return []string{FlagRulesInvalid}
+	}
+	var flags []string
+	for _, f := range r.RedFlags {
+		flags = append(flags, f.Flag)
+	}
+	if len(c.keywords) > 0 {
+		flag := r.Scope.Flag
+		if flag == "" {
+			flag = DefaultOutOfScopeFlag
+		}
+		flags = append(flags, flag)
+	}
+	slices.Sort(flags)
+	return slices.Compact(flags)
+}
+
 // Pre screens an input before the model sees it. Every matching red flag
 // adds its flag; the first one (in rule order) supplies shortCircuit, the
 // answer to give instead of running the model. An input that matches no red
@@ -160,7 +187,7 @@ func (r *Rules) ready() (*compiledRules, error) {
 func (r *Rules) Pre(input string) (flags []string, shortCircuit string) {
 	c, err := r.ready()
 	if err != nil {
-		return []string{"rules_invalid"}, "This assistant is not available right now."
+		return []string{FlagRulesInvalid}, "This assistant is not available right now."
 	}
 	text := normalizeInput(input)
 	flags = []string{}

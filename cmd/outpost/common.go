@@ -317,18 +317,30 @@ func namingAgents(resolve engine.Resolver, names []string, withBench bool) (engi
 	}, nil
 }
 
+// loadedBundles is what a command loaded of a data folder's bundles
+// before it opened the store (checkNewRun's check of run's flags), for its
+// session to run, so that no bundle is verified or compiled twice. They
+// were loaded for rt, which the session binds to the store (bindRuntime).
+type loadedBundles struct {
+	rt  *firmware.Runtime
+	in  *firmware.Installer // the folder's installer; nil: none opened yet
+	ref *firmware.Bundle    // the embedded bundle, loaded for rt; nil: not loaded yet
+}
+
 // applianceResolver resolves agents for a store-backed session. When
 // bundles are installed under dir, new runs get the active bundles' agents
 // and resumed runs the exact version they are pinned to; otherwise (and for
 // runs pinned to it) the embedded reference bundle serves, and notice is
-// told so. Model nodes run with rt. With benchAgent, the bench workload's agent
-// is there too (see namingAgents). in is dir's installer where one is open
-// already (checkNewRun's), so that the bundles it verified are not verified
-// again; nil opens one.
-func applianceResolver(dir string, in *firmware.Installer, rt *firmware.Runtime, notice func(string), benchAgent bool) (engine.Resolver, error) {
-	ref, err := firmware.ReferenceWithRuntime(rt)
-	if err != nil {
-		return nil, err
+// told so. Model nodes run with lb.rt. With benchAgent, the bench workload's
+// agent is there too (see namingAgents). What lb holds loaded already is
+// used as it is, and the rest is loaded.
+func applianceResolver(dir string, lb loadedBundles, notice func(string), benchAgent bool) (engine.Resolver, error) {
+	ref, in, rt := lb.ref, lb.in, lb.rt
+	var err error
+	if ref == nil {
+		if ref, err = firmware.ReferenceWithRuntime(rt); err != nil {
+			return nil, err
+		}
 	}
 	embedded := firmware.BundleResolver(ref)
 	if in == nil {

@@ -98,36 +98,39 @@ func checkKeysFlag(keys string) error {
 // thread, an agent that no bundle new runs use has, a tool outside the
 // agent's registry. The bundles installed in dir are read for it (no store
 // is opened); where they cannot be read, or none is installed and the
-// folder does not say so yet, the run itself says what is wrong. It returns
-// the installer it read them with, if any, for the run's session to use,
-// so that the bundles are not verified again.
-func checkNewRun(dir, thread, agent string, tools *toolsFlag) (*firmware.Installer, error) {
+// folder does not say so yet, the run itself says what is wrong. The
+// bundles are loaded for rt, and it returns what it loaded, for the run's
+// session to run, so that they are not verified or compiled again.
+func checkNewRun(dir, thread, agent string, tools *toolsFlag, rt *firmware.Runtime) (loadedBundles, error) {
+	lb := loadedBundles{rt: rt}
 	if thread == "" {
-		return nil, badUsage("--thread is empty: name the thread (conversation) to run the turn on, or leave --thread out for \"default\"")
+		return lb, badUsage("--thread is empty: name the thread (conversation) to run the turn on, or leave --thread out for \"default\"")
 	}
-	var in *firmware.Installer
 	var resolve engine.Resolver
 	var err error
+	if lb.ref, err = firmware.ReferenceWithRuntime(rt); err != nil {
+		return loadedBundles{rt: rt}, nil
+	}
 	if _, serr := os.Stat(filepath.Join(dir, "firmware")); serr != nil {
-		resolve, err = resolver() // nothing installed: the embedded bundle's agents and the bench's
-	} else if in, err = openInstaller(dir, nil); err == nil {
-		resolve, err = applianceResolver(dir, in, nil, nil, true)
+		resolve, err = referenceResolver(lb.ref) // nothing installed: the embedded bundle's agents and the bench's
+	} else if lb.in, err = openInstaller(dir, rt); err == nil {
+		resolve, err = applianceResolver(dir, lb, nil, true)
 	}
 	if err != nil {
-		return nil, nil
+		return lb, nil
 	}
 	ag, err := resolve(agent, engine.BundleRef{})
 	if errors.Is(err, engine.ErrUnknownAgent) {
-		return nil, badUsage("--agent: %v", err)
+		return lb, badUsage("--agent: %v", err)
 	}
 	if err != nil || !tools.set {
-		return in, nil
+		return lb, nil
 	}
 	unknown, err := firmware.UnknownTools(ag, firmware.ParseToolList(tools.names))
 	if err != nil || len(unknown) == 0 {
-		return in, nil
+		return lb, nil
 	}
-	return nil, badUsage("--tools: %v", &firmware.UnknownToolsError{Agent: agent, Names: unknown})
+	return lb, badUsage("--tools: %v", &firmware.UnknownToolsError{Agent: agent, Names: unknown})
 }
 
 // givenAs is the name under which the command line set the flag name: an

@@ -182,18 +182,33 @@ func ollamaReachable(ctx context.Context, base string) error {
 // recorded in the store, notes and follow-ups in files beside it, and the
 // appliance's budget.
 func runtimeFor(db *store.DB, dir string, p models.Provider, model string, budget policy.Budget) (*firmware.Runtime, error) {
-	notes, err := agent.OpenFileNotes(filepath.Join(dir, "notes.jsonl"))
-	if err != nil {
+	rt := &firmware.Runtime{Budget: budget}
+	if err := bindRuntime(rt, db, dir, p, model); err != nil {
 		return nil, err
 	}
-	return &firmware.Runtime{Provider: p, Model: model, Log: wiring.CallLog(db, db), Blobs: db, Runs: db, Budget: budget,
-		Notes: notes, Followups: &agent.FileFollowups{Path: filepath.Join(dir, "followups.jsonl")}}, nil
+	return rt, nil
+}
+
+// bindRuntime gives rt, made with its budget before the store was open,
+// the rest of what runtimeFor gives. Bundles loaded for rt read these
+// fields when a node runs, not when they are compiled, so a command may
+// check its agent on bundles loaded for rt before it opens the store, and
+// run them once it has.
+func bindRuntime(rt *firmware.Runtime, db *store.DB, dir string, p models.Provider, model string) error {
+	notes, err := agent.OpenFileNotes(filepath.Join(dir, "notes.jsonl"))
+	if err != nil {
+		return err
+	}
+	rt.Provider, rt.Model, rt.Log, rt.Blobs, rt.Runs = p, model, wiring.CallLog(db, db), db, db
+	rt.Notes, rt.Followups = notes, &agent.FileFollowups{Path: filepath.Join(dir, "followups.jsonl")}
+	return nil
 }
 
 // openSession opens the store in dir, making it first when create is set
-// (run makes one; resume answers a run that must already be there). in is
-// dir's firmware installer where one is open already (nil opens one).
-func openSession(ctx context.Context, dir string, create bool, durability engine.Durability, out, stderr io.Writer, asJSON bool, mc *modelChoice, bc *budgetChoice, in *firmware.Installer) (*session, error) {
+// (run makes one; resume answers a run that must already be there). lb
+// is what was loaded of dir's bundles already, for lb.rt (checkNewRun's),
+// so that no bundle is loaded again; its zero value loads them.
+func openSession(ctx context.Context, dir string, create bool, durability engine.Durability, out, stderr io.Writer, asJSON bool, mc *modelChoice, bc *budgetChoice, lb loadedBundles) (*session, error) {
 	budget, err := bc.budget()
 	if err != nil {
 		return nil, err
@@ -212,12 +227,14 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 	if err != nil {
 		return nil, err
 	}
-	rt, err := runtimeFor(db, dir, p, model, budget)
-	if err != nil {
+	if lb.rt == nil {
+		lb = loadedBundles{rt: &firmware.Runtime{Budget: budget}}
+	}
+	if err := bindRuntime(lb.rt, db, dir, p, model); err != nil {
 		db.Close()
 		return nil, err
 	}
-	resolve, err := applianceResolver(dir, in, rt, func(notice string) { fmt.Fprintf(stderr, "%s\n", notice) }, true)
+	resolve, err := applianceResolver(dir, lb, func(notice string) { fmt.Fprintf(stderr, "%s\n", notice) }, true)
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -308,12 +325,18 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := mc.check(); err != nil {
 		return err
 	}
-	in, err := checkNewRun(*data, *thread, *agentName, &tools)
+	budget, err := bc.budget()
+	if err != nil {
+		return err
+	}
+	// The bundles that the check loads are loaded for the runtime the
+	// session binds to the store, and the session runs them as loaded.
+	lb, err := checkNewRun(*data, *thread, *agentName, &tools, &firmware.Runtime{Budget: budget})
 	if err != nil {
 		return err
 	}
 	input, _ := json.Marshal(strings.Join(fs.Args(), " "))
-	s, err := openSession(ctx, *data, true, dur, stdout, stderr, *asJSON, mc, bc, in)
+	s, err := openSession(ctx, *data, true, dur, stdout, stderr, *asJSON, mc, bc, lb)
 	if err != nil {
 		return err
 	}
@@ -520,7 +543,7 @@ take leaves it waiting.`
 	if err := mc.check(); err != nil {
 		return err
 	}
-	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc, nil)
+	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc, loadedBundles{})
 	if err != nil {
 		return err
 	}

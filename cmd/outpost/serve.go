@@ -180,7 +180,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	if err != nil {
 		return err
 	}
-	resolve, err := applianceResolver(*data, in, rt, nil, false)
+	resolve, err := applianceResolver(*data, loadedBundles{rt: rt, in: in}, nil, false)
 	if err != nil {
 		return err
 	}
