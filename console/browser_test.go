@@ -1168,19 +1168,9 @@ func TestReviewErrorGoesWithTheReview(t *testing.T) {
 func TestSeveralQuestionsInThePage(t *testing.T) {
 	e := newEnv(t, nil)
 	e.startRun("one-question", "please review this", "10s")
-	r := e.do("POST", "/api/v1/threads/two-questions/runs", map[string]any{"agent": twoQuestionsAgent, "input": "hi", "wait": "10s"})
-	if r.status != http.StatusCreated {
-		t.Fatalf("start run: %d %s", r.status, r.body)
-	}
-	run := r.json(t)
-	id := run["id"].(string)
-	asked, _ := run["interrupts"].([]any)
-	if run["status"] != "interrupted" || len(asked) != 2 {
-		t.Fatalf("the run is %v, waiting on %d interrupts", run["status"], len(asked))
-	}
+	id, asked := e.startTwoQuestions("two-questions")
 	var qs [2]struct{ id, node string }
-	for i, a := range asked {
-		m := a.(map[string]any)
+	for i, m := range asked {
 		qs[i].id, qs[i].node = m["id"].(string), m["node"].(string)
 	}
 
@@ -1230,4 +1220,71 @@ func TestSeveralQuestionsInThePage(t *testing.T) {
 	if want := map[string]any{qs[0].node: "the " + qs[0].node + " draft (hi)", qs[1].node: long}; !reflect.DeepEqual(got["output"], want) {
 		t.Fatalf("output %v, want %v", got["output"], want)
 	}
+}
+
+// typeInto replaces the text of the field with the given id as an operator
+// does: it focuses it, selects what it holds and types over it.
+func typeInto(ctx context.Context, c *cdp, id, s string) {
+	c.t.Helper()
+	c.eval(ctx, `document.getElementById(`+jsString(id)+`).focus(); document.getElementById(`+jsString(id)+`).select(); true`)
+	c.call(ctx, "Input.insertText", map[string]any{"text": s}, nil)
+}
+
+// TestDraftsKeptPerQuestion: an operator types a reply to each of a run's
+// two questions, moves between them and to another run and back: each
+// question shows what was typed for it, and nothing else. Sending one
+// question's reply leaves the other's draft; the other then answered
+// from another console takes its draft away, and the page says so.
+func TestDraftsKeptPerQuestion(t *testing.T) {
+	e := newEnv(t, nil)
+	_, other := e.startRun("one-question", "please review this", "10s")
+	id, asked := e.startTwoQuestions("two-questions")
+	first, second := asked[0], asked[1]
+
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	form := func(node, edit, reason string) {
+		t.Helper()
+		what := fmt.Sprintf("the question at %s with the edit %q and the reason %q", node, edit, reason)
+		c.until(ctx, what, `document.getElementById("interrupt-node").textContent === `+jsString(node)+` &&
+			document.getElementById("edit-value").value === `+jsString(edit)+` &&
+			document.getElementById("reason").value === `+jsString(reason), shot)
+	}
+	form(first["node"].(string), "the "+first["node"].(string)+" draft (hi)", "")
+	typeInto(ctx, c, "edit-value", "first reply, typed")
+	typeInto(ctx, c, "reason", "first reason")
+	c.eval(ctx, `document.getElementById("interrupt-next").click(); true`)
+	form(second["node"].(string), "the "+second["node"].(string)+" draft (hi)", "")
+	typeInto(ctx, c, "edit-value", "second reply, typed")
+	c.eval(ctx, `document.getElementById("interrupt-prev").click(); true`)
+	form(first["node"].(string), "first reply, typed", "first reason")
+
+	// Another run's review shows its own draft, and coming back shows the
+	// question left on screen with what was typed for it.
+	c.eval(ctx, `select(`+jsString(other["id"].(string))+`); true`)
+	form("review", "Take your dose now. (please review this)", "")
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	form(first["node"].(string), "first reply, typed", "first reason")
+	c.eval(ctx, `document.getElementById("interrupt-next").click(); true`)
+	form(second["node"].(string), "second reply, typed", "")
+	shot("draft-kept")
+
+	c.eval(ctx, `document.getElementById("edit").click(); true`)
+	form(first["node"].(string), "first reply, typed", "first reason")
+	got := e.do("GET", "/api/v1/runs/"+id, nil).json(t)
+	if ds, _ := got["decisions"].([]any); len(ds) != 1 || ds[0].(map[string]any)["value"] != "second reply, typed" {
+		t.Fatalf("decisions after the edit: %v", got["decisions"])
+	}
+
+	// The first question answered from another console.
+	if r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "reject", "interrupt": first["id"], "wait": "10s"}, "X-Operator", "Dr Other"); r.status != 200 {
+		t.Fatalf("decision from elsewhere: %d %s", r.status, r.body)
+	}
+	c.until(ctx, "the page saying the draft was discarded", `document.getElementById("interrupt").hidden &&
+		document.getElementById("draft-notice").offsetParent !== null &&
+		document.getElementById("draft-notice").textContent.includes("reply to the question at `+first["node"].(string)+` was discarded") &&
+		document.getElementById("draft-notice").textContent.includes("reject by Dr Other") &&
+		state.drafts.size === 0`, shot)
+	shot("draft-discarded")
 }

@@ -416,3 +416,22 @@ func (e *env) head(thread string) string {
 	}
 	return cps[0].ID
 }
+
+// startTwoQuestions starts a run of twoQuestionsAgent on thread, with
+// input "hi", and returns it once it waits on its two questions.
+func (e *env) startTwoQuestions(thread string) (id string, asked []map[string]any) {
+	e.t.Helper()
+	r := e.do("POST", "/api/v1/threads/"+thread+"/runs", map[string]any{"agent": twoQuestionsAgent, "input": "hi", "wait": "10s"})
+	if r.status != http.StatusCreated {
+		e.t.Fatalf("start run: %d %s", r.status, r.body)
+	}
+	run := r.json(e.t)
+	list, _ := run["interrupts"].([]any)
+	for _, a := range list {
+		asked = append(asked, a.(map[string]any))
+	}
+	if run["status"] != "interrupted" || len(asked) != 2 {
+		e.t.Fatalf("the run is %v, waiting on %d interrupts", run["status"], len(asked))
+	}
+	return run["id"].(string), asked
+}

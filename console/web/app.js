@@ -23,6 +23,9 @@ const state = {
   streams: new Map(),    // run id + node -> <span> collecting tokens
   log: new Map(),        // run id -> its events seen by this page, to redraw a transcript
   question: new Map(),   // run id -> the id of the interrupt its review shows
+  drafts: new Map(),     // run id -> Map(interrupt id -> {edit, reason}) typed and not sent
+  deciding: new Set(),   // run id + interrupt id of the decisions this page is sending
+  dropped: new Map(),    // run id -> why its unsent drafts were discarded, said when it is next shown
 };
 
 async function api(method, path, body) {
@@ -196,6 +199,10 @@ async function loadRuns() {
   // The newest runs, and every run waiting for review however old: a
   // review must never drop out of sight.
   for (const r of waiting.all) state.runs.set(r.id, r);
+  for (const r of state.runs.values()) dropDrafts(r);
+  // A run with drafts that is no longer listed waits no more: read it,
+  // to say what became of them.
+  for (const id of state.drafts.keys()) if (!state.runs.has(id)) refreshRun(id);
   // Records the store cannot read are left out of the list: say so, or
   // the list would look whole. The list of reviews reads back further
   // than the newest page: a damaged record either meets is named, once.
@@ -270,6 +277,7 @@ async function refreshRun(id) {
   try {
     const run = await api("GET", "/api/v1/runs/" + encodeURIComponent(id));
     state.runs.set(id, run);
+    dropDrafts(run);
     renderRuns();
     if (id === state.selected) renderDetail(run);
   } catch (e) { /* a run listed by an event may be gone after a restart */ }
@@ -378,12 +386,23 @@ function renderDetail(run) {
   // decision that could not be confirmed) takes the error about it away:
   // it no longer says anything true about the run on screen.
   const form = $("interrupt");
+  // The review the form held until now, to tell whether it changes.
+  const shown = (form.dataset.run || "") + "\n" + (form.dataset.interrupt || "");
   if (!pending && form.dataset.interrupt && form.dataset.run === run.id) {
     delete form.dataset.interrupt;
     show($("decide-error"), false);
   }
   form.dataset.run = run.id;
   show(form, pending);
+  // Drafts discarded since the run was last on screen are said once, and
+  // stay said while it is.
+  const note = $("draft-notice");
+  if (state.dropped.has(run.id)) {
+    text(note, state.dropped.get(run.id));
+    state.dropped.delete(run.id);
+    note.dataset.run = run.id;
+    show(note, true);
+  } else if (note.dataset.run !== run.id) show(note, false);
   if (pending) {
     // The question on screen stays there until the operator moves on or
     // it is answered; the first one otherwise.
@@ -401,15 +420,16 @@ function renderDetail(run) {
     text($("interrupt-why"), whyAsked(i.payload || {}, call));
     text($("interrupt-payload"), JSON.stringify(i.payload, null, 2));
     text($("edit-label"), call ? "Edited arguments of " + call.tool + ", as JSON (for edit)" : "Edited answer (for edit)");
-    // The form belongs to the review on screen: another run's (or an
-    // earlier review's) draft and reason must never ride along into this
-    // decision.
-    if ($("interrupt").dataset.interrupt !== i.id) {
-      $("interrupt").dataset.interrupt = i.id;
+    // The form belongs to the review on screen: another run's (or another
+    // question's) draft and reason must never ride along into this
+    // decision. What the operator typed for this question comes back.
+    if (shown !== run.id + "\n" + i.id) {
+      form.dataset.interrupt = i.id;
+      const draft = (state.drafts.get(run.id) || new Map()).get(i.id);
       // An edit of a tool call starts from the arguments asked about.
-      $("edit-value").value = call ? JSON.stringify(call.args, null, 2) :
+      $("edit-value").value = draft ? draft.edit : call ? JSON.stringify(call.args, null, 2) :
         i.payload && typeof i.payload.draft === "string" ? i.payload.draft : "";
-      $("reason").value = "";
+      $("reason").value = draft ? draft.reason : "";
       show($("decide-error"), false);
     }
     state.current.set(run.id, i.node);
@@ -516,6 +536,53 @@ function countQuestions(run, at) {
   text($("interrupt-count"), count);
 }
 
+// keepDraft keeps what the operator types for the question on screen, so
+// that it is there again after moving to another question or run and
+// back, until it is sent or the question closes.
+function keepDraft() {
+  const form = $("interrupt");
+  const run = form.dataset.run, q = form.dataset.interrupt;
+  if (!run || !q) return;
+  if (!state.drafts.has(run)) state.drafts.set(run, new Map());
+  state.drafts.get(run).set(q, { edit: $("edit-value").value, reason: $("reason").value, node: $("interrupt-node").textContent });
+}
+$("edit-value").addEventListener("input", keepDraft);
+$("reason").addEventListener("input", keepDraft);
+
+// dropDrafts discards the drafts of run's questions that no longer wait
+// (answered from another console or the CLI, or the run cancelled or
+// ended), saying which and why when the run is next on screen. A question
+// this page is deciding keeps its draft until the answer comes back.
+function dropDrafts(run) {
+  const drafts = state.drafts.get(run.id);
+  if (!drafts) return;
+  // A run on its way between two pauses (queued or running after one
+  // question's answer) still owes the others an answer.
+  const over = ["completed", "failed", "cancelled", "budget_exceeded"].includes(run.status);
+  const open = new Set((run.interrupts || []).map((x) => x.id));
+  const decided = new Set((run.decisions || []).map((x) => x.interrupt));
+  const said = [];
+  for (const [q, d] of drafts) {
+    const closed = over || decided.has(q) || (run.status === "interrupted" && !open.has(q));
+    if (!closed || state.deciding.has(run.id + "\n" + q)) continue;
+    drafts.delete(q);
+    const by = (run.decisions || []).find((x) => x.interrupt === q);
+    said.push("Your unsent reply to the question at " + d.node + " was discarded: " + (by ?
+      "it was answered outside this page (" + by.decision + " by " + (by.by || "?") + " at " + new Date(by.at).toLocaleTimeString() + ")." :
+      "the run is now " + (run.status === "interrupted" ? "waiting on other questions" : run.status) + "."));
+  }
+  if (!drafts.size) state.drafts.delete(run.id);
+  if (said.length) state.dropped.set(run.id, ((state.dropped.get(run.id) || "") + " " + said.join(" ")).trim());
+}
+
+// forgetDraft discards the draft of one question, sent or refused.
+function forgetDraft(run, q) {
+  const drafts = state.drafts.get(run);
+  if (!drafts) return;
+  drafts.delete(q);
+  if (!drafts.size) state.drafts.delete(run);
+}
+
 // moveQuestion shows the run's question step places on from the one on
 // screen; the decision buttons then answer that one.
 function moveQuestion(step) {
@@ -567,16 +634,27 @@ async function decide(kind) {
     } else try { body.value = JSON.parse(raw); } catch (e) { body.value = raw; }
   }
   for (const b of ["approve", "edit", "reject"]) $(b).disabled = true;
+  const sending = run.id + "\n" + body.interrupt;
+  state.deciding.add(sending);
   try {
     const r = await api("POST", "/api/v1/runs/" + encodeURIComponent(run.id) + "/resume", body);
+    state.deciding.delete(sending);
+    forgetDraft(run.id, body.interrupt);
     state.runs.set(r.id, r);
     $("edit-value").value = "";
     $("reason").value = "";
+    dropDrafts(r);
     renderRuns();
     renderDetail(r);
   } catch (e) {
+    state.deciding.delete(sending);
     let msg = e.message;
-    if (e.status === 409 || e.code === "unknown_interrupt") msg = await decidedElsewhere(run.id, body.interrupt) || msg;
+    // The question closed before this answer: what was typed for it can
+    // go nowhere now, and the error says why.
+    if (e.status === 409 || e.code === "unknown_interrupt") {
+      forgetDraft(run.id, body.interrupt);
+      msg = await decidedElsewhere(run.id, body.interrupt) || msg;
+    }
     // The request may have reached the appliance before the answer was
     // lost: the operator must not take it as refused, nor as recorded.
     if (e.unreachable) msg = e.message + ": your " + kind + " may or may not have been recorded. Once the appliance answers " +
@@ -610,6 +688,7 @@ async function cancelRun(id) {
   try {
     const r = await api("POST", "/api/v1/runs/" + encodeURIComponent(id) + "/cancel");
     state.runs.set(r.id, r);
+    dropDrafts(r);
     renderRuns();
     if (state.selected === r.id) renderDetail(r);
   } catch (e) {
@@ -627,6 +706,7 @@ async function decidedElsewhere(id, interrupt) {
   let now;
   try { now = await api("GET", "/api/v1/runs/" + encodeURIComponent(id)); } catch (e) { return ""; }
   state.runs.set(id, now);
+  dropDrafts(now);
   renderRuns();
   if (state.selected === id) renderDetail(now);
   const ds = now.decisions || [];
