@@ -1288,3 +1288,32 @@ func TestDraftsKeptPerQuestion(t *testing.T) {
 		state.drafts.size === 0`, shot)
 	shot("draft-discarded")
 }
+
+// TestWaitingCountIsTheStores: the count of what waits for review is the
+// appliance's, not that of the runs the page has read. The page here reads
+// one run a page and one page of reviews, where it reads 1,000 and 20 of
+// them, so that a few runs stand for a store with more reviews than it
+// lists; it must still count every run waiting and every question.
+func TestWaitingCountIsTheStores(t *testing.T) {
+	e := newEnv(t, nil)
+	e.startRun("done", "hello", "10s")
+	for _, thread := range []string{"wait-a", "wait-b", "wait-c"} {
+		e.startRun(thread, "please review this", "10s")
+	}
+	id, _ := e.startTwoQuestions("two-questions")
+
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `state.pageSize = 1; state.reviewPages = 1; loadRuns().then(() => select(`+jsString(id)+`)).then(() => true)`)
+	c.until(ctx, "the count of the store's reviews", `document.querySelectorAll("#runs li").length === 1 &&
+		document.getElementById("interrupt-count").textContent === "Question 1 of 2 waiting on this run; 5 questions wait across 4 runs"`, shot)
+
+	// An answer elsewhere changes the count the page shows.
+	waiting := e.do("GET", "/api/v1/runs?status=interrupted&thread=wait-a", nil).json(t)["runs"].([]any)
+	other := waiting[0].(map[string]any)["id"].(string)
+	if r := e.do("POST", "/api/v1/runs/"+other+"/resume", map[string]any{"decision": "approve", "wait": "10s"}); r.status != 200 {
+		t.Fatalf("decision: %d %s", r.status, r.body)
+	}
+	c.until(ctx, "the count after an answer elsewhere",
+		`document.getElementById("interrupt-count").textContent === "Question 1 of 2 waiting on this run; 4 questions wait across 3 runs"`, shot)
+}

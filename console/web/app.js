@@ -26,6 +26,13 @@ const state = {
   drafts: new Map(),     // run id -> Map(interrupt id -> {edit, reason}) typed and not sent
   deciding: new Set(),   // run id + interrupt id of the decisions this page is sending
   dropped: new Map(),    // run id -> why its unsent drafts were discarded, said when it is next shown
+  waiting: null,         // {runs, questions}: what waits for review in the whole store, as the appliance counts it
+  waitingTimer: 0,
+  // How much of the store the list reads: a page of runs, and the pages
+  // of runs waiting for review. Fields, so that a test reaches the limits
+  // with a few runs.
+  pageSize: 1000,
+  reviewPages: 20,
 };
 
 async function api(method, path, body) {
@@ -170,15 +177,16 @@ async function loadAgents() {
 // listRuns reads up to pages pages of GET /api/v1/runs with query, newest
 // first.
 async function listRuns(query, pages) {
-  let after = "", all = [], damaged = [];
+  let after = "", all = [], damaged = [], waiting = null;
   for (let i = 0; i < pages; i++) {
-    const page = await api("GET", "/api/v1/runs?limit=1000&order=desc" + query + (after ? "&after=" + encodeURIComponent(after) : ""));
+    const page = await api("GET", "/api/v1/runs?limit=" + state.pageSize + "&order=desc" + query + (after ? "&after=" + encodeURIComponent(after) : ""));
+    if (page.waiting) waiting = page.waiting;
     all = all.concat(page.runs);
     damaged = damaged.concat(page.damaged || []);
     if (!page.next) break;
     after = page.next;
   }
-  return { all, damaged };
+  return { all, damaged, waiting };
 }
 
 async function loadRuns() {
@@ -189,7 +197,7 @@ async function loadRuns() {
   $("runs").setAttribute("aria-busy", "true");
   try {
     // The newest runs are one page, however many the appliance holds.
-    [{ all, damaged }, waiting] = await Promise.all([listRuns("", 1), listRuns("&status=interrupted", 20)]);
+    [{ all, damaged }, waiting] = await Promise.all([listRuns("", 1), listRuns("&status=interrupted", state.reviewPages)]);
   } finally {
     if (state.touched === touched) state.touched = null;
   }
@@ -199,6 +207,9 @@ async function loadRuns() {
   // The newest runs, and every run waiting for review however old: a
   // review must never drop out of sight.
   for (const r of waiting.all) state.runs.set(r.id, r);
+  // The page lists what waits up to 20,000 runs; the count it shows is
+  // the appliance's, of the whole store.
+  if (waiting.waiting) state.waiting = waiting.waiting;
   for (const r of state.runs.values()) dropDrafts(r);
   // A run with drafts that is no longer listed waits no more: read it,
   // to say what became of them.
@@ -524,16 +535,27 @@ function line(cls, s) {
 }
 
 // countQuestions says which of the run's questions is on screen (at, of
-// how many), and how many wait across the runs the page lists.
+// how many), and how many wait across all the runs of the appliance (its
+// count, not the page's, which holds only the runs it has read).
 function countQuestions(run, at) {
   const n = run.interrupts.length;
   let count = n > 1 ? "Question " + (at + 1) + " of " + n + " waiting on this run" : "";
-  const others = [...state.runs.values()].filter((r) => r.id !== run.id && r.status === "interrupted");
-  if (others.length) {
-    const all = others.reduce((sum, r) => sum + Math.max(1, (r.interrupts || []).length), n);
-    count += (count ? "; " : "") + all + " questions wait across " + (others.length + 1) + " runs";
-  }
+  const w = state.waiting;
+  if (w && w.runs > 1) count += (count ? "; " : "") + w.questions + " questions wait across " + w.runs + " runs";
   text($("interrupt-count"), count);
+}
+
+// recountWaiting asks the appliance again how many runs and questions
+// wait for review, once a burst of events that may change it is over.
+function recountWaiting() {
+  clearTimeout(state.waitingTimer);
+  state.waitingTimer = setTimeout(async () => {
+    try {
+      const page = await api("GET", "/api/v1/runs?status=interrupted&limit=1");
+      if (page.waiting) state.waiting = page.waiting;
+      renderRuns();
+    } catch (e) { /* the stream's state says the appliance is away */ }
+  }, 200);
 }
 
 // keepDraft keeps what the operator types for the question on screen, so
@@ -646,6 +668,7 @@ async function decide(kind) {
     dropDrafts(r);
     renderRuns();
     renderDetail(r);
+    recountWaiting();
   } catch (e) {
     state.deciding.delete(sending);
     let msg = e.message;
@@ -691,6 +714,7 @@ async function cancelRun(id) {
     dropDrafts(r);
     renderRuns();
     if (state.selected === r.id) renderDetail(r);
+    recountWaiting();
   } catch (e) {
     text($("decide-error"), "Cannot cancel the run: " + e.message);
     show($("decide-error"), true);
@@ -770,6 +794,7 @@ function onEvent(e) {
   switch (e.type) {
     case "run.started": case "run.resumed": case "interrupt": case "run.completed": case "run.failed": case "budget.exceeded":
       refreshRun(e.run);
+      if (e.type !== "run.started") recountWaiting();
       break;
   }
   if (e.type === "checkpoint" && e.data && e.data.next) {
