@@ -1317,3 +1317,48 @@ func TestWaitingCountIsTheStores(t *testing.T) {
 	c.until(ctx, "the count after an answer elsewhere",
 		`document.getElementById("interrupt-count").textContent === "Question 1 of 2 waiting on this run; 4 questions wait across 3 runs"`, shot)
 }
+
+// TestDecisionSentWhileAwayIsSettled: a decision the page could not send
+// leaves the operator unsure whether it was recorded. Once the appliance
+// answers again the page rereads the run and says what became of it:
+// not recorded and still waiting, or decided (here, by another operator
+// while the page was cut off).
+func TestDecisionSentWhileAwayIsSettled(t *testing.T) {
+	e := newEnv(t, nil)
+	_, a := e.startRun("away-a", "please review A", "10s")
+	_, b := e.startRun("away-b", "please review B", "10s")
+	link := newLink(t, e.srv.Listener.Addr().String())
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, &env{url: "http://" + link.addr, token: e.token}, shot)
+	away := func(id, kind string) {
+		t.Helper()
+		c.eval(ctx, `select(`+jsString(id)+`); true`)
+		c.until(ctx, "the review", `!document.getElementById("interrupt").hidden && document.getElementById("run-id").textContent === `+jsString(id), shot)
+		link.cut()
+		c.until(ctx, "the stream down", `document.getElementById("stream").textContent === "stream: reconnecting"`, shot)
+		c.eval(ctx, `document.getElementById(`+jsString(kind)+`).click(); true`)
+		c.until(ctx, "the decision not sent", `document.getElementById("decide-error").textContent.includes("may or may not have been recorded")`, shot)
+	}
+
+	away(a["id"].(string), "approve")
+	link.restore()
+	c.until(ctx, "the page saying the approve was not recorded", `document.getElementById("stream").textContent === "stream: live" &&
+		document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent === "The appliance answers again: your approve was not recorded, and the question still waits. Decide again."`, shot)
+	shot("settled-not-recorded")
+
+	away(b["id"].(string), "reject")
+	if r := e.do("POST", "/api/v1/runs/"+b["id"].(string)+"/resume", map[string]any{"decision": "approve", "wait": "10s"}, "X-Operator", "Dr Other"); r.status != 200 {
+		t.Fatalf("decision from elsewhere: %d %s", r.status, r.body)
+	}
+	link.restore()
+	c.until(ctx, "the page saying who decided", `document.getElementById("stream").textContent === "stream: live" &&
+		document.getElementById("interrupt").hidden && document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent.startsWith("The appliance answers again: this question was decided, approve by Dr Other") &&
+		document.getElementById("decide-error").textContent.endsWith("The run is now completed.")`, shot)
+	for id, want := range map[string]string{a["id"].(string): "interrupted", b["id"].(string): "completed"} {
+		if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != want || (want == "completed" && len(got["decisions"].([]any)) != 1) {
+			t.Fatalf("run %s: %v", id, got)
+		}
+	}
+}

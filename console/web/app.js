@@ -28,6 +28,7 @@ const state = {
   dropped: new Map(),    // run id -> why its unsent drafts were discarded, said when it is next shown
   waiting: null,         // {runs, questions}: what waits for review in the whole store, as the appliance counts it
   waitingTimer: 0,
+  unsure: new Map(),     // run id -> {interrupt, kind}: a decision sent while the appliance did not answer
   // How much of the store the list reads: a page of runs, and the pages
   // of runs waiting for review. Fields, so that a test reaches the limits
   // with a few runs.
@@ -290,7 +291,10 @@ async function refreshRun(id) {
     state.runs.set(id, run);
     dropDrafts(run);
     renderRuns();
-    if (id === state.selected) renderDetail(run);
+    if (id === state.selected) {
+      renderDetail(run);
+      settleUnsure(run);
+    }
   } catch (e) { /* a run listed by an event may be gone after a restart */ }
 }
 
@@ -309,7 +313,7 @@ async function select(id) {
   renderDetail(run);
   // A list holds a preview of a large input or output: the run is read
   // whole for its detail.
-  if (run.input_truncated || run.output_truncated) refreshRun(id);
+  if (run.input_truncated || run.output_truncated || state.unsure.has(id)) refreshRun(id);
   const seen = state.log.get(id);
   if (seen && seen.length && seen[0].type === "run.started" && !seen.truncated) {
     // This page saw the run from its start: its own events tell it all,
@@ -661,6 +665,7 @@ async function decide(kind) {
   try {
     const r = await api("POST", "/api/v1/runs/" + encodeURIComponent(run.id) + "/resume", body);
     state.deciding.delete(sending);
+    state.unsure.delete(run.id);
     forgetDraft(run.id, body.interrupt);
     state.runs.set(r.id, r);
     $("edit-value").value = "";
@@ -680,8 +685,11 @@ async function decide(kind) {
     }
     // The request may have reached the appliance before the answer was
     // lost: the operator must not take it as refused, nor as recorded.
-    if (e.unreachable) msg = e.message + ": your " + kind + " may or may not have been recorded. Once the appliance answers " +
-      "again (the stream says live), this run is shown as it then is: check its decisions before deciding again.";
+    if (e.unreachable) {
+      msg = e.message + ": your " + kind + " may or may not have been recorded. Once the appliance answers " +
+        "again (the stream says live), this run is shown as it then is, and this says whether it was.";
+      state.unsure.set(run.id, { interrupt: body.interrupt, kind });
+    }
     text($("decide-error"), msg);
     show($("decide-error"), true);
   } finally {
@@ -741,6 +749,29 @@ async function decidedElsewhere(id, interrupt) {
     new Date(d.at).toLocaleTimeString() + ". Your decision was not recorded. The run is now " + st + ".";
 }
 
+// settleUnsure says, once the appliance answers again, what became of a
+// decision on run sent while it did not: the operator must not be left
+// guessing whether to decide again.
+function settleUnsure(run) {
+  const u = state.unsure.get(run.id);
+  if (!u) return;
+  state.unsure.delete(run.id);
+  const d = (run.decisions || []).find((x) => x.interrupt === u.interrupt);
+  const waits = run.status === "interrupted" && (run.interrupts || []).some((x) => x.id === u.interrupt);
+  const st = run.status === "interrupted" ? "waiting for review" : run.status;
+  let msg;
+  if (d) {
+    msg = "The appliance answers again: this question was decided, " + d.decision + " by " + (d.by || "?") + " at " +
+      new Date(d.at).toLocaleTimeString() + ". The run is now " + st + ".";
+  } else if (waits) {
+    msg = "The appliance answers again: your " + u.kind + " was not recorded, and the question still waits. Decide again.";
+  } else {
+    msg = "The appliance answers again: your " + u.kind + " was not recorded, and this review is no longer open. The run is now " + st + ".";
+  }
+  text($("decide-error"), msg);
+  show($("decide-error"), true);
+}
+
 // ---- live events ----
 function connect() {
   const proto = location.protocol === "https:" ? "wss:" : "ws:";
@@ -761,6 +792,9 @@ function connect() {
         ws.send(JSON.stringify({ type: "subscribe" }));
       } else {
         ws.send(JSON.stringify({ type: "resume", seq: state.lastSeq }));
+        // A decision sent while the appliance was away may have left no
+        // event to say so: the run is read again.
+        if (state.unsure.has(state.selected)) refreshRun(state.selected);
       }
       if (state.onReady) {
         state.onReady();
