@@ -23,8 +23,10 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
 )
 
 // findChromium returns Debian's chromium, or another Chromium-like browser.
@@ -1361,4 +1363,38 @@ func TestDecisionSentWhileAwayIsSettled(t *testing.T) {
 			t.Fatalf("run %s: %v", id, got)
 		}
 	}
+}
+
+// TestFailedToolCallIsShown: the reference bundle's tools agent asks to
+// schedule a follow-up, the operator approves, and the appliance's
+// follow-up file cannot be written (here a folder stands at its path, as
+// a full or read-only disk would refuse it too). The transcript must say
+// that the call failed and why, not show it as a call that returned.
+func TestFailedToolCallIsShown(t *testing.T) {
+	const agentName = "medication-adherence-tools"
+	dir := t.TempDir()
+	blocked := filepath.Join(dir, "followups.jsonl")
+	if err := os.Mkdir(blocked, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := firmware.ReferenceWithRuntime(&firmware.Runtime{Followups: &agent.FileFollowups{Path: blocked}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools, err := b.Agent(agentName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, tools)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `document.getElementById("agent").value = `+jsString(agentName)+`; true`)
+	startFromPage(ctx, c, "followup", "please schedule a follow-up call about my metformin")
+	c.until(ctx, "the call waiting for approval", `!document.getElementById("interrupt").hidden &&
+		document.getElementById("interrupt-why").textContent.includes("schedule_followup")`, shot)
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	c.until(ctx, "the run ended", `document.getElementById("run-status").dataset.status === "completed"`, shot)
+	c.until(ctx, "the failed call in the transcript", `[...document.querySelectorAll("#transcript li.tool")].some(li =>
+		li.textContent.startsWith("← schedule_followup failed: tool error: ") && li.textContent.includes("is a directory"))`, shot)
+	shot("failed-tool-call")
 }

@@ -877,7 +877,13 @@ function renderEvent(e) {
       if (d.writes && d.writes.indexOf("flags") >= 0) line("flag", "⚑ guardrail flags set by " + e.node);
       break;
     case "tool.called": line("tool", "→ tool " + (d.tool || d.name || "") + " " + short(d.args || "", 80)); break;
-    case "tool.result": line("tool", "← " + (d.tool || d.name || "") + " " + short(d.result || d.status || "", 80)); break;
+    case "tool.result":
+      // The event says how the call ended (its size, or its error), not
+      // what it returned: a call that failed must not read as one that
+      // returned nothing.
+      if (d.error) line("tool denied", "← " + (d.tool || "") + " failed: " + short(d.error, 300));
+      else line("tool", "← " + (d.tool || "") + (d.bytes !== undefined ? " returned " + d.bytes + " bytes" : ""));
+      break;
     case "tool.unauthorized": line("denied", "✗ denied: " + (d.tool || d.name || "") + " " + (d.reason || "")); break;
     case "interrupt": {
       // The pause sign is drawn by the stylesheet: no font that Debian
