@@ -1398,3 +1398,27 @@ func TestFailedToolCallIsShown(t *testing.T) {
 		li.textContent.startsWith("← schedule_followup failed: tool error: ") && li.textContent.includes("is a directory"))`, shot)
 	shot("failed-tool-call")
 }
+
+// TestStartOnABusyThreadSaysWhichTurn: a new turn on a thread whose last
+// turn waits for review is refused. The page says so in its own words
+// (waiting for review, not "interrupted ... resume"), offers to open that
+// turn, and keeps the message the operator typed.
+func TestStartOnABusyThreadSaysWhichTurn(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	// The turn waiting was started elsewhere: the page has not opened it.
+	_, held := e.startRun("console", "please review this", "10s")
+	id := held["id"].(string)
+	startFromPage(ctx, c, "console", "I forgot my dose")
+	c.until(ctx, "the refusal naming the turn waiting", `document.getElementById("start-error").offsetParent !== null &&
+		document.getElementById("start-error").textContent.startsWith("Thread console already has a turn waiting for review (`+id+`).") &&
+		document.getElementById("input").value === "I forgot my dose"`, shot)
+	shot("thread-busy")
+	c.eval(ctx, `document.querySelector("#start-error button").click(); true`)
+	c.until(ctx, "the turn waiting, opened", `document.getElementById("run-id").textContent === `+jsString(id)+` &&
+		!document.getElementById("interrupt").hidden`, shot)
+	if got := e.do("GET", "/api/v1/runs?thread=console", nil).json(t)["runs"].([]any); len(got) != 1 {
+		t.Fatalf("the refused turn changed the thread: %v", got)
+	}
+}

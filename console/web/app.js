@@ -281,9 +281,36 @@ $("start-form").addEventListener("submit", async (ev) => {
     select(run.id);
   } catch (e) {
     text($("start-error"), e.message);
+    if (e.code === "thread_busy") await explainBusy(thread);
     show($("start-error"), true);
   }
 });
+
+// explainBusy says, in the page's words, which turn holds the thread a
+// new turn was refused on, with a button that opens it: the operator
+// decides or cancels it, or starts the turn on another thread. The
+// message typed stays in its box.
+async function explainBusy(thread) {
+  let held = [];
+  for (const st of ["interrupted", "running"]) {
+    try {
+      const page = await api("GET", "/api/v1/runs?limit=1&order=desc&status=" + st + "&thread=" + encodeURIComponent(thread));
+      held = held.concat(page.runs);
+    } catch (e) { /* the appliance's own message stays */ }
+  }
+  const run = held[0];
+  if (!run) return;
+  state.runs.set(run.id, run);
+  renderRuns();
+  const p = $("start-error");
+  const open = el("button", "link", "Open it");
+  open.type = "button";
+  open.addEventListener("click", () => select(run.id));
+  const what = run.status === "interrupted" ? "a turn waiting for review" : "a turn still " + run.status;
+  p.replaceChildren("Thread " + thread + " already has " + what + " (" + run.id + "). ", open,
+    run.status === "interrupted" ? " and decide or cancel it first, or start this turn on another thread: your message is kept." :
+      " or wait for it to end, or start this turn on another thread: your message is kept.");
+}
 
 async function refreshRun(id) {
   try {
