@@ -338,6 +338,11 @@ type damagedView struct {
 // of unfinished runs names (store/unfinished.go), so it names only theirs,
 // and the records the index found unreadable when it was built.
 //
+// The first page (no "after") of a listing of interrupted runs also
+// carries "waiting": {"runs", "questions"}, the count of every run waiting
+// for review that the filter matches and of the questions they wait on,
+// over all pages (countWaiting).
+//
 // Each run is a summary (engine.RunFilter.Summary): an input or output
 // over store.SummaryBytes (8 KiB) is a preview, marked input_truncated or
 // output_truncated (runView), so that a page of runs with large inputs
@@ -402,6 +407,13 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 			keys = append(keys, key)
 		}
 	}
+	if status == engine.StatusInterrupted && f.After == "" {
+		w, e := s.countWaiting(r.Context(), f)
+		if e != nil {
+			return e
+		}
+		resp["waiting"] = w
+	}
 	if len(keys) > 0 {
 		sort.Slice(keys, func(i, j int) bool { return before(keys[i], keys[j]) })
 		left := make([]damagedView, len(keys))
@@ -412,6 +424,33 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	}
 	writeJSON(w, http.StatusOK, resp)
 	return nil
+}
+
+// waitingView counts the runs waiting for review that a listing's filter
+// matches, on every page of it, and the questions (interrupts) they wait on.
+type waitingView struct {
+	Runs      int `json:"runs"`
+	Questions int `json:"questions"`
+}
+
+// countWaiting counts what waits for review among the runs f matches,
+// whatever page f asks for. The runs waiting are read through the store's
+// index of unfinished runs, so this costs what they number, not what the
+// whole history does: the first page of a listing of interrupted runs
+// carries the count, and an operator's figure of what waits is then the
+// store's, however many pages a client reads.
+func (s *Server) countWaiting(ctx context.Context, f engine.RunFilter) (waitingView, *apiError) {
+	f.After, f.Limit, f.Damaged = "", 0, func(string, error) {}
+	runs, err := store.ListLive(ctx, s.cfg.Manager.Store(), s.cfg.Manager, f)
+	if err != nil {
+		return waitingView{}, errorf(http.StatusInternalServerError, "read_failed", err.Error())
+	}
+	var w waitingView
+	for _, run := range runs {
+		w.Runs++
+		w.Questions += max(1, len(run.Interrupts))
+	}
+	return w, nil
 }
 
 // keyText is a stored key as JSON shows it: the key itself when it is

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -388,6 +389,41 @@ func TestListPaging(t *testing.T) {
 	m = e.do("GET", "/api/v1/runs?status=interrupted", nil).json(t)
 	if rs := m["runs"].([]any); len(rs) != 0 {
 		t.Fatalf("status filter: %v", m)
+	}
+}
+
+// TestListCountsWhatWaits: the first page of a listing of interrupted runs
+// counts every run waiting for review that the filter matches, and the
+// questions they wait on, however small the page; a later page, and a
+// listing of another status, leave the count out.
+func TestListCountsWhatWaits(t *testing.T) {
+	e := newEnv(t, nil)
+	e.startRun("count-done", "hello", "20s")
+	for _, th := range []string{"a", "b"} {
+		e.startRun("count-"+th, "please review this", "20s")
+	}
+	e.startTwoQuestions("count-two")
+	for _, c := range []struct {
+		query string
+		want  any
+	}{
+		{"?status=interrupted&limit=1", map[string]any{"runs": 3.0, "questions": 4.0}},
+		{"?status=interrupted&limit=1&order=desc", map[string]any{"runs": 3.0, "questions": 4.0}},
+		{"?status=interrupted&thread=count-two", map[string]any{"runs": 1.0, "questions": 2.0}},
+		{"?status=interrupted&agent=" + testAgent, map[string]any{"runs": 2.0, "questions": 2.0}},
+		{"?status=interrupted&thread=count-done", map[string]any{"runs": 0.0, "questions": 0.0}},
+		{"?status=completed", nil},
+		{"", nil},
+	} {
+		m := e.do("GET", "/api/v1/runs"+c.query, nil).json(t)
+		if !reflect.DeepEqual(m["waiting"], c.want) {
+			t.Errorf("%s: waiting %v, want %v", c.query, m["waiting"], c.want)
+		}
+	}
+	first := e.do("GET", "/api/v1/runs?status=interrupted&limit=1", nil).json(t)
+	later := e.do("GET", "/api/v1/runs?status=interrupted&limit=1&after="+first["next"].(string), nil).json(t)
+	if _, ok := later["waiting"]; ok || len(later["runs"].([]any)) != 1 {
+		t.Errorf("a later page: %v", later)
 	}
 }
 

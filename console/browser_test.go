@@ -23,8 +23,10 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
 )
 
 // findChromium returns Debian's chromium, or another Chromium-like browser.
@@ -1168,19 +1170,9 @@ func TestReviewErrorGoesWithTheReview(t *testing.T) {
 func TestSeveralQuestionsInThePage(t *testing.T) {
 	e := newEnv(t, nil)
 	e.startRun("one-question", "please review this", "10s")
-	r := e.do("POST", "/api/v1/threads/two-questions/runs", map[string]any{"agent": twoQuestionsAgent, "input": "hi", "wait": "10s"})
-	if r.status != http.StatusCreated {
-		t.Fatalf("start run: %d %s", r.status, r.body)
-	}
-	run := r.json(t)
-	id := run["id"].(string)
-	asked, _ := run["interrupts"].([]any)
-	if run["status"] != "interrupted" || len(asked) != 2 {
-		t.Fatalf("the run is %v, waiting on %d interrupts", run["status"], len(asked))
-	}
+	id, asked := e.startTwoQuestions("two-questions")
 	var qs [2]struct{ id, node string }
-	for i, a := range asked {
-		m := a.(map[string]any)
+	for i, m := range asked {
 		qs[i].id, qs[i].node = m["id"].(string), m["node"].(string)
 	}
 
@@ -1229,5 +1221,204 @@ func TestSeveralQuestionsInThePage(t *testing.T) {
 	}
 	if want := map[string]any{qs[0].node: "the " + qs[0].node + " draft (hi)", qs[1].node: long}; !reflect.DeepEqual(got["output"], want) {
 		t.Fatalf("output %v, want %v", got["output"], want)
+	}
+}
+
+// typeInto replaces the text of the field with the given id as an operator
+// does: it focuses it, selects what it holds and types over it.
+func typeInto(ctx context.Context, c *cdp, id, s string) {
+	c.t.Helper()
+	c.eval(ctx, `document.getElementById(`+jsString(id)+`).focus(); document.getElementById(`+jsString(id)+`).select(); true`)
+	c.call(ctx, "Input.insertText", map[string]any{"text": s}, nil)
+}
+
+// TestDraftsKeptPerQuestion: an operator types a reply to each of a run's
+// two questions, moves between them and to another run and back: each
+// question shows what was typed for it, and nothing else. Sending one
+// question's reply leaves the other's draft; the other then answered
+// from another console takes its draft away, and the page says so.
+func TestDraftsKeptPerQuestion(t *testing.T) {
+	e := newEnv(t, nil)
+	_, other := e.startRun("one-question", "please review this", "10s")
+	id, asked := e.startTwoQuestions("two-questions")
+	first, second := asked[0], asked[1]
+
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	form := func(node, edit, reason string) {
+		t.Helper()
+		what := fmt.Sprintf("the question at %s with the edit %q and the reason %q", node, edit, reason)
+		c.until(ctx, what, `document.getElementById("interrupt-node").textContent === `+jsString(node)+` &&
+			document.getElementById("edit-value").value === `+jsString(edit)+` &&
+			document.getElementById("reason").value === `+jsString(reason), shot)
+	}
+	form(first["node"].(string), "the "+first["node"].(string)+" draft (hi)", "")
+	typeInto(ctx, c, "edit-value", "first reply, typed")
+	typeInto(ctx, c, "reason", "first reason")
+	c.eval(ctx, `document.getElementById("interrupt-next").click(); true`)
+	form(second["node"].(string), "the "+second["node"].(string)+" draft (hi)", "")
+	typeInto(ctx, c, "edit-value", "second reply, typed")
+	c.eval(ctx, `document.getElementById("interrupt-prev").click(); true`)
+	form(first["node"].(string), "first reply, typed", "first reason")
+
+	// Another run's review shows its own draft, and coming back shows the
+	// question left on screen with what was typed for it.
+	c.eval(ctx, `select(`+jsString(other["id"].(string))+`); true`)
+	form("review", "Take your dose now. (please review this)", "")
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	form(first["node"].(string), "first reply, typed", "first reason")
+	c.eval(ctx, `document.getElementById("interrupt-next").click(); true`)
+	form(second["node"].(string), "second reply, typed", "")
+	shot("draft-kept")
+
+	c.eval(ctx, `document.getElementById("edit").click(); true`)
+	form(first["node"].(string), "first reply, typed", "first reason")
+	got := e.do("GET", "/api/v1/runs/"+id, nil).json(t)
+	if ds, _ := got["decisions"].([]any); len(ds) != 1 || ds[0].(map[string]any)["value"] != "second reply, typed" {
+		t.Fatalf("decisions after the edit: %v", got["decisions"])
+	}
+
+	// The first question answered from another console.
+	if r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "reject", "interrupt": first["id"], "wait": "10s"}, "X-Operator", "Dr Other"); r.status != 200 {
+		t.Fatalf("decision from elsewhere: %d %s", r.status, r.body)
+	}
+	c.until(ctx, "the page saying the draft was discarded", `document.getElementById("interrupt").hidden &&
+		document.getElementById("draft-notice").offsetParent !== null &&
+		document.getElementById("draft-notice").textContent.includes("reply to the question at `+first["node"].(string)+` was discarded") &&
+		document.getElementById("draft-notice").textContent.includes("reject by Dr Other") &&
+		state.drafts.size === 0`, shot)
+	shot("draft-discarded")
+}
+
+// TestWaitingCountIsTheStores: the count of what waits for review is the
+// appliance's, not that of the runs the page has read. The page here reads
+// one run a page and one page of reviews, where it reads 1,000 and 20 of
+// them, so that a few runs stand for a store with more reviews than it
+// lists; it must still count every run waiting and every question.
+func TestWaitingCountIsTheStores(t *testing.T) {
+	e := newEnv(t, nil)
+	e.startRun("done", "hello", "10s")
+	for _, thread := range []string{"wait-a", "wait-b", "wait-c"} {
+		e.startRun(thread, "please review this", "10s")
+	}
+	id, _ := e.startTwoQuestions("two-questions")
+
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `state.pageSize = 1; state.reviewPages = 1; loadRuns().then(() => select(`+jsString(id)+`)).then(() => true)`)
+	c.until(ctx, "the count of the store's reviews", `document.querySelectorAll("#runs li").length === 1 &&
+		document.getElementById("interrupt-count").textContent === "Question 1 of 2 waiting on this run; 5 questions wait across 4 runs"`, shot)
+
+	// An answer elsewhere changes the count the page shows.
+	waiting := e.do("GET", "/api/v1/runs?status=interrupted&thread=wait-a", nil).json(t)["runs"].([]any)
+	other := waiting[0].(map[string]any)["id"].(string)
+	if r := e.do("POST", "/api/v1/runs/"+other+"/resume", map[string]any{"decision": "approve", "wait": "10s"}); r.status != 200 {
+		t.Fatalf("decision: %d %s", r.status, r.body)
+	}
+	c.until(ctx, "the count after an answer elsewhere",
+		`document.getElementById("interrupt-count").textContent === "Question 1 of 2 waiting on this run; 4 questions wait across 3 runs"`, shot)
+}
+
+// TestDecisionSentWhileAwayIsSettled: a decision the page could not send
+// leaves the operator unsure whether it was recorded. Once the appliance
+// answers again the page rereads the run and says what became of it:
+// not recorded and still waiting, or decided (here, by another operator
+// while the page was cut off).
+func TestDecisionSentWhileAwayIsSettled(t *testing.T) {
+	e := newEnv(t, nil)
+	_, a := e.startRun("away-a", "please review A", "10s")
+	_, b := e.startRun("away-b", "please review B", "10s")
+	link := newLink(t, e.srv.Listener.Addr().String())
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, &env{url: "http://" + link.addr, token: e.token}, shot)
+	away := func(id, kind string) {
+		t.Helper()
+		c.eval(ctx, `select(`+jsString(id)+`); true`)
+		c.until(ctx, "the review", `!document.getElementById("interrupt").hidden && document.getElementById("run-id").textContent === `+jsString(id), shot)
+		link.cut()
+		c.until(ctx, "the stream down", `document.getElementById("stream").textContent === "stream: reconnecting"`, shot)
+		c.eval(ctx, `document.getElementById(`+jsString(kind)+`).click(); true`)
+		c.until(ctx, "the decision not sent", `document.getElementById("decide-error").textContent.includes("may or may not have been recorded")`, shot)
+	}
+
+	away(a["id"].(string), "approve")
+	link.restore()
+	c.until(ctx, "the page saying the approve was not recorded", `document.getElementById("stream").textContent === "stream: live" &&
+		document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent === "The appliance answers again: your approve was not recorded, and the question still waits. Decide again."`, shot)
+	shot("settled-not-recorded")
+
+	away(b["id"].(string), "reject")
+	if r := e.do("POST", "/api/v1/runs/"+b["id"].(string)+"/resume", map[string]any{"decision": "approve", "wait": "10s"}, "X-Operator", "Dr Other"); r.status != 200 {
+		t.Fatalf("decision from elsewhere: %d %s", r.status, r.body)
+	}
+	link.restore()
+	c.until(ctx, "the page saying who decided", `document.getElementById("stream").textContent === "stream: live" &&
+		document.getElementById("interrupt").hidden && document.getElementById("decide-error").offsetParent !== null &&
+		document.getElementById("decide-error").textContent.startsWith("The appliance answers again: this question was decided, approve by Dr Other") &&
+		document.getElementById("decide-error").textContent.endsWith("The run is now completed.")`, shot)
+	for id, want := range map[string]string{a["id"].(string): "interrupted", b["id"].(string): "completed"} {
+		if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != want || (want == "completed" && len(got["decisions"].([]any)) != 1) {
+			t.Fatalf("run %s: %v", id, got)
+		}
+	}
+}
+
+// TestFailedToolCallIsShown: the reference bundle's tools agent asks to
+// schedule a follow-up, the operator approves, and the appliance's
+// follow-up file cannot be written (here a folder stands at its path, as
+// a full or read-only disk would refuse it too). The transcript must say
+// that the call failed and why, not show it as a call that returned.
+func TestFailedToolCallIsShown(t *testing.T) {
+	const agentName = "medication-adherence-tools"
+	dir := t.TempDir()
+	blocked := filepath.Join(dir, "followups.jsonl")
+	if err := os.Mkdir(blocked, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := firmware.ReferenceWithRuntime(&firmware.Runtime{Followups: &agent.FileFollowups{Path: blocked}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools, err := b.Agent(agentName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, tools)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `document.getElementById("agent").value = `+jsString(agentName)+`; true`)
+	startFromPage(ctx, c, "followup", "please schedule a follow-up call about my metformin")
+	c.until(ctx, "the call waiting for approval", `!document.getElementById("interrupt").hidden &&
+		document.getElementById("interrupt-why").textContent.includes("schedule_followup")`, shot)
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	c.until(ctx, "the run ended", `document.getElementById("run-status").dataset.status === "completed"`, shot)
+	c.until(ctx, "the failed call in the transcript", `[...document.querySelectorAll("#transcript li.tool")].some(li =>
+		li.textContent.startsWith("← schedule_followup failed: tool error: ") && li.textContent.includes("is a directory"))`, shot)
+	shot("failed-tool-call")
+}
+
+// TestStartOnABusyThreadSaysWhichTurn: a new turn on a thread whose last
+// turn waits for review is refused. The page says so in its own words
+// (waiting for review, not "interrupted ... resume"), offers to open that
+// turn, and keeps the message the operator typed.
+func TestStartOnABusyThreadSaysWhichTurn(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	// The turn waiting was started elsewhere: the page has not opened it.
+	_, held := e.startRun("console", "please review this", "10s")
+	id := held["id"].(string)
+	startFromPage(ctx, c, "console", "I forgot my dose")
+	c.until(ctx, "the refusal naming the turn waiting", `document.getElementById("start-error").offsetParent !== null &&
+		document.getElementById("start-error").textContent.startsWith("Thread console already has a turn waiting for review (`+id+`).") &&
+		document.getElementById("input").value === "I forgot my dose"`, shot)
+	shot("thread-busy")
+	c.eval(ctx, `document.querySelector("#start-error button").click(); true`)
+	c.until(ctx, "the turn waiting, opened", `document.getElementById("run-id").textContent === `+jsString(id)+` &&
+		!document.getElementById("interrupt").hidden`, shot)
+	if got := e.do("GET", "/api/v1/runs?thread=console", nil).json(t)["runs"].([]any); len(got) != 1 {
+		t.Fatalf("the refused turn changed the thread: %v", got)
 	}
 }

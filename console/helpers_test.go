@@ -211,6 +211,13 @@ func newEnvWith(t *testing.T, dir string, opts engine.ManagerOptions, mod func(*
 // wrap (when not nil), for a test that steps in between its calls.
 func newEnvWithStore(t *testing.T, dir string, opts engine.ManagerOptions, wrap func(engine.Store) engine.Store, mod func(*console.Config)) *env {
 	t.Helper()
+	return newEnvWithAgents(t, dir, opts, wrap, mod)
+}
+
+// newEnvWithAgents is newEnvWithStore whose manager and page also run the
+// agents given (a bundle's, say), listed after the test agent.
+func newEnvWithAgents(t *testing.T, dir string, opts engine.ManagerOptions, wrap func(engine.Store) engine.Store, mod func(*console.Config), more ...*engine.Agent) *env {
+	t.Helper()
 	db, err := store.OpenDir(dir, store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -231,6 +238,11 @@ func newEnvWithStore(t *testing.T, dir string, opts engine.ManagerOptions, wrap 
 		case twoQuestionsAgent:
 			return two, nil
 		}
+		for _, a := range more {
+			if a.Name == name {
+				return a, nil
+			}
+		}
 		return nil, fmt.Errorf("%w %q", engine.ErrUnknownAgent, name)
 	}
 	metrics := console.NewMetrics()
@@ -250,7 +262,11 @@ func newEnvWithStore(t *testing.T, dir string, opts engine.ManagerOptions, wrap 
 		t.Fatal(err)
 	}
 	e.token = tok
-	cfg := console.Config{Manager: e.mgr, Bus: e.bus, Resolve: resolve, Agents: []string{testAgent}, Token: tok,
+	listed := []string{testAgent}
+	for _, a := range more {
+		listed = append(listed, a.Name)
+	}
+	cfg := console.Config{Manager: e.mgr, Bus: e.bus, Resolve: resolve, Agents: listed, Token: tok,
 		Metrics: metrics, StoreSize: db.Size, CountRuns: db.CountRuns, Logf: t.Logf,
 		Bundles: func() []console.BundleInfo {
 			return []console.BundleInfo{{Name: "test-bundle", Version: 3, Digest: "sha256:test", Agents: []string{testAgent}, Active: true, Source: "embedded"}}
@@ -415,4 +431,23 @@ func (e *env) head(thread string) string {
 		e.t.Fatalf("history of %s: %v %v", thread, cps, err)
 	}
 	return cps[0].ID
+}
+
+// startTwoQuestions starts a run of twoQuestionsAgent on thread, with
+// input "hi", and returns it once it waits on its two questions.
+func (e *env) startTwoQuestions(thread string) (id string, asked []map[string]any) {
+	e.t.Helper()
+	r := e.do("POST", "/api/v1/threads/"+thread+"/runs", map[string]any{"agent": twoQuestionsAgent, "input": "hi", "wait": "10s"})
+	if r.status != http.StatusCreated {
+		e.t.Fatalf("start run: %d %s", r.status, r.body)
+	}
+	run := r.json(e.t)
+	list, _ := run["interrupts"].([]any)
+	for _, a := range list {
+		asked = append(asked, a.(map[string]any))
+	}
+	if run["status"] != "interrupted" || len(asked) != 2 {
+		e.t.Fatalf("the run is %v, waiting on %d interrupts", run["status"], len(asked))
+	}
+	return run["id"].(string), asked
 }

@@ -23,6 +23,17 @@ const state = {
   streams: new Map(),    // run id + node -> <span> collecting tokens
   log: new Map(),        // run id -> its events seen by this page, to redraw a transcript
   question: new Map(),   // run id -> the id of the interrupt its review shows
+  drafts: new Map(),     // run id -> Map(interrupt id -> {edit, reason}) typed and not sent
+  deciding: new Set(),   // run id + interrupt id of the decisions this page is sending
+  dropped: new Map(),    // run id -> why its unsent drafts were discarded, said when it is next shown
+  waiting: null,         // {runs, questions}: what waits for review in the whole store, as the appliance counts it
+  waitingTimer: 0,
+  unsure: new Map(),     // run id -> {interrupt, kind}: a decision sent while the appliance did not answer
+  // How much of the store the list reads: a page of runs, and the pages
+  // of runs waiting for review. Fields, so that a test reaches the limits
+  // with a few runs.
+  pageSize: 1000,
+  reviewPages: 20,
 };
 
 async function api(method, path, body) {
@@ -167,15 +178,16 @@ async function loadAgents() {
 // listRuns reads up to pages pages of GET /api/v1/runs with query, newest
 // first.
 async function listRuns(query, pages) {
-  let after = "", all = [], damaged = [];
+  let after = "", all = [], damaged = [], waiting = null;
   for (let i = 0; i < pages; i++) {
-    const page = await api("GET", "/api/v1/runs?limit=1000&order=desc" + query + (after ? "&after=" + encodeURIComponent(after) : ""));
+    const page = await api("GET", "/api/v1/runs?limit=" + state.pageSize + "&order=desc" + query + (after ? "&after=" + encodeURIComponent(after) : ""));
+    if (page.waiting) waiting = page.waiting;
     all = all.concat(page.runs);
     damaged = damaged.concat(page.damaged || []);
     if (!page.next) break;
     after = page.next;
   }
-  return { all, damaged };
+  return { all, damaged, waiting };
 }
 
 async function loadRuns() {
@@ -186,7 +198,7 @@ async function loadRuns() {
   $("runs").setAttribute("aria-busy", "true");
   try {
     // The newest runs are one page, however many the appliance holds.
-    [{ all, damaged }, waiting] = await Promise.all([listRuns("", 1), listRuns("&status=interrupted", 20)]);
+    [{ all, damaged }, waiting] = await Promise.all([listRuns("", 1), listRuns("&status=interrupted", state.reviewPages)]);
   } finally {
     if (state.touched === touched) state.touched = null;
   }
@@ -196,6 +208,13 @@ async function loadRuns() {
   // The newest runs, and every run waiting for review however old: a
   // review must never drop out of sight.
   for (const r of waiting.all) state.runs.set(r.id, r);
+  // The page lists what waits up to 20,000 runs; the count it shows is
+  // the appliance's, of the whole store.
+  if (waiting.waiting) state.waiting = waiting.waiting;
+  for (const r of state.runs.values()) dropDrafts(r);
+  // A run with drafts that is no longer listed waits no more: read it,
+  // to say what became of them.
+  for (const id of state.drafts.keys()) if (!state.runs.has(id)) refreshRun(id);
   // Records the store cannot read are left out of the list: say so, or
   // the list would look whole. The list of reviews reads back further
   // than the newest page: a damaged record either meets is named, once.
@@ -262,16 +281,47 @@ $("start-form").addEventListener("submit", async (ev) => {
     select(run.id);
   } catch (e) {
     text($("start-error"), e.message);
+    if (e.code === "thread_busy") await explainBusy(thread);
     show($("start-error"), true);
   }
 });
+
+// explainBusy says, in the page's words, which turn holds the thread a
+// new turn was refused on, with a button that opens it: the operator
+// decides or cancels it, or starts the turn on another thread. The
+// message typed stays in its box.
+async function explainBusy(thread) {
+  let held = [];
+  for (const st of ["interrupted", "running"]) {
+    try {
+      const page = await api("GET", "/api/v1/runs?limit=1&order=desc&status=" + st + "&thread=" + encodeURIComponent(thread));
+      held = held.concat(page.runs);
+    } catch (e) { /* the appliance's own message stays */ }
+  }
+  const run = held[0];
+  if (!run) return;
+  state.runs.set(run.id, run);
+  renderRuns();
+  const p = $("start-error");
+  const open = el("button", "link", "Open it");
+  open.type = "button";
+  open.addEventListener("click", () => select(run.id));
+  const what = run.status === "interrupted" ? "a turn waiting for review" : "a turn still " + run.status;
+  p.replaceChildren("Thread " + thread + " already has " + what + " (" + run.id + "). ", open,
+    run.status === "interrupted" ? " and decide or cancel it first, or start this turn on another thread: your message is kept." :
+      " or wait for it to end, or start this turn on another thread: your message is kept.");
+}
 
 async function refreshRun(id) {
   try {
     const run = await api("GET", "/api/v1/runs/" + encodeURIComponent(id));
     state.runs.set(id, run);
+    dropDrafts(run);
     renderRuns();
-    if (id === state.selected) renderDetail(run);
+    if (id === state.selected) {
+      renderDetail(run);
+      settleUnsure(run);
+    }
   } catch (e) { /* a run listed by an event may be gone after a restart */ }
 }
 
@@ -290,7 +340,7 @@ async function select(id) {
   renderDetail(run);
   // A list holds a preview of a large input or output: the run is read
   // whole for its detail.
-  if (run.input_truncated || run.output_truncated) refreshRun(id);
+  if (run.input_truncated || run.output_truncated || state.unsure.has(id)) refreshRun(id);
   const seen = state.log.get(id);
   if (seen && seen.length && seen[0].type === "run.started" && !seen.truncated) {
     // This page saw the run from its start: its own events tell it all,
@@ -378,12 +428,23 @@ function renderDetail(run) {
   // decision that could not be confirmed) takes the error about it away:
   // it no longer says anything true about the run on screen.
   const form = $("interrupt");
+  // The review the form held until now, to tell whether it changes.
+  const shown = (form.dataset.run || "") + "\n" + (form.dataset.interrupt || "");
   if (!pending && form.dataset.interrupt && form.dataset.run === run.id) {
     delete form.dataset.interrupt;
     show($("decide-error"), false);
   }
   form.dataset.run = run.id;
   show(form, pending);
+  // Drafts discarded since the run was last on screen are said once, and
+  // stay said while it is.
+  const note = $("draft-notice");
+  if (state.dropped.has(run.id)) {
+    text(note, state.dropped.get(run.id));
+    state.dropped.delete(run.id);
+    note.dataset.run = run.id;
+    show(note, true);
+  } else if (note.dataset.run !== run.id) show(note, false);
   if (pending) {
     // The question on screen stays there until the operator moves on or
     // it is answered; the first one otherwise.
@@ -401,15 +462,16 @@ function renderDetail(run) {
     text($("interrupt-why"), whyAsked(i.payload || {}, call));
     text($("interrupt-payload"), JSON.stringify(i.payload, null, 2));
     text($("edit-label"), call ? "Edited arguments of " + call.tool + ", as JSON (for edit)" : "Edited answer (for edit)");
-    // The form belongs to the review on screen: another run's (or an
-    // earlier review's) draft and reason must never ride along into this
-    // decision.
-    if ($("interrupt").dataset.interrupt !== i.id) {
-      $("interrupt").dataset.interrupt = i.id;
+    // The form belongs to the review on screen: another run's (or another
+    // question's) draft and reason must never ride along into this
+    // decision. What the operator typed for this question comes back.
+    if (shown !== run.id + "\n" + i.id) {
+      form.dataset.interrupt = i.id;
+      const draft = (state.drafts.get(run.id) || new Map()).get(i.id);
       // An edit of a tool call starts from the arguments asked about.
-      $("edit-value").value = call ? JSON.stringify(call.args, null, 2) :
+      $("edit-value").value = draft ? draft.edit : call ? JSON.stringify(call.args, null, 2) :
         i.payload && typeof i.payload.draft === "string" ? i.payload.draft : "";
-      $("reason").value = "";
+      $("reason").value = draft ? draft.reason : "";
       show($("decide-error"), false);
     }
     state.current.set(run.id, i.node);
@@ -504,16 +566,74 @@ function line(cls, s) {
 }
 
 // countQuestions says which of the run's questions is on screen (at, of
-// how many), and how many wait across the runs the page lists.
+// how many), and how many wait across all the runs of the appliance (its
+// count, not the page's, which holds only the runs it has read).
 function countQuestions(run, at) {
   const n = run.interrupts.length;
   let count = n > 1 ? "Question " + (at + 1) + " of " + n + " waiting on this run" : "";
-  const others = [...state.runs.values()].filter((r) => r.id !== run.id && r.status === "interrupted");
-  if (others.length) {
-    const all = others.reduce((sum, r) => sum + Math.max(1, (r.interrupts || []).length), n);
-    count += (count ? "; " : "") + all + " questions wait across " + (others.length + 1) + " runs";
-  }
+  const w = state.waiting;
+  if (w && w.runs > 1) count += (count ? "; " : "") + w.questions + " questions wait across " + w.runs + " runs";
   text($("interrupt-count"), count);
+}
+
+// recountWaiting asks the appliance again how many runs and questions
+// wait for review, once a burst of events that may change it is over.
+function recountWaiting() {
+  clearTimeout(state.waitingTimer);
+  state.waitingTimer = setTimeout(async () => {
+    try {
+      const page = await api("GET", "/api/v1/runs?status=interrupted&limit=1");
+      if (page.waiting) state.waiting = page.waiting;
+      renderRuns();
+    } catch (e) { /* the stream's state says the appliance is away */ }
+  }, 200);
+}
+
+// keepDraft keeps what the operator types for the question on screen, so
+// that it is there again after moving to another question or run and
+// back, until it is sent or the question closes.
+function keepDraft() {
+  const form = $("interrupt");
+  const run = form.dataset.run, q = form.dataset.interrupt;
+  if (!run || !q) return;
+  if (!state.drafts.has(run)) state.drafts.set(run, new Map());
+  state.drafts.get(run).set(q, { edit: $("edit-value").value, reason: $("reason").value, node: $("interrupt-node").textContent });
+}
+$("edit-value").addEventListener("input", keepDraft);
+$("reason").addEventListener("input", keepDraft);
+
+// dropDrafts discards the drafts of run's questions that no longer wait
+// (answered from another console or the CLI, or the run cancelled or
+// ended), saying which and why when the run is next on screen. A question
+// this page is deciding keeps its draft until the answer comes back.
+function dropDrafts(run) {
+  const drafts = state.drafts.get(run.id);
+  if (!drafts) return;
+  // A run on its way between two pauses (queued or running after one
+  // question's answer) still owes the others an answer.
+  const over = ["completed", "failed", "cancelled", "budget_exceeded"].includes(run.status);
+  const open = new Set((run.interrupts || []).map((x) => x.id));
+  const decided = new Set((run.decisions || []).map((x) => x.interrupt));
+  const said = [];
+  for (const [q, d] of drafts) {
+    const closed = over || decided.has(q) || (run.status === "interrupted" && !open.has(q));
+    if (!closed || state.deciding.has(run.id + "\n" + q)) continue;
+    drafts.delete(q);
+    const by = (run.decisions || []).find((x) => x.interrupt === q);
+    said.push("Your unsent reply to the question at " + d.node + " was discarded: " + (by ?
+      "it was answered outside this page (" + by.decision + " by " + (by.by || "?") + " at " + new Date(by.at).toLocaleTimeString() + ")." :
+      "the run is now " + (run.status === "interrupted" ? "waiting on other questions" : run.status) + "."));
+  }
+  if (!drafts.size) state.drafts.delete(run.id);
+  if (said.length) state.dropped.set(run.id, ((state.dropped.get(run.id) || "") + " " + said.join(" ")).trim());
+}
+
+// forgetDraft discards the draft of one question, sent or refused.
+function forgetDraft(run, q) {
+  const drafts = state.drafts.get(run);
+  if (!drafts) return;
+  drafts.delete(q);
+  if (!drafts.size) state.drafts.delete(run);
 }
 
 // moveQuestion shows the run's question step places on from the one on
@@ -567,20 +687,36 @@ async function decide(kind) {
     } else try { body.value = JSON.parse(raw); } catch (e) { body.value = raw; }
   }
   for (const b of ["approve", "edit", "reject"]) $(b).disabled = true;
+  const sending = run.id + "\n" + body.interrupt;
+  state.deciding.add(sending);
   try {
     const r = await api("POST", "/api/v1/runs/" + encodeURIComponent(run.id) + "/resume", body);
+    state.deciding.delete(sending);
+    state.unsure.delete(run.id);
+    forgetDraft(run.id, body.interrupt);
     state.runs.set(r.id, r);
     $("edit-value").value = "";
     $("reason").value = "";
+    dropDrafts(r);
     renderRuns();
     renderDetail(r);
+    recountWaiting();
   } catch (e) {
+    state.deciding.delete(sending);
     let msg = e.message;
-    if (e.status === 409 || e.code === "unknown_interrupt") msg = await decidedElsewhere(run.id, body.interrupt) || msg;
+    // The question closed before this answer: what was typed for it can
+    // go nowhere now, and the error says why.
+    if (e.status === 409 || e.code === "unknown_interrupt") {
+      forgetDraft(run.id, body.interrupt);
+      msg = await decidedElsewhere(run.id, body.interrupt) || msg;
+    }
     // The request may have reached the appliance before the answer was
     // lost: the operator must not take it as refused, nor as recorded.
-    if (e.unreachable) msg = e.message + ": your " + kind + " may or may not have been recorded. Once the appliance answers " +
-      "again (the stream says live), this run is shown as it then is: check its decisions before deciding again.";
+    if (e.unreachable) {
+      msg = e.message + ": your " + kind + " may or may not have been recorded. Once the appliance answers " +
+        "again (the stream says live), this run is shown as it then is, and this says whether it was.";
+      state.unsure.set(run.id, { interrupt: body.interrupt, kind });
+    }
     text($("decide-error"), msg);
     show($("decide-error"), true);
   } finally {
@@ -610,8 +746,10 @@ async function cancelRun(id) {
   try {
     const r = await api("POST", "/api/v1/runs/" + encodeURIComponent(id) + "/cancel");
     state.runs.set(r.id, r);
+    dropDrafts(r);
     renderRuns();
     if (state.selected === r.id) renderDetail(r);
+    recountWaiting();
   } catch (e) {
     text($("decide-error"), "Cannot cancel the run: " + e.message);
     show($("decide-error"), true);
@@ -627,6 +765,7 @@ async function decidedElsewhere(id, interrupt) {
   let now;
   try { now = await api("GET", "/api/v1/runs/" + encodeURIComponent(id)); } catch (e) { return ""; }
   state.runs.set(id, now);
+  dropDrafts(now);
   renderRuns();
   if (state.selected === id) renderDetail(now);
   const ds = now.decisions || [];
@@ -635,6 +774,29 @@ async function decidedElsewhere(id, interrupt) {
   if (!d) return "This review is no longer open: the run is now " + st + ". Your decision was not recorded.";
   return "This review was already decided: " + d.decision + " by " + (d.by || "?") + " at " +
     new Date(d.at).toLocaleTimeString() + ". Your decision was not recorded. The run is now " + st + ".";
+}
+
+// settleUnsure says, once the appliance answers again, what became of a
+// decision on run sent while it did not: the operator must not be left
+// guessing whether to decide again.
+function settleUnsure(run) {
+  const u = state.unsure.get(run.id);
+  if (!u) return;
+  state.unsure.delete(run.id);
+  const d = (run.decisions || []).find((x) => x.interrupt === u.interrupt);
+  const waits = run.status === "interrupted" && (run.interrupts || []).some((x) => x.id === u.interrupt);
+  const st = run.status === "interrupted" ? "waiting for review" : run.status;
+  let msg;
+  if (d) {
+    msg = "The appliance answers again: this question was decided, " + d.decision + " by " + (d.by || "?") + " at " +
+      new Date(d.at).toLocaleTimeString() + ". The run is now " + st + ".";
+  } else if (waits) {
+    msg = "The appliance answers again: your " + u.kind + " was not recorded, and the question still waits. Decide again.";
+  } else {
+    msg = "The appliance answers again: your " + u.kind + " was not recorded, and this review is no longer open. The run is now " + st + ".";
+  }
+  text($("decide-error"), msg);
+  show($("decide-error"), true);
 }
 
 // ---- live events ----
@@ -657,6 +819,9 @@ function connect() {
         ws.send(JSON.stringify({ type: "subscribe" }));
       } else {
         ws.send(JSON.stringify({ type: "resume", seq: state.lastSeq }));
+        // A decision sent while the appliance was away may have left no
+        // event to say so: the run is read again.
+        if (state.unsure.has(state.selected)) refreshRun(state.selected);
       }
       if (state.onReady) {
         state.onReady();
@@ -690,6 +855,7 @@ function onEvent(e) {
   switch (e.type) {
     case "run.started": case "run.resumed": case "interrupt": case "run.completed": case "run.failed": case "budget.exceeded":
       refreshRun(e.run);
+      if (e.type !== "run.started") recountWaiting();
       break;
   }
   if (e.type === "checkpoint" && e.data && e.data.next) {
@@ -738,7 +904,13 @@ function renderEvent(e) {
       if (d.writes && d.writes.indexOf("flags") >= 0) line("flag", "⚑ guardrail flags set by " + e.node);
       break;
     case "tool.called": line("tool", "→ tool " + (d.tool || d.name || "") + " " + short(d.args || "", 80)); break;
-    case "tool.result": line("tool", "← " + (d.tool || d.name || "") + " " + short(d.result || d.status || "", 80)); break;
+    case "tool.result":
+      // The event says how the call ended (its size, or its error), not
+      // what it returned: a call that failed must not read as one that
+      // returned nothing.
+      if (d.error) line("tool denied", "← " + (d.tool || "") + " failed: " + short(d.error, 300));
+      else line("tool", "← " + (d.tool || "") + (d.bytes !== undefined ? " returned " + d.bytes + " bytes" : ""));
+      break;
     case "tool.unauthorized": line("denied", "✗ denied: " + (d.tool || d.name || "") + " " + (d.reason || "")); break;
     case "interrupt": {
       // The pause sign is drawn by the stylesheet: no font that Debian
