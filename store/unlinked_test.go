@@ -140,7 +140,14 @@ func TestSalvageFindsRecordsNothingLeadsTo(t *testing.T) {
 				back := 0
 				for k, v := range wantRecs {
 					g, ok := gotRecs[k]
-					if bytes.Contains(kept, append([]byte(k), v...)) {
+					// A pending write comes back with its checkpoint.
+					orphan := false
+					if name == bucketWrites {
+						thread, ns, id, _ := splitBranchKey([]byte(k[:len(k)-9]))
+						_, held := ckpts(got)[string(checkpointKey(thread, ns, id))]
+						orphan = !held
+					}
+					if bytes.Contains(kept, append([]byte(k), v...)) && !orphan {
 						assert.True(t, ok, "%s %q is in the file but did not come back", name, k)
 						back++
 					} else {
