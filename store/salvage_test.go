@@ -165,6 +165,19 @@ func rootChild(t *testing.T, path, name string, i int) (id uint64, ps int) {
 	return le.Uint64(page[pageHeaderSize+16*i+8:]), ps
 }
 
+// damageCheckpointPage overwrites the start of a leaf page of the
+// checkpoints bucket of the store file at path, and returns its id.
+func damageCheckpointPage(t *testing.T, path string) uint64 {
+	t.Helper()
+	id, ps := pageOf(t, path, bucketCheckpoints)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(bytes.Repeat([]byte{0xEE}, 64), int64(id)*int64(ps))
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	return id
+}
+
 // A damaged leaf page loses the records on it, and only those, with the
 // pending writes of the checkpoints it held: the store that Open refuses
 // is copied into one that opens, whose check names what the lost records
@@ -172,13 +185,8 @@ func rootChild(t *testing.T, path, name string, i int) (id uint64, ps int) {
 // no longer exist.
 func TestSalvagePassesOverADamagedPage(t *testing.T) {
 	src, want := salvageFixture(t)
-	id, ps := pageOf(t, src, bucketCheckpoints)
-	f, err := os.OpenFile(src, os.O_RDWR, 0)
-	require.NoError(t, err)
-	_, err = f.WriteAt(bytes.Repeat([]byte{0xEE}, 64), int64(id)*int64(ps))
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
-	_, err = Open(src, Options{ReadOnly: true})
+	id := damageCheckpointPage(t, src)
+	_, err := Open(src, Options{ReadOnly: true})
 	require.ErrorIs(t, err, ErrDamaged)
 	before, err := os.ReadFile(src)
 	require.NoError(t, err)

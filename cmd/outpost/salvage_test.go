@@ -338,3 +338,48 @@ func TestSalvageLeavesOutTheWritesOfALostCheckpoint(t *testing.T) {
 		assert.NotEqual(t, "writes", p.Bucket, "%v", p)
 	}
 }
+
+// Two salvaged copies of one damaged store, served in turn from its data
+// folder by the binary, number their events apart: the second copy's
+// first event comes after every event the first gave a console client,
+// though both copies came out of the same file with the same count. Before,
+// both started from that count, and the second gave its events numbers
+// the first had given others.
+func TestTwoSalvagedCopiesServedInTurnNumberEventsApart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildOutpost(t)
+	data := t.TempDir()
+	code, _, errs := outpost(t, "run", "--data", data, "--thread", "t0", "I forgot my metformin dose")
+	require.Zero(t, code, errs)
+	db := filepath.Join(data, store.FileName)
+	zeroRootPages(t, db)
+	var copies []string
+	for i := range 2 {
+		dst := filepath.Join(t.TempDir(), fmt.Sprintf("salvaged-%d.db", i))
+		code, out, errs := outpostBin(t, "", "db", "salvage", "--data", data, dst)
+		require.Equal(t, 1, code, out+errs) // the root page is lost
+		copies = append(copies, dst)
+	}
+	require.NoError(t, os.Rename(db, db+".damaged"))
+
+	var last uint64
+	for i, dst := range copies {
+		if i > 0 {
+			require.NoError(t, os.Rename(db, db+fmt.Sprintf(".copy-%d", i-1)))
+		}
+		require.NoError(t, os.Rename(dst, db))
+		s := startServe(t, bin, data)
+		code, body := s.call(t, "POST", fmt.Sprintf("/api/v1/threads/t%d/runs", i+1),
+			`{"agent": "medication-adherence", "input": "I forgot my lisinopril dose", "wait": "20s"}`)
+		require.Equal(t, 201, code, "%s", body)
+		var run struct{ ID string }
+		require.NoError(t, json.Unmarshal(body, &run))
+		_, seqs := s.events(t, run.ID)
+		require.NotEmpty(t, seqs)
+		assert.Greater(t, seqs[0], last, "copy %d numbers an event as one served before it", i)
+		last = seqs[len(seqs)-1]
+		s.stop(t)
+	}
+}
