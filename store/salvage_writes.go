@@ -12,7 +12,7 @@ import (
 // as unreadable: nothing can apply them, since a run goes on only from a
 // checkpoint it holds, and a checkpoint that came to have that key would
 // be given them as its own. Each is reported lost by key, and counted in
-// WritesLeftOut rather than in Records. It runs once every record the
+// WritesLeftOut rather than in Records (nor in Unlinked). It runs once every record the
 // copy gets is in, a batch of salvageBatch records to a transaction.
 func (w *salvageWalk) dropOrphanWrites(ctx context.Context, out *bbolt.DB) error {
 	var after []byte // the last key read, nil before the first
@@ -47,6 +47,12 @@ func (w *salvageWalk) dropOrphanWrites(ctx context.Context, out *bbolt.DB) error
 					continue
 				}
 				orphans = append(orphans, after)
+				if w.unreached(bucketWrites, k) && w.rep.Unlinked[bucketWrites] > 0 {
+					// Only the page-by-page search finds a record there.
+					if w.rep.Unlinked[bucketWrites]--; w.rep.Unlinked[bucketWrites] == 0 {
+						delete(w.rep.Unlinked, bucketWrites)
+					}
+				}
 				w.lost(bucketWrites, k, "a pending write of checkpoint %s (thread %q, namespace %q), which the copy does not hold: "+
 					"nothing can apply it, and it is left out", id, thread, ns)
 			}

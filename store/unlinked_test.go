@@ -106,6 +106,10 @@ func TestSalvageFindsRecordsNothingLeadsTo(t *testing.T) {
 			if tc.keepsLeaves {
 				require.NotEmpty(t, rep.Unlinked)
 			}
+			for name, n := range rep.Unlinked {
+				assert.LessOrEqual(t, n, rep.Records[name], "more %s records found unlinked than copied", name)
+			}
+			assert.Equal(t, len(got[bucketWrites]), rep.Records[bucketWrites], "the writes counted are not the writes copied")
 
 			// A record that is never rewritten comes back exactly when it
 			// is still in the file, whole (a leaf page holds a record's key
