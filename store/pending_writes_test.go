@@ -58,7 +58,7 @@ func writesGraph(t *testing.T, hold <-chan struct{}, held chan<- struct{}) (*eng
 }
 
 // requireCheckClean fails the test unless db check finds nothing wrong
-// with the store file at path.
+// with the store d, and returns its report.
 func requireCheckClean(t *testing.T, d *DB) *CheckReport {
 	t.Helper()
 	rep, err := d.Check(bg)
