@@ -85,10 +85,11 @@ func spaceOf(tx *bbolt.Tx) *Space {
 // Check verifies the whole store in one read transaction, so it can run
 // while others write: bbolt's own page checks, every record's checksum and
 // decoding, that every key matches its record, that every checkpoint's
-// parent exists, that the heads and branches buckets record exactly each
-// namespace's leaves, that the unfinished index agrees with the run
-// records, that every blob that anything refers to exists, and
-// that the outcome ledger's hash chain is whole (the first broken link is
+// parent exists, that every pending write's checkpoint exists, that the
+// heads and branches buckets record exactly each namespace's leaves, that
+// the unfinished index agrees with the run records, that every blob that
+// anything refers to exists, and that the outcome ledger's hash chain is
+// whole (the first broken link is
 // named by bucket and seq, with "broken chain" in its message). It
 // returns an error only when it could not finish; what it found is in the
 // report.
@@ -190,8 +191,13 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 				add(bucketWrites, k, "%v", err)
 				return
 			}
-			if _, ok := splitWriteKey(k); !ok {
+			ck, ok := splitWriteKey(k)
+			if !ok {
 				add(bucketWrites, k, "malformed key")
+			} else if thread, ns, id, ok := splitBranchKey(ck); ok && cb.Get(checkpointKey(thread, ns, id)) == nil {
+				// Nothing applies it, and a checkpoint that came to
+				// have that key would be given it as its own.
+				add(bucketWrites, k, "a pending write of checkpoint %s (thread %q, namespace %q), which does not exist", id, thread, ns)
 			}
 			writeRefs(w, refsOf(bucketWrites, k))
 		})

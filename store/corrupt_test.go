@@ -126,16 +126,45 @@ func TestCheckFindsDanglingReferences(t *testing.T) {
 	}))
 	rep, err := d.Check(bg)
 	require.NoError(t, err)
-	msgs := []string{}
-	for _, p := range rep.Problems {
-		msgs = append(msgs, p.String())
-	}
+	msgs := problemTexts(rep)
 	assert.ElementsMatch(t, []string{
 		`recent "0002\x00t\x00": parent checkpoint 0001 is missing`,
 		`recent "0002\x00t\x00": refers to missing blob ` + missing.String(),
 		`runs r: refers to missing blob ` + mentioned.String(),
 	}, msgs)
 	assert.Equal(t, 1, rep.Records[bucketCheckpoints])
+}
+
+// A pending write whose checkpoint does not exist is named by bucket and
+// key: nothing applies it, and a checkpoint that came to have that key
+// would be given it. A salvage of an earlier version left such writes
+// when it lost their checkpoints; no commit of the engine makes one.
+func TestCheckNamesAPendingWriteOfAMissingCheckpoint(t *testing.T) {
+	d := openTest(t)
+	require.NoError(t, d.Commit(bg, stepCommit("t", 1)))
+	write := engine.PendingWrite{TaskID: "task", Kind: engine.WriteKindWrites}
+	require.NoError(t, d.Commit(bg, &engine.Commit{Writes: []engine.CommitWrites{
+		{Thread: "t", CheckpointID: "0001", Write: write}, // its checkpoint is there
+		{Thread: "t", CheckpointID: "0002", Write: write},
+		{Thread: "t", NS: "sub", CheckpointID: "0001", Write: write},
+	}}))
+	rep, err := d.Check(bg)
+	require.NoError(t, err)
+	msgs := problemTexts(rep)
+	assert.ElementsMatch(t, []string{
+		`writes "t\x00\x000002\x00"#3: a pending write of checkpoint 0002 (thread "t", namespace ""), which does not exist`,
+		`writes "t\x00sub\x000001\x00"#4: a pending write of checkpoint 0001 (thread "t", namespace "sub"), which does not exist`,
+	}, msgs)
+	assert.Equal(t, 4, rep.Records[bucketWrites])
+}
+
+// problemTexts returns the problems of rep as db check prints them.
+func problemTexts(rep *CheckReport) []string {
+	msgs := []string{}
+	for _, p := range rep.Problems {
+		msgs = append(msgs, p.String())
+	}
+	return msgs
 }
 
 func TestBlobCollision(t *testing.T) {

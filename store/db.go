@@ -813,14 +813,19 @@ func prefixEnd(prefix []byte) []byte {
 
 // NextStreamEpoch counts one more start of the appliance's event stream
 // and returns the count, from 1; the first start of a restored backup
-// moves it past any its original can have reached (stampBackup). serve
-// numbers its events from the count shifted 32 bits up, so that numbers
-// go on rising across restarts (a client resuming from an earlier life is
-// told so) and stay exact in a JavaScript number (2^21 starts of 2^32
-// events each).
+// moves it past any its original can have reached (stampBackup), and any
+// start past the greatest count a start of a store file at this path gave
+// out (streamMarkFile), which it then records there. serve numbers its
+// events from the count shifted 32 bits up, so that numbers go on rising
+// across restarts (a client resuming from an earlier life is told so) and
+// stay exact in a JavaScript number (2^21 starts of 2^32 events each).
 func (d *DB) NextStreamEpoch() (uint64, error) {
+	mark, err := readStreamMark(d.path)
+	if err != nil {
+		return 0, fmt.Errorf("count the event stream's start: %w", err)
+	}
 	var n uint64
-	err := d.db.Update(func(tx *bbolt.Tx) error {
+	err = d.db.Update(func(tx *bbolt.Tx) error {
 		meta := bucket(tx, bucketMeta)
 		if v := meta.Get(metaStreamEpoch); v != nil {
 			if len(v) != 8 {
@@ -831,7 +836,12 @@ func (d *DB) NextStreamEpoch() (uint64, error) {
 		if count, hour, ok := backupOf(restoredStamp(d.path, n)); ok {
 			n = max(n, restoredEpoch(count, hour)) // see stampBackup
 		}
-		n++
+		n = max(n, mark) + 1
+		// Recorded before the count commits: a mark ahead of the file
+		// only moves the next start further on.
+		if err := writeStreamMark(d.path, n); err != nil {
+			return err
+		}
 		return meta.Put(metaStreamEpoch, binary.BigEndian.AppendUint64(nil, n))
 	})
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {

@@ -62,6 +62,10 @@ type SalvageReport struct {
 	// leaves are recorded anew in the same way, so that their history
 	// lists every checkpoint copied.
 	BranchesRebuilt int `json:"branches_rebuilt"`
+	// WritesLeftOut counts the pending writes read but left out of the
+	// copy, each also in Lost: their checkpoint is not in the copy
+	// (dropOrphanWrites).
+	WritesLeftOut int `json:"writes_left_out"`
 }
 
 // Where a salvaged copy's appliance ID comes from: the store's own meta
@@ -434,6 +438,9 @@ func (w *salvageWalk) copyInto(ctx context.Context, path string, entries []salva
 					return err
 				}
 			}
+		}
+		if err := w.dropOrphanWrites(ctx, out); err != nil {
+			return err
 		}
 		if err := out.Update(w.keepFormat); err != nil {
 			return err

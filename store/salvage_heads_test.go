@@ -453,3 +453,75 @@ func loseLastSteps(t *testing.T, d *DB, threads []string, running string) (strin
 	require.NoError(t, f.Close())
 	return src, want
 }
+
+// Two salvages of one damaged store, each copy served in turn from the
+// store's place, never give out the same stream count: whatever copy
+// starts there, and however often the one before it started, its events
+// are numbered past every number the other gave a console client. Before,
+// both copies came out with the same count, and started in the same hour
+// they counted the same numbers.
+func TestTwoSalvagesOfOneStoreNeverShareAStreamCount(t *testing.T) {
+	defer func(c func() time.Time) { salvageClock = c }(salvageClock)
+	now := time.Now()
+	salvageClock = func() time.Time { return now }
+	src, _ := salvageFixture(t)
+	d, err := Open(src, Options{})
+	require.NoError(t, err)
+	for range 3 {
+		_, err := d.NextStreamEpoch()
+		require.NoError(t, err)
+	}
+	require.NoError(t, d.Close())
+	damageCheckpointPage(t, src)
+
+	var copies []string
+	for i := range 2 {
+		dst := filepath.Join(t.TempDir(), fmt.Sprintf("salvaged-%d.db", i))
+		_, err := Salvage(bg, src, dst)
+		require.NoError(t, err)
+		copies = append(copies, dst)
+	}
+	// Served from the data folder in turn: the first copy starts twice,
+	// is moved aside, and the second takes its place.
+	live := filepath.Join(t.TempDir(), FileName)
+	seen := map[uint64]string{}
+	for i, starts := range []int{2, 1} {
+		if i > 0 {
+			require.NoError(t, os.Rename(live, live+".aside"))
+		}
+		require.NoError(t, os.Rename(copies[i], live))
+		for range starts {
+			d, err := Open(live, Options{})
+			require.NoError(t, err)
+			e, err := d.NextStreamEpoch()
+			require.NoError(t, err)
+			require.NoError(t, d.Close())
+			assert.Empty(t, seen[e], "copy %d starts at count %d, which %s gave out", i, e, seen[e])
+			seen[e] = fmt.Sprintf("copy %d", i)
+		}
+	}
+}
+
+// A stream mark that does not hold a count stops the start with an error
+// that names it and says what removing it costs, and the count stays as
+// it was; removed, the count goes on from the store file's own.
+func TestADamagedStreamMarkStopsTheStart(t *testing.T) {
+	dir := t.TempDir()
+	d, err := OpenDir(dir, Options{})
+	require.NoError(t, err)
+	defer d.Close()
+	first, err := d.NextStreamEpoch()
+	require.NoError(t, err)
+	mark := streamMarkFile(d.Path())
+	b, err := os.ReadFile(mark)
+	require.NoError(t, err)
+	assert.Equal(t, fmt.Sprintf("%d\n", first), string(b))
+
+	require.NoError(t, os.WriteFile(mark, []byte("12x\n"), 0o600))
+	_, err = d.NextStreamEpoch()
+	require.ErrorContains(t, err, mark+` holds "12x\n", not the event stream's count: remove it`)
+	require.NoError(t, os.Remove(mark))
+	next, err := d.NextStreamEpoch()
+	require.NoError(t, err)
+	assert.Equal(t, first+1, next, "the refused start counted")
+}

@@ -165,18 +165,28 @@ func rootChild(t *testing.T, path, name string, i int) (id uint64, ps int) {
 	return le.Uint64(page[pageHeaderSize+16*i+8:]), ps
 }
 
-// A damaged leaf page loses the records on it, and only those: the store
-// that Open refuses is copied into one that opens, whose check names what
-// the lost records leave dangling.
-func TestSalvagePassesOverADamagedPage(t *testing.T) {
-	src, want := salvageFixture(t)
-	id, ps := pageOf(t, src, bucketCheckpoints)
-	f, err := os.OpenFile(src, os.O_RDWR, 0)
+// damageCheckpointPage overwrites the start of a leaf page of the
+// checkpoints bucket of the store file at path, and returns its id.
+func damageCheckpointPage(t *testing.T, path string) uint64 {
+	t.Helper()
+	id, ps := pageOf(t, path, bucketCheckpoints)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	require.NoError(t, err)
 	_, err = f.WriteAt(bytes.Repeat([]byte{0xEE}, 64), int64(id)*int64(ps))
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
-	_, err = Open(src, Options{ReadOnly: true})
+	return id
+}
+
+// A damaged leaf page loses the records on it, and only those, with the
+// pending writes of the checkpoints it held: the store that Open refuses
+// is copied into one that opens, whose check names what the lost records
+// leave dangling. Before, those writes were copied, to checkpoints that
+// no longer exist.
+func TestSalvagePassesOverADamagedPage(t *testing.T) {
+	src, want := salvageFixture(t)
+	id := damageCheckpointPage(t, src)
+	_, err := Open(src, Options{ReadOnly: true})
 	require.ErrorIs(t, err, ErrDamaged)
 	before, err := os.ReadFile(src)
 	require.NoError(t, err)
@@ -187,14 +197,37 @@ func TestSalvagePassesOverADamagedPage(t *testing.T) {
 	after, err := os.ReadFile(src)
 	require.NoError(t, err)
 	assert.Equal(t, before, after, "salvage wrote to the damaged file")
-	require.Len(t, rep.Lost, 1, "%v", rep.Lost)
+	require.NotEmpty(t, rep.Lost)
 	assert.Equal(t, bucketCheckpoints, rep.Lost[0].Bucket)
 	assert.Contains(t, rep.Lost[0].Message, fmt.Sprintf("page %d says it is page", id))
 	assert.False(t, rep.OK())
 
 	got := records(t, dst)
+	// The writes of the checkpoints lost are left out, each named.
+	var orphans []Problem
+	for k := range want[bucketWrites] {
+		thread, ns, ckpt, ok := splitBranchKey([]byte(k[:len(k)-9]))
+		require.True(t, ok, "%q", k)
+		ck := string(checkpointKey(thread, ns, ckpt))
+		if got[bucketCheckpoints][ck] != nil || got[bucketRecent][ck] != nil {
+			assert.Contains(t, got[bucketWrites], k, "a write of a checkpoint the copy holds is left out")
+			continue
+		}
+		assert.NotContains(t, got[bucketWrites], k, "a write of checkpoint %s, which the copy lacks, is copied", ckpt)
+		orphans = append(orphans, Problem{Bucket: bucketWrites, Key: renderKey(bucketWrites, []byte(k)), Message: fmt.Sprintf(
+			"a pending write of checkpoint %s (thread %q, namespace %q), which the copy does not hold: nothing can apply it, "+
+				"and it is left out", ckpt, thread, ns)})
+	}
+	require.NotEmpty(t, orphans)
+	assert.ElementsMatch(t, orphans, rep.Lost[1:])
+	assert.Equal(t, len(orphans), rep.WritesLeftOut)
+	assert.Len(t, got[bucketWrites], len(want[bucketWrites])-len(orphans))
+	assert.Equal(t, len(got[bucketWrites]), rep.Records[bucketWrites])
+	js, err := json.Marshal(rep)
+	require.NoError(t, err)
+	assert.Contains(t, string(js), fmt.Sprintf(`"writes_left_out":%d`, len(orphans)))
 	for name, recs := range want {
-		if name == bucketMeta {
+		if name == bucketMeta || name == bucketWrites {
 			continue
 		}
 		if name != bucketCheckpoints {
@@ -215,6 +248,9 @@ func TestSalvagePassesOverADamagedPage(t *testing.T) {
 	}
 	require.NotNil(t, rep.Check)
 	assert.False(t, rep.Check.OK(), "check of the copy misses the lost checkpoints")
+	for _, p := range rep.Check.Problems {
+		assert.NotEqual(t, bucketWrites, p.Bucket, "%v", p)
+	}
 
 	d, err := Open(dst, Options{})
 	require.NoError(t, err)

@@ -616,6 +616,10 @@ func dbSalvage(ctx context.Context, dir, dst string, opts store.SalvageOptions, 
 			fmt.Fprintf(stdout, "the older leaves of %d thread namespace(s) were lost with the page that held them: "+
 				"each namespace's leaves are recorded anew from the checkpoints copied\n", rep.BranchesRebuilt)
 		}
+		if rep.WritesLeftOut > 0 {
+			fmt.Fprintf(stdout, "%d pending write(s) of checkpoints the copy does not hold were left out, each named below: "+
+				"nothing could apply them\n", rep.WritesLeftOut)
+		}
 		for _, p := range rep.Lost {
 			fmt.Fprintf(stdout, "LOST %s\n", p)
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/store"
@@ -263,4 +265,121 @@ func TestSalvagedStoreSendsTheOutcomesOfTheRunsItFails(t *testing.T) {
 	got := up.appliance(t)
 	assert.Equal(t, before.LastSeq+uint64(len(failed)), got.LastSeq, "the collector did not get an outcome for each run copied as failed")
 	assert.Equal(t, "ok", got.Chain)
+}
+
+// A checkpoint that fails its checksum is left out of a salvaged copy
+// with its pending writes (here the interrupt of a turn that waits for a
+// person), and salvage names each such write, in text and under --json.
+// Before, the copy kept the write of the checkpoint it lost.
+func TestSalvageLeavesOutTheWritesOfALostCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	code, _, errs := outpost(t, "run", "--data", dir, "--thread", "t1", "Can I take a double dose of metformin?")
+	require.Zero(t, code, errs)
+	path := filepath.Join(dir, store.FileName)
+	var ckpt string
+	var rec []byte
+	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
+	require.NoError(t, err)
+	require.NoError(t, bdb.View(func(tx *bbolt.Tx) error {
+		k, _ := tx.Bucket([]byte("writes")).Cursor().First()
+		require.NotNil(t, k, "the paused turn saved no pending write")
+		parts := bytes.Split(k[:len(k)-9], []byte{0}) // thread, namespace, checkpoint ID
+		require.Len(t, parts, 3)
+		ckpt = string(parts[2])
+		key := bytes.Join([][]byte{parts[2], parts[0], parts[1]}, []byte{0})
+		for _, name := range []string{"recent", "checkpoints"} {
+			if v := tx.Bucket([]byte(name)).Get(key); v != nil {
+				rec = bytes.Clone(v)
+			}
+		}
+		return nil
+	}))
+	require.NoError(t, bdb.Close())
+	require.NotNil(t, rec)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	for at := 0; ; { // every copy the file holds
+		i := bytes.Index(b[at:], rec)
+		if i < 0 {
+			break
+		}
+		b[at+i+len(rec)/2] ^= 0xFF
+		at += i + len(rec)
+	}
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+
+	code, out, errs := outpostBin(t, "", "db", "salvage", "--data", dir, filepath.Join(t.TempDir(), "salvaged.db"))
+	require.Equal(t, 1, code, out+errs)
+	assert.Contains(t, out, "1 pending write(s) of checkpoints the copy does not hold were left out")
+	assert.Regexp(t, `LOST writes "t1\\x00\\x00`+ckpt+`\\x00"#\d+: a pending write of checkpoint `+ckpt+` \(thread "t1", namespace ""\), `+
+		`which the copy does not hold: nothing can apply it, and it is left out\n`, out)
+	assert.NotContains(t, out, "PROBLEM in the copy: writes")
+
+	code, out, errs = outpostBin(t, "", "db", "salvage", "--data", dir, filepath.Join(t.TempDir(), "salvaged.db"), "--json")
+	require.Equal(t, 1, code, out+errs)
+	var rep struct {
+		WritesLeftOut int             `json:"writes_left_out"`
+		Lost          []store.Problem `json:"lost"`
+		Check         struct {
+			Problems []store.Problem `json:"problems"`
+		} `json:"check"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	assert.Equal(t, 1, rep.WritesLeftOut)
+	var named []store.Problem
+	for _, p := range rep.Lost {
+		if p.Bucket == "writes" {
+			named = append(named, p)
+		}
+	}
+	require.Len(t, named, 1, "%v", rep.Lost)
+	assert.Contains(t, named[0].Message, "a pending write of checkpoint "+ckpt)
+	for _, p := range rep.Check.Problems {
+		assert.NotEqual(t, "writes", p.Bucket, "%v", p)
+	}
+}
+
+// Two salvaged copies of one damaged store, served in turn from its data
+// folder by the binary, number their events apart: the second copy's
+// first event comes after every event the first gave a console client,
+// though both copies came out of the same file with the same count. Before,
+// both started from that count, and the second gave its events numbers
+// the first had given others.
+func TestTwoSalvagedCopiesServedInTurnNumberEventsApart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildOutpost(t)
+	data := t.TempDir()
+	code, _, errs := outpost(t, "run", "--data", data, "--thread", "t0", "I forgot my metformin dose")
+	require.Zero(t, code, errs)
+	db := filepath.Join(data, store.FileName)
+	zeroRootPages(t, db)
+	var copies []string
+	for i := range 2 {
+		dst := filepath.Join(t.TempDir(), fmt.Sprintf("salvaged-%d.db", i))
+		code, out, errs := outpostBin(t, "", "db", "salvage", "--data", data, dst)
+		require.Equal(t, 1, code, out+errs) // the root page is lost
+		copies = append(copies, dst)
+	}
+	require.NoError(t, os.Rename(db, db+".damaged"))
+
+	var last uint64
+	for i, dst := range copies {
+		if i > 0 {
+			require.NoError(t, os.Rename(db, db+fmt.Sprintf(".copy-%d", i-1)))
+		}
+		require.NoError(t, os.Rename(dst, db))
+		s := startServe(t, bin, data)
+		code, body := s.call(t, "POST", fmt.Sprintf("/api/v1/threads/t%d/runs", i+1),
+			`{"agent": "medication-adherence", "input": "I forgot my lisinopril dose", "wait": "20s"}`)
+		require.Equal(t, 201, code, "%s", body)
+		var run struct{ ID string }
+		require.NoError(t, json.Unmarshal(body, &run))
+		_, seqs := s.events(t, run.ID)
+		require.NotEmpty(t, seqs)
+		assert.Greater(t, seqs[0], last, "copy %d numbers an event as one served before it", i)
+		last = seqs[len(seqs)-1]
+		s.stop(t)
+	}
 }
