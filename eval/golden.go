@@ -99,3 +99,19 @@ func CheckAgents(convs []Conversation, resolve engine.Resolver) error {
 	}
 	return nil
 }
+
+// CheckFlags refuses, as a bad golden file (ErrGolden), a conversation
+// that expects a flag its agent, one of bundle b's, can never raise on
+// channel, the one the replay reads the flags from (Options.FlagsChannel;
+// "" for "flags"). Where that is not known (an agent b lacks, a channel
+// that other writes may fill, see firmware.Bundle.CheckGoldenFlags) nothing
+// is checked.
+func CheckFlags(convs []Conversation, b *firmware.Bundle, channel string) error {
+	if channel == "" {
+		channel = firmware.DefaultFlagsChannel
+	}
+	if err := b.CheckGoldenFlags(convs, channel); err != nil {
+		return fmt.Errorf("%w: %w", ErrGolden, err)
+	}
+	return nil
+}

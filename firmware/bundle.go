@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/models"
@@ -89,9 +90,20 @@ func LoadWithRuntime(p string, keys *Keyring, rt *Runtime) (*Bundle, error) {
 	return b, nil
 }
 
+// compilations counts load's calls (see Compilations).
+var compilations atomic.Int64
+
+// Compilations is how many times this process has loaded a verified
+// bundle, compiling its agents' graphs: each Load, each Open of an
+// installed version for a runtime it was not loaded for yet, and each load
+// of the embedded reference bundle. It shows that a bundle is not compiled
+// again where once is enough.
+func Compilations() int64 { return compilations.Load() }
+
 // load decodes a verified bundle: policy data first, then documents and
 // prompts, then the graphs, whose nodes refer to all of those.
 func load(v *verified, rt *Runtime) (*Bundle, error) {
+	compilations.Add(1)
 	m := v.manifest
 	b := &Bundle{Manifest: m, Digest: v.digest, runtime: rt, Prompts: map[string]string{}, Lanes: map[string]policy.Lane{},
 		Graphs: map[string]*GraphSpec{}, agents: map[string]*engine.Agent{}}

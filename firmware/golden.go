@@ -324,23 +324,61 @@ func (b *Bundle) checkGolden() error {
 			nodes = append(nodes, n.Name)
 		}
 		flags, unknown := spec.raised.can(DefaultFlagsChannel)
-		for i, t := range c.Turns {
-			for _, e := range []struct {
-				at     string
-				expect *Expect
-			}{{fmt.Sprintf("turns.%d.expect", i), t.Expect}, {fmt.Sprintf("turns.%d.after_resume", i), t.AfterResume}} {
-				if err := c.checkExpectNames(e.at, e.expect, nodes, tools); err != nil {
+		for _, e := range c.expectations() {
+			if err := c.checkExpectNames(e.at, e.expect, nodes, tools); err != nil {
+				return err
+			}
+			if unknown == "" {
+				if err := c.checkExpectFlags(e.at, e.expect, flags); err != nil {
 					return err
-				}
-				if unknown == "" {
-					if err := c.checkExpectFlags(e.at, e.expect, flags); err != nil {
-						return err
-					}
 				}
 			}
 		}
 	}
 	return nil
+}
+
+// CheckGoldenFlags refuses a conversation of convs that expects a flag its
+// agent can never raise on channel, the channel a replay reads the flags
+// from, as verify refuses one of the bundle's own golden files for the
+// "flags" channel (see checkGolden), so that golden files of one's own are
+// checked before anything is replayed. A conversation whose agent is not
+// one of b's, or whose channel's flags are not known, is not checked.
+func (b *Bundle) CheckGoldenFlags(convs []Conversation, channel string) error {
+	for i := range convs {
+		c := &convs[i]
+		spec, ok := b.Graphs[c.Agent]
+		if !ok {
+			continue
+		}
+		flags, unknown := spec.raised.can(channel)
+		if unknown != "" {
+			continue
+		}
+		for _, e := range c.expectations() {
+			if err := c.checkExpectFlags(e.at, e.expect, flags); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// expectation is what a turn of a conversation expects (its expect or its
+// after_resume; nil when it has none), with its JSON path.
+type expectation struct {
+	at     string
+	expect *Expect
+}
+
+// expectations lists c's expectations, turn by turn.
+func (c *Conversation) expectations() []expectation {
+	var out []expectation
+	for i, t := range c.Turns {
+		out = append(out, expectation{fmt.Sprintf("turns.%d.expect", i), t.Expect},
+			expectation{fmt.Sprintf("turns.%d.after_resume", i), t.AfterResume})
+	}
+	return out
 }
 
 // checkExpectFlags refuses an expectation of a flag outside flags, the

@@ -27,7 +27,9 @@ func runCollector(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.About = "GET /v1/appliances takes a bearer token, made at first start and kept in DIR/" + uplink.TokenFile +
 		" (mode 0600); print it with: outpost token --collector --data DIR"
 	listen := fs.String("listen", "127.0.0.1:7080", "the `ADDR` to listen on, HOST:PORT")
-	data := fs.String("data", defaultCollectorData, "data folder `DIR`: the embedded (bbolt) store, and the token of GET /v1/appliances (with --postgres too)")
+	data := new(string)
+	*data = defaultCollectorData
+	fs.Var(dataValue{data, func() string { return defaultCollectorData }}, "data", "data folder `DIR`: the embedded (bbolt) store, and the token of GET /v1/appliances (with --postgres too)")
 	secrets := fs.String("secrets", "", "`FILE` of \"appliance_id secret\" lines, one per appliance")
 	pg := fs.String("postgres", "", "store into PostgreSQL at this `DSN` instead of bbolt (several collectors may share it, and its token: the first to start stores its own there, and the others take it into their --data)")
 	if err := fs.parse(args, false); err != nil {

@@ -109,3 +109,28 @@ func startCollectorBin(t *testing.T, bin, data, secrets, dsn string) (url, head 
 		}
 	}
 }
+
+// An empty --data (an unset variable, --data "$DIR") is refused by the
+// collector as a bad command line that names the flag, before it makes
+// its token or store in the current folder; it, and "outpost token
+// --collector", name the collector's default folder, not the appliance's.
+func TestCollectorEmptyDataIsRefused(t *testing.T) {
+	secrets := filepath.Join(t.TempDir(), "secrets")
+	require.NoError(t, os.WriteFile(secrets, []byte("clinic-1 s3cret\n"), 0o600))
+	const empty = "flag -data: an empty folder name: name the data folder, or leave --data out for "
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"collector", "--data", "", "--secrets", secrets}, empty + defaultCollectorData + "\n"},
+		{[]string{"collector", "--secrets", secrets, "--data", " "}, empty + defaultCollectorData + "\n"},
+		{[]string{"token", "--collector", "--data", ""}, empty + defaultCollectorData + "\n"},
+		// Read before --collector, --data names both defaults.
+		{[]string{"token", "--data", "", "--collector"}, empty + "./outpost-data (" + defaultCollectorData + " with --collector)\n"},
+	} {
+		dir := t.TempDir()
+		requireRefused(t, dir, tc.args)
+		_, _, stderr := outpostBin(t, dir, tc.args...)
+		require.Contains(t, stderr, tc.says, tc.args)
+	}
+}

@@ -31,14 +31,18 @@ func defaultDataDir() string {
 func dataFlag(fs *flag.FlagSet) *string {
 	p := new(string)
 	*p = defaultDataDir()
-	fs.Var(dataValue{p}, "data", "data folder `DIR` (or set $OUTPOST_DATA)")
+	fs.Var(dataValue{p, defaultDataDir}, "data", "data folder `DIR` (or set $OUTPOST_DATA)")
 	return p
 }
 
 // dataValue is --data: a folder's name, never empty. An empty one (most
 // often an unset shell variable, --data "$DIR") would name the current
-// folder, and a store would be made there.
-type dataValue struct{ p *string }
+// folder, and a store would be made there. def says which folder leaving
+// --data out gives, for the error.
+type dataValue struct {
+	p   *string
+	def func() string
+}
 
 func (d dataValue) String() string {
 	if d.p == nil {
@@ -49,7 +53,7 @@ func (d dataValue) String() string {
 
 func (d dataValue) Set(s string) error {
 	if strings.TrimSpace(s) == "" {
-		return errors.New("an empty folder name: name the data folder, or leave --data out for " + defaultDataDir())
+		return errors.New("an empty folder name: name the data folder, or leave --data out for " + d.def())
 	}
 	*d.p = s
 	return nil

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -65,4 +66,36 @@ func TestRunCompilesTheBundleOnce(t *testing.T) {
 	require.Contains(t, out, ": completed")
 	require.Regexp(t, `node.completed +intake `, out, "the turn ran through the counted node")
 	require.EqualValues(t, 1, countedBuilds.Load(), "compilations of the agent's graph by one run")
+}
+
+// serve with no bundle installed serves the embedded one: it resolves
+// agents, lists the bundle for the console and, with an uplink, redacts
+// outcomes with the bundle compiled once, not once for each use.
+func TestServeCompilesTheEmbeddedBundleOnce(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "uplink-secret")
+	require.NoError(t, os.WriteFile(secret, []byte("hunter2-but-longer\n"), 0o600))
+	for _, tc := range []struct {
+		name  string
+		flags []string
+	}{
+		{"alone", nil},
+		{"with an uplink", []string{"--uplink", "http://127.0.0.1:1", "--uplink-secret", secret}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data := t.TempDir()
+			before := firmware.Compilations()
+			ctx, cancel := context.WithCancel(context.Background())
+			served := make(chan int, 1)
+			var out, errb bytes.Buffer
+			go func() {
+				served <- execute(ctx, append([]string{"serve", "--data", data, "--listen", "127.0.0.1:0"}, tc.flags...), &out, &errb)
+			}()
+			awaitControl(t, data) // serve has resolved its agents, listed its bundles and started its uplink
+			compiled := firmware.Compilations() - before
+			cancel()
+			require.Zero(t, <-served, errb.String())
+			require.Contains(t, out.String(), "bundle: "+firmware.ReferenceName, "the embedded bundle served")
+			require.EqualValues(t, 1, compiled, "compilations of the embedded bundle by one serve")
+		})
+	}
 }

@@ -218,3 +218,40 @@ func errorFrom(stderr string) error {
 	}
 	return errors.New(stderr)
 }
+
+// eval FILE refuses, before it replays anything, a golden conversation of
+// one's own that expects a flag its agent can never raise on the channel
+// eval reads the flags from (--flags-channel), as verify refuses one of a
+// bundle's own: no replay of it could pass. Where the channel may hold
+// what the graph cannot tell (the run's input is written to the history
+// channel), nothing is checked, and the replay says what it got.
+func TestEvalRefusesAFlagTheAgentCannotRaise(t *testing.T) {
+	ref, err := firmware.Reference()
+	require.NoError(t, err)
+	history := ref.Graphs[firmware.ReferenceAgent].History
+	require.NotEmpty(t, history)
+
+	const acute = "acute" // the red flag the reference rules raise for chest pain
+	golden := filepath.Join(t.TempDir(), "g.jsonl")
+	turn := func(name, flag string) string {
+		return `{"name": "` + name + `", "agent": "` + firmware.ReferenceAgent + `", "turns": [{"input": "I have chest pain since I took my lisinopril", "expect": {"flags": ["` + flag + `"], "status": "completed"}}]}` + "\n"
+	}
+	require.NoError(t, os.WriteFile(golden, []byte(turn("acute", acute)+turn("misspelt", "acutee")), 0o644))
+	refused := func(args []string, says string) {
+		t.Helper()
+		code, stdout, stderr := outpostBin(t, "", append(append([]string{"eval"}, args...), golden)...)
+		require.Equal(t, 2, code, "%v: %s", args, stderr)
+		require.Empty(t, stdout, "%v: nothing was replayed", args)
+		require.Contains(t, stderr, "outpost eval: bad golden conversation: "+golden+":", args)
+		require.Contains(t, stderr, says, args)
+	}
+	refused(nil, `conversation "misspelt": turns.0.expect.flags.0: "acutee" is not a flag agent "`+firmware.ReferenceAgent+`" can raise (its flags: `+acute+", ")
+	// A channel the graph lacks holds no flag: not even the one its
+	// "flags" channel holds is expected there.
+	refused([]string{"--flags-channel", "alerts"}, `conversation "acute": turns.0.expect.flags.0: "`+acute+`" is not a flag agent "`+firmware.ReferenceAgent+`" can raise (it raises none)`)
+
+	code, stdout, stderr := outpostBin(t, "", "eval", "--flags-channel", history, golden)
+	require.Equal(t, 1, code, "the conversations are replayed and fail: %s", stderr)
+	require.Contains(t, stdout, "FAIL acute ")
+	require.Contains(t, stdout, "FAIL misspelt ")
+}

@@ -175,16 +175,21 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	}
 	// The bundle is announced below, once; the resolver's own notice
 	// would repeat it at the first run.
-	// One installer for both, so that each bundle is verified once.
+	// One installer and one load of the embedded bundle for both, so that
+	// each bundle is verified and compiled once.
 	in, err := openInstaller(*data, rt)
 	if err != nil {
 		return err
 	}
-	resolve, err := applianceResolver(*data, loadedBundles{rt: rt, in: in}, nil, false)
+	ref, err := firmware.ReferenceWithRuntime(rt)
 	if err != nil {
 		return err
 	}
-	bundles, err := bundleInfo(in, rt)
+	resolve, err := applianceResolver(*data, loadedBundles{rt: rt, in: in, ref: ref}, nil, false)
+	if err != nil {
+		return err
+	}
+	bundles, err := bundleInfo(in, ref)
 	if err != nil {
 		return err
 	}
@@ -209,7 +214,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	var up *uplink.Uplink
 	if *upURL != "" {
 		up, err = uplink.New(db, uplink.Config{URL: *upURL, ApplianceID: *applianceID, Secret: secret,
-			RedactorFor: bundleRedactors(*data), Events: bus})
+			RedactorFor: bundleRedactors(ref, in), Events: bus})
 		if err != nil {
 			return err
 		}
@@ -311,13 +316,9 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 }
 
 // bundleInfo lists the bundles new runs use: the installed ones of in, or
-// the embedded reference bundle when none is installed.
-func bundleInfo(in *firmware.Installer, rt *firmware.Runtime) ([]console.BundleInfo, error) {
+// the embedded reference bundle ref, as loaded, when none is installed.
+func bundleInfo(in *firmware.Installer, ref *firmware.Bundle) ([]console.BundleInfo, error) {
 	if len(in.List()) == 0 {
-		ref, err := firmware.ReferenceWithRuntime(rt)
-		if err != nil {
-			return nil, err
-		}
 		r := ref.Ref()
 		return []console.BundleInfo{{Name: r.Name, Version: r.Version, Digest: r.Digest, Agents: ref.AgentNames(),
 			Active: true, Source: "embedded", Notice: firmware.ReferenceNotice}}, nil

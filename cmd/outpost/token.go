@@ -18,8 +18,17 @@ func init() {
 
 func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("token", "token [--data DIR] [--json]\n       outpost token --collector [--data DIR] [--json]", stdout, stderr)
-	data := dataFlag(fs.FlagSet)
 	collector := fs.Bool("collector", false, "print the collector's token, for its GET /v1/appliances (--data is the collector's, default "+defaultCollectorData+")")
+	data := new(string)
+	*data = defaultDataDir()
+	// An empty --data is refused as it is read, before a --collector that
+	// comes after it: the error then names both defaults.
+	fs.Var(dataValue{data, func() string {
+		if *collector {
+			return defaultCollectorData
+		}
+		return defaultDataDir() + " (" + defaultCollectorData + " with --collector)"
+	}}, "data", "data folder `DIR` (or set $OUTPOST_DATA)")
 	asJSON := fs.Bool("json", false, "print JSON: {token}")
 	if err := fs.parse(args, false); err != nil {
 		return err

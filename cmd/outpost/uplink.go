@@ -159,7 +159,9 @@ func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout tim
 		return err
 	}
 	defer db.Close()
-	cfg.RedactorFor = bundleRedactors(dir)
+	ref, _ := firmware.Reference()
+	in, _ := openInstaller(dir, nil)
+	cfg.RedactorFor = bundleRedactors(ref, in)
 	ls, err := db.Ledger(ctx)
 	if err != nil {
 		return err
@@ -256,14 +258,14 @@ func reportRetries(u *uplink.Uplink, timeout time.Duration, w io.Writer, every t
 }
 
 // bundleRedactors returns each outcome's redaction policy: its bundle's,
-// from the embedded reference or the bundles installed in dir. An outcome
-// whose bundle is unknown, or has no policy, leaves with its identity
-// fields only (uplink.Config's fail-closed default).
-func bundleRedactors(dir string) func(engine.BundleRef) uplink.Redactor {
+// from the embedded reference bundle ref or the bundles of the installer
+// in (either may be nil), as loaded by the caller, so that serve compiles
+// no bundle again for its uplink. An outcome whose bundle is unknown, or
+// has no policy, leaves with its identity fields only (uplink.Config's
+// fail-closed default).
+func bundleRedactors(ref *firmware.Bundle, in *firmware.Installer) func(engine.BundleRef) uplink.Redactor {
 	var mu sync.Mutex
 	cache := map[engine.BundleRef]uplink.Redactor{}
-	ref, _ := firmware.Reference()
-	in, _ := openInstaller(dir, nil)
 	return func(r engine.BundleRef) uplink.Redactor {
 		mu.Lock()
 		defer mu.Unlock()
