@@ -542,3 +542,20 @@ func TestFirmwareVerifyUnknownNodeKind(t *testing.T) {
 	require.Equal(t, 1, strings.Count(stderr, "tool_loop"), "the known kinds are listed once:\n%s", stderr)
 	require.Contains(t, stderr, "(fix the node's kind at the line and column given, then sign the bundle again)")
 }
+
+// firmware list only reads: in a data folder where nothing was ever
+// installed it says so, as text and as JSON, and makes nothing there
+// (it made an empty firmware folder, and in a read-only data folder it
+// failed with "mkdir DIR/firmware: permission denied").
+func TestFirmwareListMakesNothing(t *testing.T) {
+	data := t.TempDir()
+	code, stdout, stderr := outpostBin(t, "", "firmware", "list", "--data", data)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, "no bundles installed: new runs use the embedded reference bundle (medication-adherence)\n", stdout)
+	code, stdout, stderr = outpostBin(t, "", "firmware", "list", "--data", data, "--json")
+	require.Equal(t, 0, code, stderr)
+	require.JSONEq(t, `{"installed": [], "log": []}`, stdout)
+	entries, err := os.ReadDir(data)
+	require.NoError(t, err)
+	require.Empty(t, entries, "firmware list made something in the data folder")
+}
