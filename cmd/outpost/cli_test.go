@@ -23,6 +23,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/internal/pgtest"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // The binary the command-line tests run, built once per test binary into
@@ -295,6 +296,27 @@ func oneOutcomeToSend(t *testing.T) (data, secret string) {
 	secret = filepath.Join(t.TempDir(), "secret")
 	require.NoError(t, os.WriteFile(secret, []byte("hunter2-but-longer\n"), 0o600))
 	return data, secret
+}
+
+// uplink status only reads: the store file is byte for byte as it was
+// after it, as text and as JSON (it opened the store for writing, which
+// commits a transaction, and failed in a read-only data folder).
+func TestUplinkStatusChangesNothing(t *testing.T) {
+	data, _ := oneOutcomeToSend(t)
+	path := filepath.Join(data, store.FileName)
+	before, err := os.ReadFile(path)
+	require.NoError(t, err)
+	code, stdout, stderr := outpostBin(t, "", "uplink", "status", "--data", data)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, ": 1 outcomes, 0 acknowledged upstream, backlog 1")
+	code, stdout, stderr = outpostBin(t, "", "uplink", "status", "--data", data, "--json")
+	require.Equal(t, 0, code, stderr)
+	var st struct{ Backlog int }
+	require.NoError(t, json.Unmarshal([]byte(stdout), &st), stdout)
+	require.Equal(t, 1, st.Backlog)
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(before, after), "uplink status changed the store file")
 }
 
 // A newcomer's round with bundles of their own, on the built binary: a

@@ -102,7 +102,10 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.Writer) error {
 	var st uplink.Status
 	served := false
-	err := withStore(dir,
+	// Status only reads: the store is opened read-only, so that it is not
+	// changed (not even by the transaction a writer's open commits) and a
+	// read-only data folder can be asked too.
+	err := withStoreReadOnly(dir,
 		func(db *store.DB) error {
 			u, err := uplink.New(db, uplink.Config{URL: url})
 			if err != nil {
