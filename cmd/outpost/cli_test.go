@@ -254,6 +254,28 @@ func TestUplinkFlushToACollectorThatDoesNotAnswer(t *testing.T) {
 		`\(it did not answer\); the next flush sends them, as serve --uplink does\n$`, stderr)
 }
 
+// uplink flush to a URL where a web server, not the collector, answers 404
+// with an empty body says what answered and what to check, where it said
+// "PARKED outcomes 1-1: the collector answered 404 : " and "collector
+// answered 404: ", naming nothing.
+func TestUplinkFlushToAURLThatIsNoCollector(t *testing.T) {
+	data, secret := oneOutcomeToSend(t)
+	other := httptest.NewServer(http.NotFoundHandler())
+	defer other.Close()
+	empty := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNotFound) }))
+	defer empty.Close()
+
+	for _, tc := range []struct{ url, says string }{
+		{other.URL, "collector answered 404: 404 page not found (nothing at this URL takes outcomes: check that it is the collector's base URL"},
+		{empty.URL, "collector answered 404: Not Found, with an empty answer (nothing at this URL takes outcomes: check that it is the collector's base URL"},
+	} {
+		code, stdout, stderr := outpostBin(t, "", "uplink", "flush", "--data", data, "--url", tc.url, "--secret-file", secret, "--timeout", "5s")
+		require.Equal(t, 1, code, stderr)
+		require.Contains(t, stdout, "PARKED outcomes 1-1: "+tc.says)
+		require.Contains(t, stderr, "outpost uplink: batch parked: the collector refused it: send outcomes 1-1: "+tc.says)
+	}
+}
+
 // db check --file of a backup that an older binary made, which lacks a
 // bucket a later one added, says that a store restored from it gets the
 // bucket, and not that the file was written by an incompatible version

@@ -142,8 +142,9 @@ func printUplinkStatus(w io.Writer, st uplink.Status) {
 		fmt.Fprintf(w, "last success %s\n", st.LastSuccessAt.Format(time.RFC3339))
 	}
 	if st.Parked != nil {
-		fmt.Fprintf(w, "PARKED outcomes %d-%d: the collector answered %d %s: %s\n", st.Parked.FirstSeq, st.Parked.LastSeq,
-			st.Parked.StatusCode, st.Parked.Code, st.Parked.Message)
+		p := st.Parked
+		fmt.Fprintf(w, "PARKED outcomes %d-%d: %v\n", p.FirstSeq, p.LastSeq,
+			&uplink.StatusError{StatusCode: p.StatusCode, Code: p.Code, Message: p.Message})
 	}
 	if st.LastError != "" {
 		fmt.Fprintf(w, "last error: %s\n", st.LastError)
