@@ -603,3 +603,31 @@ func TestFirmwareListMakesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, entries, "firmware list made something in the data folder")
 }
+
+// A command that needs the store, run from a folder without one and with
+// no --data (the default ./outpost-data, which is not there), says what
+// is missing and what to give, and makes nothing; uplink flush, which
+// checked for the store on its own, says the same of a folder that holds
+// none. They said only "stat outpost-data/outpost.db: no such file or
+// directory".
+func TestNoStoreSaysWhatToGive(t *testing.T) {
+	dir, empty := t.TempDir(), t.TempDir()
+	advice := ": give the data folder that serve uses, with --data DIR or $OUTPOST_DATA (./outpost-data unless told); " +
+		"only run and serve make a store\n"
+	code, stdout, stderr := outpostBin(t, dir, "runs", "list")
+	require.Equal(t, 1, code, stderr)
+	require.Empty(t, stdout)
+	require.Equal(t, "outpost runs: no store in ./outpost-data: there is no folder ./outpost-data"+advice, stderr)
+
+	secret := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(secret, []byte("hunter2-but-longer\n"), 0o600))
+	code, stdout, stderr = outpostBin(t, dir, "uplink", "flush", "--data", empty, "--url", "http://127.0.0.1:1", "--secret-file", secret)
+	require.Equal(t, 1, code, stderr)
+	require.Empty(t, stdout)
+	require.Equal(t, "outpost uplink: no store in "+empty+": the folder holds no "+store.FileName+advice, stderr)
+	for _, d := range []string{dir, empty} {
+		entries, err := os.ReadDir(d)
+		require.NoError(t, err)
+		require.Empty(t, entries)
+	}
+}

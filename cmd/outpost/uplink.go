@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -152,8 +150,8 @@ func printUplinkStatus(w io.Writer, st uplink.Status) {
 }
 
 func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout time.Duration, asJSON bool, stdout, stderr io.Writer) error {
-	if _, err := os.Stat(filepath.Join(dir, store.FileName)); err != nil {
-		return fmt.Errorf("no store in %s: %w", dir, err)
+	if err := storeExists(dir); err != nil {
+		return err
 	}
 	db, err := openStore(dir)
 	if errors.Is(err, store.ErrInUse) {
