@@ -967,6 +967,15 @@ func (e *execution) fail(ctx context.Context, err error) error {
 	return e.end(ctx, StatusFailed, err)
 }
 
+// failUnlessStopped fails the run for err, unless ctx has ended: then
+// err is most likely ctx's doing, and the run ends as stopped ends it.
+func (e *execution) failUnlessStopped(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil {
+		return e.stopped(ctx, cause)
+	}
+	return e.fail(ctx, err)
+}
+
 func (e *execution) budget(ctx context.Context, err error) error {
 	return e.end(ctx, StatusBudgetExceeded, err)
 }

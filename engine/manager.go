@@ -1425,11 +1425,14 @@ func (m *Manager) threadHead(ctx context.Context, thread string) (*Checkpoint, e
 // startRecovered is what the worker that takes a recovered run does before
 // it runs it: it counts the recovery on the run's record (see
 // markRecovery), then loads the run's state. marked says the count is on
-// record. A run whose state cannot be loaded ends failed.
+// record. A run whose state cannot be loaded ends failed; one whose
+// context ends meanwhile (a shutdown, a cancel, its wall time) ends as
+// the loop ends it then, since the load failed for that and not for the
+// state: a shutdown leaves it for the next start.
 func (m *Manager) startRecovered(ctx context.Context, a *active, e *execution) (marked bool, err error) {
 	head, err := m.threadHead(ctx, e.run.Thread)
 	if err != nil {
-		return false, e.fail(ctx, fmt.Errorf("recover run %s: %w", e.run.ID, err))
+		return false, e.failUnlessStopped(ctx, fmt.Errorf("recover run %s: %w", e.run.ID, err))
 	}
 	if err := m.markRecovery(ctx, a, e, head); err != nil {
 		// Not run: it stays as it is in the store, whose failed write
@@ -1437,7 +1440,7 @@ func (m *Manager) startRecovered(ctx context.Context, a *active, e *execution) (
 		return false, err
 	}
 	if err := m.loadResume(ctx, e); err != nil {
-		return true, e.fail(ctx, err)
+		return true, e.failUnlessStopped(ctx, err)
 	}
 	return true, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 )
 
 // Sentinel errors, grouped by side. Test for them with errors.Is.
@@ -78,10 +79,25 @@ type StatusError struct {
 }
 
 func (e *StatusError) Error() string {
+	status := strconv.Itoa(e.StatusCode)
 	if e.Code != "" {
-		return fmt.Sprintf("collector answered %d %s: %s", e.StatusCode, e.Code, e.Message)
+		status += " " + e.Code
 	}
-	return fmt.Sprintf("collector answered %d: %s", e.StatusCode, e.Message)
+	msg := e.Message
+	if msg == "" {
+		// An answer with no body (a web server or proxy in place of the
+		// collector, most often) still says what answered.
+		msg = "an empty answer"
+		if text := http.StatusText(e.StatusCode); text != "" {
+			msg = text + ", with an empty answer"
+		}
+	}
+	if e.StatusCode == http.StatusNotFound && e.Code == "" {
+		// Not the collector's own answer, which names a code: the URL
+		// leads to something that has no /v1/outcomes.
+		msg += " (nothing at this URL takes outcomes: check that it is the collector's base URL, the address outpost collector --listen serves)"
+	}
+	return fmt.Sprintf("collector answered %s: %s", status, msg)
 }
 
 // retriable reports whether a status is worth sending again unchanged.

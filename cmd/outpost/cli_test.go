@@ -23,6 +23,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/internal/pgtest"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // The binary the command-line tests run, built once per test binary into
@@ -253,6 +254,28 @@ func TestUplinkFlushToACollectorThatDoesNotAnswer(t *testing.T) {
 		`\(it did not answer\); the next flush sends them, as serve --uplink does\n$`, stderr)
 }
 
+// uplink flush to a URL where a web server, not the collector, answers 404
+// with an empty body says what answered and what to check, where it said
+// "PARKED outcomes 1-1: the collector answered 404 : " and "collector
+// answered 404: ", naming nothing.
+func TestUplinkFlushToAURLThatIsNoCollector(t *testing.T) {
+	data, secret := oneOutcomeToSend(t)
+	other := httptest.NewServer(http.NotFoundHandler())
+	defer other.Close()
+	empty := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNotFound) }))
+	defer empty.Close()
+
+	for _, tc := range []struct{ url, says string }{
+		{other.URL, "collector answered 404: 404 page not found (nothing at this URL takes outcomes: check that it is the collector's base URL"},
+		{empty.URL, "collector answered 404: Not Found, with an empty answer (nothing at this URL takes outcomes: check that it is the collector's base URL"},
+	} {
+		code, stdout, stderr := outpostBin(t, "", "uplink", "flush", "--data", data, "--url", tc.url, "--secret-file", secret, "--timeout", "5s")
+		require.Equal(t, 1, code, stderr)
+		require.Contains(t, stdout, "PARKED outcomes 1-1: "+tc.says)
+		require.Contains(t, stderr, "outpost uplink: batch parked: the collector refused it: send outcomes 1-1: "+tc.says)
+	}
+}
+
 // db check --file of a backup that an older binary made, which lacks a
 // bucket a later one added, says that a store restored from it gets the
 // bucket, and not that the file was written by an incompatible version
@@ -295,6 +318,27 @@ func oneOutcomeToSend(t *testing.T) (data, secret string) {
 	secret = filepath.Join(t.TempDir(), "secret")
 	require.NoError(t, os.WriteFile(secret, []byte("hunter2-but-longer\n"), 0o600))
 	return data, secret
+}
+
+// uplink status only reads: the store file is byte for byte as it was
+// after it, as text and as JSON (it opened the store for writing, which
+// commits a transaction, and failed in a read-only data folder).
+func TestUplinkStatusChangesNothing(t *testing.T) {
+	data, _ := oneOutcomeToSend(t)
+	path := filepath.Join(data, store.FileName)
+	before, err := os.ReadFile(path)
+	require.NoError(t, err)
+	code, stdout, stderr := outpostBin(t, "", "uplink", "status", "--data", data)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, ": 1 outcomes, 0 acknowledged upstream, backlog 1")
+	code, stdout, stderr = outpostBin(t, "", "uplink", "status", "--data", data, "--json")
+	require.Equal(t, 0, code, stderr)
+	var st struct{ Backlog int }
+	require.NoError(t, json.Unmarshal([]byte(stdout), &st), stdout)
+	require.Equal(t, 1, st.Backlog)
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(before, after), "uplink status changed the store file")
 }
 
 // A newcomer's round with bundles of their own, on the built binary: a
@@ -541,4 +585,49 @@ func TestFirmwareVerifyUnknownNodeKind(t *testing.T) {
 	require.Contains(t, stderr, `node "intake": unknown node kind "routr" (known: `)
 	require.Equal(t, 1, strings.Count(stderr, "tool_loop"), "the known kinds are listed once:\n%s", stderr)
 	require.Contains(t, stderr, "(fix the node's kind at the line and column given, then sign the bundle again)")
+}
+
+// firmware list only reads: in a data folder where nothing was ever
+// installed it says so, as text and as JSON, and makes nothing there
+// (it made an empty firmware folder, and in a read-only data folder it
+// failed with "mkdir DIR/firmware: permission denied").
+func TestFirmwareListMakesNothing(t *testing.T) {
+	data := t.TempDir()
+	code, stdout, stderr := outpostBin(t, "", "firmware", "list", "--data", data)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, "no bundles installed: new runs use the embedded reference bundle (medication-adherence)\n", stdout)
+	code, stdout, stderr = outpostBin(t, "", "firmware", "list", "--data", data, "--json")
+	require.Equal(t, 0, code, stderr)
+	require.JSONEq(t, `{"installed": [], "log": []}`, stdout)
+	entries, err := os.ReadDir(data)
+	require.NoError(t, err)
+	require.Empty(t, entries, "firmware list made something in the data folder")
+}
+
+// A command that needs the store, run from a folder without one and with
+// no --data (the default ./outpost-data, which is not there), says what
+// is missing and what to give, and makes nothing; uplink flush, which
+// checked for the store on its own, says the same of a folder that holds
+// none. They said only "stat outpost-data/outpost.db: no such file or
+// directory".
+func TestNoStoreSaysWhatToGive(t *testing.T) {
+	dir, empty := t.TempDir(), t.TempDir()
+	advice := ": give the data folder that serve uses, with --data DIR or $OUTPOST_DATA (./outpost-data unless told); " +
+		"only run and serve make a store\n"
+	code, stdout, stderr := outpostBin(t, dir, "runs", "list")
+	require.Equal(t, 1, code, stderr)
+	require.Empty(t, stdout)
+	require.Equal(t, "outpost runs: no store in ./outpost-data: there is no folder ./outpost-data"+advice, stderr)
+
+	secret := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(secret, []byte("hunter2-but-longer\n"), 0o600))
+	code, stdout, stderr = outpostBin(t, dir, "uplink", "flush", "--data", empty, "--url", "http://127.0.0.1:1", "--secret-file", secret)
+	require.Equal(t, 1, code, stderr)
+	require.Empty(t, stdout)
+	require.Equal(t, "outpost uplink: no store in "+empty+": the folder holds no "+store.FileName+advice, stderr)
+	for _, d := range []string{dir, empty} {
+		entries, err := os.ReadDir(d)
+		require.NoError(t, err)
+		require.Empty(t, entries)
+	}
 }

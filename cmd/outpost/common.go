@@ -237,13 +237,25 @@ func explainOpen(dir string, err error) error {
 // storeExists says "no store in DIR" when dir holds no store file, in the
 // words the db commands use.
 func storeExists(dir string) error {
-	if _, err := os.Stat(filepath.Join(dir, store.FileName)); err != nil {
-		if fi, serr := os.Stat(dir); serr == nil && !fi.IsDir() {
-			return fmt.Errorf("no store in %s: it is a file: --data names the folder that holds %s (db check --file checks a store file)", dir, store.FileName)
-		}
-		return fmt.Errorf("no store in %s: %w", dir, err)
+	_, err := os.Stat(filepath.Join(dir, store.FileName))
+	if err == nil {
+		return nil
 	}
-	return nil
+	fi, serr := os.Stat(dir)
+	switch {
+	case serr == nil && !fi.IsDir():
+		return fmt.Errorf("no store in %s: it is a file: --data names the folder that holds %s (db check --file checks a store file)", dir, store.FileName)
+	case errors.Is(err, os.ErrNotExist):
+		// Most often the wrong folder: --data left out (or run from
+		// another folder than serve's), or mistyped.
+		what := "there is no folder " + dir
+		if serr == nil {
+			what = "the folder holds no " + store.FileName
+		}
+		return fmt.Errorf("no store in %s: %s: give the data folder that serve uses, with --data DIR or $OUTPOST_DATA "+
+			"(./outpost-data unless told); only run and serve make a store", dir, what)
+	}
+	return fmt.Errorf("no store in %s: %w", dir, err)
 }
 
 // dataHint is " --data DIR" for a command line printed as a hint, when the

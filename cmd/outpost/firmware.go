@@ -378,9 +378,20 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if fi, err := os.Stat(*data); err != nil || !fi.IsDir() {
 		return fmt.Errorf("no data folder %s", *data)
 	}
-	in, err := openInstaller(*data, nil)
-	if err != nil {
-		return err
+	// With no firmware folder nothing was ever installed here, and the
+	// installer is not opened: it would make the folder (or fail to, in a
+	// data folder that is read-only).
+	var in *firmware.Installer
+	var installed []firmware.Installed
+	log := []firmware.LogEntry{}
+	if _, err := os.Stat(filepath.Join(*data, "firmware")); !errors.Is(err, os.ErrNotExist) {
+		if in, err = openInstaller(*data, nil); err != nil {
+			return err
+		}
+		installed = in.List()
+		if l := in.Log(); l != nil {
+			log = l
+		}
 	}
 	// Each version is checked on disk as serve checks it before a run
 	// uses it, so that a bundle changed or damaged since its install is
@@ -397,7 +408,7 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	}
 	list := []listed{}
 	var damaged, needy []string
-	for _, i := range in.List() {
+	for _, i := range installed {
 		l := listed{Installed: i, Verified: true}
 		m, err := in.VerifiedManifest(i.Name, i.Version)
 		if err != nil {
@@ -415,10 +426,6 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 			"install the same bundle again (outpost firmware install) to repair the copy", strings.Join(damaged, ", "))
 	}
 	if *asJSON {
-		log := in.Log()
-		if log == nil {
-			log = []firmware.LogEntry{}
-		}
 		return errors.Join(printJSON(stdout, map[string]any{"installed": list, "log": log}), failed)
 	}
 	if len(list) == 0 {

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/store"
 )
 
 // A durability other than sync or exit is refused before the store is
@@ -54,10 +56,13 @@ func interruptedRun(t *testing.T, args ...string) (stdout, runID string) {
 
 // Commands that only read refuse a folder with no store, as the db
 // commands do, and create nothing: not the folder, the store or its lock.
-// run still makes the store.
+// run still makes the store. The refusal says which it is (no folder, or
+// a folder without the store) and what to give, where it said only "stat
+// DIR/outpost.db: no such file or directory".
 func TestReadOnlyCommandsNeedAStore(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing")
 	empty := t.TempDir()
+	says := map[string]string{missing: "there is no folder " + missing, empty: "the folder holds no " + store.FileName}
 	for _, dir := range []string{missing, empty} {
 		for _, args := range [][]string{
 			{"runs", "list"},
@@ -69,7 +74,8 @@ func TestReadOnlyCommandsNeedAStore(t *testing.T) {
 		} {
 			code, stdout, stderr := outpost(t, append(args, "--data", dir)...)
 			require.Equal(t, 1, code, "%v: %s", args, stdout)
-			require.Contains(t, stderr, "no store in "+dir+": stat ", args)
+			require.Contains(t, stderr, "no store in "+dir+": "+says[dir]+": give the data folder that serve uses, "+
+				"with --data DIR or $OUTPOST_DATA (./outpost-data unless told); only run and serve make a store\n", args)
 		}
 	}
 	_, err := os.Stat(missing)

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -102,7 +100,10 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.Writer) error {
 	var st uplink.Status
 	served := false
-	err := withStore(dir,
+	// Status only reads: the store is opened read-only, so that it is not
+	// changed (not even by the transaction a writer's open commits) and a
+	// read-only data folder can be asked too.
+	err := withStoreReadOnly(dir,
 		func(db *store.DB) error {
 			u, err := uplink.New(db, uplink.Config{URL: url})
 			if err != nil {
@@ -139,8 +140,9 @@ func printUplinkStatus(w io.Writer, st uplink.Status) {
 		fmt.Fprintf(w, "last success %s\n", st.LastSuccessAt.Format(time.RFC3339))
 	}
 	if st.Parked != nil {
-		fmt.Fprintf(w, "PARKED outcomes %d-%d: the collector answered %d %s: %s\n", st.Parked.FirstSeq, st.Parked.LastSeq,
-			st.Parked.StatusCode, st.Parked.Code, st.Parked.Message)
+		p := st.Parked
+		fmt.Fprintf(w, "PARKED outcomes %d-%d: %v\n", p.FirstSeq, p.LastSeq,
+			&uplink.StatusError{StatusCode: p.StatusCode, Code: p.Code, Message: p.Message})
 	}
 	if st.LastError != "" {
 		fmt.Fprintf(w, "last error: %s\n", st.LastError)
@@ -148,8 +150,8 @@ func printUplinkStatus(w io.Writer, st uplink.Status) {
 }
 
 func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout time.Duration, asJSON bool, stdout, stderr io.Writer) error {
-	if _, err := os.Stat(filepath.Join(dir, store.FileName)); err != nil {
-		return fmt.Errorf("no store in %s: %w", dir, err)
+	if err := storeExists(dir); err != nil {
+		return err
 	}
 	db, err := openStore(dir)
 	if errors.Is(err, store.ErrInUse) {
