@@ -18,8 +18,10 @@
 //   - ToolLoop (a LoopConfig) returns an engine.NodeFunc running the loop.
 //     Every call is checked against the run's pinned policy.ActiveSet, write
 //     tools go through policy.Approval (an engine interrupt when the answer
-//     is "ask"), results pass through policy.Neutralize, and the iteration
-//     and token budgets end the run as budget_exceeded.
+//     is "ask"), results pass through policy.Neutralize, a tool's error is
+//     recorded but the model is told only that the call failed (and the
+//     turn marked, LoopConfig.Failed), and the iteration and token budgets
+//     end the run as budget_exceeded.
 //   - Tool is a tool implementation. KBSearch, CurrentTime, RecordNote,
 //     ScheduleFollowup and HTTPTool are the built-in ones; each has its
 //     policy.Tool registry entry (Def).

@@ -155,6 +155,7 @@ type env struct {
 	messages engine.Chan[[]models.Message]
 	answer   engine.Chan[string]
 	tokens   engine.Chan[int]
+	failed   engine.Chan[[]string] // what withFailed writes
 	tools    map[string]*counter
 	thread   string
 	reg      *policy.Registry
@@ -190,6 +191,13 @@ func withImpl(name string, tool agent.Tool) envOption {
 			return
 		}
 		c.Impls[name] = tool
+	}
+}
+
+// withFailed has the loop mark a turn with a failed call in e.failed.
+func withFailed() envOption {
+	return func(c *agent.LoopConfig, e *env) {
+		c.Failed = func(engine.State) []engine.Write { return []engine.Write{e.failed.Set([]string{"tool_failed"})} }
 	}
 }
 
@@ -234,6 +242,7 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	e.answer = engine.Replace[string](b, "answer")
 	untrusted := engine.Replace[bool](b, "untrusted")
 	e.tokens = engine.Sum[int](b, "tokens")
+	e.failed = engine.Replace[[]string](b, "failed")
 	cfg := agent.LoopConfig{
 		Provider: sp, Model: "scripted", Lane: policy.Lane{Agent: "assistant", Models: []string{"scripted", "seq"}},
 		System: "You help with medication questions.",

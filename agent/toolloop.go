@@ -113,6 +113,11 @@ type LoopConfig struct {
 	// loop's model calls used. It is a record, not the budget's count: the
 	// token budget counts every model call of the run (ModelCall).
 	Tokens engine.Chan[int]
+	// Failed, when set, returns the writes that mark the turn as one in
+	// which a tool's call failed (the tool returned an error, so what it
+	// was asked to do may not be done); the loop adds them to its writes.
+	// The tool_loop of a bundle adds a flag to the graph's flags channel.
+	Failed func(s engine.State) []engine.Write
 }
 
 // loop is one execution of a tool loop node.
@@ -121,7 +126,9 @@ type loop struct {
 	info      engine.RunInfo
 	active    *policy.ActiveSet
 	untrusted bool
-	tracker   *policy.Tracker
+	// failed says that a call of this turn failed (see LoopConfig.Failed).
+	failed  bool
+	tracker *policy.Tracker
 }
 
 // ToolLoop returns the node that runs cfg's loop: model → tool calls →
@@ -233,6 +240,9 @@ func (cfg *LoopConfig) run(ctx context.Context, s engine.State) ([]engine.Write,
 	if cfg.Tokens.Name() != "" && mc.Spent() > 0 {
 		ws = append(ws, cfg.Tokens.Set(mc.Spent()))
 	}
+	if cfg.Failed != nil && l.failed {
+		ws = append(ws, cfg.Failed(s)...)
+	}
 	return ws, nil
 }
 
@@ -249,8 +259,12 @@ const (
 	layerImplementation = "implementation"
 )
 
-// Texts of the refusals the model reads. They are neutral: they say that
-// the call did not run, not which rule stopped it or how to get around it.
+// Texts of the refusals and failures the model reads. They are neutral: a
+// refusal says that the call did not run, not which rule stopped it or how
+// to get around it; a failure says that the call did not succeed, not the
+// tool's error, which is recorded (the call log, the tool.result event)
+// but may hold what is no one's business in an answer: a file path, a
+// host, the text of an internal error.
 const (
 	refusedPrefix   = "refused: "
 	toolErrorPrefix = "tool error: "
@@ -260,7 +274,13 @@ const (
 	textRejected    = "refused: the call to %q was not run (declined by the operator)"
 	textNotRerun    = "refused: the earlier call to %q may not have completed and was not run again (declined by the operator)"
 	textNoImpl      = "refused: tool %q is not available"
+	textFailed      = failedPrefix + "the call to %q did not succeed; the error was recorded for the operator"
 )
+
+// failedPrefix begins what the model reads for a tool call that ran and
+// failed, as refusedPrefix begins a refusal: a scripted model's rule tells
+// them apart by it (models/scripted, tool_result).
+const failedPrefix = "failed: "
 
 // call handles one tool call and returns the text the model reads.
 func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string, error) {
@@ -591,16 +611,18 @@ func (l *loop) reply(rec *CallRecord) string {
 }
 
 // neutralize returns the model's view of a recorded outcome: the loop's own
-// refusals as they are, anything that came from a tool through
+// refusals as they are, a failure as the loop's own text (the tool's error
+// stays in the record), anything that came from a tool through
 // policy.Neutralize, which marks the run untrusted when it raises flags.
 func (l *loop) neutralize(rec *CallRecord) (string, []string) {
-	raw := string(rec.Result)
 	if rec.Error != "" {
 		if strings.HasPrefix(rec.Error, refusedPrefix) {
 			return rec.Error, nil
 		}
-		raw = rec.Error
+		l.failed = true
+		return fmt.Sprintf(textFailed, rec.Tool), nil
 	}
+	raw := string(rec.Result)
 	sum := sha256.Sum256([]byte(rec.Key + "\x00" + raw))
 	// The nonce is derived from the text it wraps, so a re-run shows the
 	// model the same bytes, and the text cannot contain its own nonce.

@@ -491,3 +491,37 @@ func TestCallWhoseRecordMayBeLost(t *testing.T) {
 		})
 	}
 }
+
+// TestFailedCallIsToldNeutrally: a tool that fails leaves its error in the
+// call record and the tool.result event, for the operator, but the model
+// is told only that the call did not succeed: the error may name a path
+// or a host, and the model's answer goes to the user. The turn is marked
+// (LoopConfig.Failed), also when the node runs again after an approval and
+// the failure comes back from the record.
+func TestFailedCallIsToldNeutrally(t *testing.T) {
+	const secret = "open /srv/outpost/followups.jsonl: is a directory"
+	broken := 0
+	p := &seqProvider{msgs: []models.Message{
+		toolTurn(call("echo", `{"text":"hi"}`)),
+		toolTurn(call("write_x", `{"v":"a"}`)),
+		answerTurn("done"),
+	}}
+	e := newEnv(t, withProvider(p), withFailed(), withRules(policy.ApprovalRule{Tool: "write_x", Decision: policy.DecisionAsk}),
+		withImpl("echo", agent.ToolFunc(func(context.Context, json.RawMessage, string) (json.RawMessage, error) {
+			broken++
+			return nil, errors.New(secret)
+		})))
+	res := e.resume(e.invoke("please echo, then write"), engine.Decision{Kind: engine.Approve})
+	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
+	require.Equal(t, 1, broken, "the failed call is not made again when the node runs again")
+
+	msgs := e.toolMessages(res)
+	require.Len(t, msgs, 2)
+	require.Equal(t, `failed: the call to "echo" did not succeed; the error was recorded for the operator`, msgs[0].Content)
+	require.Equal(t, []string{"tool_failed"}, e.failed.Get(res.State))
+
+	recs := e.mem.Records(res.Run.ID)
+	require.Equal(t, "tool error: "+secret, recs[0].Error)
+	results := e.events.of(engine.EventToolResult)
+	require.Equal(t, "tool error: "+secret, results[0]["error"])
+}

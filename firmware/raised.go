@@ -7,8 +7,8 @@ import (
 )
 
 // raised is what a graph's nodes can write to its channels as flags: a
-// guardrail, a review and a model node with flag_risks add flags of a
-// fixed vocabulary to the graph's flags channel, and say which when they
+// guardrail, a review, a model node with flag_risks and a tool loop add
+// flags of a fixed vocabulary to the graph's flags channel, and say which when they
 // are built (Env.raise). Where anything else may be written to a channel
 // (the run's input, a node whose config names the channel, a node of a Go
 // program's own kind), what it holds is not known, and the reason is kept.

@@ -29,6 +29,7 @@ type refHarness struct {
 	events  *engine.Subscription
 	rt      *firmware.Runtime
 	bundle  *firmware.Bundle
+	db      *store.DB // the bbolt store, nil on the memory one
 }
 
 type storeKind string
@@ -42,6 +43,7 @@ func newRefHarness(t *testing.T, kind storeKind, rt *firmware.Runtime) *refHarne
 	t.Helper()
 	var st engine.Store
 	var log agent.CallLog
+	var bolt *store.DB
 	switch kind {
 	case memoryStore:
 		ms := engine.NewMemoryStore()
@@ -52,7 +54,7 @@ func newRefHarness(t *testing.T, kind storeKind, rt *firmware.Runtime) *refHarne
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { db.Close() })
-		st, log = db, wiring.CallLog(db, db)
+		st, log, bolt = db, wiring.CallLog(db, db), db
 	}
 	if rt == nil {
 		rt = &firmware.Runtime{}
@@ -62,7 +64,7 @@ func newRefHarness(t *testing.T, kind storeKind, rt *firmware.Runtime) *refHarne
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &refHarness{t: t, store: st, resolve: firmware.BundleResolver(b), bus: engine.NewBus(), rt: rt, bundle: b}
+	h := &refHarness{t: t, store: st, resolve: firmware.BundleResolver(b), bus: engine.NewBus(), rt: rt, bundle: b, db: bolt}
 	h.events = h.bus.Subscribe(4096, nil)
 	h.m = engine.NewManager(st, h.resolve, engine.ManagerOptions{Workers: 2, Events: h.bus})
 	t.Cleanup(func() { h.m.Close(); h.bus.Close() })

@@ -581,6 +581,11 @@ func contextMessages(docs []Doc) []models.Message {
 	}
 }
 
+// FlagToolFailed is raised by a tool_loop, in a graph with a flags channel,
+// when a tool's call failed this turn: what the tool was asked to do (a
+// follow-up scheduled, a note left) may not be done, whatever the answer.
+const FlagToolFailed = "tool_failed"
+
 // tool_loop: agent.ToolLoop over the bundle's registry and the run's pinned
 // active tool set: model → tool calls → policy check → execute →
 // neutralize → re-prompt, until the model answers without a tool call or
@@ -637,6 +642,11 @@ func buildToolLoop(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 		return nil, env.Errorf("tool_loop: the bundle has no tools file")
 	}
 	messages := env.handles[c.Messages].(engine.Chan[[]models.Message])
+	var failed func(engine.State) []engine.Write
+	if flags, ok := env.Channel(env.Flags); ok {
+		env.raise(FlagToolFailed)
+		failed = func(s engine.State) []engine.Write { return flagWrites(s, flags, []string{FlagToolFailed}) }
+	}
 	b := env.Bundle
 	var rules []policy.ApprovalRule
 	if b.Rules != nil {
@@ -680,7 +690,7 @@ func buildToolLoop(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 				return rt.ActiveTools(ctx, b.Registry, info.Run)
 			},
 			Impls: rt.impls(b), Rules: rules, Budget: budget.WithDefaults(), Log: rt.Log, Blobs: rt.Blobs,
-			Messages: messages, Answer: answer, Tokens: tokens,
+			Messages: messages, Answer: answer, Tokens: tokens, Failed: failed,
 		})
 		if err != nil {
 			return nil, err

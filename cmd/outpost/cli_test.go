@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -630,4 +631,27 @@ func TestNoStoreSaysWhatToGive(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, entries)
 	}
+}
+
+// A follow-up approved from the command line whose file cannot be written
+// (a folder stands at its path): resume prints the tool's error in its
+// events, for the operator, but the answer for the patient says plainly
+// that nothing was scheduled, without the error or the path.
+func TestRunFailedFollowupAnswersPlainly(t *testing.T) {
+	data := t.TempDir()
+	blocked := filepath.Join(data, "followups.jsonl")
+	require.NoError(t, os.Mkdir(blocked, 0o755))
+	code, stdout, stderr := outpostBin(t, "", "run", "--data", data, "--agent", "medication-adherence-tools",
+		"please schedule a follow-up call about my refills")
+	require.Zero(t, code, stderr)
+	run := regexp.MustCompile(`outpost resume (run_[0-9a-f]+) `).FindStringSubmatch(stdout)
+	require.NotNil(t, run, stdout)
+	code, stdout, stderr = outpostBin(t, "", "resume", "--data", data, "--decision", "approve", run[1])
+	require.Zero(t, code, stderr)
+	require.Regexp(t, `tool\.result +generate_response +\{.*"error":"tool error: open .*followups\.jsonl: is a directory"`, stdout)
+	_, output, _ := strings.Cut(stdout, "\noutput: ")
+	require.Contains(t, output, "I could not schedule the follow-up call")
+	require.Contains(t, output, "The clinic staff will be told.")
+	require.NotContains(t, output, "tool error")
+	require.NotContains(t, output, "followups.jsonl")
 }
