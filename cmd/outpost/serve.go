@@ -266,6 +266,15 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 		bg.Wait()
 	}
 	n, err := recoverRuns(ctx, m, stderr)
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
+		// Stopped while runs were being resumed: a stop like any other.
+		// What the pass had not handed to a worker, and what stopped at
+		// a checkpoint, resumes at the next start.
+		fmt.Fprintf(stdout, "\nshutting down while resuming runs left running by an earlier process: they resume at the next start\n")
+		shutdown()
+		fmt.Fprintf(stdout, "stopped; the store is closed\n")
+		return nil
+	}
 	if err != nil {
 		shutdown()
 		return err

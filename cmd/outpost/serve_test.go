@@ -405,3 +405,25 @@ func TestToolEditErrorsLeaveTheCallWaiting(t *testing.T) {
 	require.Contains(t, run.Output, "Friday 10:00", "with the edited arguments")
 	s.stop(t)
 }
+
+// A stop that comes while serve resumes the runs an earlier process left
+// (here before it starts: the pass has barely begun when serve waits for
+// it) is a stop like any other: serve closes the store and exits 0, and
+// says the runs resume at the next start. It exited 1 with "recover:
+// context canceled".
+func TestServeStoppedWhileResumingRunsExitsCleanly(t *testing.T) {
+	data := t.TempDir()
+	code, _, stderr := outpost(t, "run", "--data", data, "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	for i := range 5 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		var out, errb bytes.Buffer
+		code := execute(ctx, []string{"serve", "--data", data, "--listen", "127.0.0.1:0"}, &out, &errb)
+		require.Zero(t, code, "try %d: %s", i, errb.String())
+		require.Contains(t, out.String(), "stopped; the store is closed", "try %d", i)
+	}
+	code, stdout, stderr := outpost(t, "db", "check", "--data", data)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "store is sound")
+}
