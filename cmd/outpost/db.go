@@ -63,7 +63,9 @@ To check a store file outside a data folder, such as a backup: outpost db check 
 overwritten), then check the copy. Works while serve runs. A copy that does not check clean
 is removed, and the message says whether the fault is in the store itself.`},
 	"compact": {about: `Rewrite the store without free pages, in the current page size. Stop serve first.
-Interrupted, it leaves the store as it was.`},
+Interrupted, it leaves the store as it was. The copy is written beside the store (outpost.db.compact),
+and renamed into its place: a folder where it cannot be begun (full, not writable) is refused
+before the store is opened, with nothing changed.`},
 	"prune": {synopsis: "--older-than D", about: `Drop the intermediate checkpoints of finished threads idle for --older-than, then collect
 the blobs nothing names (a blob is kept for at least 24h, whatever --older-than).`},
 	"salvage": {arg: "FILE", about: `Copy every record that can still be read from a damaged store into a new store FILE,
