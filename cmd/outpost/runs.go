@@ -365,6 +365,9 @@ func runsHistory(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := pageLimit(limit, stderr); err != nil {
 		return err
 	}
+	if *before != "" && !engine.IsCheckpointID(*before) {
+		return badUsage("--before %q is not a checkpoint id: give the --before of the \"more:\" line, the last checkpoint of the page before", *before)
+	}
 	// One more than the page, to know whether another page follows.
 	var cps []store.HistoryEntry
 	err = readRuns(*data, func(rs runReader) (err error) {
