@@ -540,7 +540,7 @@ func dbCompact(ctx context.Context, dir string, asJSON bool, stdout, stderr io.W
 		return fmt.Errorf("%w: compact needs the store to itself; stop serve first", err)
 	}
 	if err != nil {
-		return err
+		return explainDenied(dir, err)
 	}
 	if asJSON {
 		return printJSON(stdout, map[string]int64{"bytes_before": before, "bytes_after": after})
