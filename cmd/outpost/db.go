@@ -16,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/outpost-edge/outpost/store"
 )
@@ -173,7 +174,15 @@ type age struct {
 func (a *age) String() string { return a.text }
 
 func (a *age) Set(s string) error {
+	if len(s) > 1 && s[0] == '-' && (s[1] == '-' || unicode.IsLetter(rune(s[1]))) {
+		// The flag package takes the next word as the value, whatever it
+		// is: "--older-than --data D" would read "--data" here.
+		return fmt.Errorf("%s is a flag, not a duration: the duration goes right after the flag, as in --older-than 720h", s)
+	}
 	d, err := parseAge(s)
+	if errors.Is(err, errAgeTooLong) {
+		return fmt.Errorf("too long: at most %dd (about %d years), such as 720h or 30d", maxAgeDays, maxAgeDays/365)
+	}
 	if err != nil {
 		return errors.New("want a duration such as 720h, 30d, 1d12h or 90m (units d, h, m, s)")
 	}
@@ -181,12 +190,24 @@ func (a *age) Set(s string) error {
 	return nil
 }
 
+// maxAgeDays is the most days an age holds, a little under what a
+// time.Duration does.
+const maxAgeDays = math.MaxInt64/int64(24*time.Hour) - 1
+
+// errAgeTooLong is parseAge's error for a well-formed duration longer than
+// a time.Duration holds.
+var errAgeTooLong = errors.New("duration too long")
+
 // parseAge reads a time.ParseDuration duration that may begin with a
 // number of days ("30d", "1d12h").
 func parseAge(s string) (time.Duration, error) {
 	i := strings.IndexByte(s, 'd')
 	if i < 0 {
-		return time.ParseDuration(s)
+		d, err := time.ParseDuration(s)
+		if err != nil && overflows(s) {
+			return 0, fmt.Errorf("%w: %q", errAgeTooLong, s)
+		}
+		return d, err
 	}
 	num, rest := s[:i], s[i+1:]
 	sign := time.Duration(1)
@@ -199,19 +220,42 @@ func parseAge(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("bad duration %q", s)
 	}
 	days, err := strconv.ParseFloat(num, 64)
-	const maxDays = float64(math.MaxInt64/int64(24*time.Hour)) - 1
-	if err != nil || days > maxDays {
+	if err != nil {
 		return 0, fmt.Errorf("bad duration %q", s)
+	}
+	if days > float64(maxAgeDays) {
+		return 0, fmt.Errorf("%w: %q", errAgeTooLong, s)
 	}
 	d := time.Duration(days * float64(24*time.Hour))
 	if rest != "" {
 		r, err := time.ParseDuration(rest)
-		if err != nil || r > math.MaxInt64-d {
+		switch {
+		case err != nil && overflows(rest), err == nil && r > math.MaxInt64-d:
+			return 0, fmt.Errorf("%w: %q", errAgeTooLong, s)
+		case err != nil:
 			return 0, fmt.Errorf("bad duration %q", s)
 		}
 		d += r
 	}
 	return sign * d, nil
+}
+
+// overflows reports whether time.ParseDuration refuses s for its size
+// alone: s reads as a duration once every run of digits is made "1".
+func overflows(s string) bool {
+	var b strings.Builder
+	for i, c := range s {
+		isDigit := c >= '0' && c <= '9'
+		if isDigit && i > 0 && s[i-1] >= '0' && s[i-1] <= '9' {
+			continue
+		}
+		if isDigit {
+			c = '1'
+		}
+		b.WriteRune(c)
+	}
+	_, err := time.ParseDuration(b.String())
+	return err == nil
 }
 
 // storeFile is the store file of the data folder dir, which must exist.
