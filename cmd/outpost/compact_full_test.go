@@ -17,9 +17,7 @@ import (
 // was, and nothing is left beside it (no empty copy, no lock file). The
 // full folder is a tmpfs just larger than the store.
 func TestCompactOnAFullFolderChangesNothing(t *testing.T) {
-	data := t.TempDir()
-	code, _, stderr := outpostBin(t, "", "run", "--data", data, "hello")
-	require.Equal(t, 0, code, stderr)
+	data := storeWithRun(t)
 	was, err := os.ReadFile(filepath.Join(data, store.FileName))
 	require.NoError(t, err)
 
@@ -31,7 +29,7 @@ func TestCompactOnAFullFolderChangesNothing(t *testing.T) {
 	t.Cleanup(func() { _ = exec.Command("umount", full).Run() })
 	require.NoError(t, os.WriteFile(filepath.Join(full, store.FileName), was, 0o600))
 
-	code, _, stderr = outpostBin(t, "", "db", "compact", "--data", full)
+	code, _, stderr := outpostBin(t, "", "db", "compact", "--data", full)
 	require.Equal(t, 1, code, stderr)
 	now, err := os.ReadFile(filepath.Join(full, store.FileName))
 	require.NoError(t, err)

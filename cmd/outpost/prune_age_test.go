@@ -11,9 +11,7 @@ import (
 // and a duration longer than it holds as too long, not as a form it does
 // not read; both with exit 2 and nothing pruned.
 func TestPruneOlderThanRefusesAFlagAndATooLongDuration(t *testing.T) {
-	data := t.TempDir()
-	code, _, stderr := outpostBin(t, "", "run", "--data", data, "hello")
-	require.Equal(t, 0, code, stderr)
+	data := storeWithRun(t)
 
 	for _, tc := range []struct {
 		args []string

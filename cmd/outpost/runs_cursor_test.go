@@ -11,11 +11,9 @@ import (
 // --before as for runs list --after. A well-formed one that names no
 // checkpoint of the thread is found only by reading the store: exit 1.
 func TestRunsCursorsOfTheWrongFormExitTwo(t *testing.T) {
-	data := t.TempDir()
-	code, _, stderr := outpostBin(t, "", "run", "--data", data, "--thread", "t1", "hello")
-	require.Equal(t, 0, code, stderr)
+	data := storeWithRun(t)
 
-	code, _, stderr = outpostBin(t, "", "runs", "list", "--data", data, "--after", "bogus")
+	code, _, stderr := outpostBin(t, "", "runs", "list", "--data", data, "--after", "bogus")
 	require.Equal(t, 2, code, stderr)
 	code, stdout, stderr := outpostBin(t, "", "runs", "history", "t1", "--data", data, "--before", "bogus")
 	require.Equal(t, 2, code, stderr)
