@@ -67,7 +67,14 @@ func NewRunID() string { return "run_" + newID() }
 // by time, and a listing reads on from any string).
 func IsRunID(id string) bool {
 	hex, ok := strings.CutPrefix(id, "run_")
-	return ok && len(hex) == 16 && !strings.ContainsFunc(hex, func(c rune) bool {
+	return ok && IsCheckpointID(hex)
+}
+
+// IsCheckpointID reports whether id has the form of a checkpoint id: 16
+// lowercase hex digits. Like a run id, a history cursor of another form is
+// refused before anything is read.
+func IsCheckpointID(id string) bool {
+	return len(id) == 16 && !strings.ContainsFunc(id, func(c rune) bool {
 		return (c < '0' || c > '9') && (c < 'a' || c > 'f')
 	})
 }

@@ -983,14 +983,36 @@ func countSteps(ctx context.Context, store Checkpointer, g *Graph, head *Checkpo
 	return n, nil
 }
 
+// RunSteps counts the supersteps that run runID has committed on thread,
+// from its checkpoints alone, as recovery does (see countSteps), for a
+// reader that has no graph: every task's subgraph namespace is looked up,
+// and one that holds nothing counts nothing. It costs a read per
+// checkpoint and task of the run, so it is for a run or a few, such as
+// those a stop left unfinished, whose records hold no step count yet.
+func RunSteps(ctx context.Context, store Checkpointer, thread, runID string) (int, error) {
+	head, err := store.Checkpoint(ctx, thread, "", "")
+	if errors.Is(err, ErrCheckpointNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("count steps: %w", err)
+	}
+	return countSteps(ctx, store, nil, head, runID)
+}
+
 // countSubgraphSteps counts the supersteps of the subgraphs that c's tasks
-// ran (or began) in the run.
+// ran (or began) in the run. With no graph g, every task's namespace is
+// looked up.
 func countSubgraphSteps(ctx context.Context, store Checkpointer, g *Graph, c *Checkpoint, runID string) (int, error) {
 	n := 0
 	for i, t := range c.Next {
-		nd := g.nodes[t.Node]
-		if nd == nil || nd.subgraph == nil {
-			continue
+		var sub *Graph
+		if g != nil {
+			nd := g.nodes[t.Node]
+			if nd == nil || nd.subgraph == nil {
+				continue
+			}
+			sub = nd.subgraph
 		}
 		id := t.ID
 		if id == "" {
@@ -1003,7 +1025,7 @@ func countSubgraphSteps(ctx context.Context, store Checkpointer, g *Graph, c *Ch
 		if err != nil {
 			return 0, fmt.Errorf("count steps: %w", err)
 		}
-		k, err := countSteps(ctx, store, nd.subgraph, head, runID)
+		k, err := countSteps(ctx, store, sub, head, runID)
 		if err != nil {
 			return 0, err
 		}

@@ -166,7 +166,9 @@ func (d *DB) Compact(ctx context.Context, dst string) error {
 	}
 	out, err := openBolt(dst, Options{Timeout: d.opts.Timeout, PageSize: d.opts.PageSize})
 	if err != nil {
-		return fmt.Errorf("compact store: create %s: %w", dst, err)
+		// bbolt makes the file before it writes its first pages: on a
+		// full disk that leaves an empty file, which is not a copy.
+		return fmt.Errorf("compact store: create %s: %w", dst, errors.Join(err, removeIfExists(dst)))
 	}
 	err = d.view(func(tx *bbolt.Tx) error { return copyInto(ctx, out, tx, compactTxBytes) })
 	var used int64
@@ -302,7 +304,18 @@ func copyInto(ctx context.Context, out *bbolt.DB, src *bbolt.Tx, maxBytes int) e
 
 // CompactFile compacts the store at path in place. It opens the store
 // itself, so it fails with ErrInUse while another process holds it.
+// Opening a store for writing commits (see DB.init), so a folder where
+// the copy cannot even be begun (not writable, full) is found first, and
+// the compaction refused with the store as it was.
 func CompactFile(ctx context.Context, path string, opts Options) (before, after int64, err error) {
+	if _, err := os.Stat(path); err != nil {
+		return 0, 0, fmt.Errorf("compact store: %w", err)
+	}
+	if err := probeNewStore(filepath.Dir(path), opts); err != nil {
+		return 0, 0, fmt.Errorf("compact store %s: a new store file cannot be made beside it, where the compacted copy is written: %w; "+
+			"nothing was changed: make room in %s (the copy takes up to the store's size) or make it writable, and try again",
+			path, err, filepath.Dir(path))
+	}
 	d, err := Open(path, opts)
 	if err != nil {
 		return 0, 0, err
@@ -336,6 +349,24 @@ func CompactFile(ctx context.Context, path string, opts Options) (before, after 
 		return before, 0, fmt.Errorf("compact store %s: %w", path, err)
 	}
 	return before, fi.Size(), nil
+}
+
+// probeNewStore makes an empty store file in dir, under a name of its own,
+// and removes it: what a compaction's copy begins with.
+func probeNewStore(dir string, opts Options) error {
+	f, err := os.CreateTemp(dir, FileName+".probe-*")
+	if err != nil {
+		return err
+	}
+	name := f.Name()
+	if err := f.Close(); err != nil {
+		return errors.Join(err, os.Remove(name))
+	}
+	b, err := openBolt(name, Options{Timeout: opts.Timeout, PageSize: opts.PageSize})
+	if err == nil {
+		err = b.Close()
+	}
+	return errors.Join(err, os.Remove(name))
 }
 
 // writeNewFile writes a file through a temporary name, fsyncs it and

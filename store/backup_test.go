@@ -6,10 +6,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -405,4 +407,20 @@ func TestARestoredBackupGoesOnPastItsStoresStreamCount(t *testing.T) {
 			require.NoError(t, r.Close())
 		})
 	}
+}
+
+// A compaction whose copy cannot be begun, on a full disk (a tmpfs with
+// one page free), leaves no file at its destination: bbolt makes the file
+// before it fails to write its first pages.
+func TestCompactOnAFullDiskLeavesNoFile(t *testing.T) {
+	d := openTest(t)
+	full := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4096", "tmpfs", full).CombinedOutput(); err != nil {
+		t.Skipf("a small tmpfs cannot be mounted here (%v: %s)", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", full).Run() })
+	dst := filepath.Join(full, "compacted.db")
+	require.ErrorIs(t, d.Compact(bg, dst), syscall.ENOSPC)
+	_, err := os.Stat(dst)
+	require.ErrorIs(t, err, os.ErrNotExist, "the failed compaction left a file behind")
 }

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -231,7 +232,20 @@ func explainOpen(dir string, err error) error {
 	case errors.Is(err, store.ErrDamaged) && !errors.Is(err, store.ErrHollow):
 		return fmt.Errorf("%w\n(with no backup to restore, copy out what can still be read: outpost db salvage --data %s FILE)", err, dir)
 	}
-	return err
+	return explainDenied(dir, err)
+}
+
+// explainDenied says what a permission error in the data folder dir
+// means and what to do: the folder, or a file in it, is not this user's
+// to write, most often because outpost runs as another user than the one
+// the appliance's data belongs to. Other errors are returned as they are.
+func explainDenied(dir string, err error) error {
+	if !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	return fmt.Errorf("%w\n(the data folder %s, or the store's files in it, cannot be written by this user (uid %d): "+
+		"run outpost as the appliance's user, the one that owns the folder (ls -ld %s), or fix the folder's permissions)",
+		err, dir, os.Getuid(), shellQuote(dir))
 }
 
 // storeExists says "no store in DIR" when dir holds no store file, in the

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/outpost-edge/outpost/store"
 )
@@ -63,7 +64,9 @@ To check a store file outside a data folder, such as a backup: outpost db check 
 overwritten), then check the copy. Works while serve runs. A copy that does not check clean
 is removed, and the message says whether the fault is in the store itself.`},
 	"compact": {about: `Rewrite the store without free pages, in the current page size. Stop serve first.
-Interrupted, it leaves the store as it was.`},
+Interrupted, it leaves the store as it was. The copy is written beside the store (outpost.db.compact),
+and renamed into its place: a folder where it cannot be begun (full, not writable) is refused
+before the store is opened, with nothing changed.`},
 	"prune": {synopsis: "--older-than D", about: `Drop the intermediate checkpoints of finished threads idle for --older-than, then collect
 the blobs nothing names (a blob is kept for at least 24h, whatever --older-than).`},
 	"salvage": {arg: "FILE", about: `Copy every record that can still be read from a damaged store into a new store FILE,
@@ -171,7 +174,15 @@ type age struct {
 func (a *age) String() string { return a.text }
 
 func (a *age) Set(s string) error {
+	if len(s) > 1 && s[0] == '-' && (s[1] == '-' || unicode.IsLetter(rune(s[1]))) {
+		// The flag package takes the next word as the value, whatever it
+		// is: "--older-than --data D" would read "--data" here.
+		return fmt.Errorf("%s is a flag, not a duration: the duration goes right after the flag, as in --older-than 720h", s)
+	}
 	d, err := parseAge(s)
+	if errors.Is(err, errAgeTooLong) {
+		return fmt.Errorf("too long: at most %dd (about %d years), such as 720h or 30d", maxAgeDays, maxAgeDays/365)
+	}
 	if err != nil {
 		return errors.New("want a duration such as 720h, 30d, 1d12h or 90m (units d, h, m, s)")
 	}
@@ -179,12 +190,24 @@ func (a *age) Set(s string) error {
 	return nil
 }
 
+// maxAgeDays is the most days an age holds, a little under what a
+// time.Duration does.
+const maxAgeDays = math.MaxInt64/int64(24*time.Hour) - 1
+
+// errAgeTooLong is parseAge's error for a well-formed duration longer than
+// a time.Duration holds.
+var errAgeTooLong = errors.New("duration too long")
+
 // parseAge reads a time.ParseDuration duration that may begin with a
 // number of days ("30d", "1d12h").
 func parseAge(s string) (time.Duration, error) {
 	i := strings.IndexByte(s, 'd')
 	if i < 0 {
-		return time.ParseDuration(s)
+		d, err := time.ParseDuration(s)
+		if err != nil && overflows(s) {
+			return 0, fmt.Errorf("%w: %q", errAgeTooLong, s)
+		}
+		return d, err
 	}
 	num, rest := s[:i], s[i+1:]
 	sign := time.Duration(1)
@@ -197,19 +220,42 @@ func parseAge(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("bad duration %q", s)
 	}
 	days, err := strconv.ParseFloat(num, 64)
-	const maxDays = float64(math.MaxInt64/int64(24*time.Hour)) - 1
-	if err != nil || days > maxDays {
+	if err != nil {
 		return 0, fmt.Errorf("bad duration %q", s)
+	}
+	if days > float64(maxAgeDays) {
+		return 0, fmt.Errorf("%w: %q", errAgeTooLong, s)
 	}
 	d := time.Duration(days * float64(24*time.Hour))
 	if rest != "" {
 		r, err := time.ParseDuration(rest)
-		if err != nil || r > math.MaxInt64-d {
+		switch {
+		case err != nil && overflows(rest), err == nil && r > math.MaxInt64-d:
+			return 0, fmt.Errorf("%w: %q", errAgeTooLong, s)
+		case err != nil:
 			return 0, fmt.Errorf("bad duration %q", s)
 		}
 		d += r
 	}
 	return sign * d, nil
+}
+
+// overflows reports whether time.ParseDuration refuses s for its size
+// alone: s reads as a duration once every run of digits is made "1".
+func overflows(s string) bool {
+	var b strings.Builder
+	for i, c := range s {
+		isDigit := c >= '0' && c <= '9'
+		if isDigit && i > 0 && s[i-1] >= '0' && s[i-1] <= '9' {
+			continue
+		}
+		if isDigit {
+			c = '1'
+		}
+		b.WriteRune(c)
+	}
+	_, err := time.ParseDuration(b.String())
+	return err == nil
 }
 
 // storeFile is the store file of the data folder dir, which must exist.
@@ -538,7 +584,7 @@ func dbCompact(ctx context.Context, dir string, asJSON bool, stdout, stderr io.W
 		return fmt.Errorf("%w: compact needs the store to itself; stop serve first", err)
 	}
 	if err != nil {
-		return err
+		return explainDenied(dir, err)
 	}
 	if asJSON {
 		return printJSON(stdout, map[string]int64{"bytes_before": before, "bytes_after": after})

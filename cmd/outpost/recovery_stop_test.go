@@ -46,6 +46,25 @@ func stalledOllama(t *testing.T) (url string, asked <-chan struct{}) {
 	return srv.URL, ch
 }
 
+// killMidModelCall starts outpost run on thread in data, with a model
+// that never answers, and kills it (kill -9) once the run has called it.
+func killMidModelCall(t *testing.T, data, thread string) {
+	t.Helper()
+	ollamaURL, asked := stalledOllama(t)
+	cut := exec.Command(builtOutpost(t), "run", "--data", data, "--thread", thread,
+		"--model", "ollama:llama3.2:3b", "--ollama", ollamaURL, "I forgot my metformin dose")
+	cut.Env = append(os.Environ(), "OUTPOST_DATA=")
+	require.NoError(t, cut.Start())
+	select {
+	case <-asked:
+	case <-time.After(30 * time.Second):
+		_ = cut.Process.Kill()
+		t.Fatal("the run never called the model")
+	}
+	require.NoError(t, cut.Process.Kill())
+	_ = cut.Wait()
+}
+
 // runID is the id of the one run on thread in data, and its status.
 func runOnThread(t *testing.T, data, thread string) (id, status string) {
 	t.Helper()
@@ -72,19 +91,7 @@ func TestRefusedResumeLeavesARecoveredRunToTheNextStart(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	done, _ := runOnThread(t, data, "done")
 
-	ollamaURL, asked := stalledOllama(t)
-	cut := exec.Command(builtOutpost(t), "run", "--data", data, "--thread", "cut",
-		"--model", "ollama:llama3.2:3b", "--ollama", ollamaURL, "I forgot my metformin dose")
-	cut.Env = append(os.Environ(), "OUTPOST_DATA=")
-	require.NoError(t, cut.Start())
-	select {
-	case <-asked:
-	case <-time.After(30 * time.Second):
-		_ = cut.Process.Kill()
-		t.Fatal("the run never called the model")
-	}
-	require.NoError(t, cut.Process.Kill()) // kill -9, mid model call
-	_ = cut.Wait()
+	killMidModelCall(t, data, "cut")
 	cutID, status := runOnThread(t, data, "cut")
 	require.NotEqual(t, "failed", status)
 

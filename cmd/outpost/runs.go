@@ -121,10 +121,13 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 		err error
 	}
 	var damaged []leftOut
-	var runs []*engine.Run
-	err := readRuns(*data, func(rs runReader) (err error) {
-		runs, err = rs.Runs(ctx, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit + 1,
+	var runs []runView
+	err := readRuns(*data, func(rs runReader) error {
+		list, err := rs.Runs(ctx, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit + 1,
 			Desc: *newest, Summary: true, Damaged: func(key string, err error) { damaged = append(damaged, leftOut{key, err}) }})
+		for _, r := range list {
+			runs = append(runs, viewRun(ctx, rs, r))
+		}
 		return err
 	})
 	if err != nil {
@@ -155,7 +158,7 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	}()
 	if *asJSON {
 		if runs == nil {
-			runs = []*engine.Run{} // a list, even an empty one
+			runs = []runView{} // a list, even an empty one
 		}
 		page := map[string]any{"runs": runs}
 		if next != "" {
@@ -165,11 +168,19 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN\tTHREAD\tAGENT\tSTATUS\tSTEPS\tCREATED")
+	stopped := false
 	for _, r := range runs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Thread, r.Agent, r.Status, r.Steps, r.CreatedAt.Local().Format(time.DateTime))
+		status := string(r.Status)
+		if r.Stopped {
+			status, stopped = "stopped", true
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Thread, r.Agent, status, r.Steps, r.CreatedAt.Local().Format(time.DateTime))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if stopped {
+		fmt.Fprintln(stdout, "stopped: "+stoppedMeaning)
 	}
 	if next != "" {
 		// The same filters, from where this page ends.
@@ -205,23 +216,62 @@ func runsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	var r *engine.Run
-	err = readRuns(*data, func(rs runReader) (err error) {
-		r, err = rs.Run(ctx, pos[0])
-		return err
+	var v runView
+	err = readRuns(*data, func(rs runReader) error {
+		r, err := rs.Run(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		v = viewRun(ctx, rs, r)
+		return nil
 	})
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		return printJSON(stdout, r)
+		return printJSON(stdout, v)
 	}
-	return printRun(stdout, r, dataHint(fs.FlagSet))
+	return printRun(stdout, v, dataHint(fs.FlagSet))
+}
+
+// runView is a run as runs list and show print it: its record, and, for
+// one that a stop cut short, what its checkpoints tell of it.
+type runView struct {
+	*engine.Run
+	// Stopped says that the store holds the run as queued or running
+	// while no process has it, and that it had started: the appliance
+	// stopped (or crashed) before it ended, and it resumes at the next
+	// start. Status stays as stored; Steps counts its checkpoints.
+	Stopped bool `json:"stopped,omitempty"`
+}
+
+// stoppedMeaning says what a stopped run is, after the listing that shows one.
+const stoppedMeaning = "the run had started and stopped with the appliance before it ended; " +
+	"it resumes at the next start of outpost serve, run or resume"
+
+// viewRun is r as runs list and show print it. A run record is not
+// rewritten at every step, so one that a stop left queued or running
+// holds the status and step count it had when it was last written; read
+// from the store itself (no process has it), its steps are counted from
+// its checkpoints, as recovery counts them, and one that had started is
+// marked stopped. Through the owner's socket the record is live as it is.
+func viewRun(ctx context.Context, rs runReader, r *engine.Run) runView {
+	l, local := rs.(localRuns)
+	if !local || (r.Status != engine.StatusQueued && r.Status != engine.StatusRunning) {
+		return runView{Run: r}
+	}
+	// A count that fails (a damaged checkpoint, which db check names)
+	// leaves the record's.
+	if steps, err := engine.RunSteps(ctx, l.DB, r.Thread, r.ID); err == nil {
+		r.Steps = max(r.Steps, steps)
+	}
+	return runView{Run: r, Stopped: r.Status == engine.StatusRunning || r.Steps > 0 || !r.StartedAt.IsZero()}
 }
 
 // printRun shows a run record for a person: who and what it was, how far it
 // got, what it waits for and how it ended. --json has the whole record.
-func printRun(w io.Writer, r *engine.Run, dataHint string) error {
+func printRun(w io.Writer, v runView, dataHint string) error {
+	r := v.Run
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, v string) {
 		if v != "" {
@@ -240,7 +290,11 @@ func printRun(w io.Writer, r *engine.Run, dataHint string) error {
 	if r.Bundle.Name != "" {
 		row("bundle", fmt.Sprintf("%s version %d", r.Bundle.Name, r.Bundle.Version))
 	}
-	row("status", string(r.Status))
+	if v.Stopped {
+		row("status", "stopped: "+stoppedMeaning)
+	} else {
+		row("status", string(r.Status))
+	}
 	row("correlation", r.CorrelationID)
 	row("created", when(r.CreatedAt))
 	row("started", when(r.StartedAt))
@@ -310,6 +364,9 @@ func runsHistory(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	if err := pageLimit(limit, stderr); err != nil {
 		return err
+	}
+	if *before != "" && !engine.IsCheckpointID(*before) {
+		return badUsage("--before %q is not a checkpoint id: give the --before of the \"more:\" line, the last checkpoint of the page before", *before)
 	}
 	// One more than the page, to know whether another page follows.
 	var cps []store.HistoryEntry

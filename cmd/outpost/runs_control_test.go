@@ -119,7 +119,7 @@ func TestRunsReadsWhileServeOwnsTheStore(t *testing.T) {
 		{"runs", "history", "t2", "--limit", "3"},
 		{"runs", "history", "t2", "--limit", "3", "--json"},
 		{"runs", "history", "nothing"},
-		{"runs", "history", "t1", "--before", "nope"},
+		{"runs", "history", "t1", "--before", "0000000000000001"},
 	}
 	// Against the file itself, then through serve: the same results.
 	compare := func(commands [][]string) {
@@ -151,7 +151,10 @@ func TestRunsReadsWhileServeOwnsTheStore(t *testing.T) {
 		{[]string{"runs", "history", "nothing"}, 1, `thread "nothing" has no checkpoints`},
 		// A cursor that names no checkpoint listed the whole history
 		// (or none), with exit 0, as if it were a page.
-		{[]string{"runs", "history", "t1", "--before", "nope"}, 1, `--before "nope" names no checkpoint of thread "t1": give the --before of the "more:" line`},
+		{[]string{"runs", "history", "t1", "--before", "0000000000000001"}, 1, `--before "0000000000000001" names no checkpoint of thread "t1": give the --before of the "more:" line`},
+		// One that is not a checkpoint id is refused before anything is
+		// read, as runs list refuses an --after that is not a run id.
+		{[]string{"runs", "history", "t1", "--before", "nope"}, 2, `--before "nope" is not a checkpoint id`},
 	} {
 		r := outpostResult(t, append(tc.args, "--data", dir)...)
 		require.Equal(t, tc.code, r.code, "%v: %s", tc.args, r.stdout+r.stderr)
@@ -273,9 +276,9 @@ func TestRunsHistoryNextPage(t *testing.T) {
 	r = outpostResult(t, "runs", "history", "t1", "--data", dir, "--before", oldest)
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, `thread "t1" has no checkpoints before `+oldest)
-	r = outpostResult(t, "runs", "history", "t1", "--data", dir, "--before", "0")
+	r = outpostResult(t, "runs", "history", "t1", "--data", dir, "--before", "0000000000000000")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, `--before "0" names no checkpoint of thread "t1"`)
+	require.Contains(t, r.stderr, `--before "0000000000000000" names no checkpoint of thread "t1"`)
 }
 
 // fork and replay need the store to themselves: while serve owns it, they

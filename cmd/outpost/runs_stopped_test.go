@@ -1,0 +1,59 @@
+package main
+
+import (
+	"encoding/json"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// A run that a kill -9 cut short mid model call is stored as queued with
+// no steps (its record is not rewritten at every step). runs show and
+// runs list, reading the store with no process behind it, count its steps
+// from its checkpoints and say that it stopped with the appliance and
+// resumes at the next start; --json keeps the stored status and adds
+// stopped.
+func TestRunsShowsARunAStopCutShort(t *testing.T) {
+	data := t.TempDir()
+	killMidModelCall(t, data, "cut")
+	id, status := runOnThread(t, data, "cut")
+
+	code, stdout, stderr := outpostBin(t, "", "runs", "history", "--data", data, "--json", "cut")
+	require.Equal(t, 0, code, stderr)
+	var hist struct {
+		Checkpoints []struct{ Run, Source string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &hist), stdout)
+	steps := 0
+	for _, c := range hist.Checkpoints {
+		if c.Run == id && c.Source == engine.SourceLoop {
+			steps++
+		}
+	}
+	require.Positive(t, steps, stdout)
+
+	code, stdout, stderr = outpostBin(t, "", "runs", "show", "--data", data, "--json", id)
+	require.Equal(t, 0, code, stderr)
+	var shown struct {
+		Status  string
+		Steps   int
+		Stopped bool
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &shown), stdout)
+	require.Equal(t, status, shown.Status, "the stored status stays as it is")
+	require.Equal(t, steps, shown.Steps, stdout)
+	require.True(t, shown.Stopped, stdout)
+
+	code, stdout, stderr = outpostBin(t, "", "runs", "show", "--data", data, id)
+	require.Equal(t, 0, code, stderr)
+	require.Regexp(t, `(?m)^status +stopped: the run had started and stopped with the appliance`, stdout)
+	require.Regexp(t, `(?m)^steps +`+strconv.Itoa(steps)+`$`, stdout)
+
+	code, stdout, stderr = outpostBin(t, "", "runs", "list", "--data", data)
+	require.Equal(t, 0, code, stderr)
+	require.Regexp(t, id+` +cut +\S+ +stopped +`+strconv.Itoa(steps)+` `, stdout)
+	require.Contains(t, stdout, "it resumes at the next start")
+}
