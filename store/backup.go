@@ -404,6 +404,11 @@ func writeNewFile(path string, write func(f *os.File) error) error {
 }
 
 func removeIfExists(path string) error {
+	// Asked first: on a read-only file system, removing a file that is not
+	// there fails with EROFS, not ENOENT.
+	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}

@@ -223,16 +223,16 @@ func SalvageWith(ctx context.Context, src, dst string, opts SalvageOptions) (*Sa
 		if !errors.Is(err, ErrApplianceID) { // a refusal, not a failed write
 			err = fmt.Errorf("write %s: %w", tmp, err)
 		}
-		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp))
+		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), removeIfExists(tmp))
 	}
 	if err := w.appendHeldOutcomes(ctx, tmp); err != nil {
-		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp), os.Remove(LockFile(tmp)))
+		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), removeIfExists(tmp), removeIfExists(LockFile(tmp)))
 	}
 	if err := stampEpoch(tmp, w.epoch); err != nil {
-		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp), os.Remove(LockFile(tmp)))
+		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), removeIfExists(tmp), removeIfExists(LockFile(tmp)))
 	}
 	if err := os.Rename(tmp, dst); err != nil {
-		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), os.Remove(tmp))
+		return rep, errors.Join(fmt.Errorf("salvage %s: %w", src, err), removeIfExists(tmp))
 	}
 	if err := fsync.Dir(filepath.Dir(dst)); err != nil {
 		return rep, fmt.Errorf("salvage %s: %w", src, err)

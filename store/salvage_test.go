@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -483,4 +485,19 @@ func TestSalvageCopiesOverflowPages(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, rep.OK(), "%v %v", rep.Lost, rep.Check.Problems)
 	assert.Equal(t, want, records(t, dst))
+}
+
+// A salvage to a folder it cannot write in says why, and only that: it
+// said also that it could not remove the copy it never made ("remove
+// DIR/s.db.salvage: read-only file system").
+func TestSalvageToAReadOnlyFolderSaysOnlyWhy(t *testing.T) {
+	src, _ := salvageFixture(t)
+	ro := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "ro,size=4096", "tmpfs", ro).CombinedOutput(); err != nil {
+		t.Skipf("a read-only tmpfs cannot be mounted here (%v: %s)", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", ro).Run() })
+	_, err := Salvage(bg, src, filepath.Join(ro, "s.db"))
+	require.ErrorIs(t, err, syscall.EROFS)
+	assert.NotContains(t, err.Error(), "remove", "the error speaks of removing a copy that was never made")
 }
