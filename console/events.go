@@ -51,6 +51,9 @@ type hub struct {
 	metrics *Metrics
 	sub     *engine.Subscription
 	done    chan struct{}
+	// start is where this life of the stream began: seqs up to it are an
+	// earlier start's.
+	lifeStart uint64
 
 	mu      sync.Mutex
 	ring    []engine.Event
@@ -100,6 +103,7 @@ func newHub(bus *engine.Bus, opts EventOptions, m *Metrics) *hub {
 		return h
 	}
 	h.last = bus.Seq() // where this life of the stream starts (Bus.StartAfter)
+	h.lifeStart = h.last
 	// The hub's own buffer is large: it only copies into the ring and
 	// makes non-blocking sends, so it keeps up with any publisher.
 	h.sub = bus.Subscribe(1<<16, nil)
@@ -212,6 +216,9 @@ func (h *hub) subscribe(c *client, thread, run string, resume bool, seq uint64) 
 	if seq+1 < oldest || seq > last {
 		h.metrics.windowMiss.Add(1)
 		why := "the replay window no longer reaches back to that seq; reload state from the API"
+		if seq < h.lifeStart {
+			why = "that seq is from before the appliance's last start, whose events are not kept; reload state from the API"
+		}
 		if seq > last {
 			why = "that seq is ahead of the stream (the appliance restarted?); reload state from the API"
 		}

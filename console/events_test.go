@@ -561,3 +561,29 @@ func TestEventsInOrderAndInShape(t *testing.T) {
 	}
 	before(read("cancelled"), engine.EventRunFailed)
 }
+
+// A client resuming from a seq of an earlier start of the appliance (event
+// numbers rise across starts: each start's begin above the last's) is told
+// that the appliance started again, not that the window no longer reaches
+// back, which reads as if it had merely fallen behind.
+func TestWebsocketResumeFromAnEarlierStart(t *testing.T) {
+	bus := engine.NewBus()
+	bus.StartAfter(3 << 32) // the third start
+	e := newEnv(t, func(c *console.Config) { c.Bus = bus })
+	ctx := testCtx(t)
+	c := e.connect(ctx)
+	c.send(ctx, map[string]any{"type": "resume", "seq": 2<<32 + 7})
+	m := c.next(ctx)
+	if m["type"] != "window_exceeded" || m["requested"] != float64(2<<32+7) {
+		t.Fatalf("want window_exceeded for the earlier start's seq: %v", m)
+	}
+	if msg, _ := m["message"].(string); !strings.Contains(msg, "before the appliance's last start") {
+		t.Fatalf("the message does not say the appliance started again: %q", msg)
+	}
+	// One of this start's, older than its window, is told the window.
+	c.send(ctx, map[string]any{"type": "resume", "seq": 3 << 32})
+	m = c.next(ctx)
+	if m["type"] != "resumed" {
+		t.Fatalf("this start's first seq: %v", m)
+	}
+}
