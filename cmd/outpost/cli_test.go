@@ -274,6 +274,8 @@ func TestUplinkFlushToAURLThatIsNoCollector(t *testing.T) {
 		require.Equal(t, 1, code, stderr)
 		require.Contains(t, stdout, "PARKED outcomes 1-1: "+tc.says)
 		require.Contains(t, stderr, "outpost uplink: batch parked: the collector refused it: send outcomes 1-1: "+tc.says)
+		// The status says it once: its last error is the parked batch's.
+		require.Equal(t, 1, strings.Count(stdout, tc.says), stdout)
 	}
 }
 

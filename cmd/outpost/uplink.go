@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -139,12 +140,14 @@ func printUplinkStatus(w io.Writer, st uplink.Status) {
 	if st.LastSuccessAt != nil {
 		fmt.Fprintf(w, "last success %s\n", st.LastSuccessAt.Format(time.RFC3339))
 	}
+	parked := ""
 	if st.Parked != nil {
 		p := st.Parked
-		fmt.Fprintf(w, "PARKED outcomes %d-%d: %v\n", p.FirstSeq, p.LastSeq,
-			&uplink.StatusError{StatusCode: p.StatusCode, Code: p.Code, Message: p.Message})
+		parked = (&uplink.StatusError{StatusCode: p.StatusCode, Code: p.Code, Message: p.Message}).Error()
+		fmt.Fprintf(w, "PARKED outcomes %d-%d: %s\n", p.FirstSeq, p.LastSeq, parked)
 	}
-	if st.LastError != "" {
+	// The last error is most often the parking itself, said just above.
+	if st.LastError != "" && (parked == "" || !strings.Contains(st.LastError, parked)) {
 		fmt.Fprintf(w, "last error: %s\n", st.LastError)
 	}
 }
