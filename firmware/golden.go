@@ -323,19 +323,13 @@ func (b *Bundle) checkGolden() error {
 		for _, n := range spec.Nodes {
 			nodes = append(nodes, n.Name)
 		}
-		flags, unknown := spec.raised.can(DefaultFlagsChannel)
 		for _, e := range c.expectations() {
 			if err := c.checkExpectNames(e.at, e.expect, nodes, tools); err != nil {
 				return err
 			}
-			if unknown == "" {
-				if err := c.checkExpectFlags(e.at, e.expect, flags); err != nil {
-					return err
-				}
-			}
 		}
 	}
-	return nil
+	return b.CheckGoldenFlags(b.Golden, DefaultFlagsChannel)
 }
 
 // CheckGoldenFlags refuses a conversation of convs that expects a flag its

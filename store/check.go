@@ -191,10 +191,9 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 				add(bucketWrites, k, "%v", err)
 				return
 			}
-			ck, ok := splitWriteKey(k)
-			if !ok {
+			if _, ok := splitWriteKey(k); !ok {
 				add(bucketWrites, k, "malformed key")
-			} else if thread, ns, id, ok := splitBranchKey(ck); ok && cb.Get(checkpointKey(thread, ns, id)) == nil {
+			} else if thread, ns, id, ck, ok := writeCheckpoint(k); ok && cb.Get(ck) == nil {
 				// Nothing applies it, and a checkpoint that came to
 				// have that key would be given it as its own.
 				add(bucketWrites, k, "a pending write of checkpoint %s (thread %q, namespace %q), which does not exist", id, thread, ns)

@@ -760,6 +760,19 @@ func splitWriteKey(k []byte) (ckptKey []byte, ok bool) {
 	return k[:len(k)-9], true
 }
 
+// writeCheckpoint returns the checkpoint a pending write's key names, and
+// the key it has in the checkpoints bucket; ok is false for a malformed key.
+func writeCheckpoint(k []byte) (thread, ns, id string, ckpt []byte, ok bool) {
+	ck, ok := splitWriteKey(k)
+	if !ok {
+		return "", "", "", nil, false
+	}
+	if thread, ns, id, ok = splitBranchKey(ck); !ok {
+		return "", "", "", nil, false
+	}
+	return thread, ns, id, checkpointKey(thread, ns, id), true
+}
+
 func blobKey(ref engine.BlobRef) []byte {
 	k := make([]byte, 12)
 	binary.BigEndian.PutUint64(k, ref.Hash)

@@ -38,13 +38,9 @@ func (w *salvageWalk) dropOrphanWrites(ctx context.Context, out *bbolt.DB) error
 			for read := 0; k != nil && read < salvageBatch; k, _ = c.Next() {
 				read++
 				after = bytes.Clone(k)
-				ck, ok := splitWriteKey(k)
-				if !ok {
-					continue // db check of the copy names it
-				}
-				thread, ns, id, ok := splitBranchKey(ck)
-				if !ok || cb.Get(checkpointKey(thread, ns, id)) != nil {
-					continue
+				thread, ns, id, ck, ok := writeCheckpoint(k)
+				if !ok || cb.Get(ck) != nil {
+					continue // malformed (db check of the copy names it), or its checkpoint is there
 				}
 				orphans = append(orphans, after)
 				if w.unreached(bucketWrites, k) && w.rep.Unlinked[bucketWrites] > 0 {
