@@ -187,3 +187,29 @@ func TestAppendValuesAreNotAliased(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, prev, msgs.Get(snap))
 }
+
+// A step's writes are applied in place once the execution owns its state,
+// so a state the cache or an earlier result still holds must be copied
+// first: a result's state never changes when its thread runs on.
+func TestResultStateDoesNotChangeWhenTheThreadRunsOn(t *testing.T) {
+	b := engine.NewGraph("g")
+	in := engine.Replace[string](b, "in")
+	echo := engine.Replace[string](b, "echo")
+	b.AddNode("echo", func(_ context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{echo.Set("echo " + in.Get(s))}, nil
+	})
+	b.AddEdge(engine.Start, "echo")
+	g := mustCompile(t, b)
+	ctx := context.Background()
+	cfg := engine.RunConfig{Thread: "t", Store: engine.NewMemoryStore(), Cache: engine.NewStateCache(8, 0)}
+	var results []*engine.Result
+	for _, s := range []string{"a", "b", "c"} {
+		res, err := g.Invoke(ctx, cfg, in.Set(s))
+		require.NoError(t, err)
+		results = append(results, res)
+	}
+	for i, s := range []string{"a", "b", "c"} {
+		require.Equal(t, s, in.Get(results[i].State), "turn %d", i)
+		require.Equal(t, "echo "+s, echo.Get(results[i].State), "turn %d", i)
+	}
+}

@@ -25,7 +25,7 @@ func (e *execution) load(ctx context.Context, id string) error {
 		return err
 	}
 	e.vals, e.versions, e.sizes, e.head, e.committed = vals, versions, sizes, head, head.ID
-	e.versionsShared, e.sizesShared = true, true
+	e.versionsShared, e.sizesShared, e.valsShared = true, true, true
 	e.step = head.Step
 	e.next = head.Next
 	ws, err := e.store.Writes(ctx, e.cfg.Thread, e.cfg.ns, head.ID)
@@ -173,9 +173,14 @@ func (e *execution) apply(writes []Write) {
 	if len(writes) == 0 {
 		return
 	}
-	nv := make(values, len(e.vals)+len(writes))
-	for k, v := range e.vals {
-		nv[k] = v
+	// Copy on write, as bumpVersions does.
+	nv := e.vals
+	if e.valsShared || nv == nil {
+		nv = make(values, len(e.vals)+len(writes))
+		for k, v := range e.vals {
+			nv[k] = v
+		}
+		e.valsShared = false
 	}
 	for _, w := range writes {
 		e.markChanged(w.Channel)

@@ -147,8 +147,11 @@ type execution struct {
 	sizes       map[string]int64
 	sizesShared bool
 	// versionsShared says versions is also held by the cache or a result,
-	// so the next bump must copy it.
+	// so the next bump must copy it; valsShared says the same of vals. A
+	// view given to a task or router shares vals too, but only while it
+	// runs, and no step's writes are applied meanwhile.
 	versionsShared bool
+	valsShared     bool
 	// owned marks append channels whose array this execution allocated, so
 	// it may append in place (see channelSpec.extend).
 	owned map[string]bool
@@ -333,7 +336,7 @@ func (e *execution) commitsEachStep() bool {
 }
 
 func (e *execution) result() *Result {
-	e.versionsShared = true
+	e.versionsShared, e.valsShared = true, true
 	snap := &Snapshot{vals: e.vals, Checkpoint: e.head, Versions: e.versions}
 	for _, t := range e.next {
 		snap.Next = append(snap.Next, t.Node)
@@ -385,7 +388,7 @@ func (e *execution) commit(ctx context.Context, c *Commit) error {
 		if e.run.Status != StatusRunning && e.run.Status != StatusQueued {
 			// Only the state a run stops at is what the next run loads.
 			e.cfg.Cache.put(c.Checkpoint.Thread, c.Checkpoint.NS, c.Checkpoint.ID, e.vals, e.versions, e.sizes)
-			e.versionsShared, e.sizesShared = true, true
+			e.versionsShared, e.sizesShared, e.valsShared = true, true, true
 		}
 	}
 	if len(e.blobBuf) > 0 { // handed to the store with c: a new one

@@ -216,7 +216,8 @@ func fieldIndex(name string) int {
 // fieldDigests holds the digest of each of OutcomeFields, by position: the
 // ledger's writer copies and hashes it in every append, inside the
 // transaction, where a map's clone and lookups cost more than the hash.
-type fieldDigests [19]string
+// Digests are kept as bytes and spelled in hex only where they are hashed.
+type fieldDigests [19][sha256.Size]byte
 
 func init() {
 	if len(fieldDigests{}) != len(OutcomeFields) {
@@ -227,7 +228,7 @@ func init() {
 func digestsOf(vals [][]byte) fieldDigests {
 	var d fieldDigests
 	for i := range OutcomeFields {
-		d[i] = FieldDigest(vals[i])
+		d[i] = sha256.Sum256(vals[i])
 	}
 	return d
 }
@@ -247,7 +248,7 @@ func (o *Outcome) Digests() (map[string]string, error) {
 	d := digestsOf(vals)
 	m := make(map[string]string, len(d))
 	for i, f := range OutcomeFields {
-		m[f] = d[i]
+		m[f] = hex.EncodeToString(d[i][:])
 	}
 	return m, nil
 }
@@ -263,24 +264,29 @@ func (o *Outcome) ComputeHash() (string, error) {
 }
 
 // OutcomeHash chains field digests to prevHash (see OutcomeFields). Every
-// field must have a digest.
+// field must have a digest, as 64 lowercase hex digits (FieldDigest's
+// form).
 func OutcomeHash(prevHash string, digests map[string]string) (string, error) {
 	var d fieldDigests
 	for i, f := range OutcomeFields {
-		var ok bool
-		if d[i], ok = digests[f]; !ok {
+		s, ok := digests[f]
+		if !ok {
 			return "", fmt.Errorf("outcome hash: no digest for field %s", f)
 		}
+		if !isHash(s) {
+			return "", fmt.Errorf("outcome hash: the digest of field %s is not 64 lowercase hex digits", f)
+		}
+		_, _ = hex.Decode(d[i][:], []byte(s))
 	}
 	return chainHash(prevHash, &d), nil
 }
 
 // chainHash is OutcomeHash of digests by position.
 func chainHash(prevHash string, d *fieldDigests) string {
-	b := make([]byte, 0, 2048)
-	b = append(append(append(b, "outpost-outcome/1\nprev_hash="...), prevHash...), '\n')
+	var buf [2048]byte
+	b := append(append(append(buf[:0], "outpost-outcome/1\nprev_hash="...), prevHash...), '\n')
 	for i, f := range OutcomeFields {
-		b = append(append(append(append(b, f...), '='), d[i]...), '\n')
+		b = append(hex.AppendEncode(append(append(b, f...), '='), d[i][:]), '\n')
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
@@ -703,7 +709,7 @@ func setDigest(d *fieldDigests, i int, v any) error {
 	if err != nil {
 		return fmt.Errorf("outcome field %s: %w", OutcomeFields[i], err)
 	}
-	d[i] = FieldDigest(b)
+	d[i] = sha256.Sum256(b)
 	return nil
 }
 

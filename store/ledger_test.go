@@ -689,13 +689,18 @@ func TestOutcomeHashPreimage(t *testing.T) {
 		"bundle", "status", "started_at", "ended_at", "steps", "tokens", "model_calls", "tools", "flags",
 		"output", "error",
 	} {
-		digests[f] = fmt.Sprintf("d%02d", i)
-		fmt.Fprintf(&pre, "%s=d%02d\n", f, i)
+		digests[f] = FieldDigest(fmt.Appendf(nil, "v%02d", i))
+		fmt.Fprintf(&pre, "%s=%s\n", f, digests[f])
 	}
 	sum := sha256.Sum256([]byte(pre.String()))
 	got, err := OutcomeHash("p0", digests)
 	require.NoError(t, err)
 	assert.Equal(t, hex.EncodeToString(sum[:]), got)
+
+	upper := strings.ToUpper(digests["tools"])
+	digests["tools"] = upper
+	_, err = OutcomeHash("p0", digests)
+	assert.ErrorContains(t, err, "the digest of field tools is not 64 lowercase hex digits")
 
 	delete(digests, "tools")
 	_, err = OutcomeHash("p0", digests)
