@@ -13,6 +13,7 @@ import (
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/models"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // TestReferenceToolFailureAnswer: the reference tools agent's follow-up
@@ -103,6 +104,11 @@ func TestReferenceToolFailureAnswer(t *testing.T) {
 			ended++
 			if !slices.Contains(oc.Flags, firmware.FlagToolFailed) {
 				t.Errorf("%s: outcome flags %v lack %s", runs[oc.Run], oc.Flags, firmware.FlagToolFailed)
+			}
+			// The outcome's tool list marks the call that failed, and
+			// keeps its error home.
+			if !slices.ContainsFunc(oc.Tools, func(tl store.OutcomeTool) bool { return tl.Failed }) {
+				t.Errorf("%s: outcome tools %+v mark no call as failed", runs[oc.Run], oc.Tools)
 			}
 		}
 	}

@@ -79,11 +79,14 @@ type Outcome struct {
 }
 
 // OutcomeTool is one tool call of a run, as the ledger keeps it: never its
-// arguments, only their hash.
+// arguments, only their hash, and never its error, only that it failed.
+// Failed is left out of the record when false, so the records of calls
+// that did not fail read (and hash) as they always have.
 type OutcomeTool struct {
 	Name     string `json:"name"`
 	Decision string `json:"decision"`
 	ArgsHash string `json:"args_hash"`
+	Failed   bool   `json:"failed,omitempty"`
 }
 
 // OutcomeFields lists, in hashing order, the fields an outcome's hash
@@ -165,7 +168,11 @@ func appendFieldJSON(dst []byte, v any) ([]byte, error) {
 		return appendJSONList(dst, v, func(dst []byte, t OutcomeTool) []byte {
 			dst = engine.AppendJSONString(append(dst, `{"name":`...), t.Name)
 			dst = engine.AppendJSONString(append(dst, `,"decision":`...), t.Decision)
-			return append(engine.AppendJSONString(append(dst, `,"args_hash":`...), t.ArgsHash), '}')
+			dst = engine.AppendJSONString(append(dst, `,"args_hash":`...), t.ArgsHash)
+			if t.Failed {
+				dst = append(dst, `,"failed":true`...)
+			}
+			return append(dst, '}')
 		}), nil
 	case []string:
 		return appendJSONList(dst, v, engine.AppendJSONString), nil
@@ -751,7 +758,8 @@ func summarizeCalls(tx *bbolt.Tx, o *Outcome, attempt int) error {
 		if env.Decision == "" {
 			env.Decision = "allow"
 		}
-		o.Tools = append(o.Tools, OutcomeTool{Name: tc.Tool, Decision: env.Decision, ArgsHash: tc.ArgsHash})
+		failed := tc.Status == ToolCallDone && tc.Error != ""
+		o.Tools = append(o.Tools, OutcomeTool{Name: tc.Tool, Decision: env.Decision, ArgsHash: tc.ArgsHash, Failed: failed})
 	})
 	if err != nil {
 		return err

@@ -63,6 +63,9 @@ func TestLedgerAppendsWithTheFinalCommit(t *testing.T) {
 		Args: engine.Value{Inline: []byte(`{"args":{"q":"x"},"decision":"allow"}`)}}))
 	require.NoError(t, d.PutToolIntent(bg, "r1:2:task:0", ToolCall{RunID: "r1", Tool: "send_sms", ArgsHash: "h2",
 		Args: engine.Value{Inline: []byte(`{"decision":"deny"}`)}}))
+	require.NoError(t, d.PutToolIntent(bg, "r1:3:task:0", ToolCall{RunID: "r1", Tool: "schedule", ArgsHash: "h4",
+		Args: engine.Value{Inline: []byte(`{"decision":"approve"}`)}}))
+	require.NoError(t, d.PutToolResult(bg, "r1:3:task:0", ToolCall{Error: "open /srv/followups.jsonl: is a directory"}))
 	require.NoError(t, d.PutToolIntent(bg, "model:r1:1:task:0", ToolCall{RunID: "r1", Tool: "model:m", ArgsHash: "h3"}))
 	require.NoError(t, d.PutToolResult(bg, "model:r1:1:task:0", ToolCall{Result: engine.Value{Inline: []byte(`{"tokens":42}`)}}))
 	// Another run's calls stay out, even one whose ID extends r1's.
@@ -89,7 +92,11 @@ func TestLedgerAppendsWithTheFinalCommit(t *testing.T) {
 	assert.Equal(t, []string{"acute"}, o.Flags)
 	assert.Equal(t, 42, o.Tokens)
 	assert.Equal(t, 1, o.ModelCalls)
-	assert.Equal(t, []OutcomeTool{{"lookup", "allow", "h1"}, {"send_sms", "deny", "h2"}}, o.Tools)
+	assert.Equal(t, []OutcomeTool{{"lookup", "allow", "h1", false}, {"send_sms", "deny", "h2", false},
+		{"schedule", "approve", "h4", true}}, o.Tools)
+	vals, err := o.FieldValues()
+	require.NoError(t, err)
+	assert.NotContains(t, string(vals["tools"]), "followups", "the ledger keeps no tool error")
 	assert.JSONEq(t, `{"answer":"take it <now> & later"}`, string(o.Output))
 	h, err := o.ComputeHash()
 	require.NoError(t, err)
@@ -345,7 +352,7 @@ func TestApplianceID(t *testing.T) {
 
 func FuzzDecodeOutcome(f *testing.F) {
 	o := &Outcome{ApplianceID: "a", Seq: 1, OutcomeID: "oc", Status: engine.StatusCompleted,
-		Tools: []OutcomeTool{{"t", "allow", "h"}}, Flags: []string{"x"}, Output: json.RawMessage(`{"a":1}`),
+		Tools: []OutcomeTool{{"t", "allow", "h", false}}, Flags: []string{"x"}, Output: json.RawMessage(`{"a":1}`),
 		PrevHash: GenesisHash, Hash: strings.Repeat("ab", 32)}
 	// The first format, JSON throughout, is still read.
 	v1, err := encodeJSONRecord(outcomeVersionJSON, o)
@@ -510,7 +517,7 @@ func TestOutcomeFieldJSONMatchesTheStruct(t *testing.T) {
 	o := &Outcome{ApplianceID: "clinic <7>", Seq: 42, OutcomeID: "oc_1", CorrelationID: "corr & co", CausationID: "oc_0",
 		Thread: "t\u2028", Run: "r1", Agent: "med", Bundle: engine.BundleRef{Name: "ref", Version: 3, Digest: "sha256:ab"},
 		Status: engine.StatusCompleted, StartedAt: tc0, EndedAt: tc0.Add(time.Second), Steps: 6, Tokens: 7, ModelCalls: 2,
-		Tools: []OutcomeTool{{"lookup", "allow", "h"}}, Flags: []string{"acute"}, Output: json.RawMessage(`{"a": "<b>"}`),
+		Tools: []OutcomeTool{{"lookup", "allow", "h", false}, {"schedule", "approve", "h2", true}}, Flags: []string{"acute"}, Output: json.RawMessage(`{"a": "<b>"}`),
 		Error: "boom", PrevHash: GenesisHash, Hash: strings.Repeat("cd", 32)}
 	whole, err := json.Marshal(o)
 	require.NoError(t, err)
@@ -552,7 +559,7 @@ func FuzzOutcomeFieldsMatchEncodingJSON(f *testing.F) {
 			Status: engine.RunStatus(s3), StartedAt: time.Unix(n%(1<<35), n%1e9).UTC(), EndedAt: time.Unix(0, n).In(time.FixedZone("x", 3600)),
 			Steps: int(n), Tokens: int(ver), ModelCalls: int(n ^ ver), Output: json.RawMessage(output), Error: s1}
 		if lists {
-			o.Tools = []OutcomeTool{{s1, s2, s3}, {}}
+			o.Tools = []OutcomeTool{{s1, s2, s3, n%2 == 0}, {}}
 			o.Flags = []string{s3, "", s1}
 		} else if n%2 == 0 {
 			o.Tools, o.Flags = []OutcomeTool{}, []string{}
