@@ -290,8 +290,8 @@ func OutcomeHash(prevHash string, digests map[string]string) (string, error) {
 
 // chainHash is OutcomeHash of digests by position.
 func chainHash(prevHash string, d *fieldDigests) string {
-	var buf [2048]byte
-	b := append(append(append(buf[:0], "outpost-outcome/1\nprev_hash="...), prevHash...), '\n')
+	b := make([]byte, 0, 2048)
+	b = append(append(append(b, "outpost-outcome/1\nprev_hash="...), prevHash...), '\n')
 	for i, f := range OutcomeFields {
 		b = append(hex.AppendEncode(append(append(b, f...), '='), d[i][:]), '\n')
 	}
