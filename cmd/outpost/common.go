@@ -361,7 +361,8 @@ type loadedBundles struct {
 // bundles are installed under dir, new runs get the active bundles' agents
 // and resumed runs the exact version they are pinned to; otherwise (and for
 // runs pinned to it) the embedded reference bundle serves, and notice is
-// told so. Model nodes run with lb.rt. With benchAgent, the bench workload's
+// told so. A run pinned to the embedded bundle of an earlier binary goes
+// on with the copy kept of it in dir's firmware folder. Model nodes run with lb.rt. With benchAgent, the bench workload's
 // agent is there too (see namingAgents). What lb holds loaded already is
 // used as it is, and the rest is loaded.
 func applianceResolver(dir string, lb loadedBundles, notice func(string), benchAgent bool) (engine.Resolver, error) {
@@ -372,7 +373,6 @@ func applianceResolver(dir string, lb loadedBundles, notice func(string), benchA
 			return nil, err
 		}
 	}
-	embedded := firmware.BundleResolver(ref)
 	if in == nil {
 		if in, err = openInstaller(dir, rt); err != nil {
 			return nil, err
@@ -380,6 +380,9 @@ func applianceResolver(dir string, lb loadedBundles, notice func(string), benchA
 	} else {
 		in.SetRuntime(rt)
 	}
+	// A run that pins the embedded bundle keeps a copy of it in the
+	// firmware folder, with which it goes on under a later binary.
+	embedded := firmware.EmbeddedResolver(in, ref)
 	installed := len(in.List()) > 0
 	told := false
 	tell := func() {
