@@ -126,3 +126,36 @@ func TestRunPinnedToEmbeddedBundleSurvivesUpgrade(t *testing.T) {
 	require.Zero(t, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	require.NotContains(t, stdout, "UPGRADED")
 }
+
+// A run that waits for a person pinned to the embedded bundle with no copy
+// kept of it (it pinned the bundle before copies were kept) has the copy
+// made at the next start under the binary that embeds the bundle, a start
+// that resolves nothing else from that bundle (a turn of the bench agent),
+// and so it outlives the upgrade after. A start under a binary that cannot
+// have the bundle says so at once.
+func TestStartKeepsTheEmbeddedBundleOfWaitingRuns(t *testing.T) {
+	bin := builtOutpostTagged(t)
+	data := t.TempDir()
+	old, err := firmware.Reference()
+	require.NoError(t, err)
+	upgraded := []string{"OUTPOST_TEST_REFERENCE=" + upgradedReference(t, "UPGRADED")}
+	keptRoot := filepath.Join(data, "firmware", ".embedded")
+
+	id := approvalWaitingRun(t, bin, nil, data, "waits")
+	require.NoError(t, os.RemoveAll(keptRoot))
+	code, _, stderr := outpostBinEnv(t, bin, nil, "", "run", "--data", data, "--thread", "bench", "--agent", "reference", "hi")
+	require.Zero(t, code, stderr)
+	require.FileExists(t, filepath.Join(keptRoot, old.Ref().Name, "1-"+strings.TrimPrefix(old.Ref().Digest, "sha256:"), "manifest.json"))
+	require.NotContains(t, stderr, "WARNING")
+
+	code, stdout, stderr := outpostBinEnv(t, bin, upgraded, "", "resume", "--data", data, "--decision", "approve", id)
+	require.Zero(t, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	require.NotContains(t, stdout, "UPGRADED")
+
+	gone := approvalWaitingRun(t, bin, nil, data, "gone")
+	require.NoError(t, os.RemoveAll(keptRoot))
+	code, _, stderr = outpostBinEnv(t, bin, upgraded, "", "run", "--data", data, "--thread", "bench", "--agent", "reference", "hi")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stderr, "WARNING: run "+gone+", and any other run pinned to "+old.Ref().Name+" v1 ("+old.Ref().Digest+
+		"), waits for a person but cannot go on: pinned bundle not on disk: ")
+}
