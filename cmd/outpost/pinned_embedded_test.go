@@ -43,6 +43,22 @@ func approvalWaitingRun(t *testing.T, bin string, env []string, data, thread str
 	return run[1]
 }
 
+// firstCheckpoint returns the oldest checkpoint of thread, read with the
+// binary bin and env.
+func firstCheckpoint(t *testing.T, bin string, env []string, data, thread string) string {
+	t.Helper()
+	code, stdout, stderr := outpostBinEnv(t, bin, env, "", "runs", "history", thread, "--data", data, "--json")
+	require.Zero(t, code, stderr)
+	var history struct {
+		Checkpoints []struct {
+			ID string `json:"id"`
+		} `json:"checkpoints"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &history))
+	require.NotEmpty(t, history.Checkpoints)
+	return history.Checkpoints[len(history.Checkpoints)-1].ID
+}
+
 // A run waiting for a person's approval, pinned to the bundle embedded in
 // the binary it started under, is approved and completes on that bundle
 // after the binary is replaced by one whose embedded bundle has the same
@@ -89,16 +105,7 @@ func TestRunPinnedToEmbeddedBundleSurvivesUpgrade(t *testing.T) {
 
 	// Its thread forks from its first checkpoint, with the graph of the
 	// bundle it is pinned to.
-	code, stdout, stderr = outpostBinEnv(t, bin, upgraded, "", "runs", "history", "waits", "--data", data, "--json")
-	require.Zero(t, code, stderr)
-	var history struct {
-		Checkpoints []struct {
-			ID string `json:"id"`
-		} `json:"checkpoints"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(stdout), &history))
-	require.NotEmpty(t, history.Checkpoints)
-	first := history.Checkpoints[len(history.Checkpoints)-1].ID
+	first := firstCheckpoint(t, bin, upgraded, data, "waits")
 	code, stdout, stderr = outpostBinEnv(t, bin, upgraded, "", "runs", "fork", "waits", "--data", data, "--checkpoint", first)
 	require.Zero(t, code, stderr)
 	require.Contains(t, stdout, "forked thread waits at "+first)
@@ -158,4 +165,19 @@ func TestStartKeepsTheEmbeddedBundleOfWaitingRuns(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.Contains(t, stderr, "WARNING: run "+gone+", and any other run pinned to "+old.Ref().Name+" v1 ("+old.Ref().Digest+
 		"), waits for a person but cannot go on: pinned bundle not on disk: ")
+}
+
+// runs fork refuses a thread whose last run waits for a person, as the
+// HTTP API does: the fork would move the thread's head from under the
+// run, whose resume could then not go on. The run still completes.
+func TestRunsForkRefusesAThreadWaitingForAPerson(t *testing.T) {
+	bin := builtOutpost(t)
+	data := t.TempDir()
+	id := approvalWaitingRun(t, bin, nil, data, "waits")
+	first := firstCheckpoint(t, bin, nil, data, "waits")
+	code, stdout, stderr := outpostBinEnv(t, bin, nil, "", "runs", "fork", "waits", "--data", data, "--checkpoint", first)
+	require.Equal(t, 1, code, stdout)
+	require.Contains(t, stderr, "run "+id+" on the thread is interrupted: finish it (outpost resume) or cancel it before forking")
+	code, stdout, stderr = outpostBinEnv(t, bin, nil, "", "resume", "--data", data, "--decision", "approve", id)
+	require.Zero(t, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 }

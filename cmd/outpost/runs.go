@@ -513,6 +513,17 @@ func forkThread(ctx context.Context, dir string, db *store.DB, th, checkpoint st
 		return err
 	}
 	last := runs[len(runs)-1]
+	// A fork moves the thread's head from under a run not yet ended: a
+	// run waiting for a person would go on from the fork, not from where
+	// it paused, and its decision would be asked again. The HTTP API
+	// refuses it too.
+	if !last.Status.Terminal() {
+		todo := "let it finish or cancel it"
+		if last.Status == engine.StatusInterrupted {
+			todo = "finish it (outpost resume) or cancel it"
+		}
+		return fmt.Errorf("run %s on the thread is %s: %s before forking", last.ID, last.Status, todo)
+	}
 	ag, err := resolve(last.Agent, last.Bundle)
 	if err != nil {
 		return err
