@@ -100,6 +100,19 @@ func CheckAgents(convs []Conversation, resolve engine.Resolver) error {
 	return nil
 }
 
+// CheckNames refuses, as a bad golden file (ErrGolden), a conversation
+// that expects a node its agent, one of bundle b's, does not have (in a
+// path or an interrupt), or a tool b's registry does not have, with the
+// message firmware verify gives for such a golden file of a bundle's own
+// (firmware.Bundle.CheckGoldenNames). A conversation whose agent b lacks is
+// not checked.
+func CheckNames(convs []Conversation, b *firmware.Bundle) error {
+	if err := b.CheckGoldenNames(convs); err != nil {
+		return fmt.Errorf("%w: %w", ErrGolden, err)
+	}
+	return nil
+}
+
 // CheckFlags refuses, as a bad golden file (ErrGolden), a conversation
 // that expects a flag its agent, one of bundle b's, can never raise on
 // channel, the one the replay reads the flags from (Options.FlagsChannel;

@@ -36,6 +36,9 @@ var (
 	ErrInUse          = errors.New("bundle version is in use")
 	ErrNoActive       = errors.New("no active bundle")
 	ErrPinnedMismatch = errors.New("pinned bundle changed on disk")
+	// ErrPinnedMissing is ErrPinnedMismatch where the bundle a run is
+	// pinned to is not on disk at all.
+	ErrPinnedMissing error = &kindError{text: "pinned bundle not on disk", kind: ErrPinnedMismatch}
 )
 
 // FileError locates a problem in a bundle file: the file, the line and

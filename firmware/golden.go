@@ -310,14 +310,33 @@ func (b *Bundle) checkGolden() error {
 	if err := CheckGolden(b.Golden); err != nil {
 		return err
 	}
+	for _, c := range b.Golden {
+		if _, ok := b.Graphs[c.Agent]; !ok {
+			return c.fault("", "agent: %q is not an agent of the bundle (agents: %s)", c.Agent, strings.Join(b.AgentNames(), ", "))
+		}
+	}
+	if err := b.CheckGoldenNames(b.Golden); err != nil {
+		return err
+	}
+	return b.CheckGoldenFlags(b.Golden, DefaultFlagsChannel)
+}
+
+// CheckGoldenNames refuses a conversation of convs that expects a node its
+// agent's graph lacks (in a path or an interrupt) or a tool b's registry
+// lacks, as verify refuses one of the bundle's own golden files (see
+// checkGolden), so that golden files of one's own are checked before
+// anything is replayed. A conversation whose agent is not one of b's is not
+// checked.
+func (b *Bundle) CheckGoldenNames(convs []Conversation) error {
 	var tools []string
 	if b.Registry != nil {
 		tools = b.Registry.Names()
 	}
-	for _, c := range b.Golden {
+	for i := range convs {
+		c := &convs[i]
 		spec, ok := b.Graphs[c.Agent]
 		if !ok {
-			return c.fault("", "agent: %q is not an agent of the bundle (agents: %s)", c.Agent, strings.Join(b.AgentNames(), ", "))
+			continue
 		}
 		var nodes []string
 		for _, n := range spec.Nodes {
@@ -329,7 +348,7 @@ func (b *Bundle) checkGolden() error {
 			}
 		}
 	}
-	return b.CheckGoldenFlags(b.Golden, DefaultFlagsChannel)
+	return nil
 }
 
 // CheckGoldenFlags refuses a conversation of convs that expects a flag its

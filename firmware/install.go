@@ -106,7 +106,11 @@ type Installer struct {
 
 	mu    sync.Mutex
 	idx   index
-	cache map[string]openedVersion // by name@version
+	cache map[string]openedVersion // by name@version, and .embedded@digest for kept copies
+
+	// keepMu serializes KeepReference; kept is what it has kept.
+	keepMu sync.Mutex
+	kept   map[engine.BundleRef]bool
 }
 
 // openedVersion is a version Open loaded and, where it was loaded with no
@@ -127,7 +131,7 @@ func NewInstaller(dataDir string, keys *Keyring, opts InstallerOptions) (*Instal
 	if err := fsync.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("firmware installer: %w", err)
 	}
-	in := &Installer{dir: dir, keys: keys, opts: opts, cache: map[string]openedVersion{},
+	in := &Installer{dir: dir, keys: keys, opts: opts, cache: map[string]openedVersion{}, kept: map[engine.BundleRef]bool{},
 		idx: index{Format: indexFormat, Active: map[string]int64{}, Highest: map[string]int64{}}}
 	data, err := os.ReadFile(filepath.Join(dir, indexFile))
 	switch {
@@ -138,7 +142,10 @@ func NewInstaller(dataDir string, keys *Keyring, opts InstallerOptions) (*Instal
 		// installed.
 		if entries, err := os.ReadDir(dir); err == nil {
 			for _, e := range entries {
-				if e.IsDir() {
+				// The copies of embedded bundles kept for the runs
+				// pinned to them (keptDir) are not installed
+				// bundles: the index does not list them.
+				if e.IsDir() && e.Name() != keptDir {
 					return nil, fmt.Errorf("firmware installer: %s is missing but %s holds installed bundles (%s/...): "+
 						"restore it from a backup of the data folder, or move the bundle folders aside and install again",
 						indexFile, dir, e.Name())
@@ -310,11 +317,15 @@ func (in *Installer) Install(path string, o InstallOptions) (*Installed, error) 
 // a temporary directory, syncing every file, so that a crash leaves either
 // no version directory or a complete one.
 func (in *Installer) writeVersion(name string, version int64, files contents) error {
-	parent := filepath.Join(in.dir, name)
+	return writeTree(in.versionDir(name, version), files)
+}
+
+// writeTree writes files into the folder final as writeVersion says.
+func writeTree(final string, files contents) error {
+	parent := filepath.Dir(final)
 	if err := fsync.MkdirAll(parent, 0o755); err != nil {
 		return err
 	}
-	final := in.versionDir(name, version)
 	tmp, err := os.MkdirTemp(parent, ".install-")
 	if err != nil {
 		return err
@@ -475,11 +486,23 @@ func (in *Installer) Open(name string, version int64) (*Bundle, error) {
 		return nil, fmt.Errorf("open: %w: %s v%d", ErrNotInstalled, name, version)
 	}
 	rec := in.idx.Installed[i]
-	key := name + "@" + strconv.FormatInt(version, 10)
+	in.mu.Unlock()
+	b, err := in.openCached(name+"@"+strconv.FormatInt(version, 10), rec.Digest, func() (*verified, error) { return in.verifyInstalled(rec) })
+	if err != nil {
+		return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
+	}
+	return b, nil
+}
+
+// openCached is Open's cache: the bundle cached under key if it has digest
+// and the installer's runtime, else loaded from verify's contents (or the
+// contents cached with it) and cached.
+func (in *Installer) openCached(key, digest string, verify func() (*verified, error)) (*Bundle, error) {
+	in.mu.Lock()
 	rt := in.opts.Runtime
 	c, cached := in.cache[key]
 	in.mu.Unlock()
-	cached = cached && c.b.Digest == rec.Digest
+	cached = cached && c.b.Digest == digest
 	if cached && c.b.runtime == rt {
 		return c.b, nil
 	}
@@ -487,13 +510,13 @@ func (in *Installer) Open(name string, version int64) (*Bundle, error) {
 	v := c.v
 	if !cached || v == nil {
 		var err error
-		if v, err = in.verifyInstalled(rec); err != nil {
-			return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
+		if v, err = verify(); err != nil {
+			return nil, err
 		}
 	}
 	b, err := load(v, rt)
 	if err != nil {
-		return nil, fmt.Errorf("open %s v%d: %w", name, version, err)
+		return nil, err
 	}
 	// The contents are kept only for a bundle loaded before the runtime
 	// was set, which is loaded again once it is (SetRuntime); a bundle

@@ -39,8 +39,18 @@ var (
 	referenceErr   error
 )
 
+// referenceOverride, when set, is a bundle folder that stands in for the
+// embedded reference bundle. Only a binary built with the tag
+// outpost_reference_override sets it (from $OUTPOST_TEST_REFERENCE), so
+// that a test can replace the binary by one with another embedded bundle.
+var referenceOverride string
+
 func referenceContents() (contents, error) {
 	referenceOnce.Do(func() {
+		if referenceOverride != "" {
+			referenceFiles, referenceErr = readDir(referenceOverride)
+			return
+		}
 		files := contents{}
 		referenceErr = fs.WalkDir(referenceFS, referenceRoot, func(p string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() {

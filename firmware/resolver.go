@@ -12,7 +12,8 @@ import (
 // run (zero pinned ref) gets the agent from the active version of the
 // bundle that has it; a resumed or recovered run gets it from exactly the
 // version it is pinned to, whose digest must still match, whatever is
-// active now. Neither gets an agent of a bundle that needs a newer
+// active now: the installed version, or the copy kept of the embedded
+// bundle it was pinned to (KeepReference), else ErrPinnedMissing. Neither gets an agent of a bundle that needs a newer
 // appliance than this one (ErrMinVersion: the binary was rolled back after
 // the install): a new run does not start on it, a run left running is not
 // resumed (the manager's recovery fails it, with the reason), and a run
@@ -20,12 +21,9 @@ import (
 func Resolver(in *Installer) engine.Resolver {
 	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
 		if pinned.Name != "" {
-			b, err := in.Open(pinned.Name, pinned.Version)
+			b, err := in.openPinned(pinned)
 			if err != nil {
-				return nil, fmt.Errorf("pinned bundle: %w", err)
-			}
-			if b.Digest != pinned.Digest {
-				return nil, fmt.Errorf("%w: %s v%d is %s, the run is pinned to %s", ErrPinnedMismatch, pinned.Name, pinned.Version, b.Digest, pinned.Digest)
+				return nil, err
 			}
 			// The bundle's graphs may need what only the newer binary
 			// has; running them on this one is what its minimum forbids.
@@ -103,3 +101,39 @@ type unknownAgentError struct{ err error }
 
 func (e unknownAgentError) Error() string   { return e.err.Error() }
 func (e unknownAgentError) Unwrap() []error { return []error{engine.ErrUnknownAgent, e.err} }
+
+// EmbeddedResolver resolves agents from the embedded reference bundle b
+// (ReferenceWithRuntime) for the appliance whose firmware folder in keeps:
+// a run that pins b keeps a copy of it there first (KeepReference), and so
+// does a run pinned to it that is resumed, so that it goes on with b under
+// a later binary whose embedded bundle differs. A run pinned to another
+// bundle gets it from in as Resolver gives it.
+func EmbeddedResolver(in *Installer, b *Bundle) engine.Resolver {
+	embedded, installed := BundleResolver(b), Resolver(in)
+	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
+		if pinned.Name != "" && pinned != b.Ref() {
+			return installed(name, pinned)
+		}
+		a, err := embedded(name, pinned)
+		if err != nil {
+			return nil, err
+		}
+		if pinned.Name != "" {
+			if err := in.KeepReference(); err != nil {
+				return nil, err
+			}
+			return a, nil
+		}
+		keeping := *a
+		keeping.Pin = func(run *engine.Run) error {
+			if err := in.KeepReference(); err != nil {
+				return err
+			}
+			if a.Pin != nil {
+				return a.Pin(run)
+			}
+			return nil
+		}
+		return &keeping, nil
+	}
+}

@@ -27,14 +27,23 @@ import (
 	"github.com/outpost-edge/outpost/store"
 )
 
-// The binary the command-line tests run, built once per test binary into
-// binDir, which TestMain removes.
+// The binaries the command-line tests run, each built once per test binary
+// into binDir, which TestMain removes: the binary as make build builds it,
+// and (tagged) one built with the tag outpost_reference_override, whose
+// embedded bundle $OUTPOST_TEST_REFERENCE can replace.
 var (
-	binDir   string
-	binOnce  sync.Once
-	binPath  string
-	binError error
+	binDir          string
+	binDirOnce      sync.Once
+	binDirError     error
+	plain, tagged   builtBinary
+	referenceTagged = "outpost_reference_override"
 )
+
+type builtBinary struct {
+	once sync.Once
+	path string
+	err  error
+}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -50,13 +59,20 @@ func TestMain(m *testing.M) {
 // code and what it printed.
 func outpostBin(t *testing.T, dir string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
+	return outpostBinEnv(t, builtOutpost(t), nil, dir, args...)
+}
+
+// outpostBinEnv is outpostBin for the binary bin, with env added to the
+// environment.
+func outpostBinEnv(t *testing.T, bin string, env []string, dir string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
 	// A command that should have refused its command line but goes on to
 	// serve or wait ends the test instead of hanging it.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, builtOutpost(t), args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "OUTPOST_DATA=")
+	cmd.Env = append(append(os.Environ(), "OUTPOST_DATA="), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -69,25 +85,30 @@ func outpostBin(t *testing.T, dir string, args ...string) (code int, stdout, std
 }
 
 // builtOutpost is the path of the binary, built at the first call.
-func builtOutpost(t *testing.T) string {
+func builtOutpost(t *testing.T) string { return plain.build(t, "") }
+
+// builtOutpostTagged is the path of the binary built with
+// referenceTagged, built at the first call.
+func builtOutpostTagged(t *testing.T) string { return tagged.build(t, referenceTagged) }
+
+func (b *builtBinary) build(t *testing.T, tags string) string {
 	t.Helper()
-	binOnce.Do(func() {
-		if binDir, binError = os.MkdirTemp("", "outpost-bin-"); binError != nil {
-			return
-		}
+	binDirOnce.Do(func() { binDir, binDirError = os.MkdirTemp("", "outpost-bin-") })
+	require.NoError(t, binDirError)
+	b.once.Do(func() {
 		gobin, err := exec.LookPath("go")
 		if err != nil {
 			gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
 		}
-		binPath = filepath.Join(binDir, "outpost")
-		cmd := exec.Command(gobin, "build", "-o", binPath, ".")
+		b.path = filepath.Join(binDir, "outpost"+tags)
+		cmd := exec.Command(gobin, "build", "-tags", tags, "-o", b.path, ".")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			binError = errors.New(string(out))
+			b.err = errors.New(string(out))
 		}
 	})
-	require.NoError(t, binError)
-	return binPath
+	require.NoError(t, b.err)
+	return b.path
 }
 
 // A flag of run's own written after the input ("outpost run hi --data
@@ -601,7 +622,7 @@ func TestFirmwareListMakesNothing(t *testing.T) {
 	require.Equal(t, "no bundles installed: new runs use the embedded reference bundle (medication-adherence)\n", stdout)
 	code, stdout, stderr = outpostBin(t, "", "firmware", "list", "--data", data, "--json")
 	require.Equal(t, 0, code, stderr)
-	require.JSONEq(t, `{"installed": [], "log": []}`, stdout)
+	require.JSONEq(t, `{"installed": [], "kept": [], "log": []}`, stdout)
 	entries, err := os.ReadDir(data)
 	require.NoError(t, err)
 	require.Empty(t, entries, "firmware list made something in the data folder")

@@ -361,7 +361,8 @@ type loadedBundles struct {
 // bundles are installed under dir, new runs get the active bundles' agents
 // and resumed runs the exact version they are pinned to; otherwise (and for
 // runs pinned to it) the embedded reference bundle serves, and notice is
-// told so. Model nodes run with lb.rt. With benchAgent, the bench workload's
+// told so. A run pinned to the embedded bundle of an earlier binary goes
+// on with the copy kept of it in dir's firmware folder. Model nodes run with lb.rt. With benchAgent, the bench workload's
 // agent is there too (see namingAgents). What lb holds loaded already is
 // used as it is, and the rest is loaded.
 func applianceResolver(dir string, lb loadedBundles, notice func(string), benchAgent bool) (engine.Resolver, error) {
@@ -372,7 +373,6 @@ func applianceResolver(dir string, lb loadedBundles, notice func(string), benchA
 			return nil, err
 		}
 	}
-	embedded := firmware.BundleResolver(ref)
 	if in == nil {
 		if in, err = openInstaller(dir, rt); err != nil {
 			return nil, err
@@ -380,6 +380,9 @@ func applianceResolver(dir string, lb loadedBundles, notice func(string), benchA
 	} else {
 		in.SetRuntime(rt)
 	}
+	// A run that pins the embedded bundle keeps a copy of it in the
+	// firmware folder, with which it goes on under a later binary.
+	embedded := firmware.EmbeddedResolver(in, ref)
 	installed := len(in.List()) > 0
 	told := false
 	tell := func() {
@@ -446,6 +449,29 @@ func openInstaller(dir string, rt *firmware.Runtime) (*firmware.Installer, error
 	return firmware.NewInstaller(dir, keys, firmware.InstallerOptions{ApplianceVersion: version, Runtime: rt})
 }
 
+// keepWaitingPins is recoverRuns' pass over the runs waiting for a person.
+// A bundle it cannot resolve is said, and stops nothing: the other runs go
+// on. A bundle that needs a newer binary is said at the run's resume.
+func keepWaitingPins(ctx context.Context, st engine.Store, resolve engine.Resolver, stderr io.Writer) error {
+	waiting, err := st.Runs(ctx, engine.RunFilter{Status: engine.StatusInterrupted, Summary: true,
+		Damaged: func(string, error) {}}) // left out: recovery has named them
+	if err != nil {
+		return err
+	}
+	seen := map[engine.BundleRef]bool{}
+	for _, r := range waiting {
+		if r.Bundle.Name == "" || seen[r.Bundle] {
+			continue
+		}
+		seen[r.Bundle] = true
+		if _, err := resolve(r.Agent, r.Bundle); err != nil && !errors.Is(err, firmware.ErrMinVersion) {
+			fmt.Fprintf(stderr, "WARNING: run %s, and any other run pinned to %s v%d (%s), waits for a person but cannot go on: %v\n",
+				r.ID, r.Bundle.Name, r.Bundle.Version, r.Bundle.Digest, err)
+		}
+	}
+	return nil
+}
+
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -455,8 +481,18 @@ func printJSON(w io.Writer, v any) error {
 // recoverRuns resumes the runs an earlier process left running. Run
 // records that cannot be read are left out with a warning on stderr, so
 // that one damaged record does not keep the appliance from starting.
-func recoverRuns(ctx context.Context, m *engine.Manager, stderr io.Writer) (int, error) {
+//
+// Then the bundles of the runs waiting for a person are resolved, once a
+// bundle, as their resumes will resolve them (resolve): the embedded bundle
+// one waits pinned to is kept on disk (firmware.EmbeddedResolver), for a
+// run that pinned it before copies were kept too, so that the run outlives
+// the next upgrade of the binary; and a bundle that is not on disk any
+// more is said now, on stderr, not first at a resume.
+func recoverRuns(ctx context.Context, m *engine.Manager, resolve engine.Resolver, stderr io.Writer) (int, error) {
 	n, err := m.Recover(ctx)
+	if err == nil {
+		err = keepWaitingPins(ctx, m.Store(), resolve, stderr)
+	}
 	if s := m.Suspects(); s > 0 {
 		fmt.Fprintf(stderr, "crash-loop guard: %d of the runs resumed were cut short by crashes without progress at two starts in a row, or at one where one more would fail them: they run first, one at a time and alone, each until it makes progress or for --max-alone-time at most, and the other runs wait for them meanwhile (see the README)\n", s)
 	}

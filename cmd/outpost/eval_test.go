@@ -101,13 +101,13 @@ func TestEvalCommand(t *testing.T) {
 	name := embeddedAgent(t, ref)
 	require.NoError(t, os.WriteFile(file, []byte(
 		`{"name": "runs", "agent": "`+name+`", "turns": [{"input": "I forgot my metformin dose", "expect": {"final_contains": []}}]}`+"\n"+
-			`{"name": "differs", "agent": "`+name+`", "turns": [{"input": "I forgot my metformin dose", "expect": {"path": ["nowhere"]}}]}`+"\n"), 0o644))
+			`{"name": "differs", "agent": "`+name+`", "turns": [{"input": "I forgot my metformin dose", "expect": {"path": ["closing"]}}]}`+"\n"), 0o644))
 
 	code, stdout, stderr := outpost(t, "eval", file)
 	require.Equal(t, 1, code, stderr)
 	require.Contains(t, stdout, "runs")
 	require.Contains(t, stdout, "FAIL differs (")
-	require.Contains(t, stdout, "turn 1: path differs at index 0: want nowhere, got ")
+	require.Contains(t, stdout, "turn 1: path differs at index 0: want closing, got ")
 	require.Contains(t, stdout, "2 conversations: 1 passed, 1 failed")
 	require.Contains(t, stderr, "golden conversations failed: 1 of 2")
 
@@ -254,4 +254,45 @@ func TestEvalRefusesAFlagTheAgentCannotRaise(t *testing.T) {
 	require.Equal(t, 1, code, "the conversations are replayed and fail: %s", stderr)
 	require.Contains(t, stdout, "FAIL acute ")
 	require.Contains(t, stdout, "FAIL misspelt ")
+}
+
+// eval FILE refuses, before it replays anything, a golden conversation of
+// one's own that names a node its agent's graph lacks (in a path or an
+// interrupt) or a tool the bundle's registry lacks, with the message
+// firmware verify gives for the same file in a bundle: no replay of it
+// could pass.
+func TestEvalRefusesNamesTheAgentLacks(t *testing.T) {
+	conv := func(name, expect string) string {
+		return `{"name": "` + name + `", "agent": "` + firmware.ReferenceToolsAgent + `", "turns": [{"input": "please schedule a follow-up call about my refills", "expect": ` + expect + `}]}` + "\n"
+	}
+	for _, c := range []struct {
+		name, expect, says string
+	}{
+		{"path", `{"path": ["intake", "guardrail_pre", "generate_reply"]}`,
+			`conversation "path": turns.0.expect.path.2: "generate_reply" is not a node of agent "` + firmware.ReferenceToolsAgent + `"'s graph (nodes: intake, `},
+		{"interrupt", `{"status": "interrupted", "interrupt": "review"}`,
+			`conversation "interrupt": turns.0.expect.interrupt: "review" is not a node of agent "` + firmware.ReferenceToolsAgent + `"'s graph (nodes: intake, `},
+		{"tools", `{"tools": ["schedule_follow_up"]}`,
+			`conversation "tools": turns.0.expect.tools.0: "schedule_follow_up" is not a tool of the bundle's registry (tools: `},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			golden := filepath.Join(t.TempDir(), "g.jsonl")
+			require.NoError(t, os.WriteFile(golden, []byte(conv(c.name, c.expect)), 0o644))
+			code, stdout, stderr := outpostBin(t, "", "eval", golden)
+			require.Equal(t, 2, code, stderr)
+			require.Empty(t, stdout, "nothing was replayed")
+			require.Contains(t, stderr, "outpost eval: bad golden conversation: "+golden+":1:")
+			require.Contains(t, stderr, c.says)
+
+			// The same file in a bundle: verify says the same.
+			bundle := filepath.Join(t.TempDir(), "bundle")
+			require.NoError(t, firmware.Export(bundle))
+			require.NoError(t, os.WriteFile(filepath.Join(bundle, "golden", "reference.jsonl"), []byte(conv(c.name, c.expect)), 0o644))
+			require.NoError(t, firmware.Sign(bundle, filepath.Join("..", "..", "testdata", "keys", "dev.key")))
+			code, _, vstderr := outpostBin(t, "", "firmware", "verify", "--trust-dev-key", bundle)
+			require.Equal(t, 1, code, vstderr)
+			_, evalSays, _ := strings.Cut(strings.TrimSpace(stderr), golden+":")
+			require.Contains(t, vstderr, "golden/reference.jsonl:"+evalSays)
+		})
+	}
 }

@@ -39,7 +39,8 @@ Commands:
                                              the same bundle again repairs an installed copy that changed on disk
   list    [--data DIR] [--json]              installed bundles, which version is active, whether each
                                              still verifies on disk (exit 1 if one does not), and which
-                                             need a newer appliance than this binary (needs_appliance)
+                                             need a newer appliance than this binary (needs_appliance), and
+                                             the embedded bundles kept for the runs pinned to them (kept)
   activate [--data DIR] [--allow-downgrade --by NAME --reason TEXT] NAME VERSION
                                              make an installed version the one new runs use
                                              (going back below the active one is a recorded downgrade)
@@ -383,7 +384,7 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	// data folder that is read-only).
 	var in *firmware.Installer
 	var installed []firmware.Installed
-	log := []firmware.LogEntry{}
+	log, kept := []firmware.LogEntry{}, []firmware.Kept{}
 	if _, err := os.Stat(filepath.Join(*data, "firmware")); !errors.Is(err, os.ErrNotExist) {
 		if in, err = openInstaller(*data, nil); err != nil {
 			return err
@@ -392,6 +393,11 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 		if l := in.Log(); l != nil {
 			log = l
 		}
+		k, err := in.Kept()
+		if err != nil {
+			return err
+		}
+		kept = append(kept, k...)
 	}
 	// Each version is checked on disk as serve checks it before a run
 	// uses it, so that a bundle changed or damaged since its install is
@@ -425,12 +431,23 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 		failed = fmt.Errorf("%s: changed or damaged on disk since install, so no run can use it: "+
 			"install the same bundle again (outpost firmware install) to repair the copy", strings.Join(damaged, ", "))
 	}
+	var damagedKept []string
+	for _, k := range kept {
+		if k.Problem != "" {
+			damagedKept = append(damagedKept, fmt.Sprintf("%s v%d (%s)", k.Name, k.Version, k.Digest))
+		}
+	}
+	if len(damagedKept) > 0 {
+		failed = errors.Join(failed, fmt.Errorf("kept embedded bundle %s: changed or damaged on disk, so the runs pinned to it cannot go on: "+
+			"the binary that embeds it writes it again when such a run goes on under it; or install that bundle (outpost firmware export DIR "+
+			"with that binary, then outpost firmware install --trust-dev-key DIR)", strings.Join(damagedKept, ", ")))
+	}
 	if *asJSON {
-		return errors.Join(printJSON(stdout, map[string]any{"installed": list, "log": log}), failed)
+		return errors.Join(printJSON(stdout, map[string]any{"installed": list, "kept": kept, "log": log}), failed)
 	}
 	if len(list) == 0 {
 		fmt.Fprintf(stdout, "no bundles installed: new runs use the embedded reference bundle (%s)\n", firmware.ReferenceName)
-		return nil
+		return errors.Join(printKept(stdout, kept), failed)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tVERSION\tACTIVE\tKEY\tINSTALLED\tDIGEST\tON DISK")
@@ -459,7 +476,27 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "%s or later, this is %s: it cannot be activated, no new run starts on it, "+
 			"and the runs pinned to it do not go on until the outpost binary is upgraded to that version\n", n, version)
 	}
-	return failed
+	return errors.Join(printKept(stdout, kept), failed)
+}
+
+// printKept lists the copies kept of the embedded bundles that runs were
+// pinned to: no new run starts on one, but the runs pinned to it go on with
+// it under any binary.
+func printKept(stdout io.Writer, kept []firmware.Kept) error {
+	if len(kept) == 0 {
+		return nil
+	}
+	fmt.Fprintln(stdout, "\nkept for the runs pinned to them (embedded bundles of this or an earlier outpost binary):")
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tVERSION\tDIGEST\tON DISK")
+	for _, k := range kept {
+		state := "verified"
+		if k.Problem != "" {
+			state = "DAMAGED: " + k.Problem
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", k.Name, k.Version, k.Digest, state)
+	}
+	return tw.Flush()
 }
 
 func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {

@@ -458,7 +458,7 @@ func TestBenchUsage(t *testing.T) {
 	require.Contains(t, stderr, `unknown workload "nope"`)
 	code, stdout, stderr = outpost(t, "firmware", "list", "--data", t.TempDir(), "--json")
 	require.Zero(t, code, stderr)
-	require.JSONEq(t, `{"installed": [], "log": []}`, stdout, "empty lists, not null")
+	require.JSONEq(t, `{"installed": [], "kept": [], "log": []}`, stdout, "empty lists, not null")
 	typo := filepath.Join(t.TempDir(), "typo")
 	code, _, stderr = outpost(t, "firmware", "list", "--data", typo)
 	require.Equal(t, 1, code)

@@ -35,8 +35,10 @@ type session struct {
 	db   *store.DB
 	bus  *engine.Bus
 	m    *engine.Manager
-	sub  *engine.Subscription
-	done sync.WaitGroup
+	// resolve is the manager's resolver.
+	resolve engine.Resolver
+	sub     *engine.Subscription
+	done    sync.WaitGroup
 }
 
 // modelChoice is what --model, --ollama and the --ollama-* flags select.
@@ -240,7 +242,7 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	s := &session{db: db, bus: bus, stop: stop}
+	s := &session{db: db, bus: bus, stop: stop, resolve: resolve}
 	s.sub = s.bus.Subscribe(4096, nil)
 	// The manager's wall time holds for agents from outside a bundle too
 	// (the bench workload's).
@@ -344,7 +346,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if tools.set {
 		meta = map[string]string{firmware.MetaTools: tools.names}
 	}
-	if n, err := recoverRuns(ctx, s.m, stderr); err != nil {
+	if n, err := recoverRuns(ctx, s.m, s.resolve, stderr); err != nil {
 		s.close()
 		return err
 	} else if n > 0 {
@@ -556,7 +558,7 @@ take leaves it waiting.`
 }
 
 func resumeOne(ctx context.Context, s *session, runID, interrupt string, d engine.Decision, stderr io.Writer) (*engine.Run, error) {
-	if _, err := recoverRuns(ctx, s.m, stderr); err != nil {
+	if _, err := recoverRuns(ctx, s.m, s.resolve, stderr); err != nil {
 		return nil, err
 	}
 	run, err := s.db.Run(ctx, runID)

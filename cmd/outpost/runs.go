@@ -492,12 +492,13 @@ func runsFork(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer db.Close()
-	return forkThread(ctx, db, pos[0], *checkpoint, *asJSON, dataHint(fs.FlagSet), stdout)
+	return forkThread(ctx, *data, db, pos[0], *checkpoint, *asJSON, dataHint(fs.FlagSet), stdout)
 }
 
-// forkThread forks thread th at checkpoint; dataHint (" --data DIR" or "")
-// goes into the command it suggests.
-func forkThread(ctx context.Context, db *store.DB, th, checkpoint string, asJSON bool, dataHint string, stdout io.Writer) error {
+// forkThread forks thread th of the store db of the data folder dir at
+// checkpoint; dataHint (" --data DIR" or "") goes into the command it
+// suggests.
+func forkThread(ctx context.Context, dir string, db *store.DB, th, checkpoint string, asJSON bool, dataHint string, stdout io.Writer) error {
 	runs, err := db.Runs(ctx, engine.RunFilter{Thread: th, Summary: true})
 	if err != nil {
 		return err
@@ -505,11 +506,24 @@ func forkThread(ctx context.Context, db *store.DB, th, checkpoint string, asJSON
 	if len(runs) == 0 {
 		return fmt.Errorf("thread %q has no runs", th)
 	}
-	resolve, err := resolver()
+	// The graph of the bundle the thread's last run is pinned to: an
+	// installed one, or the embedded one of this or an earlier binary.
+	resolve, err := applianceResolver(dir, loadedBundles{}, nil, true)
 	if err != nil {
 		return err
 	}
 	last := runs[len(runs)-1]
+	// A fork moves the thread's head from under a run not yet ended: a
+	// run waiting for a person would go on from the fork, not from where
+	// it paused, and its decision would be asked again. The HTTP API
+	// refuses it too.
+	if !last.Status.Terminal() {
+		todo := "let it finish or cancel it"
+		if last.Status == engine.StatusInterrupted {
+			todo = "finish it (outpost resume) or cancel it"
+		}
+		return fmt.Errorf("run %s on the thread is %s: %s before forking", last.ID, last.Status, todo)
+	}
 	ag, err := resolve(last.Agent, last.Bundle)
 	if err != nil {
 		return err

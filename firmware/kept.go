@@ -1,0 +1,165 @@
+package firmware
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/outpost-edge/outpost/engine"
+)
+
+// keptDir is the folder, in the firmware folder, where an appliance keeps
+// a copy of each embedded bundle that a run was pinned to:
+// DATA/firmware/.embedded/NAME/VERSION-SHA256/. The embedded bundle
+// changes with the binary (a re-signed one keeps its version and changes
+// its digest), and a run waiting for a person must go on with the bundle
+// it started on after the binary is replaced. No bundle name begins with
+// a dot, so no installed bundle has this folder.
+const keptDir = ".embedded"
+
+var digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+
+// keptPath is where the copy pinned by ref is kept, or "" for a reference
+// that no kept copy can have (it names no path under keptDir).
+func (in *Installer) keptPath(ref engine.BundleRef) string {
+	if !bundleNameRE.MatchString(ref.Name) || ref.Version < 0 || !digestRE.MatchString(ref.Digest) {
+		return ""
+	}
+	return filepath.Join(in.dir, keptDir, ref.Name, strconv.FormatInt(ref.Version, 10)+"-"+strings.TrimPrefix(ref.Digest, "sha256:"))
+}
+
+// KeepReference keeps a copy of the embedded reference bundle's signed
+// files in the firmware folder, for the runs pinned to it: they go on with
+// it under a later binary whose embedded bundle differs (Resolver finds the
+// copy). A copy already there that verifies is left as it is, one that
+// does not is written again, and a process checks it once.
+func (in *Installer) KeepReference() error {
+	v, err := referenceVerified()
+	if err != nil {
+		return fmt.Errorf("keep the embedded bundle: reference bundle: %w", err)
+	}
+	ref := engine.BundleRef{Name: v.manifest.Name, Version: v.manifest.Version, Digest: v.digest}
+	in.keepMu.Lock()
+	defer in.keepMu.Unlock()
+	if in.kept[ref] {
+		return nil
+	}
+	if _, err := in.verifyKept(ref); err != nil {
+		if err := writeTree(in.keptPath(ref), v.files); err != nil {
+			return fmt.Errorf("keep the embedded bundle %s v%d (%s) in %s for the runs pinned to it: %w",
+				ref.Name, ref.Version, ref.Digest, filepath.Join(in.dir, keptDir), err)
+		}
+	}
+	in.kept[ref] = true
+	return nil
+}
+
+// Kept describes one kept copy of an embedded bundle (KeepReference):
+// the reference of the runs pinned to it, and whether it verifies.
+type Kept struct {
+	engine.BundleRef
+	// Problem says why the copy no longer verifies; empty when it does.
+	Problem string `json:"problem,omitempty"`
+}
+
+// Kept lists the kept copies of embedded bundles, by name, version and
+// digest, each checked on disk as a run pinned to it would check it.
+func (in *Installer) Kept() ([]Kept, error) {
+	root := filepath.Join(in.dir, keptDir)
+	names, err := os.ReadDir(root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kept bundles: %w", err)
+	}
+	var list []Kept
+	for _, n := range names {
+		copies, err := os.ReadDir(filepath.Join(root, n.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("kept bundles: %w", err)
+		}
+		for _, c := range copies {
+			ver, hex, ok := strings.Cut(c.Name(), "-")
+			version, err := strconv.ParseInt(ver, 10, 64)
+			if !ok || err != nil || strings.HasPrefix(c.Name(), ".") {
+				continue // not a copy: a write cut short leaves .install-*
+			}
+			k := Kept{BundleRef: engine.BundleRef{Name: n.Name(), Version: version, Digest: "sha256:" + hex}}
+			if _, err := in.verifyKept(k.BundleRef); err != nil {
+				k.Problem = err.Error()
+			}
+			list = append(list, k)
+		}
+	}
+	sort.Slice(list, func(a, b int) bool {
+		x, y := list[a], list[b]
+		return x.Name < y.Name || x.Name == y.Name && (x.Version < y.Version || x.Version == y.Version && x.Digest < y.Digest)
+	})
+	return list, nil
+}
+
+// verifyKept reads the copy kept for ref and verifies it as an installed
+// bundle is verified: its signature (by the development key the embedded
+// bundles are signed with, or a key the appliance trusts), every file's
+// sha256, and that it is the bundle ref names. A copy that is not there is
+// an error wrapping fs.ErrNotExist.
+func (in *Installer) verifyKept(ref engine.BundleRef) (*verified, error) {
+	dir := in.keptPath(ref)
+	if dir == "" {
+		return nil, fmt.Errorf("%s v%d (%s): %w", ref.Name, ref.Version, ref.Digest, fs.ErrNotExist)
+	}
+	files, err := readDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := DevKeyring()
+	if err != nil {
+		return nil, err
+	}
+	if in.keys != nil {
+		for _, id := range in.keys.IDs() {
+			if pub, ok := in.keys.Key(id); ok {
+				keys.Add(pub)
+			}
+		}
+	}
+	v, err := verifyContents(files, keys)
+	if err != nil {
+		return nil, fmt.Errorf("kept copy %s: %w", dir, err)
+	}
+	if v.digest != ref.Digest || v.manifest.Name != ref.Name || v.manifest.Version != ref.Version {
+		return nil, fmt.Errorf("%w: kept copy %s is %s v%d (%s)", ErrPinnedMismatch, dir, v.manifest.Name, v.manifest.Version, v.digest)
+	}
+	return v, nil
+}
+
+// openPinned opens the bundle a run is pinned to: the installed version
+// of that digest, or else the kept copy of the embedded bundle it is.
+func (in *Installer) openPinned(p engine.BundleRef) (*Bundle, error) {
+	b, err := in.Open(p.Name, p.Version)
+	if err == nil && b.Digest == p.Digest {
+		return b, nil
+	}
+	kept, kerr := in.openCached(".embedded@"+p.Digest, p.Digest, func() (*verified, error) { return in.verifyKept(p) })
+	switch {
+	case kerr == nil:
+		return kept, nil
+	case !errors.Is(kerr, fs.ErrNotExist):
+		return nil, fmt.Errorf("pinned bundle %s v%d: %w", p.Name, p.Version, kerr)
+	case err == nil:
+		return nil, fmt.Errorf("%w: %s v%d is %s, the run is pinned to %s", ErrPinnedMismatch, p.Name, p.Version, b.Digest, p.Digest)
+	case !errors.Is(err, ErrNotInstalled):
+		return nil, fmt.Errorf("pinned bundle: %w", err)
+	}
+	return nil, fmt.Errorf("%w: the run is pinned to %s v%d (%s), which is neither installed in %s nor kept there as an embedded bundle: "+
+		"install that bundle, the same version and digest, with outpost firmware install (for a bundle embedded in an earlier outpost binary: "+
+		"outpost firmware export DIR with that binary, then outpost firmware install --trust-dev-key DIR), or go on with the run under the binary it started under",
+		ErrPinnedMissing, p.Name, p.Version, p.Digest, in.dir)
+}

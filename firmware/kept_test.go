@@ -1,0 +1,98 @@
+package firmware_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
+)
+
+// A run pinned to the embedded bundle resolves from the copy kept of it
+// when the embedded bundle is not that one any more (EmbeddedResolver with
+// another bundle as the embedded one stands for a later binary). A kept
+// copy that changed on disk is refused as an installed one is, and kept
+// again whole; a pin that names no copy is refused as missing, also one
+// whose digest would name a path out of the folder.
+func TestKeptEmbeddedBundleServesItsRuns(t *testing.T) {
+	data := t.TempDir()
+	in := newInstaller(t, data)
+	ref, err := firmware.Reference()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := ref.Ref()
+	resolve := firmware.EmbeddedResolver(in, ref)
+	ag, err := resolve(firmware.ReferenceAgent, engine.BundleRef{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyDir := filepath.Join(data, "firmware", ".embedded", pinned.Name, "1-"+strings.TrimPrefix(pinned.Digest, "sha256:"))
+	if _, err := os.Stat(copyDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("kept before a run pinned it: %v", err)
+	}
+	if err := ag.Pin(&engine.Run{Meta: map[string]string{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(copyDir, "manifest.json")); err != nil {
+		t.Fatalf("not kept once a run pinned it: %v", err)
+	}
+
+	// A later binary: another embedded bundle, a new installer.
+	later := firmware.EmbeddedResolver(newInstaller(t, data), loadPatterns(t))
+	a, err := later(firmware.ReferenceAgent, pinned)
+	if err != nil || a.Bundle != pinned {
+		t.Fatalf("pinned run under a later binary: %+v, %v", a, err)
+	}
+	kept, err := newInstaller(t, data).Kept()
+	if err != nil || len(kept) != 1 || kept[0].BundleRef != pinned || kept[0].Problem != "" {
+		t.Fatalf("kept %+v, %v", kept, err)
+	}
+
+	kb := filepath.Join(copyDir, "kb", "kb-01.md")
+	if err := os.WriteFile(kb, []byte("changed"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	later = firmware.EmbeddedResolver(newInstaller(t, data), loadPatterns(t))
+	if _, err := later(firmware.ReferenceAgent, pinned); !errors.Is(err, firmware.ErrHashMismatch) || !strings.Contains(err.Error(), "kb/kb-01.md") {
+		t.Fatalf("changed kept copy: %v", err)
+	}
+	if kept, _ := newInstaller(t, data).Kept(); len(kept) != 1 || !strings.Contains(kept[0].Problem, "kb/kb-01.md") {
+		t.Fatalf("changed kept copy listed as %+v", kept)
+	}
+	if err := newInstaller(t, data).KeepReference(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := later(firmware.ReferenceAgent, pinned); err != nil {
+		t.Fatalf("kept again: %v", err)
+	}
+
+	for _, digest := range []string{"sha256:" + strings.Repeat("0", 64), "sha256:../../../x", ""} {
+		gone := pinned
+		gone.Digest = digest
+		if _, err := later(firmware.ReferenceAgent, gone); !errors.Is(err, firmware.ErrPinnedMissing) || !errors.Is(err, firmware.ErrPinnedMismatch) {
+			t.Fatalf("pinned to %q: %v", digest, err)
+		}
+	}
+}
+
+// A data folder whose firmware folder holds only kept copies, with no
+// index (nothing was ever installed), opens as one with nothing
+// installed: the copies are not taken for installed bundles whose index
+// was lost.
+func TestKeptCopiesAreNotInstalledBundles(t *testing.T) {
+	data := t.TempDir()
+	if err := newInstaller(t, data).KeepReference(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(data, "firmware", "index.json")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("index: %v", err)
+	}
+	in := newInstaller(t, data)
+	if l := in.List(); len(l) != 0 {
+		t.Fatalf("installed %+v", l)
+	}
+}
