@@ -272,6 +272,26 @@ func storeExists(dir string) error {
 	return fmt.Errorf("no store in %s: %w", dir, err)
 }
 
+// dataFolderExists refuses a data folder dir that is not there, or is a
+// file, for a command that reads more of the folder than its store, as
+// storeExists refuses a folder without one; whose says whose folder it is
+// and how it is given ("that serve uses, with --data DIR ...").
+func dataFolderExists(dir, whose string) error {
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("no data folder %s: there is no folder %s: give the data folder %s", dir, dir, whose)
+	case err != nil:
+		return fmt.Errorf("no data folder %s: %w", dir, err)
+	case !fi.IsDir():
+		return fmt.Errorf("no data folder %s: it is a file: give the data folder %s", dir, whose)
+	}
+	return nil
+}
+
+// servesFolder is how serve's data folder is given, for dataFolderExists.
+const servesFolder = "that serve uses, with --data DIR or $OUTPOST_DATA (./outpost-data unless told)"
+
 // dataHint is " --data DIR" for a command line printed as a hint, when the
 // data folder was chosen (by --data or $OUTPOST_DATA), so that the hint
 // works when pasted elsewhere; "" for the default folder.
@@ -435,6 +455,17 @@ func trustedKeys(dataDir string, extra ...string) (*firmware.Keyring, error) {
 		}
 	}
 	return firmware.LoadKeyring(paths...)
+}
+
+// openInstalled opens the firmware installer of dir to read what is
+// installed there, or returns nil when dir has no firmware folder, where
+// nothing was ever installed: opening the installer makes the folder,
+// which a command that installs nothing must not do.
+func openInstalled(dir string) (*firmware.Installer, error) {
+	if _, err := os.Stat(filepath.Join(dir, "firmware")); errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return openInstaller(dir, nil)
 }
 
 // openInstaller opens the firmware installer of dir.

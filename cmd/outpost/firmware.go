@@ -375,19 +375,16 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	}
 	// A listing makes nothing: a mistyped --data is named, not given an
 	// empty firmware folder.
-	if fi, err := os.Stat(*data); err != nil || !fi.IsDir() {
-		return fmt.Errorf("no data folder %s", *data)
+	if err := dataFolderExists(*data, servesFolder); err != nil {
+		return err
 	}
-	// With no firmware folder nothing was ever installed here, and the
-	// installer is not opened: it would make the folder (or fail to, in a
-	// data folder that is read-only).
-	var in *firmware.Installer
 	var installed []firmware.Installed
 	log := []firmware.LogEntry{}
-	if _, err := os.Stat(filepath.Join(*data, "firmware")); !errors.Is(err, os.ErrNotExist) {
-		if in, err = openInstaller(*data, nil); err != nil {
-			return err
-		}
+	in, err := openInstalled(*data)
+	if err != nil {
+		return err
+	}
+	if in != nil {
 		installed = in.List()
 		if l := in.Log(); l != nil {
 			log = l
