@@ -479,14 +479,22 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err != nil || v <= 0 {
 		return badUsage("version %q is not a positive integer", fs.Arg(1))
 	}
+	if err := dataFolderExists(*data, servesFolder); err != nil {
+		return err
+	}
 	release, err := holdDataFolder(*data, "activate")
 	if err != nil {
 		return err
 	}
 	defer release()
-	in, err := openInstaller(*data, nil)
+	// Activation installs nothing: where nothing is installed it is
+	// refused without making a firmware folder.
+	in, err := openInstalled(*data)
 	if err != nil {
 		return err
+	}
+	if in == nil {
+		return explain(fmt.Errorf("activate %s v%d: %w: nothing is installed in %s", fs.Arg(0), v, firmware.ErrNotInstalled, *data))
 	}
 	if _, err := in.Open(fs.Arg(0), v); err != nil {
 		return explain(err)

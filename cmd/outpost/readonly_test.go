@@ -90,3 +90,24 @@ func TestReadOnlyCommandsMakeNothing(t *testing.T) {
 		require.NoDirExists(t, missing, args)
 	}
 }
+
+// firmware activate where nothing is installed is refused, and makes no
+// firmware folder; on a data folder that is not there it makes none.
+func TestActivateWithNothingInstalledMakesNothing(t *testing.T) {
+	app := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", app, "--thread", "t", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	require.NoError(t, os.RemoveAll(filepath.Join(app, "firmware")))
+	was := folderTree(t, app)
+	code, _, stderr = outpostBin(t, "", "firmware", "activate", "--data", app, "medication-adherence", "1")
+	require.Equal(t, 1, code, stderr)
+	require.Equal(t, was, folderTree(t, app), "the refused activation changed the data folder")
+	require.Contains(t, stderr, "nothing is installed in "+app)
+	require.Contains(t, stderr, "see what is installed with outpost firmware list")
+
+	missing := filepath.Join(t.TempDir(), "typo")
+	code, _, stderr = outpostBin(t, "", "firmware", "activate", "--data", missing, "medication-adherence", "1")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "there is no folder "+missing)
+	require.NoDirExists(t, missing)
+}
