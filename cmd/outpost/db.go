@@ -34,7 +34,7 @@ const dbUsage = `Usage: outpost db <check|backup|compact|prune|salvage> [flags]
   backup FILE        write a consistent copy of the store to FILE, then check the copy (works while
                      serve runs); a copy that does not check clean is removed
   compact            rewrite the store without free pages, in the current page size (stop serve
-                     first); interrupted, it leaves the store as it was
+                     first); interrupted or failing (a full disk), it leaves the store as it was
   prune --older-than D
                      drop the intermediate checkpoints of finished threads idle for D (720h, 30d,
                      1d12h; 0s takes every idle thread), then collect the blobs nothing names (a
