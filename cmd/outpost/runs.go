@@ -108,6 +108,9 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	if _, err := fs.args(); err != nil {
 		return err
 	}
+	if *status == "stopped" {
+		return badUsage("--status stopped: a run shown as stopped had started, and --status running lists it (stopped is no status of its own)")
+	}
 	if *status != "" && !engine.RunStatus(*status).Valid() {
 		return badUsage("--status %q: want one of %s", *status, statusNames())
 	}

@@ -92,4 +92,10 @@ func TestRunsListStatusFilterAgreesWithStopped(t *testing.T) {
 	code, stdout, stderr := outpostBin(t, "", "runs", "list", "--data", data, "--status", "running")
 	require.Equal(t, 0, code, stderr)
 	require.Regexp(t, id+` +cut +\S+ +stopped `, stdout)
+
+	// The word the STATUS column shows, given to --status, says where
+	// such runs are listed.
+	code, _, stderr = outpostBin(t, "", "runs", "list", "--data", data, "--status", "stopped")
+	require.Equal(t, 2, code, stderr)
+	require.Contains(t, stderr, "--status stopped: a run shown as stopped had started, and --status running lists it")
 }
