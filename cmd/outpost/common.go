@@ -394,13 +394,13 @@ func applianceResolver(dir string, lb loadedBundles, notice func(string), benchA
 	}
 	embedded := firmware.BundleResolver(ref)
 	if in == nil {
-		if in, err = openInstaller(dir, rt); err != nil {
+		if in, err = openInstalled(dir, rt); err != nil {
 			return nil, err
 		}
 	} else {
 		in.SetRuntime(rt)
 	}
-	installed := len(in.List()) > 0
+	installed := in != nil && len(in.List()) > 0
 	told := false
 	tell := func() {
 		if !told && notice != nil {
@@ -461,11 +461,11 @@ func trustedKeys(dataDir string, extra ...string) (*firmware.Keyring, error) {
 // installed there, or returns nil when dir has no firmware folder, where
 // nothing was ever installed: opening the installer makes the folder,
 // which a command that installs nothing must not do.
-func openInstalled(dir string) (*firmware.Installer, error) {
+func openInstalled(dir string, rt *firmware.Runtime) (*firmware.Installer, error) {
 	if _, err := os.Stat(filepath.Join(dir, "firmware")); errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
-	return openInstaller(dir, nil)
+	return openInstaller(dir, rt)
 }
 
 // openInstaller opens the firmware installer of dir.

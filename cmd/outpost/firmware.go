@@ -380,7 +380,7 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	}
 	var installed []firmware.Installed
 	log := []firmware.LogEntry{}
-	in, err := openInstalled(*data)
+	in, err := openInstalled(*data, nil)
 	if err != nil {
 		return err
 	}
@@ -489,7 +489,7 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	defer release()
 	// Activation installs nothing: where nothing is installed it is
 	// refused without making a firmware folder.
-	in, err := openInstalled(*data)
+	in, err := openInstalled(*data, nil)
 	if err != nil {
 		return err
 	}

@@ -111,3 +111,20 @@ func TestActivateWithNothingInstalledMakesNothing(t *testing.T) {
 	require.Contains(t, stderr, "there is no folder "+missing)
 	require.NoDirExists(t, missing)
 }
+
+// run, which installs nothing, makes no firmware folder beside the store
+// it makes, and runs replay, an audit, makes nothing either.
+func TestRunAndReplayMakeNoFirmwareFolder(t *testing.T) {
+	app := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", app, "--thread", "t", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	require.NoDirExists(t, filepath.Join(app, "firmware"), "run made a firmware folder")
+	code, out, stderr := outpostBin(t, "", "runs", "list", "--data", app, "--json")
+	require.Zero(t, code, stderr)
+	var list struct{ Runs []struct{ ID string } }
+	require.NoError(t, json.Unmarshal([]byte(out), &list), out)
+	require.Len(t, list.Runs, 1)
+	code, out, stderr = outpostBin(t, "", "runs", "replay", "--data", app, list.Runs[0].ID)
+	require.Zero(t, code, "%s%s", out, stderr)
+	require.NoDirExists(t, filepath.Join(app, "firmware"), "replay made a firmware folder")
+}

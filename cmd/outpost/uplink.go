@@ -168,7 +168,7 @@ func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout tim
 	// The redaction policy of an outcome is its bundle's: installed
 	// bundles that cannot be read are said, not passed over, since an
 	// outcome leaves once.
-	in, err := openInstalled(dir)
+	in, err := openInstalled(dir, nil)
 	if err != nil {
 		return explain(err)
 	}
