@@ -16,10 +16,10 @@ import (
 	"github.com/outpost-edge/outpost/store"
 )
 
-// db compact on a folder too full for the compacted copy refuses before
-// it opens the store for writing: the store file is byte for byte as it
-// was, and nothing is left beside it (no empty copy, no lock file). The
-// full folder is a tmpfs just larger than the store.
+// db compact on a folder too full for even the start of the compacted
+// copy fails with the store file byte for byte as it was, and nothing left
+// beside it (no empty copy, no lock file). The full folder is a tmpfs just
+// larger than the store.
 func TestCompactOnAFullFolderChangesNothing(t *testing.T) {
 	data := storeWithRun(t)
 	was, err := os.ReadFile(filepath.Join(data, store.FileName))
