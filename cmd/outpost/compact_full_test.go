@@ -109,8 +109,13 @@ func TestCompactLeftoversAreNamedAndRemoved(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
 	require.ElementsMatch(t, leftovers, rep.Leftovers)
 
-	code, _, stderr = outpostBin(t, "", "db", "compact", "--data", data)
+	code, stdout, stderr = outpostBin(t, "", "db", "compact", "--data", data, "--json")
 	require.Zero(t, code, stderr)
+	var compacted struct {
+		Removed []string `json:"leftovers_removed"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &compacted), stdout)
+	require.ElementsMatch(t, leftovers, compacted.Removed)
 	for _, name := range leftovers {
 		require.Contains(t, stderr, "removed "+filepath.Join(data, name))
 		_, err := os.Stat(filepath.Join(data, name))

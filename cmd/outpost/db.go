@@ -597,7 +597,11 @@ func dbCompact(ctx context.Context, dir string, asJSON bool, stdout, stderr io.W
 		return explainDenied(dir, err)
 	}
 	if asJSON {
-		return printJSON(stdout, map[string]int64{"bytes_before": c.Before, "bytes_after": c.After})
+		out := map[string]any{"bytes_before": c.Before, "bytes_after": c.After}
+		if len(c.Removed) > 0 {
+			out["leftovers_removed"] = c.Removed
+		}
+		return printJSON(stdout, out)
 	}
 	fmt.Fprintf(stdout, "compacted %s: %.2f MB -> %.2f MB\n", dir, float64(c.Before)/1e6, float64(c.After)/1e6)
 	return nil
