@@ -96,3 +96,30 @@ func TestKeptCopiesAreNotInstalledBundles(t *testing.T) {
 		t.Fatalf("installed %+v", l)
 	}
 }
+
+// Without a firmware folder (a command that starts no run passes no
+// installer), the embedded bundle serves the runs pinned to it and keeps
+// nothing, and a run pinned to another bundle is refused as missing.
+func TestEmbeddedResolverWithoutAFirmwareFolder(t *testing.T) {
+	ref, err := firmware.Reference()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolve := firmware.EmbeddedResolver(nil, ref)
+	a, err := resolve(firmware.ReferenceAgent, ref.Ref())
+	if err != nil || a.Bundle != ref.Ref() {
+		t.Fatalf("run pinned to the embedded bundle: %+v, %v", a, err)
+	}
+	if a, err = resolve(firmware.ReferenceAgent, engine.BundleRef{}); err != nil {
+		t.Fatalf("new run: %v", err)
+	}
+	if a.Pin != nil {
+		if err := a.Pin(&engine.Run{Meta: map[string]string{}}); err != nil {
+			t.Fatalf("pin with nowhere to keep: %v", err)
+		}
+	}
+	other := loadPatterns(t).Ref()
+	if _, err := resolve(firmware.ReferenceAgent, other); !errors.Is(err, firmware.ErrPinnedMissing) || !strings.Contains(err.Error(), other.Digest) {
+		t.Fatalf("run pinned to a bundle neither embedded nor kept: %v", err)
+	}
+}

@@ -107,9 +107,22 @@ func (e unknownAgentError) Unwrap() []error { return []error{engine.ErrUnknownAg
 // a run that pins b keeps a copy of it there first (KeepReference), and so
 // does a run pinned to it that is resumed, so that it goes on with b under
 // a later binary whose embedded bundle differs. A run pinned to another
-// bundle gets it from in as Resolver gives it.
+// bundle gets it from in as Resolver gives it. A nil in (a data folder
+// with no firmware folder, opened by a command that starts no run) keeps
+// nothing and has nothing installed or kept: such a run gets
+// ErrPinnedMissing.
 func EmbeddedResolver(in *Installer, b *Bundle) engine.Resolver {
-	embedded, installed := BundleResolver(b), Resolver(in)
+	embedded := BundleResolver(b)
+	if in == nil {
+		return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
+			if pinned.Name != "" && pinned != b.Ref() {
+				return nil, fmt.Errorf("%w: the run is pinned to %s v%d (%s), which this binary does not embed, and this data folder has no firmware folder, so nothing is installed or kept there",
+					ErrPinnedMissing, pinned.Name, pinned.Version, pinned.Digest)
+			}
+			return embedded(name, pinned)
+		}
+	}
+	installed := Resolver(in)
 	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
 		if pinned.Name != "" && pinned != b.Ref() {
 			return installed(name, pinned)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 
 	"github.com/outpost-edge/outpost/internal/fsync"
 	"go.etcd.io/bbolt"
@@ -302,31 +303,52 @@ func copyInto(ctx context.Context, out *bbolt.DB, src *bbolt.Tx, maxBytes int) e
 	return tx.Commit()
 }
 
-// CompactFile compacts the store at path in place. It opens the store
-// itself, so it fails with ErrInUse while another process holds it.
-// Opening a store for writing commits (see DB.init), so a folder where
-// the copy cannot even be begun (not writable, full) is found first, and
-// the compaction refused with the store as it was.
-func CompactFile(ctx context.Context, path string, opts Options) (before, after int64, err error) {
+// Compaction is what CompactFile did.
+type Compaction struct {
+	// Before and After are the store file's sizes in bytes.
+	Before, After int64
+	// Removed names the leftovers of work that stopped midway (Leftovers)
+	// that the compaction removed before it began.
+	Removed []string
+}
+
+// CompactFile compacts the store at path in place. It takes the store's
+// lock, as a writer does, so it fails with ErrInUse while another process
+// holds the store. It reads the store read-only: opening a store for
+// writing commits (see DB.init), and a compaction that then failed (a disk
+// that fills partway through the copy, an interrupt) would leave the file
+// changed. The copy is written beside the store and renamed into its
+// place; until then the store is byte for byte as it was. Leftovers of
+// earlier work that stopped midway are removed first, under the lock.
+func CompactFile(ctx context.Context, path string, opts Options) (c Compaction, err error) {
 	if _, err := os.Stat(path); err != nil {
-		return 0, 0, fmt.Errorf("compact store: %w", err)
+		return c, fmt.Errorf("compact store: %w", err)
 	}
-	if err := probeNewStore(filepath.Dir(path), opts); err != nil {
-		return 0, 0, fmt.Errorf("compact store %s: a new store file cannot be made beside it, where the compacted copy is written: %w; "+
-			"nothing was changed: make room in %s (the copy takes up to the store's size) or make it writable, and try again",
-			path, err, filepath.Dir(path))
-	}
-	d, err := Open(path, opts)
+	dir := filepath.Dir(path)
+	release, err := LockDir(dir, opts.Timeout)
 	if err != nil {
-		return 0, 0, err
+		return c, fmt.Errorf("compact store %s: %w", path, err)
 	}
-	if before, err = d.Size(); err != nil {
-		return 0, 0, errors.Join(err, d.Close())
+	defer func() { err = errors.Join(err, release()) }()
+	if c.Removed, err = removeLeftovers(dir); err != nil {
+		return c, fmt.Errorf("compact store %s: remove what earlier work left: %w", path, err)
 	}
-	tmp := path + ".compact"
-	_ = os.Remove(tmp) // a leftover of an interrupted compaction
+	ro := opts
+	ro.ReadOnly, ro.locked = true, true
+	d, err := Open(path, ro)
+	if err != nil {
+		return c, err
+	}
+	if c.Before, err = d.Size(); err != nil {
+		return c, errors.Join(err, d.Close())
+	}
+	tmp := path + compactSuffix
 	if err := d.Compact(ctx, tmp); err != nil {
-		return before, 0, errors.Join(err, d.Close())
+		err = fmt.Errorf("%w; nothing was changed", err)
+		if errors.Is(err, syscall.ENOSPC) {
+			err = fmt.Errorf("%w: the copy is written beside the store and takes up to its size: make room in %s, and try again", err, dir)
+		}
+		return c, errors.Join(err, d.Close())
 	}
 	if fp := failpoint.compactCopied; fp != nil {
 		fp()
@@ -335,38 +357,71 @@ func CompactFile(ctx context.Context, path string, opts Options) (before, after 
 	// held, so an Open waiting for it opens the copy. Rename is atomic: a
 	// crash leaves one whole file or the other.
 	if err := os.Rename(tmp, path); err != nil {
-		return before, 0, errors.Join(fmt.Errorf("compact store %s: %w", path, err), os.Remove(tmp), d.Close())
+		return c, errors.Join(fmt.Errorf("compact store %s: %w", path, err), os.Remove(tmp), d.Close())
 	}
-	err = fsync.Dir(filepath.Dir(path))
+	err = fsync.Dir(dir)
 	if cerr := d.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return before, 0, fmt.Errorf("compact store %s: %w", path, err)
+		return c, fmt.Errorf("compact store %s: %w", path, err)
 	}
 	fi, err := os.Stat(path)
 	if err != nil {
-		return before, 0, fmt.Errorf("compact store %s: %w", path, err)
+		return c, fmt.Errorf("compact store %s: %w", path, err)
 	}
-	return before, fi.Size(), nil
+	c.After = fi.Size()
+	return c, nil
 }
 
-// probeNewStore makes an empty store file in dir, under a name of its own,
-// and removes it: what a compaction's copy begins with.
-func probeNewStore(dir string, opts Options) error {
-	f, err := os.CreateTemp(dir, FileName+".probe-*")
+// compactSuffix ends the name of a compaction's copy, beside the store.
+const compactSuffix = ".compact"
+
+// leftoverPatterns match the names of the files that work beside the store
+// makes under a name of its own, and leaves behind when it stops midway (a
+// crash, a kill): a compaction's copy, and the probe file that earlier
+// versions made, before they took the store's lock, to see that the copy
+// could be begun.
+var leftoverPatterns = []string{FileName + compactSuffix, FileName + ".probe-*"}
+
+// Leftovers names the files in the data folder dir that work beside the
+// store left when it stopped midway (leftoverPatterns). Each is of no use:
+// db check names them, and the next compaction removes them.
+func Leftovers(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("list data folder %s: %w", dir, err)
 	}
-	name := f.Name()
-	if err := f.Close(); err != nil {
-		return errors.Join(err, os.Remove(name))
+	var names []string
+	for _, e := range entries {
+		for _, p := range leftoverPatterns {
+			if ok, _ := filepath.Match(p, e.Name()); ok && e.Type().IsRegular() {
+				names = append(names, e.Name())
+				break
+			}
+		}
 	}
-	b, err := openBolt(name, Options{Timeout: opts.Timeout, PageSize: opts.PageSize})
-	if err == nil {
-		err = b.Close()
+	return names, nil
+}
+
+// removeLeftovers removes the Leftovers of dir, and names them. The caller
+// holds the store's lock, so none of them is in use.
+func removeLeftovers(dir string) ([]string, error) {
+	names, err := Leftovers(dir)
+	if err != nil {
+		return nil, err
 	}
-	return errors.Join(err, os.Remove(name))
+	for i, name := range names {
+		if err := removeIfExists(filepath.Join(dir, name)); err != nil {
+			return names[:i], err
+		}
+	}
+	if len(names) > 0 {
+		if err := fsync.Dir(dir); err != nil {
+			return names, err
+		}
+	}
+	return names, nil
 }
 
 // writeNewFile writes a file through a temporary name, fsyncs it and

@@ -116,9 +116,9 @@ func TestCompact(t *testing.T) {
 	require.NoError(t, c.Close())
 	require.NoError(t, d.Close())
 
-	before, after, err := CompactFile(bg, path, Options{})
+	done, err := CompactFile(bg, path, Options{})
 	require.NoError(t, err)
-	assert.LessOrEqual(t, after, before)
+	assert.LessOrEqual(t, done.After, done.Before)
 	d, err = Open(path, Options{})
 	require.NoError(t, err)
 	defer d.Close()
@@ -151,7 +151,8 @@ func TestCompactReportsProgressAndStops(t *testing.T) {
 	require.NoError(t, err)
 
 	var seen []int
-	before, after, err := CompactFile(WithProgress(bg, func(n int) { seen = append(seen, n) }), path, Options{})
+	c, err := CompactFile(WithProgress(bg, func(n int) { seen = append(seen, n) }), path, Options{})
+	before, after := c.Before, c.After
 	require.NoError(t, err)
 	assert.Less(t, after, before)
 	require.NotEmpty(t, seen)
@@ -183,7 +184,7 @@ func TestCompactReportsProgressAndStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(bg)
 	defer cancel()
 	calls := 0
-	_, _, err = CompactFile(WithProgress(ctx, func(int) {
+	_, err = CompactFile(WithProgress(ctx, func(int) {
 		if calls++; calls == 2 {
 			cancel()
 		}
@@ -224,7 +225,7 @@ func TestOpenWaitingOnACompactionGetsTheCopy(t *testing.T) {
 			time.Sleep(300 * time.Millisecond)
 		}
 	})
-	_, _, err = CompactFile(bg, path, Options{})
+	_, err = CompactFile(bg, path, Options{})
 	require.NoError(t, err)
 	w := <-waiter
 	require.NoError(t, w.err)
@@ -299,7 +300,7 @@ func TestCheckCountsSpace(t *testing.T) {
 	assert.Greater(t, before.FreeBytes, int64(30*6000), "the dropped bucket's pages are not counted free")
 	require.NoError(t, d.Close())
 
-	_, _, err = CompactFile(bg, path, Options{})
+	_, err = CompactFile(bg, path, Options{})
 	require.NoError(t, err)
 	d, err = Open(path, Options{ReadOnly: true})
 	require.NoError(t, err)

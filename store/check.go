@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
@@ -23,6 +24,10 @@ type CheckReport struct {
 	// Space is how the file's bytes are used; nil when bbolt's page check
 	// found problems, since the pages are then not safe to count.
 	Space *Space `json:"space,omitempty"`
+	// Leftovers names the files beside a data folder's store that work
+	// which stopped midway left there (see Leftovers). They are of no use
+	// and take room; the store is sound all the same.
+	Leftovers []string `json:"leftovers,omitempty"`
 }
 
 // Space is how a store file's bytes are used. Pages in use and free pages
@@ -247,6 +252,11 @@ func (d *DB) Check(ctx context.Context) (*CheckReport, error) {
 	})
 	if err != nil {
 		return rep, fmt.Errorf("check store %s: %w", d.path, err)
+	}
+	if !d.opts.Copy {
+		if rep.Leftovers, err = Leftovers(filepath.Dir(d.path)); err != nil {
+			return rep, fmt.Errorf("check store %s: %w", d.path, err)
+		}
 	}
 	return rep, nil
 }

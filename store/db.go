@@ -141,6 +141,11 @@ type Options struct {
 	// says that the copy cannot be restored, where a data folder's store
 	// is told to be restored from the last backup.
 	Copy bool
+	// locked says that the caller already holds the store's lock file
+	// (LockDir), which Open then does not take again: a compaction reads
+	// its source read-only, so that it commits nothing to it, while it
+	// holds the lock that keeps writers out.
+	locked bool
 }
 
 // DamageAdvice is what to do about a store file found damaged, in the
@@ -287,7 +292,12 @@ func Open(path string, opts Options) (*DB, error) {
 	deadline := time.Now().Add(opts.Timeout)
 	left := func() time.Duration { return max(time.Until(deadline), time.Nanosecond) }
 	inUse := func() error { return fmt.Errorf("open store: data folder %s is %w", filepath.Dir(path), ErrInUse) }
-	lock, newLock, err := takeLock(path, opts.ReadOnly, opts.Timeout)
+	var lock *os.File
+	newLock := false
+	var err error
+	if !opts.locked {
+		lock, newLock, err = takeLock(path, opts.ReadOnly, opts.Timeout)
+	}
 	switch {
 	case errors.Is(err, errLocked):
 		return nil, inUse()

@@ -369,7 +369,7 @@ func TestPageSize(t *testing.T) {
 	require.NoError(t, d.Close())
 	assert.Equal(t, 4096, pageSize(old))
 
-	_, _, err = CompactFile(bg, old, Options{})
+	_, err = CompactFile(bg, old, Options{})
 	require.NoError(t, err)
 	assert.Equal(t, DefaultPageSize, pageSize(old))
 	d, err = Open(old, Options{ReadOnly: true})

@@ -272,6 +272,26 @@ func storeExists(dir string) error {
 	return fmt.Errorf("no store in %s: %w", dir, err)
 }
 
+// dataFolderExists refuses a data folder dir that is not there, or is a
+// file, for a command that reads more of the folder than its store, as
+// storeExists refuses a folder without one; whose says whose folder it is
+// and how it is given ("that serve uses, with --data DIR ...").
+func dataFolderExists(dir, whose string) error {
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("no data folder %s: there is no folder %s: give the data folder %s", dir, dir, whose)
+	case err != nil:
+		return fmt.Errorf("no data folder %s: %w", dir, err)
+	case !fi.IsDir():
+		return fmt.Errorf("no data folder %s: it is a file: give the data folder %s", dir, whose)
+	}
+	return nil
+}
+
+// servesFolder is how serve's data folder is given, for dataFolderExists.
+const servesFolder = "that serve uses, with --data DIR or $OUTPOST_DATA (./outpost-data unless told)"
+
 // dataHint is " --data DIR" for a command line printed as a hint, when the
 // data folder was chosen (by --data or $OUTPOST_DATA), so that the hint
 // works when pasted elsewhere; "" for the default folder.
@@ -364,8 +384,11 @@ type loadedBundles struct {
 // told so. A run pinned to the embedded bundle of an earlier binary goes
 // on with the copy kept of it in dir's firmware folder. Model nodes run with lb.rt. With benchAgent, the bench workload's
 // agent is there too (see namingAgents). What lb holds loaded already is
-// used as it is, and the rest is loaded.
-func applianceResolver(dir string, lb loadedBundles, notice func(string), benchAgent bool) (engine.Resolver, error) {
+// used as it is, and the rest is loaded. A session that pins runs (it
+// starts or resumes them) opens the installer, which makes the firmware
+// folder to keep the embedded bundle in; any other opens it only where
+// there is one, and keeps nothing.
+func applianceResolver(dir string, lb loadedBundles, notice func(string), benchAgent, pins bool) (engine.Resolver, error) {
 	ref, in, rt := lb.ref, lb.in, lb.rt
 	var err error
 	if ref == nil {
@@ -374,7 +397,11 @@ func applianceResolver(dir string, lb loadedBundles, notice func(string), benchA
 		}
 	}
 	if in == nil {
-		if in, err = openInstaller(dir, rt); err != nil {
+		open := openInstalled
+		if pins {
+			open = openInstaller
+		}
+		if in, err = open(dir, rt); err != nil {
 			return nil, err
 		}
 	} else {
@@ -383,7 +410,7 @@ func applianceResolver(dir string, lb loadedBundles, notice func(string), benchA
 	// A run that pins the embedded bundle keeps a copy of it in the
 	// firmware folder, with which it goes on under a later binary.
 	embedded := firmware.EmbeddedResolver(in, ref)
-	installed := len(in.List()) > 0
+	installed := in != nil && len(in.List()) > 0
 	told := false
 	tell := func() {
 		if !told && notice != nil {
@@ -438,6 +465,17 @@ func trustedKeys(dataDir string, extra ...string) (*firmware.Keyring, error) {
 		}
 	}
 	return firmware.LoadKeyring(paths...)
+}
+
+// openInstalled opens the firmware installer of dir to read what is
+// installed there, or returns nil when dir has no firmware folder, where
+// nothing was ever installed: opening the installer makes the folder,
+// which a command that installs nothing must not do.
+func openInstalled(dir string, rt *firmware.Runtime) (*firmware.Installer, error) {
+	if _, err := os.Stat(filepath.Join(dir, "firmware")); errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return openInstaller(dir, rt)
 }
 
 // openInstaller opens the firmware installer of dir.

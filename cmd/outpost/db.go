@@ -34,7 +34,7 @@ const dbUsage = `Usage: outpost db <check|backup|compact|prune|salvage> [flags]
   backup FILE        write a consistent copy of the store to FILE, then check the copy (works while
                      serve runs); a copy that does not check clean is removed
   compact            rewrite the store without free pages, in the current page size (stop serve
-                     first); interrupted, it leaves the store as it was
+                     first); interrupted or failing (a full disk), it leaves the store as it was
   prune --older-than D
                      drop the intermediate checkpoints of finished threads idle for D (720h, 30d,
                      1d12h; 0s takes every idle thread), then collect the blobs nothing names (a
@@ -58,15 +58,18 @@ var dbSubs = map[string]dbSub{
 	"check": {about: `Verify the store: bbolt's pages, every record's checksum and decoding, that every referenced
 blob exists, and that the outcome ledger's hash chain is whole; count the file's space.
 The store is opened read-only and is not changed. While serve runs, the check goes
-through serve's control socket.
+through serve's control socket. Files beside the store that a compaction which stopped
+midway left (outpost.db.compact, outpost.db.probe-*) are named as leftovers; they do not
+make the check fail, and the next compact removes them.
 To check a store file outside a data folder, such as a backup: outpost db check --file FILE.`},
 	"backup": {arg: "FILE", about: `Write a consistent copy of the store to FILE, a new file (an existing one is never
 overwritten), then check the copy. Works while serve runs. A copy that does not check clean
 is removed, and the message says whether the fault is in the store itself.`},
 	"compact": {about: `Rewrite the store without free pages, in the current page size. Stop serve first.
-Interrupted, it leaves the store as it was. The copy is written beside the store (outpost.db.compact),
-and renamed into its place: a folder where it cannot be begun (full, not writable) is refused
-before the store is opened, with nothing changed.`},
+The store is read, not written, until the copy takes its place: interrupted, or failing (a disk
+that fills, a folder that is not writable), it leaves the store byte for byte as it was. The copy
+is written beside the store (outpost.db.compact) and renamed into its place. Leftovers of a
+compaction that stopped midway are removed first, and named on stderr.`},
 	"prune": {synopsis: "--older-than D", about: `Drop the intermediate checkpoints of finished threads idle for --older-than, then collect
 the blobs nothing names (a blob is kept for at least 24h, whatever --older-than).`},
 	"salvage": {arg: "FILE", about: `Copy every record that can still be read from a damaged store into a new store FILE,
@@ -388,6 +391,10 @@ func dbCheck(ctx context.Context, dir, file string, asJSON bool, stdout, stderr 
 		for _, p := range rep.Problems {
 			fmt.Fprintf(stdout, "PROBLEM %s\n", p)
 		}
+		for _, name := range rep.Leftovers {
+			fmt.Fprintf(stdout, "leftover %s: left by a compaction that stopped midway, of no use; the next outpost db compact removes it, or remove it\n",
+				filepath.Join(dir, name))
+		}
 		if rep.OK() {
 			fmt.Fprintln(stdout, "store is sound")
 		}
@@ -579,7 +586,10 @@ func dbCompact(ctx context.Context, dir string, asJSON bool, stdout, stderr io.W
 		return err
 	}
 	ctx = withProgress(ctx, "compact", "copied", stderr)
-	before, after, err := store.CompactFile(ctx, path, store.Options{})
+	c, err := store.CompactFile(ctx, path, store.Options{})
+	for _, name := range c.Removed {
+		fmt.Fprintf(stderr, "removed %s, left by a compaction that stopped midway\n", filepath.Join(dir, name))
+	}
 	if errors.Is(err, store.ErrInUse) {
 		return fmt.Errorf("%w: compact needs the store to itself; stop serve first", err)
 	}
@@ -587,9 +597,13 @@ func dbCompact(ctx context.Context, dir string, asJSON bool, stdout, stderr io.W
 		return explainDenied(dir, err)
 	}
 	if asJSON {
-		return printJSON(stdout, map[string]int64{"bytes_before": before, "bytes_after": after})
+		out := map[string]any{"bytes_before": c.Before, "bytes_after": c.After}
+		if len(c.Removed) > 0 {
+			out["leftovers_removed"] = c.Removed
+		}
+		return printJSON(stdout, out)
 	}
-	fmt.Fprintf(stdout, "compacted %s: %.2f MB -> %.2f MB\n", dir, float64(before)/1e6, float64(after)/1e6)
+	fmt.Fprintf(stdout, "compacted %s: %.2f MB -> %.2f MB\n", dir, float64(c.Before)/1e6, float64(c.After)/1e6)
 	return nil
 }
 

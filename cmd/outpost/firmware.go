@@ -376,19 +376,16 @@ func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	}
 	// A listing makes nothing: a mistyped --data is named, not given an
 	// empty firmware folder.
-	if fi, err := os.Stat(*data); err != nil || !fi.IsDir() {
-		return fmt.Errorf("no data folder %s", *data)
+	if err := dataFolderExists(*data, servesFolder); err != nil {
+		return err
 	}
-	// With no firmware folder nothing was ever installed here, and the
-	// installer is not opened: it would make the folder (or fail to, in a
-	// data folder that is read-only).
-	var in *firmware.Installer
 	var installed []firmware.Installed
 	log, kept := []firmware.LogEntry{}, []firmware.Kept{}
-	if _, err := os.Stat(filepath.Join(*data, "firmware")); !errors.Is(err, os.ErrNotExist) {
-		if in, err = openInstaller(*data, nil); err != nil {
-			return err
-		}
+	in, err := openInstalled(*data, nil)
+	if err != nil {
+		return err
+	}
+	if in != nil {
 		installed = in.List()
 		if l := in.Log(); l != nil {
 			log = l
@@ -519,14 +516,22 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if err != nil || v <= 0 {
 		return badUsage("version %q is not a positive integer", fs.Arg(1))
 	}
+	if err := dataFolderExists(*data, servesFolder); err != nil {
+		return err
+	}
 	release, err := holdDataFolder(*data, "activate")
 	if err != nil {
 		return err
 	}
 	defer release()
-	in, err := openInstaller(*data, nil)
+	// Activation installs nothing: where nothing is installed it is
+	// refused without making a firmware folder.
+	in, err := openInstalled(*data, nil)
 	if err != nil {
 		return err
+	}
+	if in == nil {
+		return explain(fmt.Errorf("activate %s v%d: %w: nothing is installed in %s", fs.Arg(0), v, firmware.ErrNotInstalled, *data))
 	}
 	if _, err := in.Open(fs.Arg(0), v); err != nil {
 		return explain(err)

@@ -35,6 +35,9 @@ Every subcommand takes --data DIR and --json; "outpost runs SUB -h" lists its fl
 list, show and history only read: while serve owns the store, they ask it through its
 control socket, and list and show the runs as its HTTP API does. fork and replay need
 the store to themselves: stop serve first (or fork through its HTTP API).
+A run that a stop cut short is shown as stopped: it had started, and list
+--status running lists it (whether it is stored as running or as queued),
+--status queued does not.
 `
 
 // maxLimit bounds a page of runs or checkpoints, as the HTTP API does.
@@ -92,7 +95,8 @@ func pageLimit(limit *int, stderr io.Writer) error {
 
 func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rerr error) {
 	fs, data, asJSON := runsFlags("list", "runs list [flags]", stdout, stderr)
-	status := fs.String("status", "", "only runs in this `STATUS`: "+statusNames())
+	status := fs.String("status", "", "only runs in this `STATUS`: "+statusNames()+
+		"; a run shown as stopped had started, and is listed under running, not queued")
 	agent := fs.String("agent", "", "only runs of this `AGENT`")
 	thread := fs.String("thread", "", "only runs on this `THREAD`")
 	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many, 1 to %d (a larger number reads as %d)", maxLimit, maxLimit))
@@ -103,6 +107,9 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	}
 	if _, err := fs.args(); err != nil {
 		return err
+	}
+	if *status == "stopped" {
+		return badUsage("--status stopped: a run shown as stopped had started, and --status running lists it (stopped is no status of its own)")
 	}
 	if *status != "" && !engine.RunStatus(*status).Valid() {
 		return badUsage("--status %q: want one of %s", *status, statusNames())
@@ -122,12 +129,13 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	}
 	var damaged []leftOut
 	var runs []runView
-	err := readRuns(*data, func(rs runReader) error {
-		list, err := rs.Runs(ctx, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit + 1,
-			Desc: *newest, Summary: true, Damaged: func(key string, err error) { damaged = append(damaged, leftOut{key, err}) }})
-		for _, r := range list {
-			runs = append(runs, viewRun(ctx, rs, r))
-		}
+	err := readRuns(*data, func(rs runReader) (err error) {
+		runs, err = listRuns(ctx, rs, engine.RunFilter{Status: engine.RunStatus(*status), Agent: *agent, Thread: *thread, After: *after, Limit: *limit + 1,
+			Desc: *newest, Summary: true, Damaged: func(key string, err error) {
+				if !slices.ContainsFunc(damaged, func(d leftOut) bool { return d.key == key }) {
+					damaged = append(damaged, leftOut{key, err})
+				}
+			}})
 		return err
 	})
 	if err != nil {
@@ -196,6 +204,51 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 		fmt.Fprintf(stdout, "more: %s --after %s\n", hint, next)
 	}
 	return nil
+}
+
+// listRuns is the page of runs that f selects, as runs list shows them.
+// Read from the store itself, a run shown as stopped had started: it is
+// listed under running, whether it is stored as running or as queued (its
+// record is not rewritten at every step), and never under queued, so that
+// --status agrees with the STATUS column. Such runs are the unfinished
+// ones, which the store indexes: both statuses are read whole and merged
+// in the listing's order.
+func listRuns(ctx context.Context, rs runReader, f engine.RunFilter) ([]runView, error) {
+	_, local := rs.(localRuns)
+	if !local || (f.Status != engine.StatusQueued && f.Status != engine.StatusRunning) {
+		list, err := rs.Runs(ctx, f)
+		views := make([]runView, 0, len(list))
+		for _, r := range list {
+			views = append(views, viewRun(ctx, rs, r))
+		}
+		return views, err
+	}
+	var unfinished []*engine.Run
+	for _, st := range []engine.RunStatus{engine.StatusQueued, engine.StatusRunning} {
+		part := f
+		part.Status, part.Limit = st, 0
+		list, err := rs.Runs(ctx, part)
+		if err != nil {
+			return nil, err
+		}
+		unfinished = append(unfinished, list...)
+	}
+	slices.SortFunc(unfinished, func(a, b *engine.Run) int {
+		if f.Desc {
+			return strings.Compare(b.ID, a.ID)
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	var views []runView
+	for _, r := range unfinished {
+		if f.Limit > 0 && len(views) == f.Limit {
+			break
+		}
+		if v := viewRun(ctx, rs, r); v.Stopped == (f.Status == engine.StatusRunning) {
+			views = append(views, v)
+		}
+	}
+	return views, nil
 }
 
 // statusNames lists the run statuses, for help and errors.
@@ -508,7 +561,7 @@ func forkThread(ctx context.Context, dir string, db *store.DB, th, checkpoint st
 	}
 	// The graph of the bundle the thread's last run is pinned to: an
 	// installed one, or the embedded one of this or an earlier binary.
-	resolve, err := applianceResolver(dir, loadedBundles{}, nil, true)
+	resolve, err := applianceResolver(dir, loadedBundles{}, nil, true, false)
 	if err != nil {
 		return err
 	}

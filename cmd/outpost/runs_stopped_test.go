@@ -57,3 +57,45 @@ func TestRunsShowsARunAStopCutShort(t *testing.T) {
 	require.Regexp(t, id+` +cut +\S+ +stopped +`+strconv.Itoa(steps)+` `, stdout)
 	require.Contains(t, stdout, "it resumes at the next start")
 }
+
+// A run that a stop cut short while it was stored as queued is shown as
+// stopped, and the status filter agrees: --status running lists it (as it
+// lists one stored as running), --status queued does not.
+func TestRunsListStatusFilterAgreesWithStopped(t *testing.T) {
+	data := t.TempDir()
+	killMidModelCall(t, data, "cut")
+	id, status := runOnThread(t, data, "cut")
+	require.Equal(t, string(engine.StatusQueued), status, "the run is stored as queued")
+
+	listed := func(status string) (ids []string, stopped []bool) {
+		t.Helper()
+		code, stdout, stderr := outpostBin(t, "", "runs", "list", "--data", data, "--json", "--status", status)
+		require.Equal(t, 0, code, stderr)
+		var page struct {
+			Runs []struct {
+				ID      string
+				Stopped bool
+			}
+		}
+		require.NoError(t, json.Unmarshal([]byte(stdout), &page), stdout)
+		for _, r := range page.Runs {
+			ids, stopped = append(ids, r.ID), append(stopped, r.Stopped)
+		}
+		return ids, stopped
+	}
+	ids, stopped := listed("running")
+	require.Equal(t, []string{id}, ids, "--status running lists the stopped run")
+	require.Equal(t, []bool{true}, stopped)
+	ids, _ = listed("queued")
+	require.Empty(t, ids, "--status queued leaves out a run that had started")
+
+	code, stdout, stderr := outpostBin(t, "", "runs", "list", "--data", data, "--status", "running")
+	require.Equal(t, 0, code, stderr)
+	require.Regexp(t, id+` +cut +\S+ +stopped `, stdout)
+
+	// The word the STATUS column shows, given to --status, says where
+	// such runs are listed.
+	code, _, stderr = outpostBin(t, "", "runs", "list", "--data", data, "--status", "stopped")
+	require.Equal(t, 2, code, stderr)
+	require.Contains(t, stderr, "--status stopped: a run shown as stopped had started, and --status running lists it")
+}

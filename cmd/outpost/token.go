@@ -50,6 +50,13 @@ func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return fmt.Errorf("%s is a file: --data names the data folder, the one given to outpost %s", *data, owner)
 	}
+	whose := servesFolder
+	if *collector {
+		whose = "given to outpost collector, with --data DIR (" + defaultCollectorData + " unless told)"
+	}
+	if err := dataFolderExists(*data, whose); err != nil {
+		return err
+	}
 	var tok string
 	var err error
 	if *collector {

@@ -165,7 +165,13 @@ func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout tim
 	}
 	defer db.Close()
 	ref, _ := firmware.Reference()
-	in, _ := openInstaller(dir, nil)
+	// The redaction policy of an outcome is its bundle's: installed
+	// bundles that cannot be read are said, not passed over, since an
+	// outcome leaves once.
+	in, err := openInstalled(dir, nil)
+	if err != nil {
+		return explain(err)
+	}
 	cfg.RedactorFor = bundleRedactors(ref, in)
 	ls, err := db.Ledger(ctx)
 	if err != nil {
