@@ -23,10 +23,8 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/engine"
-	"github.com/outpost-edge/outpost/firmware"
 )
 
 // findChromium returns Debian's chromium, or another Chromium-like browser.
@@ -1371,21 +1369,8 @@ func TestDecisionSentWhileAwayIsSettled(t *testing.T) {
 // a full or read-only disk would refuse it too). The transcript must say
 // that the call failed and why, not show it as a call that returned.
 func TestFailedToolCallIsShown(t *testing.T) {
-	const agentName = "medication-adherence-tools"
-	dir := t.TempDir()
-	blocked := filepath.Join(dir, "followups.jsonl")
-	if err := os.Mkdir(blocked, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	b, err := firmware.ReferenceWithRuntime(&firmware.Runtime{Followups: &agent.FileFollowups{Path: blocked}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tools, err := b.Agent(agentName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, tools)
+	const agentName = toolsAgent
+	e := newFailingToolsEnv(t)
 	c, ctx, shot := openChromium(t)
 	signIn(ctx, t, c, e, shot)
 	c.eval(ctx, `document.getElementById("agent").value = `+jsString(agentName)+`; true`)
@@ -1421,4 +1406,36 @@ func TestStartOnABusyThreadSaysWhichTurn(t *testing.T) {
 	if got := e.do("GET", "/api/v1/runs?thread=console", nil).json(t)["runs"].([]any); len(got) != 1 {
 		t.Fatalf("the refused turn changed the thread: %v", got)
 	}
+}
+
+// TestFlagsAndToolCallsOfARunFromHistory: a run that ended before the
+// page opened (its calls are told by no event the page saw) is opened
+// from the list. The list shows its flags, compactly; its view shows
+// them in full; and its transcript shows the tool call it made, failed,
+// as the transcript of a run watched live does.
+func TestFlagsAndToolCallsOfARunFromHistory(t *testing.T) {
+	e := newFailingToolsEnv(t)
+	id := e.failedToolRun("from-history")
+	e.startRun("calm", "hello", "10s") // a run with no flags, for contrast
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	item := `document.querySelector('#runs li[data-run=` + jsString(id) + `]')`
+	c.until(ctx, "the run's flags in the list", item+` && `+item+`.querySelector(".flags") &&
+		`+item+`.querySelector(".flags").textContent.includes("tool_failed") &&
+		[...document.querySelectorAll("#runs li")].filter(li => li.querySelector(".flags")).length === 1`, shot)
+	c.eval(ctx, item+`.querySelector("button").click(); true`)
+	c.until(ctx, "the run's flags in its view", `document.getElementById("run-id").textContent === `+jsString(id)+` &&
+		document.getElementById("run-flags").offsetParent !== null &&
+		document.getElementById("run-flags").textContent.includes("tool_failed")`, shot)
+	c.until(ctx, "the failed call in the transcript", `[...document.querySelectorAll("#transcript li.tool")].some(li =>
+		li.textContent.startsWith("→ tool schedule_followup")) &&
+		[...document.querySelectorAll("#transcript li.tool.denied")].some(li =>
+		li.textContent.startsWith("← schedule_followup failed: tool error: ") && li.textContent.includes("is a directory"))`, shot)
+	// The call is drawn before the step its node completed in, once.
+	order, _ := c.eval(ctx, `[...document.querySelectorAll("#transcript li")].map(li => li.textContent).join("\n")`).(string)
+	called := strings.Index(order, "→ tool schedule_followup")
+	if called < 0 || strings.Count(order, "→ tool schedule_followup") != 1 || strings.Count(order, "← schedule_followup failed") != 1 {
+		t.Fatalf("the transcript:\n%s", order)
+	}
+	shot("flags-and-calls-from-history")
 }

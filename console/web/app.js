@@ -255,6 +255,11 @@ function renderRuns() {
     }
     const left = el("span");
     left.append(el("span", "", short(r.input === undefined ? r.agent : r.input, 60)), el("span", "thread", r.thread + " · " + r.agent));
+    if (r.flags && r.flags.length) {
+      const f = el("span", "flags", "⚑ " + short(r.flags.join(", "), 60));
+      f.title = "flags: " + r.flags.join(", ");
+      left.append(f);
+    }
     b.append(left, el("span", "status " + r.status, r.status === "interrupted" ? "waiting for review" + questions(r) : r.status));
     b.addEventListener("click", () => select(r.id));
     li.append(b);
@@ -354,25 +359,37 @@ async function select(id) {
   // draw them) and drawn in their place once the past is in.
   const since = state.lastSeq || 0;
   state.drawing = id;
-  let mine = [], unread = "";
-  try {
-    const h = await api("GET", "/api/v1/threads/" + encodeURIComponent(run.thread) + "/history?limit=1000");
-    mine = h.checkpoints.filter((c) => c.run === id).reverse();
-  } catch (e) { unread = e.message; }
+  // Its tool calls come with the run read whole: the checkpoints name
+  // the nodes that ran, not the calls they made.
+  let mine = [], unread = "", calls = [], callsUnread = "";
+  const [h, whole] = await Promise.allSettled([
+    api("GET", "/api/v1/threads/" + encodeURIComponent(run.thread) + "/history?limit=1000"),
+    api("GET", "/api/v1/runs/" + encodeURIComponent(id))]);
+  if (h.status === "fulfilled") mine = h.value.checkpoints.filter((c) => c.run === id).reverse();
+  else unread = h.reason.message;
+  if (whole.status === "fulfilled") {
+    calls = whole.value.tool_calls || [];
+    callsUnread = whole.value.tool_calls_error || "";
+  } else callsUnread = whole.reason.message;
   if (state.selects !== turn) return; // another select has the transcript now
   state.drawing = "";
   // An empty transcript would read as a run that did nothing.
   if (unread) line("denied", "The run's steps could not be read: " + unread + ". Open the run again to retry.");
-  drawHeld(mine, (state.log.get(id) || []).filter((e) => e.seq > since));
+  if (callsUnread) line("denied", "The run's tool calls could not be read: " + callsUnread + ".");
+  drawHeld(mine, (state.log.get(id) || []).filter((e) => e.seq > since), calls);
   await drawGraph(run);
 }
 
-// drawHeld draws a run's past from its checkpoints, and the events held
-// while they were read: a step whose checkpoint the history already holds
-// is drawn from its events (tokens and tool calls included) instead of
-// twice, and the steps after it follow in order.
-function drawHeld(checkpoints, held) {
+// drawHeld draws a run's past from its checkpoints and its tool calls'
+// records, and the events held while they were read: a step whose
+// checkpoint the history already holds is drawn from its events (tokens
+// and tool calls included) instead of twice, and the steps after it follow
+// in order. A call is drawn before the step its node completed in; the
+// calls of a node that has not completed (it waits for review), after the
+// last step.
+function drawHeld(checkpoints, held, calls) {
   const steps = new Map(); // checkpoint id -> the events up to it
+  const evented = new Set(); // keys of the calls the held events tell of
   let step = [];
   for (const e of held) {
     step.push(e);
@@ -380,18 +397,42 @@ function drawHeld(checkpoints, held) {
       steps.set(e.data.id, step);
       step = [];
     }
+    if (e.type.startsWith("tool.") && e.data) for (const k of [e.data.key, e.data.record]) if (k) evented.add(k);
   }
+  let left = (calls || []).filter((c) => !evented.has(c.key));
   for (const c of checkpoints) {
+    const at = Date.parse(c.created_at);
+    const mine = left.filter((x) => c.nodes.includes(x.node) && Date.parse(x.at) <= at);
+    left = left.filter((x) => !mine.includes(x));
     const evs = steps.get(c.id);
     if (evs) {
       evs.forEach(renderEvent);
       steps.delete(c.id);
       continue;
     }
+    mine.forEach(drawCall);
     for (const n of c.nodes) line("node", "✓ " + n + (c.channels.length ? "  (wrote " + c.channels.join(", ") + ")" : ""));
   }
+  left.forEach(drawCall);
   for (const evs of steps.values()) evs.forEach(renderEvent);
   step.forEach(renderEvent);
+}
+
+// drawCall draws a tool call from its record as the live events draw it:
+// the call and how it ended, a failed one as failed; a call refused (by
+// the policy or a person) as refused. The mark of a question asked about
+// a call is the review's, not a call, and is not drawn.
+function drawCall(c) {
+  const ev = (type, data) => renderEvent({ type, node: c.node, data });
+  if (c.decision === "ask") return;
+  if (c.decision === "deny") return ev("tool.unauthorized", { tool: c.tool, reason: c.reason || c.error || "" });
+  if (c.decision === "reject") {
+    line("denied", "✗ not run: " + c.tool + " (rejected by " + (c.decided_by || "?") + (c.reason ? ": " + c.reason : "") + ")");
+    return;
+  }
+  ev("tool.called", { tool: c.tool, args: c.args === undefined ? "" : c.args });
+  if (c.status === "done") ev("tool.result", c.error ? { tool: c.tool, error: c.error } : { tool: c.tool, bytes: c.bytes });
+  else line("flag", "← " + c.tool + ": no result recorded (it may or may not have run)");
 }
 
 function renderDetail(run) {
@@ -402,6 +443,9 @@ function renderDetail(run) {
   st.dataset.status = run.status;
   text($("run-meta"), "thread " + run.thread + " · agent " + run.agent + " · bundle " + run.bundle.name + " v" + run.bundle.version +
     " · started " + new Date(run.created_at).toLocaleTimeString() + (run.ended_at ? " · ended " + new Date(run.ended_at).toLocaleTimeString() : ""));
+  const flags = run.flags || [];
+  text($("run-flags"), "⚑ Flags: " + flags.join(", "));
+  show($("run-flags"), flags.length > 0);
   const out = run.output === undefined ? "" : (typeof run.output === "string" ? run.output : JSON.stringify(run.output, null, 2));
   // A run an operator cancelled, or a budget stopped, did not fail.
   const why = run.status === "cancelled" || run.status === "budget_exceeded" ? "stopped" : "error";
