@@ -1439,3 +1439,41 @@ func TestFlagsAndToolCallsOfARunFromHistory(t *testing.T) {
 	}
 	shot("flags-and-calls-from-history")
 }
+
+// TestSignOutDiscardsDrafts: an operator types a reply to a review and
+// the token stops being valid before it is sent. The page signs out,
+// says that the reply was discarded, and the next person to sign in on
+// the tab finds the review as the appliance asks it, not the reply.
+// Signing out by hand discards the same way.
+func TestSignOutDiscardsDrafts(t *testing.T) {
+	e, c, ctx, shot, id := openReview(t, "drafts", "please review this")
+	typeInto(ctx, c, "edit-value", "a reply not sent")
+	typeInto(ctx, c, "reason", "a reason not sent")
+	c.until(ctx, "the draft kept", `state.drafts.size === 1`, shot)
+	// A request with a token the appliance refuses, as after it made a
+	// new one.
+	c.eval(ctx, `state.token = "not-the-token"; loadRuns().catch(() => {}); true`)
+	c.until(ctx, "the sign-in, saying the reply was discarded", `!document.getElementById("login").hidden &&
+		document.getElementById("login-error").textContent.includes("no longer valid") &&
+		document.getElementById("login-error").textContent.includes("Your unsent reply to a review question was discarded.")`, shot)
+	shot("signed-out-draft-discarded")
+	reopen := func() {
+		t.Helper()
+		c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s; document.getElementById("login-btn").click(); true`, jsString(e.token)))
+		c.until(ctx, "the console again", `!document.getElementById("main").hidden && document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
+		c.eval(ctx, `select(`+jsString(id)+`); true`)
+		c.until(ctx, "the review as the appliance asks it", `!document.getElementById("interrupt").hidden &&
+			document.getElementById("edit-value").value === "Take your dose now. (please review this)" &&
+			document.getElementById("reason").value === ""`, shot)
+	}
+	reopen()
+	typeInto(ctx, c, "edit-value", "another reply not sent")
+	c.eval(ctx, `document.getElementById("logout").click(); true`)
+	c.until(ctx, "the sign-in, saying the reply was discarded", `!document.getElementById("login").hidden &&
+		document.getElementById("login-error").textContent === "You signed out. Your unsent reply to a review question was discarded."`, shot)
+	reopen()
+	// Nothing was sent meanwhile.
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "interrupted" || got["decisions"] != nil {
+		t.Fatalf("the run after the sign-outs: %v", got)
+	}
+}

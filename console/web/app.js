@@ -87,16 +87,27 @@ $("login-form").addEventListener("submit", async (ev) => {
   state.operator = $("operator").value.trim();
   await signIn();
 });
-$("logout").addEventListener("click", () => {
-  sessionStorage.removeItem("outpost.token");
-  location.reload();
-});
+$("logout").addEventListener("click", () => signOut("You signed out."));
 
 // signOut takes the operator back to the sign-in, saying why, and stops
-// everything that would go on using the token.
+// everything that would go on using the token. The replies typed and not
+// sent are discarded, saying how many: the next person to sign in on this
+// tab must not find them, nor send them under their own name.
 function signOut(why) {
   sessionStorage.removeItem("outpost.token");
   state.token = "";
+  let unsent = 0;
+  for (const d of state.drafts.values()) unsent += d.size;
+  state.drafts.clear();
+  state.dropped.clear();
+  state.unsure.clear();
+  $("edit-value").value = "";
+  $("reason").value = "";
+  delete $("interrupt").dataset.interrupt;
+  delete $("interrupt").dataset.run;
+  state.selected = "";
+  show($("detail"), false);
+  if (unsent) why += " Your unsent " + (unsent === 1 ? "reply to a review question was" : "replies to " + unsent + " review questions were") + " discarded.";
   clearInterval(state.statusTimer);
   if (state.ws) {
     state.ws.onclose = null;
