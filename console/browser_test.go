@@ -1477,3 +1477,46 @@ func TestSignOutDiscardsDrafts(t *testing.T) {
 		t.Fatalf("the run after the sign-outs: %v", got)
 	}
 }
+
+// TestNewConversationGetsItsOwnThread: turns started from the page do not
+// all go to one thread. The page offers a fresh thread, shown and
+// editable; a follow-up stays on it; "new conversation" begins another.
+func TestNewConversationGetsItsOwnThread(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	first, _ := c.eval(ctx, `document.getElementById("thread").value`).(string)
+	if !strings.HasPrefix(first, "conv-") {
+		t.Fatalf("the thread offered is %q", first)
+	}
+	turn := func(input string) map[string]any {
+		t.Helper()
+		c.eval(ctx, `document.getElementById("input").value = `+jsString(input)+`; document.getElementById("start").click(); true`)
+		c.until(ctx, "the turn completed", `document.getElementById("run-status").dataset.status === "completed" &&
+			document.getElementById("output").textContent.includes(`+jsString(input)+`)`, shot)
+		id, _ := c.eval(ctx, `document.getElementById("run-id").textContent`).(string)
+		return e.do("GET", "/api/v1/runs/"+id, nil).json(t)
+	}
+	if r := turn("I forgot my dose"); r["thread"] != first {
+		t.Fatalf("the first turn went to thread %v, the page offered %q", r["thread"], first)
+	}
+	if r := turn("and what now"); r["thread"] != first {
+		t.Fatalf("the follow-up went to thread %v, not %q", r["thread"], first)
+	}
+	c.eval(ctx, `document.getElementById("new-thread").click(); true`)
+	second, _ := c.eval(ctx, `document.getElementById("thread").value`).(string)
+	if second == first || !strings.HasPrefix(second, "conv-") {
+		t.Fatalf("a new conversation offers thread %q after %q", second, first)
+	}
+	if r := turn("a new patient"); r["thread"] != second {
+		t.Fatalf("the new conversation's turn went to thread %v, not %q", r["thread"], second)
+	}
+	// The thread stays the operator's to choose.
+	c.eval(ctx, `document.getElementById("thread").value = "ward-3"; true`)
+	if r := turn("typed thread"); r["thread"] != "ward-3" {
+		t.Fatalf("the turn went to thread %v, not the one typed", r["thread"])
+	}
+	if n := len(e.do("GET", "/api/v1/runs?thread="+first, nil).json(t)["runs"].([]any)); n != 2 {
+		t.Fatalf("thread %s holds %d runs, want 2", first, n)
+	}
+}

@@ -287,7 +287,8 @@ $("filter-review").addEventListener("change", renderRuns);
 $("start-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   show($("start-error"), false);
-  const thread = $("thread").value.trim() || "console";
+  if (!$("thread").value.trim()) $("thread").value = freshThread();
+  const thread = $("thread").value.trim();
   try {
     const run = await api("POST", "/api/v1/threads/" + encodeURIComponent(thread) + "/runs",
       { agent: $("agent").value, input: $("input").value });
@@ -301,6 +302,28 @@ $("start-form").addEventListener("submit", async (ev) => {
     show($("start-error"), true);
   }
 });
+
+// freshThread names a new conversation's thread: the time it begins, and
+// a few random letters so that two consoles starting at once differ.
+function freshThread() {
+  const t = new Date().toISOString().slice(0, 19).replace(/[-:]/g, "").replace("T", "-");
+  const r = [...crypto.getRandomValues(new Uint8Array(3))].map((b) => b.toString(16).padStart(2, "0")).join("");
+  return "conv-" + t + "-" + r;
+}
+
+// A new conversation gets a thread of its own; the turns started after it
+// stay on that thread (the field keeps it) until another is begun or the
+// operator types one.
+function newConversation() {
+  $("thread").value = freshThread();
+  $("input").value = "";
+  show($("start-error"), false);
+}
+$("new-thread").addEventListener("click", () => {
+  newConversation();
+  $("input").focus();
+});
+newConversation();
 
 // explainBusy says, in the page's words, which turn holds the thread a
 // new turn was refused on, with a button that opens it: the operator
