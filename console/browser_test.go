@@ -1520,3 +1520,23 @@ func TestNewConversationGetsItsOwnThread(t *testing.T) {
 		t.Fatalf("thread %s holds %d runs, want 2", first, n)
 	}
 }
+
+// TestContinueAConversationFromItsRun: an operator opens a run from the
+// list and goes on with its conversation: the next turn from the page
+// goes to that run's thread, not to the one the start form held.
+func TestContinueAConversationFromItsRun(t *testing.T) {
+	e := newEnv(t, nil)
+	_, old := e.startRun("ward-7", "hello", "10s")
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(old["id"].(string))+`); true`)
+	c.until(ctx, "the run", `document.getElementById("run-id").textContent === `+jsString(old["id"].(string)), shot)
+	c.eval(ctx, `document.getElementById("continue-thread").click(); true`)
+	c.until(ctx, "the run's thread in the start form", `document.getElementById("thread").value === "ward-7"`, shot)
+	c.eval(ctx, `document.getElementById("input").value = "a follow-up"; document.getElementById("start").click(); true`)
+	c.until(ctx, "the follow-up completed", `document.getElementById("run-status").dataset.status === "completed" &&
+		document.getElementById("output").textContent.includes("a follow-up")`, shot)
+	if n := len(e.do("GET", "/api/v1/runs?thread=ward-7", nil).json(t)["runs"].([]any)); n != 2 {
+		t.Fatalf("thread ward-7 holds %d runs, want 2", n)
+	}
+}

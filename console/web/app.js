@@ -324,6 +324,15 @@ $("new-thread").addEventListener("click", () => {
   $("input").focus();
 });
 newConversation();
+// An opened run's conversation goes on from the start form: its thread
+// goes into the field, for the next turn and those after it.
+$("continue-thread").addEventListener("click", () => {
+  const run = state.runs.get(state.selected);
+  if (!run) return;
+  $("thread").value = run.thread;
+  show($("start-error"), false);
+  $("input").focus();
+});
 
 // explainBusy says, in the page's words, which turn holds the thread a
 // new turn was refused on, with a button that opens it: the operator
