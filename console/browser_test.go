@@ -1540,3 +1540,28 @@ func TestContinueAConversationFromItsRun(t *testing.T) {
 		t.Fatalf("thread ward-7 holds %d runs, want 2", n)
 	}
 }
+
+// TestSignOutForgetsTheName: an operator signs out by hand and leaves;
+// the next person to sign in on the tab must not have their decisions
+// recorded under the first one's name.
+func TestSignOutForgetsTheName(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("names", "please review this", "10s")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signInAs(ctx, t, c, e, shot, "Dr First")
+	c.eval(ctx, `document.getElementById("logout").click(); true`)
+	c.until(ctx, "the sign-in with no name", `!document.getElementById("login").hidden &&
+		document.getElementById("operator").value === "" && sessionStorage.getItem("outpost.operator") === null`, shot)
+	// The next person pastes the token and signs in without looking at
+	// the name field.
+	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s; document.getElementById("login-btn").click(); true`, jsString(e.token)))
+	c.until(ctx, "the console again", `!document.getElementById("main").hidden && document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	got := e.waitStatus(id, "completed")
+	if d := got["decisions"].([]any)[0].(map[string]any); strings.Contains(d["by"].(string), "Dr First") {
+		t.Fatalf("the next person's decision is recorded as %q", d["by"])
+	}
+}

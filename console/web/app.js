@@ -87,7 +87,16 @@ $("login-form").addEventListener("submit", async (ev) => {
   state.operator = $("operator").value.trim();
   await signIn();
 });
-$("logout").addEventListener("click", () => signOut("You signed out."));
+// Signing out by hand is leaving the console: the next person to sign
+// in types their own name, or their decisions would be recorded under
+// this one's. (A token the appliance refuses keeps the name: the same
+// person signs in again.)
+$("logout").addEventListener("click", () => {
+  sessionStorage.removeItem("outpost.operator");
+  state.operator = "";
+  $("operator").value = "";
+  signOut("You signed out.");
+});
 
 // signOut takes the operator back to the sign-in, saying why, and stops
 // everything that would go on using the token. The replies typed and not
