@@ -1406,6 +1406,14 @@ func TestStartOnABusyThreadSaysWhichTurn(t *testing.T) {
 	if got := e.do("GET", "/api/v1/runs?thread=console", nil).json(t)["runs"].([]any); len(got) != 1 {
 		t.Fatalf("the refused turn changed the thread: %v", got)
 	}
+	// The turn goes to a new conversation instead, with the message typed.
+	c.eval(ctx, `document.getElementById("new-thread").click(); true`)
+	if v, _ := c.eval(ctx, `document.getElementById("input").value`).(string); v != "I forgot my dose" {
+		t.Fatalf("a new conversation left the message box holding %q", v)
+	}
+	c.eval(ctx, `document.getElementById("start").click(); true`)
+	c.until(ctx, "the turn on a new thread", `document.getElementById("run-id").textContent !== `+jsString(id)+` &&
+		document.getElementById("output").textContent.includes("I forgot my dose")`, shot)
 }
 
 // TestFlagsAndToolCallsOfARunFromHistory: a run that ended before the

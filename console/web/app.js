@@ -322,10 +322,10 @@ function freshThread() {
 
 // A new conversation gets a thread of its own; the turns started after it
 // stay on that thread (the field keeps it) until another is begun or the
-// operator types one.
+// operator types one. The message typed stays: a turn refused on a busy
+// thread is started on a new one this way.
 function newConversation() {
   $("thread").value = freshThread();
-  $("input").value = "";
   show($("start-error"), false);
 }
 $("new-thread").addEventListener("click", () => {
