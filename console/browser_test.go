@@ -1573,3 +1573,24 @@ func TestSignOutForgetsTheName(t *testing.T) {
 		t.Fatalf("the next person's decision is recorded as %q", d["by"])
 	}
 }
+
+// TestDecisionInTheTranscriptOfARunFromHistory: a run decided before the
+// page opened it shows, in its transcript, where it was resumed and by
+// whose decision, as a run watched live shows its resume.
+func TestDecisionInTheTranscriptOfARunFromHistory(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("decided", "please review this", "10s")
+	id := run["id"].(string)
+	if r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "approve", "reason": "cited", "wait": "10s"}, "X-Operator", "Dr Other"); r.status != 200 {
+		t.Fatalf("decision: %d %s", r.status, r.body)
+	}
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the resume in the transcript", `[...document.querySelectorAll("#transcript li")].some(li =>
+		li.textContent.startsWith("▶ resumed: approve by Dr Other") && li.textContent.endsWith("(cited)"))`, shot)
+	order, _ := c.eval(ctx, `[...document.querySelectorAll("#transcript li")].map(li => li.textContent).join("\n")`).(string)
+	if resumed, closing := strings.Index(order, "▶ resumed"), strings.Index(order, "✓ closing"); strings.Count(order, "▶ resumed") != 1 || closing < resumed {
+		t.Fatalf("the transcript:\n%s", order)
+	}
+}

@@ -413,7 +413,7 @@ async function select(id) {
   state.drawing = id;
   // Its tool calls come with the run read whole: the checkpoints name
   // the nodes that ran, not the calls they made.
-  let mine = [], unread = "", calls = [], callsUnread = "";
+  let mine = [], unread = "", calls = [], callsUnread = "", decisions = run.decisions || [];
   const [h, whole] = await Promise.allSettled([
     api("GET", "/api/v1/threads/" + encodeURIComponent(run.thread) + "/history?limit=1000"),
     api("GET", "/api/v1/runs/" + encodeURIComponent(id))]);
@@ -421,6 +421,7 @@ async function select(id) {
   else unread = h.reason.message;
   if (whole.status === "fulfilled") {
     calls = whole.value.tool_calls || [];
+    decisions = whole.value.decisions || [];
     callsUnread = whole.value.tool_calls_error || "";
   } else callsUnread = whole.reason.message;
   if (state.selects !== turn) return; // another select has the transcript now
@@ -428,7 +429,7 @@ async function select(id) {
   // An empty transcript would read as a run that did nothing.
   if (unread) line("denied", "The run's steps could not be read: " + unread + ". Open the run again to retry.");
   if (callsUnread) line("denied", "The run's tool calls could not be read: " + callsUnread + ".");
-  drawHeld(mine, (state.log.get(id) || []).filter((e) => e.seq > since), calls);
+  drawHeld(mine, (state.log.get(id) || []).filter((e) => e.seq > since), calls, decisions);
   await drawGraph(run);
 }
 
@@ -438,8 +439,9 @@ async function select(id) {
 // and tool calls included) instead of twice, and the steps after it follow
 // in order. A call is drawn before the step its node completed in; the
 // calls of a node that has not completed (it waits for review), after the
-// last step.
-function drawHeld(checkpoints, held, calls) {
+// last step. A decision that resumed the run is drawn before the first
+// step after it, unless a held run.resumed event tells of it.
+function drawHeld(checkpoints, held, calls, decisions) {
   const steps = new Map(); // checkpoint id -> the events up to it
   const evented = new Set(); // keys of the calls the held events tell of
   let step = [];
@@ -452,22 +454,37 @@ function drawHeld(checkpoints, held, calls) {
     if (e.type.startsWith("tool.") && e.data) for (const k of [e.data.key, e.data.record]) if (k) evented.add(k);
   }
   let left = (calls || []).filter((c) => !evented.has(c.key));
+  // Each run.resumed event held tells of that many decisions, the newest.
+  const told = held.reduce((n, e) => n + (e.type === "run.resumed" ? (e.data && e.data.decisions) || 1 : 0), 0);
+  let undrawn = [...(decisions || [])].sort((a, b) => Date.parse(a.at) - Date.parse(b.at));
+  undrawn = undrawn.slice(0, Math.max(0, undrawn.length - told));
   for (const c of checkpoints) {
     const at = Date.parse(c.created_at);
     const mine = left.filter((x) => c.nodes.includes(x.node) && Date.parse(x.at) <= at);
     left = left.filter((x) => !mine.includes(x));
+    const resumed = undrawn.filter((d) => Date.parse(d.at) <= at);
+    undrawn = undrawn.filter((d) => !resumed.includes(d));
     const evs = steps.get(c.id);
     if (evs) {
       evs.forEach(renderEvent);
       steps.delete(c.id);
       continue;
     }
+    resumed.forEach(drawDecision);
     mine.forEach(drawCall);
     for (const n of c.nodes) line("node", "✓ " + n + (c.channels.length ? "  (wrote " + c.channels.join(", ") + ")" : ""));
   }
+  undrawn.forEach(drawDecision);
   left.forEach(drawCall);
   for (const evs of steps.values()) evs.forEach(renderEvent);
   step.forEach(renderEvent);
+}
+
+// drawDecision draws a decision that resumed the run, as its resume
+// event draws, with who decided what.
+function drawDecision(d) {
+  line("node", "▶ resumed: " + d.decision + " by " + (d.by || "?") + " at " + new Date(d.at).toLocaleTimeString() +
+    (d.reason ? " (" + d.reason + ")" : ""));
 }
 
 // drawCall draws a tool call from its record as the live events draw it:
