@@ -1594,3 +1594,21 @@ func TestDecisionInTheTranscriptOfARunFromHistory(t *testing.T) {
 		t.Fatalf("the transcript:\n%s", order)
 	}
 }
+
+// TestSignOutWithTheCancelDialogOpen: the token is refused while the
+// operator has the cancel dialog open. The sign-in must be usable: a
+// modal dialog left open makes the rest of the page inert.
+func TestSignOutWithTheCancelDialogOpen(t *testing.T) {
+	e, c, ctx, shot, id := openReview(t, "dialog", "please review this")
+	c.eval(ctx, `document.getElementById("cancel").click(); true`)
+	c.until(ctx, "the cancel dialog", `document.getElementById("cancel-confirm").open`, shot)
+	c.eval(ctx, `state.token = "not-the-token"; loadRuns().catch(() => {}); true`)
+	c.until(ctx, "the sign-in", `!document.getElementById("login").hidden`, shot)
+	typeInto(ctx, c, "token", e.token)
+	c.until(ctx, "the token typed into the sign-in", `document.getElementById("token").value === `+jsString(e.token), shot)
+	c.eval(ctx, `document.getElementById("login-btn").click(); true`)
+	c.until(ctx, "the console again", `!document.getElementById("main").hidden && document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "interrupted" {
+		t.Fatalf("the run: %v", got)
+	}
+}

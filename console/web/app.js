@@ -116,6 +116,9 @@ function signOut(why) {
   delete $("interrupt").dataset.run;
   state.selected = "";
   show($("detail"), false);
+  // A dialog left open would hold the page (a modal makes the rest inert):
+  // the sign-in could not be typed into.
+  $("cancel-confirm").close();
   if (unsent) why += " Your unsent " + (unsent === 1 ? "reply to a review question was" : "replies to " + unsent + " review questions were") + " discarded.";
   clearInterval(state.statusTimer);
   if (state.ws) {
