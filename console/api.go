@@ -38,6 +38,15 @@ type runView struct {
 	Interrupts    []interruptView         `json:"interrupts,omitempty"`
 	Decisions     []engine.DecisionRecord `json:"decisions,omitempty"`
 	Error         string                  `json:"error,omitempty"`
+	// Flags are the flags the run raised (acute, refusal, uncited,
+	// tool_failed, ...): its flags channel at its newest checkpoint, as its
+	// outcome records them. Absent when it raised none.
+	Flags []string `json:"flags,omitempty"`
+	// ToolCalls are the run's tool-call records, in the order of their
+	// keys; GET /api/v1/runs/{id} alone returns them.
+	ToolCalls []toolCallView `json:"tool_calls,omitempty"`
+	// ToolCallsError says why the run's tool calls cannot be read.
+	ToolCallsError string `json:"tool_calls_error,omitempty"`
 
 	// InputTruncated and OutputTruncated mark, in a list, an input or
 	// output too large to list (over store.SummaryBytes): "input" or
@@ -52,6 +61,94 @@ type interruptView struct {
 	ID      string          `json:"id"`
 	Node    string          `json:"node"`
 	Payload json.RawMessage `json:"payload"`
+}
+
+// toolCallView is a tool-call record as GET /api/v1/runs/{id} shows it:
+// the call's key (run:step:task:index, with "#ask<n>" for the mark of a
+// question asked about it and "#retry<n>" for its run after that), its
+// arguments and the decision that let it run or refused it, and how it
+// ended: status "done" with the result's size or the error, or "intent"
+// when it has no result recorded (it may or may not have run).
+type toolCallView struct {
+	Key       string          `json:"key"`
+	Node      string          `json:"node"`
+	Tool      string          `json:"tool"`
+	Args      json.RawMessage `json:"args,omitempty"`
+	Decision  string          `json:"decision,omitempty"`
+	DecidedBy string          `json:"decided_by,omitempty"`
+	Reason    string          `json:"reason,omitempty"`
+	Status    string          `json:"status"`
+	Bytes     int             `json:"bytes"`
+	Error     string          `json:"error,omitempty"`
+	At        time.Time       `json:"at"`
+	DoneAt    *time.Time      `json:"done_at,omitempty"`
+}
+
+// addFlags sets the flags of views from the store; a store that cannot
+// say leaves them out, and the page shows the run without them.
+func (s *Server) addFlags(ctx context.Context, runs []*engine.Run, views []runView) {
+	if s.cfg.Records == nil {
+		return
+	}
+	flags, err := s.cfg.Records.RunFlags(ctx, runs)
+	if err != nil {
+		s.cfg.Logf("console: %v", err)
+		return
+	}
+	for i := range views {
+		if f := flags[views[i].ID]; len(f) > 0 {
+			views[i].Flags = f
+		}
+	}
+}
+
+// toolCalls reads run's tool-call records. The arguments are kept in an
+// envelope with the decision (internal/wiring): a record whose envelope
+// cannot be read shows the arguments as stored.
+func (s *Server) toolCalls(ctx context.Context, run string) ([]toolCallView, error) {
+	if s.cfg.Records == nil {
+		return nil, nil
+	}
+	tcs, err := s.cfg.Records.ToolCalls(ctx, run+":")
+	if err != nil {
+		return nil, err
+	}
+	bytesOf := func(v engine.Value) ([]byte, error) {
+		if v.Blob.IsZero() {
+			return v.Inline, nil
+		}
+		return s.cfg.Manager.Store().Blob(ctx, v.Blob)
+	}
+	out := make([]toolCallView, 0, len(tcs))
+	for _, tc := range tcs {
+		v := toolCallView{Key: tc.Key, Node: tc.Node, Tool: tc.Tool, Status: string(tc.Status), Error: tc.Error, At: tc.IntentAt}
+		if !tc.DoneAt.IsZero() {
+			t := tc.DoneAt
+			v.DoneAt = &t
+		}
+		raw, err := bytesOf(tc.Args)
+		if err != nil {
+			return nil, fmt.Errorf("tool call %s: args: %w", tc.Key, err)
+		}
+		var env struct {
+			Args      json.RawMessage `json:"args"`
+			Decision  string          `json:"decision"`
+			DecidedBy string          `json:"decided_by"`
+			Reason    string          `json:"reason"`
+		}
+		if json.Unmarshal(raw, &env) == nil {
+			v.Args, v.Decision, v.DecidedBy, v.Reason = env.Args, env.Decision, env.DecidedBy, env.Reason
+		} else if json.Valid(raw) {
+			v.Args = raw
+		}
+		res, err := bytesOf(tc.Result)
+		if err != nil {
+			return nil, fmt.Errorf("tool call %s: result: %w", tc.Key, err)
+		}
+		v.Bytes = len(res)
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 func viewRun(r *engine.Run) runView {
@@ -288,7 +385,9 @@ func (s *Server) respondRun(w http.ResponseWriter, r *http.Request, id string, w
 		slices.ContainsFunc(run.Interrupts, func(in engine.PendingInterrupt) bool { return in.ID == answered }) {
 		run.Status, run.Interrupts = engine.StatusQueued, nil
 	}
-	writeJSON(w, status, viewRun(run))
+	views := []runView{viewRun(run)}
+	s.addFlags(context.WithoutCancel(r.Context()), []*engine.Run{run}, views)
+	writeJSON(w, status, views[0])
 	return nil
 }
 
@@ -297,7 +396,15 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request) *apiError {
 	if e != nil {
 		return e
 	}
-	writeJSON(w, http.StatusOK, viewRun(run))
+	views := []runView{viewRun(run)}
+	s.addFlags(r.Context(), []*engine.Run{run}, views)
+	// A record that cannot be read is said, and does not hide the run.
+	calls, err := s.toolCalls(r.Context(), run.ID)
+	if err != nil {
+		views[0].ToolCallsError = err.Error()
+	}
+	views[0].ToolCalls = calls
+	writeJSON(w, http.StatusOK, views[0])
 	return nil
 }
 
@@ -393,6 +500,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) *apiError {
 	for i, run := range out {
 		views[i] = viewRun(run)
 	}
+	s.addFlags(r.Context(), out, views)
 	resp := map[string]any{"runs": views}
 	next := ""
 	if more {

@@ -709,3 +709,44 @@ func TestMetricsCountRunsWaitingForAWorkerAsQueued(t *testing.T) {
 		e.waitStatus(id, "completed")
 	}
 }
+
+// TestRunFlagsAndToolCalls: a run's flags are in the list and in the run;
+// a run's tool calls are in the run, a failed one with its error. A run
+// with no flags has none.
+func TestRunFlagsAndToolCalls(t *testing.T) {
+	e := newFailingToolsEnv(t)
+	id := e.failedToolRun("flagged")
+	_, calm := e.startRun("calm", "hello", "10s")
+	got := e.do("GET", "/api/v1/runs/"+id, nil).json(t)
+	if flags, _ := got["flags"].([]any); !slices.Contains(flags, any("tool_failed")) {
+		t.Fatalf("the run's flags: %v", got["flags"])
+	}
+	calls, _ := got["tool_calls"].([]any)
+	var failed map[string]any
+	for _, c := range calls {
+		if m := c.(map[string]any); m["tool"] == "schedule_followup" && m["status"] == "done" && m["decision"] == "approve" {
+			failed = m
+		}
+	}
+	if failed == nil || !strings.Contains(failed["error"].(string), "is a directory") || failed["args"] == nil {
+		t.Fatalf("the run's tool calls: %v", calls)
+	}
+	list := e.do("GET", "/api/v1/runs", nil).json(t)["runs"].([]any)
+	for _, r := range list {
+		m := r.(map[string]any)
+		flags, _ := m["flags"].([]any)
+		switch m["id"] {
+		case id:
+			if !slices.Contains(flags, any("tool_failed")) {
+				t.Fatalf("the listed run's flags: %v", m)
+			}
+		case calm["id"]:
+			if _, ok := m["flags"]; ok {
+				t.Fatalf("a run with no flags lists %v", m["flags"])
+			}
+		}
+		if _, ok := m["tool_calls"]; ok {
+			t.Fatalf("a listed run carries its tool calls: %v", m)
+		}
+	}
+}

@@ -23,10 +23,8 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/engine"
-	"github.com/outpost-edge/outpost/firmware"
 )
 
 // findChromium returns Debian's chromium, or another Chromium-like browser.
@@ -1371,21 +1369,8 @@ func TestDecisionSentWhileAwayIsSettled(t *testing.T) {
 // a full or read-only disk would refuse it too). The transcript must say
 // that the call failed and why, not show it as a call that returned.
 func TestFailedToolCallIsShown(t *testing.T) {
-	const agentName = "medication-adherence-tools"
-	dir := t.TempDir()
-	blocked := filepath.Join(dir, "followups.jsonl")
-	if err := os.Mkdir(blocked, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	b, err := firmware.ReferenceWithRuntime(&firmware.Runtime{Followups: &agent.FileFollowups{Path: blocked}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tools, err := b.Agent(agentName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, tools)
+	const agentName = toolsAgent
+	e := newFailingToolsEnv(t)
 	c, ctx, shot := openChromium(t)
 	signIn(ctx, t, c, e, shot)
 	c.eval(ctx, `document.getElementById("agent").value = `+jsString(agentName)+`; true`)
@@ -1420,5 +1405,210 @@ func TestStartOnABusyThreadSaysWhichTurn(t *testing.T) {
 		!document.getElementById("interrupt").hidden`, shot)
 	if got := e.do("GET", "/api/v1/runs?thread=console", nil).json(t)["runs"].([]any); len(got) != 1 {
 		t.Fatalf("the refused turn changed the thread: %v", got)
+	}
+	// The turn goes to a new conversation instead, with the message typed.
+	c.eval(ctx, `document.getElementById("new-thread").click(); true`)
+	if v, _ := c.eval(ctx, `document.getElementById("input").value`).(string); v != "I forgot my dose" {
+		t.Fatalf("a new conversation left the message box holding %q", v)
+	}
+	c.eval(ctx, `document.getElementById("start").click(); true`)
+	c.until(ctx, "the turn on a new thread", `document.getElementById("run-id").textContent !== `+jsString(id)+` &&
+		document.getElementById("output").textContent.includes("I forgot my dose")`, shot)
+}
+
+// TestFlagsAndToolCallsOfARunFromHistory: a run that ended before the
+// page opened (its calls are told by no event the page saw) is opened
+// from the list. The list shows its flags, compactly; its view shows
+// them in full; and its transcript shows the tool call it made, failed,
+// as the transcript of a run watched live does.
+func TestFlagsAndToolCallsOfARunFromHistory(t *testing.T) {
+	e := newFailingToolsEnv(t)
+	id := e.failedToolRun("from-history")
+	e.startRun("calm", "hello", "10s") // a run with no flags, for contrast
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	item := `document.querySelector('#runs li[data-run=` + jsString(id) + `]')`
+	c.until(ctx, "the run's flags in the list", item+` && `+item+`.querySelector(".flags") &&
+		`+item+`.querySelector(".flags").textContent.includes("tool_failed") &&
+		[...document.querySelectorAll("#runs li")].filter(li => li.querySelector(".flags")).length === 1`, shot)
+	c.eval(ctx, item+`.querySelector("button").click(); true`)
+	c.until(ctx, "the run's flags in its view", `document.getElementById("run-id").textContent === `+jsString(id)+` &&
+		document.getElementById("run-flags").offsetParent !== null &&
+		document.getElementById("run-flags").textContent.includes("tool_failed")`, shot)
+	c.until(ctx, "the failed call in the transcript", `[...document.querySelectorAll("#transcript li.tool")].some(li =>
+		li.textContent.startsWith("→ tool schedule_followup")) &&
+		[...document.querySelectorAll("#transcript li.tool.denied")].some(li =>
+		li.textContent.startsWith("← schedule_followup failed: tool error: ") && li.textContent.includes("is a directory"))`, shot)
+	// The call is drawn before the step its node completed in, once.
+	order, _ := c.eval(ctx, `[...document.querySelectorAll("#transcript li")].map(li => li.textContent).join("\n")`).(string)
+	called := strings.Index(order, "→ tool schedule_followup")
+	if called < 0 || strings.Count(order, "→ tool schedule_followup") != 1 || strings.Count(order, "← schedule_followup failed") != 1 {
+		t.Fatalf("the transcript:\n%s", order)
+	}
+	shot("flags-and-calls-from-history")
+}
+
+// TestSignOutDiscardsDrafts: an operator types a reply to a review and
+// the token stops being valid before it is sent. The page signs out,
+// says that the reply was discarded, and the next person to sign in on
+// the tab finds the review as the appliance asks it, not the reply.
+// Signing out by hand discards the same way.
+func TestSignOutDiscardsDrafts(t *testing.T) {
+	e, c, ctx, shot, id := openReview(t, "drafts", "please review this")
+	typeInto(ctx, c, "edit-value", "a reply not sent")
+	typeInto(ctx, c, "reason", "a reason not sent")
+	c.until(ctx, "the draft kept", `state.drafts.size === 1`, shot)
+	// A request with a token the appliance refuses, as after it made a
+	// new one.
+	c.eval(ctx, `state.token = "not-the-token"; loadRuns().catch(() => {}); true`)
+	c.until(ctx, "the sign-in, saying the reply was discarded", `!document.getElementById("login").hidden &&
+		document.getElementById("login-error").textContent.includes("no longer valid") &&
+		document.getElementById("login-error").textContent.includes("Your unsent reply to a review question was discarded.")`, shot)
+	shot("signed-out-draft-discarded")
+	reopen := func() {
+		t.Helper()
+		c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s; document.getElementById("login-btn").click(); true`, jsString(e.token)))
+		c.until(ctx, "the console again", `!document.getElementById("main").hidden && document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
+		c.eval(ctx, `select(`+jsString(id)+`); true`)
+		c.until(ctx, "the review as the appliance asks it", `!document.getElementById("interrupt").hidden &&
+			document.getElementById("edit-value").value === "Take your dose now. (please review this)" &&
+			document.getElementById("reason").value === ""`, shot)
+	}
+	reopen()
+	typeInto(ctx, c, "edit-value", "another reply not sent")
+	c.eval(ctx, `document.getElementById("logout").click(); true`)
+	c.until(ctx, "the sign-in, saying the reply was discarded", `!document.getElementById("login").hidden &&
+		document.getElementById("login-error").textContent === "You signed out. Your unsent reply to a review question was discarded."`, shot)
+	reopen()
+	// Nothing was sent meanwhile.
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "interrupted" || got["decisions"] != nil {
+		t.Fatalf("the run after the sign-outs: %v", got)
+	}
+}
+
+// TestNewConversationGetsItsOwnThread: turns started from the page do not
+// all go to one thread. The page offers a fresh thread, shown and
+// editable; a follow-up stays on it; "new conversation" begins another.
+func TestNewConversationGetsItsOwnThread(t *testing.T) {
+	e := newEnv(t, nil)
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	first, _ := c.eval(ctx, `document.getElementById("thread").value`).(string)
+	if !strings.HasPrefix(first, "conv-") {
+		t.Fatalf("the thread offered is %q", first)
+	}
+	turn := func(input string) map[string]any {
+		t.Helper()
+		c.eval(ctx, `document.getElementById("input").value = `+jsString(input)+`; document.getElementById("start").click(); true`)
+		c.until(ctx, "the turn completed", `document.getElementById("run-status").dataset.status === "completed" &&
+			document.getElementById("output").textContent.includes(`+jsString(input)+`)`, shot)
+		id, _ := c.eval(ctx, `document.getElementById("run-id").textContent`).(string)
+		return e.do("GET", "/api/v1/runs/"+id, nil).json(t)
+	}
+	if r := turn("I forgot my dose"); r["thread"] != first {
+		t.Fatalf("the first turn went to thread %v, the page offered %q", r["thread"], first)
+	}
+	if r := turn("and what now"); r["thread"] != first {
+		t.Fatalf("the follow-up went to thread %v, not %q", r["thread"], first)
+	}
+	c.eval(ctx, `document.getElementById("new-thread").click(); true`)
+	second, _ := c.eval(ctx, `document.getElementById("thread").value`).(string)
+	if second == first || !strings.HasPrefix(second, "conv-") {
+		t.Fatalf("a new conversation offers thread %q after %q", second, first)
+	}
+	if r := turn("a new patient"); r["thread"] != second {
+		t.Fatalf("the new conversation's turn went to thread %v, not %q", r["thread"], second)
+	}
+	// The thread stays the operator's to choose.
+	c.eval(ctx, `document.getElementById("thread").value = "ward-3"; true`)
+	if r := turn("typed thread"); r["thread"] != "ward-3" {
+		t.Fatalf("the turn went to thread %v, not the one typed", r["thread"])
+	}
+	if n := len(e.do("GET", "/api/v1/runs?thread="+first, nil).json(t)["runs"].([]any)); n != 2 {
+		t.Fatalf("thread %s holds %d runs, want 2", first, n)
+	}
+}
+
+// TestContinueAConversationFromItsRun: an operator opens a run from the
+// list and goes on with its conversation: the next turn from the page
+// goes to that run's thread, not to the one the start form held.
+func TestContinueAConversationFromItsRun(t *testing.T) {
+	e := newEnv(t, nil)
+	_, old := e.startRun("ward-7", "hello", "10s")
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(old["id"].(string))+`); true`)
+	c.until(ctx, "the run", `document.getElementById("run-id").textContent === `+jsString(old["id"].(string)), shot)
+	c.eval(ctx, `document.getElementById("continue-thread").click(); true`)
+	c.until(ctx, "the run's thread in the start form", `document.getElementById("thread").value === "ward-7"`, shot)
+	c.eval(ctx, `document.getElementById("input").value = "a follow-up"; document.getElementById("start").click(); true`)
+	c.until(ctx, "the follow-up completed", `document.getElementById("run-status").dataset.status === "completed" &&
+		document.getElementById("output").textContent.includes("a follow-up")`, shot)
+	if n := len(e.do("GET", "/api/v1/runs?thread=ward-7", nil).json(t)["runs"].([]any)); n != 2 {
+		t.Fatalf("thread ward-7 holds %d runs, want 2", n)
+	}
+}
+
+// TestSignOutForgetsTheName: an operator signs out by hand and leaves;
+// the next person to sign in on the tab must not have their decisions
+// recorded under the first one's name.
+func TestSignOutForgetsTheName(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("names", "please review this", "10s")
+	id := run["id"].(string)
+	c, ctx, shot := openChromium(t)
+	signInAs(ctx, t, c, e, shot, "Dr First")
+	c.eval(ctx, `document.getElementById("logout").click(); true`)
+	c.until(ctx, "the sign-in with no name", `!document.getElementById("login").hidden &&
+		document.getElementById("operator").value === "" && sessionStorage.getItem("outpost.operator") === null`, shot)
+	// The next person pastes the token and signs in without looking at
+	// the name field.
+	c.eval(ctx, fmt.Sprintf(`document.getElementById("token").value = %s; document.getElementById("login-btn").click(); true`, jsString(e.token)))
+	c.until(ctx, "the console again", `!document.getElementById("main").hidden && document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the review", `!document.getElementById("interrupt").hidden`, shot)
+	c.eval(ctx, `document.getElementById("approve").click(); true`)
+	got := e.waitStatus(id, "completed")
+	if d := got["decisions"].([]any)[0].(map[string]any); strings.Contains(d["by"].(string), "Dr First") {
+		t.Fatalf("the next person's decision is recorded as %q", d["by"])
+	}
+}
+
+// TestDecisionInTheTranscriptOfARunFromHistory: a run decided before the
+// page opened it shows, in its transcript, where it was resumed and by
+// whose decision, as a run watched live shows its resume.
+func TestDecisionInTheTranscriptOfARunFromHistory(t *testing.T) {
+	e := newEnv(t, nil)
+	_, run := e.startRun("decided", "please review this", "10s")
+	id := run["id"].(string)
+	if r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "approve", "reason": "cited", "wait": "10s"}, "X-Operator", "Dr Other"); r.status != 200 {
+		t.Fatalf("decision: %d %s", r.status, r.body)
+	}
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the resume in the transcript", `[...document.querySelectorAll("#transcript li")].some(li =>
+		li.textContent.startsWith("▶ resumed: approve by Dr Other") && li.textContent.endsWith("(cited)"))`, shot)
+	order, _ := c.eval(ctx, `[...document.querySelectorAll("#transcript li")].map(li => li.textContent).join("\n")`).(string)
+	if resumed, closing := strings.Index(order, "▶ resumed"), strings.Index(order, "✓ closing"); strings.Count(order, "▶ resumed") != 1 || closing < resumed {
+		t.Fatalf("the transcript:\n%s", order)
+	}
+}
+
+// TestSignOutWithTheCancelDialogOpen: the token is refused while the
+// operator has the cancel dialog open. The sign-in must be usable: a
+// modal dialog left open makes the rest of the page inert.
+func TestSignOutWithTheCancelDialogOpen(t *testing.T) {
+	e, c, ctx, shot, id := openReview(t, "dialog", "please review this")
+	c.eval(ctx, `document.getElementById("cancel").click(); true`)
+	c.until(ctx, "the cancel dialog", `document.getElementById("cancel-confirm").open`, shot)
+	c.eval(ctx, `state.token = "not-the-token"; loadRuns().catch(() => {}); true`)
+	c.until(ctx, "the sign-in", `!document.getElementById("login").hidden`, shot)
+	typeInto(ctx, c, "token", e.token)
+	c.until(ctx, "the token typed into the sign-in", `document.getElementById("token").value === `+jsString(e.token), shot)
+	c.eval(ctx, `document.getElementById("login-btn").click(); true`)
+	c.until(ctx, "the console again", `!document.getElementById("main").hidden && document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "interrupted" {
+		t.Fatalf("the run: %v", got)
 	}
 }

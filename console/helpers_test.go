@@ -9,13 +9,18 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/internal/wiring"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -267,7 +272,7 @@ func newEnvWithAgents(t *testing.T, dir string, opts engine.ManagerOptions, wrap
 		listed = append(listed, a.Name)
 	}
 	cfg := console.Config{Manager: e.mgr, Bus: e.bus, Resolve: resolve, Agents: listed, Token: tok,
-		Metrics: metrics, StoreSize: db.Size, CountRuns: db.CountRuns, Logf: t.Logf,
+		Metrics: metrics, StoreSize: db.Size, CountRuns: db.CountRuns, Records: db, Logf: t.Logf,
 		Bundles: func() []console.BundleInfo {
 			return []console.BundleInfo{{Name: "test-bundle", Version: 3, Digest: "sha256:test", Agents: []string{testAgent}, Active: true, Source: "embedded"}}
 		}}
@@ -450,4 +455,51 @@ func (e *env) startTwoQuestions(thread string) (id string, asked []map[string]an
 		e.t.Fatalf("the run is %v, waiting on %d interrupts", run["status"], len(asked))
 	}
 	return run["id"].(string), asked
+}
+
+// toolsAgent is the reference bundle's agent that asks to schedule a
+// follow-up, a call that needs a person's approval.
+const toolsAgent = "medication-adherence-tools"
+
+// newFailingToolsEnv is newEnv that also runs toolsAgent, whose follow-up
+// file cannot be written (a folder stands at its path, as a full or
+// read-only disk would refuse it too): an approved call fails, and the
+// run raises the flag tool_failed.
+func newFailingToolsEnv(t *testing.T) *env {
+	t.Helper()
+	blocked := filepath.Join(t.TempDir(), "followups.jsonl")
+	if err := os.Mkdir(blocked, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rt := &firmware.Runtime{Followups: &agent.FileFollowups{Path: blocked}}
+	b, err := firmware.ReferenceWithRuntime(rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools, err := b.Agent(toolsAgent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, tools)
+	// Its calls are recorded in the store, as serve records them.
+	rt.Log, rt.Blobs, rt.Runs = wiring.CallLog(e.db, e.db), e.db, e.db
+	return e
+}
+
+// failedToolRun runs a turn of toolsAgent on thread through the API, and
+// approves its call, which fails; it returns the run's ID once it ends.
+func (e *env) failedToolRun(thread string) string {
+	e.t.Helper()
+	r := e.do("POST", "/api/v1/threads/"+thread+"/runs", map[string]any{"agent": toolsAgent,
+		"input": "please schedule a follow-up call about my metformin", "wait": "20s"})
+	run := r.json(e.t)
+	if r.status != http.StatusCreated || run["status"] != "interrupted" {
+		e.t.Fatalf("start run: %d %s", r.status, r.body)
+	}
+	id := run["id"].(string)
+	if r := e.do("POST", "/api/v1/runs/"+id+"/resume", map[string]any{"decision": "approve", "wait": "20s"}); r.status != http.StatusOK {
+		e.t.Fatalf("approve: %d %s", r.status, r.body)
+	}
+	e.waitStatus(id, "completed")
+	return id
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // Config is what a Server serves.
@@ -48,6 +49,11 @@ type Config struct {
 	// through the manager's store's run listings, which read what a
 	// listing does.
 	CountRuns func(ctx context.Context, skip map[string]bool) (counts map[engine.RunStatus]int, damaged int, err error)
+	// Records reads what the store keeps of runs besides their records:
+	// their flags and their tool calls (a *store.DB). Nil reads them
+	// through the manager's store when it is one, and shows none
+	// otherwise.
+	Records RunRecords
 
 	Events EventOptions
 	// MaxBody bounds a request body (default 1 MiB).
@@ -56,6 +62,12 @@ type Config struct {
 	MaxWait time.Duration
 	// Logf reports problems no client sees; nil discards them.
 	Logf func(format string, args ...any)
+}
+
+// RunRecords reads a run's flags and tool-call records (store.DB does).
+type RunRecords interface {
+	RunFlags(ctx context.Context, runs []*engine.Run) (map[string][]string, error)
+	ToolCalls(ctx context.Context, prefix string) ([]*store.ToolCall, error)
 }
 
 // BundleInfo describes a bundle the appliance runs.
@@ -110,6 +122,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics()
+	}
+	if cfg.Records == nil && cfg.Manager != nil {
+		cfg.Records, _ = cfg.Manager.Store().(RunRecords)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &Server{cfg: cfg, hosts: newHostPolicy(cfg.AllowHosts), metrics: cfg.Metrics, ctx: ctx, stop: stop}

@@ -228,8 +228,9 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	srv := console.New(console.Config{Manager: m, Bus: bus, Resolve: resolve, Agents: agents, Token: tok,
 		AllowHosts: hosts, Bundles: func() []console.BundleInfo { return bundles }, Metrics: metrics,
 		Health: []console.HealthCheck{{Name: "model", Check: modelHealth}}, StoreSize: db.Size, StoreWrites: db.WriteErr, CountRuns: db.CountRuns,
-		Uplink: consoleUplink(db, up),
-		Logf:   func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }})
+		Records: db,
+		Uplink:  consoleUplink(db, up),
+		Logf:    func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }})
 
 	ctl, stopCtl := context.WithCancel(context.Background())
 	var bg sync.WaitGroup

@@ -87,16 +87,39 @@ $("login-form").addEventListener("submit", async (ev) => {
   state.operator = $("operator").value.trim();
   await signIn();
 });
+// Signing out by hand is leaving the console: the next person to sign
+// in types their own name, or their decisions would be recorded under
+// this one's. (A token the appliance refuses keeps the name: the same
+// person signs in again.)
 $("logout").addEventListener("click", () => {
-  sessionStorage.removeItem("outpost.token");
-  location.reload();
+  sessionStorage.removeItem("outpost.operator");
+  state.operator = "";
+  $("operator").value = "";
+  signOut("You signed out.");
 });
 
 // signOut takes the operator back to the sign-in, saying why, and stops
-// everything that would go on using the token.
+// everything that would go on using the token. The replies typed and not
+// sent are discarded, saying how many: the next person to sign in on this
+// tab must not find them, nor send them under their own name.
 function signOut(why) {
   sessionStorage.removeItem("outpost.token");
   state.token = "";
+  let unsent = 0;
+  for (const d of state.drafts.values()) unsent += d.size;
+  state.drafts.clear();
+  state.dropped.clear();
+  state.unsure.clear();
+  $("edit-value").value = "";
+  $("reason").value = "";
+  delete $("interrupt").dataset.interrupt;
+  delete $("interrupt").dataset.run;
+  state.selected = "";
+  show($("detail"), false);
+  // A dialog left open would hold the page (a modal makes the rest inert):
+  // the sign-in could not be typed into.
+  $("cancel-confirm").close();
+  if (unsent) why += " Your unsent " + (unsent === 1 ? "reply to a review question was" : "replies to " + unsent + " review questions were") + " discarded.";
   clearInterval(state.statusTimer);
   if (state.ws) {
     state.ws.onclose = null;
@@ -255,6 +278,11 @@ function renderRuns() {
     }
     const left = el("span");
     left.append(el("span", "", short(r.input === undefined ? r.agent : r.input, 60)), el("span", "thread", r.thread + " · " + r.agent));
+    if (r.flags && r.flags.length) {
+      const f = el("span", "flags", "⚑ " + short(r.flags.join(", "), 60));
+      f.title = "flags: " + r.flags.join(", ");
+      left.append(f);
+    }
     b.append(left, el("span", "status " + r.status, r.status === "interrupted" ? "waiting for review" + questions(r) : r.status));
     b.addEventListener("click", () => select(r.id));
     li.append(b);
@@ -271,7 +299,8 @@ $("filter-review").addEventListener("change", renderRuns);
 $("start-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   show($("start-error"), false);
-  const thread = $("thread").value.trim() || "console";
+  if (!$("thread").value.trim()) $("thread").value = freshThread();
+  const thread = $("thread").value.trim();
   try {
     const run = await api("POST", "/api/v1/threads/" + encodeURIComponent(thread) + "/runs",
       { agent: $("agent").value, input: $("input").value });
@@ -284,6 +313,37 @@ $("start-form").addEventListener("submit", async (ev) => {
     if (e.code === "thread_busy") await explainBusy(thread);
     show($("start-error"), true);
   }
+});
+
+// freshThread names a new conversation's thread: the time it begins, and
+// a few random letters so that two consoles starting at once differ.
+function freshThread() {
+  const t = new Date().toISOString().slice(0, 19).replace(/[-:]/g, "").replace("T", "-");
+  const r = [...crypto.getRandomValues(new Uint8Array(3))].map((b) => b.toString(16).padStart(2, "0")).join("");
+  return "conv-" + t + "-" + r;
+}
+
+// A new conversation gets a thread of its own; the turns started after it
+// stay on that thread (the field keeps it) until another is begun or the
+// operator types one. The message typed stays: a turn refused on a busy
+// thread is started on a new one this way.
+function newConversation() {
+  $("thread").value = freshThread();
+  show($("start-error"), false);
+}
+$("new-thread").addEventListener("click", () => {
+  newConversation();
+  $("input").focus();
+});
+newConversation();
+// An opened run's conversation goes on from the start form: its thread
+// goes into the field, for the next turn and those after it.
+$("continue-thread").addEventListener("click", () => {
+  const run = state.runs.get(state.selected);
+  if (!run) return;
+  $("thread").value = run.thread;
+  show($("start-error"), false);
+  $("input").focus();
 });
 
 // explainBusy says, in the page's words, which turn holds the thread a
@@ -354,25 +414,39 @@ async function select(id) {
   // draw them) and drawn in their place once the past is in.
   const since = state.lastSeq || 0;
   state.drawing = id;
-  let mine = [], unread = "";
-  try {
-    const h = await api("GET", "/api/v1/threads/" + encodeURIComponent(run.thread) + "/history?limit=1000");
-    mine = h.checkpoints.filter((c) => c.run === id).reverse();
-  } catch (e) { unread = e.message; }
+  // Its tool calls come with the run read whole: the checkpoints name
+  // the nodes that ran, not the calls they made.
+  let mine = [], unread = "", calls = [], callsUnread = "", decisions = run.decisions || [];
+  const [h, whole] = await Promise.allSettled([
+    api("GET", "/api/v1/threads/" + encodeURIComponent(run.thread) + "/history?limit=1000"),
+    api("GET", "/api/v1/runs/" + encodeURIComponent(id))]);
+  if (h.status === "fulfilled") mine = h.value.checkpoints.filter((c) => c.run === id).reverse();
+  else unread = h.reason.message;
+  if (whole.status === "fulfilled") {
+    calls = whole.value.tool_calls || [];
+    decisions = whole.value.decisions || [];
+    callsUnread = whole.value.tool_calls_error || "";
+  } else callsUnread = whole.reason.message;
   if (state.selects !== turn) return; // another select has the transcript now
   state.drawing = "";
   // An empty transcript would read as a run that did nothing.
   if (unread) line("denied", "The run's steps could not be read: " + unread + ". Open the run again to retry.");
-  drawHeld(mine, (state.log.get(id) || []).filter((e) => e.seq > since));
+  if (callsUnread) line("denied", "The run's tool calls could not be read: " + callsUnread + ".");
+  drawHeld(mine, (state.log.get(id) || []).filter((e) => e.seq > since), calls, decisions);
   await drawGraph(run);
 }
 
-// drawHeld draws a run's past from its checkpoints, and the events held
-// while they were read: a step whose checkpoint the history already holds
-// is drawn from its events (tokens and tool calls included) instead of
-// twice, and the steps after it follow in order.
-function drawHeld(checkpoints, held) {
+// drawHeld draws a run's past from its checkpoints and its tool calls'
+// records, and the events held while they were read: a step whose
+// checkpoint the history already holds is drawn from its events (tokens
+// and tool calls included) instead of twice, and the steps after it follow
+// in order. A call is drawn before the step its node completed in; the
+// calls of a node that has not completed (it waits for review), after the
+// last step. A decision that resumed the run is drawn before the first
+// step after it, unless a held run.resumed event tells of it.
+function drawHeld(checkpoints, held, calls, decisions) {
   const steps = new Map(); // checkpoint id -> the events up to it
+  const evented = new Set(); // keys of the calls the held events tell of
   let step = [];
   for (const e of held) {
     step.push(e);
@@ -380,18 +454,57 @@ function drawHeld(checkpoints, held) {
       steps.set(e.data.id, step);
       step = [];
     }
+    if (e.type.startsWith("tool.") && e.data) for (const k of [e.data.key, e.data.record]) if (k) evented.add(k);
   }
+  let left = (calls || []).filter((c) => !evented.has(c.key));
+  // Each run.resumed event held tells of that many decisions, the newest.
+  const told = held.reduce((n, e) => n + (e.type === "run.resumed" ? (e.data && e.data.decisions) || 1 : 0), 0);
+  let undrawn = [...(decisions || [])].sort((a, b) => Date.parse(a.at) - Date.parse(b.at));
+  undrawn = undrawn.slice(0, Math.max(0, undrawn.length - told));
   for (const c of checkpoints) {
+    const at = Date.parse(c.created_at);
+    const mine = left.filter((x) => c.nodes.includes(x.node) && Date.parse(x.at) <= at);
+    left = left.filter((x) => !mine.includes(x));
+    const resumed = undrawn.filter((d) => Date.parse(d.at) <= at);
+    undrawn = undrawn.filter((d) => !resumed.includes(d));
     const evs = steps.get(c.id);
     if (evs) {
       evs.forEach(renderEvent);
       steps.delete(c.id);
       continue;
     }
+    resumed.forEach(drawDecision);
+    mine.forEach(drawCall);
     for (const n of c.nodes) line("node", "✓ " + n + (c.channels.length ? "  (wrote " + c.channels.join(", ") + ")" : ""));
   }
+  undrawn.forEach(drawDecision);
+  left.forEach(drawCall);
   for (const evs of steps.values()) evs.forEach(renderEvent);
   step.forEach(renderEvent);
+}
+
+// drawDecision draws a decision that resumed the run, as its resume
+// event draws, with who decided what.
+function drawDecision(d) {
+  line("node", "▶ resumed: " + d.decision + " by " + (d.by || "?") + " at " + new Date(d.at).toLocaleTimeString() +
+    (d.reason ? " (" + d.reason + ")" : ""));
+}
+
+// drawCall draws a tool call from its record as the live events draw it:
+// the call and how it ended, a failed one as failed; a call refused (by
+// the policy or a person) as refused. The mark of a question asked about
+// a call is the review's, not a call, and is not drawn.
+function drawCall(c) {
+  const ev = (type, data) => renderEvent({ type, node: c.node, data });
+  if (c.decision === "ask") return;
+  if (c.decision === "deny") return ev("tool.unauthorized", { tool: c.tool, reason: c.reason || c.error || "" });
+  if (c.decision === "reject") {
+    line("denied", "✗ not run: " + c.tool + " (rejected by " + (c.decided_by || "?") + (c.reason ? ": " + c.reason : "") + ")");
+    return;
+  }
+  ev("tool.called", { tool: c.tool, args: c.args === undefined ? "" : c.args });
+  if (c.status === "done") ev("tool.result", c.error ? { tool: c.tool, error: c.error } : { tool: c.tool, bytes: c.bytes });
+  else line("flag", "← " + c.tool + ": no result recorded (it may or may not have run)");
 }
 
 function renderDetail(run) {
@@ -402,6 +515,9 @@ function renderDetail(run) {
   st.dataset.status = run.status;
   text($("run-meta"), "thread " + run.thread + " · agent " + run.agent + " · bundle " + run.bundle.name + " v" + run.bundle.version +
     " · started " + new Date(run.created_at).toLocaleTimeString() + (run.ended_at ? " · ended " + new Date(run.ended_at).toLocaleTimeString() : ""));
+  const flags = run.flags || [];
+  text($("run-flags"), "⚑ Flags: " + flags.join(", "));
+  show($("run-flags"), flags.length > 0);
   const out = run.output === undefined ? "" : (typeof run.output === "string" ? run.output : JSON.stringify(run.output, null, 2));
   // A run an operator cancelled, or a budget stopped, did not fail.
   const why = run.status === "cancelled" || run.status === "budget_exceeded" ? "stopped" : "error";
