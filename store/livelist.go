@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sort"
 
@@ -72,12 +73,18 @@ func ListLive(ctx context.Context, rs engine.RunStore, live LiveRuns, f engine.R
 			page = append(page, runs...)
 		}
 		for _, run := range unstored {
-			if !slices.ContainsFunc(page, func(p *engine.Run) bool { return p.ID == run.ID }) {
-				if f.Summary {
-					Summarize(run) // a copy (Unstored)
-				}
-				page = append(page, run)
+			if slices.ContainsFunc(page, func(p *engine.Run) bool { return p.ID == run.ID }) {
+				continue
 			}
+			if status != "" && storedElsewhere(ctx, rs, run.ID) {
+				// Stored under a status this listing did not read: a
+				// pause stores its run before the manager lets go of it.
+				continue
+			}
+			if f.Summary {
+				Summarize(run) // a copy (Unstored)
+			}
+			page = append(page, run)
 		}
 		sort.Slice(page, func(i, j int) bool { return before(page[i].ID, page[j].ID) })
 		if want > 0 && len(page) > want {
@@ -104,4 +111,13 @@ func ListLive(ctx context.Context, rs engine.RunStore, live LiveRuns, f engine.R
 		out = out[:want]
 	}
 	return out, nil
+}
+
+// storedElsewhere reports whether rs holds a record of run id; ListLive
+// asks it of a run the manager opened that a listing by status did not
+// find. A record that cannot be read counts as one: the listing names it
+// as damaged where its status is listed.
+func storedElsewhere(ctx context.Context, rs engine.RunStore, id string) bool {
+	_, err := rs.Run(ctx, id)
+	return !errors.Is(err, engine.ErrRunNotFound)
 }
