@@ -289,6 +289,29 @@ func dataFolderExists(dir, whose string) error {
 	return nil
 }
 
+// runArg refuses, as a bad command line, a RUN argument that is not shaped
+// like a run id (a thread name, a checkpoint id, a typo), before anything
+// is opened: it could name no run.
+func runArg(id string) error {
+	if engine.IsRunID(id) {
+		return nil
+	}
+	return badUsage("%q is not a run id (run ids look like %s; outpost runs list lists them)", id, "run_0123456789abcdef")
+}
+
+// runNotFound adds to a run that the store does not hold which data
+// folder was looked in, and how to list the runs it holds.
+func runNotFound(err error, dir string, fs *flag.FlagSet) error {
+	if !errors.Is(err, engine.ErrRunNotFound) {
+		return err
+	}
+	where := dir
+	if abs, aerr := filepath.Abs(dir); aerr == nil {
+		where = abs
+	}
+	return fmt.Errorf("%w\n(looked in the data folder %s; outpost runs list%s lists the runs it holds)", err, where, dataHint(fs))
+}
+
 // servesFolder is how serve's data folder is given, for dataFolderExists.
 const servesFolder = "that serve uses, with --data DIR or $OUTPOST_DATA (./outpost-data unless told)"
 

@@ -529,6 +529,9 @@ take leaves it waiting.`
 	if err != nil {
 		return err
 	}
+	if err := runArg(pos[0]); err != nil {
+		return err
+	}
 	d := engine.Decision{Kind: *decision, Reason: *reason, By: *by, At: time.Now().UTC()}
 	if *value != "" {
 		if !json.Valid([]byte(*value)) {
@@ -552,7 +555,7 @@ take leaves it waiting.`
 	run, err := resumeOne(ctx, s, pos[0], *interrupt, d, stderr)
 	s.close()
 	if err != nil {
-		return err
+		return runNotFound(err, *data, fs.FlagSet)
 	}
 	return reportRun(run, stdout, *asJSON, dataHint(fs.FlagSet))
 }
