@@ -129,8 +129,15 @@ func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.W
 		return printJSON(stdout, st)
 	}
 	printUplinkStatus(stdout, st)
-	if served {
+	switch {
+	case served:
 		fmt.Fprintf(stdout, "serve owns this store and sends its uplink: GET /api/v1/uplink shows its last error and last success\n")
+	case !st.Configured:
+		// What --json says with configured: false, for a person, with
+		// what configures one.
+		fmt.Fprintf(stdout, "no uplink configured: the outcomes stay in the ledger until one is; "+
+			"to send them to a collector, start serve with --uplink URL --appliance-id ID --uplink-secret FILE "+
+			"(--url URL here reports one as configured)\n")
 	}
 	return nil
 }
