@@ -529,9 +529,6 @@ take leaves it waiting.`
 	if err != nil {
 		return err
 	}
-	if err := runArg(pos[0]); err != nil {
-		return err
-	}
 	d := engine.Decision{Kind: *decision, Reason: *reason, By: *by, At: time.Now().UTC()}
 	if *value != "" {
 		if !json.Valid([]byte(*value)) {
@@ -546,6 +543,9 @@ take leaves it waiting.`
 		return usageError(err.Error())
 	}
 	if err := mc.check(); err != nil {
+		return err
+	}
+	if err := runArg(pos[0]); err != nil {
 		return err
 	}
 	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc, loadedBundles{})
