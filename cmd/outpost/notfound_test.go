@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -43,6 +44,11 @@ func TestRunArgumentThatNamesNoRun(t *testing.T) {
 		require.Regexp(t, usageHint, stderr, args)
 	}
 	require.Equal(t, before, snapshotFolder(t, data), "a run that is not there changes nothing")
+
+	// The exit statuses that outpost help gives say so too.
+	code, stdout, _ := outpostBin(t, "", "help")
+	require.Zero(t, code)
+	require.Contains(t, strings.Join(strings.Fields(stdout), " "), "a RUN that is not a run id), with nothing done")
 }
 
 // snapshotFolder is the names and sizes of the files under dir.

@@ -49,6 +49,11 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// taken too, so that serve's flags can be copied here.
 	if sub == "status" {
 		fs.synopsis = "uplink status [--data DIR] [--url URL] [--json]"
+		fs.About = `Print the outcome ledger's last seq, how far the collector has acknowledged it, and the
+backlog. This command holds no uplink of its own: it reports one as configured when given
+--url (serve's --uplink); without it, it says that none is and what serve takes to send
+the ledger (--uplink URL --appliance-id ID --uplink-secret FILE). While serve runs, it
+reads the ledger through serve's control socket, and GET /api/v1/uplink shows serve's own.`
 		fs.StringVar(url, "url", "", "the collector's base `URL`, to report as configured")
 		fs.alias("uplink", "url")
 		// What serve is given, to copy as it is; status sends nothing.

@@ -267,4 +267,9 @@ func TestUplinkStatusSaysWhenNoneIsConfigured(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, stdout, ": 1 outcomes, 0 acknowledged upstream, backlog 1")
 	require.NotContains(t, stdout, "no uplink configured")
+
+	// Its help says how it tells a configured uplink.
+	code, stdout, stderr = outpostBin(t, "", "uplink", "status", "-h")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, strings.Join(strings.Fields(stdout), " "), "without it, it says that none is and what serve takes to send the ledger")
 }
