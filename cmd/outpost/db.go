@@ -372,13 +372,13 @@ func dbCheck(ctx context.Context, dir, file string, asJSON bool, stdout, stderr 
 				if rep, err = db.Check(ctx); err != nil {
 					return err
 				}
-				return checkStranded(ctx, dir, localRuns{db}, rep)
+				return checkStranded(ctx, dir, localRuns{db}, rep, stderr)
 			},
 			func(c *store.Control) (err error) {
 				if rep, err = c.Check(ctx); err != nil {
 					return err
 				}
-				return checkStranded(ctx, dir, c, rep)
+				return checkStranded(ctx, dir, c, rep, stderr)
 			})
 	}
 	if err != nil {
@@ -429,10 +429,15 @@ func dbCheck(ctx context.Context, dir, file string, asJSON bool, stdout, stderr 
 // checkStranded adds to rep the runs of the data folder dir that wait for
 // a person and cannot go on, their pinned bundle being on disk nowhere, as
 // the starts of serve, run and resume warn of them. It writes nothing.
-func checkStranded(ctx context.Context, dir string, rs runReader, rep *store.CheckReport) error {
+//
+// A firmware folder that cannot be read (a malformed key file in
+// DATA/keys) does not fail the check of the store: it is said on stderr,
+// and the runs are left unchecked.
+func checkStranded(ctx context.Context, dir string, rs runReader, rep *store.CheckReport, stderr io.Writer) error {
 	resolve, err := pinnedResolver(dir)
 	if err != nil {
-		return err
+		fmt.Fprintf(stderr, "WARNING: the runs waiting for a person were not checked for their pinned bundles: %v\n", err)
+		return nil
 	}
 	rep.Stranded, err = strandedRuns(ctx, rs, resolve, false)
 	return err

@@ -57,3 +57,18 @@ func TestDBCheckNamesRunsStrandedWithoutTheirBundle(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.NotContains(t, stdout, "cannot go on")
 }
+
+// A key file in DATA/keys that does not parse keeps the pinned bundles
+// from being resolved; it does not fail the check of the store, which
+// passes as it did, with a warning that the waiting runs went unchecked.
+func TestDBCheckWithAnUnreadableKeyStillChecksTheStore(t *testing.T) {
+	data := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", data, "hello")
+	require.Zero(t, code, stderr)
+	require.NoError(t, os.MkdirAll(filepath.Join(data, "keys"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(data, "keys", "bad.pub"), []byte("junk\n"), 0o644))
+	code, stdout, stderr := outpostBin(t, "", "db", "check", "--data", data)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "store is sound")
+	require.Contains(t, stderr, "WARNING: the runs waiting for a person were not checked for their pinned bundles: bad key file")
+}
