@@ -852,7 +852,15 @@ func (s *Server) firmware(w http.ResponseWriter, r *http.Request) *apiError {
 	if s.cfg.Bundles != nil {
 		bundles = append(bundles, s.cfg.Bundles()...)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"bundles": bundles})
+	kept := []firmware.Kept{}
+	if s.cfg.Kept != nil {
+		k, err := s.cfg.Kept()
+		if err != nil {
+			return errorf(http.StatusInternalServerError, "firmware_failed", err.Error())
+		}
+		kept = append(kept, k...)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"bundles": bundles, "kept": kept})
 	return nil
 }
 

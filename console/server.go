@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -29,6 +30,11 @@ type Config struct {
 	// Bundles reports the bundles the appliance runs, for /api/v1/firmware
 	// and /healthz. Nil reports none.
 	Bundles func() []BundleInfo
+	// Kept lists the copies of embedded bundles kept for the runs pinned
+	// to them (firmware.Installer.Kept), for /api/v1/firmware. It is asked
+	// at each request: a run that pins the embedded bundle makes its copy
+	// while serve runs. Nil reports none.
+	Kept func() ([]firmware.Kept, error)
 	// Health adds checks to /healthz besides the store's (the model
 	// provider, typically).
 	Health []HealthCheck

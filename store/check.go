@@ -28,6 +28,20 @@ type CheckReport struct {
 	// which stopped midway left there (see Leftovers). They are of no use
 	// and take room; the store is sound all the same.
 	Leftovers []string `json:"leftovers,omitempty"`
+	// Stranded names the runs waiting for a person that cannot go on,
+	// because the bundle each is pinned to is on disk nowhere (or does
+	// not load). The store cannot tell: the caller that reads the data
+	// folder's firmware fills it in (outpost db check). The store is sound
+	// all the same.
+	Stranded []StrandedRun `json:"stranded,omitempty"`
+}
+
+// StrandedRun is a run waiting for a person whose pinned bundle cannot be
+// had, and why.
+type StrandedRun struct {
+	Run    string           `json:"run"`
+	Bundle engine.BundleRef `json:"bundle"`
+	Reason string           `json:"reason"`
 }
 
 // Space is how a store file's bytes are used. Pages in use and free pages

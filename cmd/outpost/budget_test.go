@@ -46,10 +46,10 @@ func TestRunBudgetFlags(t *testing.T) {
 	code, _, stderr := outpost(t, "run", "--data", t.TempDir(), "--max-tokens", "-1", "hello")
 	require.NotZero(t, code)
 	require.Contains(t, stderr, "--max-tokens must not be negative")
-	code, _, stderr = outpost(t, "resume", "--data", t.TempDir(), "--max-recoveries", "-1", "run_x", "--decision", "approve")
+	code, _, stderr = outpost(t, "resume", "--data", t.TempDir(), "--max-recoveries", "-1", "run_0000000000000001", "--decision", "approve")
 	require.NotZero(t, code)
 	require.Contains(t, stderr, "--max-recoveries must not be negative")
-	for _, args := range [][]string{{"run", "hello"}, {"serve"}, {"resume", "run_x", "--decision", "approve"}} {
+	for _, args := range [][]string{{"run", "hello"}, {"serve"}, {"resume", "run_0000000000000001", "--decision", "approve"}} {
 		for _, flag := range []string{"--max-alone-time", "--max-suspect-wait"} {
 			data := t.TempDir()
 			code, _, stderr = outpost(t, append([]string{args[0], "--data", data, flag, "-1s"}, args[1:]...)...)

@@ -289,6 +289,29 @@ func dataFolderExists(dir, whose string) error {
 	return nil
 }
 
+// runArg refuses, as a bad command line, a RUN argument that is not shaped
+// like a run id (a thread name, a checkpoint id, a typo), before anything
+// is opened: it could name no run.
+func runArg(id string) error {
+	if engine.IsRunID(id) {
+		return nil
+	}
+	return badUsage("%q is not a run id (run ids look like %s; outpost runs list lists them)", id, "run_0123456789abcdef")
+}
+
+// runNotFound adds to a run that the store does not hold which data
+// folder was looked in, and how to list the runs it holds.
+func runNotFound(err error, dir string, fs *flag.FlagSet) error {
+	if !errors.Is(err, engine.ErrRunNotFound) {
+		return err
+	}
+	where := dir
+	if abs, aerr := filepath.Abs(dir); aerr == nil {
+		where = abs
+	}
+	return fmt.Errorf("%w\n(looked in the data folder %s; outpost runs list%s lists the runs it holds)", err, where, dataHint(fs))
+}
+
 // servesFolder is how serve's data folder is given, for dataFolderExists.
 const servesFolder = "that serve uses, with --data DIR or $OUTPOST_DATA (./outpost-data unless told)"
 
@@ -491,23 +514,68 @@ func openInstaller(dir string, rt *firmware.Runtime) (*firmware.Installer, error
 // A bundle it cannot resolve is said, and stops nothing: the other runs go
 // on. A bundle that needs a newer binary is said at the run's resume.
 func keepWaitingPins(ctx context.Context, st engine.Store, resolve engine.Resolver, stderr io.Writer) error {
-	waiting, err := st.Runs(ctx, engine.RunFilter{Status: engine.StatusInterrupted, Summary: true,
-		Damaged: func(string, error) {}}) // left out: recovery has named them
-	if err != nil {
-		return err
+	stranded, err := strandedRuns(ctx, st, resolve, true)
+	for _, s := range stranded {
+		fmt.Fprintf(stderr, "WARNING: run %s, and any other run pinned to %s v%d (%s), waits for a person but cannot go on: %s\n",
+			s.Run, s.Bundle.Name, s.Bundle.Version, s.Bundle.Digest, s.Reason)
 	}
-	seen := map[engine.BundleRef]bool{}
+	return err
+}
+
+// strandedRuns resolves the bundles of the runs waiting for a person, as
+// their resumes will (resolve), and returns those that cannot go on: with
+// oncePerBundle, the first such run of each bundle, else every one. A
+// bundle that needs a newer binary is said at the run's resume.
+func strandedRuns(ctx context.Context, rs interface {
+	Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error)
+}, resolve engine.Resolver, oncePerBundle bool) ([]store.StrandedRun, error) {
+	waiting, err := rs.Runs(ctx, engine.RunFilter{Status: engine.StatusInterrupted, Summary: true,
+		Damaged: func(string, error) {}}) // left out: recovery and db check name them
+	if err != nil {
+		return nil, err
+	}
+	var stranded []store.StrandedRun
+	failed := map[engine.BundleRef]error{}
 	for _, r := range waiting {
-		if r.Bundle.Name == "" || seen[r.Bundle] {
+		if r.Bundle.Name == "" {
 			continue
 		}
-		seen[r.Bundle] = true
-		if _, err := resolve(r.Agent, r.Bundle); err != nil && !errors.Is(err, firmware.ErrMinVersion) {
-			fmt.Fprintf(stderr, "WARNING: run %s, and any other run pinned to %s v%d (%s), waits for a person but cannot go on: %v\n",
-				r.ID, r.Bundle.Name, r.Bundle.Version, r.Bundle.Digest, err)
+		err, seen := failed[r.Bundle]
+		if !seen {
+			if _, err = resolve(r.Agent, r.Bundle); errors.Is(err, firmware.ErrMinVersion) {
+				err = nil
+			}
+			failed[r.Bundle] = err
+		} else if oncePerBundle {
+			continue
+		}
+		if err != nil {
+			stranded = append(stranded, store.StrandedRun{Run: r.ID, Bundle: r.Bundle, Reason: err.Error()})
 		}
 	}
-	return nil
+	return stranded, nil
+}
+
+// pinnedResolver resolves the bundles runs are pinned to in the data
+// folder dir without writing anything: an installed version or a kept
+// copy of an embedded bundle, or the bundle embedded in this binary,
+// whose copy a start of serve, run or resume keeps.
+func pinnedResolver(dir string) (engine.Resolver, error) {
+	ref, err := firmware.Reference()
+	if err != nil {
+		return nil, err
+	}
+	in, err := openInstalled(dir, nil)
+	if err != nil || in == nil {
+		return firmware.EmbeddedResolver(nil, ref), err
+	}
+	installed, embedded := firmware.Resolver(in), firmware.BundleResolver(ref)
+	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
+		if pinned == ref.Ref() {
+			return embedded(name, pinned)
+		}
+		return installed(name, pinned)
+	}, nil
 }
 
 func printJSON(w io.Writer, v any) error {

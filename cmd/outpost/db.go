@@ -60,7 +60,10 @@ blob exists, and that the outcome ledger's hash chain is whole; count the file's
 The store is opened read-only and is not changed. While serve runs, the check goes
 through serve's control socket. Files beside the store that a compaction which stopped
 midway left (outpost.db.compact, outpost.db.probe-*) are named as leftovers; they do not
-make the check fail, and the next compact removes them.
+make the check fail, and the next compact removes them. Runs waiting for a person whose
+pinned bundle is on disk nowhere (neither installed, nor kept, nor embedded in this binary)
+are named too (stranded in --json), as serve, run and resume warn of them at a start; they
+do not make the check fail.
 To check a store file outside a data folder, such as a backup: outpost db check --file FILE.`},
 	"backup": {arg: "FILE", about: `Write a consistent copy of the store to FILE, a new file (an existing one is never
 overwritten), then check the copy. Works while serve runs. A copy that does not check clean
@@ -365,8 +368,18 @@ func dbCheck(ctx context.Context, dir, file string, asJSON bool, stdout, stderr 
 		rep, err = checkFile(ctx, file)
 	} else {
 		err = withStoreReadOnly(dir,
-			func(db *store.DB) (err error) { rep, err = db.Check(ctx); return err },
-			func(c *store.Control) (err error) { rep, err = c.Check(ctx); return err })
+			func(db *store.DB) (err error) {
+				if rep, err = db.Check(ctx); err != nil {
+					return err
+				}
+				return checkStranded(ctx, dir, localRuns{db}, rep, stderr)
+			},
+			func(c *store.Control) (err error) {
+				if rep, err = c.Check(ctx); err != nil {
+					return err
+				}
+				return checkStranded(ctx, dir, c, rep, stderr)
+			})
 	}
 	if err != nil {
 		return err
@@ -395,6 +408,9 @@ func dbCheck(ctx context.Context, dir, file string, asJSON bool, stdout, stderr 
 			fmt.Fprintf(stdout, "leftover %s: left by a compaction that stopped midway, of no use; the next outpost db compact removes it, or remove it\n",
 				filepath.Join(dir, name))
 		}
+		for _, sr := range rep.Stranded {
+			fmt.Fprintf(stdout, "WARNING run %s waits for a person but cannot go on: %s\n", sr.Run, sr.Reason)
+		}
 		if rep.OK() {
 			fmt.Fprintln(stdout, "store is sound")
 		}
@@ -408,6 +424,23 @@ func dbCheck(ctx context.Context, dir, file string, asJSON bool, stdout, stderr 
 		return fmt.Errorf("%d problem(s) found: %s\n%s", len(rep.Problems), store.Options{Copy: true}.DamageAdvice(), salvageFileHint)
 	}
 	return fmt.Errorf("%d problem(s) found", len(rep.Problems))
+}
+
+// checkStranded adds to rep the runs of the data folder dir that wait for
+// a person and cannot go on, their pinned bundle being on disk nowhere, as
+// the starts of serve, run and resume warn of them. It writes nothing.
+//
+// A firmware folder that cannot be read (a malformed key file in
+// DATA/keys) does not fail the check of the store: it is said on stderr,
+// and the runs are left unchecked.
+func checkStranded(ctx context.Context, dir string, rs runReader, rep *store.CheckReport, stderr io.Writer) error {
+	resolve, err := pinnedResolver(dir)
+	if err != nil {
+		fmt.Fprintf(stderr, "WARNING: the runs waiting for a person were not checked for their pinned bundles: %v\n", err)
+		return nil
+	}
+	rep.Stranded, err = strandedRuns(ctx, rs, resolve, false)
+	return err
 }
 
 // checkFile checks the store file at path, read-only.

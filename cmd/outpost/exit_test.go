@@ -177,7 +177,7 @@ func TestFlagValuesRefusedExit2(t *testing.T) {
 		requireRefused(t, t.TempDir(), args)
 	}
 
-	code, _, stderr := outpostBin(t, t.TempDir(), "runs", "show", "--data", t.TempDir(), "r1")
+	code, _, stderr := outpostBin(t, t.TempDir(), "runs", "show", "--data", t.TempDir(), "run_0000000000000001")
 	require.Equal(t, 1, code, "no store is a failure of the work, not of the command line: %s", stderr)
 	require.NotRegexp(t, usageHint, stderr)
 }

@@ -109,13 +109,33 @@ func explain(err error) error {
 	case errors.Is(err, firmware.ErrNotInstalled):
 		hint = "see what is installed with outpost firmware list"
 	case errors.Is(err, os.ErrNotExist):
-		hint = "no such file or folder"
+		return pathNotFound(err)
 	}
 	if hint == "" {
 		return err
 	}
 	return fmt.Errorf("%w\n(%s)", err, hint)
 }
+
+// pathNotFound says once, in plain words, that a path names nothing: the
+// system's "stat PATH: no such file or directory" followed by a hint
+// repeating it read as two faults. The error still wraps the original.
+func pathNotFound(err error) error {
+	var pe *os.PathError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	return rephrased{msg: strings.Replace(err.Error(), pe.Error(), pe.Path+": no such file or folder", 1), err: err}
+}
+
+// rephrased is err said in other words.
+type rephrased struct {
+	msg string
+	err error
+}
+
+func (e rephrased) Error() string { return e.msg }
+func (e rephrased) Unwrap() error { return e.err }
 
 func keyFlags(fs *flag.FlagSet) (keys *string, dev *bool) {
 	keys = fs.String("keys", "", "trust the public key file at `PATH`, or the *.pub files of the folder there")
@@ -531,9 +551,11 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 		return err
 	}
 	if in == nil {
-		return explain(fmt.Errorf("activate %s v%d: %w: nothing is installed in %s", fs.Arg(0), v, firmware.ErrNotInstalled, *data))
+		return notInstalled(nil, fs.Arg(0), v, *data, dataHint(fs.FlagSet))
 	}
-	if _, err := in.Open(fs.Arg(0), v); err != nil {
+	if _, err := in.Open(fs.Arg(0), v); errors.Is(err, firmware.ErrNotInstalled) {
+		return notInstalled(in.List(), fs.Arg(0), v, *data, dataHint(fs.FlagSet))
+	} else if err != nil {
 		return explain(err)
 	}
 	if err := in.Activate(fs.Arg(0), v, firmware.ActivateOptions{AllowDowngrade: *downgrade, By: *by, Reason: *reason}); err != nil {
@@ -544,6 +566,31 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s v%d is active: new runs use it; runs already started stay on their version\n", fs.Arg(0), v)
 	return nil
+}
+
+// notInstalled is activate's error for a version that is not installed:
+// it names the versions of that bundle that are (or the bundles, where it
+// has none), and how to install one.
+func notInstalled(list []firmware.Installed, name string, version int64, data, dataHint string) error {
+	var same []string
+	names := map[string]bool{}
+	for _, b := range list {
+		names[b.Name] = true
+		if b.Name == name {
+			same = append(same, "v"+strconv.FormatInt(b.Version, 10))
+		}
+	}
+	var have string
+	switch {
+	case len(same) > 0:
+		have = fmt.Sprintf("installed versions of %s: %s", name, strings.Join(same, ", "))
+	case len(names) > 0:
+		have = fmt.Sprintf("no version of %s is installed; installed bundles: %s", name, strings.Join(slices.Sorted(maps.Keys(names)), ", "))
+	default:
+		have = "nothing is installed in " + data
+	}
+	return fmt.Errorf("activate %s v%d: %w: %s\n(install it from its bundle folder or .tar with: outpost firmware install%s --activate PATH)",
+		name, version, firmware.ErrNotInstalled, have, dataHint)
 }
 
 func firmwareExport(fs *cmdFlags, args []string, stdout io.Writer) error {

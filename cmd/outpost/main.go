@@ -164,7 +164,8 @@ func usage(w io.Writer) {
 		"command's flags.\n\n"+
 		"Exit status: 0 done; 1 the work failed (for eval, a conversation departed from its golden file);\n"+
 		"2 a bad command line (an unknown command, subcommand or flag, a flag value refused, an argument\n"+
-		"missing or one too many), with nothing done (for eval, also a replay that could not be made).\n")
+		"missing or one too many, a RUN that is not a run id), with nothing done (for eval, also a replay\n"+
+		"that could not be made).\n")
 }
 
 // parse parses flags given before, between or after the positional

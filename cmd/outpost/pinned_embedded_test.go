@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
 )
 
@@ -43,6 +44,19 @@ func approvalWaitingRun(t *testing.T, bin string, env []string, data, thread str
 	return run[1]
 }
 
+// waitingBeforeUpgrade makes, with the tagged binary bin, a data folder
+// holding a run on thread "waits" that waits for a person, pinned to the
+// embedded bundle oldRef; upgraded is the environment under which bin
+// embeds another digest of it, as a later binary does.
+func waitingBeforeUpgrade(t *testing.T) (bin, data string, oldRef engine.BundleRef, upgraded []string, id string) {
+	t.Helper()
+	bin, data = builtOutpostTagged(t), t.TempDir()
+	old, err := firmware.Reference()
+	require.NoError(t, err)
+	upgraded = []string{"OUTPOST_TEST_REFERENCE=" + upgradedReference(t, "UPGRADED")}
+	return bin, data, old.Ref(), upgraded, approvalWaitingRun(t, bin, nil, data, "waits")
+}
+
 // firstCheckpoint returns the oldest checkpoint of thread, read with the
 // binary bin and env.
 func firstCheckpoint(t *testing.T, bin string, env []string, data, thread string) string {
@@ -68,14 +82,7 @@ func firstCheckpoint(t *testing.T, bin string, env []string, data, thread string
 // truly gone is refused with what is missing and what to do, and doing
 // that lets it go on.
 func TestRunPinnedToEmbeddedBundleSurvivesUpgrade(t *testing.T) {
-	bin := builtOutpostTagged(t)
-	data := t.TempDir()
-	old, err := firmware.Reference()
-	require.NoError(t, err)
-	oldRef := old.Ref()
-	upgraded := []string{"OUTPOST_TEST_REFERENCE=" + upgradedReference(t, "UPGRADED")}
-
-	id := approvalWaitingRun(t, bin, nil, data, "waits")
+	bin, data, oldRef, upgraded, id := waitingBeforeUpgrade(t)
 	kept := filepath.Join(data, "firmware", ".embedded", oldRef.Name,
 		"1-"+strings.TrimPrefix(oldRef.Digest, "sha256:"), "manifest.json")
 	require.FileExists(t, kept)

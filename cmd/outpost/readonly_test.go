@@ -103,7 +103,7 @@ func TestActivateWithNothingInstalledMakesNothing(t *testing.T) {
 	require.Equal(t, 1, code, stderr)
 	require.Equal(t, was, folderTree(t, app), "the refused activation changed the data folder")
 	require.Contains(t, stderr, "nothing is installed in "+app)
-	require.Contains(t, stderr, "see what is installed with outpost firmware list")
+	require.Contains(t, stderr, "outpost firmware install --data "+app+" --activate PATH")
 
 	missing := filepath.Join(t.TempDir(), "typo")
 	code, _, stderr = outpostBin(t, "", "firmware", "activate", "--data", missing, "medication-adherence", "1")

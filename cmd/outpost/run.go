@@ -545,6 +545,9 @@ take leaves it waiting.`
 	if err := mc.check(); err != nil {
 		return err
 	}
+	if err := runArg(pos[0]); err != nil {
+		return err
+	}
 	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc, loadedBundles{})
 	if err != nil {
 		return err
@@ -552,7 +555,7 @@ take leaves it waiting.`
 	run, err := resumeOne(ctx, s, pos[0], *interrupt, d, stderr)
 	s.close()
 	if err != nil {
-		return err
+		return runNotFound(err, *data, fs.FlagSet)
 	}
 	return reportRun(run, stdout, *asJSON, dataHint(fs.FlagSet))
 }

@@ -269,6 +269,9 @@ func runsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	if err := runArg(pos[0]); err != nil {
+		return err
+	}
 	var v runView
 	err = readRuns(*data, func(rs runReader) error {
 		r, err := rs.Run(ctx, pos[0])
@@ -279,7 +282,7 @@ func runsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return nil
 	})
 	if err != nil {
-		return err
+		return runNotFound(err, *data, fs.FlagSet)
 	}
 	if *asJSON {
 		return printJSON(stdout, v)
@@ -514,6 +517,9 @@ func runsReplay(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	run := pos[0]
+	if err := runArg(run); err != nil {
+		return err
+	}
 	// The replay reads the run's records through the engine, with the
 	// store to itself; the HTTP API has no replay.
 	db, err := openToWork(*data, "serve, or another outpost process, owns it: stop serve, then replay the run "+
@@ -522,7 +528,7 @@ func runsReplay(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer db.Close()
-	return replayRun(ctx, db, *data, run, *asJSON, stdout)
+	return runNotFound(replayRun(ctx, db, *data, run, *asJSON, stdout), *data, fs.FlagSet)
 }
 
 func runsFork(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -112,8 +112,8 @@ func TestRunsReadsWhileServeOwnsTheStore(t *testing.T) {
 		{"runs", "show", interrupted, "--json"},
 		{"runs", "show", edited},
 		{"runs", "show", edited, "--json"},
-		{"runs", "show", "run_missing"},
-		{"runs", "show", "run_missing", "--json"},
+		{"runs", "show", "run_0000000000000001"},
+		{"runs", "show", "run_0000000000000001", "--json"},
 		{"runs", "history", "t1"},
 		{"runs", "history", "t1", "--json"},
 		{"runs", "history", "t2", "--limit", "3"},
@@ -146,7 +146,7 @@ func TestRunsReadsWhileServeOwnsTheStore(t *testing.T) {
 		{[]string{"runs", "list"}, 0, interrupted},
 		{[]string{"runs", "list", "--limit", "2"}, 0, "more: outpost runs list --data '" + dir + "' --limit 2 --after "},
 		{[]string{"runs", "show", edited}, 0, `{"text":  "We will call you.", "n": [1,  2]}`},
-		{[]string{"runs", "show", "run_missing"}, 1, "load run run_missing: run not found"},
+		{[]string{"runs", "show", "run_0000000000000001"}, 1, "load run run_0000000000000001: run not found"},
 		{[]string{"runs", "history", "t2", "--limit", "3"}, 0, "more: outpost runs history t2 --data '" + dir + "' --limit 3 --before "},
 		{[]string{"runs", "history", "nothing"}, 1, `thread "nothing" has no checkpoints`},
 		// A cursor that names no checkpoint listed the whole history
@@ -203,7 +203,7 @@ func TestRunsReadsWriteNothing(t *testing.T) {
 		require.NoError(t, os.Remove(filepath.Join(dir, store.LockFile(store.FileName))))
 		before := folderFiles(t, dir)
 		for _, args := range [][]string{
-			{"runs", "list"}, {"runs", "list", "--json"}, {"runs", "show", id}, {"runs", "show", "run_missing"},
+			{"runs", "list"}, {"runs", "list", "--json"}, {"runs", "show", id}, {"runs", "show", "run_0000000000000001"},
 			{"runs", "history", "t1"}, {"runs", "history", "t1", "--limit", "2", "--json"},
 		} {
 			outpost(t, append(args, "--data", dir)...)

@@ -66,11 +66,11 @@ func TestReadOnlyCommandsNeedAStore(t *testing.T) {
 	for _, dir := range []string{missing, empty} {
 		for _, args := range [][]string{
 			{"runs", "list"},
-			{"runs", "show", "run_x"},
+			{"runs", "show", "run_0000000000000001"},
 			{"runs", "history", "t1"},
 			{"runs", "fork", "t1", "--checkpoint", "c1"},
-			{"runs", "replay", "run_x"},
-			{"resume", "run_x", "--decision", "approve"},
+			{"runs", "replay", "run_0000000000000001"},
+			{"resume", "run_0000000000000001", "--decision", "approve"},
 		} {
 			code, stdout, stderr := outpost(t, append(args, "--data", dir)...)
 			require.Equal(t, 1, code, "%v: %s", args, stdout)

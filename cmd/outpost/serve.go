@@ -226,7 +226,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 		MaxDuration: budget.WallTime, MaxTokens: budget.Tokens, MaxRecoveries: bc.maxRecoveries(), MaxAlone: bc.maxAlone(),
 		MaxSuspectWait: bc.maxSuspectWait()})
 	srv := console.New(console.Config{Manager: m, Bus: bus, Resolve: resolve, Agents: agents, Token: tok,
-		AllowHosts: hosts, Bundles: func() []console.BundleInfo { return bundles }, Metrics: metrics,
+		AllowHosts: hosts, Bundles: func() []console.BundleInfo { return bundles }, Kept: in.Kept, Metrics: metrics,
 		Health: []console.HealthCheck{{Name: "model", Check: modelHealth}}, StoreSize: db.Size, StoreWrites: db.WriteErr, CountRuns: db.CountRuns,
 		Records: db,
 		Uplink:  consoleUplink(db, up),

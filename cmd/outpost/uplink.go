@@ -49,6 +49,11 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// taken too, so that serve's flags can be copied here.
 	if sub == "status" {
 		fs.synopsis = "uplink status [--data DIR] [--url URL] [--json]"
+		fs.About = `Print the outcome ledger's last seq, how far the collector has acknowledged it, and the
+backlog. This command holds no uplink of its own: it reports one as configured when given
+--url (serve's --uplink); without it, it says that none is and what serve takes to send
+the ledger (--uplink URL --appliance-id ID --uplink-secret FILE). While serve runs, it
+reads the ledger through serve's control socket, and GET /api/v1/uplink shows serve's own.`
 		fs.StringVar(url, "url", "", "the collector's base `URL`, to report as configured")
 		fs.alias("uplink", "url")
 		// What serve is given, to copy as it is; status sends nothing.
@@ -129,8 +134,15 @@ func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.W
 		return printJSON(stdout, st)
 	}
 	printUplinkStatus(stdout, st)
-	if served {
+	switch {
+	case served:
 		fmt.Fprintf(stdout, "serve owns this store and sends its uplink: GET /api/v1/uplink shows its last error and last success\n")
+	case !st.Configured:
+		// What --json says with configured: false, for a person, with
+		// what configures one.
+		fmt.Fprintf(stdout, "no uplink configured: the outcomes stay in the ledger until one is; "+
+			"to send them to a collector, start serve with --uplink URL --appliance-id ID --uplink-secret FILE "+
+			"(--url URL here reports one as configured)\n")
 	}
 	return nil
 }

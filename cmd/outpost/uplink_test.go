@@ -251,3 +251,25 @@ func TestUplinkStatusSaysWhatItKnows(t *testing.T) {
 		}
 	}
 }
+
+// uplink status in text said nothing of an uplink that is not configured
+// (only --json had configured: false), so a backlog that never drains
+// looked like a collector that does not answer. It says so, and what
+// serve takes to configure one; with --url it does not.
+func TestUplinkStatusSaysWhenNoneIsConfigured(t *testing.T) {
+	data, _ := oneOutcomeToSend(t)
+	code, stdout, stderr := outpostBin(t, "", "uplink", "status", "--data", data)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "no uplink configured")
+	require.Contains(t, stdout, "start serve with --uplink URL --appliance-id ID --uplink-secret FILE")
+
+	code, stdout, stderr = outpostBin(t, "", "uplink", "status", "--data", data, "--url", "http://127.0.0.1:9")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, ": 1 outcomes, 0 acknowledged upstream, backlog 1")
+	require.NotContains(t, stdout, "no uplink configured")
+
+	// Its help says how it tells a configured uplink.
+	code, stdout, stderr = outpostBin(t, "", "uplink", "status", "-h")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, strings.Join(strings.Fields(stdout), " "), "without it, it says that none is and what serve takes to send the ledger")
+}
