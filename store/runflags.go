@@ -66,7 +66,8 @@ func outcomeFlags(tx *bbolt.Tx, r *engine.Run) ([]string, bool) {
 	return o.Flags, true
 }
 
-// liveFlags is finalFlags for a run still going, whose walk ends at the
+// liveFlags is finalFlags for a run still going, from its newest
+// checkpoint (newestOf), whose walk ends at the
 // newest checkpoint of an earlier run of the thread that that run's
 // outcome records flags for (as outcomeFlags reads them): the walk is
 // handed a checkpoint holding those flags as the channel's whole value,
@@ -74,7 +75,7 @@ func outcomeFlags(tx *bbolt.Tx, r *engine.Run) ([]string, bool) {
 // run's whose outcome is gone) is read and walked past as before.
 func liveFlags(b *blobs, r *engine.Run) []string {
 	cb := openCheckpoints(b.tx)
-	flags, _ := walkFlags(r, func(id string) (*engine.Checkpoint, bool) {
+	flags, _ := walkFlags(newestOf(b.tx, r), func(id string) (*engine.Checkpoint, bool) {
 		c := storedCheckpoint(cb, r.Thread, id)
 		if c == nil || c.RunID == "" || c.RunID == r.ID {
 			return c, true
@@ -91,4 +92,21 @@ func liveFlags(b *blobs, r *engine.Run) []string {
 			Channels: []engine.ChannelValue{{Channel: FlagsChannel, Value: engine.Value{Inline: raw}}}}, true
 	}, b.data)
 	return flags
+}
+
+// newestOf returns r, or a copy of it at the head of its thread when that
+// head is a later checkpoint of r's own: a run going on is not stored
+// again at each step (the engine saves that write), so its record names
+// an older checkpoint than the one it stands at.
+func newestOf(tx *bbolt.Tx, r *engine.Run) *engine.Run {
+	t, err := openNSTree(tx, r.Thread, "")
+	if err != nil || t.head == "" || t.head <= r.Checkpoint {
+		return r
+	}
+	if c := storedCheckpoint(t.cb, r.Thread, t.head); c == nil || c.RunID != r.ID {
+		return r
+	}
+	at := *r
+	at.Checkpoint = t.head
+	return &at
 }

@@ -103,3 +103,24 @@ func TestRunFlagsOfARunGoingStopsAtTheTurnBefore(t *testing.T) {
 		})
 	}
 }
+
+// A run going on is not stored again at each step, so its record names an
+// older checkpoint than it stands at: its flags are read from the newest
+// checkpoint of its own at the head of its thread.
+func TestRunFlagsOfARunGoingAreItsNewest(t *testing.T) {
+	d := openTest(t)
+	first := &engine.Checkpoint{Thread: "t", RunID: "r-going", ID: "0001", Source: engine.SourceInput, Created: tc0,
+		Channels: []engine.ChannelValue{{Channel: "input", Version: 1, Value: engine.Value{Inline: []byte(`"hi"`)}}}}
+	flagged := &engine.Checkpoint{Thread: "t", RunID: "r-going", ID: "0002", ParentID: "0001", Step: 1, Created: tc0,
+		Channels: []engine.ChannelValue{{Channel: FlagsChannel, Version: 1, Value: engine.Value{Inline: []byte(`["acute"]`)}}}}
+	going := &engine.Run{ID: "r-going", Thread: "t", Status: engine.StatusRunning, Checkpoint: first.ID, CreatedAt: tc0}
+	require.NoError(t, d.Commit(bg, &engine.Commit{Checkpoint: first, Run: going}))
+	require.NoError(t, d.Commit(bg, &engine.Commit{Checkpoint: flagged}))
+	stored, err := d.Run(bg, going.ID)
+	require.NoError(t, err)
+	require.Equal(t, first.ID, stored.Checkpoint, "the record as the engine leaves it while the run goes on")
+
+	got, err := d.RunFlags(bg, []*engine.Run{stored})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"acute"}, got[going.ID])
+}
