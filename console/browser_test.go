@@ -1612,3 +1612,88 @@ func TestSignOutWithTheCancelDialogOpen(t *testing.T) {
 		t.Fatalf("the run: %v", got)
 	}
 }
+
+// flaggingAgent raises two flags in its first step, then waits until hold
+// closes: a run of it is flagged while it is still going.
+const flaggingAgent = "flagging"
+
+func flaggingGraph(hold <-chan struct{}) *engine.Agent {
+	b := engine.NewGraph(flaggingAgent)
+	input := engine.Replace[string](b, "input")
+	flags := engine.Replace[[]string](b, "flags")
+	b.AddNode("guard", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{flags.Set([]string{"acute", "out_of_scope"})}, nil
+	})
+	b.AddNode("wait", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return nil, nil
+	})
+	b.AddEdge(engine.Start, "guard")
+	b.AddEdge("guard", "wait")
+	b.AddEdge("wait", engine.End)
+	g, err := b.Compile()
+	if err != nil {
+		panic(err)
+	}
+	return testBundleAgent(flaggingAgent, g, input, func(s engine.State) any { return "done" })
+}
+
+// TestFlagsOfALiveRun: a run raises flags and goes on. While it is still
+// going, its transcript names the flags set, and its view and its line in
+// the list show them, from the events the page receives.
+func TestFlagsOfALiveRun(t *testing.T) {
+	hold := make(chan struct{})
+	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, flaggingGraph(hold))
+	t.Cleanup(func() { close(hold) })
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `document.getElementById("agent").value = `+jsString(flaggingAgent)+`; true`)
+	startFromPage(ctx, c, "flagged-live", "my chest hurts")
+	c.until(ctx, "the flags named as they are set", `[...document.querySelectorAll("#transcript li.flag")].some(li =>
+		li.textContent === "⚑ guardrail flags set by guard: acute, out_of_scope")`, shot)
+	c.until(ctx, "the flag line of the run and of its list item", `document.getElementById("run-flags").offsetParent !== null &&
+		document.getElementById("run-flags").textContent === "⚑ Flags: acute, out_of_scope" &&
+		document.querySelector("#runs li.selected .flags") &&
+		document.querySelector("#runs li.selected .flags").textContent === "⚑ acute, out_of_scope"`, shot)
+	id, _ := c.eval(ctx, `state.selected`).(string)
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "running" {
+		t.Fatalf("the run is no longer going (%v): the page may have shown its flags when it ended", got["status"])
+	}
+	shot("flags-of-a-live-run")
+}
+
+// TestRejectedToolCallInTheLiveTranscript: an operator rejects a tool
+// call from the page. The live transcript says who decided, and that the
+// call was not run, once, as the run from history says; the run opened
+// again (from the page's events, then after a reload from its records)
+// says it once too.
+func TestRejectedToolCallInTheLiveTranscript(t *testing.T) {
+	e := newFailingToolsEnv(t)
+	c, ctx, shot := openChromium(t)
+	signInAs(ctx, t, c, e, shot, "Dr Reject")
+	c.eval(ctx, `document.getElementById("agent").value = `+jsString(toolsAgent)+`; true`)
+	startFromPage(ctx, c, "rejected-live", "please schedule a follow-up call about my metformin")
+	c.until(ctx, "the tool call's review", `!document.getElementById("interrupt").hidden &&
+		document.getElementById("interrupt-why").textContent.includes("schedule_followup")`, shot)
+	typeInto(ctx, c, "reason", "not needed")
+	c.eval(ctx, `document.getElementById("reject").click(); true`)
+	const notRun = "✗ not run: schedule_followup (rejected by Dr Reject (console-token): not needed)"
+	transcript := `[...document.querySelectorAll("#transcript li")].map(li => li.textContent)`
+	once := transcript + `.filter(s => s === ` + jsString(notRun) + `).length === 1 && ` +
+		transcript + `.filter(s => s.startsWith("▶ resumed: reject by Dr Reject (console-token) at ")).length === 1 && ` +
+		`document.getElementById("run-status").dataset.status === "completed"`
+	c.until(ctx, "the rejected call in the live transcript", once, shot)
+	id, _ := c.eval(ctx, `state.selected`).(string)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the rejected call once, the run opened again", once, shot)
+	openPage(ctx, c, e, shot)
+	c.until(ctx, "the console after a reload", `!document.getElementById("main").hidden &&
+		document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the rejected call once, from history", once, shot)
+	shot("rejected-tool-call-live")
+}
