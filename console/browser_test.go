@@ -466,7 +466,7 @@ func TestRunsListByKeyboard(t *testing.T) {
 	signIn(ctx, t, c, e, shot)
 	c.until(ctx, "the run in the list", `document.querySelector("#runs li")`, shot)
 	// Focus the control just before the list, then Tab into the list.
-	c.eval(ctx, `document.getElementById("filter-review").focus(); true`)
+	c.eval(ctx, `document.getElementById("filter-flagged").focus(); true`)
 	key := func(name, code string, vk int) {
 		for _, typ := range []string{"keyDown", "keyUp"} {
 			p := map[string]any{"type": typ, "key": name, "code": code, "windowsVirtualKeyCode": vk}
@@ -1696,4 +1696,31 @@ func TestRejectedToolCallInTheLiveTranscript(t *testing.T) {
 	c.eval(ctx, `select(`+jsString(id)+`); true`)
 	c.until(ctx, "the rejected call once, from history", once, shot)
 	shot("rejected-tool-call-live")
+}
+
+// TestFlaggedOnly: an operator triaging ticks "flagged only": the list
+// keeps the flagged runs alone. When the store holds older runs than the
+// page has read, the page says that the list is of those it read.
+func TestFlaggedOnly(t *testing.T) {
+	e := newFailingToolsEnv(t)
+	flagged := e.failedToolRun("flagged-only")
+	for _, th := range []string{"calm-1", "calm-2", "calm-3"} {
+		e.startRun(th, "hello", "10s")
+	}
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	listed := `[...document.querySelectorAll("#runs li")].map(li => li.dataset.run)`
+	c.until(ctx, "the four runs listed", listed+`.length === 4`, shot)
+	c.eval(ctx, `document.getElementById("filter-flagged").click(); true`)
+	c.until(ctx, "the flagged run alone", listed+`.join() === `+jsString(flagged)+` &&
+		document.getElementById("runs-flagged-note").hidden`, shot)
+	// The page reads fewer runs than the store holds: the flagged one is
+	// older than those read.
+	c.eval(ctx, `state.listed = 2; loadRuns(); true`)
+	c.until(ctx, "the list said to be of the runs read", listed+`.length === 0 &&
+		document.getElementById("runs-flagged-note").offsetParent !== null &&
+		document.getElementById("runs-flagged-note").textContent.startsWith("Flagged runs among the 2 newest runs")`, shot)
+	c.eval(ctx, `document.getElementById("filter-flagged").click(); true`)
+	c.until(ctx, "every run read, the filter off", listed+`.length === 2 && document.getElementById("runs-flagged-note").hidden`, shot)
+	shot("flagged-only")
 }

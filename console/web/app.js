@@ -36,6 +36,8 @@ const state = {
   // with a few runs.
   pageSize: 1000,
   reviewPages: 20,
+  listed: 500,           // how many of the newest runs the list keeps
+  older: false,          // whether the store holds runs older than those listed
 };
 
 async function api(method, path, body) {
@@ -203,33 +205,35 @@ async function loadAgents() {
 // listRuns reads up to pages pages of GET /api/v1/runs with query, newest
 // first.
 async function listRuns(query, pages) {
-  let after = "", all = [], damaged = [], waiting = null;
+  let after = "", all = [], damaged = [], waiting = null, more = false;
   for (let i = 0; i < pages; i++) {
     const page = await api("GET", "/api/v1/runs?limit=" + state.pageSize + "&order=desc" + query + (after ? "&after=" + encodeURIComponent(after) : ""));
     if (page.waiting) waiting = page.waiting;
     all = all.concat(page.runs);
     damaged = damaged.concat(page.damaged || []);
+    more = !!page.next;
     if (!page.next) break;
     after = page.next;
   }
-  return { all, damaged, waiting };
+  return { all, damaged, waiting, more };
 }
 
 async function loadRuns() {
   // Runs the stream tells of while the list is read may be newer than
   // the list has them: they are read again once it is in.
   const touched = state.touched = state.touched || new Set();
-  let all, damaged, waiting;
+  let all, damaged, waiting, more;
   $("runs").setAttribute("aria-busy", "true");
   try {
     // The newest runs are one page, however many the appliance holds.
-    [{ all, damaged }, waiting] = await Promise.all([listRuns("", 1), listRuns("&status=interrupted", state.reviewPages)]);
+    [{ all, damaged, more }, waiting] = await Promise.all([listRuns("", 1), listRuns("&status=interrupted", state.reviewPages)]);
   } finally {
     if (state.touched === touched) state.touched = null;
   }
   for (const id of touched) refreshRun(id);
   state.runs.clear();
-  for (const r of all.slice(0, 500)) state.runs.set(r.id, r);
+  for (const r of all.slice(0, state.listed)) state.runs.set(r.id, r);
+  state.older = more || all.length > state.listed;
   // The newest runs, and every run waiting for review however old: a
   // review must never drop out of sight.
   for (const r of waiting.all) state.runs.set(r.id, r);
@@ -263,12 +267,13 @@ function questions(r) {
 }
 
 function renderRuns() {
-  const onlyReview = $("filter-review").checked;
+  const onlyReview = $("filter-review").checked, onlyFlagged = $("filter-flagged").checked;
   const ul = $("runs");
   ul.replaceChildren();
   const runs = [...state.runs.values()].sort((a, b) => (a.id < b.id ? 1 : -1));
   for (const r of runs) {
     if (onlyReview && r.status !== "interrupted") continue;
+    if (onlyFlagged && !(r.flags && r.flags.length)) continue;
     const li = el("li");
     li.dataset.run = r.id;
     // A button, so that the keyboard reaches and opens a run as a mouse does.
@@ -290,6 +295,12 @@ function renderRuns() {
     li.append(b);
     ul.append(li);
   }
+  // The flagged runs are those of the runs the page has read: when the
+  // store holds older ones, an empty or short list must not read as all
+  // there are.
+  text($("runs-flagged-note"), "Flagged runs among the " + state.listed + " newest runs and those waiting for review: older runs " +
+    "are not read here (GET /api/v1/runs lists them, with their flags).");
+  show($("runs-flagged-note"), onlyFlagged && state.older);
   // The review's count of what waits follows the list.
   const sel = state.runs.get(state.selected);
   if (sel && sel.status === "interrupted" && sel.interrupts && sel.interrupts.length && !$("interrupt").hidden && $("interrupt").dataset.run === sel.id) {
@@ -297,6 +308,7 @@ function renderRuns() {
   }
 }
 $("filter-review").addEventListener("change", renderRuns);
+$("filter-flagged").addEventListener("change", renderRuns);
 
 $("start-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
