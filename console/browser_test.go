@@ -466,7 +466,7 @@ func TestRunsListByKeyboard(t *testing.T) {
 	signIn(ctx, t, c, e, shot)
 	c.until(ctx, "the run in the list", `document.querySelector("#runs li")`, shot)
 	// Focus the control just before the list, then Tab into the list.
-	c.eval(ctx, `document.getElementById("filter-review").focus(); true`)
+	c.eval(ctx, `document.getElementById("filter-flagged").focus(); true`)
 	key := func(name, code string, vk int) {
 		for _, typ := range []string{"keyDown", "keyUp"} {
 			p := map[string]any{"type": typ, "key": name, "code": code, "windowsVirtualKeyCode": vk}
@@ -1611,4 +1611,116 @@ func TestSignOutWithTheCancelDialogOpen(t *testing.T) {
 	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "interrupted" {
 		t.Fatalf("the run: %v", got)
 	}
+}
+
+// flaggingAgent raises two flags in its first step, then waits until hold
+// closes: a run of it is flagged while it is still going.
+const flaggingAgent = "flagging"
+
+func flaggingGraph(hold <-chan struct{}) *engine.Agent {
+	b := engine.NewGraph(flaggingAgent)
+	input := engine.Replace[string](b, "input")
+	flags := engine.Replace[[]string](b, "flags")
+	b.AddNode("guard", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{flags.Set([]string{"acute", "out_of_scope"})}, nil
+	})
+	b.AddNode("wait", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return nil, nil
+	})
+	b.AddEdge(engine.Start, "guard")
+	b.AddEdge("guard", "wait")
+	b.AddEdge("wait", engine.End)
+	g, err := b.Compile()
+	if err != nil {
+		panic(err)
+	}
+	return testBundleAgent(flaggingAgent, g, input, func(s engine.State) any { return "done" })
+}
+
+// TestFlagsOfALiveRun: a run raises flags and goes on. While it is still
+// going, its transcript names the flags set, and its view and its line in
+// the list show them, from the events the page receives.
+func TestFlagsOfALiveRun(t *testing.T) {
+	hold := make(chan struct{})
+	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, flaggingGraph(hold))
+	t.Cleanup(func() { close(hold) })
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `document.getElementById("agent").value = `+jsString(flaggingAgent)+`; true`)
+	startFromPage(ctx, c, "flagged-live", "my chest hurts")
+	c.until(ctx, "the flags named as they are set", `[...document.querySelectorAll("#transcript li.flag")].some(li =>
+		li.textContent === "⚑ guardrail flags set by guard: acute, out_of_scope")`, shot)
+	c.until(ctx, "the flag line of the run and of its list item", `document.getElementById("run-flags").offsetParent !== null &&
+		document.getElementById("run-flags").textContent === "⚑ Flags: acute, out_of_scope" &&
+		document.querySelector("#runs li.selected .flags") &&
+		document.querySelector("#runs li.selected .flags").textContent === "⚑ acute, out_of_scope"`, shot)
+	id, _ := c.eval(ctx, `state.selected`).(string)
+	if got := e.do("GET", "/api/v1/runs/"+id, nil).json(t); got["status"] != "running" {
+		t.Fatalf("the run is no longer going (%v): the page may have shown its flags when it ended", got["status"])
+	}
+	shot("flags-of-a-live-run")
+}
+
+// TestRejectedToolCallInTheLiveTranscript: an operator rejects a tool
+// call from the page. The live transcript says who decided, and that the
+// call was not run, once, as the run from history says; the run opened
+// again (from the page's events, then after a reload from its records)
+// says it once too.
+func TestRejectedToolCallInTheLiveTranscript(t *testing.T) {
+	e := newFailingToolsEnv(t)
+	c, ctx, shot := openChromium(t)
+	signInAs(ctx, t, c, e, shot, "Dr Reject")
+	c.eval(ctx, `document.getElementById("agent").value = `+jsString(toolsAgent)+`; true`)
+	startFromPage(ctx, c, "rejected-live", "please schedule a follow-up call about my metformin")
+	c.until(ctx, "the tool call's review", `!document.getElementById("interrupt").hidden &&
+		document.getElementById("interrupt-why").textContent.includes("schedule_followup")`, shot)
+	typeInto(ctx, c, "reason", "not needed")
+	c.eval(ctx, `document.getElementById("reject").click(); true`)
+	const notRun = "✗ not run: schedule_followup (rejected by Dr Reject (console-token): not needed)"
+	transcript := `[...document.querySelectorAll("#transcript li")].map(li => li.textContent)`
+	once := transcript + `.filter(s => s === ` + jsString(notRun) + `).length === 1 && ` +
+		transcript + `.filter(s => s.startsWith("▶ resumed: reject by Dr Reject (console-token) at ")).length === 1 && ` +
+		`document.getElementById("run-status").dataset.status === "completed"`
+	c.until(ctx, "the rejected call in the live transcript", once, shot)
+	id, _ := c.eval(ctx, `state.selected`).(string)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the rejected call once, the run opened again", once, shot)
+	openPage(ctx, c, e, shot)
+	c.until(ctx, "the console after a reload", `!document.getElementById("main").hidden &&
+		document.getElementById("runs").getAttribute("aria-busy") === "false"`, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	c.until(ctx, "the rejected call once, from history", once, shot)
+	shot("rejected-tool-call-live")
+}
+
+// TestFlaggedOnly: an operator triaging ticks "flagged only": the list
+// keeps the flagged runs alone. When the store holds older runs than the
+// page has read, the page says that the list is of those it read.
+func TestFlaggedOnly(t *testing.T) {
+	e := newFailingToolsEnv(t)
+	flagged := e.failedToolRun("flagged-only")
+	for _, th := range []string{"calm-1", "calm-2", "calm-3"} {
+		e.startRun(th, "hello", "10s")
+	}
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	listed := `[...document.querySelectorAll("#runs li")].map(li => li.dataset.run)`
+	c.until(ctx, "the four runs listed", listed+`.length === 4`, shot)
+	c.eval(ctx, `document.getElementById("filter-flagged").click(); true`)
+	c.until(ctx, "the flagged run alone", listed+`.join() === `+jsString(flagged)+` &&
+		document.getElementById("runs-flagged-note").hidden`, shot)
+	// The page reads fewer runs than the store holds: the flagged one is
+	// older than those read.
+	c.eval(ctx, `state.listed = 2; loadRuns(); true`)
+	c.until(ctx, "the list said to be of the runs read", listed+`.length === 0 &&
+		document.getElementById("runs-flagged-note").offsetParent !== null &&
+		document.getElementById("runs-flagged-note").textContent.startsWith("Flagged runs among the 2 newest runs")`, shot)
+	c.eval(ctx, `document.getElementById("filter-flagged").click(); true`)
+	c.until(ctx, "every run read, the filter off", listed+`.length === 2 && document.getElementById("runs-flagged-note").hidden`, shot)
+	shot("flagged-only")
 }

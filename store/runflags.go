@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"go.etcd.io/bbolt"
@@ -14,9 +15,13 @@ import (
 // checkpoint), which costs one record however long the thread; otherwise
 // (a run still going, or one whose outcome is not there) the value of the
 // flags channel (FlagsChannel) at the run's newest checkpoint, read as an
-// outcome reads it (finalFlags), a walk up the thread's checkpoints. A run
-// with no checkpoint yet, or whose checkpoints cannot be read, has none. It
-// reads in one transaction, so that a page of runs costs one.
+// outcome reads it (finalFlags), a walk up the thread's checkpoints. That
+// walk stops at the first checkpoint of an earlier run that its outcome
+// was left at, and takes that outcome's flags as the value there: a run
+// whose agent never writes the channel then costs its own checkpoints and
+// one outcome, not the thread's whole history. A run with no checkpoint
+// yet, or whose checkpoints cannot be read, has none. It reads in one
+// transaction, so that a page of runs costs one.
 func (d *DB) RunFlags(ctx context.Context, runs []*engine.Run) (map[string][]string, error) {
 	out := make(map[string][]string, len(runs))
 	err := d.viewBlobs(func(b *blobs) error {
@@ -28,7 +33,7 @@ func (d *DB) RunFlags(ctx context.Context, runs []*engine.Run) (map[string][]str
 				out[r.ID] = flags
 				continue
 			}
-			out[r.ID] = finalFlags(b, r)
+			out[r.ID] = liveFlags(b, r)
 		}
 		return nil
 	})
@@ -59,4 +64,49 @@ func outcomeFlags(tx *bbolt.Tx, r *engine.Run) ([]string, bool) {
 		return nil, false
 	}
 	return o.Flags, true
+}
+
+// liveFlags is finalFlags for a run still going, from its newest
+// checkpoint (newestOf), whose walk ends at the
+// newest checkpoint of an earlier run of the thread that that run's
+// outcome records flags for (as outcomeFlags reads them): the walk is
+// handed a checkpoint holding those flags as the channel's whole value,
+// which ends it there. A checkpoint no outcome vouches for (a fork's, a
+// run's whose outcome is gone) is read and walked past as before.
+func liveFlags(b *blobs, r *engine.Run) []string {
+	cb := openCheckpoints(b.tx)
+	flags, _ := walkFlags(newestOf(b.tx, r), func(id string) (*engine.Checkpoint, bool) {
+		c := storedCheckpoint(cb, r.Thread, id)
+		if c == nil || c.RunID == "" || c.RunID == r.ID {
+			return c, true
+		}
+		earlier, ok := outcomeFlags(b.tx, &engine.Run{ID: c.RunID, Checkpoint: c.ID})
+		if !ok {
+			return c, true
+		}
+		raw, err := json.Marshal(earlier)
+		if err != nil {
+			return c, true
+		}
+		return &engine.Checkpoint{Thread: c.Thread, ID: c.ID, RunID: c.RunID,
+			Channels: []engine.ChannelValue{{Channel: FlagsChannel, Value: engine.Value{Inline: raw}}}}, true
+	}, b.data)
+	return flags
+}
+
+// newestOf returns r, or a copy of it at the head of its thread when that
+// head is a later checkpoint of r's own: a run going on is not stored
+// again at each step (the engine saves that write), so its record names
+// an older checkpoint than the one it stands at.
+func newestOf(tx *bbolt.Tx, r *engine.Run) *engine.Run {
+	t, err := openNSTree(tx, r.Thread, "")
+	if err != nil || t.head == "" || t.head <= r.Checkpoint {
+		return r
+	}
+	if c := storedCheckpoint(t.cb, r.Thread, t.head); c == nil || c.RunID != r.ID {
+		return r
+	}
+	at := *r
+	at.Checkpoint = t.head
+	return &at
 }

@@ -29,11 +29,15 @@ const state = {
   waiting: null,         // {runs, questions}: what waits for review in the whole store, as the appliance counts it
   waitingTimer: 0,
   unsure: new Map(),     // run id -> {interrupt, kind}: a decision sent while the appliance did not answer
+  follow: new Map(),     // run id -> the read of the run that an event of it waits on (follow)
+  drawn: new WeakMap(),  // event -> the transcript lines drawn for it, to redraw once it is followed
   // How much of the store the list reads: a page of runs, and the pages
   // of runs waiting for review. Fields, so that a test reaches the limits
   // with a few runs.
   pageSize: 1000,
   reviewPages: 20,
+  listed: 500,           // how many of the newest runs the list keeps
+  older: false,          // whether the store holds runs older than those listed
 };
 
 async function api(method, path, body) {
@@ -201,33 +205,35 @@ async function loadAgents() {
 // listRuns reads up to pages pages of GET /api/v1/runs with query, newest
 // first.
 async function listRuns(query, pages) {
-  let after = "", all = [], damaged = [], waiting = null;
+  let after = "", all = [], damaged = [], waiting = null, more = false;
   for (let i = 0; i < pages; i++) {
     const page = await api("GET", "/api/v1/runs?limit=" + state.pageSize + "&order=desc" + query + (after ? "&after=" + encodeURIComponent(after) : ""));
     if (page.waiting) waiting = page.waiting;
     all = all.concat(page.runs);
     damaged = damaged.concat(page.damaged || []);
+    more = !!page.next;
     if (!page.next) break;
     after = page.next;
   }
-  return { all, damaged, waiting };
+  return { all, damaged, waiting, more };
 }
 
 async function loadRuns() {
   // Runs the stream tells of while the list is read may be newer than
   // the list has them: they are read again once it is in.
   const touched = state.touched = state.touched || new Set();
-  let all, damaged, waiting;
+  let all, damaged, waiting, more;
   $("runs").setAttribute("aria-busy", "true");
   try {
     // The newest runs are one page, however many the appliance holds.
-    [{ all, damaged }, waiting] = await Promise.all([listRuns("", 1), listRuns("&status=interrupted", state.reviewPages)]);
+    [{ all, damaged, more }, waiting] = await Promise.all([listRuns("", 1), listRuns("&status=interrupted", state.reviewPages)]);
   } finally {
     if (state.touched === touched) state.touched = null;
   }
   for (const id of touched) refreshRun(id);
   state.runs.clear();
-  for (const r of all.slice(0, 500)) state.runs.set(r.id, r);
+  for (const r of all.slice(0, state.listed)) state.runs.set(r.id, r);
+  state.older = more || all.length > state.listed;
   // The newest runs, and every run waiting for review however old: a
   // review must never drop out of sight.
   for (const r of waiting.all) state.runs.set(r.id, r);
@@ -261,12 +267,13 @@ function questions(r) {
 }
 
 function renderRuns() {
-  const onlyReview = $("filter-review").checked;
+  const onlyReview = $("filter-review").checked, onlyFlagged = $("filter-flagged").checked;
   const ul = $("runs");
   ul.replaceChildren();
   const runs = [...state.runs.values()].sort((a, b) => (a.id < b.id ? 1 : -1));
   for (const r of runs) {
     if (onlyReview && r.status !== "interrupted") continue;
+    if (onlyFlagged && !(r.flags && r.flags.length)) continue;
     const li = el("li");
     li.dataset.run = r.id;
     // A button, so that the keyboard reaches and opens a run as a mouse does.
@@ -288,6 +295,12 @@ function renderRuns() {
     li.append(b);
     ul.append(li);
   }
+  // The flagged runs are those of the runs the page has read: when the
+  // store holds older ones, an empty or short list must not read as all
+  // there are.
+  text($("runs-flagged-note"), "Flagged runs among the " + state.listed + " newest runs and those waiting for review: older runs " +
+    "are not read here (GET /api/v1/runs lists them, with their flags).");
+  show($("runs-flagged-note"), onlyFlagged && state.older);
   // The review's count of what waits follows the list.
   const sel = state.runs.get(state.selected);
   if (sel && sel.status === "interrupted" && sel.interrupts && sel.interrupts.length && !$("interrupt").hidden && $("interrupt").dataset.run === sel.id) {
@@ -295,6 +308,7 @@ function renderRuns() {
   }
 }
 $("filter-review").addEventListener("change", renderRuns);
+$("filter-flagged").addEventListener("change", renderRuns);
 
 $("start-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
@@ -372,6 +386,8 @@ async function explainBusy(thread) {
       " or wait for it to end, or start this turn on another thread: your message is kept.");
 }
 
+// refreshRun reads the run again and shows it as it now is; it returns
+// the run, or nothing when it cannot be read.
 async function refreshRun(id) {
   try {
     const run = await api("GET", "/api/v1/runs/" + encodeURIComponent(id));
@@ -382,7 +398,38 @@ async function refreshRun(id) {
       renderDetail(run);
       settleUnsure(run);
     }
+    return run;
   } catch (e) { /* a run listed by an event may be gone after a restart */ }
+}
+
+// follow reads e's run again, after the reads the run's earlier events
+// asked for, and hands it to note: an event that says only that something
+// changed (a node wrote the flags, a person decided) is then told in full
+// in the transcript, and the run's flags and decisions in the list and its
+// view are those of the run as it now is.
+function follow(e, note) {
+  const next = (state.follow.get(e.run) || Promise.resolve()).then(() => refreshRun(e.run)).then((run) => {
+    if (!run) return;
+    note(run);
+    redrawEvent(e);
+  });
+  state.follow.set(e.run, next);
+  next.finally(() => { if (state.follow.get(e.run) === next) state.follow.delete(e.run); });
+}
+
+// redrawEvent draws e's lines again in their place, when they are on
+// screen.
+function redrawEvent(e) {
+  const old = state.drawn.get(e);
+  if (!old || !old.length || !old[0].isConnected) return;
+  renderEvent(e, old[0]);
+  for (const li of old) li.remove();
+}
+
+// writesFlags reports whether a node.completed event's node wrote the
+// flags channel.
+function writesFlags(e) {
+  return e.type === "node.completed" && e.data && (e.data.writes || []).indexOf("flags") >= 0;
 }
 
 // ---- one run ----
@@ -460,6 +507,13 @@ function drawHeld(checkpoints, held, calls, decisions) {
   // Each run.resumed event held tells of that many decisions, the newest.
   const told = held.reduce((n, e) => n + (e.type === "run.resumed" ? (e.data && e.data.decisions) || 1 : 0), 0);
   let undrawn = [...(decisions || [])].sort((a, b) => Date.parse(a.at) - Date.parse(b.at));
+  // A tool call rejected by a decision a held event tells of is drawn with
+  // that event, not from its record.
+  for (const d of undrawn.slice(Math.max(0, undrawn.length - told))) {
+    const asked = d.decision === "reject" && held.length ? askedIn(held[0].run, d.interrupt) : null;
+    if (toolCall(asked) && asked.payload.key) evented.add(asked.payload.key);
+  }
+  left = left.filter((c) => !evented.has(c.key));
   undrawn = undrawn.slice(0, Math.max(0, undrawn.length - told));
   for (const c of checkpoints) {
     const at = Date.parse(c.created_at);
@@ -485,9 +539,23 @@ function drawHeld(checkpoints, held, calls, decisions) {
 
 // drawDecision draws a decision that resumed the run, as its resume
 // event draws, with who decided what.
-function drawDecision(d) {
-  line("node", "▶ resumed: " + d.decision + " by " + (d.by || "?") + " at " + new Date(d.at).toLocaleTimeString() +
-    (d.reason ? " (" + d.reason + ")" : ""));
+function drawDecision(d, before) {
+  return line("node", "▶ resumed: " + d.decision + " by " + (d.by || "?") + " at " + new Date(d.at).toLocaleTimeString() +
+    (d.reason ? " (" + d.reason + ")" : ""), before);
+}
+
+// notRun draws a tool call that a person rejected. A call's record
+// names its decider as "operator:NAME"; the person's name is what is said.
+function notRun(tool, by, reason, before) {
+  return line("denied", "✗ not run: " + tool + " (rejected by " + ((by || "").replace(/^operator:/, "") || "?") +
+    (reason ? ": " + reason : "") + ")", before);
+}
+
+// askedIn returns the question (its interrupt event's data) of id that
+// this page saw run ask, or null.
+function askedIn(run, id) {
+  const e = (state.log.get(run) || []).find((x) => x.type === "interrupt" && x.data && x.data.id === id);
+  return e ? e.data : null;
 }
 
 // drawCall draws a tool call from its record as the live events draw it:
@@ -498,10 +566,7 @@ function drawCall(c) {
   const ev = (type, data) => renderEvent({ type, node: c.node, data });
   if (c.decision === "ask") return;
   if (c.decision === "deny") return ev("tool.unauthorized", { tool: c.tool, reason: c.reason || c.error || "" });
-  if (c.decision === "reject") {
-    line("denied", "✗ not run: " + c.tool + " (rejected by " + (c.decided_by || "?") + (c.reason ? ": " + c.reason : "") + ")");
-    return;
-  }
+  if (c.decision === "reject") return notRun(c.tool, c.decided_by, c.reason);
   ev("tool.called", { tool: c.tool, args: c.args === undefined ? "" : c.args });
   if (c.status === "done") ev("tool.result", c.error ? { tool: c.tool, error: c.error } : { tool: c.tool, bytes: c.bytes });
   else line("flag", "← " + c.tool + ": no result recorded (it may or may not have run)");
@@ -668,15 +733,17 @@ function highlight(run) {
   }
 }
 
-// line adds a line to the transcript. The transcript follows its newest
+// line adds a line to the transcript, at its end or before the line
+// before. The transcript follows its newest
 // line by scrolling itself, never the page: scrolling the page would take
 // the review and its buttons, above it, out of sight. A reader who has
 // scrolled back up is left where they are.
-function line(cls, s) {
+function line(cls, s, before) {
   const ol = $("transcript");
   const following = ol.scrollHeight - ol.scrollTop - ol.clientHeight < 40;
   const li = el("li", cls, s);
-  ol.append(li);
+  if (before && before.parentNode === ol) ol.insertBefore(li, before);
+  else ol.append(li);
   if (following) ol.scrollTop = ol.scrollHeight;
   return li;
 }
@@ -969,11 +1036,24 @@ function connect() {
 function onEvent(e) {
   if (state.touched) state.touched.add(e.run);
   switch (e.type) {
-    case "run.started": case "run.resumed": case "interrupt": case "run.completed": case "run.failed": case "budget.exceeded":
+    case "run.resumed":
+      // The event counts the decisions; the run says who made them and
+      // what they were.
+      follow(e, (run) => {
+        const n = (e.data && e.data.decisions) || 1;
+        const ds = [...(run.decisions || [])].sort((a, b) => Date.parse(a.at) - Date.parse(b.at));
+        e.told = ds.slice(Math.max(0, ds.length - n));
+      });
+      recountWaiting();
+      break;
+    case "run.started": case "interrupt": case "run.completed": case "run.failed": case "budget.exceeded":
       refreshRun(e.run);
       if (e.type !== "run.started") recountWaiting();
       break;
   }
+  // The event says that the flags were written, not what they are: the
+  // run, read again, says (and its flag line follows).
+  if (writesFlags(e)) follow(e, (run) => { e.flags = run.flags || []; });
   if (e.type === "checkpoint" && e.data && e.data.next) {
     state.current.set(e.run, e.data.next[0] || "");
     const r = state.runs.get(e.run);
@@ -999,7 +1079,9 @@ function onEvent(e) {
   if (e.run === state.selected && state.drawing !== e.run) renderEvent(e);
 }
 
-function renderEvent(e) {
+// renderEvent draws e in the transcript: at its end, or before the line
+// before when it is drawn again.
+function renderEvent(e, before) {
   const d = e.data || {};
   switch (e.type) {
     case "model.token": {
@@ -1016,8 +1098,13 @@ function renderEvent(e) {
     }
     case "node.completed":
       state.streams.delete(e.run + "/" + e.node);
-      line("node", "✓ " + e.node + (d.writes && d.writes.length ? "  (wrote " + d.writes.join(", ") + ")" : ""));
-      if (d.writes && d.writes.indexOf("flags") >= 0) line("flag", "⚑ guardrail flags set by " + e.node);
+      const done = line("node", "✓ " + e.node + (d.writes && d.writes.length ? "  (wrote " + d.writes.join(", ") + ")" : ""), before);
+      if (writesFlags(e)) {
+        // Named once the run is read again (follow); "none" when the node
+        // cleared them.
+        const named = e.flags === undefined ? "" : ": " + (e.flags.length ? e.flags.join(", ") : "none");
+        state.drawn.set(e, [done, line("flag", "⚑ guardrail flags set by " + e.node + named, before)]);
+      }
       break;
     case "tool.called": line("tool", "→ tool " + (d.tool || d.name || "") + " " + short(d.args || "", 80)); break;
     case "tool.result":
@@ -1042,7 +1129,22 @@ function renderEvent(e) {
       li.prepend(icon);
       break;
     }
-    case "run.resumed": line("node", "▶ resumed"); break;
+    case "run.resumed": {
+      if (!e.told) {
+        state.drawn.set(e, [line("node", "▶ resumed", before)]);
+        break;
+      }
+      // Who decided what, as a run from history shows it; a tool call a
+      // person rejected is said not to have run, as its record says.
+      const lines = [];
+      for (const x of e.told) {
+        lines.push(drawDecision(x, before));
+        const call = x.decision === "reject" ? toolCall(askedIn(e.run, x.interrupt)) : null;
+        if (call) lines.push(notRun(call.tool, x.by, x.reason, before));
+      }
+      state.drawn.set(e, lines);
+      break;
+    }
     case "run.completed": line("node", "■ completed"); break;
     case "run.failed": {
       // A cancel's error is "run cancelled", with its cause when it has
