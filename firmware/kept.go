@@ -51,6 +51,12 @@ func (in *Installer) KeepReference() error {
 		return nil
 	}
 	if _, err := in.verifyKept(ref); err != nil {
+		// An index, though it lists nothing, before the copy: an older
+		// binary takes bundle folders beside no index for installed
+		// bundles whose index was lost, and refuses the folder.
+		if err := in.ensureIndex(); err != nil {
+			return fmt.Errorf("keep the embedded bundle %s v%d (%s): %w", ref.Name, ref.Version, ref.Digest, err)
+		}
 		if err := writeTree(in.keptPath(ref), v.files); err != nil {
 			return fmt.Errorf("keep the embedded bundle %s v%d (%s) in %s for the runs pinned to it: %w",
 				ref.Name, ref.Version, ref.Digest, filepath.Join(in.dir, keptDir), err)
@@ -58,6 +64,16 @@ func (in *Installer) KeepReference() error {
 	}
 	in.kept[ref] = true
 	return nil
+}
+
+// ensureIndex writes the index where there is none yet.
+func (in *Installer) ensureIndex() error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if _, err := os.Stat(filepath.Join(in.dir, indexFile)); !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return in.saveLocked(in.idx)
 }
 
 // Kept describes one kept copy of an embedded bundle (KeepReference):

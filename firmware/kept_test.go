@@ -1,6 +1,7 @@
 package firmware_test
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -88,8 +89,11 @@ func TestKeptCopiesAreNotInstalledBundles(t *testing.T) {
 	if err := newInstaller(t, data).KeepReference(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(data, "firmware", "index.json")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("index: %v", err)
+	// KeepReference writes an index beside the copy (see
+	// TestKeptCopyComesWithAnIndex); without it, as a lost index leaves
+	// the folder:
+	if err := os.Remove(filepath.Join(data, "firmware", "index.json")); err != nil {
+		t.Fatal(err)
 	}
 	in := newInstaller(t, data)
 	if l := in.List(); len(l) != 0 {
@@ -121,5 +125,31 @@ func TestEmbeddedResolverWithoutAFirmwareFolder(t *testing.T) {
 	other := loadPatterns(t).Ref()
 	if _, err := resolve(firmware.ReferenceAgent, other); !errors.Is(err, firmware.ErrPinnedMissing) || !strings.Contains(err.Error(), other.Digest) {
 		t.Fatalf("run pinned to a bundle neither embedded nor kept: %v", err)
+	}
+}
+
+// The first copy kept in a data folder where nothing was installed comes
+// with an index that lists nothing: an older binary takes bundle folders
+// beside no index for installed bundles whose index was lost, and refuses
+// to open the firmware folder, so that a downgrade would stop serve.
+func TestKeptCopyComesWithAnIndex(t *testing.T) {
+	data := t.TempDir()
+	in := newInstaller(t, data)
+	if err := in.KeepReference(); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(data, "firmware", "index.json"))
+	if err != nil {
+		t.Fatalf("no index beside the kept copy: %v", err)
+	}
+	var idx struct {
+		Format    int               `json:"format"`
+		Installed []json.RawMessage `json:"installed"`
+	}
+	if err := json.Unmarshal(raw, &idx); err != nil || idx.Format == 0 || len(idx.Installed) != 0 {
+		t.Fatalf("index %s: %+v, %v", raw, idx, err)
+	}
+	if list := newInstaller(t, data).List(); len(list) != 0 {
+		t.Fatalf("the kept copy is listed as installed: %+v", list)
 	}
 }

@@ -112,10 +112,10 @@ func TestActivateWithNothingInstalledMakesNothing(t *testing.T) {
 	require.NoDirExists(t, missing)
 }
 
-// run, which installs nothing, makes no firmware folder beside the store
-// it makes but the copy of the embedded bundle its run is pinned to (kept
-// so that the run can go on under a later binary), and runs replay, an
-// audit, makes nothing at all.
+// run, which installs nothing, makes nothing in the firmware folder but
+// the copy of the embedded bundle its run is pinned to (kept so that the
+// run can go on under a later binary) and an index that lists nothing
+// installed; runs replay, an audit, makes nothing at all.
 func TestRunAndReplayMakeNoFirmwareFolder(t *testing.T) {
 	app := t.TempDir()
 	code, _, stderr := outpostBin(t, "", "run", "--data", app, "--thread", "t", "I forgot my metformin dose")
@@ -126,7 +126,7 @@ func TestRunAndReplayMakeNoFirmwareFolder(t *testing.T) {
 	for _, e := range top {
 		names = append(names, e.Name())
 	}
-	require.Equal(t, []string{".embedded"}, names, "run made more in the firmware folder than the kept bundle")
+	require.Equal(t, []string{".embedded", "index.json"}, names, "run made more in the firmware folder than the kept bundle and an index listing nothing")
 	code, out, stderr := outpostBin(t, "", "runs", "list", "--data", app, "--json")
 	require.Zero(t, code, stderr)
 	var list struct{ Runs []struct{ ID string } }
