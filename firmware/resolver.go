@@ -107,29 +107,18 @@ func (e unknownAgentError) Unwrap() []error { return []error{engine.ErrUnknownAg
 // a run that pins b keeps a copy of it there first (KeepReference), and so
 // does a run pinned to it that is resumed, so that it goes on with b under
 // a later binary whose embedded bundle differs. A run pinned to another
-// bundle gets it from in as Resolver gives it. A nil in (a data folder
-// with no firmware folder, opened by a command that starts no run) keeps
-// nothing and has nothing installed or kept: such a run gets
-// ErrPinnedMissing.
+// bundle gets it as PinnedResolver gives it. A nil in (a data folder with
+// no firmware folder, opened by a command that starts no run) keeps
+// nothing.
 func EmbeddedResolver(in *Installer, b *Bundle) engine.Resolver {
-	embedded := BundleResolver(b)
+	resolve := PinnedResolver(in, b)
 	if in == nil {
-		return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
-			if pinned.Name != "" && pinned != b.Ref() {
-				return nil, fmt.Errorf("%w: the run is pinned to %s v%d (%s), which this binary does not embed, and this data folder has no firmware folder, so nothing is installed or kept there",
-					ErrPinnedMissing, pinned.Name, pinned.Version, pinned.Digest)
-			}
-			return embedded(name, pinned)
-		}
+		return resolve
 	}
-	installed := Resolver(in)
 	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
-		if pinned.Name != "" && pinned != b.Ref() {
-			return installed(name, pinned)
-		}
-		a, err := embedded(name, pinned)
-		if err != nil {
-			return nil, err
+		a, err := resolve(name, pinned)
+		if err != nil || (pinned.Name != "" && pinned != b.Ref()) {
+			return a, err
 		}
 		if pinned.Name != "" {
 			if err := in.KeepReference(); err != nil {
@@ -148,5 +137,28 @@ func EmbeddedResolver(in *Installer, b *Bundle) engine.Resolver {
 			return nil
 		}
 		return &keeping, nil
+	}
+}
+
+// PinnedResolver resolves agents as EmbeddedResolver does, and keeps
+// nothing, so that it writes nothing: a new run, or one pinned to b, gets
+// b's agent; a run pinned to another bundle gets it from in as Resolver
+// gives it (an installed version, or a kept copy). A nil in has nothing
+// installed or kept: a run pinned to another bundle gets ErrPinnedMissing.
+func PinnedResolver(in *Installer, b *Bundle) engine.Resolver {
+	embedded := BundleResolver(b)
+	var installed engine.Resolver
+	if in != nil {
+		installed = Resolver(in)
+	}
+	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
+		switch {
+		case pinned.Name == "" || pinned == b.Ref():
+			return embedded(name, pinned)
+		case installed == nil:
+			return nil, fmt.Errorf("%w: the run is pinned to %s v%d (%s), which this binary does not embed, and this data folder has no firmware folder, so nothing is installed or kept there",
+				ErrPinnedMissing, pinned.Name, pinned.Version, pinned.Digest)
+		}
+		return installed(name, pinned)
 	}
 }

@@ -526,9 +526,7 @@ func keepWaitingPins(ctx context.Context, st engine.Store, resolve engine.Resolv
 // their resumes will (resolve), and returns those that cannot go on: with
 // oncePerBundle, the first such run of each bundle, else every one. A
 // bundle that needs a newer binary is said at the run's resume.
-func strandedRuns(ctx context.Context, rs interface {
-	Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, error)
-}, resolve engine.Resolver, oncePerBundle bool) ([]store.StrandedRun, error) {
+func strandedRuns(ctx context.Context, rs engine.RunStore, resolve engine.Resolver, oncePerBundle bool) ([]store.StrandedRun, error) {
 	waiting, err := rs.Runs(ctx, engine.RunFilter{Status: engine.StatusInterrupted, Summary: true,
 		Damaged: func(string, error) {}}) // left out: recovery and db check name them
 	if err != nil {
@@ -557,25 +555,20 @@ func strandedRuns(ctx context.Context, rs interface {
 }
 
 // pinnedResolver resolves the bundles runs are pinned to in the data
-// folder dir without writing anything: an installed version or a kept
-// copy of an embedded bundle, or the bundle embedded in this binary,
-// whose copy a start of serve, run or resume keeps.
+// folder dir without writing anything (firmware.PinnedResolver): an
+// installed version or a kept copy of an embedded bundle, or the bundle
+// embedded in this binary, whose copy a start of serve, run or resume
+// keeps.
 func pinnedResolver(dir string) (engine.Resolver, error) {
 	ref, err := firmware.Reference()
 	if err != nil {
 		return nil, err
 	}
 	in, err := openInstalled(dir, nil)
-	if err != nil || in == nil {
-		return firmware.EmbeddedResolver(nil, ref), err
+	if err != nil {
+		return nil, err
 	}
-	installed, embedded := firmware.Resolver(in), firmware.BundleResolver(ref)
-	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
-		if pinned == ref.Ref() {
-			return embedded(name, pinned)
-		}
-		return installed(name, pinned)
-	}, nil
+	return firmware.PinnedResolver(in, ref), nil
 }
 
 func printJSON(w io.Writer, v any) error {

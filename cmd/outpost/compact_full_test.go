@@ -129,11 +129,5 @@ func TestCompactLeftoversAreNamedAndRemoved(t *testing.T) {
 // requireStoreAlone fails t unless the store file is all that dir holds.
 func requireStoreAlone(t *testing.T, dir string) {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	var names []string
-	for _, e := range entries {
-		names = append(names, e.Name())
-	}
-	require.Equal(t, []string{store.FileName}, names)
+	require.Equal(t, []string{store.FileName}, folderNames(t, dir))
 }

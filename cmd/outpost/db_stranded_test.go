@@ -26,7 +26,7 @@ func TestDBCheckNamesRunsStrandedWithoutTheirBundle(t *testing.T) {
 	}
 
 	require.NoError(t, os.RemoveAll(filepath.Join(data, "firmware", ".embedded", oldRef.Name)))
-	before := snapshotFolder(t, data)
+	before := folderTree(t, data)
 	code, stdout, stderr := outpostBinEnv(t, bin, upgraded, "", "db", "check", "--data", data)
 	require.Zero(t, code, "a stranded run leaves the store sound: %s", stderr)
 	require.Contains(t, stdout, "WARNING run "+id+" waits for a person but cannot go on: pinned bundle not on disk: the run is pinned to "+
@@ -49,7 +49,7 @@ func TestDBCheckNamesRunsStrandedWithoutTheirBundle(t *testing.T) {
 	require.Equal(t, id, rep.Stranded[0].Run)
 	require.Equal(t, oldRef.Digest, rep.Stranded[0].Bundle.Digest)
 	require.True(t, strings.HasPrefix(rep.Stranded[0].Reason, "pinned bundle not on disk"), rep.Stranded[0].Reason)
-	require.Equal(t, before, snapshotFolder(t, data), "db check changed the data folder")
+	require.Equal(t, before, folderTree(t, data), "db check changed the data folder")
 
 	// The binary that embeds the bundle can still go on with the run:
 	// for it nothing is stranded.

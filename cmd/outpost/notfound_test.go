@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,7 +15,7 @@ func TestRunArgumentThatNamesNoRun(t *testing.T) {
 	data := filepath.Join(t.TempDir(), "clinic data")
 	code, _, stderr := outpostBin(t, "", "run", "--data", data, "hello")
 	require.Zero(t, code, stderr)
-	before := snapshotFolder(t, data)
+	before := folderTree(t, data)
 
 	missing := "run_0000000000000001"
 	for _, args := range [][]string{
@@ -43,25 +42,12 @@ func TestRunArgumentThatNamesNoRun(t *testing.T) {
 		require.Contains(t, stderr, "is not a run id", args)
 		require.Regexp(t, usageHint, stderr, args)
 	}
-	require.Equal(t, before, snapshotFolder(t, data), "a run that is not there changes nothing")
+	require.Equal(t, before, folderTree(t, data), "a run that is not there changes nothing")
 
 	// The exit statuses that outpost help gives say so too.
 	code, stdout, _ := outpostBin(t, "", "help")
 	require.Zero(t, code)
 	require.Contains(t, strings.Join(strings.Fields(stdout), " "), "a RUN that is not a run id), with nothing done")
-}
-
-// snapshotFolder is the names and sizes of the files under dir.
-func snapshotFolder(t *testing.T, dir string) map[string]int64 {
-	t.Helper()
-	files := map[string]int64{}
-	require.NoError(t, filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err == nil && !fi.IsDir() {
-			files[p] = fi.Size()
-		}
-		return err
-	}))
-	return files
 }
 
 // A bundle path that names nothing said so twice: "stat PATH: no such
@@ -94,7 +80,7 @@ func TestFirmwareActivateNamesTheInstalledVersions(t *testing.T) {
 
 	code, _, stderr = outpostBin(t, dir, "firmware", "install", "--data", data, "--trust-dev-key", bundle)
 	require.Zero(t, code, stderr)
-	before := snapshotFolder(t, filepath.Join(data, "firmware"))
+	before := folderTree(t, filepath.Join(data, "firmware"))
 	code, stdout, stderr := outpostBin(t, dir, "firmware", "activate", "--data", data, "medication-adherence", "5")
 	require.Equal(t, 1, code, stderr)
 	require.Empty(t, stdout)
@@ -105,5 +91,5 @@ func TestFirmwareActivateNamesTheInstalledVersions(t *testing.T) {
 	code, _, stderr = outpostBin(t, dir, "firmware", "activate", "--data", data, "triage", "1")
 	require.Equal(t, 1, code, stderr)
 	require.Contains(t, stderr, "no version of triage is installed; installed bundles: medication-adherence\n")
-	require.Equal(t, before, snapshotFolder(t, filepath.Join(data, "firmware")), "a refused activate changes nothing")
+	require.Equal(t, before, folderTree(t, filepath.Join(data, "firmware")), "a refused activate changes nothing")
 }

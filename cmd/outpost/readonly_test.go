@@ -36,6 +36,18 @@ func folderTree(t *testing.T, dir string) map[string]int64 {
 	return tree
 }
 
+// folderNames lists the names in dir.
+func folderNames(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
 // The commands that only read (uplink status and flush, runs list, show
 // and history, firmware list, db check, token) make nothing in a data
 // folder: a flush sends the backlog to a real collector and leaves no
@@ -120,13 +132,7 @@ func TestRunAndReplayMakeNoFirmwareFolder(t *testing.T) {
 	app := t.TempDir()
 	code, _, stderr := outpostBin(t, "", "run", "--data", app, "--thread", "t", "I forgot my metformin dose")
 	require.Zero(t, code, stderr)
-	top, err := os.ReadDir(filepath.Join(app, "firmware"))
-	require.NoError(t, err)
-	var names []string
-	for _, e := range top {
-		names = append(names, e.Name())
-	}
-	require.Equal(t, []string{".embedded", "index.json"}, names, "run made more in the firmware folder than the kept bundle and an index listing nothing")
+	require.Equal(t, []string{".embedded", "index.json"}, folderNames(t, filepath.Join(app, "firmware")), "run made more in the firmware folder than the kept bundle and an index listing nothing")
 	code, out, stderr := outpostBin(t, "", "runs", "list", "--data", app, "--json")
 	require.Zero(t, code, stderr)
 	var list struct{ Runs []struct{ ID string } }
