@@ -53,7 +53,8 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 backlog. This command holds no uplink of its own: it reports one as configured when given
 --url (serve's --uplink); without it, it says that none is and what serve takes to send
 the ledger (--uplink URL --appliance-id ID --uplink-secret FILE). While serve runs, it
-reads the ledger through serve's control socket, and GET /api/v1/uplink shows serve's own.`
+reads the ledger through serve's control socket and says whether serve sends the uplink,
+and to which collector ("owner" in --json); GET /api/v1/uplink shows serve's own.`
 		fs.StringVar(url, "url", "", "the collector's base `URL`, to report as configured")
 		fs.alias("uplink", "url")
 		// What serve is given, to copy as it is; status sends nothing.
@@ -103,8 +104,17 @@ reads the ledger through serve's control socket, and GET /api/v1/uplink shows se
 	return usageError(fmt.Sprintf("unknown uplink subcommand %q", sub))
 }
 
+// uplinkStatusView is what uplink status prints under --json: the
+// uplink's status, and, while a process owns the store, what that process
+// says of itself and of the uplink it sends (absent when it does not say,
+// as an owner from before it did not).
+type uplinkStatusView struct {
+	uplink.Status
+	Owner *store.ControlOwner `json:"owner,omitempty"`
+}
+
 func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.Writer) error {
-	var st uplink.Status
+	var st uplinkStatusView
 	served := false
 	// Status only reads: the store is opened read-only, so that it is not
 	// changed (not even by the transaction a writer's open commits) and a
@@ -115,14 +125,20 @@ func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.W
 			if err != nil {
 				return err
 			}
-			st = u.Status()
+			st.Status = u.Status()
 			return nil
 		},
 		func(c *store.Control) error {
-			served = true
 			ls, err := c.Ledger(ctx)
-			st = uplink.Status{ApplianceID: ls.ApplianceID, AckedSeq: ls.AckedSeq, LastSeq: ls.LastSeq, Backlog: ls.Backlog(), URL: url}
-			return err
+			if err != nil {
+				return err
+			}
+			served = true
+			st.Status = uplink.Status{ApplianceID: ls.ApplianceID, AckedSeq: ls.AckedSeq, LastSeq: ls.LastSeq, Backlog: ls.Backlog(), URL: url}
+			if o, err := c.Owner(ctx); err == nil && o.Command != "" {
+				st.Owner = &o
+			}
+			return nil
 		})
 	if err != nil {
 		return err
@@ -133,10 +149,17 @@ func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.W
 	if asJSON {
 		return printJSON(stdout, st)
 	}
-	printUplinkStatus(stdout, st)
-	switch {
+	printUplinkStatus(stdout, st.Status)
+	switch o := st.Owner; {
+	case served && o == nil:
+		fmt.Fprintf(stdout, "a running outpost owns this store and does not say whether it sends an uplink: "+
+			"GET /api/v1/uplink shows serve's\n")
+	case served && o.SendsUplink:
+		fmt.Fprintf(stdout, "%s owns this store and sends its uplink to %s: GET /api/v1/uplink shows its last error and last success\n",
+			o.Command, o.UplinkURL)
 	case served:
-		fmt.Fprintf(stdout, "serve owns this store and sends its uplink: GET /api/v1/uplink shows its last error and last success\n")
+		fmt.Fprintf(stdout, "%s is running without an uplink: the outcomes stay in the ledger until serve is started with "+
+			"--uplink URL --appliance-id ID --uplink-secret FILE\n", o.Command)
 	case !st.Configured:
 		// What --json says with configured: false, for a person, with
 		// what configures one.
