@@ -1724,3 +1724,34 @@ func TestFlaggedOnly(t *testing.T) {
 	c.until(ctx, "every run read, the filter off", listed+`.length === 2 && document.getElementById("runs-flagged-note").hidden`, shot)
 	shot("flagged-only")
 }
+
+// TestFlagsNamedAsOfTheirStep: each guardrail's line names the flags as
+// its own step left them, even when the page reads the run after a later
+// step changed them: here the page catches up on a run that ended while
+// its stream was down. It named the final flags on the first line too.
+func TestFlagsNamedAsOfTheirStep(t *testing.T) {
+	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, twoGuardsGraph())
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `window.reconnect = connect; connect = () => {}; state.ws.close(); true`)
+	c.until(ctx, "the stream cut", `state.ws.readyState === WebSocket.CLOSED`, shot)
+	r := e.do("POST", "/api/v1/threads/two-guards/runs", map[string]any{"agent": twoGuardsAgent, "input": "my chest hurts", "wait": "20s"})
+	run := r.json(t)
+	if r.status != http.StatusCreated || run["status"] != "completed" {
+		t.Fatalf("start run: %d %s", r.status, r.body)
+	}
+	id := run["id"].(string)
+	c.eval(ctx, `connect = window.reconnect; connect(); true`)
+	c.until(ctx, "the run's events caught up", `(state.log.get(`+jsString(id)+`) || []).some(e => e.type === "run.completed")`, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	flagLines := `[...document.querySelectorAll("#transcript li.flag")].map(li => li.textContent)`
+	c.until(ctx, "each guardrail's flags as of its step", flagLines+`.join("\n") === `+jsString(
+		"⚑ guardrail flags set by guard_pre: acute\n⚑ guardrail flags set by guard_post: acute, uncited")+` &&
+		document.getElementById("run-flags").textContent === "⚑ Flags: acute, uncited"`, shot)
+	// The lines stay so once every read of the run the page makes is in.
+	c.until(ctx, "no read of the run pending", `!state.follow.has(`+jsString(id)+`)`, shot)
+	if got, _ := c.eval(ctx, flagLines+`.join("\n")`).(string); got != "⚑ guardrail flags set by guard_pre: acute\n⚑ guardrail flags set by guard_post: acute, uncited" {
+		t.Fatalf("the flag lines became %q", got)
+	}
+	shot("flags-named-as-of-their-step")
+}

@@ -251,7 +251,7 @@ func newEnvWithAgents(t *testing.T, dir string, opts engine.ManagerOptions, wrap
 		return nil, fmt.Errorf("%w %q", engine.ErrUnknownAgent, name)
 	}
 	metrics := console.NewMetrics()
-	opts.Workers, opts.Events = 4, e.bus
+	opts.Workers, opts.Events, opts.EventValues = 4, e.bus, console.EventValues()
 	st := console.InstrumentStore(db, metrics)
 	if wrap != nil {
 		st = wrap(st)
@@ -502,4 +502,43 @@ func (e *env) failedToolRun(thread string) string {
 	}
 	e.waitStatus(id, "completed")
 	return id
+}
+
+// twoGuardsAgent sets its flags twice, in two steps, as a run's guardrails
+// before and after its draft do: "acute" first, then "acute" and
+// "uncited".
+const twoGuardsAgent = "two-guards"
+
+func twoGuardsGraph() *engine.Agent {
+	b := engine.NewGraph(twoGuardsAgent)
+	input := engine.Replace[string](b, "input")
+	flags := engine.Replace[[]string](b, "flags")
+	draft := engine.Replace[string](b, "draft")
+	b.AddNode("guard_pre", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{flags.Set([]string{"acute"})}, nil
+	})
+	b.AddNode("draft", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{draft.Set("call your doctor")}, nil
+	})
+	b.AddNode("guard_post", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{flags.Set(append(flags.Get(s), "uncited"))}, nil
+	})
+	g := compileChain(b, "guard_pre", "draft", "guard_post")
+	return testBundleAgent(twoGuardsAgent, g, input, func(s engine.State) any { return draft.Get(s) })
+}
+
+// compileChain compiles b with its nodes run one after the other, in the
+// order given.
+func compileChain(b *engine.Builder, nodes ...string) *engine.Graph {
+	from := engine.Start
+	for _, n := range nodes {
+		b.AddEdge(from, n)
+		from = n
+	}
+	b.AddEdge(from, engine.End)
+	g, err := b.Compile()
+	if err != nil {
+		panic(err)
+	}
+	return g
 }

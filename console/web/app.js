@@ -432,6 +432,13 @@ function writesFlags(e) {
   return e.type === "node.completed" && e.data && (e.data.writes || []).indexOf("flags") >= 0;
 }
 
+// flagsAtStep returns the flags a node.completed event carries, as its
+// step left them ([] when cleared), or null when it carries none.
+function flagsAtStep(e) {
+  const v = e.data && e.data.values;
+  return v && Object.prototype.hasOwnProperty.call(v, "flags") ? v.flags || [] : null;
+}
+
 // ---- one run ----
 async function select(id) {
   const turn = ++state.selects;
@@ -1051,9 +1058,15 @@ function onEvent(e) {
       if (e.type !== "run.started") recountWaiting();
       break;
   }
-  // The event says that the flags were written, not what they are: the
-  // run, read again, says (and its flag line follows).
-  if (writesFlags(e)) follow(e, (run) => { e.flags = run.flags || []; });
+  // The event carries the flags as of its own step (the appliance's
+  // EventValues); the run, read again, brings the list and its view up to
+  // date. An event without them (a value too large to carry) is named
+  // from that read, which a later step may have overtaken.
+  if (writesFlags(e)) {
+    const at = flagsAtStep(e);
+    if (at) e.flags = at;
+    follow(e, (run) => { if (!at) e.flags = run.flags || []; });
+  }
   if (e.type === "checkpoint" && e.data && e.data.next) {
     state.current.set(e.run, e.data.next[0] || "");
     const r = state.runs.get(e.run);
@@ -1100,8 +1113,8 @@ function renderEvent(e, before) {
       state.streams.delete(e.run + "/" + e.node);
       const done = line("node", "✓ " + e.node + (d.writes && d.writes.length ? "  (wrote " + d.writes.join(", ") + ")" : ""), before);
       if (writesFlags(e)) {
-        // Named once the run is read again (follow); "none" when the node
-        // cleared them.
+        // Named from the event, or once the run is read again (follow);
+        // "none" when the node cleared them.
         const named = e.flags === undefined ? "" : ": " + (e.flags.length ? e.flags.join(", ") : "none");
         state.drawn.set(e, [done, line("flag", "⚑ guardrail flags set by " + e.node + named, before)]);
       }
