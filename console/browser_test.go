@@ -1755,3 +1755,30 @@ func TestFlagsNamedAsOfTheirStep(t *testing.T) {
 	}
 	shot("flags-named-as-of-their-step")
 }
+
+// TestToolCallInASubgraphFromHistory: a run opened from the list (its
+// transcript drawn from its checkpoints and records) shows a tool call
+// made inside a subgraph at the step of the parent graph that ran the
+// subgraph. It was drawn after the run's last step.
+func TestToolCallInASubgraphFromHistory(t *testing.T) {
+	e := newDelegatingEnv(t)
+	r := e.do("POST", "/api/v1/threads/delegated/runs", map[string]any{"agent": delegatingAgent, "input": "about metformin", "wait": "20s"})
+	run := r.json(t)
+	if r.status != http.StatusCreated || run["status"] != "completed" {
+		t.Fatalf("start run: %d %s", r.status, r.body)
+	}
+	calls, _ := e.do("GET", "/api/v1/runs/"+run["id"].(string), nil).json(t)["tool_calls"].([]any)
+	if len(calls) != 1 || calls[0].(map[string]any)["node"] != "lookup" {
+		t.Fatalf("the run's tool calls: %v", calls)
+	}
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.until(ctx, "the run listed", `state.runs.has(`+jsString(run["id"].(string))+`)`, shot)
+	c.eval(ctx, `select(`+jsString(run["id"].(string))+`); true`)
+	lines := `[...document.querySelectorAll("#transcript li")].map(li => li.textContent)`
+	want := []string{"✓ intake  (wrote answer)", `→ tool search_kb {"q":"metformin"}`, "← search_kb returned 19 bytes",
+		"✓ research  (wrote notes)", "✓ closing  (wrote answer)"}
+	wantJSON, _ := json.Marshal(want)
+	c.until(ctx, "the call at the step that ran the subgraph", `JSON.stringify(`+lines+`) === `+jsString(string(wantJSON)), shot)
+	shot("tool-call-in-a-subgraph")
+}

@@ -494,9 +494,10 @@ async function select(id) {
 // records, and the events held while they were read: a step whose
 // checkpoint the history already holds is drawn from its events (tokens
 // and tool calls included) instead of twice, and the steps after it follow
-// in order. A call is drawn before the step its node completed in; the
-// calls of a node that has not completed (it waits for review), after the
-// last step. A decision that resumed the run is drawn before the first
+// in order. A call is drawn before the step its node completed in (one
+// made in a subgraph, before the step that ran the subgraph); the calls of
+// a node that has not completed (it waits for review), after the last
+// step. A decision that resumed the run is drawn before the first
 // step after it, unless a held run.resumed event tells of it.
 function drawHeld(checkpoints, held, calls, decisions) {
   const steps = new Map(); // checkpoint id -> the events up to it
@@ -522,9 +523,13 @@ function drawHeld(checkpoints, held, calls, decisions) {
   }
   left = left.filter((c) => !evented.has(c.key));
   undrawn = undrawn.slice(0, Math.max(0, undrawn.length - told));
+  // A call made inside a subgraph names the subgraph's node, which no step
+  // of the run's own graph ran: it goes to the first step that ended after
+  // it, the one whose node ran the subgraph.
+  const ran = new Set(checkpoints.flatMap((c) => c.nodes || []));
   for (const c of checkpoints) {
     const at = Date.parse(c.created_at);
-    const mine = left.filter((x) => c.nodes.includes(x.node) && Date.parse(x.at) <= at);
+    const mine = left.filter((x) => (c.nodes.includes(x.node) || !ran.has(x.node)) && Date.parse(x.at) <= at);
     left = left.filter((x) => !mine.includes(x));
     const resumed = undrawn.filter((d) => Date.parse(d.at) <= at);
     undrawn = undrawn.filter((d) => !resumed.includes(d));
