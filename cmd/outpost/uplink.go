@@ -28,8 +28,9 @@ const uplinkUsage = `Usage: outpost uplink <status|flush> [flags]
 
 Flags: --data DIR, --url URL, --appliance-id ID, --secret-file FILE, --timeout D, --json.
 --uplink and --uplink-secret, as serve names them, are --url and --secret-file.
-While serve runs, it owns the uplink: status reads the ledger through its
-control socket, and flush is serve's job (GET /api/v1/uplink shows it).
+While serve runs, it owns the store: status reads the ledger through its
+control socket and says whether serve sends the uplink, and to where; flush
+is refused (serve --uplink sends it; GET /api/v1/uplink shows it).
 `
 
 func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -135,9 +136,7 @@ func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.W
 			}
 			served = true
 			st.Status = uplink.Status{ApplianceID: ls.ApplianceID, AckedSeq: ls.AckedSeq, LastSeq: ls.LastSeq, Backlog: ls.Backlog(), URL: url}
-			if o, err := c.Owner(ctx); err == nil && o.Command != "" {
-				st.Owner = &o
-			}
+			st.Owner = dialOwner(ctx, dir)
 			return nil
 		})
 	if err != nil {
@@ -150,16 +149,9 @@ func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.W
 		return printJSON(stdout, st)
 	}
 	printUplinkStatus(stdout, st.Status)
-	switch o := st.Owner; {
-	case served && o == nil:
-		fmt.Fprintf(stdout, "a running outpost owns this store and does not say whether it sends an uplink: "+
-			"GET /api/v1/uplink shows serve's\n")
-	case served && o.SendsUplink:
-		fmt.Fprintf(stdout, "%s owns this store and sends its uplink to %s: GET /api/v1/uplink shows its last error and last success\n",
-			o.Command, o.UplinkURL)
+	switch {
 	case served:
-		fmt.Fprintf(stdout, "%s is running without an uplink: the outcomes stay in the ledger until serve is started with "+
-			"--uplink URL --appliance-id ID --uplink-secret FILE\n", o.Command)
+		fmt.Fprintln(stdout, ownerUplink(st.Owner))
 	case !st.Configured:
 		// What --json says with configured: false, for a person, with
 		// what configures one.
@@ -168,6 +160,34 @@ func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.W
 			"(--url URL here reports one as configured)\n")
 	}
 	return nil
+}
+
+// ownerUplink says what the process that owns the store does with the
+// uplink, as it says on its control socket (o nil: it does not say).
+func ownerUplink(o *store.ControlOwner) string {
+	switch {
+	case o == nil:
+		return "a running outpost owns this store and does not say whether it sends an uplink: GET /api/v1/uplink shows serve's"
+	case o.SendsUplink:
+		return fmt.Sprintf("%s owns this store and sends its uplink to %s: GET /api/v1/uplink shows its last error and last success",
+			o.Command, o.UplinkURL)
+	}
+	return fmt.Sprintf("%s is running without an uplink: the outcomes stay in the ledger until serve is started with "+
+		"--uplink URL --appliance-id ID --uplink-secret FILE", o.Command)
+}
+
+// dialOwner returns what the process that owns the store in dir says of
+// itself, or nil when it does not say.
+func dialOwner(ctx context.Context, dir string) *store.ControlOwner {
+	c, err := store.DialControl(dir)
+	if err != nil {
+		return nil
+	}
+	o, err := c.Owner(ctx)
+	if err != nil || o.Command == "" {
+		return nil
+	}
+	return &o
 }
 
 func printUplinkStatus(w io.Writer, st uplink.Status) {
@@ -193,7 +213,14 @@ func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout tim
 	}
 	db, err := openStore(dir)
 	if errors.Is(err, store.ErrInUse) {
-		return fmt.Errorf("%w\n(serve owns this store and drains the uplink itself; see GET /api/v1/uplink)", err)
+		// What the owner does with the uplink: a serve without one
+		// sends nothing, and stopping it is how to flush from here.
+		o := dialOwner(ctx, dir)
+		why := ownerUplink(o)
+		if o != nil && !o.SendsUplink {
+			why += "; or stop it and flush from here"
+		}
+		return fmt.Errorf("%w\n(%s)", err, why)
 	}
 	if err != nil {
 		return err

@@ -278,7 +278,7 @@ func TestUplinkStatusSaysWhenNoneIsConfigured(t *testing.T) {
 // when serve was started without --uplink. It says whether serve sends
 // one, and to which collector (with no password, and never the secret).
 func TestUplinkStatusSaysWhetherServeSendsIt(t *testing.T) {
-	data, _ := oneOutcomeToSend(t)
+	data, secret := oneOutcomeToSend(t)
 	bin := builtOutpost(t)
 	type owned struct {
 		Owner *struct {
@@ -309,6 +309,11 @@ func TestUplinkStatusSaysWhetherServeSendsIt(t *testing.T) {
 	assert.False(t, st.Owner.SendsUplink)
 	assert.Empty(t, st.Owner.UplinkURL)
 	assert.False(t, st.Configured, "configured still says what --url says")
+	// flush, refused while serve owns the store, says the same.
+	code, _, errs := outpostBin(t, "", "uplink", "flush", "--data", data, "--url", "http://127.0.0.1:9", "--secret-file", secret)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "serve is running without an uplink")
+	assert.NotContains(t, errs, "drains the uplink itself")
 	s.stop(t)
 
 	// Serve started with --uplink, to a collector on loopback: the status
@@ -318,7 +323,7 @@ func TestUplinkStatusSaysWhetherServeSendsIt(t *testing.T) {
 	var mine uplink.Status
 	require.NoError(t, json.Unmarshal([]byte(out), &mine))
 	coll := t.TempDir()
-	secrets, secret := uplinkSecrets(t, t.TempDir(), coll, mine.ApplianceID)
+	secrets, _ := uplinkSecrets(t, t.TempDir(), coll, mine.ApplianceID)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	collURL, _, _ := startCollector(t, ctx, coll, secrets)
@@ -332,6 +337,9 @@ func TestUplinkStatusSaysWhetherServeSendsIt(t *testing.T) {
 	assert.Equal(t, "serve", st.Owner.Command)
 	assert.True(t, st.Owner.SendsUplink)
 	assert.Equal(t, collURL, st.Owner.UplinkURL)
+	code, _, errs = outpostBin(t, "", "uplink", "flush", "--data", data, "--url", collURL, "--secret-file", secret)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "serve owns this store and sends its uplink to "+collURL)
 	s.stop(t)
 
 	// With serve stopped, no process owns the store, and --json says none.
