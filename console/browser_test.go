@@ -1724,3 +1724,61 @@ func TestFlaggedOnly(t *testing.T) {
 	c.until(ctx, "every run read, the filter off", listed+`.length === 2 && document.getElementById("runs-flagged-note").hidden`, shot)
 	shot("flagged-only")
 }
+
+// TestFlagsNamedAsOfTheirStep: each guardrail's line names the flags as
+// its own step left them, even when the page reads the run after a later
+// step changed them: here the page catches up on a run that ended while
+// its stream was down. It named the final flags on the first line too.
+func TestFlagsNamedAsOfTheirStep(t *testing.T) {
+	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, twoGuardsGraph())
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.eval(ctx, `window.reconnect = connect; connect = () => {}; state.ws.close(); true`)
+	c.until(ctx, "the stream cut", `state.ws.readyState === WebSocket.CLOSED`, shot)
+	r := e.do("POST", "/api/v1/threads/two-guards/runs", map[string]any{"agent": twoGuardsAgent, "input": "my chest hurts", "wait": "20s"})
+	run := r.json(t)
+	if r.status != http.StatusCreated || run["status"] != "completed" {
+		t.Fatalf("start run: %d %s", r.status, r.body)
+	}
+	id := run["id"].(string)
+	c.eval(ctx, `connect = window.reconnect; connect(); true`)
+	c.until(ctx, "the run's events caught up", `(state.log.get(`+jsString(id)+`) || []).some(e => e.type === "run.completed")`, shot)
+	c.eval(ctx, `select(`+jsString(id)+`); true`)
+	flagLines := `[...document.querySelectorAll("#transcript li.flag")].map(li => li.textContent)`
+	c.until(ctx, "each guardrail's flags as of its step", flagLines+`.join("\n") === `+jsString(
+		"⚑ guardrail flags set by guard_pre: acute\n⚑ guardrail flags set by guard_post: acute, uncited")+` &&
+		document.getElementById("run-flags").textContent === "⚑ Flags: acute, uncited"`, shot)
+	// The lines stay so once every read of the run the page makes is in.
+	c.until(ctx, "no read of the run pending", `!state.follow.has(`+jsString(id)+`)`, shot)
+	if got, _ := c.eval(ctx, flagLines+`.join("\n")`).(string); got != "⚑ guardrail flags set by guard_pre: acute\n⚑ guardrail flags set by guard_post: acute, uncited" {
+		t.Fatalf("the flag lines became %q", got)
+	}
+	shot("flags-named-as-of-their-step")
+}
+
+// TestToolCallInASubgraphFromHistory: a run opened from the list (its
+// transcript drawn from its checkpoints and records) shows a tool call
+// made inside a subgraph at the step of the parent graph that ran the
+// subgraph. It was drawn after the run's last step.
+func TestToolCallInASubgraphFromHistory(t *testing.T) {
+	e := newDelegatingEnv(t)
+	r := e.do("POST", "/api/v1/threads/delegated/runs", map[string]any{"agent": delegatingAgent, "input": "about metformin", "wait": "20s"})
+	run := r.json(t)
+	if r.status != http.StatusCreated || run["status"] != "completed" {
+		t.Fatalf("start run: %d %s", r.status, r.body)
+	}
+	calls, _ := e.do("GET", "/api/v1/runs/"+run["id"].(string), nil).json(t)["tool_calls"].([]any)
+	if len(calls) != 1 || calls[0].(map[string]any)["node"] != "lookup" {
+		t.Fatalf("the run's tool calls: %v", calls)
+	}
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	c.until(ctx, "the run listed", `state.runs.has(`+jsString(run["id"].(string))+`)`, shot)
+	c.eval(ctx, `select(`+jsString(run["id"].(string))+`); true`)
+	lines := `[...document.querySelectorAll("#transcript li")].map(li => li.textContent)`
+	want := []string{"✓ intake  (wrote answer)", `→ tool search_kb {"q":"metformin"}`, "← search_kb returned 19 bytes",
+		"✓ research  (wrote notes)", "✓ closing  (wrote answer)"}
+	wantJSON, _ := json.Marshal(want)
+	c.until(ctx, "the call at the step that ran the subgraph", `JSON.stringify(`+lines+`) === `+jsString(string(wantJSON)), shot)
+	shot("tool-call-in-a-subgraph")
+}

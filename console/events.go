@@ -15,6 +15,7 @@ import (
 
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/internal/strictjson"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // EventOptions tune the event stream.
@@ -31,6 +32,13 @@ type EventOptions struct {
 	// (default 10s).
 	AuthTimeout time.Duration
 }
+
+// EventValues returns the channels whose values the page reads from the
+// node.completed events of the nodes that wrote them: the flags, as of
+// that node's step, which a read of the run later may find changed by a
+// later step. Give them to the run manager
+// (engine.ManagerOptions.EventValues).
+func EventValues() []string { return []string{store.FlagsChannel} }
 
 // Control message types (none is an event type).
 const (

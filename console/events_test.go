@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -585,5 +586,45 @@ func TestWebsocketResumeFromAnEarlierStart(t *testing.T) {
 	m = c.next(ctx)
 	if m["type"] != "resumed" {
 		t.Fatalf("this start's first seq: %v", m)
+	}
+}
+
+// A node.completed event of a node that wrote the flags carries them as of
+// its own step: a reader of the stream that reads the run later (the page
+// did) finds the flags a later step set, and named them as the first
+// node's.
+func TestNodeCompletedCarriesTheFlagsOfItsStep(t *testing.T) {
+	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, twoGuardsGraph())
+	ctx := testCtx(t)
+	c := e.connect(ctx)
+	c.send(ctx, map[string]any{"type": "subscribe", "thread": "two-guards"})
+	if m := c.next(ctx); m["type"] != "subscribed" {
+		t.Fatalf("subscribed: %v", m)
+	}
+	r := e.do("POST", "/api/v1/threads/two-guards/runs", map[string]any{"agent": twoGuardsAgent, "input": "my chest hurts", "wait": "20s"})
+	run := r.json(t)
+	if r.status != http.StatusCreated || run["status"] != "completed" {
+		t.Fatalf("start run: %d %s", r.status, r.body)
+	}
+	evs := c.until(ctx, func(m map[string]any) bool { return m["type"] == engine.EventOutcomeAppended })
+	got := map[string]any{}
+	for _, m := range evs {
+		if m["type"] != engine.EventNodeCompleted {
+			continue
+		}
+		d, _ := m["data"].(map[string]any)
+		got[m["node"].(string)] = d["values"]
+	}
+	want := map[string]any{
+		"guard_pre":  map[string]any{"flags": []any{"acute"}},
+		"draft":      nil, // it wrote no flags
+		"guard_post": map[string]any{"flags": []any{"acute", "uncited"}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("values of node.completed: %v, want %v", got, want)
+	}
+	// The store, read after the run, has the later flags only.
+	if flags := e.do("GET", "/api/v1/runs/"+run["id"].(string), nil).json(t)["flags"]; !reflect.DeepEqual(flags, []any{"acute", "uncited"}) {
+		t.Fatalf("the run's flags: %v", flags)
 	}
 }

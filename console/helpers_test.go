@@ -251,7 +251,7 @@ func newEnvWithAgents(t *testing.T, dir string, opts engine.ManagerOptions, wrap
 		return nil, fmt.Errorf("%w %q", engine.ErrUnknownAgent, name)
 	}
 	metrics := console.NewMetrics()
-	opts.Workers, opts.Events = 4, e.bus
+	opts.Workers, opts.Events, opts.EventValues = 4, e.bus, console.EventValues()
 	st := console.InstrumentStore(db, metrics)
 	if wrap != nil {
 		st = wrap(st)
@@ -502,4 +502,103 @@ func (e *env) failedToolRun(thread string) string {
 	}
 	e.waitStatus(id, "completed")
 	return id
+}
+
+// twoGuardsAgent sets its flags twice, in two steps, as a run's guardrails
+// before and after its draft do: "acute" first, then "acute" and
+// "uncited".
+const twoGuardsAgent = "two-guards"
+
+func twoGuardsGraph() *engine.Agent {
+	b := engine.NewGraph(twoGuardsAgent)
+	input := engine.Replace[string](b, "input")
+	flags := engine.Replace[[]string](b, "flags")
+	draft := engine.Replace[string](b, "draft")
+	b.AddNode("guard_pre", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{flags.Set([]string{"acute"})}, nil
+	})
+	b.AddNode("draft", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{draft.Set("call your doctor")}, nil
+	})
+	b.AddNode("guard_post", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{flags.Set(append(flags.Get(s), "uncited"))}, nil
+	})
+	g := compileChain(b, "guard_pre", "draft", "guard_post")
+	return testBundleAgent(twoGuardsAgent, g, input, func(s engine.State) any { return draft.Get(s) })
+}
+
+// compileChain compiles b with its nodes run one after the other, in the
+// order given.
+func compileChain(b *engine.Builder, nodes ...string) *engine.Graph {
+	from := engine.Start
+	for _, n := range nodes {
+		b.AddEdge(from, n)
+		from = n
+	}
+	b.AddEdge(from, engine.End)
+	g, err := b.Compile()
+	if err != nil {
+		panic(err)
+	}
+	return g
+}
+
+// delegatingAgent hands its research to a subgraph whose node calls a
+// tool, recorded in log as a tool loop records its calls, between an
+// intake step and a closing step of its own.
+const delegatingAgent = "delegating"
+
+func delegatingGraph(log agent.CallLog) *engine.Agent {
+	sb := engine.NewGraph("research")
+	subNotes := engine.Replace[string](sb, "notes")
+	sb.AddNode("lookup", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		info, _ := engine.InfoFrom(ctx)
+		key := agent.ToolKey(info, 0)
+		args := json.RawMessage(`{"q":"metformin"}`)
+		if _, err := log.Intent(ctx, agent.CallRecord{Key: key, Run: info.Run, Node: info.Node, Tool: "search_kb",
+			ArgsHash: agent.HashArgs(args), Args: args}); err != nil {
+			return nil, err
+		}
+		if err := log.Done(ctx, key, json.RawMessage(`"take it with food"`), ""); err != nil {
+			return nil, err
+		}
+		return []engine.Write{subNotes.Set("take it with food")}, nil
+	})
+	sub := compileChain(sb, "lookup")
+	b := engine.NewGraph(delegatingAgent)
+	input := engine.Replace[string](b, "input")
+	notes := engine.Replace[string](b, "notes")
+	answer := engine.Replace[string](b, "answer")
+	b.AddNode("intake", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{answer.Set("")}, nil
+	})
+	b.AddSubgraph("research", sub)
+	b.AddNode("closing", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{answer.Set(notes.Get(s))}, nil
+	})
+	g := compileChain(b, "intake", "research", "closing")
+	return testBundleAgent(delegatingAgent, g, input, func(s engine.State) any { return answer.Get(s) })
+}
+
+// newDelegatingEnv is an env whose delegatingAgent records its calls in
+// the store, as serve records them.
+func newDelegatingEnv(t *testing.T) *env {
+	t.Helper()
+	var log agent.CallLog
+	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, delegatingGraph(deferredLog{&log}))
+	log = wiring.CallLog(e.db, e.db)
+	return e
+}
+
+// deferredLog is a CallLog set once the store it records in is open.
+type deferredLog struct{ log *agent.CallLog }
+
+func (d deferredLog) Intent(ctx context.Context, rec agent.CallRecord) (*agent.CallRecord, error) {
+	return (*d.log).Intent(ctx, rec)
+}
+func (d deferredLog) Done(ctx context.Context, key string, result json.RawMessage, errText string) error {
+	return (*d.log).Done(ctx, key, result, errText)
+}
+func (d deferredLog) Get(ctx context.Context, key string) (*agent.CallRecord, error) {
+	return (*d.log).Get(ctx, key)
 }

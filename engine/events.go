@@ -11,8 +11,13 @@ const (
 	// EventRunStarted's data is {"agent","checkpoint"}: the input
 	// checkpoint, with "committed": false when it is only a marker (exit
 	// durability, as for EventCheckpoint).
-	EventRunStarted    = "run.started"
-	EventNodeStarted   = "node.started"
+	EventRunStarted  = "run.started"
+	EventNodeStarted = "node.started"
+	// EventNodeCompleted's data is {"task","writes","attempts"}: the
+	// task's ID, the channels it wrote and how many attempts it took; with
+	// "values": {channel: value} for the channels of RunConfig.EventValues
+	// it wrote, each at its value after the step (left out when larger
+	// than BlobThreshold).
 	EventNodeCompleted = "node.completed"
 	EventModelToken    = "model.token"
 	EventToolCalled    = "tool.called"

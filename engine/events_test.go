@@ -324,3 +324,37 @@ func TestBusStartAfter(t *testing.T) {
 		t.Fatalf("seqs: %+v", evs)
 	}
 }
+
+// A node.completed event carries the channels of RunConfig.EventValues its
+// node wrote, each whole as the step left it (an append channel's earlier
+// items included), in exit durability too, where the step is announced
+// only when the run commits; a value over BlobThreshold is left out.
+func TestNodeCompletedCarriesEventValues(t *testing.T) {
+	for _, d := range []engine.Durability{engine.DurabilitySync, engine.DurabilityExit} {
+		b := engine.NewGraph("values")
+		flags := engine.Append[string](b, "flags")
+		big := engine.Replace[string](b, "big")
+		note := engine.Replace[string](b, "note")
+		b.AddNode("a", writes(engine.Push(flags, "acute")))
+		b.AddNode("b", writes(engine.Push(flags, "uncited"), big.Set(string(make([]byte, engine.BlobThreshold+1)))))
+		b.AddNode("c", writes(note.Set("done")))
+		b.AddEdge(engine.Start, "a").AddEdge("a", "b").AddEdge("b", "c")
+		g := mustCompile(t, b)
+		bus := engine.NewBus()
+		sub := bus.Subscribe(1000, nil)
+		_, err := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: engine.NewMemoryStore(), Durability: d,
+			Events: bus, EventValues: []string{"flags", "big", "note", "undeclared"}}, note.Set("in"))
+		require.NoError(t, err)
+		got := map[string]string{}
+		for _, e := range drain(sub) {
+			if e.Type != engine.EventNodeCompleted {
+				continue
+			}
+			var data struct{ Values json.RawMessage }
+			require.NoError(t, json.Unmarshal(e.Data, &data))
+			got[e.Node] = string(data.Values)
+		}
+		require.Equal(t, map[string]string{"a": `{"flags":["acute"]}`, "b": `{"flags":["acute","uncited"]}`, "c": `{"note":"done"}`},
+			got, "durability %s", d)
+	}
+}

@@ -43,7 +43,12 @@ type RunConfig struct {
 	// them against it (package agent does), subgraphs' nodes included.
 	MaxTokens int
 	Events    EventSink
-	Cache     *StateCache
+	// EventValues names channels whose value a node.completed event
+	// carries when its node wrote them (see EventNodeCompleted): a reader
+	// of the stream then knows the value as of that step, which a read of
+	// the run later may find changed by a later step.
+	EventValues []string
+	Cache       *StateCache
 	// Output derives the run record's output from the final state.
 	Output func(State) json.RawMessage
 	// IDs, when set, supplies the ids of new checkpoints (an audit replay
@@ -709,7 +714,7 @@ func (e *execution) advance(ctx context.Context, results []taskResult) error {
 	e.writes = nil
 	if e.cfg.Events != nil {
 		for _, r := range results {
-			e.event(EventNodeCompleted, r.spec.Node, nodeCompletedData(r))
+			e.event(EventNodeCompleted, r.spec.Node, e.nodeCompletedData(r))
 		}
 		// In exit durability only a step that ends the run commits now;
 		// a marker that an interrupt or an error commits later is
@@ -759,9 +764,10 @@ func runStartedData(agent string, c *Checkpoint, committed bool) json.RawMessage
 	return append(b, '}')
 }
 
-// nodeCompletedData is {"task","writes","attempts"}, built by hand: it is
-// made for every task of every step.
-func nodeCompletedData(r taskResult) json.RawMessage {
+// nodeCompletedData is {"task","writes","attempts"}, and "values" when the
+// task wrote channels of cfg.EventValues (see EventNodeCompleted), built
+// by hand: it is made for every task of every step.
+func (e *execution) nodeCompletedData(r taskResult) json.RawMessage {
 	b := make([]byte, 0, 96)
 	b = append(b, `{"task":`...)
 	b = AppendJSONString(b, r.spec.ID)
@@ -774,7 +780,39 @@ func nodeCompletedData(r taskResult) json.RawMessage {
 	}
 	b = append(b, `],"attempts":`...)
 	b = strconv.AppendInt(b, int64(r.attempts), 10)
+	b = e.appendValues(b, r.writes)
 	return append(b, '}')
+}
+
+// appendValues appends ,"values":{...}: the value after the step of each
+// channel of cfg.EventValues that writes wrote, whole (an append
+// channel's too), as a checkpoint encodes it. A value over BlobThreshold,
+// which a checkpoint keeps out of line, is left out of the event too.
+func (e *execution) appendValues(b []byte, writes []Write) []byte {
+	n := 0
+	for _, ch := range e.cfg.EventValues {
+		spec := e.g.channels[ch]
+		if spec == nil || !slices.ContainsFunc(writes, func(w Write) bool { return w.Channel == ch }) {
+			continue
+		}
+		v, err := spec.encode(e.vals[ch])
+		if err != nil || len(v) > BlobThreshold {
+			continue
+		}
+		if n == 0 {
+			b = append(b, `,"values":{`...)
+		} else {
+			b = append(b, ',')
+		}
+		n++
+		b = AppendJSONString(b, ch)
+		b = append(b, ':')
+		b = append(b, v...)
+	}
+	if n > 0 {
+		b = append(b, '}')
+	}
+	return b
 }
 
 // checkpointData is {"id","step","next"}, with "committed": false for a

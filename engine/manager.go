@@ -59,6 +59,9 @@ type ManagerOptions struct {
 	MaxDuration time.Duration
 	MaxTokens   int
 	Events      EventSink
+	// EventValues is every run's RunConfig.EventValues: the channels whose
+	// value node.completed events carry.
+	EventValues []string
 	CacheSize   int // materialized thread states kept; default 1024
 	// CacheBytes bounds the kept states by what their values take encoded;
 	// default DefaultCacheBytes, and negative for no bound.
@@ -286,7 +289,7 @@ func (m *Manager) config(a *Agent, run *Run) RunConfig {
 	}
 	return RunConfig{Thread: run.Thread, Store: m.store, Blobs: m.store, Run: run, Durability: m.opts.Durability,
 		StepLimit: limit, MaxDuration: Narrower(m.opts.MaxDuration, a.MaxDuration), MaxTokens: Narrower(m.opts.MaxTokens, a.MaxTokens),
-		Events: m.opts.Events, Cache: m.cache, Output: a.Output, clock: m.opts.clock}
+		Events: m.opts.Events, EventValues: m.opts.EventValues, Cache: m.cache, Output: a.Output, clock: m.opts.clock}
 }
 
 // now is the time by the manager's clock (see ManagerOptions.clock).

@@ -28,13 +28,29 @@ import (
 // socket is created with mode 0600, so only the folder's owner can use it.
 const ControlSocket = "outpost.sock"
 
+// ControlOwner is what the process that owns a store says of itself on
+// the control socket: its command (serve, run) and whether it sends the
+// outcome ledger to a collector, and to which (the URL with no user or
+// password; the secret never leaves the process). uplink status reads it
+// to say what the owner does, rather than guess.
+type ControlOwner struct {
+	Command     string `json:"command"`
+	SendsUplink bool   `json:"sends_uplink"`
+	UplinkURL   string `json:"uplink_url,omitempty"`
+}
+
 // ServeControl serves db's online operations on the control socket in dir
 // until ctx ends. Call it from the process that owns the store, with the
 // run manager that works db as live (nil when none does): the runs
 // commands then read runs as the HTTP API shows them (ListLive), with
 // their live status, and the runs that exit durability has not stored
-// yet.
-func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns) error {
+// yet. owner is what the socket says of the process (Control.Owner); its
+// uplink URL is served without its user and password.
+func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns, owner ControlOwner) error {
+	if u, err := url.Parse(owner.UplinkURL); err == nil && u.User != nil {
+		u.User = nil
+		owner.UplinkURL = u.String()
+	}
 	path := filepath.Join(dir, ControlSocket)
 	// A socket left by a killed owner is stale: we hold the lock now.
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -80,6 +96,9 @@ func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns) error 
 	mux.HandleFunc("GET /ledger", func(w http.ResponseWriter, r *http.Request) {
 		st, err := db.Ledger(r.Context())
 		writeControl(w, st, err)
+	})
+	mux.HandleFunc("GET /owner", func(w http.ResponseWriter, r *http.Request) {
+		writeControl(w, owner, nil)
 	})
 	mux.HandleFunc("POST /prune", func(w http.ResponseWriter, r *http.Request) {
 		d, err := time.ParseDuration(r.URL.Query().Get("older_than"))
@@ -234,6 +253,13 @@ func (c *Control) Check(ctx context.Context) (*CheckReport, error) {
 func (c *Control) Ledger(ctx context.Context) (LedgerState, error) {
 	var st LedgerState
 	return st, c.do(ctx, http.MethodGet, "/ledger", &st)
+}
+
+// Owner returns what the owning process says of itself. An owner from
+// before it said so answers with an error.
+func (c *Control) Owner(ctx context.Context) (ControlOwner, error) {
+	var o ControlOwner
+	return o, c.do(ctx, http.MethodGet, "/owner", &o)
 }
 
 // Prune runs Prune in the owning process.

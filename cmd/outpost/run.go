@@ -255,7 +255,7 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 	s.done.Add(1)
 	go func() {
 		defer s.done.Done()
-		if err := store.ServeControl(ctx, db, dir, s.m); err != nil {
+		if err := store.ServeControl(ctx, db, dir, s.m, store.ControlOwner{Command: "run"}); err != nil {
 			fmt.Fprintf(out, "control socket: %v\n", err)
 		}
 	}()

@@ -223,6 +223,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 		fmt.Fprintf(stdout, "uplink: none configured (--uplink URL --uplink-secret FILE); outcomes stay on the appliance\n")
 	}
 	m := engine.NewManager(console.InstrumentStore(db, metrics), resolve, engine.ManagerOptions{Workers: *workers, Events: bus,
+		EventValues: console.EventValues(),
 		MaxDuration: budget.WallTime, MaxTokens: budget.Tokens, MaxRecoveries: bc.maxRecoveries(), MaxAlone: bc.maxAlone(),
 		MaxSuspectWait: bc.maxSuspectWait()})
 	srv := console.New(console.Config{Manager: m, Bus: bus, Resolve: resolve, Agents: agents, Token: tok,
@@ -237,7 +238,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	bg.Add(1)
 	go func() {
 		defer bg.Done()
-		if err := store.ServeControl(ctl, db, *data, m); err != nil {
+		if err := store.ServeControl(ctl, db, *data, m, store.ControlOwner{Command: "serve", SendsUplink: up != nil, UplinkURL: *upURL}); err != nil {
 			fmt.Fprintf(stderr, "control socket: %v\n", err)
 		}
 	}()

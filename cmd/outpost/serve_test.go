@@ -86,10 +86,12 @@ func startBin(t *testing.T, cmd *exec.Cmd) (io.ReadCloser, *lockedBuffer) {
 
 var consoleLine = regexp.MustCompile(`^console: (http://127\.0\.0\.1:\d+)/$`)
 
-func startServe(t *testing.T, bin, data string) *serving {
+// startServe starts `outpost serve` on data, with the flags extra adds, and
+// returns once its console listens.
+func startServe(t *testing.T, bin, data string, extra ...string) *serving {
 	t.Helper()
-	cmd := exec.Command(bin, "serve", "--data", data, "--listen", "127.0.0.1:0", "--model", "ollama:llama3.2",
-		"--ollama", "http://127.0.0.1:1")
+	cmd := exec.Command(bin, append([]string{"serve", "--data", data, "--listen", "127.0.0.1:0", "--model", "ollama:llama3.2",
+		"--ollama", "http://127.0.0.1:1"}, extra...)...)
 	out, stderr := startBin(t, cmd)
 	s := &serving{cmd: cmd, lines: make(chan string, 100), done: make(chan error, 1)}
 	go func() {

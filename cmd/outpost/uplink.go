@@ -28,8 +28,9 @@ const uplinkUsage = `Usage: outpost uplink <status|flush> [flags]
 
 Flags: --data DIR, --url URL, --appliance-id ID, --secret-file FILE, --timeout D, --json.
 --uplink and --uplink-secret, as serve names them, are --url and --secret-file.
-While serve runs, it owns the uplink: status reads the ledger through its
-control socket, and flush is serve's job (GET /api/v1/uplink shows it).
+While serve runs, it owns the store: status reads the ledger through its
+control socket and says whether serve sends the uplink, and to where; flush
+is refused (serve --uplink sends it; GET /api/v1/uplink shows it).
 `
 
 func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -53,7 +54,8 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 backlog. This command holds no uplink of its own: it reports one as configured when given
 --url (serve's --uplink); without it, it says that none is and what serve takes to send
 the ledger (--uplink URL --appliance-id ID --uplink-secret FILE). While serve runs, it
-reads the ledger through serve's control socket, and GET /api/v1/uplink shows serve's own.`
+reads the ledger through serve's control socket and says whether serve sends the uplink,
+and to which collector ("owner" in --json); GET /api/v1/uplink shows serve's own.`
 		fs.StringVar(url, "url", "", "the collector's base `URL`, to report as configured")
 		fs.alias("uplink", "url")
 		// What serve is given, to copy as it is; status sends nothing.
@@ -103,8 +105,17 @@ reads the ledger through serve's control socket, and GET /api/v1/uplink shows se
 	return usageError(fmt.Sprintf("unknown uplink subcommand %q", sub))
 }
 
+// uplinkStatusView is what uplink status prints under --json: the
+// uplink's status, and, while a process owns the store, what that process
+// says of itself and of the uplink it sends (absent when it does not say,
+// as an owner from before it did not).
+type uplinkStatusView struct {
+	uplink.Status
+	Owner *store.ControlOwner `json:"owner,omitempty"`
+}
+
 func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.Writer) error {
-	var st uplink.Status
+	var st uplinkStatusView
 	served := false
 	// Status only reads: the store is opened read-only, so that it is not
 	// changed (not even by the transaction a writer's open commits) and a
@@ -115,14 +126,18 @@ func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.W
 			if err != nil {
 				return err
 			}
-			st = u.Status()
+			st.Status = u.Status()
 			return nil
 		},
 		func(c *store.Control) error {
-			served = true
 			ls, err := c.Ledger(ctx)
-			st = uplink.Status{ApplianceID: ls.ApplianceID, AckedSeq: ls.AckedSeq, LastSeq: ls.LastSeq, Backlog: ls.Backlog(), URL: url}
-			return err
+			if err != nil {
+				return err
+			}
+			served = true
+			st.Status = uplink.Status{ApplianceID: ls.ApplianceID, AckedSeq: ls.AckedSeq, LastSeq: ls.LastSeq, Backlog: ls.Backlog(), URL: url}
+			st.Owner = dialOwner(ctx, dir)
+			return nil
 		})
 	if err != nil {
 		return err
@@ -133,10 +148,10 @@ func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.W
 	if asJSON {
 		return printJSON(stdout, st)
 	}
-	printUplinkStatus(stdout, st)
+	printUplinkStatus(stdout, st.Status)
 	switch {
 	case served:
-		fmt.Fprintf(stdout, "serve owns this store and sends its uplink: GET /api/v1/uplink shows its last error and last success\n")
+		fmt.Fprintln(stdout, ownerUplink(st.Owner))
 	case !st.Configured:
 		// What --json says with configured: false, for a person, with
 		// what configures one.
@@ -145,6 +160,34 @@ func uplinkStatus(ctx context.Context, dir, url string, asJSON bool, stdout io.W
 			"(--url URL here reports one as configured)\n")
 	}
 	return nil
+}
+
+// ownerUplink says what the process that owns the store does with the
+// uplink, as it says on its control socket (o nil: it does not say).
+func ownerUplink(o *store.ControlOwner) string {
+	switch {
+	case o == nil:
+		return "a running outpost owns this store and does not say whether it sends an uplink: GET /api/v1/uplink shows serve's"
+	case o.SendsUplink:
+		return fmt.Sprintf("%s owns this store and sends its uplink to %s: GET /api/v1/uplink shows its last error and last success",
+			o.Command, o.UplinkURL)
+	}
+	return fmt.Sprintf("%s is running without an uplink: the outcomes stay in the ledger until serve is started with "+
+		"--uplink URL --appliance-id ID --uplink-secret FILE", o.Command)
+}
+
+// dialOwner returns what the process that owns the store in dir says of
+// itself, or nil when it does not say.
+func dialOwner(ctx context.Context, dir string) *store.ControlOwner {
+	c, err := store.DialControl(dir)
+	if err != nil {
+		return nil
+	}
+	o, err := c.Owner(ctx)
+	if err != nil || o.Command == "" {
+		return nil
+	}
+	return &o
 }
 
 func printUplinkStatus(w io.Writer, st uplink.Status) {
@@ -170,7 +213,14 @@ func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout tim
 	}
 	db, err := openStore(dir)
 	if errors.Is(err, store.ErrInUse) {
-		return fmt.Errorf("%w\n(serve owns this store and drains the uplink itself; see GET /api/v1/uplink)", err)
+		// What the owner does with the uplink: a serve without one
+		// sends nothing, and stopping it is how to flush from here.
+		o := dialOwner(ctx, dir)
+		why := ownerUplink(o)
+		if o != nil && !o.SendsUplink {
+			why += "; or stop it and flush from here"
+		}
+		return fmt.Errorf("%w\n(%s)", err, why)
 	}
 	if err != nil {
 		return err

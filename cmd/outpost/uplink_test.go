@@ -273,3 +273,76 @@ func TestUplinkStatusSaysWhenNoneIsConfigured(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, strings.Join(strings.Fields(stdout), " "), "without it, it says that none is and what serve takes to send the ledger")
 }
+
+// uplink status, while serve runs, said that serve sends the uplink even
+// when serve was started without --uplink. It says whether serve sends
+// one, and to which collector (with no password, and never the secret).
+func TestUplinkStatusSaysWhetherServeSendsIt(t *testing.T) {
+	data, secret := oneOutcomeToSend(t)
+	bin := builtOutpost(t)
+	type owned struct {
+		Owner *struct {
+			Command     string `json:"command"`
+			SendsUplink bool   `json:"sends_uplink"`
+			UplinkURL   string `json:"uplink_url"`
+		} `json:"owner"`
+		Configured bool   `json:"configured"`
+		Backlog    uint64 `json:"backlog"`
+	}
+	status := func() (string, owned) {
+		t.Helper()
+		code, text, errs := outpostBin(t, "", "uplink", "status", "--data", data)
+		require.Equal(t, 0, code, errs)
+		code, out, errs := outpostBin(t, "", "uplink", "status", "--data", data, "--json")
+		require.Equal(t, 0, code, errs)
+		var st owned
+		require.NoError(t, json.Unmarshal([]byte(out), &st), out)
+		return text, st
+	}
+
+	s := startServe(t, bin, data)
+	text, st := status()
+	assert.Contains(t, text, "serve is running without an uplink")
+	assert.NotContains(t, text, "sends its uplink")
+	require.NotNil(t, st.Owner, "--json names the owner")
+	assert.Equal(t, "serve", st.Owner.Command)
+	assert.False(t, st.Owner.SendsUplink)
+	assert.Empty(t, st.Owner.UplinkURL)
+	assert.False(t, st.Configured, "configured still says what --url says")
+	// flush, refused while serve owns the store, says the same.
+	code, _, errs := outpostBin(t, "", "uplink", "flush", "--data", data, "--url", "http://127.0.0.1:9", "--secret-file", secret)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "serve is running without an uplink")
+	assert.NotContains(t, errs, "drains the uplink itself")
+	s.stop(t)
+
+	// Serve started with --uplink, to a collector on loopback: the status
+	// names it, without the password its URL carries.
+	code, out, errs := outpostBin(t, "", "uplink", "status", "--data", data, "--json")
+	require.Equal(t, 0, code, errs)
+	var mine uplink.Status
+	require.NoError(t, json.Unmarshal([]byte(out), &mine))
+	coll := t.TempDir()
+	secrets, _ := uplinkSecrets(t, t.TempDir(), coll, mine.ApplianceID)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	collURL, _, _ := startCollector(t, ctx, coll, secrets)
+	withPassword := strings.Replace(collURL, "http://", "http://site:pa55word@", 1)
+	s = startServe(t, bin, data, "--uplink", withPassword, "--uplink-secret", secret)
+	text, st = status()
+	assert.Contains(t, text, "serve owns this store and sends its uplink to "+collURL)
+	assert.NotContains(t, text, "pa55word")
+	assert.NotContains(t, text, "without an uplink")
+	require.NotNil(t, st.Owner)
+	assert.Equal(t, "serve", st.Owner.Command)
+	assert.True(t, st.Owner.SendsUplink)
+	assert.Equal(t, collURL, st.Owner.UplinkURL)
+	code, _, errs = outpostBin(t, "", "uplink", "flush", "--data", data, "--url", collURL, "--secret-file", secret)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "serve owns this store and sends its uplink to "+collURL)
+	s.stop(t)
+
+	// With serve stopped, no process owns the store, and --json says none.
+	_, st = status()
+	assert.Nil(t, st.Owner)
+}

@@ -432,6 +432,13 @@ function writesFlags(e) {
   return e.type === "node.completed" && e.data && (e.data.writes || []).indexOf("flags") >= 0;
 }
 
+// flagsAtStep returns the flags a node.completed event carries, as its
+// step left them ([] when cleared), or null when it carries none.
+function flagsAtStep(e) {
+  const v = e.data && e.data.values;
+  return v && Object.prototype.hasOwnProperty.call(v, "flags") ? v.flags || [] : null;
+}
+
 // ---- one run ----
 async function select(id) {
   const turn = ++state.selects;
@@ -487,9 +494,10 @@ async function select(id) {
 // records, and the events held while they were read: a step whose
 // checkpoint the history already holds is drawn from its events (tokens
 // and tool calls included) instead of twice, and the steps after it follow
-// in order. A call is drawn before the step its node completed in; the
-// calls of a node that has not completed (it waits for review), after the
-// last step. A decision that resumed the run is drawn before the first
+// in order. A call is drawn before the step its node completed in (one
+// made in a subgraph, before the step that ran the subgraph); the calls of
+// a node that has not completed (it waits for review), after the last
+// step. A decision that resumed the run is drawn before the first
 // step after it, unless a held run.resumed event tells of it.
 function drawHeld(checkpoints, held, calls, decisions) {
   const steps = new Map(); // checkpoint id -> the events up to it
@@ -515,9 +523,13 @@ function drawHeld(checkpoints, held, calls, decisions) {
   }
   left = left.filter((c) => !evented.has(c.key));
   undrawn = undrawn.slice(0, Math.max(0, undrawn.length - told));
+  // A call made inside a subgraph names the subgraph's node, which no step
+  // of the run's own graph ran: it goes to the first step that ended after
+  // it, the one whose node ran the subgraph.
+  const ran = new Set(checkpoints.flatMap((c) => c.nodes || []));
   for (const c of checkpoints) {
     const at = Date.parse(c.created_at);
-    const mine = left.filter((x) => c.nodes.includes(x.node) && Date.parse(x.at) <= at);
+    const mine = left.filter((x) => (c.nodes.includes(x.node) || !ran.has(x.node)) && Date.parse(x.at) <= at);
     left = left.filter((x) => !mine.includes(x));
     const resumed = undrawn.filter((d) => Date.parse(d.at) <= at);
     undrawn = undrawn.filter((d) => !resumed.includes(d));
@@ -1051,9 +1063,15 @@ function onEvent(e) {
       if (e.type !== "run.started") recountWaiting();
       break;
   }
-  // The event says that the flags were written, not what they are: the
-  // run, read again, says (and its flag line follows).
-  if (writesFlags(e)) follow(e, (run) => { e.flags = run.flags || []; });
+  // The event carries the flags as of its own step (the appliance's
+  // EventValues); the run, read again, brings the list and its view up to
+  // date. An event without them (a value too large to carry) is named
+  // from that read, which a later step may have overtaken.
+  if (writesFlags(e)) {
+    const at = flagsAtStep(e);
+    if (at) e.flags = at;
+    follow(e, (run) => { if (!at) e.flags = run.flags || []; });
+  }
   if (e.type === "checkpoint" && e.data && e.data.next) {
     state.current.set(e.run, e.data.next[0] || "");
     const r = state.runs.get(e.run);
@@ -1100,8 +1118,8 @@ function renderEvent(e, before) {
       state.streams.delete(e.run + "/" + e.node);
       const done = line("node", "✓ " + e.node + (d.writes && d.writes.length ? "  (wrote " + d.writes.join(", ") + ")" : ""), before);
       if (writesFlags(e)) {
-        // Named once the run is read again (follow); "none" when the node
-        // cleared them.
+        // Named from the event, or once the run is read again (follow);
+        // "none" when the node cleared them.
         const named = e.flags === undefined ? "" : ": " + (e.flags.length ? e.flags.join(", ") : "none");
         state.drawn.set(e, [done, line("flag", "⚑ guardrail flags set by " + e.node + named, before)]);
       }
