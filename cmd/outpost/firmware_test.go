@@ -690,3 +690,47 @@ func TestFirmwareListMarksVersionsNeedingANewerAppliance(t *testing.T) {
 	require.Contains(t, stdout, "active (needs appliance 1.0.0)")
 	require.Contains(t, stdout, fmt.Sprintf("medication-adherence v%d needs appliance 1.0.0 or later, this is 0.9.0: it cannot be activated", embeddedVersion(t)))
 }
+
+// A bundle whose redaction policy names a field that no outcome has (here
+// "flags" misspelt, which would keep the guardrail flags home unseen) is
+// refused by firmware verify and install as any other mistake in a bundle
+// file is: exit 1, the file, the field and the fields an outcome has, and
+// the hint to fix it and sign again; install leaves nothing. The bundle as
+// exported verifies. A binary whose embedded bundle names such a field
+// refuses to run it.
+func TestFirmwareRefusesARedactionFieldNoOutcomeHas(t *testing.T) {
+	dir := t.TempDir()
+	data, good, bad := filepath.Join(dir, "data"), filepath.Join(dir, "good"), filepath.Join(dir, "bad")
+	for _, b := range []string{good, bad} {
+		code, _, stderr := outpostBin(t, dir, "firmware", "export", b)
+		require.Zero(t, code, stderr)
+	}
+	code, stdout, stderr := outpostBin(t, dir, "firmware", "verify", "--data", data, "--trust-dev-key", good)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "ok: medication-adherence")
+
+	policy := filepath.Join(bad, "redaction.json")
+	raw, err := os.ReadFile(policy)
+	require.NoError(t, err)
+	misspelt := strings.Replace(string(raw), `"flags"`, `"flgas"`, 1)
+	require.NotEqual(t, string(raw), misspelt, "the policy names flags")
+	require.NoError(t, os.WriteFile(policy, []byte(misspelt), 0o644))
+	require.NoError(t, firmware.Sign(bad, filepath.Join("..", "..", "testdata", "keys", "dev.key")))
+
+	const says = `redaction.json:1:12: malformed bundle file: bad policy rule: redaction: field "flgas" keeps nothing: ` +
+		`an outcome record has no field "flgas" (its fields: appliance_id, seq, outcome_id, correlation_id, causation_id, thread, run, ` +
+		"agent, bundle, status, started_at, ended_at, steps, tokens, model_calls, tools, flags, output, error)\n"
+	const hint = "(fix the file at the line and column given, then sign the bundle again)\n"
+	code, stdout, stderr = outpostBin(t, dir, "firmware", "verify", "--data", data, "--trust-dev-key", bad)
+	require.Equal(t, 1, code, stdout)
+	require.Contains(t, stderr, says+hint)
+	code, stdout, stderr = outpostBin(t, dir, "firmware", "install", "--data", data, "--trust-dev-key", bad)
+	require.Equal(t, 1, code, stdout)
+	require.Contains(t, stderr, says+hint)
+	require.NoDirExists(t, filepath.Join(data, "firmware", "medication-adherence"), "the refused bundle was installed")
+
+	code, stdout, stderr = outpostBinEnv(t, builtOutpostTagged(t), []string{"OUTPOST_TEST_REFERENCE=" + bad}, dir,
+		"run", "--data", data, "I forgot my metformin dose")
+	require.Equal(t, 1, code, stdout)
+	require.Contains(t, stderr, "reference bundle: "+says)
+}
