@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/internal/outcomefields"
+	"github.com/outpost-edge/outpost/internal/strictjson"
 	"github.com/outpost-edge/outpost/models"
 	"github.com/outpost-edge/outpost/policy"
 )
@@ -201,14 +203,25 @@ func (b *Bundle) checkNames(v *verified) error {
 
 // policyFileError locates err, a policy decoder's error about the file's
 // data, in the file. The decoders name the item at fault by its JSON path
-// (*policy.ItemError); the file's positions give its line and column.
+// (*policy.ItemError); the file's positions give its line and column, and
+// those of the list it is in give a string's ("fields.2").
 func policyFileError(file string, data []byte, err error) error {
 	fe := &FileError{File: file, Err: fmt.Errorf("%w: %w", ErrMalformed, err)}
 	var ie *policy.ItemError
 	if errors.As(err, &ie) {
 		var doc any
 		if pos, perr := decodeStrict(file, data, &doc); perr == nil {
-			if off := pos.At(ie.Path); off >= 0 {
+			off := pos.At(ie.Path)
+			if _, recorded := pos[ie.Path]; !recorded {
+				dot := strings.LastIndexByte(ie.Path, '.')
+				list, recorded := pos[ie.Path[:max(dot, 0)]]
+				if i, err := strconv.Atoi(ie.Path[dot+1:]); dot > 0 && recorded && err == nil {
+					if at := strictjson.ElementAt(data, list, i); at >= 0 {
+						off = at
+					}
+				}
+			}
+			if off >= 0 {
 				fe.Line, fe.Column = lineCol(data, off)
 			}
 		}

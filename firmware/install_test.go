@@ -532,9 +532,8 @@ func TestPolicyFileMistakesSayWhere(t *testing.T) {
 
 // A redaction field that no outcome has keeps nothing, so that what it
 // meant to send would stay on the appliance unseen: Load and Install refuse
-// it at the line and column of the fields list (strict decoding records
-// where lists begin, not where each string stands), naming the field and
-// the fields an outcome has. A member of
+// it at its line and column, naming the field and the fields an outcome
+// has. A member of
 // a real field, and "*", pass. A bundle checked no more than that before,
 // such as the copy kept of an earlier binary's embedded bundle, still
 // serves the runs pinned to it: opening it does not check.
@@ -542,7 +541,7 @@ func TestRedactionFieldsNameOutcomeFields(t *testing.T) {
 	bad := `{"fields": ["status", "output.final",
   "created_at"], "detectors": []}`
 	dir := variant(t, 2, func(dir string) { writeFile(t, dir, "redaction.json", bad) })
-	requireRefusedAt(t, dir, "redaction.json", 1, 12, "",
+	requireRefusedAt(t, dir, "redaction.json", 2, 3, "",
 		`field "created_at" keeps nothing: an outcome record has no field "created_at" (its fields: appliance_id, seq, outcome_id, correlation_id, `)
 
 	for _, good := range []string{`{"fields": ["status", "output.final", "*.name", "flags"]}`, `{"fields": ["*"]}`} {

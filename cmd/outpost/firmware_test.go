@@ -717,7 +717,9 @@ func TestFirmwareRefusesARedactionFieldNoOutcomeHas(t *testing.T) {
 	require.NoError(t, os.WriteFile(policy, []byte(misspelt), 0o644))
 	require.NoError(t, firmware.Sign(bad, filepath.Join("..", "..", "testdata", "keys", "dev.key")))
 
-	const says = `redaction.json:1:12: malformed bundle file: bad policy rule: redaction: field "flgas" keeps nothing: ` +
+	// The policy is one line; the column is that of the misspelt field.
+	col := strings.Index(misspelt, `"flgas"`) + 1
+	says := fmt.Sprintf("redaction.json:1:%d: ", col) + `malformed bundle file: bad policy rule: redaction: field "flgas" keeps nothing: ` +
 		`an outcome record has no field "flgas" (its fields: appliance_id, seq, outcome_id, correlation_id, causation_id, thread, run, ` +
 		"agent, bundle, status, started_at, ended_at, steps, tokens, model_calls, tools, flags, output, error)\n"
 	const hint = "(fix the file at the line and column given, then sign the bundle again)\n"
