@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/outcomefields"
+	"github.com/outpost-edge/outpost/internal/strictjson"
 	"github.com/outpost-edge/outpost/models"
 	"github.com/outpost-edge/outpost/policy"
 )
@@ -107,21 +110,7 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 	m := v.manifest
 	b := &Bundle{Manifest: m, Digest: v.digest, runtime: rt, Prompts: map[string]string{}, Lanes: map[string]policy.Lane{},
 		Graphs: map[string]*GraphSpec{}, agents: map[string]*engine.Agent{}}
-	policyErr := func(file string, err error) error {
-		fe := &FileError{File: file, Err: fmt.Errorf("%w: %w", ErrMalformed, err)}
-		// The policy decoders name the item at fault by its JSON path;
-		// the file's positions give its line and column.
-		var ie *policy.ItemError
-		if errors.As(err, &ie) {
-			var doc any
-			if pos, perr := decodeStrict(file, v.files[file], &doc); perr == nil {
-				if off := pos.At(ie.Path); off >= 0 {
-					fe.Line, fe.Column = lineCol(v.files[file], off)
-				}
-			}
-		}
-		return fe
-	}
+	policyErr := func(file string, err error) error { return policyFileError(file, v.files[file], err) }
 	var err error
 	if m.Tools != "" {
 		if b.Registry, err = policy.DecodeRegistry(v.files[m.Tools]); err != nil {
@@ -187,7 +176,8 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 
 // checkNames refuses a bundle whose names do not meet: an approval for a
 // tool outside its registry, a model node whose lane the lanes file lacks,
-// a golden conversation that no replay could pass (checkGolden).
+// a redaction field that no outcome has (checkRedactionFields), a golden
+// conversation that no replay could pass (checkGolden).
 // A misspelt name there passes every other check and shows only at run
 // time, if ever, so verify and install refuse it. Open does not: a bundle
 // installed before this check still serves the runs pinned to it.
@@ -203,7 +193,56 @@ func (b *Bundle) checkNames(v *verified) error {
 			return err
 		}
 	}
+	if m.Redaction != "" {
+		if err := checkRedactionFields(m.Redaction, v.files[m.Redaction]); err != nil {
+			return err
+		}
+	}
 	return b.checkGolden()
+}
+
+// policyFileError locates err, a policy decoder's error about the file's
+// data, in the file. The decoders name the item at fault by its JSON path
+// (*policy.ItemError); the file's positions give its line and column, and
+// those of the list it is in give a string's ("fields.2").
+func policyFileError(file string, data []byte, err error) error {
+	fe := &FileError{File: file, Err: fmt.Errorf("%w: %w", ErrMalformed, err)}
+	var ie *policy.ItemError
+	if errors.As(err, &ie) {
+		var doc any
+		if pos, perr := decodeStrict(file, data, &doc); perr == nil {
+			off := pos.At(ie.Path)
+			if _, recorded := pos[ie.Path]; !recorded {
+				dot := strings.LastIndexByte(ie.Path, '.')
+				list, recorded := pos[ie.Path[:max(dot, 0)]]
+				if i, err := strconv.Atoi(ie.Path[dot+1:]); dot > 0 && recorded && err == nil {
+					if at := strictjson.ElementAt(data, list, i); at >= 0 {
+						off = at
+					}
+				}
+			}
+			if off >= 0 {
+				fe.Line, fe.Column = lineCol(data, off)
+			}
+		}
+	}
+	return fe
+}
+
+// checkRedactionFields refuses a redaction policy field whose first
+// segment names no field of an outcome record (policy.CheckFields): it
+// keeps nothing, so what it meant to send upstream would stay on the
+// appliance, unseen by anyone.
+func checkRedactionFields(file string, data []byte) error {
+	var p policy.RedactionPolicy
+	// The policy decoded strictly once already; this pass reads its fields.
+	if _, err := decodeStrict(file, data, &p); err != nil {
+		return err
+	}
+	if err := p.CheckFields("an outcome record", outcomefields.Names); err != nil {
+		return policyFileError(file, data, err)
+	}
+	return nil
 }
 
 // newAgent wraps a compiled graph as an engine agent: the request's input

@@ -530,6 +530,46 @@ func TestPolicyFileMistakesSayWhere(t *testing.T) {
 	}
 }
 
+// A redaction field that no outcome has keeps nothing, so that what it
+// meant to send would stay on the appliance unseen: Load and Install refuse
+// it at its line and column, naming the field and the fields an outcome
+// has. A member of
+// a real field, and "*", pass. A bundle checked no more than that before,
+// such as the copy kept of an earlier binary's embedded bundle, still
+// serves the runs pinned to it: opening it does not check.
+func TestRedactionFieldsNameOutcomeFields(t *testing.T) {
+	bad := `{"fields": ["status", "output.final",
+  "created_at"], "detectors": []}`
+	dir := variant(t, 2, func(dir string) { writeFile(t, dir, "redaction.json", bad) })
+	requireRefusedAt(t, dir, "redaction.json", 2, 3, "",
+		`field "created_at" keeps nothing: an outcome record has no field "created_at" (its fields: appliance_id, seq, outcome_id, correlation_id, `)
+
+	for _, good := range []string{`{"fields": ["status", "output.final", "*.name", "flags"]}`, `{"fields": ["*"]}`} {
+		ok := variant(t, 3, func(dir string) { writeFile(t, dir, "redaction.json", good) })
+		if _, err := firmware.Load(ok, testKeyring(t)); err != nil {
+			t.Fatalf("%s: %v", good, err)
+		}
+		if _, err := newInstaller(t, t.TempDir()).Install(ok, firmware.InstallOptions{}); err != nil {
+			t.Fatalf("%s: %v", good, err)
+		}
+	}
+
+	data := t.TempDir()
+	manifest, err := os.ReadFile(filepath.Join(dir, firmware.ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := engine.BundleRef{Name: "patterns", Version: 2, Digest: firmware.Digest(manifest)}
+	kept := filepath.Join(data, "firmware", ".embedded", pinned.Name, "2-"+strings.TrimPrefix(pinned.Digest, "sha256:"))
+	if err := os.CopyFS(kept, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	a, err := firmware.Resolver(newInstaller(t, data))("sequential", pinned)
+	if err != nil || a.Bundle != pinned {
+		t.Fatalf("a run pinned to the kept copy: %+v, %v", a, err)
+	}
+}
+
 // An installed version is read and verified at its first Open; opened
 // again, or for another Runtime once SetRuntime changes it, it is loaded
 // from what was verified. The embedded bundle is verified at its first

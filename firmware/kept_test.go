@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -31,7 +32,7 @@ func TestKeptEmbeddedBundleServesItsRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	copyDir := filepath.Join(data, "firmware", ".embedded", pinned.Name, "1-"+strings.TrimPrefix(pinned.Digest, "sha256:"))
+	copyDir := filepath.Join(data, "firmware", ".embedded", pinned.Name, strconv.FormatInt(pinned.Version, 10)+"-"+strings.TrimPrefix(pinned.Digest, "sha256:"))
 	if _, err := os.Stat(copyDir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("kept before a run pinned it: %v", err)
 	}

@@ -136,14 +136,26 @@ func DevPublicKey() []byte { return append([]byte(nil), devPub...) }
 // nodes answer from the bundle's scripted rules).
 func Reference() (*Bundle, error) { return ReferenceWithRuntime(nil) }
 
+var (
+	referenceCheckOnce sync.Once
+	referenceCheckErr  error
+)
+
 // ReferenceWithRuntime loads the embedded reference bundle for rt. The
-// bundle is part of the binary, so it is verified at its first load alone.
+// bundle is part of the binary, so it is verified at its first load alone,
+// and then checked as firmware verify checks a bundle (checkNames): a
+// binary whose embedded bundle names a redaction field no outcome has, say,
+// refuses to run it rather than keep that field's data home unseen.
 func ReferenceWithRuntime(rt *Runtime) (*Bundle, error) {
 	v, err := referenceVerified()
 	if err != nil {
 		return nil, fmt.Errorf("reference bundle: %w", err)
 	}
 	b, err := load(v, rt)
+	if err == nil {
+		referenceCheckOnce.Do(func() { referenceCheckErr = b.checkNames(v) })
+		err = referenceCheckErr
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reference bundle: %w", err)
 	}

@@ -161,7 +161,7 @@ func TestReferenceAgent(t *testing.T) {
 				if join(o.strs("cited")) != "kb-01,kb-33,kb-04" {
 					t.Errorf("cited = %v", o.strs("cited"))
 				}
-				if o.run.Bundle.Name != firmware.ReferenceName || o.run.Bundle.Version != 1 {
+				if o.run.Bundle.Name != firmware.ReferenceName || o.run.Bundle != h.bundle.Ref() {
 					t.Errorf("bundle %+v", o.run.Bundle)
 				}
 			})

@@ -30,7 +30,8 @@
 //     citations against what was retrieved.
 //   - NewRedactor masks phone numbers, e-mail addresses, SSNs, MRNs, dates
 //     of birth and street addresses (Redactor.Redact), and keeps only the
-//     listed fields of outgoing records (Redactor.RedactJSON).
+//     listed fields of outgoing records (Redactor.RedactJSON);
+//     RedactionPolicy.CheckFields refuses a field no record has.
 //   - NewTracker counts steps, tool iterations, tokens and wall time against
 //     a Budget, returning a *BudgetError when one is exceeded.
 //   - NewTokenMeter counts one run's tokens across concurrent model calls:

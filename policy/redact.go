@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -23,10 +24,11 @@ const (
 // masked on the way.
 type RedactionPolicy struct {
 	// Fields are the dotted paths of the JSON fields that RedactJSON keeps
-	// ("status", "result.text", "tools.*.name"; "*" matches any one key).
-	// A listed path keeps its whole subtree. Everything else is dropped, and
-	// no fields at all means nothing is kept: what leaves the appliance is
-	// listed, never assumed.
+	// ("status", "output.final", "tools.name": an array's elements share
+	// its path; "*" matches any one key). A listed path keeps its whole
+	// subtree. Everything else is dropped, and no fields at all means
+	// nothing is kept: what leaves the appliance is listed, never assumed.
+	// CheckFields refuses a path that no record's field can match.
 	Fields []string `json:"fields"`
 	// Detectors are the detectors to run; none means all of them, so that
 	// forgetting the list masks more, not less.
@@ -111,16 +113,48 @@ func NewRedactor(p RedactionPolicy) (*Redactor, error) {
 			r.detectors = append(r.detectors, b)
 		}
 	}
-	for _, f := range p.Fields {
-		parts := strings.Split(f, ".")
-		for _, part := range parts {
-			if part == "" {
-				return nil, itemError("fields", fmt.Errorf("%w: redaction: bad field path %q", ErrBadRule, f))
-			}
+	for i, f := range p.Fields {
+		parts, err := splitFieldPath(i, f)
+		if err != nil {
+			return nil, err
 		}
 		r.fields = append(r.fields, parts)
 	}
 	return r, nil
+}
+
+// splitFieldPath splits the i-th of a policy's field paths into its
+// segments, none of which may be empty.
+func splitFieldPath(i int, f string) ([]string, error) {
+	parts := strings.Split(f, ".")
+	for _, part := range parts {
+		if part == "" {
+			return nil, itemError(fmt.Sprintf("fields.%d", i), fmt.Errorf("%w: redaction: bad field path %q", ErrBadRule, f))
+		}
+	}
+	return parts, nil
+}
+
+// CheckFields refuses a field path whose first segment is neither "*" nor
+// one of names, the fields of the records the policy is for (record says
+// what they are called: "an outcome record"). Such a path keeps nothing,
+// so a misspelt field would leave what it meant to send home without a
+// word. Members below the first segment are not checked: records differ
+// in them. The error is an *ItemError at "fields.N" wrapping ErrBadRule,
+// as is that of an empty path or segment.
+func (p RedactionPolicy) CheckFields(record string, names []string) error {
+	for i, f := range p.Fields {
+		parts, err := splitFieldPath(i, f)
+		if err != nil {
+			return err
+		}
+		if parts[0] == "*" || slices.Contains(names, parts[0]) {
+			continue
+		}
+		return itemError(fmt.Sprintf("fields.%d", i), fmt.Errorf("%w: redaction: field %q keeps nothing: %s has no field %q (its fields: %s)",
+			ErrBadRule, f, record, parts[0], strings.Join(names, ", ")))
+	}
+	return nil
 }
 
 // DecodeRedactionPolicy reads a redaction policy strictly and builds its

@@ -87,6 +87,46 @@ func TestRedactorDetectorsAndErrors(t *testing.T) {
 	assert.NoError(t, err)
 }
 
+// CheckFields takes a path by its first segment, which must be a field of
+// the records or the wildcard "*"; what lies below it is the record's
+// business. An empty path or segment is refused as NewRedactor refuses it.
+// Each refusal names the item, so that a bundle's file can say where.
+func TestRedactionCheckFields(t *testing.T) {
+	names := []string{"status", "output", "flags"}
+	for _, tt := range []struct {
+		name, field string
+		path, says  string // the refusal's item and words; empty: accepted
+	}{
+		{name: "plain", field: "flags"},
+		{name: "dotted", field: "output.final"},
+		{name: "dotted, deep", field: "output.final.text"},
+		{name: "a member no record may have", field: "output.nope"},
+		{name: "wildcard", field: "*"},
+		{name: "wildcard, dotted", field: "*.name"},
+		{name: "plain, unknown", field: "flgas", path: "fields.1",
+			says: `redaction: field "flgas" keeps nothing: an outcome record has no field "flgas" (its fields: status, output, flags)`},
+		{name: "dotted, unknown root", field: "outptu.final", path: "fields.1",
+			says: `field "outptu.final" keeps nothing: an outcome record has no field "outptu"`},
+		{name: "a wildcard inside a word", field: "out*", path: "fields.1", says: `has no field "out*"`},
+		{name: "empty", field: "", path: "fields.1", says: `bad field path ""`},
+		{name: "empty segment", field: "output..final", path: "fields.1", says: `bad field path "output..final"`},
+		{name: "trailing dot", field: "flags.", path: "fields.1", says: `bad field path "flags."`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := RedactionPolicy{Fields: []string{"status", tt.field}}.CheckFields("an outcome record", names)
+			if tt.says == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrBadRule)
+			var ie *ItemError
+			require.ErrorAs(t, err, &ie)
+			assert.Equal(t, tt.path, ie.Path)
+			assert.Contains(t, err.Error(), tt.says)
+		})
+	}
+}
+
 func TestRedactJSON(t *testing.T) {
 	in := `{"status":"completed","agent":"med","result":{"text":"Call 555-123-4567","debug":"MRN: 12345678","score":3},
 	"input":"I am jane@x.io","tools":[{"name":"kb_search","args":{"q":"born 1/2/1990"}},{"name":"record_note","args":{}}],

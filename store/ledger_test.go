@@ -20,6 +20,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/outcomefields"
 )
 
 // finalCommit ends run id on thread with status, committing its last
@@ -545,6 +546,26 @@ func TestOutcomeFieldJSONMatchesTheStruct(t *testing.T) {
 		}
 		assert.Equal(t, want, rec.Outcome)
 	}
+}
+
+// firmware checks a bundle's redaction fields against outcomefields.Names,
+// as it may not import store: that list is OutcomeFields, and both are the
+// record's JSON members but the two of the chain. A field added to the
+// record, or renamed, without the list would be refused in every policy
+// that names it, or let through in one that no outcome can match.
+func TestOutcomeFieldsAreTheNamesBundlesAreCheckedAgainst(t *testing.T) {
+	require.Equal(t, OutcomeFields, outcomefields.Names)
+	whole, err := json.Marshal(&Outcome{})
+	require.NoError(t, err)
+	var byName map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(whole, &byName))
+	delete(byName, "prev_hash")
+	delete(byName, "hash")
+	members := make([]string, 0, len(byName))
+	for k := range byName {
+		members = append(members, k)
+	}
+	require.ElementsMatch(t, members, outcomefields.Names)
 }
 
 // FieldValues encodes without reflection; whatever the values, it must

@@ -45,8 +45,10 @@ func BenchmarkDrain(b *testing.B) {
 		b.Logf("built a ledger of %d outcomes in %s", benchLedger.n, time.Since(start).Round(time.Millisecond))
 	})
 	n := benchLedger.n
-	red, err := policy.NewRedactor(policy.RedactionPolicy{Fields: []string{"id", "thread", "agent", "status", "bundle",
-		"correlation_id", "created_at", "ended_at", "output", "error", "policy", "tokens", "tools"}})
+	// firmware/reference/bundle/redaction.json's fields (uplink may not
+	// import firmware to read them).
+	red, err := policy.NewRedactor(policy.RedactionPolicy{Fields: []string{"correlation_id", "causation_id", "thread", "run",
+		"agent", "bundle", "status", "started_at", "ended_at", "steps", "tokens", "model_calls", "tools", "flags", "output", "error"}})
 	require.NoError(b, err)
 	var total time.Duration
 	for b.Loop() {

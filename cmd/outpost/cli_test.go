@@ -387,11 +387,7 @@ func TestFirmwareNewcomerRound(t *testing.T) {
 	require.Len(t, key, 1)
 	for i, b := range []string{v1, v2} {
 		ok("firmware", "export", b)
-		mf := filepath.Join(b, "manifest.json")
-		raw, err := os.ReadFile(mf)
-		require.NoError(t, err)
-		raw = []byte(strings.Replace(string(raw), `"version": 1,`, fmt.Sprintf(`"version": %d,`, i+2), 1))
-		require.NoError(t, os.WriteFile(mf, raw, 0o644))
+		setBundleVersion(t, b, int64(i+2))
 		ok("firmware", "sign", "--key", key[0], b)
 	}
 	require.Contains(t, ok("firmware", "install", "--data", data, "--keys", keys, v2), "medication-adherence v3 installed and active")

@@ -55,7 +55,7 @@ func TestRunCompilesTheBundleOnce(t *testing.T) {
 		require.Contains(t, string(raw), old)
 		require.NoError(t, os.WriteFile(file, []byte(strings.Replace(string(raw), old, new, 1)), 0o644))
 	}
-	edit(filepath.Join(b, "manifest.json"), `"version": 1,`, `"version": 2,`)
+	setBundleVersion(t, b, embeddedVersion(t)+1)
 	// The first router of the agent's graph is its intake node.
 	edit(filepath.Join(b, "agents", firmware.ReferenceAgent+".json"), `"kind": "router"`, `"kind": "`+countedKind+`"`)
 	ok("firmware", "sign", "--key", key+".key", b)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,7 +31,7 @@ func TestDBCheckNamesRunsStrandedWithoutTheirBundle(t *testing.T) {
 	code, stdout, stderr := outpostBinEnv(t, bin, upgraded, "", "db", "check", "--data", data)
 	require.Zero(t, code, "a stranded run leaves the store sound: %s", stderr)
 	require.Contains(t, stdout, "WARNING run "+id+" waits for a person but cannot go on: pinned bundle not on disk: the run is pinned to "+
-		oldRef.Name+" v1 ("+oldRef.Digest+")")
+		fmt.Sprintf("%s v%d (%s)", oldRef.Name, oldRef.Version, oldRef.Digest))
 	require.Contains(t, stdout, "store is sound")
 
 	code, stdout, stderr = outpostBinEnv(t, bin, upgraded, "", "db", "check", "--data", data, "--json")

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -76,7 +77,7 @@ func TestEvalWithNoFileReplaysTheBundles(t *testing.T) {
 	require.NoError(t, firmware.Sign(none, "../../testdata/keys/dev.key"))
 	code, stdout, stderr := outpost(t, "eval", "--bundle", none)
 	require.Equal(t, 2, code, stdout+stderr)
-	require.Contains(t, stderr, "no FILE.jsonl given, and medication-adherence v1 ships no golden conversations")
+	require.Contains(t, stderr, fmt.Sprintf("no FILE.jsonl given, and medication-adherence v%d ships no golden conversations", embeddedVersion(t)))
 }
 
 func agentsOf(convs []eval.Conversation) []string {

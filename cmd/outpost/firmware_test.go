@@ -8,7 +8,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -21,6 +23,8 @@ import (
 
 func TestFirmwareExportVerifyInstallListActivate(t *testing.T) {
 	data := t.TempDir()
+	embedded := embeddedVersion(t)
+	ours := embedded + 1
 	ref := filepath.Join(t.TempDir(), "ref")
 	code, stdout, stderr := outpost(t, "firmware", "export", ref)
 	require.Zero(t, code, stderr)
@@ -31,7 +35,7 @@ func TestFirmwareExportVerifyInstallListActivate(t *testing.T) {
 	require.Contains(t, stderr, "no trusted keys")
 	code, stdout, stderr = outpost(t, "firmware", "verify", "--data", data, ref, "--trust-dev-key")
 	require.Zero(t, code, stderr)
-	require.Contains(t, stdout, "ok: medication-adherence v1")
+	require.Contains(t, stdout, fmt.Sprintf("ok: medication-adherence v%d", embedded))
 
 	// A bundle signed by a key we do not trust, then our own key.
 	keys := t.TempDir()
@@ -43,11 +47,9 @@ func TestFirmwareExportVerifyInstallListActivate(t *testing.T) {
 	require.Contains(t, stderr, "unknown key")
 	require.Contains(t, stderr, "pass its .pub with --keys")
 
-	// Edit, re-sign as v2 with our key; a tampered file is a hash mismatch.
-	mf := filepath.Join(ref, "manifest.json")
-	raw, err := os.ReadFile(mf)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(mf, []byte(strings.Replace(string(raw), `"version": 1`, `"version": 2`, 1)), 0o644))
+	// Edit, re-sign as the version above the embedded one with our key;
+	// a tampered file is a hash mismatch.
+	setBundleVersion(t, ref, ours)
 	code, _, stderr = outpost(t, "firmware", "verify", "--data", data, "--trust-dev-key", ref)
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "bad bundle signature")
@@ -65,17 +67,17 @@ func TestFirmwareExportVerifyInstallListActivate(t *testing.T) {
 	require.Contains(t, stderr, "missing")
 	require.NoError(t, os.WriteFile(kb, orig, 0o644))
 
-	// Install v2 (ours), then the dev-signed v1 is a downgrade.
+	// Install ours, then the dev-signed embedded one is a downgrade.
 	code, stdout, stderr = outpost(t, "firmware", "install", "--data", data, "--keys", keys, ref)
 	require.Zero(t, code, stderr)
-	require.Contains(t, stdout, "medication-adherence v2 installed and active")
-	v1 := filepath.Join(t.TempDir(), "v1")
-	code, _, stderr = outpost(t, "firmware", "export", v1)
+	require.Contains(t, stdout, fmt.Sprintf("medication-adherence v%d installed and active", ours))
+	older := filepath.Join(t.TempDir(), "older")
+	code, _, stderr = outpost(t, "firmware", "export", older)
 	require.Zero(t, code, stderr)
-	code, _, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", v1)
+	code, _, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", older)
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "--allow-downgrade")
-	code, stdout, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", "--allow-downgrade", "--by", "ops", "--reason", "rollback test", v1)
+	code, stdout, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", "--allow-downgrade", "--by", "ops", "--reason", "rollback test", older)
 	require.Zero(t, code, stderr)
 	require.Contains(t, stdout, "downgrade")
 
@@ -92,24 +94,25 @@ func TestFirmwareExportVerifyInstallListActivate(t *testing.T) {
 	require.Len(t, list.Installed, 2)
 	require.Contains(t, stdout, `"rollback test"`)
 
-	// New runs use the active bundle (v2), and the appliance no longer
+	// New runs use the active bundle (ours), and the appliance no longer
 	// says it runs the embedded one.
 	code, stdout, stderr = outpost(t, "run", "--data", data, "--thread", "a", "I forgot my metformin dose")
 	require.Zero(t, code, stderr)
 	require.NotContains(t, stderr, "development-signed reference bundle")
 	require.Contains(t, stdout, "If you missed a dose of metformin")
-	// Going back to v1 is a downgrade: refused, then allowed with who and
-	// why, which the log keeps.
-	code, _, stderr = outpost(t, "firmware", "activate", "--data", data, "medication-adherence", "1")
+	// Going back to the embedded version is a downgrade: refused, then
+	// allowed with who and why, which the log keeps.
+	back := strconv.FormatInt(embedded, 10)
+	code, _, stderr = outpost(t, "firmware", "activate", "--data", data, "medication-adherence", back)
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "add --allow-downgrade --by NAME --reason TEXT")
-	code, stdout, stderr = outpost(t, "firmware", "activate", "--data", data, "--allow-downgrade", "--by", "ops", "--reason", "v2 misroutes", "medication-adherence", "1")
+	code, stdout, stderr = outpost(t, "firmware", "activate", "--data", data, "--allow-downgrade", "--by", "ops", "--reason", "ours misroutes", "medication-adherence", back)
 	require.Zero(t, code, stderr)
-	require.Contains(t, stdout, "v1 is active")
+	require.Contains(t, stdout, "v"+back+" is active")
 	_, stdout, _ = outpost(t, "firmware", "list", "--data", data, "--json")
-	require.Contains(t, stdout, `"v2 misroutes"`)
+	require.Contains(t, stdout, `"ours misroutes"`)
 	code, stdout, _ = outpost(t, "firmware", "list", "--data", data)
-	require.Regexp(t, `medication-adherence\s+1\s+active`, stdout)
+	require.Regexp(t, `medication-adherence\s+`+back+`\s+active`, stdout)
 	code, _, stderr = outpost(t, "firmware", "activate", "--data", data, "medication-adherence", "7")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "not installed")
@@ -240,7 +243,7 @@ func TestDevKeyIsTrustedOneCommandAtATime(t *testing.T) {
 	require.Contains(t, stderr, "needs --trust-dev-key on each command")
 	code, stdout, stderr = outpost(t, "firmware", "verify", "--data", data, "--trust-dev-key", ref)
 	require.Zero(t, code, stderr)
-	require.Contains(t, stdout, "ok: medication-adherence v1")
+	require.Contains(t, stdout, fmt.Sprintf("ok: medication-adherence v%d", embeddedVersion(t)))
 	// The installed bundle still runs: the appliance checks it at start
 	// against the keys it keeps.
 	code, _, stderr = outpost(t, "run", "--data", data, "I forgot my metformin dose")
@@ -306,9 +309,10 @@ func TestFirmwareCommandsTakeJSON(t *testing.T) {
 	data := t.TempDir()
 	code, _, stderr = outpost(t, "firmware", "install", "--data", data, "--keys", kg.Public, ref)
 	require.Zero(t, code, stderr)
-	code, stdout, stderr = outpost(t, "firmware", "activate", "--data", data, "--json", "medication-adherence", "1")
+	v := strconv.FormatInt(embeddedVersion(t), 10)
+	code, stdout, stderr = outpost(t, "firmware", "activate", "--data", data, "--json", "medication-adherence", v)
 	require.Zero(t, code, stderr)
-	require.JSONEq(t, `{"name": "medication-adherence", "version": 1, "active": true}`, stdout)
+	require.JSONEq(t, `{"name": "medication-adherence", "version": `+v+`, "active": true}`, stdout)
 
 	tok, _, err := console.LoadOrCreateToken(data)
 	require.NoError(t, err)
@@ -380,14 +384,14 @@ func TestMinApplianceVersion(t *testing.T) {
 // at a line and column.
 func TestFirmwareBundlePathsAndDamagedTars(t *testing.T) {
 	dir := t.TempDir()
-	ref := filepath.Join(dir, "v1")
+	ref := filepath.Join(dir, "ref")
 	code, _, stderr := outpost(t, "firmware", "export", ref)
 	require.Zero(t, code, stderr)
 	link := filepath.Join(dir, "current")
 	require.NoError(t, os.Symlink(ref, link))
 	code, stdout, stderr := outpost(t, "firmware", "verify", "--data", t.TempDir(), "--trust-dev-key", link)
 	require.Zero(t, code, stderr)
-	require.Contains(t, stdout, "ok: medication-adherence v1")
+	require.Contains(t, stdout, fmt.Sprintf("ok: medication-adherence v%d", embeddedVersion(t)))
 
 	notTar := filepath.Join(dir, "bundle.tar")
 	require.NoError(t, os.WriteFile(notTar, []byte("\x1f\x8b\x08 this is gzip, not a tar ........................................"), 0o644))
@@ -402,17 +406,18 @@ func TestFirmwareBundlePathsAndDamagedTars(t *testing.T) {
 // the same bundle again repairs it.
 func TestFirmwareListShowsDamage(t *testing.T) {
 	data, ref := installedReference(t)
+	v := strconv.FormatInt(embeddedVersion(t), 10)
 	code, stdout, stderr := outpost(t, "firmware", "list", "--data", data)
 	require.Zero(t, code, stderr)
-	require.Regexp(t, `medication-adherence\s+1\s+active\s.*\sverified\n`, stdout)
+	require.Regexp(t, `medication-adherence\s+`+v+`\s+active\s.*\sverified\n`, stdout)
 
-	kb := filepath.Join(data, "firmware", "medication-adherence", "1", "kb", "kb-01.md")
+	kb := filepath.Join(data, "firmware", "medication-adherence", v, "kb", "kb-01.md")
 	require.FileExists(t, kb)
 	require.NoError(t, os.WriteFile(kb, []byte("changed on the appliance"), 0o644))
 	code, stdout, stderr = outpost(t, "firmware", "list", "--data", data)
 	require.Equal(t, 1, code)
-	require.Regexp(t, `medication-adherence\s+1\s+active\s.*\sDAMAGED: .*kb-01.md`, stdout)
-	require.Contains(t, stderr, "medication-adherence v1: changed or damaged on disk since install")
+	require.Regexp(t, `medication-adherence\s+`+v+`\s+active\s.*\sDAMAGED: .*kb-01.md`, stdout)
+	require.Contains(t, stderr, "medication-adherence v"+v+": changed or damaged on disk since install")
 	require.Contains(t, stderr, "install the same bundle again")
 	code, stdout, _ = outpost(t, "firmware", "list", "--data", data, "--json")
 	require.Equal(t, 1, code)
@@ -430,12 +435,34 @@ func TestFirmwareListShowsDamage(t *testing.T) {
 
 	code, stdout, stderr = outpost(t, "firmware", "install", "--data", data, "--trust-dev-key", ref)
 	require.Zero(t, code, stderr)
-	require.Contains(t, stdout, "medication-adherence v1 repaired")
+	require.Contains(t, stdout, "medication-adherence v"+v+" repaired")
 	code, stdout, stderr = outpost(t, "firmware", "list", "--data", data, "--json")
 	require.Zero(t, code, stderr)
 	require.NoError(t, json.Unmarshal([]byte(stdout), &list))
 	require.True(t, list.Installed[0].Verified)
 	require.Contains(t, stdout, `"action": "repair"`)
+}
+
+// embeddedVersion is the version of the reference bundle embedded in the
+// binary: what firmware export writes, and so what a test that installs
+// such a copy finds installed.
+func embeddedVersion(t *testing.T) int64 {
+	t.Helper()
+	b, err := firmware.Reference()
+	require.NoError(t, err)
+	return b.Manifest.Version
+}
+
+// setBundleVersion sets the version in the manifest of the bundle folder
+// dir, which is then to be signed again.
+func setBundleVersion(t *testing.T, dir string, v int64) {
+	t.Helper()
+	mf := filepath.Join(dir, firmware.ManifestFile)
+	raw, err := os.ReadFile(mf)
+	require.NoError(t, err)
+	re := regexp.MustCompile(`"version": \d+,`)
+	require.Len(t, re.FindAll(raw, -1), 1, "the version in %s", mf)
+	require.NoError(t, os.WriteFile(mf, re.ReplaceAll(raw, []byte(fmt.Sprintf(`"version": %d,`, v))), 0o644))
 }
 
 // installedReference exports the reference bundle and installs it, trusting
@@ -578,7 +605,7 @@ func TestResumeAfterARollbackBelowTheBundlesMinimum(t *testing.T) {
 	version = "0.9.0"
 	code, _, stderr = outpost(t, "resume", "--data", data, run.ID, "--decision", "approve")
 	require.Equal(t, 1, code, stderr)
-	require.Contains(t, stderr, "medication-adherence v1 needs appliance 1.0.0 or later, this is 0.9.0")
+	require.Contains(t, stderr, fmt.Sprintf("medication-adherence v%d needs appliance 1.0.0 or later, this is 0.9.0", embeddedVersion(t)))
 	require.Contains(t, stderr, "upgrade the outpost binary to 1.0.0 or later again")
 	code, stdout, stderr = outpost(t, "runs", "show", "--data", data, run.ID)
 	require.Zero(t, code, stderr)
@@ -661,5 +688,51 @@ func TestFirmwareListMarksVersionsNeedingANewerAppliance(t *testing.T) {
 	code, stdout, stderr := outpost(t, "firmware", "list", "--data", data)
 	require.Zero(t, code, stderr)
 	require.Contains(t, stdout, "active (needs appliance 1.0.0)")
-	require.Contains(t, stdout, "medication-adherence v1 needs appliance 1.0.0 or later, this is 0.9.0: it cannot be activated")
+	require.Contains(t, stdout, fmt.Sprintf("medication-adherence v%d needs appliance 1.0.0 or later, this is 0.9.0: it cannot be activated", embeddedVersion(t)))
+}
+
+// A bundle whose redaction policy names a field that no outcome has (here
+// "flags" misspelt, which would keep the guardrail flags home unseen) is
+// refused by firmware verify and install as any other mistake in a bundle
+// file is: exit 1, the file, the field and the fields an outcome has, and
+// the hint to fix it and sign again; install leaves nothing. The bundle as
+// exported verifies. A binary whose embedded bundle names such a field
+// refuses to run it.
+func TestFirmwareRefusesARedactionFieldNoOutcomeHas(t *testing.T) {
+	dir := t.TempDir()
+	data, good, bad := filepath.Join(dir, "data"), filepath.Join(dir, "good"), filepath.Join(dir, "bad")
+	for _, b := range []string{good, bad} {
+		code, _, stderr := outpostBin(t, dir, "firmware", "export", b)
+		require.Zero(t, code, stderr)
+	}
+	code, stdout, stderr := outpostBin(t, dir, "firmware", "verify", "--data", data, "--trust-dev-key", good)
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "ok: medication-adherence")
+
+	policy := filepath.Join(bad, "redaction.json")
+	raw, err := os.ReadFile(policy)
+	require.NoError(t, err)
+	misspelt := strings.Replace(string(raw), `"flags"`, `"flgas"`, 1)
+	require.NotEqual(t, string(raw), misspelt, "the policy names flags")
+	require.NoError(t, os.WriteFile(policy, []byte(misspelt), 0o644))
+	require.NoError(t, firmware.Sign(bad, filepath.Join("..", "..", "testdata", "keys", "dev.key")))
+
+	// The policy is one line; the column is that of the misspelt field.
+	col := strings.Index(misspelt, `"flgas"`) + 1
+	says := fmt.Sprintf("redaction.json:1:%d: ", col) + `malformed bundle file: bad policy rule: redaction: field "flgas" keeps nothing: ` +
+		`an outcome record has no field "flgas" (its fields: appliance_id, seq, outcome_id, correlation_id, causation_id, thread, run, ` +
+		"agent, bundle, status, started_at, ended_at, steps, tokens, model_calls, tools, flags, output, error)\n"
+	const hint = "(fix the file at the line and column given, then sign the bundle again)\n"
+	code, stdout, stderr = outpostBin(t, dir, "firmware", "verify", "--data", data, "--trust-dev-key", bad)
+	require.Equal(t, 1, code, stdout)
+	require.Contains(t, stderr, says+hint)
+	code, stdout, stderr = outpostBin(t, dir, "firmware", "install", "--data", data, "--trust-dev-key", bad)
+	require.Equal(t, 1, code, stdout)
+	require.Contains(t, stderr, says+hint)
+	require.NoDirExists(t, filepath.Join(data, "firmware", "medication-adherence"), "the refused bundle was installed")
+
+	code, stdout, stderr = outpostBinEnv(t, builtOutpostTagged(t), []string{"OUTPOST_TEST_REFERENCE=" + bad}, dir,
+		"run", "--data", data, "I forgot my metformin dose")
+	require.Equal(t, 1, code, stdout)
+	require.Contains(t, stderr, "reference bundle: "+says)
 }

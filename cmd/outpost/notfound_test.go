@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -84,7 +85,7 @@ func TestFirmwareActivateNamesTheInstalledVersions(t *testing.T) {
 	code, stdout, stderr := outpostBin(t, dir, "firmware", "activate", "--data", data, "medication-adherence", "5")
 	require.Equal(t, 1, code, stderr)
 	require.Empty(t, stdout)
-	require.Contains(t, stderr, "activate medication-adherence v5: bundle version not installed: installed versions of medication-adherence: v1\n")
+	require.Contains(t, stderr, fmt.Sprintf("activate medication-adherence v5: bundle version not installed: installed versions of medication-adherence: v%d\n", embeddedVersion(t)))
 	require.Contains(t, stderr, "outpost firmware install --data "+data+" --activate PATH")
 	require.NotContains(t, stderr, "open:")
 

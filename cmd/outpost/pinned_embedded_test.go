@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -83,8 +84,9 @@ func firstCheckpoint(t *testing.T, bin string, env []string, data, thread string
 // that lets it go on.
 func TestRunPinnedToEmbeddedBundleSurvivesUpgrade(t *testing.T) {
 	bin, data, oldRef, upgraded, id := waitingBeforeUpgrade(t)
+	v := strconv.FormatInt(oldRef.Version, 10)
 	kept := filepath.Join(data, "firmware", ".embedded", oldRef.Name,
-		"1-"+strings.TrimPrefix(oldRef.Digest, "sha256:"), "manifest.json")
+		v+"-"+strings.TrimPrefix(oldRef.Digest, "sha256:"), "manifest.json")
 	require.FileExists(t, kept)
 
 	// Another thread finishes, and prune takes it; the waiting run's
@@ -100,7 +102,7 @@ func TestRunPinnedToEmbeddedBundleSurvivesUpgrade(t *testing.T) {
 	// shows the copy kept for the waiting run.
 	code, stdout, stderr = outpostBinEnv(t, bin, upgraded, "", "firmware", "list", "--data", data)
 	require.Zero(t, code, stderr)
-	require.Regexp(t, `(?m)^`+oldRef.Name+` +1 +`+oldRef.Digest+` +verified$`, stdout)
+	require.Regexp(t, `(?m)^`+oldRef.Name+` +`+v+` +`+oldRef.Digest+` +verified$`, stdout)
 
 	code, stdout, stderr = outpostBinEnv(t, bin, upgraded, "", "resume", "--data", data, "--decision", "approve", id)
 	require.Zero(t, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
@@ -129,7 +131,7 @@ func TestRunPinnedToEmbeddedBundleSurvivesUpgrade(t *testing.T) {
 	require.NoError(t, os.RemoveAll(filepath.Join(data, "firmware", ".embedded", oldRef.Name, filepath.Base(filepath.Dir(kept)))))
 	code, stdout, stderr = outpostBinEnv(t, bin, upgraded, "", "resume", "--data", data, "--decision", "approve", gone)
 	require.Equal(t, 1, code, stdout)
-	require.Contains(t, stderr, "pinned bundle not on disk: the run is pinned to "+oldRef.Name+" v1 ("+oldRef.Digest+"), which is neither installed")
+	require.Contains(t, stderr, "pinned bundle not on disk: the run is pinned to "+oldRef.Name+" v"+v+" ("+oldRef.Digest+"), which is neither installed")
 	require.Contains(t, stderr, "outpost firmware export DIR with that binary, then outpost firmware install --trust-dev-key DIR")
 	export := filepath.Join(t.TempDir(), "export")
 	code, _, stderr = outpostBinEnv(t, bin, nil, "", "firmware", "export", export)
@@ -159,7 +161,8 @@ func TestStartKeepsTheEmbeddedBundleOfWaitingRuns(t *testing.T) {
 	require.NoError(t, os.RemoveAll(keptRoot))
 	code, _, stderr := outpostBinEnv(t, bin, nil, "", "run", "--data", data, "--thread", "bench", "--agent", "reference", "hi")
 	require.Zero(t, code, stderr)
-	require.FileExists(t, filepath.Join(keptRoot, old.Ref().Name, "1-"+strings.TrimPrefix(old.Ref().Digest, "sha256:"), "manifest.json"))
+	v := strconv.FormatInt(old.Ref().Version, 10)
+	require.FileExists(t, filepath.Join(keptRoot, old.Ref().Name, v+"-"+strings.TrimPrefix(old.Ref().Digest, "sha256:"), "manifest.json"))
 	require.NotContains(t, stderr, "WARNING")
 
 	code, stdout, stderr := outpostBinEnv(t, bin, upgraded, "", "resume", "--data", data, "--decision", "approve", id)
@@ -170,7 +173,7 @@ func TestStartKeepsTheEmbeddedBundleOfWaitingRuns(t *testing.T) {
 	require.NoError(t, os.RemoveAll(keptRoot))
 	code, _, stderr = outpostBinEnv(t, bin, upgraded, "", "run", "--data", data, "--thread", "bench", "--agent", "reference", "hi")
 	require.Zero(t, code, stderr)
-	require.Contains(t, stderr, "WARNING: run "+gone+", and any other run pinned to "+old.Ref().Name+" v1 ("+old.Ref().Digest+
+	require.Contains(t, stderr, "WARNING: run "+gone+", and any other run pinned to "+old.Ref().Name+" v"+v+" ("+old.Ref().Digest+
 		"), waits for a person but cannot go on: pinned bundle not on disk: ")
 }
 

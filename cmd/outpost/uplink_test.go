@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/uplink"
 )
 
@@ -190,10 +192,11 @@ func TestUplinkFlushToCollector(t *testing.T) {
 	recs, err := st2.Records(context.Background(), st.ApplianceID, 0, 0)
 	require.NoError(t, err)
 	require.Len(t, recs, 1)
-	// The reference bundle's policy keeps the status and sends the run id
-	// as a digest only.
+	// The reference bundle's policy keeps the status and the run id in
+	// clear, and leaves no field home.
 	assert.Contains(t, string(recs[0].Line), `"status":"completed"`)
-	assert.Contains(t, string(recs[0].Line), `"run":{"digest":`)
+	assert.Contains(t, string(recs[0].Line), `"run":"run_`)
+	assert.NotContains(t, string(recs[0].Line), `"redacted"`)
 }
 
 // A long flush prints how far it has got, once an interval has passed, from
@@ -345,4 +348,45 @@ func TestUplinkStatusSaysWhetherServeSendsIt(t *testing.T) {
 	// With serve stopped, no process owns the store, and --json says none.
 	_, st = status()
 	assert.Nil(t, st.Owner)
+}
+
+// An outcome of the embedded reference bundle leaves for the collector with
+// every field its redaction policy governs in clear: the policy names each
+// of them as an outcome is written, so that the guardrail flags and the
+// run's id and start go upstream (PII in them still masked), and none of
+// them is left home as a digest because the policy misnamed it. The line
+// is made as serve and uplink flush make it: the bundle's policy through
+// bundleRedactors, then uplink.EncodeRecord.
+func TestReferenceOutcomeLeavesWithItsFlags(t *testing.T) {
+	app := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", app, "I took my amlodipine and now I have chest pain")
+	require.Zero(t, code, stderr)
+	db, err := store.OpenDir(app, store.Options{ReadOnly: true})
+	require.NoError(t, err)
+	defer db.Close()
+	outcomes, err := db.Outcomes(context.Background(), 0, 0)
+	require.NoError(t, err)
+	require.Len(t, outcomes, 1)
+	o := outcomes[0]
+	require.Equal(t, []string{"acute"}, o.Flags, "the turn raised the red flag")
+
+	ref, err := firmware.Reference()
+	require.NoError(t, err)
+	require.Equal(t, ref.Ref(), o.Bundle, "the run was on the embedded bundle")
+	red := bundleRedactors(ref, nil)(o.Bundle)
+	require.NotNil(t, red, "the embedded bundle has a redaction policy")
+	line, err := uplink.EncodeRecord(o, red)
+	require.NoError(t, err)
+	_, err = uplink.DecodeRecord(line)
+	require.NoError(t, err, "the collector takes the line: %s", line)
+
+	var sent map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(line, &sent))
+	require.JSONEq(t, `["acute"]`, string(sent["flags"]), "flags in clear: %s", line)
+	require.NotContains(t, sent, "redacted", "a field left home as a digest: %s", line)
+	vals, err := o.FieldValues()
+	require.NoError(t, err)
+	for _, f := range store.OutcomeFields {
+		require.JSONEq(t, string(vals[f]), string(sent[f]), "%s in clear: %s", f, line)
+	}
 }

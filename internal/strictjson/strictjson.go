@@ -72,6 +72,32 @@ func (p Positions) At(path string) int {
 	}
 }
 
+// ElementAt returns the offset of the i-th element of the array that
+// starts at offset off of data (as Positions records it), or -1 when there
+// is no such element. Positions records where arrays begin, not where each
+// of their scalars stands: a problem with one string of a list is found
+// here.
+func ElementAt(data []byte, off, i int) int {
+	if off < 0 || off >= len(data) || i < 0 {
+		return -1
+	}
+	dec := json.NewDecoder(bytes.NewReader(data[off:]))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		return -1
+	}
+	for n := 0; dec.More(); n++ {
+		at := skipSpace(data, off+int(dec.InputOffset()))
+		var elem json.RawMessage
+		if err := dec.Decode(&elem); err != nil {
+			return -1
+		}
+		if n == i {
+			return at
+		}
+	}
+	return -1
+}
+
 // Decode decodes one JSON document into v strictly: unknown fields,
 // duplicate keys, keys that differ from a field only in case, nesting
 // deeper than MaxDepth and trailing data are errors. Every error is an

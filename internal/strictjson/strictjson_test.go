@@ -68,6 +68,24 @@ func TestDecodePositions(t *testing.T) {
 	assert.Equal(t, 0, pos.At("nowhere"), "an unknown path falls back to the document")
 }
 
+// ElementAt finds an element of a list, whatever the elements and the
+// space between them, and says when there is none.
+func TestElementAt(t *testing.T) {
+	in := "{\"fields\": [\"a\",\n  \"b\" ,{\"c\": [1, 2]},\t\"d\"], \"n\": 1}"
+	arr := strings.Index(in, "[")
+	for i, want := range []string{`"a"`, `"b"`, `{"c"`, `"d"`} {
+		off := ElementAt([]byte(in), arr, i)
+		require.GreaterOrEqual(t, off, 0, "element %d", i)
+		assert.True(t, strings.HasPrefix(in[off:], want), "element %d at %q", i, in[off:])
+	}
+	line, col := LineCol([]byte(in), ElementAt([]byte(in), arr, 1))
+	assert.Equal(t, []int{2, 3}, []int{line, col})
+	for _, tc := range []struct{ off, i int }{{arr, 4}, {arr, -1}, {0, 0}, {-1, 0}, {len(in), 0}, {strings.Index(in, "1"), 0}} {
+		assert.Equal(t, -1, ElementAt([]byte(in), tc.off, tc.i), "%+v", tc)
+	}
+	assert.Equal(t, -1, ElementAt([]byte(`[1, `), 0, 1), "cut short")
+}
+
 func TestDecodeSentinels(t *testing.T) {
 	for _, tc := range []struct {
 		in, field string

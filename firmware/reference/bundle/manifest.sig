@@ -1,1 +1,1 @@
-outpost-ed25519-v1 ed25519-34d1faf7f4b3cd18 I4qTNoGTWKkkxemSd4/AqlQ8Mo/s/+TPVBbBvMoTb9RGemiYJ424EI1IIY/7l9bDoHAHWXoYc18Ncy+g61rLCg==
+outpost-ed25519-v1 ed25519-34d1faf7f4b3cd18 5bVcNoych17og6VZhUYUZl/KICrnFUiS/6enO+Y5BidhSF16ug4ip9zASOJuVielxu4NX53jdYsoTQWwu3PHAw==
