@@ -29,7 +29,8 @@ const dbUsage = `Usage: outpost db <check|backup|compact|prune|salvage> [flags]
 
   check              verify bbolt's pages, every record's checksum, that every referenced blob exists
                      and that the outcome ledger's hash chain is whole; count the file's space: pages
-                     in use, free pages, room to grow into (read-only: the store is not changed)
+                     in use, free pages, room to grow into; warn of runs waiting for a person whose
+                     pinned bundle is on disk nowhere (stranded) (read-only: the store is not changed)
   check --file FILE  the same for a store file outside a data folder, such as a backup
   backup FILE        write a consistent copy of the store to FILE, then check the copy (works while
                      serve runs); a copy that does not check clean is removed

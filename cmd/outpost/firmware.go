@@ -179,6 +179,8 @@ func keyring(dataDir, keys string, dev bool) (*firmware.Keyring, error) {
 
 func firmwareKeygen(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware keygen [--out DIR] [--json]"
+	fs.About = `Make an ed25519 key pair in the folder --out: KEYID.key (mode 0600), to sign bundles with,
+and KEYID.pub, for the appliances to trust.`
 	out := fs.String("out", ".", "`DIR`, the folder for the key pair")
 	asJSON := fs.Bool("json", false, "print JSON: {key_id, private, public}")
 	if err := fs.parse(args, false); err != nil {
@@ -244,6 +246,9 @@ says so.`
 
 func firmwareVerify(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware verify [flags] BUNDLE"
+	fs.About = `Check a bundle (a folder or a .tar) without installing it: its signature and files, its
+graphs, and that its names meet (tools, lanes, and the agents, nodes, tools and statuses its
+golden conversations expect). Exit 0 means this appliance can install it.`
 	data := dataFlag(fs.FlagSet)
 	keys, dev := keyFlags(fs.FlagSet)
 	asJSON := fs.Bool("json", false, "print the result as JSON")
@@ -294,6 +299,9 @@ func bundleExists(path string) error {
 
 func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware install [flags] BUNDLE"
+	fs.About = `Verify a bundle (a folder or a .tar) and install it into DATA/firmware; the first version of
+a name becomes active. The same bundle again repairs an installed copy that changed on disk.
+Stop serve first: it reads the installed bundles when it starts.`
 	data := dataFlag(fs.FlagSet)
 	keys, dev := keyFlags(fs.FlagSet)
 	activate := fs.Bool("activate", false, "make this version active (the first version of a name always is)")
@@ -386,6 +394,10 @@ func trustKey(dataDir string, ring *firmware.Keyring, id string) error {
 
 func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware list [flags]"
+	fs.About = `List the installed bundles, which version of each name is active, whether each still
+verifies on disk (exit 1 if one does not), and which need a newer appliance than this binary;
+then the copies of embedded bundles kept for the runs pinned to them. Reads the folder alone,
+and makes nothing in it.`
 	data := dataFlag(fs.FlagSet)
 	asJSON := fs.Bool("json", false, "print the list as JSON")
 	if err := fs.parse(args, false); err != nil {
@@ -518,6 +530,9 @@ func printKept(stdout io.Writer, kept []firmware.Kept) error {
 
 func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware activate [flags] NAME VERSION"
+	fs.About = `Make an installed version the one new runs of its agents use; runs already started stay on
+their version. Going back below the active one is a downgrade, recorded with --by and
+--reason. Stop serve first: it reads the installed bundles when it starts.`
 	data := dataFlag(fs.FlagSet)
 	downgrade := fs.Bool("allow-downgrade", false, "activate a version lower than the active one (recorded, with --by and --reason)")
 	by := fs.String("by", "", "who activates, by `NAME` (recorded)")
@@ -595,6 +610,8 @@ func notInstalled(list []firmware.Installed, name string, version int64, data, d
 
 func firmwareExport(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware export [--json] DIR"
+	fs.About = `Write the reference bundle embedded in this binary into DIR (new or empty), signed with the
+public development key, as a starting point for a bundle of one's own.`
 	asJSON := fs.Bool("json", false, "print JSON: {wrote, name}")
 	if err := fs.parse(args, false); err != nil {
 		return err
