@@ -486,7 +486,7 @@ func TestFirmwareUsageNamesTheFlags(t *testing.T) {
 	code, usage, _ := outpostBin(t, "", "firmware", "-h")
 	require.Zero(t, code)
 	require.Contains(t, usage, `Every command takes --json; "outpost firmware COMMAND -h" lists its flags.`)
-	for _, sub := range []string{"keygen", "sign", "verify", "install", "list", "activate", "export"} {
+	for _, sub := range []string{"keygen", "sign", "verify", "install", "list", "activate", "remove", "export"} {
 		code, help, _ := outpostBin(t, "", "firmware", sub, "-h")
 		require.Zero(t, code, sub)
 		require.Contains(t, help, "  -json\n", sub)
