@@ -33,8 +33,12 @@ const ControlSocket = "outpost.sock"
 // run manager that works db as live (nil when none does): the runs
 // commands then read runs as the HTTP API shows them (ListLive), with
 // their live status, and the runs that exit durability has not stored
-// yet.
-func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns) error {
+// yet. opts adds to it.
+func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns, opts ...ControlOptions) error {
+	var o ControlOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
 	path := filepath.Join(dir, ControlSocket)
 	// A socket left by a killed owner is stale: we hold the lock now.
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -96,6 +100,9 @@ func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns) error 
 			}
 		}
 		rep, err := db.prune(r.Context(), d, time.Now(), inFlight)
+		if err == nil && o.AfterPrune != nil {
+			err = o.AfterPrune(r.Context(), rep)
+		}
 		writeControl(w, rep, err)
 	})
 	serveReads(mux, db, live)
@@ -112,6 +119,17 @@ func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns) error 
 		return fmt.Errorf("control socket: %w", err)
 	}
 	return nil
+}
+
+// ControlOptions add to what ServeControl serves.
+type ControlOptions struct {
+	// AfterPrune, when set, is called in the owning process once a prune
+	// asked for through the socket has committed, with its report, to
+	// reclaim what beside the store no run refers to any more (the copies
+	// of embedded bundles kept for the runs pinned to them, which the
+	// owner may pin a new run to at any moment); its error is the
+	// prune's.
+	AfterPrune func(ctx context.Context, rep *PruneReport) error
 }
 
 func writeControl(w http.ResponseWriter, v any, err error) {

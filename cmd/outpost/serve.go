@@ -237,7 +237,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	bg.Add(1)
 	go func() {
 		defer bg.Done()
-		if err := store.ServeControl(ctl, db, *data, m); err != nil {
+		if err := store.ServeControl(ctl, db, *data, m, keptReclaimer(*data, db, m, in, ref.Ref())); err != nil {
 			fmt.Fprintf(stderr, "control socket: %v\n", err)
 		}
 	}()

@@ -88,8 +88,15 @@ var consoleLine = regexp.MustCompile(`^console: (http://127\.0\.0\.1:\d+)/$`)
 
 func startServe(t *testing.T, bin, data string) *serving {
 	t.Helper()
+	return startServeEnv(t, bin, nil, data)
+}
+
+// startServeEnv is startServe with env added to serve's environment.
+func startServeEnv(t *testing.T, bin string, env []string, data string) *serving {
+	t.Helper()
 	cmd := exec.Command(bin, "serve", "--data", data, "--listen", "127.0.0.1:0", "--model", "ollama:llama3.2",
 		"--ollama", "http://127.0.0.1:1")
+	cmd.Env = append(os.Environ(), env...)
 	out, stderr := startBin(t, cmd)
 	s := &serving{cmd: cmd, lines: make(chan string, 100), done: make(chan error, 1)}
 	go func() {
