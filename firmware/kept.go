@@ -7,11 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/fsync"
 )
 
 // keptDir is the folder, in the firmware folder, where an appliance keeps
@@ -85,8 +87,30 @@ type Kept struct {
 }
 
 // Kept lists the kept copies of embedded bundles, by name, version and
-// digest, each checked on disk as a run pinned to it would check it.
+// digest, each checked on disk as a run pinned to it would check it. It
+// waits for a copy being kept or removed in this process, so that it does
+// not take one half written or half removed for a damaged one.
 func (in *Installer) Kept() ([]Kept, error) {
+	in.keepMu.Lock()
+	defer in.keepMu.Unlock()
+	refs, err := in.keptRefs()
+	if err != nil {
+		return nil, err
+	}
+	var list []Kept
+	for _, ref := range refs {
+		k := Kept{BundleRef: ref}
+		if _, err := in.verifyKept(ref); err != nil {
+			k.Problem = err.Error()
+		}
+		list = append(list, k)
+	}
+	return list, nil
+}
+
+// keptRefs lists the references of the kept copies on disk, by name,
+// version and digest, reading their folders' names alone.
+func (in *Installer) keptRefs() ([]engine.BundleRef, error) {
 	root := filepath.Join(in.dir, keptDir)
 	names, err := os.ReadDir(root)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -95,7 +119,7 @@ func (in *Installer) Kept() ([]Kept, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kept bundles: %w", err)
 	}
-	var list []Kept
+	var list []engine.BundleRef
 	for _, n := range names {
 		copies, err := os.ReadDir(filepath.Join(root, n.Name()))
 		if err != nil {
@@ -105,13 +129,9 @@ func (in *Installer) Kept() ([]Kept, error) {
 			ver, hex, ok := strings.Cut(c.Name(), "-")
 			version, err := strconv.ParseInt(ver, 10, 64)
 			if !ok || err != nil || strings.HasPrefix(c.Name(), ".") {
-				continue // not a copy: a write cut short leaves .install-*
+				continue // not a copy: a write cut short leaves .install-*, a removal .remove-*
 			}
-			k := Kept{BundleRef: engine.BundleRef{Name: n.Name(), Version: version, Digest: "sha256:" + hex}}
-			if _, err := in.verifyKept(k.BundleRef); err != nil {
-				k.Problem = err.Error()
-			}
-			list = append(list, k)
+			list = append(list, engine.BundleRef{Name: n.Name(), Version: version, Digest: "sha256:" + hex})
 		}
 	}
 	sort.Slice(list, func(a, b int) bool {
@@ -119,6 +139,83 @@ func (in *Installer) Kept() ([]Kept, error) {
 		return x.Name < y.Name || x.Name == y.Name && (x.Version < y.Version || x.Version == y.Version && x.Digest < y.Digest)
 	})
 	return list, nil
+}
+
+// RemoveKept removes the kept copies of embedded bundles that no run
+// refers to (inUse false for their reference), and returns those it
+// removed. It leaves the copies keep names whatever inUse says: the copy
+// of the bundle embedded in a process that may pin a new run to it at any
+// moment, since a run's copy is kept before its record is first stored
+// (KeepReference), where no walk of the records can see it.
+//
+// inUse must know every run that refers to a copy: call RemoveKept while
+// the data folder's store is held against every other process that pins
+// runs (its lock, or from the process that owns it). A copy is renamed
+// aside (.remove-*, which is no copy's name) before it is deleted, so that
+// a removal cut short leaves no half copy that a listing would take for a
+// damaged one; the next RemoveKept deletes what one left. A copy removed
+// is kept again by the next run that pins its bundle under a binary that
+// embeds it.
+func (in *Installer) RemoveKept(inUse func(engine.BundleRef) bool, keep ...engine.BundleRef) ([]engine.BundleRef, error) {
+	in.keepMu.Lock()
+	defer in.keepMu.Unlock()
+	if err := in.removeAside(); err != nil {
+		return nil, err
+	}
+	refs, err := in.keptRefs()
+	if err != nil {
+		return nil, err
+	}
+	var removed []engine.BundleRef
+	for _, ref := range refs {
+		dir := in.keptPath(ref)
+		if dir == "" || slices.Contains(keep, ref) || inUse(ref) {
+			continue
+		}
+		aside := filepath.Join(filepath.Dir(dir), removingPrefix+filepath.Base(dir))
+		if err := os.Rename(dir, aside); err != nil {
+			return removed, fmt.Errorf("remove the kept copy of %s v%d (%s): %w", ref.Name, ref.Version, ref.Digest, err)
+		}
+		// From here the copy is gone for any reader: this process must
+		// write it again before a run pins it (KeepReference).
+		delete(in.kept, ref)
+		in.mu.Lock()
+		delete(in.cache, ".embedded@"+ref.Digest)
+		in.mu.Unlock()
+		removed = append(removed, ref)
+		if err := errors.Join(fsync.Dir(filepath.Dir(dir)), os.RemoveAll(aside)); err != nil {
+			return removed, fmt.Errorf("remove the kept copy of %s v%d (%s): %w", ref.Name, ref.Version, ref.Digest, err)
+		}
+	}
+	return removed, nil
+}
+
+// removingPrefix begins the name a kept copy is renamed to while it is
+// removed.
+const removingPrefix = ".remove-"
+
+// removeAside deletes what a RemoveKept cut short left.
+func (in *Installer) removeAside() error {
+	names, err := filepath.Glob(filepath.Join(in.dir, keptDir, "*", removingPrefix+"*"))
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := os.RemoveAll(n); err != nil {
+			return fmt.Errorf("kept bundles: %w", err)
+		}
+	}
+	return nil
+}
+
+// ReferenceRef is the reference a run pinned to the embedded reference
+// bundle records, read without compiling the bundle.
+func ReferenceRef() (engine.BundleRef, error) {
+	v, err := referenceVerified()
+	if err != nil {
+		return engine.BundleRef{}, fmt.Errorf("reference bundle: %w", err)
+	}
+	return engine.BundleRef{Name: v.manifest.Name, Version: v.manifest.Version, Digest: v.digest}, nil
 }
 
 // verifyKept reads the copy kept for ref and verifies it as an installed

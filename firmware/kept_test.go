@@ -154,3 +154,65 @@ func TestKeptCopyComesWithAnIndex(t *testing.T) {
 		t.Fatalf("the kept copy is listed as installed: %+v", list)
 	}
 }
+
+// RemoveKept removes the kept copies no run refers to and leaves those
+// that one does, and those it is told to keep. The same installer keeps a
+// removed copy again when a run pins its bundle once more: what it knew it
+// had kept goes with the copy. What a removal cut short left aside is
+// deleted by the next.
+func TestRemoveKeptLeavesTheCopiesRunsReferTo(t *testing.T) {
+	data := t.TempDir()
+	in := newInstaller(t, data)
+	ref, err := firmware.Reference()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := ref.Ref()
+	if err := in.KeepReference(); err != nil {
+		t.Fatal(err)
+	}
+	// A copy of another digest, as an earlier binary kept it.
+	root := filepath.Join(data, "firmware", ".embedded", own.Name)
+	ownDir := filepath.Join(root, "1-"+strings.TrimPrefix(own.Digest, "sha256:"))
+	other := engine.BundleRef{Name: own.Name, Version: 1, Digest: "sha256:" + strings.Repeat("ab", 32)}
+	otherDir := filepath.Join(root, "1-"+strings.Repeat("ab", 32))
+	if err := os.CopyFS(otherDir, os.DirFS(ownDir)); err != nil {
+		t.Fatal(err)
+	}
+	leftover := filepath.Join(root, ".remove-1-"+strings.Repeat("cd", 32))
+	if err := os.MkdirAll(leftover, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	used := map[engine.BundleRef]bool{other: true}
+	removed, err := in.RemoveKept(func(r engine.BundleRef) bool { return used[r] }, own)
+	if err != nil || len(removed) != 0 {
+		t.Fatalf("removed %v, %v: every copy is referred to or kept", removed, err)
+	}
+	if _, err := os.Stat(leftover); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("leftover of a removal cut short: %v", err)
+	}
+
+	removed, err = in.RemoveKept(func(engine.BundleRef) bool { return false })
+	if err != nil || len(removed) != 2 || removed[0] != other && removed[1] != other {
+		t.Fatalf("removed %v, %v; want both copies", removed, err)
+	}
+	if kept, err := in.Kept(); err != nil || len(kept) != 0 {
+		t.Fatalf("listed after removal: %+v, %v", kept, err)
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil || len(entries) != 0 {
+		t.Fatalf("left in %s: %v, %v", root, entries, err)
+	}
+
+	ag, err := firmware.EmbeddedResolver(in, ref)(firmware.ReferenceAgent, engine.BundleRef{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ag.Pin(&engine.Run{Meta: map[string]string{}}); err != nil {
+		t.Fatal(err)
+	}
+	if kept, err := in.Kept(); err != nil || len(kept) != 1 || kept[0].BundleRef != own || kept[0].Problem != "" {
+		t.Fatalf("not kept again when a run pinned the bundle: %+v, %v", kept, err)
+	}
+}

@@ -44,9 +44,15 @@ type ControlOwner struct {
 // run manager that works db as live (nil when none does): the runs
 // commands then read runs as the HTTP API shows them (ListLive), with
 // their live status, and the runs that exit durability has not stored
-// yet. owner is what the socket says of the process (Control.Owner); its
-// uplink URL is served without its user and password.
-func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns, owner ControlOwner) error {
+// yet. opts adds to it: what the socket says of the process
+// (ControlOptions.Owner; its uplink URL is served without its user and
+// password), and what a prune reclaims beside the store.
+func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns, opts ...ControlOptions) error {
+	var o ControlOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	owner := o.Owner
 	if u, err := url.Parse(owner.UplinkURL); err == nil && u.User != nil {
 		u.User = nil
 		owner.UplinkURL = u.String()
@@ -115,6 +121,9 @@ func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns, owner 
 			}
 		}
 		rep, err := db.prune(r.Context(), d, time.Now(), inFlight)
+		if err == nil && o.AfterPrune != nil {
+			err = o.AfterPrune(r.Context(), rep)
+		}
 		writeControl(w, rep, err)
 	})
 	serveReads(mux, db, live)
@@ -131,6 +140,19 @@ func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns, owner 
 		return fmt.Errorf("control socket: %w", err)
 	}
 	return nil
+}
+
+// ControlOptions add to what ServeControl serves.
+type ControlOptions struct {
+	// Owner is what the socket says of the process (GET /owner).
+	Owner ControlOwner
+	// AfterPrune, when set, is called in the owning process once a prune
+	// asked for through the socket has committed, with its report, to
+	// reclaim what beside the store no run refers to any more (the copies
+	// of embedded bundles kept for the runs pinned to them, which the
+	// owner may pin a new run to at any moment); its error is the
+	// prune's.
+	AfterPrune func(ctx context.Context, rep *PruneReport) error
 }
 
 func writeControl(w http.ResponseWriter, v any, err error) {

@@ -22,7 +22,7 @@ func serveControl(t *testing.T, d *DB, dir string) *Control {
 	t.Helper()
 	ctx, cancel := context.WithCancel(bg)
 	served := make(chan error, 1)
-	go func() { served <- ServeControl(ctx, d, dir, nil, ControlOwner{}) }()
+	go func() { served <- ServeControl(ctx, d, dir, nil) }()
 	t.Cleanup(func() {
 		cancel()
 		require.NoError(t, <-served)

@@ -27,6 +27,12 @@ type PruneReport struct {
 	// CallsRemoved counts the tool-call records (model calls among them)
 	// of runs that have no run record, removed (see Prune).
 	CallsRemoved int `json:"calls_removed"`
+	// KeptRemoved counts the copies of embedded bundles kept beside the
+	// store, in the data folder's firmware folder, for the runs pinned to
+	// them, that were removed because no run refers to them any more. The
+	// store holds no such copy: the process that prunes it counts them
+	// (db prune's, or the owner's ControlOptions.AfterPrune).
+	KeptRemoved int `json:"kept_removed"`
 	// Skipped lists threads that qualified but could not be cut, and why.
 	Skipped []Problem `json:"skipped"`
 }

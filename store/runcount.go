@@ -1,19 +1,14 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-
-	"go.etcd.io/bbolt"
 
 	"github.com/outpost-edge/outpost/engine"
 )
 
-// countBatch is how many run records CountRuns reads in one read
-// transaction: one open for a walk of months of runs would hold off a
-// commit that must grow the file's mapping, which bbolt remaps only when
-// no read transaction is open. A variable, for tests.
+// countBatch is how many run records CountRuns and PinnedBundles read in
+// one read transaction (eachRunRecord). A variable, for tests.
 var countBatch = 10000
 
 // CountRuns counts the run records by status. It reads the status alone,
@@ -30,40 +25,18 @@ var countBatch = 10000
 // its status before or after, or be missed if it is new.
 func (d *DB) CountRuns(ctx context.Context, skip map[string]bool) (counts map[engine.RunStatus]int, damaged int, err error) {
 	counts = map[engine.RunStatus]int{}
-	var after []byte // the last key counted, nil before the first batch
-	for more := true; more; {
-		if err := ctx.Err(); err != nil {
-			return nil, 0, fmt.Errorf("count runs: %w", err)
+	err = d.eachRunRecord(ctx, func(k, v []byte) {
+		if skip[string(k)] {
+			return
 		}
-		err := d.view(func(tx *bbolt.Tx) error {
-			c := bucket(tx, bucketRuns).Cursor()
-			k, v := c.First()
-			if after != nil {
-				if k, v = c.Seek(after); bytes.Equal(k, after) {
-					k, v = c.Next()
-				}
-			}
-			for n := 0; n < countBatch; k, v = c.Next() {
-				if k == nil {
-					more = false
-					return nil
-				}
-				if isOutcomeIndexKey(k) || skip[string(k)] {
-					continue
-				}
-				n++
-				after = append(after[:0], k...)
-				if st, ok := recordStatus(v); ok {
-					counts[st]++
-				} else {
-					damaged++
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, 0, fmt.Errorf("count runs: %w", err)
+		if st, ok := recordStatus(v); ok {
+			counts[st]++
+		} else {
+			damaged++
 		}
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("count runs: %w", err)
 	}
 	return counts, damaged, nil
 }

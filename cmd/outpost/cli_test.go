@@ -482,10 +482,12 @@ func TestFirmwareUsageNamesTheFlags(t *testing.T) {
 	code, usage, _ := outpostBin(t, "", "firmware", "-h")
 	require.Zero(t, code)
 	require.Contains(t, usage, `Every command takes --json; "outpost firmware COMMAND -h" lists its flags.`)
-	for _, sub := range []string{"keygen", "sign", "verify", "install", "list", "activate", "export"} {
+	for _, sub := range []string{"keygen", "sign", "verify", "install", "list", "activate", "remove", "export"} {
 		code, help, _ := outpostBin(t, "", "firmware", sub, "-h")
 		require.Zero(t, code, sub)
 		require.Contains(t, help, "  -json\n", sub)
+		// A description between the usage line and the flags.
+		require.Regexp(t, `^Usage: outpost firmware `+sub+` [^\n]*\n\n[A-Z][^\n]+\n(?:[^\n]+\n)*\nFlags:\n`, help, sub)
 		i := strings.Index(usage, "\n  "+sub+" ")
 		require.GreaterOrEqual(t, i, 0, sub)
 		line := strings.SplitN(usage[i+1:], "\n", 2)[0]

@@ -18,6 +18,8 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -29,7 +31,8 @@ const dbUsage = `Usage: outpost db <check|backup|compact|prune|salvage> [flags]
 
   check              verify bbolt's pages, every record's checksum, that every referenced blob exists
                      and that the outcome ledger's hash chain is whole; count the file's space: pages
-                     in use, free pages, room to grow into (read-only: the store is not changed)
+                     in use, free pages, room to grow into; warn of runs waiting for a person whose
+                     pinned bundle is on disk nowhere (stranded) (read-only: the store is not changed)
   check --file FILE  the same for a store file outside a data folder, such as a backup
   backup FILE        write a consistent copy of the store to FILE, then check the copy (works while
                      serve runs); a copy that does not check clean is removed
@@ -38,7 +41,8 @@ const dbUsage = `Usage: outpost db <check|backup|compact|prune|salvage> [flags]
   prune --older-than D
                      drop the intermediate checkpoints of finished threads idle for D (720h, 30d,
                      1d12h; 0s takes every idle thread), then collect the blobs nothing names (a
-                     blob is kept for at least 24h, whatever D)
+                     blob is kept for at least 24h, whatever D); remove the copies of embedded
+                     bundles kept in DATA/firmware/.embedded that no run refers to
   salvage FILE       copy every record that can still be read from a damaged store (one that
                      will not open, or that check finds pages of) into a new store FILE, and
                      say what was lost (stop serve first; the store itself is not changed);
@@ -74,7 +78,11 @@ that fills, a folder that is not writable), it leaves the store byte for byte as
 is written beside the store (outpost.db.compact) and renamed into its place. Leftovers of a
 compaction that stopped midway are removed first, and named on stderr.`},
 	"prune": {synopsis: "--older-than D", about: `Drop the intermediate checkpoints of finished threads idle for --older-than, then collect
-the blobs nothing names (a blob is kept for at least 24h, whatever --older-than).`},
+the blobs nothing names (a blob is kept for at least 24h, whatever --older-than).
+Then remove the copies of embedded bundles kept in DATA/firmware/.embedded that no run, of
+any status, refers to (kept_removed in --json); the next run that pins such a bundle keeps
+it again. While serve (or run) owns the store, the prune goes through it, and the copy of
+its own embedded bundle stays: it may pin a new run to it at any moment.`},
 	"salvage": {arg: "FILE", about: `Copy every record that can still be read from a damaged store into a new store FILE,
 and say what was lost. Stop serve first; the store itself is not changed.
 The copy keeps the appliance ID its outcomes go upstream as. Where the store's record of it
@@ -644,7 +652,16 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 	var rep *store.PruneReport
 	ctx = withProgress(ctx, "prune", "read", stderr)
 	err := withStore(dir,
-		func(db *store.DB) (err error) { rep, err = db.Prune(ctx, olderThan, time.Now()); return err },
+		func(db *store.DB) (err error) {
+			if rep, err = db.Prune(ctx, olderThan, time.Now()); err != nil {
+				return err
+			}
+			// This process holds the store: no other pins a run meanwhile,
+			// and the copy of its own embedded bundle goes too when no run
+			// refers to it (the next run that pins it keeps it again).
+			return reclaimKept(ctx, dir, nil, db, nil, rep)
+		},
+		// The owner reclaims the kept copies itself (keptReclaimer).
 		func(c *store.Control) (err error) { rep, err = c.Prune(ctx, olderThan); return err })
 	if err != nil {
 		return err
@@ -657,6 +674,10 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 	if rep.CallsRemoved > 0 {
 		fmt.Fprintf(stdout, "removed %d call record(s) of runs a crash lost before they were stored\n", rep.CallsRemoved)
 	}
+	if rep.KeptRemoved > 0 {
+		fmt.Fprintf(stdout, "removed %d kept copy(ies) of embedded bundles that no run refers to (from %s)\n",
+			rep.KeptRemoved, filepath.Join(dir, "firmware", ".embedded"))
+	}
 	for _, p := range rep.Skipped {
 		fmt.Fprintf(stdout, "skipped %s\n", p)
 	}
@@ -664,6 +685,62 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 		fmt.Fprintln(stdout, "run \"outpost db compact\" to give the freed pages back to the file system")
 	}
 	return nil
+}
+
+// reclaimKept removes the copies of embedded bundles kept in the firmware
+// folder of the data folder dir that no run refers to: none of db's run
+// records, of any status, nor of live's runs not stored yet (nil: none),
+// and counts them in rep; keep names copies that stay whatever. in is the
+// folder's installer, or nil to open it here. The caller holds the store
+// against every other process that pins runs (it owns it). A run record
+// that cannot be read may refer to any copy: then none is removed, and
+// rep says why.
+func reclaimKept(ctx context.Context, dir string, in *firmware.Installer, db *store.DB, live store.LiveRuns, rep *store.PruneReport, keep ...engine.BundleRef) error {
+	if in == nil {
+		if _, err := os.Stat(filepath.Join(dir, "firmware", ".embedded")); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		// The copies are neither verified nor opened: no key is needed.
+		// A firmware folder that cannot be read (a damaged index) leaves
+		// the copies, and the store's prune stands.
+		var err error
+		if in, err = firmware.NewInstaller(dir, nil, firmware.InstallerOptions{ApplianceVersion: version}); err != nil {
+			rep.Skipped = append(rep.Skipped, store.Problem{Message: fmt.Sprintf("no kept copy of an embedded bundle was removed: %v", err)})
+			return nil
+		}
+	}
+	// The runs not stored yet are read first: one stored meanwhile is
+	// then found by the walk of the records after.
+	unstored := map[engine.BundleRef]bool{}
+	if live != nil {
+		for _, r := range live.Unstored(engine.RunFilter{}) {
+			unstored[r.Bundle] = true
+		}
+	}
+	pins, err := db.PinnedBundles(ctx)
+	if err != nil {
+		return err
+	}
+	if len(pins.Damaged) > 0 {
+		rep.Skipped = append(rep.Skipped, store.Problem{Bucket: "runs", Key: pins.Damaged[0], Message: fmt.Sprintf(
+			"cannot be read (%d run record(s) in all), so which bundle it is pinned to is not known: "+
+				"no kept copy of an embedded bundle was removed (outpost db check names the records)", len(pins.Damaged))})
+		return nil
+	}
+	removed, err := in.RemoveKept(func(ref engine.BundleRef) bool { return pins.ByBundle[ref] != nil || unstored[ref] }, keep...)
+	rep.KeptRemoved = len(removed)
+	return err
+}
+
+// keptReclaimer is the control socket's AfterPrune of the process that
+// owns the store of dir, db, and runs its runs (live) on the embedded
+// bundle own and the bundles of in (nil: opened at each prune): a prune
+// through the socket reclaims the kept copies no run refers to, but the
+// copy of own, which this process may pin a new run to at any moment.
+func keptReclaimer(dir string, db *store.DB, live store.LiveRuns, in *firmware.Installer, own engine.BundleRef) store.ControlOptions {
+	return store.ControlOptions{AfterPrune: func(ctx context.Context, rep *store.PruneReport) error {
+		return reclaimKept(ctx, dir, in, db, live, rep, own)
+	}}
 }
 
 func dbSalvage(ctx context.Context, dir, dst string, opts store.SalvageOptions, asJSON bool, stdout, stderr io.Writer) error {

@@ -438,6 +438,11 @@ func TestDBHelp(t *testing.T) {
 	require.Zero(t, code)
 	require.Empty(t, stderr)
 	require.Contains(t, stdout, "Usage: outpost db <check|backup|compact|prune|salvage> [flags]")
+	// check's line names the runs it warns of, prune's the kept copies it
+	// removes.
+	check := stdout[strings.Index(stdout, "\n  check "):strings.Index(stdout, "\n  check --file")]
+	require.Contains(t, check, "warn of runs waiting for a person whose\n                     pinned bundle is on disk nowhere (stranded)")
+	require.Contains(t, stdout, "remove the copies of embedded\n                     bundles kept in DATA/firmware/.embedded that no run refers to")
 
 	code, stdout, stderr = outpost(t, "db", "check", "--no-such-flag")
 	require.Equal(t, 2, code)

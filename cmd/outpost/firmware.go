@@ -20,7 +20,7 @@ import (
 )
 
 func init() {
-	register("firmware", "make keys, sign, verify, install, list, activate and export firmware bundles", runFirmware, slices.Collect(maps.Keys(firmwareCommands))...)
+	register("firmware", "make keys, sign, verify, install, list, activate, remove and export firmware bundles", runFirmware, slices.Collect(maps.Keys(firmwareCommands))...)
 }
 
 const firmwareUsage = `Usage: outpost firmware <command> [flags]
@@ -44,6 +44,8 @@ Commands:
   activate [--data DIR] [--allow-downgrade --by NAME --reason TEXT] NAME VERSION
                                              make an installed version the one new runs use
                                              (going back below the active one is a recorded downgrade)
+  remove  [--data DIR] NAME VERSION          remove an installed version that is not active and that no
+                                             run refers to, finished or not (stop serve first)
   export  DIR                                write the embedded reference bundle out, as a starting point
 
 Trusted keys are the *.pub files in DATA/keys plus --keys (a .pub file or a folder of them); install
@@ -62,6 +64,7 @@ var firmwareCommands = map[string]func(fs *cmdFlags, args []string, stdout io.Wr
 	"install":  firmwareInstall,
 	"list":     firmwareList,
 	"activate": firmwareActivate,
+	"remove":   firmwareRemove,
 	"export":   firmwareExport,
 }
 
@@ -179,6 +182,8 @@ func keyring(dataDir, keys string, dev bool) (*firmware.Keyring, error) {
 
 func firmwareKeygen(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware keygen [--out DIR] [--json]"
+	fs.About = `Make an ed25519 key pair in the folder --out: KEYID.key (mode 0600), to sign bundles with,
+and KEYID.pub, for the appliances to trust.`
 	out := fs.String("out", ".", "`DIR`, the folder for the key pair")
 	asJSON := fs.Bool("json", false, "print JSON: {key_id, private, public}")
 	if err := fs.parse(args, false); err != nil {
@@ -244,6 +249,9 @@ says so.`
 
 func firmwareVerify(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware verify [flags] BUNDLE"
+	fs.About = `Check a bundle (a folder or a .tar) without installing it: its signature and files, its
+graphs, and that its names meet (tools, lanes, and the agents, nodes, tools and statuses its
+golden conversations expect). Exit 0 means this appliance can install it.`
 	data := dataFlag(fs.FlagSet)
 	keys, dev := keyFlags(fs.FlagSet)
 	asJSON := fs.Bool("json", false, "print the result as JSON")
@@ -294,6 +302,9 @@ func bundleExists(path string) error {
 
 func firmwareInstall(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware install [flags] BUNDLE"
+	fs.About = `Verify a bundle (a folder or a .tar) and install it into DATA/firmware; the first version of
+a name becomes active. The same bundle again repairs an installed copy that changed on disk.
+Stop serve first: it reads the installed bundles when it starts.`
 	data := dataFlag(fs.FlagSet)
 	keys, dev := keyFlags(fs.FlagSet)
 	activate := fs.Bool("activate", false, "make this version active (the first version of a name always is)")
@@ -386,6 +397,10 @@ func trustKey(dataDir string, ring *firmware.Keyring, id string) error {
 
 func firmwareList(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware list [flags]"
+	fs.About = `List the installed bundles, which version of each name is active, whether each still
+verifies on disk (exit 1 if one does not), and which need a newer appliance than this binary;
+then the copies of embedded bundles kept for the runs pinned to them. Reads the folder alone,
+and makes nothing in it.`
 	data := dataFlag(fs.FlagSet)
 	asJSON := fs.Bool("json", false, "print the list as JSON")
 	if err := fs.parse(args, false); err != nil {
@@ -518,6 +533,9 @@ func printKept(stdout io.Writer, kept []firmware.Kept) error {
 
 func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware activate [flags] NAME VERSION"
+	fs.About = `Make an installed version the one new runs of its agents use; runs already started stay on
+their version. Going back below the active one is a downgrade, recorded with --by and
+--reason. Stop serve first: it reads the installed bundles when it starts.`
 	data := dataFlag(fs.FlagSet)
 	downgrade := fs.Bool("allow-downgrade", false, "activate a version lower than the active one (recorded, with --by and --reason)")
 	by := fs.String("by", "", "who activates, by `NAME` (recorded)")
@@ -529,32 +547,17 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	if *downgrade && (*by == "" || *reason == "") {
 		return badUsage("--allow-downgrade needs --by NAME and --reason TEXT, which are recorded")
 	}
-	if fs.NArg() != 2 {
-		return badUsage("activate needs a bundle name and a version (usage: outpost %s)", fs.synopsis)
-	}
-	v, err := strconv.ParseInt(fs.Arg(1), 10, 64)
-	if err != nil || v <= 0 {
-		return badUsage("version %q is not a positive integer", fs.Arg(1))
-	}
-	if err := dataFolderExists(*data, servesFolder); err != nil {
+	v, err := versionArg(fs, "activate")
+	if err != nil {
 		return err
 	}
-	release, err := holdDataFolder(*data, "activate")
+	in, release, err := heldInstaller(fs, *data, "activate", holdDataFolder, "activate")
 	if err != nil {
 		return err
 	}
 	defer release()
-	// Activation installs nothing: where nothing is installed it is
-	// refused without making a firmware folder.
-	in, err := openInstalled(*data, nil)
-	if err != nil {
-		return err
-	}
-	if in == nil {
-		return notInstalled(nil, fs.Arg(0), v, *data, dataHint(fs.FlagSet))
-	}
 	if _, err := in.Open(fs.Arg(0), v); errors.Is(err, firmware.ErrNotInstalled) {
-		return notInstalled(in.List(), fs.Arg(0), v, *data, dataHint(fs.FlagSet))
+		return notInstalled("activate", in.List(), fs.Arg(0), v, *data, dataHint(fs.FlagSet))
 	} else if err != nil {
 		return explain(err)
 	}
@@ -568,10 +571,48 @@ func firmwareActivate(fs *cmdFlags, args []string, stdout io.Writer) error {
 	return nil
 }
 
-// notInstalled is activate's error for a version that is not installed:
-// it names the versions of that bundle that are (or the bundles, where it
-// has none), and how to install one.
-func notInstalled(list []firmware.Installed, name string, version int64, data, dataHint string) error {
+// versionArg checks the NAME VERSION arguments of the command verb
+// (activate, remove) and returns the version.
+func versionArg(fs *cmdFlags, verb string) (int64, error) {
+	if fs.NArg() != 2 {
+		return 0, badUsage("%s needs a bundle name and a version (usage: outpost %s)", verb, fs.synopsis)
+	}
+	v, err := strconv.ParseInt(fs.Arg(1), 10, 64)
+	if err != nil || v <= 0 {
+		return 0, badUsage("version %q is not a positive integer", fs.Arg(1))
+	}
+	return v, nil
+}
+
+// heldInstaller takes the data folder of a command that changes an
+// installed version, NAME VERSION (verb: activate, remove), with hold
+// (saying what it does), and opens its installer. It installs nothing:
+// a folder where nothing is installed is refused without making a
+// firmware folder.
+func heldInstaller(fs *cmdFlags, data, verb string, hold func(dir, what string) (func(), error), what string) (*firmware.Installer, func(), error) {
+	if err := dataFolderExists(data, servesFolder); err != nil {
+		return nil, nil, err
+	}
+	release, err := hold(data, what)
+	if err != nil {
+		return nil, nil, err
+	}
+	in, err := openInstalled(data, nil)
+	if err == nil && in == nil {
+		v, _ := strconv.ParseInt(fs.Arg(1), 10, 64)
+		err = notInstalled(verb, nil, fs.Arg(0), v, data, dataHint(fs.FlagSet))
+	}
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return in, release, nil
+}
+
+// notInstalled is activate's and remove's error (verb) for a version that
+// is not installed: it names the versions of that bundle that are (or the
+// bundles, where it has none), and how to install one.
+func notInstalled(verb string, list []firmware.Installed, name string, version int64, data, dataHint string) error {
 	var same []string
 	names := map[string]bool{}
 	for _, b := range list {
@@ -589,12 +630,17 @@ func notInstalled(list []firmware.Installed, name string, version int64, data, d
 	default:
 		have = "nothing is installed in " + data
 	}
+	if verb != "activate" {
+		return fmt.Errorf("%s %s v%d: %w: %s\n(outpost firmware list%s lists what is installed)", verb, name, version, firmware.ErrNotInstalled, have, dataHint)
+	}
 	return fmt.Errorf("activate %s v%d: %w: %s\n(install it from its bundle folder or .tar with: outpost firmware install%s --activate PATH)",
 		name, version, firmware.ErrNotInstalled, have, dataHint)
 }
 
 func firmwareExport(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware export [--json] DIR"
+	fs.About = `Write the reference bundle embedded in this binary into DIR (new or empty), signed with the
+public development key, as a starting point for a bundle of one's own.`
 	asJSON := fs.Bool("json", false, "print JSON: {wrote, name}")
 	if err := fs.parse(args, false); err != nil {
 		return err
@@ -623,6 +669,12 @@ func holdDataFolder(dir, what string) (release func(), err error) {
 	if storeExists(dir) != nil {
 		return func() {}, nil
 	}
+	return lockDataFolder(dir, what)
+}
+
+// lockDataFolder takes the store lock of the data folder dir, which must
+// exist, whether it holds a store or not, as holdDataFolder says.
+func lockDataFolder(dir, what string) (release func(), err error) {
 	unlock, err := store.LockDir(dir, 0)
 	if errors.Is(err, store.ErrInUse) {
 		return nil, fmt.Errorf("%w\n(serve reads the installed bundles when it starts: stop it, %s, and start it again)", err, what)

@@ -364,7 +364,7 @@ func TestBackupWhileOwnerWrites(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	served := make(chan error, 1)
-	go func() { served <- store.ServeControl(ctx, db, dir, nil, store.ControlOwner{}) }()
+	go func() { served <- store.ServeControl(ctx, db, dir, nil) }()
 	require.Eventually(t, func() bool {
 		_, err := os.Stat(filepath.Join(dir, store.ControlSocket))
 		return err == nil

@@ -241,6 +241,11 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 		db.Close()
 		return nil, err
 	}
+	own, err := firmware.ReferenceRef()
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &session{db: db, bus: bus, stop: stop, resolve: resolve}
 	s.sub = s.bus.Subscribe(4096, nil)
@@ -255,7 +260,9 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 	s.done.Add(1)
 	go func() {
 		defer s.done.Done()
-		if err := store.ServeControl(ctx, db, dir, s.m, store.ControlOwner{Command: "run"}); err != nil {
+		ctl := keptReclaimer(dir, db, s.m, nil, own)
+		ctl.Owner = store.ControlOwner{Command: "run"}
+		if err := store.ServeControl(ctx, db, dir, s.m, ctl); err != nil {
 			fmt.Fprintf(out, "control socket: %v\n", err)
 		}
 	}()

@@ -24,7 +24,7 @@ func serveStore(t *testing.T, dir string) (stop func()) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- store.ServeControl(ctx, db, dir, nil, store.ControlOwner{}) }()
+	go func() { served <- store.ServeControl(ctx, db, dir, nil) }()
 	stopped := false
 	stop = func() {
 		if stopped {

@@ -55,7 +55,7 @@ func ownInExitDurability(t *testing.T, dir string, resolve engine.Resolver) *exi
 	hs := httptest.NewServer(srv.Handler())
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- store.ServeControl(ctx, db, dir, m, store.ControlOwner{}) }()
+	go func() { served <- store.ServeControl(ctx, db, dir, m) }()
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {

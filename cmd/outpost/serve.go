@@ -238,7 +238,9 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	bg.Add(1)
 	go func() {
 		defer bg.Done()
-		if err := store.ServeControl(ctl, db, *data, m, store.ControlOwner{Command: "serve", SendsUplink: up != nil, UplinkURL: *upURL}); err != nil {
+		opts := keptReclaimer(*data, db, m, in, ref.Ref())
+		opts.Owner = store.ControlOwner{Command: "serve", SendsUplink: up != nil, UplinkURL: *upURL}
+		if err := store.ServeControl(ctl, db, *data, m, opts); err != nil {
 			fmt.Fprintf(stderr, "control socket: %v\n", err)
 		}
 	}()

@@ -90,8 +90,15 @@ var consoleLine = regexp.MustCompile(`^console: (http://127\.0\.0\.1:\d+)/$`)
 // returns once its console listens.
 func startServe(t *testing.T, bin, data string, extra ...string) *serving {
 	t.Helper()
+	return startServeEnv(t, bin, nil, data, extra...)
+}
+
+// startServeEnv is startServe with env added to serve's environment.
+func startServeEnv(t *testing.T, bin string, env []string, data string, extra ...string) *serving {
+	t.Helper()
 	cmd := exec.Command(bin, append([]string{"serve", "--data", data, "--listen", "127.0.0.1:0", "--model", "ollama:llama3.2",
 		"--ollama", "http://127.0.0.1:1"}, extra...)...)
+	cmd.Env = append(os.Environ(), env...)
 	out, stderr := startBin(t, cmd)
 	s := &serving{cmd: cmd, lines: make(chan string, 100), done: make(chan error, 1)}
 	go func() {

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/firmware"
+)
+
+// keptDir is where the data folder data keeps the copy of the embedded
+// bundle ref.
+func keptDir(data string, ref engine.BundleRef) string {
+	return filepath.Join(data, "firmware", ".embedded", ref.Name, "1-"+strings.TrimPrefix(ref.Digest, "sha256:"))
+}
+
+// embeddedRef is the reference of the bundle the tagged binary embeds
+// under env, read from the copy a run pinned to it kept in data.
+func embeddedRef(t *testing.T, bin string, env []string, data string, before map[engine.BundleRef]bool) engine.BundleRef {
+	t.Helper()
+	code, stdout, stderr := outpostBinEnv(t, bin, env, "", "firmware", "list", "--data", data, "--json")
+	require.Zero(t, code, stderr)
+	var list struct{ Kept []firmware.Kept }
+	require.NoError(t, json.Unmarshal([]byte(stdout), &list), stdout)
+	for _, k := range list.Kept {
+		if !before[k.BundleRef] {
+			before[k.BundleRef] = true
+			return k.BundleRef
+		}
+	}
+	t.Fatalf("no new kept copy in %s", stdout)
+	return engine.BundleRef{}
+}
+
+// db prune removes the copies of embedded bundles kept for runs that no
+// run refers to any more (here, after the store was restored from a
+// backup taken before their runs), and never one that a run refers to: a
+// run waiting for a person, a completed run. Through serve, the copy of
+// serve's own embedded bundle stays, since serve may pin a new run to it
+// at any moment; with serve stopped, a prune takes it, and the next run
+// that pins that bundle keeps it again. The waiting run then completes on
+// its own bundle under another binary.
+func TestDBPruneReclaimsKeptCopiesNoRunRefersTo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin, data := builtOutpostTagged(t), t.TempDir()
+	envB := []string{"OUTPOST_TEST_REFERENCE=" + upgradedReference(t, "BINARY-B")}
+	envC := []string{"OUTPOST_TEST_REFERENCE=" + upgradedReference(t, "BINARY-C")}
+	envD := []string{"OUTPOST_TEST_REFERENCE=" + upgradedReference(t, "BINARY-D")}
+	seen := map[engine.BundleRef]bool{}
+
+	waiting := approvalWaitingRun(t, bin, nil, data, "waits")
+	refA := embeddedRef(t, bin, nil, data, seen)
+	code, _, stderr := outpostBinEnv(t, bin, envB, "", "run", "--data", data, "--thread", "done", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	refB := embeddedRef(t, bin, envB, data, seen)
+
+	backup := filepath.Join(t.TempDir(), "before.db")
+	code, _, stderr = outpostBinEnv(t, bin, nil, "", "db", "backup", "--data", data, backup)
+	require.Zero(t, code, stderr)
+	code, _, stderr = outpostBinEnv(t, bin, envC, "", "run", "--data", data, "--thread", "c", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	refC := embeddedRef(t, bin, envC, data, seen)
+	code, _, stderr = outpostBinEnv(t, bin, envD, "", "run", "--data", data, "--thread", "d", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	refD := embeddedRef(t, bin, envD, data, seen)
+	// The store as it was before the runs on C and D: their copies are
+	// referred to by no run now.
+	raw, err := os.ReadFile(backup)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(data, "outpost.db"), raw, 0o600))
+
+	s := startServeEnv(t, bin, envC, data)
+	code, stdout, stderr := outpostBinEnv(t, bin, envC, "", "db", "prune", "--data", data, "--older-than", "0s", "--json")
+	require.Zero(t, code, stderr)
+	var rep struct {
+		KeptRemoved *int `json:"kept_removed"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+	require.NotNil(t, rep.KeptRemoved, stdout)
+	require.Equal(t, 1, *rep.KeptRemoved, stdout)
+	require.NoDirExists(t, keptDir(data, refD))
+	require.DirExists(t, keptDir(data, refC), "serve's own embedded bundle went while serve ran")
+	s.stop(t)
+
+	code, stdout, stderr = outpostBinEnv(t, bin, envB, "", "db", "prune", "--data", data, "--older-than", "0s")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "removed 1 kept copy(ies) of embedded bundles that no run refers to")
+	require.NoDirExists(t, keptDir(data, refC))
+	for _, ref := range []engine.BundleRef{refA, refB} {
+		require.FileExists(t, filepath.Join(keptDir(data, ref), "manifest.json"), "a copy a run refers to went")
+	}
+	code, stdout, stderr = outpostBinEnv(t, bin, envB, "", "db", "prune", "--data", data, "--older-than", "0s")
+	require.Zero(t, code, stderr)
+	require.NotContains(t, stdout, "kept copy")
+
+	// Made again by the next run that pins it.
+	code, _, stderr = outpostBinEnv(t, bin, envC, "", "run", "--data", data, "--thread", "c2", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	code, stdout, stderr = outpostBinEnv(t, bin, envB, "", "firmware", "list", "--data", data, "--json")
+	require.Zero(t, code, "%s%s", stdout, stderr)
+	var list struct{ Kept []firmware.Kept }
+	require.NoError(t, json.Unmarshal([]byte(stdout), &list), stdout)
+	require.ElementsMatch(t, []firmware.Kept{{BundleRef: refA}, {BundleRef: refB}, {BundleRef: refC}}, list.Kept)
+
+	code, stdout, stderr = outpostBinEnv(t, bin, envB, "", "resume", "--data", data, "--decision", "approve", waiting)
+	require.Zero(t, code, "%s%s", stdout, stderr)
+	require.NotContains(t, stdout, "BINARY-B", "the waiting run went on with another binary's bundle")
+}
+
+// A firmware folder that cannot be read (a damaged index) does not undo
+// or fail the prune of the store: the kept copies stay, and the prune says
+// why.
+func TestDBPruneWithADamagedFirmwareIndexLeavesTheCopies(t *testing.T) {
+	data := t.TempDir()
+	code, _, stderr := outpostBin(t, "", "run", "--data", data, "--thread", "t", "I forgot my metformin dose")
+	require.Zero(t, code, stderr)
+	ref, err := firmware.Reference()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(data, "firmware", "index.json"), []byte("{"), 0o644))
+	// The store forgets the run: its copy is referred to by none.
+	empty := t.TempDir()
+	code, _, stderr = outpostBin(t, "", "run", "--data", empty, "--thread", "b", "--agent", "reference", "hi")
+	require.Zero(t, code, stderr)
+	fresh, err := os.ReadFile(filepath.Join(empty, "outpost.db"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(data, "outpost.db"), fresh, 0o600))
+
+	code, stdout, stderr := outpostBin(t, "", "db", "prune", "--data", data, "--older-than", "0s")
+	require.Zero(t, code, stderr)
+	require.Contains(t, stdout, "pruned 1 thread(s)")
+	require.Contains(t, stdout, "skipped no kept copy of an embedded bundle was removed: firmware installer: ")
+	require.FileExists(t, filepath.Join(keptDir(data, ref.Ref()), "manifest.json"))
+}
