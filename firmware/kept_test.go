@@ -173,9 +173,10 @@ func TestRemoveKeptLeavesTheCopiesRunsReferTo(t *testing.T) {
 	}
 	// A copy of another digest, as an earlier binary kept it.
 	root := filepath.Join(data, "firmware", ".embedded", own.Name)
-	ownDir := filepath.Join(root, "1-"+strings.TrimPrefix(own.Digest, "sha256:"))
-	other := engine.BundleRef{Name: own.Name, Version: 1, Digest: "sha256:" + strings.Repeat("ab", 32)}
-	otherDir := filepath.Join(root, "1-"+strings.Repeat("ab", 32))
+	v := strconv.FormatInt(own.Version, 10) + "-"
+	ownDir := filepath.Join(root, v+strings.TrimPrefix(own.Digest, "sha256:"))
+	other := engine.BundleRef{Name: own.Name, Version: own.Version, Digest: "sha256:" + strings.Repeat("ab", 32)}
+	otherDir := filepath.Join(root, v+strings.Repeat("ab", 32))
 	if err := os.CopyFS(otherDir, os.DirFS(ownDir)); err != nil {
 		t.Fatal(err)
 	}

@@ -19,10 +19,7 @@ func bundleVersion(t *testing.T, key string, v int) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "v")
 	require.NoError(t, firmware.Export(dir))
-	mf := filepath.Join(dir, "manifest.json")
-	raw, err := os.ReadFile(mf)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(mf, []byte(strings.Replace(string(raw), `"version": 1`, `"version": `+string(rune('0'+v)), 1)), 0o644))
+	setBundleVersion(t, dir, int64(v))
 	require.NoError(t, firmware.Sign(dir, key))
 	return dir
 }
@@ -43,9 +40,7 @@ func TestFirmwareRemove(t *testing.T) {
 
 	// v1 installed (active) serves a run that waits for a person; then
 	// v2 is made active, and v3 installed beside it.
-	v1 := filepath.Join(t.TempDir(), "v1")
-	require.NoError(t, firmware.Export(v1))
-	code, _, stderr = outpostBin(t, "", "firmware", "install", "--data", data, "--trust-dev-key", v1)
+	code, _, stderr = outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, bundleVersion(t, key, 1))
 	require.Zero(t, code, stderr)
 	id := approvalWaitingRun(t, builtOutpost(t), nil, data, "waits")
 	code, _, stderr = outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, "--activate", bundleVersion(t, key, 2))

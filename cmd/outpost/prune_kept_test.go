@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -16,7 +17,7 @@ import (
 // keptDir is where the data folder data keeps the copy of the embedded
 // bundle ref.
 func keptDir(data string, ref engine.BundleRef) string {
-	return filepath.Join(data, "firmware", ".embedded", ref.Name, "1-"+strings.TrimPrefix(ref.Digest, "sha256:"))
+	return filepath.Join(data, "firmware", ".embedded", ref.Name, strconv.FormatInt(ref.Version, 10)+"-"+strings.TrimPrefix(ref.Digest, "sha256:"))
 }
 
 // embeddedRef is the reference of the bundle the tagged binary embeds
