@@ -214,7 +214,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	var up *uplink.Uplink
 	if *upURL != "" {
 		up, err = uplink.New(db, uplink.Config{URL: *upURL, ApplianceID: *applianceID, Secret: secret,
-			RedactorFor: bundleRedactors(ref, in), Events: bus})
+			RedactorFor: bundleRedactors(ref, in, stderr), Events: bus})
 		if err != nil {
 			return err
 		}
