@@ -185,7 +185,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	if err != nil {
 		return err
 	}
-	resolve, err := applianceResolver(*data, loadedBundles{rt: rt, in: in, ref: ref}, nil, false, true)
+	resolve, err := applianceResolver(*data, loadedBundles{rt: rt, in: in, ref: ref}, nil, false, keepPinning)
 	if err != nil {
 		return err
 	}
