@@ -253,6 +253,13 @@ func (in *Installer) verifyKept(ref engine.BundleRef) (*verified, error) {
 	return v, nil
 }
 
+// OpenPinned opens the bundle ref names by name, version and digest: the
+// installed version of that digest, or else the kept copy of the embedded
+// bundle it is (KeepReference). It writes nothing. A bundle on disk
+// nowhere is ErrPinnedMissing, one installed with another digest
+// ErrPinnedMismatch.
+func (in *Installer) OpenPinned(ref engine.BundleRef) (*Bundle, error) { return in.openPinned(ref) }
+
 // openPinned opens the bundle a run is pinned to: the installed version
 // of that digest, or else the kept copy of the embedded bundle it is.
 func (in *Installer) openPinned(p engine.BundleRef) (*Bundle, error) {

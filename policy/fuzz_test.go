@@ -3,6 +3,8 @@ package policy
 import (
 	"encoding/json"
 	"errors"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -280,6 +282,58 @@ func FuzzDecodeRedactionPolicy(f *testing.F) {
 		}
 		if out := r.RedactJSON(json.RawMessage(`{"a":{"b":"555-123-4567"}}`)); !json.Valid(out) {
 			t.Fatalf("output is not JSON: %s", out)
+		}
+	})
+}
+
+// CheckFields accepts a policy exactly when each of its field paths has
+// no empty segment and begins with "*" or one of the record's names, and
+// refuses the first path that does not at its item, as ErrBadRule; a
+// path NewRedactor takes is one CheckFields does not refuse for its
+// segments.
+func FuzzCheckRedactionFields(f *testing.F) {
+	for _, s := range []struct{ policy, names string }{
+		{`{"fields":["status","output.final","*.name"],"detectors":[]}`, "status,output,flags"},
+		{`{"fields":["status","flgas"],"detectors":["phone"]}`, "status,output,flags"},
+		{`{"fields":["a..b"]}`, "a"},
+		{`{"fields":[".a"]}`, "a"},
+		{`{"fields":["*"]}`, ""},
+		{`{"fields":["status"],"fields":["x"]}`, "status"},
+		{`{"fields":["st\u0061tus"]}`, "status"},
+		{`{}`, "status"},
+	} {
+		f.Add([]byte(s.policy), s.names)
+	}
+	f.Fuzz(func(t *testing.T, data []byte, names string) {
+		var p RedactionPolicy
+		if err := decodeStrict("redaction policy", data, &p); err != nil {
+			if !errors.Is(err, ErrBadRule) {
+				t.Fatalf("error does not wrap ErrBadRule: %v", err)
+			}
+			return
+		}
+		fields := strings.Split(names, ",")
+		bad := -1
+		for i, path := range p.Fields {
+			parts := strings.Split(path, ".")
+			if slices.Contains(parts, "") || parts[0] != "*" && !slices.Contains(fields, parts[0]) {
+				bad = i
+				break
+			}
+		}
+		err := p.CheckFields("an outcome record", fields)
+		if bad < 0 {
+			if err != nil {
+				t.Fatalf("CheckFields(%q) with names %q refused a policy it should take: %v", p.Fields, fields, err)
+			}
+		} else {
+			var ie *ItemError
+			if !errors.Is(err, ErrBadRule) || !errors.As(err, &ie) || ie.Path != "fields."+strconv.Itoa(bad) {
+				t.Fatalf("CheckFields(%q) with names %q: %v, want an ErrBadRule at fields.%d", p.Fields, fields, err, bad)
+			}
+		}
+		if _, nerr := NewRedactor(p); nerr == nil && err != nil && !strings.Contains(err.Error(), "keeps nothing") {
+			t.Fatalf("NewRedactor takes %q, CheckFields refuses its paths: %v", p.Fields, err)
 		}
 	})
 }

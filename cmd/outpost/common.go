@@ -400,6 +400,22 @@ type loadedBundles struct {
 	ref *firmware.Bundle    // the embedded bundle, loaded for rt; nil: not loaded yet
 }
 
+// keeping is what a session's resolver writes in the firmware folder for
+// the runs pinned to the binary's embedded bundle (applianceResolver).
+type keeping int
+
+const (
+	// keepNothing writes nothing: the embedded bundle serves the runs
+	// pinned to it as it is (runs replay).
+	keepNothing keeping = iota
+	// keepInFolder keeps a copy of the embedded bundle where the data
+	// folder has a firmware folder, and makes none (runs fork).
+	keepInFolder
+	// keepPinning makes the firmware folder and keeps a copy of the
+	// embedded bundle there, for the runs the session starts or resumes.
+	keepPinning
+)
+
 // applianceResolver resolves agents for a store-backed session. When
 // bundles are installed under dir, new runs get the active bundles' agents
 // and resumed runs the exact version they are pinned to; otherwise (and for
@@ -410,8 +426,8 @@ type loadedBundles struct {
 // used as it is, and the rest is loaded. A session that pins runs (it
 // starts or resumes them) opens the installer, which makes the firmware
 // folder to keep the embedded bundle in; any other opens it only where
-// there is one, and keeps nothing.
-func applianceResolver(dir string, lb loadedBundles, notice func(string), benchAgent, pins bool) (engine.Resolver, error) {
+// there is one, and keeps the embedded bundle there as keep says.
+func applianceResolver(dir string, lb loadedBundles, notice func(string), benchAgent bool, keep keeping) (engine.Resolver, error) {
 	ref, in, rt := lb.ref, lb.in, lb.rt
 	var err error
 	if ref == nil {
@@ -421,7 +437,7 @@ func applianceResolver(dir string, lb loadedBundles, notice func(string), benchA
 	}
 	if in == nil {
 		open := openInstalled
-		if pins {
+		if keep == keepPinning {
 			open = openInstaller
 		}
 		if in, err = open(dir, rt); err != nil {
@@ -433,6 +449,9 @@ func applianceResolver(dir string, lb loadedBundles, notice func(string), benchA
 	// A run that pins the embedded bundle keeps a copy of it in the
 	// firmware folder, with which it goes on under a later binary.
 	embedded := firmware.EmbeddedResolver(in, ref)
+	if keep == keepNothing {
+		embedded = firmware.PinnedResolver(in, ref)
+	}
 	installed := in != nil && len(in.List()) > 0
 	told := false
 	tell := func() {

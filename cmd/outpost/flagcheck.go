@@ -114,7 +114,7 @@ func checkNewRun(dir, thread, agent string, tools *toolsFlag, rt *firmware.Runti
 	if _, serr := os.Stat(filepath.Join(dir, "firmware")); serr != nil {
 		resolve, err = referenceResolver(lb.ref) // nothing installed: the embedded bundle's agents and the bench's
 	} else if lb.in, err = openInstaller(dir, rt); err == nil {
-		resolve, err = applianceResolver(dir, lb, nil, true, true)
+		resolve, err = applianceResolver(dir, lb, nil, true, keepPinning)
 	}
 	if err != nil {
 		return lb, nil

@@ -127,7 +127,8 @@ func TestActivateWithNothingInstalledMakesNothing(t *testing.T) {
 // run, which installs nothing, makes nothing in the firmware folder but
 // the copy of the embedded bundle its run is pinned to (kept so that the
 // run can go on under a later binary) and an index that lists nothing
-// installed; runs replay, an audit, makes nothing at all.
+// installed; runs replay, an audit, makes nothing at all, not even the
+// kept copy of the embedded bundle its run is pinned to when it is gone.
 func TestRunAndReplayMakeNoFirmwareFolder(t *testing.T) {
 	app := t.TempDir()
 	code, _, stderr := outpostBin(t, "", "run", "--data", app, "--thread", "t", "I forgot my metformin dose")
@@ -142,6 +143,14 @@ func TestRunAndReplayMakeNoFirmwareFolder(t *testing.T) {
 	code, out, stderr = outpostBin(t, "", "runs", "replay", "--data", app, list.Runs[0].ID)
 	require.Zero(t, code, "%s%s", out, stderr)
 	require.Equal(t, was, folderTree(t, app), "replay changed the data folder")
+
+	// Its run is pinned to this binary's embedded bundle, which serves
+	// the replay as it is: the kept copy, removed, is not written back.
+	require.NoError(t, os.RemoveAll(filepath.Join(app, "firmware", ".embedded")))
+	was = folderTree(t, app)
+	code, out, stderr = outpostBin(t, "", "runs", "replay", "--data", app, list.Runs[0].ID)
+	require.Zero(t, code, "%s%s", out, stderr)
+	require.Equal(t, was, folderTree(t, app), "replay kept the embedded bundle again")
 
 	// Without a firmware folder, replay keeps nothing and makes none.
 	require.NoError(t, os.RemoveAll(filepath.Join(app, "firmware")))

@@ -29,7 +29,7 @@ func replayRun(ctx context.Context, db *store.DB, dir, runID string, asJSON bool
 	}
 	rt := &firmware.Runtime{Provider: audit.NoModel{}, Model: model, Log: audit.ReplayLog{Original: log},
 		Blobs: db, Runs: db, Notes: replayNotes{}, Followups: &agent.MemoryFollowups{}}
-	resolve, err := applianceResolver(dir, loadedBundles{rt: rt}, nil, true, false)
+	resolve, err := applianceResolver(dir, loadedBundles{rt: rt}, nil, true, keepNothing)
 	if err != nil {
 		return err
 	}

@@ -236,7 +236,7 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 		db.Close()
 		return nil, err
 	}
-	resolve, err := applianceResolver(dir, lb, func(notice string) { fmt.Fprintf(stderr, "%s\n", notice) }, true, true)
+	resolve, err := applianceResolver(dir, lb, func(notice string) { fmt.Fprintf(stderr, "%s\n", notice) }, true, keepPinning)
 	if err != nil {
 		db.Close()
 		return nil, err

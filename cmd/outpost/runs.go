@@ -567,7 +567,7 @@ func forkThread(ctx context.Context, dir string, db *store.DB, th, checkpoint st
 	}
 	// The graph of the bundle the thread's last run is pinned to: an
 	// installed one, or the embedded one of this or an earlier binary.
-	resolve, err := applianceResolver(dir, loadedBundles{}, nil, true, false)
+	resolve, err := applianceResolver(dir, loadedBundles{}, nil, true, keepInFolder)
 	if err != nil {
 		return err
 	}

@@ -185,7 +185,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	if err != nil {
 		return err
 	}
-	resolve, err := applianceResolver(*data, loadedBundles{rt: rt, in: in, ref: ref}, nil, false, true)
+	resolve, err := applianceResolver(*data, loadedBundles{rt: rt, in: in, ref: ref}, nil, false, keepPinning)
 	if err != nil {
 		return err
 	}
@@ -214,7 +214,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	var up *uplink.Uplink
 	if *upURL != "" {
 		up, err = uplink.New(db, uplink.Config{URL: *upURL, ApplianceID: *applianceID, Secret: secret,
-			RedactorFor: bundleRedactors(ref, in), Events: bus})
+			RedactorFor: bundleRedactors(ref, in, stderr), Events: bus})
 		if err != nil {
 			return err
 		}

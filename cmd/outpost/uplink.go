@@ -234,7 +234,7 @@ func uplinkFlush(ctx context.Context, dir string, cfg uplink.Config, timeout tim
 	if err != nil {
 		return explain(err)
 	}
-	cfg.RedactorFor = bundleRedactors(ref, in)
+	cfg.RedactorFor = bundleRedactors(ref, in, stderr)
 	ls, err := db.Ledger(ctx)
 	if err != nil {
 		return err
@@ -331,12 +331,14 @@ func reportRetries(u *uplink.Uplink, timeout time.Duration, w io.Writer, every t
 }
 
 // bundleRedactors returns each outcome's redaction policy: its bundle's,
-// from the embedded reference bundle ref or the bundles of the installer
-// in (either may be nil), as loaded by the caller, so that serve compiles
-// no bundle again for its uplink. An outcome whose bundle is unknown, or
-// has no policy, leaves with its identity fields only (uplink.Config's
-// fail-closed default).
-func bundleRedactors(ref *firmware.Bundle, in *firmware.Installer) func(engine.BundleRef) uplink.Redactor {
+// by name, version and digest, from the embedded reference bundle ref or
+// the installer in (an installed bundle, or the kept copy of an earlier
+// embedded bundle, opened read-only), either of which may be nil, as
+// loaded by the caller, so that serve compiles no bundle again for its
+// uplink. An outcome whose bundle is unknown, or has no policy, leaves
+// with its identity fields only (uplink.Config's fail-closed default); a
+// bundle on disk nowhere, or that cannot be read, is said on w once.
+func bundleRedactors(ref *firmware.Bundle, in *firmware.Installer, w io.Writer) func(engine.BundleRef) uplink.Redactor {
 	var mu sync.Mutex
 	cache := map[engine.BundleRef]uplink.Redactor{}
 	return func(r engine.BundleRef) uplink.Redactor {
@@ -345,12 +347,24 @@ func bundleRedactors(ref *firmware.Bundle, in *firmware.Installer) func(engine.B
 		if red, ok := cache[r]; ok {
 			return red
 		}
-		var b *firmware.Bundle
-		if ref != nil && ref.Ref() == r {
-			b = ref
-		} else if in != nil {
-			if ib, err := in.Open(r.Name, r.Version); err == nil && ib.Ref() == r {
-				b = ib
+		b := ref
+		if ref == nil || ref.Ref() != r {
+			b = nil
+			why := "this binary does not embed it and this data folder has no firmware folder"
+			if in != nil {
+				ib, err := in.OpenPinned(r)
+				switch {
+				case err == nil:
+					b = ib
+				case errors.Is(err, firmware.ErrPinnedMissing):
+					why = "this binary does not embed it, and it is neither installed nor kept in the firmware folder"
+				default:
+					why = err.Error()
+				}
+			}
+			if b == nil && r.Name != "" {
+				fmt.Fprintf(w, "uplink: the outcomes of bundle %s v%d (%s) leave with appliance_id, seq and outcome_id alone in clear, "+
+					"since its redaction policy cannot be read: %s\n", r.Name, r.Version, r.Digest, why)
 			}
 		}
 		var red uplink.Redactor

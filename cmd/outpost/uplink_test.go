@@ -69,6 +69,20 @@ func startCollector(t *testing.T, ctx context.Context, coll, secrets string) (ur
 	return addr.FindString(out.String()), out, done
 }
 
+// startCollectorFor starts a collector with data folder coll that takes
+// the appliance of data folder app (startCollector), and returns the
+// appliance's uplink status, the collector's URL, the appliance's secret
+// file, and what startCollector returns.
+func startCollectorFor(t *testing.T, ctx context.Context, app, coll string) (st uplink.Status, url, mine string, out *syncBuffer, done chan int) {
+	t.Helper()
+	code, status, stderr := outpostBin(t, "", "uplink", "status", "--data", app, "--json")
+	require.Zero(t, code, stderr)
+	require.NoError(t, json.Unmarshal([]byte(status), &st))
+	secrets, mine := uplinkSecrets(t, app, coll, st.ApplianceID)
+	url, out, done = startCollector(t, ctx, coll, secrets)
+	return st, url, mine, out, done
+}
+
 // uplink flush and uplink status take serve's names of the uplink flags
 // (--uplink, --uplink-secret, --appliance-id) beside their own (--url,
 // --secret-file), so that serve's flags can be copied; -h lists each flag
@@ -77,18 +91,13 @@ func TestUplinkTakesServesFlagNames(t *testing.T) {
 	app, coll := t.TempDir(), t.TempDir()
 	code, _, stderr := outpostBin(t, "", "run", "--data", app, "I forgot my metformin dose this morning")
 	require.Zero(t, code, stderr)
-	code, status, stderr := outpostBin(t, "", "uplink", "status", "--data", app, "--json")
-	require.Zero(t, code, stderr)
-	var st uplink.Status
-	require.NoError(t, json.Unmarshal([]byte(status), &st))
-	secrets, mine := uplinkSecrets(t, app, coll, st.ApplianceID)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	url, out, done := startCollector(t, ctx, coll, secrets)
+	st, url, mine, out, done := startCollectorFor(t, ctx, app, coll)
 	require.Contains(t, out.String(), "(1 appliance, store: "+coll+")", "one appliance is one, not 1 appliances")
 
 	serveFlags := []string{"--data", app, "--uplink", url, "--uplink-secret", mine, "--appliance-id", st.ApplianceID}
-	code, status, stderr = outpostBin(t, "", append([]string{"uplink", "status", "--json"}, serveFlags...)...)
+	code, status, stderr := outpostBin(t, "", append([]string{"uplink", "status", "--json"}, serveFlags...)...)
 	require.Zero(t, code, stderr)
 	require.NoError(t, json.Unmarshal([]byte(status), &st))
 	require.True(t, st.Configured, "--uplink is --url")
@@ -373,7 +382,7 @@ func TestReferenceOutcomeLeavesWithItsFlags(t *testing.T) {
 	ref, err := firmware.Reference()
 	require.NoError(t, err)
 	require.Equal(t, ref.Ref(), o.Bundle, "the run was on the embedded bundle")
-	red := bundleRedactors(ref, nil)(o.Bundle)
+	red := bundleRedactors(ref, nil, io.Discard)(o.Bundle)
 	require.NotNil(t, red, "the embedded bundle has a redaction policy")
 	line, err := uplink.EncodeRecord(o, red)
 	require.NoError(t, err)
