@@ -585,10 +585,20 @@ func (in *Installer) verifyInstalled(rec Installed) (*verified, error) {
 	return v, nil
 }
 
+// RemoveOptions qualify one removal: who removes the version and why,
+// recorded in the log entry of the removal.
+type RemoveOptions struct {
+	By, Reason string
+}
+
 // Remove deletes an installed version. It refuses the active version and
 // any version that inUse reports a run still refers to (ErrInUse); pass
 // a function that asks the run store.
-func (in *Installer) Remove(name string, version int64, inUse func(engine.BundleRef) bool) error {
+func (in *Installer) Remove(name string, version int64, inUse func(engine.BundleRef) bool, o ...RemoveOptions) error {
+	var opt RemoveOptions
+	if len(o) > 0 {
+		opt = o[0]
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	i := in.find(name, version)
@@ -604,7 +614,8 @@ func (in *Installer) Remove(name string, version int64, inUse func(engine.Bundle
 	}
 	old := in.idx.clone()
 	in.idx.Installed = append(in.idx.Installed[:i:i], in.idx.Installed[i+1:]...)
-	in.idx.Log = append(in.idx.Log, LogEntry{At: in.opts.Now().UTC(), Action: "remove", Name: name, Version: version, Digest: rec.Digest})
+	in.idx.Log = append(in.idx.Log, LogEntry{At: in.opts.Now().UTC(), Action: "remove", Name: name, Version: version, Digest: rec.Digest,
+		By: opt.By, Reason: opt.Reason})
 	if err := in.saveLocked(old); err != nil {
 		return err
 	}

@@ -31,8 +31,10 @@ type PruneReport struct {
 	// store, in the data folder's firmware folder, for the runs pinned to
 	// them, that were removed because no run refers to them any more. The
 	// store holds no such copy: the process that prunes it counts them
-	// (db prune's, or the owner's ControlOptions.AfterPrune).
-	KeptRemoved int `json:"kept_removed"`
+	// (db prune's, or the owner's ControlOptions.AfterPrune). It is nil
+	// (null) when no one looked at them: Prune alone, or an owner whose
+	// socket has no AfterPrune (or predates the field).
+	KeptRemoved *int `json:"kept_removed"`
 	// Skipped lists threads that qualified but could not be cut, and why.
 	Skipped []Problem `json:"skipped"`
 }

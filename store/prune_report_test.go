@@ -14,7 +14,8 @@ import (
 
 // A prune report's lists are [] when empty, never null or left out, so a
 // script reading db prune --json gets a list either way; the field names
-// stay as they were (kept_removed was added beside them).
+// stay as they were (kept_removed was added beside them: null where no
+// one looked at the kept copies, as the store's Prune alone does not).
 func TestPruneReportJSONLists(t *testing.T) {
 	d := openTest(t)
 	rep, err := d.Prune(bg, 0, tc0)
@@ -23,10 +24,11 @@ func TestPruneReportJSONLists(t *testing.T) {
 		b, err := json.Marshal(v)
 		require.NoError(t, err)
 		assert.JSONEq(t, `{"threads":0,"rewritten":0,"checkpoints_removed":0,"writes_removed":0,
-			"blobs_removed":0,"blob_bytes_removed":0,"calls_removed":0,"kept_removed":0,"skipped":[]}`, string(b))
+			"blobs_removed":0,"blob_bytes_removed":0,"calls_removed":0,"kept_removed":null,"skipped":[]}`, string(b))
 	}
 
-	full := PruneReport{Threads: 1, Skipped: []Problem{{Bucket: bucketCheckpoints, Key: "t1", Message: "namespace \"\": why"}}}
+	kept := 2
+	full := PruneReport{Threads: 1, KeptRemoved: &kept, Skipped: []Problem{{Bucket: bucketCheckpoints, Key: "t1", Message: "namespace \"\": why"}}}
 	b, err := json.Marshal(full)
 	require.NoError(t, err)
 	var back PruneReport

@@ -80,9 +80,11 @@ compaction that stopped midway are removed first, and named on stderr.`},
 	"prune": {synopsis: "--older-than D", about: `Drop the intermediate checkpoints of finished threads idle for --older-than, then collect
 the blobs nothing names (a blob is kept for at least 24h, whatever --older-than).
 Then remove the copies of embedded bundles kept in DATA/firmware/.embedded that no run, of
-any status, refers to (kept_removed in --json); the next run that pins such a bundle keeps
-it again. While serve (or run) owns the store, the prune goes through it, and the copy of
-its own embedded bundle stays: it may pin a new run to it at any moment.`},
+any status, refers to (kept_removed in --json; null when the store's owner, an older
+serve, did not look at them); the next run that pins such a bundle keeps it again.
+While serve (or run) owns the store, the prune goes through it, and the copy of its own
+embedded bundle stays: it may pin a new run to it at any moment. A failure after the
+store's prune has committed (removing a kept copy) is said after the prune's report.`},
 	"salvage": {arg: "FILE", about: `Copy every record that can still be read from a damaged store into a new store FILE,
 and say what was lost. Stop serve first; the store itself is not changed.
 The copy keeps the appliance ID its outcomes go upstream as. Where the store's record of it
@@ -652,31 +654,51 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 	var rep *store.PruneReport
 	ctx = withProgress(ctx, "prune", "read", stderr)
 	err := withStore(dir,
-		func(db *store.DB) (err error) {
-			if rep, err = db.Prune(ctx, olderThan, time.Now()); err != nil {
+		func(db *store.DB) error {
+			r, err := db.Prune(ctx, olderThan, time.Now())
+			if err != nil {
 				return err
 			}
+			rep = r
 			// This process holds the store: no other pins a run meanwhile,
 			// and the copy of its own embedded bundle goes too when no run
 			// refers to it (the next run that pins it keeps it again).
 			return reclaimKept(ctx, dir, nil, db, nil, rep)
 		},
 		// The owner reclaims the kept copies itself (keptReclaimer).
-		func(c *store.Control) (err error) { rep, err = c.Prune(ctx, olderThan); return err })
-	if err != nil {
+		func(c *store.Control) error {
+			r, err := c.Prune(ctx, olderThan)
+			if err == nil {
+				rep = r
+			}
+			return err
+		})
+	if rep == nil {
 		return err
 	}
+	// The store's prune has committed: what it removed is said whatever
+	// failed after it, then the failure.
+	if err != nil {
+		err = fmt.Errorf("the store was pruned (reported above), then: %w", err)
+	}
 	if asJSON {
-		return printJSON(stdout, rep)
+		return errors.Join(printJSON(stdout, rep), err)
 	}
 	fmt.Fprintf(stdout, "pruned %d thread(s): %d checkpoints, %d pending writes, %d blobs (%.2f MB) removed; %d checkpoints rewritten as snapshots\n",
 		rep.Threads, rep.CheckpointsRemoved, rep.WritesRemoved, rep.BlobsRemoved, float64(rep.BlobBytesRemoved)/1e6, rep.Rewritten)
 	if rep.CallsRemoved > 0 {
 		fmt.Fprintf(stdout, "removed %d call record(s) of runs a crash lost before they were stored\n", rep.CallsRemoved)
 	}
-	if rep.KeptRemoved > 0 {
+	switch {
+	case rep.KeptRemoved == nil:
+		// An owner from before the kept copies were reclaimed prunes the
+		// store alone.
+		fmt.Fprintf(stdout, "the kept copies of embedded bundles in %s were not looked at: the store's owner (serve, or run) did not report them "+
+			"(an older binary?); to remove those no run refers to, run outpost db prune --data %s with it stopped, or upgrade it\n",
+			filepath.Join(dir, "firmware", ".embedded"), shellQuote(dir))
+	case *rep.KeptRemoved > 0:
 		fmt.Fprintf(stdout, "removed %d kept copy(ies) of embedded bundles that no run refers to (from %s)\n",
-			rep.KeptRemoved, filepath.Join(dir, "firmware", ".embedded"))
+			*rep.KeptRemoved, filepath.Join(dir, "firmware", ".embedded"))
 	}
 	for _, p := range rep.Skipped {
 		fmt.Fprintf(stdout, "skipped %s\n", p)
@@ -684,7 +706,7 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 	if rep.CheckpointsRemoved+rep.WritesRemoved+rep.BlobsRemoved+rep.CallsRemoved > 0 {
 		fmt.Fprintln(stdout, "run \"outpost db compact\" to give the freed pages back to the file system")
 	}
-	return nil
+	return err
 }
 
 // reclaimKept removes the copies of embedded bundles kept in the firmware
@@ -696,6 +718,8 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 // that cannot be read may refer to any copy: then none is removed, and
 // rep says why.
 func reclaimKept(ctx context.Context, dir string, in *firmware.Installer, db *store.DB, live store.LiveRuns, rep *store.PruneReport, keep ...engine.BundleRef) error {
+	// Looked at, whatever comes of it: nil is an owner that did not look.
+	rep.KeptRemoved = new(int)
 	if in == nil {
 		if _, err := os.Stat(filepath.Join(dir, "firmware", ".embedded")); errors.Is(err, os.ErrNotExist) {
 			return nil
@@ -728,7 +752,7 @@ func reclaimKept(ctx context.Context, dir string, in *firmware.Installer, db *st
 		return nil
 	}
 	removed, err := in.RemoveKept(func(ref engine.BundleRef) bool { return pins.ByBundle[ref] != nil || unstored[ref] }, keep...)
-	rep.KeptRemoved = len(removed)
+	*rep.KeptRemoved = len(removed)
 	return err
 }
 

@@ -44,8 +44,9 @@ Commands:
   activate [--data DIR] [--allow-downgrade --by NAME --reason TEXT] NAME VERSION
                                              make an installed version the one new runs use
                                              (going back below the active one is a recorded downgrade)
-  remove  [--data DIR] NAME VERSION          remove an installed version that is not active and that no
-                                             run refers to, finished or not (stop serve first)
+  remove  [--data DIR] --by NAME --reason TEXT NAME VERSION
+                                             remove an installed version that is not active and that no
+                                             run refers to, finished or not (recorded; stop serve first)
   export  DIR                                write the embedded reference bundle out, as a starting point
 
 Trusted keys are the *.pub files in DATA/keys plus --keys (a .pub file or a folder of them); install

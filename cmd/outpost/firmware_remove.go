@@ -12,8 +12,9 @@ import (
 	"github.com/outpost-edge/outpost/store"
 )
 
-const firmwareRemoveAbout = `Remove an installed version of a bundle, its folder and its entry in the firmware index
-(the firmware log records the removal). Refused, with nothing changed: the active version of
+const firmwareRemoveAbout = `Remove an installed version of a bundle, its folder and its entry in the firmware index.
+--by NAME and --reason TEXT are required: the firmware log records the removal with who
+removed the version and why, as it records a downgrade. Refused, with nothing changed: the active version of
 its name (activate another first), a version that any run in the store is pinned to, whatever
 its status (a finished run is still replayed and forked from its bundle), and a version that
 is not installed. Stop serve first: serve reads the installed bundles when it starts, and
@@ -24,9 +25,16 @@ func firmwareRemove(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware remove [flags] NAME VERSION"
 	fs.About = firmwareRemoveAbout
 	data := dataFlag(fs.FlagSet)
-	asJSON := fs.Bool("json", false, "print JSON: {name, version, digest, removed}")
+	by := fs.String("by", "", "who removes, by `NAME` (required, recorded)")
+	reason := fs.String("reason", "", "why, in a `TEXT` (required, recorded)")
+	asJSON := fs.Bool("json", false, "print JSON: {name, version, digest, removed, by, reason}")
 	if err := fs.parse(args, false); err != nil {
 		return err
+	}
+	// A removal is as deliberate as a downgrade, and no more undone: the
+	// log says who and why.
+	if *by == "" || *reason == "" {
+		return badUsage("firmware remove needs --by NAME and --reason TEXT, which are recorded")
 	}
 	v, err := versionArg(fs, "remove")
 	if err != nil {
@@ -68,11 +76,13 @@ func firmwareRemove(fs *cmdFlags, args []string, stdout io.Writer) error {
 	}
 	// Checked again under the installer's own lock, against the same
 	// runs: none can start while the folder is held.
-	if err := in.Remove(name, v, func(ref engine.BundleRef) bool { return pins.ByBundle[ref] != nil }); err != nil {
+	if err := in.Remove(name, v, func(ref engine.BundleRef) bool { return pins.ByBundle[ref] != nil },
+		firmware.RemoveOptions{By: *by, Reason: *reason}); err != nil {
 		return explain(err)
 	}
 	if *asJSON {
-		return printJSON(stdout, map[string]any{"name": name, "version": v, "digest": rec.Digest, "removed": true})
+		return printJSON(stdout, map[string]any{"name": name, "version": v, "digest": rec.Digest, "removed": true,
+			"by": *by, "reason": *reason})
 	}
 	fmt.Fprintf(stdout, "removed %s v%d (%s): no run refers to it\n", name, v, rec.Digest)
 	return nil

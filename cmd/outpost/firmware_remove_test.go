@@ -71,11 +71,11 @@ func TestFirmwareRemove(t *testing.T) {
 	}
 
 	check := unchanged()
-	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, name, "2")
+	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, "--by", "ops", "--reason", "retired", name, "2")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "remove "+name+" v2: bundle version is in use: it is the active version of "+name)
 	require.Contains(t, stderr, "make another version active first: outpost firmware activate --data "+data)
-	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, name, "1")
+	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, "--by", "ops", "--reason", "retired", name, "1")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "remove "+name+" v1: bundle version is in use: 1 run(s) are pinned to it: "+id+" (outpost runs show ID)")
 	check()
@@ -84,7 +84,7 @@ func TestFirmwareRemove(t *testing.T) {
 	code, stdout, stderr = outpostBin(t, "", "resume", "--data", data, "--decision", "approve", id)
 	require.Zero(t, code, "%s%s", stdout, stderr)
 	check = unchanged()
-	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, "--json", name, "1")
+	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, "--by", "ops", "--reason", "retired", "--json", name, "1")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "1 run(s) are pinned to it: "+id)
 	check()
@@ -94,37 +94,53 @@ func TestFirmwareRemove(t *testing.T) {
 
 	// Not installed: exit 1, naming what is; a version that is not a
 	// number is a bad command line.
-	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, name, "9")
+	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, "--by", "ops", "--reason", "retired", name, "9")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "remove "+name+" v9: bundle version not installed: installed versions of "+name+": v1, v2, v3")
-	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, name, "x")
+	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, "--by", "ops", "--reason", "retired", name, "x")
 	require.Equal(t, 2, code, stderr)
 	check()
 
 	// While serve owns the folder, nothing is removed.
 	s := startServe(t, builtOutpost(t), data)
-	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, name, "3")
+	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, "--by", "ops", "--reason", "retired", name, "3")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "is in use")
 	require.Contains(t, stderr, "stop it, remove the version, and start it again")
 	s.stop(t)
 	require.DirExists(t, filepath.Join(data, "firmware", name, "3"))
 
-	// v3, which no run refers to, goes; the log records it. The store
-	// is read, not changed.
+	// Who removes and why are recorded, so a removal without them is a
+	// bad command line, and changes nothing.
+	check = unchanged()
+	for _, args := range [][]string{
+		{"--reason", "retired"}, {"--by", "ops"}, {"--by", "ops", "--reason", ""}, {},
+	} {
+		code, _, stderr = outpostBin(t, "", append(append([]string{"firmware", "remove", "--data", data}, args...), name, "3")...)
+		require.Equal(t, 2, code, "%v: %s", args, stderr)
+		require.Contains(t, stderr, "firmware remove needs --by NAME and --reason TEXT, which are recorded")
+		require.DirExists(t, filepath.Join(data, "firmware", name, "3"))
+	}
+	check()
+
+	// v3, which no run refers to, goes; the log records it, with who
+	// removed it and why. The store is read, not changed.
 	db, err := os.ReadFile(filepath.Join(data, "outpost.db"))
 	require.NoError(t, err)
-	code, stdout, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, "--json", name, "3")
+	code, stdout, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, "--by", "ops", "--reason", "retired", "--json", name, "3")
 	require.Zero(t, code, stderr)
 	var out struct {
-		Name    string
-		Version int64
-		Removed bool
+		Name       string
+		Version    int64
+		Removed    bool
+		By, Reason string
 	}
 	require.NoError(t, json.Unmarshal([]byte(stdout), &out), stdout)
 	require.Equal(t, name, out.Name)
 	require.EqualValues(t, 3, out.Version)
 	require.True(t, out.Removed)
+	require.Equal(t, "ops", out.By)
+	require.Equal(t, "retired", out.Reason)
 	require.NoDirExists(t, filepath.Join(data, "firmware", name, "3"))
 	now, err := os.ReadFile(filepath.Join(data, "outpost.db"))
 	require.NoError(t, err)
@@ -132,11 +148,17 @@ func TestFirmwareRemove(t *testing.T) {
 	code, stdout, stderr = outpostBin(t, "", "firmware", "list", "--data", data, "--json")
 	require.Zero(t, code, stderr)
 	require.Regexp(t, regexp.MustCompile(`"action": "remove",\s+"name": "`+name+`",\s+"version": 3`), stdout)
-	var list struct{ Installed []struct{ Version int64 } }
+	var list struct {
+		Installed []struct{ Version int64 }
+		Log       []firmware.LogEntry
+	}
 	require.NoError(t, json.Unmarshal([]byte(stdout), &list), stdout)
+	last := list.Log[len(list.Log)-1]
+	require.Equal(t, "remove", last.Action, stdout)
+	require.Equal(t, [2]string{"ops", "retired"}, [2]string{last.By, last.Reason}, stdout)
 	require.Len(t, list.Installed, 2)
 	require.EqualValues(t, []int64{1, 2}, []int64{list.Installed[0].Version, list.Installed[1].Version})
-	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, name, "3")
+	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, "--by", "ops", "--reason", "retired", name, "3")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "installed versions of "+name+": v1, v2\n")
 }

@@ -115,27 +115,109 @@ func TestDBPruneReclaimsKeptCopiesNoRunRefersTo(t *testing.T) {
 	require.NotContains(t, stdout, "BINARY-B", "the waiting run went on with another binary's bundle")
 }
 
-// A firmware folder that cannot be read (a damaged index) does not undo
-// or fail the prune of the store: the kept copies stay, and the prune says
-// why.
-func TestDBPruneWithADamagedFirmwareIndexLeavesTheCopies(t *testing.T) {
+// keptCopyFolder returns a data folder where a finished run, on thread
+// "t", kept a copy of the embedded reference bundle, and that copy's
+// reference.
+func keptCopyFolder(t *testing.T) (string, engine.BundleRef) {
+	t.Helper()
 	data := t.TempDir()
 	code, _, stderr := outpostBin(t, "", "run", "--data", data, "--thread", "t", "I forgot my metformin dose")
 	require.Zero(t, code, stderr)
 	ref, err := firmware.Reference()
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(data, "firmware", "index.json"), []byte("{"), 0o644))
-	// The store forgets the run: its copy is referred to by none.
+	return data, ref.Ref()
+}
+
+// forgetRuns replaces the store of data with another folder's, which
+// holds a single finished run, on thread "b": then no run refers to the
+// copies data keeps.
+func forgetRuns(t *testing.T, data string) {
+	t.Helper()
 	empty := t.TempDir()
-	code, _, stderr = outpostBin(t, "", "run", "--data", empty, "--thread", "b", "--agent", "reference", "hi")
+	code, _, stderr := outpostBin(t, "", "run", "--data", empty, "--thread", "b", "--agent", "reference", "hi")
 	require.Zero(t, code, stderr)
 	fresh, err := os.ReadFile(filepath.Join(empty, "outpost.db"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(data, "outpost.db"), fresh, 0o600))
+}
+
+// A firmware folder that cannot be read (a damaged index) does not undo
+// or fail the prune of the store: the kept copies stay, and the prune says
+// why.
+func TestDBPruneWithADamagedFirmwareIndexLeavesTheCopies(t *testing.T) {
+	data, ref := keptCopyFolder(t)
+	require.NoError(t, os.WriteFile(filepath.Join(data, "firmware", "index.json"), []byte("{"), 0o644))
+	forgetRuns(t, data)
 
 	code, stdout, stderr := outpostBin(t, "", "db", "prune", "--data", data, "--older-than", "0s")
 	require.Zero(t, code, stderr)
 	require.Contains(t, stdout, "pruned 1 thread(s)")
 	require.Contains(t, stdout, "skipped no kept copy of an embedded bundle was removed: firmware installer: ")
-	require.FileExists(t, filepath.Join(keptDir(data, ref.Ref()), "manifest.json"))
+	require.FileExists(t, filepath.Join(keptDir(data, ref), "manifest.json"))
+}
+
+// A failure after the store's prune has committed (the kept copies cannot
+// be listed: a file stands where a bundle's folder of copies belongs,
+// which stops root as it stops anyone, where a read-only folder would
+// not) does not hide what the prune did: db prune prints its report,
+// human or JSON, then the error, and exits 1. The store's prune stands.
+func TestDBPruneReportsWhatItDidBeforeAKeptCopyFailure(t *testing.T) {
+	for _, asJSON := range []bool{false, true} {
+		data, ref := keptCopyFolder(t)
+		require.NoError(t, os.WriteFile(filepath.Join(data, "firmware", ".embedded", "zz-not-a-folder"), []byte("x"), 0o644))
+
+		args := []string{"db", "prune", "--data", data, "--older-than", "0s"}
+		if asJSON {
+			args = append(args, "--json")
+		}
+		code, stdout, stderr := outpostBin(t, "", args...)
+		require.Equal(t, 1, code, "%s%s", stdout, stderr)
+		if asJSON {
+			var rep struct {
+				Threads     int
+				KeptRemoved *int `json:"kept_removed"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+			require.Equal(t, 1, rep.Threads, stdout)
+			require.NotNil(t, rep.KeptRemoved, stdout)
+			require.Zero(t, *rep.KeptRemoved, stdout)
+		} else {
+			require.Contains(t, stdout, "pruned 1 thread(s): ")
+		}
+		require.Contains(t, stderr, "the store was pruned (reported above), then: kept bundles: ")
+		require.Contains(t, stderr, "zz-not-a-folder")
+		require.FileExists(t, filepath.Join(keptDir(data, ref), "manifest.json"))
+
+		code, stdout, stderr = outpostBin(t, "", "db", "prune", "--data", data, "--older-than", "0s")
+		require.Equal(t, 1, code, "%s%s", stdout, stderr)
+		require.Contains(t, stdout, "pruned 0 thread(s): ", "the store's prune did not stand")
+	}
+}
+
+// An owner whose control socket prunes the store alone (a serve from
+// before the kept copies were reclaimed; here the store package's socket
+// with no AfterPrune) reports no kept_removed: db prune through it says
+// the copies were not looked at and what to do, and --json gives null,
+// not 0. The copies, which no run refers to, stay.
+func TestDBPruneThroughAnOwnerThatDoesNotReclaimKeptCopies(t *testing.T) {
+	data, ref := keptCopyFolder(t)
+	forgetRuns(t, data)
+	serveStore(t, data)
+
+	code, stdout, stderr := outpostBin(t, "", "db", "prune", "--data", data, "--older-than", "0s")
+	require.Zero(t, code, "%s%s", stdout, stderr)
+	require.Contains(t, stdout, "pruned 1 thread(s): ")
+	require.Contains(t, stdout, "the kept copies of embedded bundles in "+filepath.Join(data, "firmware", ".embedded")+
+		" were not looked at: the store's owner (serve, or run) did not report them (an older binary?); "+
+		"to remove those no run refers to, run outpost db prune --data "+data+" with it stopped, or upgrade it\n")
+	require.NotContains(t, stdout, "kept copy(ies)")
+
+	code, stdout, stderr = outpostBin(t, "", "db", "prune", "--data", data, "--older-than", "0s", "--json")
+	require.Zero(t, code, "%s%s", stdout, stderr)
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+	kept, ok := rep["kept_removed"]
+	require.True(t, ok, "kept_removed left out: %s", stdout)
+	require.Nil(t, kept, "kept_removed: %s", stdout)
+	require.FileExists(t, filepath.Join(keptDir(data, ref), "manifest.json"))
 }
