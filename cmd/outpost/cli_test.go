@@ -188,6 +188,42 @@ func TestRunToolsFlag(t *testing.T) {
 	require.Contains(t, stderr, "cannot have tool - here")
 }
 
+// The reference tools agent answers a refused call in words of its own,
+// not by pasting the refusal where the tool's result would go ("Here is
+// the clinic's clock: refused: ..."): the clock and the medication guide
+// refused by the request, and a follow-up the operator declined.
+func TestReferenceToolsAgentAnswersARefusedCallPlainly(t *testing.T) {
+	data := t.TempDir()
+	output := func(stdout string) string {
+		t.Helper()
+		_, out, ok := strings.Cut(stdout, "\noutput: ")
+		require.True(t, ok, stdout)
+		return strings.TrimSpace(out)
+	}
+	code, stdout, stderr := outpostBin(t, "", "run", "--data", data, "--thread", "clock", "--agent", "medication-adherence-tools",
+		"--tools", "kb_search", "what time is it today for my metformin")
+	require.Zero(t, code, stderr)
+	require.Equal(t, `I cannot read the clinic's clock just now (refused: tool "current_time" is not available). `+
+		"Take your doses at the times on your label.", output(stdout))
+	code, stdout, stderr = outpostBin(t, "", "run", "--data", data, "--thread", "guide", "--agent", "medication-adherence-tools",
+		"--tools", "current_time", "what is the dose of metformin")
+	require.Zero(t, code, stderr)
+	require.Equal(t, `I cannot look metformin up in the medication guide just now (refused: tool "kb_search" is not available). `+
+		"Please ask the clinic's pharmacist, or read the leaflet that came with your medicine.", output(stdout))
+
+	code, stdout, stderr = outpostBin(t, "", "run", "--data", data, "--thread", "call", "--agent", "medication-adherence-tools",
+		"--json", "please schedule a reminder call")
+	require.Zero(t, code, stderr)
+	var run struct{ ID, Status string }
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &run), stdout)
+	require.Equal(t, "interrupted", run.Status)
+	code, stdout, stderr = outpostBin(t, "", "resume", "--data", data, "--decision", "reject", "--by", "nurse", "--reason", "no desk today", run.ID)
+	require.Zero(t, code, stderr)
+	require.Equal(t, `I could not schedule the follow-up call (refused: the call to "schedule_followup" was not run (declined by the operator)). `+
+		"Please call the clinic to arrange it.", output(stdout))
+}
+
 // db check --file on a damaged backup gives advice that fits a backup:
 // not "restore the last backup" (it is the backup), nor, for an empty one,
 // "remove the file and start again" (that is a new appliance's store).

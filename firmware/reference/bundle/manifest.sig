@@ -1,1 +1,1 @@
-outpost-ed25519-v1 ed25519-34d1faf7f4b3cd18 5bVcNoych17og6VZhUYUZl/KICrnFUiS/6enO+Y5BidhSF16ug4ip9zASOJuVielxu4NX53jdYsoTQWwu3PHAw==
+outpost-ed25519-v1 ed25519-34d1faf7f4b3cd18 gJkX9ve81eVq2Urumf6Q/I/eoStvx7nSmzLEZYsZTAp8LvFbOmkbXYFk+WJ1tDzQREtvOnujaEnLvUGWKjzPAQ==
