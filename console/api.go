@@ -331,9 +331,9 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) *apiError {
 		if err != nil {
 			return errorf(http.StatusInternalServerError, "resolve_failed", err.Error())
 		}
-		if len(unknown) > 0 {
-			return errorf(http.StatusUnprocessableEntity, "unknown_tool", fmt.Sprintf("agent %s cannot have tool %s here: it is not in its bundle's registry or this appliance leaves it out",
-				quote(req.Agent), strings.Join(unknown, ", ")))
+		if unknown != nil {
+			return errorf(http.StatusUnprocessableEntity, "unknown_tool", fmt.Sprintf("agent %s cannot have tool %s here: %s",
+				quote(req.Agent), strings.Join(unknown.Names, ", "), unknown.Why()))
 		}
 		rr.Meta = map[string]string{firmware.MetaTools: strings.Join(*req.Tools, ",")}
 	}

@@ -67,11 +67,13 @@ func (e *FileError) Unwrap() error { return e.Err }
 
 // UnknownToolsError refuses a run whose narrower tool set (Meta[MetaTools])
 // names tools the run could never have: not in its bundle's registry, or
-// left out by the appliance. Names lists them, sorted. It wraps
-// policy.ErrToolUnknown.
+// left out by the appliance. Names lists them, sorted; Appliance lists
+// those of them that the registry has and the appliance's restriction
+// (Runtime.Tools) leaves out. It wraps policy.ErrToolUnknown.
 type UnknownToolsError struct {
-	Agent string
-	Names []string
+	Agent     string
+	Names     []string
+	Appliance []string
 }
 
 func (e *UnknownToolsError) Error() string {
@@ -79,8 +81,30 @@ func (e *UnknownToolsError) Error() string {
 	if e.Agent != "" {
 		who = fmt.Sprintf("agent %q", e.Agent)
 	}
-	return fmt.Sprintf("%s cannot have tool %s here: it is not in its bundle's registry or this appliance leaves it out: %v",
-		who, strings.Join(e.Names, ", "), policy.ErrToolUnknown)
+	return fmt.Sprintf("%s cannot have tool %s here: %s: %v", who, strings.Join(e.Names, ", "), e.Why(), policy.ErrToolUnknown)
+}
+
+// Why says what leaves the names out: the bundle's registry, the
+// appliance, or (naming them) each for its own.
+func (e *UnknownToolsError) Why() string {
+	byAppliance := map[string]bool{}
+	for _, n := range e.Appliance {
+		byAppliance[n] = true
+	}
+	var registry []string
+	for _, n := range e.Names {
+		if !byAppliance[n] {
+			registry = append(registry, n)
+		}
+	}
+	switch {
+	case len(registry) == 0:
+		return "this appliance does not allow it"
+	case len(e.Appliance) == 0:
+		return "it is not in its bundle's registry"
+	}
+	return fmt.Sprintf("its bundle's registry lacks %s, and this appliance does not allow %s",
+		strings.Join(registry, ", "), strings.Join(e.Appliance, ", "))
 }
 
 func (e *UnknownToolsError) Unwrap() error { return policy.ErrToolUnknown }

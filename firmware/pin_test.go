@@ -101,15 +101,28 @@ func TestUnknownToolInNarrowerSetRefusedAtStart(t *testing.T) {
 	m := engine.NewManager(db, firmware.BundleResolver(b), engine.ManagerOptions{})
 	defer m.Close()
 	ask, _ := json.Marshal("I forgot my metformin dose")
-	for _, tools := range []string{"kb_search,kb_serch", "record_note"} {
+	// The error says which layer leaves each name out.
+	for _, tc := range []struct {
+		tools            string
+		names, appliance []string
+		why              string
+	}{
+		{"kb_search,kb_serch", []string{"kb_serch"}, nil, "cannot have tool kb_serch here: it is not in its bundle's registry: "},
+		{"record_note", []string{"record_note"}, []string{"record_note"}, "cannot have tool record_note here: this appliance does not allow it: "},
+		{"record_note,kb_serch", []string{"kb_serch", "record_note"}, []string{"record_note"},
+			"cannot have tool kb_serch, record_note here: its bundle's registry lacks kb_serch, and this appliance does not allow record_note: "},
+	} {
 		_, err := m.Invoke(ctx, engine.RunRequest{Thread: "t", Agent: firmware.ReferenceToolsAgent, Input: ask,
-			Meta: map[string]string{firmware.MetaTools: tools}})
+			Meta: map[string]string{firmware.MetaTools: tc.tools}})
 		var unknown *firmware.UnknownToolsError
 		if !errors.As(err, &unknown) || !errors.Is(err, policy.ErrToolUnknown) {
-			t.Fatalf("tools %q: got %v, want an UnknownToolsError", tools, err)
+			t.Fatalf("tools %q: got %v, want an UnknownToolsError", tc.tools, err)
 		}
-		if want := strings.Split(tools, ",")[len(strings.Split(tools, ","))-1]; len(unknown.Names) != 1 || unknown.Names[0] != want {
-			t.Fatalf("tools %q: names %v, want [%s]", tools, unknown.Names, want)
+		if !slices.Equal(unknown.Names, tc.names) || !slices.Equal(unknown.Appliance, tc.appliance) {
+			t.Fatalf("tools %q: names %v, appliance %v; want %v, %v", tc.tools, unknown.Names, unknown.Appliance, tc.names, tc.appliance)
+		}
+		if !strings.Contains(err.Error(), tc.why) {
+			t.Fatalf("tools %q: %v, want it to say %q", tc.tools, err, tc.why)
 		}
 	}
 	runs, err := db.Runs(ctx, engine.RunFilter{})

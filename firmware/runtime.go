@@ -188,7 +188,7 @@ func (b *Bundle) pinTools(run *engine.Run) error {
 		// Fail closed: a name the run could never use (a typo, a tool
 		// this appliance leaves out) is refused, not dropped from a run
 		// that then goes ahead without it.
-		return &UnknownToolsError{Agent: run.Agent, Names: ignored}
+		return unknownTools(run.Agent, set)
 	}
 	raw, err := set.MarshalJSON()
 	if err != nil {
@@ -198,39 +198,44 @@ func (b *Bundle) pinTools(run *engine.Run) error {
 	return nil
 }
 
-// UnknownTools returns the names of a request's tool override that the
+// unknownTools is the error for the override's names that set ignored,
+// saying which of them the appliance's restriction left out.
+func unknownTools(agent string, set *policy.ActiveSet) *UnknownToolsError {
+	e := &UnknownToolsError{Agent: agent, Names: set.Ignored()}
+	for _, n := range e.Names {
+		if set.ExcludedBy(n) == policy.LayerAppliance {
+			e.Appliance = append(e.Appliance, n)
+		}
+	}
+	return e
+}
+
+// UnknownTools refuses the names of a request's tool override that the
 // agent's active tool set cannot hold: not in the bundle's registry, or
 // left out by the appliance's restriction. It resolves the set as the run
 // would open (the agent's Pin, on a run that is never stored, so that a
 // request can be refused before anything starts), which refuses the names
-// the override gives in vain. An agent without a Pin has no tool registry,
-// so every name is unknown to it.
-func UnknownTools(ag *engine.Agent, names []string) ([]string, error) {
+// the override gives in vain; it returns nil when there are none. An agent
+// without a Pin has no tool registry, so every name is unknown to it.
+func UnknownTools(ag *engine.Agent, names []string) (*UnknownToolsError, error) {
 	if len(names) == 0 {
 		return nil, nil
 	}
 	if ag.Pin == nil {
-		return names, nil
+		return &UnknownToolsError{Agent: ag.Name, Names: names}, nil
 	}
 	probe := &engine.Run{Agent: ag.Name, Bundle: ag.Bundle, Meta: map[string]string{MetaTools: strings.Join(names, ",")}}
 	if err := ag.Pin(probe); err != nil {
 		var unknown *UnknownToolsError
 		if errors.As(err, &unknown) {
-			return unknown.Names, nil
+			return unknown, nil
 		}
 		return nil, err
 	}
-	raw, ok := probe.Meta[MetaActiveTools]
-	if !ok {
+	if _, ok := probe.Meta[MetaActiveTools]; !ok {
 		return nil, fmt.Errorf("agent %q pins no active tool set", ag.Name)
 	}
-	var set struct {
-		Ignored *[]string `json:"ignored"`
-	}
-	if err := json.Unmarshal([]byte(raw), &set); err != nil || set.Ignored == nil {
-		return nil, fmt.Errorf("agent %q: read its active tool set: %v", ag.Name, err)
-	}
-	return *set.Ignored, nil
+	return nil, nil
 }
 
 // ActiveTools returns the run's active tool set: the one pinned on the run
@@ -270,7 +275,7 @@ func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run st
 			return nil, err
 		}
 		if ignored := set.Ignored(); len(ignored) > 0 {
-			return nil, &UnknownToolsError{Names: ignored}
+			return nil, unknownTools("", set)
 		}
 	}
 	return rt.pinned.put(run, set), nil

@@ -96,6 +96,11 @@ func (a *ActiveSet) Tools() []Tool {
 // layers above did not allow them, sorted.
 func (a *ActiveSet) Ignored() []string { return append([]string(nil), a.ignored...) }
 
+// ExcludedBy returns the layer that left name out of the set, a tool of
+// the ceiling ("appliance" or "request"), or "" for a tool in the set or
+// one the ceiling lacks.
+func (a *ActiveSet) ExcludedBy(name string) string { return a.excluded[name] }
+
 // CheckResult is the verdict on one tool call.
 type CheckResult struct {
 	Allowed bool

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -623,4 +624,92 @@ func recoverRuns(ctx context.Context, m *engine.Manager, resolve engine.Resolver
 		err = nil
 	}
 	return n, err
+}
+
+// applianceToolsFlag adds --appliance-tools, the appliance's restriction
+// of every run's tools (firmware.Runtime.Tools), to a command that starts
+// or resumes runs.
+func applianceToolsFlag(fs *flag.FlagSet) *toolsFlag {
+	f := &toolsFlag{}
+	fs.Var(f, "appliance-tools", "allow the runs only these `NAMES` of their bundle's tools (comma-separated; \"\" for none; a name that no bundle here has is refused); "+
+		"without it, every tool of the bundle's registry; a run keeps the set it started with")
+	return f
+}
+
+// restriction is the flag's names as firmware.Runtime.Tools takes them:
+// nil when the flag is left out, no restriction.
+func (f *toolsFlag) restriction() []string {
+	if !f.set {
+		return nil
+	}
+	return firmware.ParseToolList(f.names)
+}
+
+// checkApplianceTools refuses --appliance-tools naming a tool that no
+// bundle this appliance can run has: the embedded bundle and every
+// installed version, active or not, since runs pinned to any of them may
+// resume here, and an operator may activate another. A name that only
+// some of them have is fine: the restriction leaves the others whole
+// there (policy.Resolve ignores it). It loads what lb lacks of the
+// bundles, for lb.rt, and returns lb with it, so that the command's
+// session does not load them again.
+func checkApplianceTools(dir string, lb loadedBundles) (loadedBundles, error) {
+	if lb.rt.Tools == nil {
+		return lb, nil
+	}
+	var err error
+	if lb.ref == nil {
+		if lb.ref, err = firmware.ReferenceWithRuntime(lb.rt); err != nil {
+			return lb, err
+		}
+	}
+	if lb.in == nil {
+		if lb.in, err = openInstalled(dir, lb.rt); err != nil {
+			return lb, err
+		}
+	}
+	known := map[string]bool{}
+	add := func(b *firmware.Bundle) {
+		if b.Registry != nil {
+			for _, n := range b.Registry.Names() {
+				known[n] = true
+			}
+		}
+	}
+	add(lb.ref)
+	if lb.in != nil {
+		for _, rec := range lb.in.List() {
+			// One that cannot be opened cannot run either.
+			if b, err := lb.in.Open(rec.Name, rec.Version); err == nil {
+				add(b)
+			}
+		}
+	}
+	var unknown []string
+	for _, n := range lb.rt.Tools {
+		if !known[n] {
+			unknown = append(unknown, n)
+		}
+	}
+	if len(unknown) == 0 {
+		return lb, nil
+	}
+	names := make([]string, 0, len(known))
+	for n := range known {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return lb, badUsage("--appliance-tools: no bundle this appliance can run has tool %s (its bundles have: %s)",
+		strings.Join(unknown, ", "), strings.Join(names, ", "))
+}
+
+// describeApplianceTools is serve's start line for --appliance-tools.
+func describeApplianceTools(tools []string) string {
+	switch {
+	case tools == nil:
+		return "tools: every tool of the run's bundle (no --appliance-tools restriction)"
+	case len(tools) == 0:
+		return "tools: none; the appliance allows runs no tool (--appliance-tools \"\")"
+	}
+	return "tools: the appliance allows runs only " + strings.Join(tools, ", ") + " (--appliance-tools)"
 }

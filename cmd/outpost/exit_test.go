@@ -332,14 +332,22 @@ func TestRunChecksAgentAndToolsAgainstInstalledBundles(t *testing.T) {
 	require.Regexp(t, `tool\.called +generate_response +\{"args"`, stdout)
 }
 
+// exportedBundle exports the embedded bundle to dir/clinic, for a test to
+// change, sign and install into dir/data.
+func exportedBundle(t *testing.T, dir string) (data, b string) {
+	t.Helper()
+	data, b = filepath.Join(dir, "data"), filepath.Join(dir, "clinic")
+	code, _, stderr := outpostBin(t, dir, "firmware", "export", b)
+	require.Zero(t, code, stderr)
+	return data, b
+}
+
 // An unknown agent's error lists the agents new runs have: with a bundle
 // installed, its agents (and the bench workload's), not the embedded
 // bundle's, which new runs no longer use.
 func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
 	dir := t.TempDir()
-	data, b := filepath.Join(dir, "data"), filepath.Join(dir, "clinic")
-	code, _, stderr := outpostBin(t, dir, "firmware", "export", b)
-	require.Zero(t, code, stderr)
+	data, b := exportedBundle(t, dir)
 	// A bundle of one agent: the reference without its tools agent, and
 	// without the golden conversations, some of which are the tools agent's.
 	mf := filepath.Join(b, "manifest.json")
@@ -357,7 +365,7 @@ func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
 	require.NoError(t, os.RemoveAll(filepath.Join(b, "golden")))
 	devKey, err := filepath.Abs(filepath.Join("..", "..", "testdata", "keys", "dev.key"))
 	require.NoError(t, err)
-	code, _, stderr = outpostBin(t, dir, "firmware", "sign", "--key", devKey, b)
+	code, _, stderr := outpostBin(t, dir, "firmware", "sign", "--key", devKey, b)
 	require.Zero(t, code, stderr)
 	code, _, stderr = outpostBin(t, dir, "firmware", "install", "--data", data, "--trust-dev-key", b)
 	require.Zero(t, code, stderr)

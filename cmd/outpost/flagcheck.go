@@ -99,21 +99,25 @@ func checkKeysFlag(keys string) error {
 // agent's registry. The bundles installed in dir are read for it (no store
 // is opened); where they cannot be read, or none is installed and the
 // folder does not say so yet, the run itself says what is wrong. The
-// bundles are loaded for rt, and it returns what it loaded, for the run's
-// session to run, so that they are not verified or compiled again.
-func checkNewRun(dir, thread, agent string, tools *toolsFlag, rt *firmware.Runtime) (loadedBundles, error) {
-	lb := loadedBundles{rt: rt}
+// bundles are loaded for lb.rt (what lb holds loaded already is used as
+// it is), and it returns what it loaded, for the run's session to run, so
+// that they are not verified or compiled again.
+func checkNewRun(dir, thread, agent string, tools *toolsFlag, lb loadedBundles) (loadedBundles, error) {
 	if thread == "" {
 		return lb, badUsage("--thread is empty: name the thread (conversation) to run the turn on, or leave --thread out for \"default\"")
 	}
 	var resolve engine.Resolver
 	var err error
-	if lb.ref, err = firmware.ReferenceWithRuntime(rt); err != nil {
-		return loadedBundles{rt: rt}, nil
+	if lb.ref == nil {
+		if lb.ref, err = firmware.ReferenceWithRuntime(lb.rt); err != nil {
+			return loadedBundles{rt: lb.rt}, nil
+		}
 	}
 	if _, serr := os.Stat(filepath.Join(dir, "firmware")); serr != nil {
 		resolve, err = referenceResolver(lb.ref) // nothing installed: the embedded bundle's agents and the bench's
-	} else if lb.in, err = openInstaller(dir, rt); err == nil {
+	} else if lb.in != nil {
+		resolve, err = applianceResolver(dir, lb, nil, true, keepPinning)
+	} else if lb.in, err = openInstaller(dir, lb.rt); err == nil {
 		resolve, err = applianceResolver(dir, lb, nil, true, keepPinning)
 	}
 	if err != nil {
@@ -127,10 +131,11 @@ func checkNewRun(dir, thread, agent string, tools *toolsFlag, rt *firmware.Runti
 		return lb, nil
 	}
 	unknown, err := firmware.UnknownTools(ag, firmware.ParseToolList(tools.names))
-	if err != nil || len(unknown) == 0 {
+	if err != nil || unknown == nil {
 		return lb, nil
 	}
-	return lb, badUsage("--tools: %v", &firmware.UnknownToolsError{Agent: agent, Names: unknown})
+	unknown.Agent = agent
+	return lb, badUsage("--tools: %v", unknown)
 }
 
 // givenAs is the name under which the command line set the flag name: an

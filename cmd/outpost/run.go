@@ -20,7 +20,6 @@ import (
 	"github.com/outpost-edge/outpost/internal/wiring"
 	"github.com/outpost-edge/outpost/models"
 	"github.com/outpost-edge/outpost/models/ollama"
-	"github.com/outpost-edge/outpost/policy"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -180,19 +179,10 @@ func ollamaReachable(ctx context.Context, base string) error {
 	return nil
 }
 
-// runtimeFor is what model nodes run with in a store-backed session: calls
-// recorded in the store, notes and follow-ups in files beside it, and the
-// appliance's budget.
-func runtimeFor(db *store.DB, dir string, p models.Provider, model string, budget policy.Budget) (*firmware.Runtime, error) {
-	rt := &firmware.Runtime{Budget: budget}
-	if err := bindRuntime(rt, db, dir, p, model); err != nil {
-		return nil, err
-	}
-	return rt, nil
-}
-
-// bindRuntime gives rt, made with its budget before the store was open,
-// the rest of what runtimeFor gives. Bundles loaded for rt read these
+// bindRuntime gives rt, made with the appliance's budget and tool
+// restriction before the store was open, what model nodes run with in a
+// store-backed session: calls recorded in the store, notes and follow-ups
+// in files beside it. Bundles loaded for rt read these
 // fields when a node runs, not when they are compiled, so a command may
 // check its agent on bundles loaded for rt before it opens the store, and
 // run them once it has.
@@ -315,6 +305,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	durability := fs.String("durability", "sync", "when to commit, `sync|exit`: sync, every step; exit, only when the run ends or pauses")
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
 	bc := budgetFlags(fs.FlagSet, true)
+	applianceTools := applianceToolsFlag(fs.FlagSet)
 	fs.About = runAbout
 	if err := fs.parse(args, true); err != nil {
 		return err
@@ -340,8 +331,12 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	// The bundles that the check loads are loaded for the runtime the
 	// session binds to the store, and the session runs them as loaded.
-	lb, err := checkNewRun(*data, *thread, *agentName, &tools, &firmware.Runtime{Budget: budget})
+	rt := &firmware.Runtime{Budget: budget, Tools: applianceTools.restriction()}
+	lb, err := checkApplianceTools(*data, loadedBundles{rt: rt})
 	if err != nil {
+		return err
+	}
+	if lb, err = checkNewRun(*data, *thread, *agentName, &tools, lb); err != nil {
 		return err
 	}
 	input, _ := json.Marshal(strings.Join(fs.Args(), " "))
@@ -529,6 +524,7 @@ take leaves it waiting.`
 	asJSON := fs.Bool("json", false, "print events and the run as JSON lines")
 	mc := modelFlags(fs.FlagSet)
 	bc := budgetFlags(fs.FlagSet, true)
+	applianceTools := applianceToolsFlag(fs.FlagSet)
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -555,7 +551,15 @@ take leaves it waiting.`
 	if err := runArg(pos[0]); err != nil {
 		return err
 	}
-	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc, loadedBundles{})
+	budget, err := bc.budget()
+	if err != nil {
+		return err
+	}
+	lb, err := checkApplianceTools(*data, loadedBundles{rt: &firmware.Runtime{Budget: budget, Tools: applianceTools.restriction()}})
+	if err != nil {
+		return err
+	}
+	s, err := openSession(ctx, *data, false, engine.DurabilitySync, stdout, stderr, *asJSON, mc, bc, lb)
 	if err != nil {
 		return err
 	}

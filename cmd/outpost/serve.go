@@ -63,7 +63,7 @@ func consoleUplink(db *store.DB, up *uplink.Uplink) func(context.Context) (*cons
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newCmdFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--ollama-keep-alive D] [--ollama-stall-timeout D] [--tls-cert FILE --tls-key FILE] [--allow-host NAME] [--workers N] [--max-run-time DURATION] [--max-tokens N] [--max-recoveries N] [--max-alone-time DURATION] [--max-suspect-wait DURATION] [--uplink URL --uplink-secret FILE] [--appliance-id ID]", stdout, stderr)
+	fs := newCmdFlags("serve", "serve [--data DIR] [--listen ADDR] [--model scripted|ollama:NAME] [--ollama URL] [--ollama-keep-alive D] [--ollama-stall-timeout D] [--tls-cert FILE --tls-key FILE] [--allow-host NAME] [--workers N] [--max-run-time DURATION] [--max-tokens N] [--max-recoveries N] [--max-alone-time DURATION] [--max-suspect-wait DURATION] [--appliance-tools NAMES] [--uplink URL --uplink-secret FILE] [--appliance-id ID]", stdout, stderr)
 	fs.About = `Serve the HTTP API (/api/v1), its event stream and the operator console page, on
 --listen (http://127.0.0.1:7070/ unless told). The page and the API take a bearer token,
 made at the first start: outpost token prints it. While serve runs it owns the data
@@ -80,6 +80,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	applianceID := fs.String("appliance-id", "", "this appliance's `ID` upstream (default: the store's)")
 	upSecret := fs.String("uplink-secret", "", "`FILE` holding the HMAC secret shared with the collector")
 	bc := budgetFlags(fs.FlagSet, true)
+	tools := applianceToolsFlag(fs.FlagSet)
 	if err := fs.parse(args, false); err != nil {
 		return err
 	}
@@ -127,6 +128,13 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	if err := checkApplianceIDFlag(*applianceID); err != nil {
 		return err
 	}
+	// The runtime is bound to the store once it is open; the bundles the
+	// check loads for it are the ones served.
+	rt := &firmware.Runtime{Budget: budget, Tools: tools.restriction()}
+	lb, err := checkApplianceTools(*data, loadedBundles{rt: rt})
+	if err != nil {
+		return err
+	}
 	// The address is taken first: one that is in use stops serve before
 	// it makes a data folder or a store, or says anything else.
 	l, err := net.Listen("tcp", *listen)
@@ -166,8 +174,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 		return err
 	}
 	bus.StartAfter(epoch << 32)
-	rt, err := runtimeFor(db, *data, p, model, budget)
-	if err != nil {
+	if err := bindRuntime(rt, db, *data, p, model); err != nil {
 		return err
 	}
 	if sw != nil {
@@ -177,13 +184,16 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	// would repeat it at the first run.
 	// One installer and one load of the embedded bundle for both, so that
 	// each bundle is verified and compiled once.
-	in, err := openInstaller(*data, rt)
-	if err != nil {
-		return err
+	in, ref := lb.in, lb.ref
+	if in == nil {
+		if in, err = openInstaller(*data, rt); err != nil {
+			return err
+		}
 	}
-	ref, err := firmware.ReferenceWithRuntime(rt)
-	if err != nil {
-		return err
+	if ref == nil {
+		if ref, err = firmware.ReferenceWithRuntime(rt); err != nil {
+			return err
+		}
 	}
 	resolve, err := applianceResolver(*data, loadedBundles{rt: rt, in: in, ref: ref}, nil, false, keepPinning)
 	if err != nil {
@@ -205,6 +215,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 	}
 	modelHealth := modelCheck(ctx, mc, p, model, sw, stdout)
 	fmt.Fprintln(stdout, bc.describe())
+	fmt.Fprintln(stdout, describeApplianceTools(rt.Tools))
 
 	tok, created, err := console.LoadOrCreateToken(*data)
 	if err != nil {

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +49,7 @@ type serving struct {
 	url   string
 	token string
 	lines chan string // its standard output
+	head  []string    // what it printed up to its console line
 	done  chan error
 }
 
@@ -124,6 +124,7 @@ func startServeEnv(t *testing.T, bin string, env []string, data string, extra ..
 			t.Fatalf("serve printed no console line in 20s:\n%s\nstderr:\n%s", strings.Join(head, "\n"), stderr.String())
 		}
 	}
+	s.head = head
 	assert.Contains(t, stderr.String(), "falling back to the scripted model", "no Ollama: it says so plainly")
 	assert.Contains(t, strings.Join(head, "\n"), "bundle: medication-adherence")
 	assert.Contains(t, strings.Join(head, "\n"), "budgets: each run at most 15m0s of run time and 100000 tokens", "the default budgets are shown")
@@ -243,6 +244,23 @@ func TestServeAsAProcess(t *testing.T) {
 // events' types and seqs.
 func (s *serving) events(t *testing.T, runID string) (types []string, seqs []uint64) {
 	t.Helper()
+	for _, e := range s.runEvents(t, runID) {
+		types, seqs = append(types, e.Type), append(seqs, e.Seq)
+	}
+	return types, seqs
+}
+
+// sseEvent is one event of the API's stream.
+type sseEvent struct {
+	Seq  uint64
+	Type string
+	Data string
+}
+
+// runEvents reads the stream of runID's events from the first, up to the
+// outcome of its completion.
+func (s *serving) runEvents(t *testing.T, runID string) []sseEvent {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, s.url+"/api/v1/events?run="+runID, nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+s.token)
@@ -253,20 +271,31 @@ func (s *serving) events(t *testing.T, runID string) (types []string, seqs []uin
 	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
 	require.NoError(t, err)
 	defer resp.Body.Close()
+	var events []sseEvent
+	completed, recorded := false, false
 	for sc := bufio.NewScanner(resp.Body); sc.Scan(); {
 		if id, ok := strings.CutPrefix(sc.Text(), "id: "); ok {
 			n, err := strconv.ParseUint(id, 10, 64)
 			require.NoError(t, err)
-			seqs = append(seqs, n)
+			events = append(events, sseEvent{Seq: n})
 		}
+		if len(events) == 0 {
+			continue
+		}
+		e := &events[len(events)-1]
 		if typ, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
-			types = append(types, typ)
-			if slices.Contains(types, "run.completed") && slices.Contains(types, "outcome.appended") {
-				break
-			}
+			e.Type = typ
+			completed = completed || typ == "run.completed"
+			recorded = recorded || typ == "outcome.appended"
+		}
+		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			e.Data = data
+		}
+		if sc.Text() == "" && completed && recorded {
+			break
 		}
 	}
-	return types, seqs
+	return events
 }
 
 // The scripted model by default is healthy, and its health says it was the
