@@ -115,10 +115,13 @@ func checkNewRun(dir, thread, agent string, tools *toolsFlag, lb loadedBundles) 
 	}
 	if _, serr := os.Stat(filepath.Join(dir, "firmware")); serr != nil {
 		resolve, err = referenceResolver(lb.ref) // nothing installed: the embedded bundle's agents and the bench's
-	} else if lb.in != nil {
-		resolve, err = applianceResolver(dir, lb, nil, true, keepPinning)
-	} else if lb.in, err = openInstaller(dir, lb.rt); err == nil {
-		resolve, err = applianceResolver(dir, lb, nil, true, keepPinning)
+	} else {
+		if lb.in == nil {
+			lb.in, err = openInstaller(dir, lb.rt)
+		}
+		if err == nil {
+			resolve, err = applianceResolver(dir, lb, nil, true, keepPinning)
+		}
 	}
 	if err != nil {
 		return lb, nil
