@@ -37,7 +37,9 @@ type EventOptions struct {
 // node.completed events of the nodes that wrote them: the flags, as of
 // that node's step, which a read of the run later may find changed by a
 // later step. Give them to the run manager
-// (engine.ManagerOptions.EventValues).
+// (engine.ManagerOptions.EventValues). Values past
+// engine.EventValuesLimit come as "value_refs", blob refs, instead (see
+// engine.EventNodeCompleted).
 func EventValues() []string { return []string{store.FlagsChannel} }
 
 // Control message types (none is an event type).

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -595,25 +596,10 @@ func TestWebsocketResumeFromAnEarlierStart(t *testing.T) {
 // node's.
 func TestNodeCompletedCarriesTheFlagsOfItsStep(t *testing.T) {
 	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, twoGuardsGraph())
-	ctx := testCtx(t)
-	c := e.connect(ctx)
-	c.send(ctx, map[string]any{"type": "subscribe", "thread": "two-guards"})
-	if m := c.next(ctx); m["type"] != "subscribed" {
-		t.Fatalf("subscribed: %v", m)
-	}
-	r := e.do("POST", "/api/v1/threads/two-guards/runs", map[string]any{"agent": twoGuardsAgent, "input": "my chest hurts", "wait": "20s"})
-	run := r.json(t)
-	if r.status != http.StatusCreated || run["status"] != "completed" {
-		t.Fatalf("start run: %d %s", r.status, r.body)
-	}
-	evs := c.until(ctx, func(m map[string]any) bool { return m["type"] == engine.EventOutcomeAppended })
+	run, completed := watchRun(t, e, "two-guards", twoGuardsAgent, "my chest hurts")
 	got := map[string]any{}
-	for _, m := range evs {
-		if m["type"] != engine.EventNodeCompleted {
-			continue
-		}
-		d, _ := m["data"].(map[string]any)
-		got[m["node"].(string)] = d["values"]
+	for node, d := range completed {
+		got[node] = d["values"]
 	}
 	want := map[string]any{
 		"guard_pre":  map[string]any{"flags": []any{"acute"}},
@@ -627,4 +613,67 @@ func TestNodeCompletedCarriesTheFlagsOfItsStep(t *testing.T) {
 	if flags := e.do("GET", "/api/v1/runs/"+run["id"].(string), nil).json(t)["flags"]; !reflect.DeepEqual(flags, []any{"acute", "uncited"}) {
 		t.Fatalf("the run's flags: %v", flags)
 	}
+}
+
+// A guardrail's flags that take more than a checkpoint keeps inline (the
+// checkpoint holds them as a blob) still reach the stream in its
+// node.completed event; flags past what an event carries are named by the
+// ref of the blob that holds them, which the store keeps. Before, both
+// events carried no flags and said nothing of them.
+func TestNodeCompletedCarriesManyFlags(t *testing.T) {
+	e := newEnvWithAgents(t, t.TempDir(), engine.ManagerOptions{}, nil, nil, manyFlagsGraph())
+	_, completed := watchRun(t, e, "many", manyFlagsAgent, "my pills")
+	type data struct {
+		Values    map[string][]string `json:"values"`
+		ValueRefs map[string]string   `json:"value_refs"`
+	}
+	got := map[string]data{}
+	for node, d := range completed {
+		raw, _ := json.Marshal(d)
+		var v data
+		if err := json.Unmarshal(raw, &v); err != nil {
+			t.Fatalf("node.completed data: %v: %s", err, raw)
+		}
+		got[node] = v
+	}
+	pre, _ := json.Marshal(manyFlags(40))
+	if len(pre) <= engine.BlobThreshold || !reflect.DeepEqual(got["guard_pre"], data{Values: map[string][]string{"flags": manyFlags(40)}}) {
+		t.Fatalf("guard_pre's %d bytes of flags: the event has %+v", len(pre), got["guard_pre"])
+	}
+	post, _ := json.Marshal(manyFlags(engine.EventValuesLimit / 20))
+	ref := engine.RefOf(post)
+	if len(post) <= engine.EventValuesLimit || !reflect.DeepEqual(got["guard_post"], data{ValueRefs: map[string]string{"flags": ref.String()}}) {
+		t.Fatalf("guard_post's %d bytes of flags: the event has %+v, want value_refs naming %s", len(post), got["guard_post"], ref)
+	}
+	stored, err := e.db.Blob(testCtx(t), ref)
+	if err != nil || !bytes.Equal(stored, post) {
+		t.Fatalf("the blob that value_refs names: %v (%d bytes)", err, len(stored))
+	}
+}
+
+// watchRun subscribes to thread's events on the websocket, runs agent on
+// it with input to its end, and returns the run and the data of each
+// node.completed event it saw, by node.
+func watchRun(t *testing.T, e *env, thread, agent, input string) (map[string]any, map[string]map[string]any) {
+	t.Helper()
+	ctx := testCtx(t)
+	c := e.connect(ctx)
+	c.send(ctx, map[string]any{"type": "subscribe", "thread": thread})
+	if m := c.next(ctx); m["type"] != "subscribed" {
+		t.Fatalf("subscribed: %v", m)
+	}
+	r := e.do("POST", "/api/v1/threads/"+thread+"/runs", map[string]any{"agent": agent, "input": input, "wait": "20s"})
+	run := r.json(t)
+	if r.status != http.StatusCreated || run["status"] != "completed" {
+		t.Fatalf("start run: %d %s", r.status, r.body)
+	}
+	evs := c.until(ctx, func(m map[string]any) bool { return m["type"] == engine.EventOutcomeAppended })
+	out := map[string]map[string]any{}
+	for _, m := range evs {
+		if m["type"] == engine.EventNodeCompleted {
+			d, _ := m["data"].(map[string]any)
+			out[m["node"].(string)] = d
+		}
+	}
+	return run, out
 }

@@ -527,6 +527,34 @@ func twoGuardsGraph() *engine.Agent {
 	return testBundleAgent(twoGuardsAgent, g, input, func(s engine.State) any { return draft.Get(s) })
 }
 
+// manyFlagsAgent's guardrails set many flags: guard_pre more than a
+// checkpoint keeps inline (engine.BlobThreshold), guard_post more than a
+// node.completed event carries (engine.EventValuesLimit).
+const manyFlagsAgent = "many-flags"
+
+// manyFlags returns n flags of about 20 bytes each.
+func manyFlags(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("drug_interaction_%03d", i)
+	}
+	return out
+}
+
+func manyFlagsGraph() *engine.Agent {
+	b := engine.NewGraph(manyFlagsAgent)
+	input := engine.Replace[string](b, "input")
+	flags := engine.Replace[[]string](b, "flags")
+	b.AddNode("guard_pre", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{flags.Set(manyFlags(40))}, nil
+	})
+	b.AddNode("guard_post", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		return []engine.Write{flags.Set(manyFlags(engine.EventValuesLimit / 20))}, nil
+	})
+	g := compileChain(b, "guard_pre", "guard_post")
+	return testBundleAgent(manyFlagsAgent, g, input, func(s engine.State) any { return len(flags.Get(s)) })
+}
+
 // compileChain compiles b with its nodes run one after the other, in the
 // order given.
 func compileChain(b *engine.Builder, nodes ...string) *engine.Graph {

@@ -16,8 +16,10 @@ const (
 	// EventNodeCompleted's data is {"task","writes","attempts"}: the
 	// task's ID, the channels it wrote and how many attempts it took; with
 	// "values": {channel: value} for the channels of RunConfig.EventValues
-	// it wrote, each at its value after the step (left out when larger
-	// than BlobThreshold).
+	// it wrote, each at its value after the step, while they take
+	// EventValuesLimit bytes or less together; each channel past that is
+	// named in "value_refs": {channel: "xxh64:<hash>:<bytes>"}, the ref of
+	// the blob, stored with the step, that holds its value.
 	EventNodeCompleted = "node.completed"
 	EventModelToken    = "model.token"
 	EventToolCalled    = "tool.called"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -328,33 +329,88 @@ func TestBusStartAfter(t *testing.T) {
 // A node.completed event carries the channels of RunConfig.EventValues its
 // node wrote, each whole as the step left it (an append channel's earlier
 // items included), in exit durability too, where the step is announced
-// only when the run commits; a value over BlobThreshold is left out.
+// only when the run commits. Flags past BlobThreshold, which a checkpoint
+// keeps as a blob, are carried all the same; a value that does not fit in
+// EventValuesLimit is named by the ref of a blob that is stored by the time
+// the event is published. Before, any value over BlobThreshold was left out
+// of the event in silence.
 func TestNodeCompletedCarriesEventValues(t *testing.T) {
+	var many []string
+	for i := range 40 {
+		many = append(many, fmt.Sprintf("guardrail_flag_%02d", i))
+	}
+	bigValue := strings.Repeat("x", engine.EventValuesLimit)
+	bigJSON, _ := json.Marshal(bigValue)
+	manyJSON, _ := json.Marshal(many)
+	require.Greater(t, len(manyJSON), engine.BlobThreshold)
 	for _, d := range []engine.Durability{engine.DurabilitySync, engine.DurabilityExit} {
 		b := engine.NewGraph("values")
 		flags := engine.Append[string](b, "flags")
 		big := engine.Replace[string](b, "big")
 		note := engine.Replace[string](b, "note")
-		b.AddNode("a", writes(engine.Push(flags, "acute")))
-		b.AddNode("b", writes(engine.Push(flags, "uncited"), big.Set(string(make([]byte, engine.BlobThreshold+1)))))
+		b.AddNode("a", writes(engine.Push(flags, many...)))
+		b.AddNode("b", writes(engine.Push(flags, "uncited"), big.Set(bigValue)))
 		b.AddNode("c", writes(note.Set("done")))
 		b.AddEdge(engine.Start, "a").AddEdge("a", "b").AddEdge("b", "c")
 		g := mustCompile(t, b)
-		bus := engine.NewBus()
-		sub := bus.Subscribe(1000, nil)
-		_, err := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: engine.NewMemoryStore(), Durability: d,
-			Events: bus, EventValues: []string{"flags", "big", "note", "undeclared"}}, note.Set("in"))
+		store := engine.NewMemoryStore()
+		sink := &blobCheckingSink{bus: engine.NewBus(), store: store}
+		sub := sink.bus.Subscribe(1000, nil)
+		_, err := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: store, Durability: d,
+			Events: sink, EventValues: []string{"flags", "big", "note", "undeclared"}}, note.Set("in"))
 		require.NoError(t, err)
-		got := map[string]string{}
+		require.Empty(t, sink.missing, "durability %s: events named blobs not yet stored", d)
+		got, refs := map[string]string{}, map[string]map[string]string{}
 		for _, e := range drain(sub) {
 			if e.Type != engine.EventNodeCompleted {
 				continue
 			}
-			var data struct{ Values json.RawMessage }
+			var data struct {
+				Values    json.RawMessage
+				ValueRefs map[string]string `json:"value_refs"`
+			}
 			require.NoError(t, json.Unmarshal(e.Data, &data))
 			got[e.Node] = string(data.Values)
+			if data.ValueRefs != nil {
+				refs[e.Node] = data.ValueRefs
+			}
 		}
-		require.Equal(t, map[string]string{"a": `{"flags":["acute"]}`, "b": `{"flags":["acute","uncited"]}`, "c": `{"note":"done"}`},
-			got, "durability %s", d)
+		withUncited, _ := json.Marshal(append(many, "uncited"))
+		require.Equal(t, map[string]string{"a": `{"flags":` + string(manyJSON) + `}`, "b": `{"flags":` + string(withUncited) + `}`,
+			"c": `{"note":"done"}`}, got, "durability %s", d)
+		ref := engine.RefOf(bigJSON)
+		require.Equal(t, map[string]map[string]string{"b": {"big": ref.String()}}, refs, "durability %s", d)
+		stored, err := store.Blob(context.Background(), ref)
+		require.NoError(t, err)
+		require.Equal(t, string(bigJSON), string(stored))
 	}
+}
+
+// blobCheckingSink publishes to bus, after it has checked that each blob
+// a node.completed event names in value_refs is in store already.
+type blobCheckingSink struct {
+	bus     *engine.Bus
+	store   *engine.MemoryStore
+	missing []string
+}
+
+func (s *blobCheckingSink) Publish(events ...engine.Event) {
+	for _, e := range events {
+		var data struct {
+			ValueRefs map[string]string `json:"value_refs"`
+		}
+		if e.Type != engine.EventNodeCompleted || json.Unmarshal(e.Data, &data) != nil {
+			continue
+		}
+		for _, r := range data.ValueRefs {
+			ref, err := engine.ParseBlobRef(r)
+			if err == nil {
+				_, err = s.store.Blob(context.Background(), ref)
+			}
+			if err != nil {
+				s.missing = append(s.missing, r+": "+err.Error())
+			}
+		}
+	}
+	s.bus.Publish(events...)
 }

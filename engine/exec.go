@@ -784,21 +784,41 @@ func (e *execution) nodeCompletedData(r taskResult) json.RawMessage {
 	return append(b, '}')
 }
 
+// EventValuesLimit bounds the bytes of the values that one node.completed
+// event carries inline (RunConfig.EventValues). Flags are short strings, so
+// a few hundred fit in it; a value past it would make every copy of the
+// event large: the console keeps the newest 10,000 events in memory to
+// answer a client that reconnects, and sends each to every client. It is
+// the size of the previews that run listings carry (store.SummaryBytes).
+const EventValuesLimit = 8 << 10
+
 // appendValues appends ,"values":{...}: the value after the step of each
 // channel of cfg.EventValues that writes wrote, whole (an append
-// channel's too), as a checkpoint encodes it. A value over BlobThreshold,
-// which a checkpoint keeps out of line, is left out of the event too.
+// channel's too), as a checkpoint encodes it, while they fit in
+// EventValuesLimit together. A channel whose value does not fit is named
+// instead in ,"value_refs":{channel: ref}, by the ref of the blob that
+// holds its value as encoded ("xxh64:<hash>:<bytes>"), which the step's
+// commit stores, as it does the blobs of its checkpoint, before the
+// event is published. Nothing written is left out in silence.
 func (e *execution) appendValues(b []byte, writes []Write) []byte {
-	n := 0
+	n, room := 0, EventValuesLimit
+	var refs []string // channel, ref: those past the limit
 	for _, ch := range e.cfg.EventValues {
 		spec := e.g.channels[ch]
 		if spec == nil || !slices.ContainsFunc(writes, func(w Write) bool { return w.Channel == ch }) {
 			continue
 		}
 		v, err := spec.encode(e.vals[ch])
-		if err != nil || len(v) > BlobThreshold {
+		if err != nil {
+			continue // the step's checkpoint fails to encode it as well
+		}
+		if len(v) > room {
+			ref := RefOf(v)
+			e.blobBuf[ref] = v
+			refs = append(refs, ch, ref.String())
 			continue
 		}
+		room -= len(v)
 		if n == 0 {
 			b = append(b, `,"values":{`...)
 		} else {
@@ -810,6 +830,19 @@ func (e *execution) appendValues(b []byte, writes []Write) []byte {
 		b = append(b, v...)
 	}
 	if n > 0 {
+		b = append(b, '}')
+	}
+	for i := 0; i < len(refs); i += 2 {
+		if i == 0 {
+			b = append(b, `,"value_refs":{`...)
+		} else {
+			b = append(b, ',')
+		}
+		b = AppendJSONString(b, refs[i])
+		b = append(b, ':')
+		b = AppendJSONString(b, refs[i+1])
+	}
+	if len(refs) > 0 {
 		b = append(b, '}')
 	}
 	return b

@@ -1065,8 +1065,9 @@ function onEvent(e) {
   }
   // The event carries the flags as of its own step (the appliance's
   // EventValues); the run, read again, brings the list and its view up to
-  // date. An event without them (a value too large to carry) is named
-  // from that read, which a later step may have overtaken.
+  // date. An event without them (flags too large to carry, which it names
+  // under value_refs) is named from that read, which a later step may have
+  // overtaken.
   if (writesFlags(e)) {
     const at = flagsAtStep(e);
     if (at) e.flags = at;

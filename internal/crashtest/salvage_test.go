@@ -114,19 +114,29 @@ func TestSalvagedRunAsksAboutAToolCallOfALostTransaction(t *testing.T) {
 // leaves. The run then goes on to its end, and m and db are closed.
 func imageInToolCall(t *testing.T, dir string, db *store.DB, m *engine.Manager, tool *holdingTool) (*engine.Run, []byte) {
 	t.Helper()
-	ctx := context.Background()
 	tool.hold.Store(true)
 	input, _ := json.Marshal("the letter")
-	started, err := m.Start(ctx, engine.RunRequest{Thread: "w", Agent: "writer", Input: input})
+	return imageWhileHeld(t, dir, db, m, engine.RunRequest{Thread: "w", Agent: "writer", Input: input}, tool.held,
+		func() { close(tool.release) })
+}
+
+// imageWhileHeld starts the run req asks for with m, and returns it with
+// the bytes of the store file in dir once held is sent on (a tool holds a
+// call, as imageInToolCall's does). It then calls release, waits for the
+// run to end, and closes m and db.
+func imageWhileHeld(t *testing.T, dir string, db *store.DB, m *engine.Manager, req engine.RunRequest, held <-chan struct{}, release func()) (*engine.Run, []byte) {
+	t.Helper()
+	ctx := context.Background()
+	started, err := m.Start(ctx, req)
 	require.NoError(t, err)
 	select {
-	case <-tool.held:
+	case <-held:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the tool was not called")
 	}
 	image, err := os.ReadFile(filepath.Join(dir, store.FileName))
 	require.NoError(t, err)
-	close(tool.release)
+	release()
 	_, err = m.Wait(ctx, started.ID)
 	require.NoError(t, err)
 	m.Close()
@@ -503,11 +513,5 @@ func recordsOf(t *testing.T, dir, run string) []string {
 	db, err := store.OpenDir(dir, store.Options{ReadOnly: true})
 	require.NoError(t, err)
 	defer db.Close()
-	calls, err := db.ToolCalls(context.Background(), run+":")
-	require.NoError(t, err)
-	var keys []string
-	for _, c := range calls {
-		keys = append(keys, c.Key)
-	}
-	return keys
+	return recordsOfDB(t, db, run)
 }
