@@ -753,6 +753,13 @@ func reclaimKept(ctx context.Context, dir string, in *firmware.Installer, db *st
 	}
 	removed, err := in.RemoveKept(func(ref engine.BundleRef) bool { return pins.ByBundle[ref] != nil || unstored[ref] }, keep...)
 	*rep.KeptRemoved = len(removed)
+	if err != nil {
+		return err
+	}
+	stray, err := in.StrayKept()
+	for _, p := range stray {
+		rep.Skipped = append(rep.Skipped, store.Problem{Message: strayKeptText(p)})
+	}
 	return err
 }
 
