@@ -665,12 +665,10 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 			// refers to it (the next run that pins it keeps it again).
 			return reclaimKept(ctx, dir, nil, db, nil, rep)
 		},
-		// The owner reclaims the kept copies itself (keptReclaimer).
-		func(c *store.Control) error {
-			r, err := c.Prune(ctx, olderThan)
-			if err == nil {
-				rep = r
-			}
+		// The owner reclaims the kept copies itself (keptReclaimer). A
+		// failure after the store's prune comes with its report.
+		func(c *store.Control) (err error) {
+			rep, err = c.Prune(ctx, olderThan)
 			return err
 		})
 	if rep == nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // keptDir is where the data folder data keeps the copy of the embedded
@@ -160,13 +161,22 @@ func TestDBPruneWithADamagedFirmwareIndexLeavesTheCopies(t *testing.T) {
 // be listed: a file stands where their folder belongs, which stops root
 // as it stops anyone, where a read-only folder would not) does not hide
 // what the prune did: db prune prints its report, human or JSON, then the
-// error, and exits 1. The store's prune stands.
+// error, and exits 1, whether it prunes the store itself or through the
+// process that owns it, where the failure is the owner's. The store's
+// prune stands.
 func TestDBPruneReportsWhatItDidBeforeAKeptCopyFailure(t *testing.T) {
-	for _, asJSON := range []bool{false, true} {
+	own, err := firmware.ReferenceRef()
+	require.NoError(t, err)
+	for _, c := range []struct{ asJSON, owned bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		asJSON := c.asJSON
 		data, _ := keptCopyFolder(t)
 		embedded := filepath.Join(data, "firmware", ".embedded")
 		require.NoError(t, os.Rename(embedded, embedded+"-aside"))
 		require.NoError(t, os.WriteFile(embedded, []byte("x"), 0o644))
+		if c.owned {
+			stop := serveStoreWith(t, data, func(db *store.DB) store.ControlOptions { return keptReclaimer(data, db, nil, nil, own) })
+			defer stop()
+		}
 
 		args := []string{"db", "prune", "--data", data, "--older-than", "0s"}
 		if asJSON {
@@ -186,7 +196,11 @@ func TestDBPruneReportsWhatItDidBeforeAKeptCopyFailure(t *testing.T) {
 		} else {
 			require.Contains(t, stdout, "pruned 1 thread(s): ")
 		}
-		require.Contains(t, stderr, "the store was pruned (reported above), then: kept bundles: ")
+		then := "the store was pruned (reported above), then: "
+		if c.owned {
+			then += "store owner: "
+		}
+		require.Contains(t, stderr, then+"kept bundles: ")
 		require.Contains(t, stderr, embedded+": not a directory")
 		require.FileExists(t, embedded)
 
