@@ -17,7 +17,7 @@
 //   - Installer keeps verified bundles under DATA/firmware/NAME/VERSION/
 //     with a small JSON index: Install (refusing downgrades unless allowed,
 //     and recording them), Activate, Active, List, Open and Remove (which
-//     refuses a version a run still refers to).
+//     needs who and why, and refuses a version a run still refers to).
 //   - Resolver turns an Installer into an engine.Resolver: new runs get the
 //     active version, resumed runs the exact version (and digest) they
 //     were pinned to at start.

@@ -36,6 +36,9 @@ var (
 	ErrInUse          = errors.New("bundle version is in use")
 	ErrNoActive       = errors.New("no active bundle")
 	ErrPinnedMismatch = errors.New("pinned bundle changed on disk")
+	// ErrUnexplained is a removal that does not say who removes the
+	// version and why, which the firmware log records.
+	ErrUnexplained = errors.New("a removal needs who removes the version and why")
 	// ErrPinnedMissing is ErrPinnedMismatch where the bundle a run is
 	// pinned to is not on disk at all.
 	ErrPinnedMissing error = &kindError{text: "pinned bundle not on disk", kind: ErrPinnedMismatch}

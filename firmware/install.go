@@ -586,18 +586,20 @@ func (in *Installer) verifyInstalled(rec Installed) (*verified, error) {
 }
 
 // RemoveOptions qualify one removal: who removes the version and why,
-// recorded in the log entry of the removal.
+// recorded in the log entry of the removal. Both are required.
 type RemoveOptions struct {
 	By, Reason string
 }
 
-// Remove deletes an installed version. It refuses the active version and
-// any version that inUse reports a run still refers to (ErrInUse); pass
-// a function that asks the run store.
-func (in *Installer) Remove(name string, version int64, inUse func(engine.BundleRef) bool, o ...RemoveOptions) error {
-	var opt RemoveOptions
-	if len(o) > 0 {
-		opt = o[0]
+// Remove deletes an installed version. It refuses a removal that does not
+// say who removes the version and why (ErrUnexplained: a removal is as
+// deliberate as a downgrade and cannot be undone, so the log must say),
+// the active version and any version that inUse reports a run still
+// refers to (ErrInUse); pass a function that asks the run store.
+func (in *Installer) Remove(name string, version int64, inUse func(engine.BundleRef) bool, opt RemoveOptions) error {
+	if opt.By == "" || opt.Reason == "" {
+		return fmt.Errorf("remove %s v%d: %w: RemoveOptions.By and RemoveOptions.Reason are required (by %q, reason %q)",
+			name, version, ErrUnexplained, opt.By, opt.Reason)
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()

@@ -135,7 +135,7 @@ func TestDowngrade(t *testing.T) {
 	}
 
 	// Removing v3 does not lower the bar: v1 is still a downgrade.
-	if err := in.Remove("patterns", 3, nil); err != nil {
+	if err := in.Remove("patterns", 3, nil, firmware.RemoveOptions{By: "alice", Reason: "v3 breaks refills"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := in.Install(variant(t, 1, nil), firmware.InstallOptions{}); !errors.Is(err, firmware.ErrDowngrade) {
@@ -152,15 +152,34 @@ func TestRemove(t *testing.T) {
 	if _, err := in.Install(variant(t, 2, nil), firmware.InstallOptions{Activate: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := in.Remove("patterns", 2, nil); !errors.Is(err, firmware.ErrInUse) {
+	why := firmware.RemoveOptions{By: "alice", Reason: "superseded"}
+	if err := in.Remove("patterns", 2, nil, why); !errors.Is(err, firmware.ErrInUse) {
 		t.Fatalf("remove the active version: %v", err)
 	}
 	pinned := func(ref engine.BundleRef) bool { return ref == v1.Ref() }
-	if err := in.Remove("patterns", 1, pinned); !errors.Is(err, firmware.ErrInUse) {
+	if err := in.Remove("patterns", 1, pinned, why); !errors.Is(err, firmware.ErrInUse) {
 		t.Fatalf("remove a version a run is pinned to: %v", err)
 	}
-	if err := in.Remove("patterns", 1, func(engine.BundleRef) bool { return false }); err != nil {
+	// Who and why are required, as firmware remove's --by and --reason
+	// are: refused, with nothing changed.
+	for _, o := range []firmware.RemoveOptions{{}, {By: "alice"}, {Reason: "superseded"}} {
+		err := in.Remove("patterns", 1, func(engine.BundleRef) bool { return false }, o)
+		if !errors.Is(err, firmware.ErrUnexplained) || !strings.Contains(err.Error(), "RemoveOptions.By and RemoveOptions.Reason are required") {
+			t.Fatalf("remove with %+v: %v", o, err)
+		}
+		if _, err := in.Open("patterns", 1); err != nil {
+			t.Fatalf("an unexplained removal changed something: %v", err)
+		}
+	}
+	if err := in.Remove("patterns", 1, func(engine.BundleRef) bool { return false }, why); err != nil {
 		t.Fatal(err)
+	}
+	var logged bool
+	for _, e := range in.Log() {
+		logged = logged || e.Action == "remove" && e.Version == 1 && e.By == "alice" && e.Reason == "superseded"
+	}
+	if !logged {
+		t.Fatalf("removal not in the log with who and why: %+v", in.Log())
 	}
 	if _, err := os.Stat(filepath.Join(in.Dir(), "patterns", "1")); !os.IsNotExist(err) {
 		t.Fatalf("version directory still there: %v", err)
@@ -272,7 +291,7 @@ func TestPinnedRunResumesOnItsVersion(t *testing.T) {
 			}
 		}
 		return false
-	}); !errors.Is(err, firmware.ErrInUse) {
+	}, firmware.RemoveOptions{By: "nurse", Reason: "v2 replaces it"}); !errors.Is(err, firmware.ErrInUse) {
 		t.Fatalf("removing the version a paused run is pinned to: %v", err)
 	}
 

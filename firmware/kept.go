@@ -27,6 +27,18 @@ const keptDir = ".embedded"
 
 var digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
+// keptHooks are test hooks in the listing and removal of kept copies, in
+// the spirit of the store's failpoints. They are nil in production; tests
+// set them before the call and clear them after.
+var keptHooks struct {
+	// listed runs in Kept once the copies on disk are listed, before
+	// any is checked.
+	listed func(refs []engine.BundleRef)
+	// removing runs in RemoveKept once it has found that no run refers
+	// to ref, before it renames the copy aside.
+	removing func(ref engine.BundleRef)
+}
+
 // keptPath is where the copy pinned by ref is kept, or "" for a reference
 // that no kept copy can have (it names no path under keptDir).
 func (in *Installer) keptPath(ref engine.BundleRef) string {
@@ -89,18 +101,29 @@ type Kept struct {
 // Kept lists the kept copies of embedded bundles, by name, version and
 // digest, each checked on disk as a run pinned to it would check it. It
 // waits for a copy being kept or removed in this process, so that it does
-// not take one half written or half removed for a damaged one.
+// not take one half written or half removed for a damaged one. A copy
+// another process removes meanwhile (db prune, which holds the store but
+// not this installer) is renamed aside whole before it is deleted
+// (RemoveKept): one listed that is gone when it is checked was removed, not
+// damaged, and is left out. What the folder holds that is no kept copy is
+// left out too (StrayKept names it).
 func (in *Installer) Kept() ([]Kept, error) {
 	in.keepMu.Lock()
 	defer in.keepMu.Unlock()
-	refs, err := in.keptRefs()
+	refs, _, err := in.keptRefs()
 	if err != nil {
 		return nil, err
+	}
+	if hook := keptHooks.listed; hook != nil {
+		hook(refs)
 	}
 	var list []Kept
 	for _, ref := range refs {
 		k := Kept{BundleRef: ref}
 		if _, err := in.verifyKept(ref); err != nil {
+			if _, serr := os.Lstat(in.keptPath(ref)); errors.Is(serr, fs.ErrNotExist) {
+				continue
+			}
 			k.Problem = err.Error()
 		}
 		list = append(list, k)
@@ -108,37 +131,61 @@ func (in *Installer) Kept() ([]Kept, error) {
 	return list, nil
 }
 
+// StrayKept names what the folder of kept copies holds that is no kept
+// copy (a file, a temporary or backup file an editor left, a README), by
+// its path. Kept and RemoveKept pass over it and leave it as it is; a
+// caller warns of it.
+func (in *Installer) StrayKept() ([]string, error) {
+	in.keepMu.Lock()
+	defer in.keepMu.Unlock()
+	_, stray, err := in.keptRefs()
+	return stray, err
+}
+
 // keptRefs lists the references of the kept copies on disk, by name,
-// version and digest, reading their folders' names alone.
-func (in *Installer) keptRefs() ([]engine.BundleRef, error) {
+// version and digest, reading their folders' names alone, and the paths
+// of what is there that is no copy (stray): a copy is a folder
+// NAME/VERSION-HEX, named as keptPath names it, and anything else (a file
+// where a bundle's folder belongs, a README, an editor's backup) stands
+// for no run's bundle, so it is passed over rather than fail every
+// listing and removal of the copies.
+func (in *Installer) keptRefs() (list []engine.BundleRef, stray []string, err error) {
 	root := filepath.Join(in.dir, keptDir)
 	names, err := os.ReadDir(root)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("kept bundles: %w", err)
+		return nil, nil, fmt.Errorf("kept bundles: %w", err)
 	}
-	var list []engine.BundleRef
 	for _, n := range names {
+		if !n.IsDir() || !bundleNameRE.MatchString(n.Name()) {
+			stray = append(stray, filepath.Join(root, n.Name()))
+			continue
+		}
 		copies, err := os.ReadDir(filepath.Join(root, n.Name()))
 		if err != nil {
-			return nil, fmt.Errorf("kept bundles: %w", err)
+			return nil, nil, fmt.Errorf("kept bundles: %w", err)
 		}
 		for _, c := range copies {
-			ver, hex, ok := strings.Cut(c.Name(), "-")
-			version, err := strconv.ParseInt(ver, 10, 64)
-			if !ok || err != nil || strings.HasPrefix(c.Name(), ".") {
-				continue // not a copy: a write cut short leaves .install-*, a removal .remove-*
+			if strings.HasPrefix(c.Name(), ".install-") || strings.HasPrefix(c.Name(), removingPrefix) {
+				continue // not a copy: a write cut short, or a removal
 			}
-			list = append(list, engine.BundleRef{Name: n.Name(), Version: version, Digest: "sha256:" + hex})
+			ver, hex, _ := strings.Cut(c.Name(), "-")
+			version, err := strconv.ParseInt(ver, 10, 64)
+			ref := engine.BundleRef{Name: n.Name(), Version: version, Digest: "sha256:" + hex}
+			if path := in.keptPath(ref); err != nil || !c.IsDir() || path == "" || filepath.Base(path) != c.Name() {
+				stray = append(stray, filepath.Join(root, n.Name(), c.Name()))
+				continue
+			}
+			list = append(list, ref)
 		}
 	}
 	sort.Slice(list, func(a, b int) bool {
 		x, y := list[a], list[b]
 		return x.Name < y.Name || x.Name == y.Name && (x.Version < y.Version || x.Version == y.Version && x.Digest < y.Digest)
 	})
-	return list, nil
+	return list, stray, nil
 }
 
 // RemoveKept removes the kept copies of embedded bundles that no run
@@ -150,7 +197,16 @@ func (in *Installer) keptRefs() ([]engine.BundleRef, error) {
 //
 // inUse must know every run that refers to a copy: call RemoveKept while
 // the data folder's store is held against every other process that pins
-// runs (its lock, or from the process that owns it). A copy is renamed
+// runs (its lock, or from the process that owns it). In this process a
+// run comes to refer to a kept copy only through KeepReference (a new run
+// pinned to the embedded bundle, or a run pinned to it that is resumed or
+// forked from), which takes keepMu, as RemoveKept does from its decision
+// to the deletion: a pin in between waits, finds the copy gone (kept is
+// cleared with it) and writes it again before its run goes on. A copy of
+// any other bundle (an earlier binary's) gains no run: resuming or forking
+// from a run pinned to it pins nothing new (a fork makes no run, and the
+// next run on its thread pins the bundle new runs use), and that run's
+// record already keeps the copy. A copy is renamed
 // aside (.remove-*, which is no copy's name) before it is deleted, so that
 // a removal cut short leaves no half copy that a listing would take for a
 // damaged one; the next RemoveKept deletes what one left. A copy removed
@@ -162,7 +218,7 @@ func (in *Installer) RemoveKept(inUse func(engine.BundleRef) bool, keep ...engin
 	if err := in.removeAside(); err != nil {
 		return nil, err
 	}
-	refs, err := in.keptRefs()
+	refs, _, err := in.keptRefs()
 	if err != nil {
 		return nil, err
 	}
@@ -171,6 +227,9 @@ func (in *Installer) RemoveKept(inUse func(engine.BundleRef) bool, keep ...engin
 		dir := in.keptPath(ref)
 		if dir == "" || slices.Contains(keep, ref) || inUse(ref) {
 			continue
+		}
+		if hook := keptHooks.removing; hook != nil {
+			hook(ref)
 		}
 		aside := filepath.Join(filepath.Dir(dir), removingPrefix+filepath.Base(dir))
 		if err := os.Rename(dir, aside); err != nil {

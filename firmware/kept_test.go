@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -215,5 +216,65 @@ func TestRemoveKeptLeavesTheCopiesRunsReferTo(t *testing.T) {
 	}
 	if kept, err := in.Kept(); err != nil || len(kept) != 1 || kept[0].BundleRef != own || kept[0].Problem != "" {
 		t.Fatalf("not kept again when a run pinned the bundle: %+v, %v", kept, err)
+	}
+}
+
+// What the folder of kept copies holds that is no kept copy (a file where
+// a bundle's folder of copies belongs, a README, an editor's backup, a
+// file or folder under a name that is not VERSION-HEX as a copy's is) is
+// no run's bundle: listing and removing the copies pass over it, and
+// StrayKept names it, for a warning, without failing either; it stays.
+func TestStrayFilesBesideKeptCopiesAreLeftAlone(t *testing.T) {
+	data := t.TempDir()
+	in := newInstaller(t, data)
+	if err := in.KeepReference(); err != nil {
+		t.Fatal(err)
+	}
+	own, err := firmware.ReferenceRef()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(data, "firmware", ".embedded")
+	hex := strings.TrimPrefix(own.Digest, "sha256:")
+	v := strconv.FormatInt(own.Version, 10)
+	stray := []string{
+		filepath.Join(root, "README"),
+		filepath.Join(root, own.Name, "README~"),
+		filepath.Join(root, own.Name, v+"-"+hex+".bak"),
+		filepath.Join(root, own.Name, v+"-"+strings.Repeat("ab", 32)), // a file by a copy's name
+	}
+	for _, p := range stray {
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{filepath.Join(root, "Not A Name"), filepath.Join(root, own.Name, "0"+v+"-"+hex)} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		stray = append(stray, p)
+	}
+
+	kept, err := in.Kept()
+	if err != nil || len(kept) != 1 || kept[0].BundleRef != own || kept[0].Problem != "" {
+		t.Fatalf("kept %+v, %v; want the one copy, whole", kept, err)
+	}
+	got, err := in.StrayKept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got)
+	slices.Sort(stray)
+	if !slices.Equal(got, stray) {
+		t.Fatalf("stray %q, want %q", got, stray)
+	}
+	removed, err := in.RemoveKept(func(engine.BundleRef) bool { return false })
+	if err != nil || len(removed) != 1 || removed[0] != own {
+		t.Fatalf("removed %v, %v; want the one copy", removed, err)
+	}
+	for _, p := range stray {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("a stray file went with the copies: %v", err)
+		}
 	}
 }

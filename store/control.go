@@ -122,7 +122,16 @@ func ServeControl(ctx context.Context, db *DB, dir string, live LiveRuns, opts .
 		}
 		rep, err := db.prune(r.Context(), d, time.Now(), inFlight)
 		if err == nil && o.AfterPrune != nil {
-			err = o.AfterPrune(r.Context(), rep)
+			// The store's prune has committed, whatever fails now: a
+			// client that takes it (Control.Prune) gets the report with
+			// the error, what AfterPrune did before it failed counted,
+			// as db prune prints it without serve. One that does not ask
+			// (an older binary's, whose decoding refuses an unknown
+			// field) gets the error alone, as it did.
+			if err = o.AfterPrune(r.Context(), rep); err != nil && r.URL.Query().Get(reportOnError) == "1" {
+				writeControlReport(w, rep, err)
+				return
+			}
 		}
 		writeControl(w, rep, err)
 	})
@@ -153,6 +162,25 @@ type ControlOptions struct {
 	// owner may pin a new run to at any moment); its error is the
 	// prune's.
 	AfterPrune func(ctx context.Context, rep *PruneReport) error
+}
+
+// reportOnError is the query parameter by which a client of POST /prune
+// asks for the report along with an error that follows the store's prune.
+const reportOnError = "report_on_error"
+
+// writeControlReport answers err, with the report rep of what was done
+// before it.
+func writeControlReport(w http.ResponseWriter, rep *PruneReport, err error) {
+	e := newControlError(err)
+	raw, merr := json.Marshal(rep)
+	if merr != nil {
+		writeControl(w, nil, errors.Join(err, merr))
+		return
+	}
+	e.Report = raw
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusInternalServerError)
+	_ = json.NewEncoder(w).Encode(e)
 }
 
 func writeControl(w http.ResponseWriter, v any, err error) {
@@ -251,7 +279,7 @@ func (c *Control) send(ctx context.Context, method, path string) (*http.Response
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
 		var e controlError
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxControlError))
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxControlAnswer))
 		if _, err := strictjson.Decode(body, &e); err != nil || e.Error == "" {
 			if resp.StatusCode == http.StatusNotFound {
 				// The mux's own answer: a serve started from an older
@@ -284,10 +312,26 @@ func (c *Control) Owner(ctx context.Context) (ControlOwner, error) {
 	return o, c.do(ctx, http.MethodGet, "/owner", &o)
 }
 
-// Prune runs Prune in the owning process.
+// Prune runs Prune in the owning process, then its ControlOptions.AfterPrune.
+// When AfterPrune fails, the store's prune has committed all the same: the
+// report comes back with the error, counting what AfterPrune did before it
+// failed. Another error comes with no report (nil): nothing is known to
+// have been done.
 func (c *Control) Prune(ctx context.Context, olderThan time.Duration) (*PruneReport, error) {
 	var rep PruneReport
-	return &rep, c.do(ctx, http.MethodPost, "/prune?older_than="+olderThan.String(), &rep)
+	err := c.do(ctx, http.MethodPost, "/prune?older_than="+olderThan.String()+"&"+reportOnError+"=1", &rep)
+	var re *reportedError
+	switch {
+	case err == nil:
+		return &rep, nil
+	case !errors.As(err, &re):
+		return nil, err
+	}
+	var done PruneReport
+	if _, derr := strictjson.Decode(re.report, &done); derr != nil {
+		return nil, errors.Join(err, fmt.Errorf("control socket in %s: the report with the store owner's error: %w", c.dir, derr))
+	}
+	return &done, err
 }
 
 // BackupFile writes a consistent copy of the store, taken by the owning
@@ -328,12 +372,10 @@ func (c *Control) BackupFile(ctx context.Context, path string) error {
 const streamCountHeader = "Outpost-Stream-Count"
 
 // maxControlAnswer bounds an answer the client reads from the control
-// socket, and an answer of runs the owner will build: a page of runs
-// carries their inputs and outputs whole.
+// socket, an error answer among them (one may carry a prune's report, as
+// long as the report's own answer), and an answer of runs the owner will
+// build: a page of runs carries their inputs and outputs whole.
 const maxControlAnswer = 64 << 20
-
-// maxControlError bounds an error answer.
-const maxControlError = 1 << 20
 
 // controlError is an error answer. Kind, when set, names what the error
 // is, so that the client's error matches the same sentinel (or is the same
@@ -346,6 +388,9 @@ type controlError struct {
 	Bucket string `json:"bucket,omitempty"`
 	Key    []byte `json:"key,omitempty"`
 	Cause  string `json:"cause,omitempty"`
+	// Report is what was done before the error, where a client asked for
+	// it (reportOnError).
+	Report json.RawMessage `json:"report,omitempty"`
 }
 
 // controlKinds are the errors that keep their identity across the socket.
@@ -375,6 +420,11 @@ func newControlError(err error) controlError {
 // wrote it and matches what it matched there; any other is the owner's
 // message, said to be the owner's.
 func (e controlError) err() error {
+	if len(e.Report) > 0 {
+		report := e.Report
+		e.Report = nil
+		return &reportedError{err: e.err(), report: report}
+	}
 	if e.Kind == "corrupt" {
 		return &ownerError{e.Error, &CorruptError{Bucket: e.Bucket, Key: string(e.Key), Err: errors.New(e.Cause)}}
 	}
@@ -393,6 +443,16 @@ type ownerError struct {
 
 func (e *ownerError) Error() string { return e.msg }
 func (e *ownerError) Unwrap() error { return e.err }
+
+// reportedError is an error of the store owner's that came with the report
+// of what it did before it.
+type reportedError struct {
+	err    error
+	report json.RawMessage
+}
+
+func (e *reportedError) Error() string { return e.err.Error() }
+func (e *reportedError) Unwrap() error { return e.err }
 
 // HistoryEntry is one checkpoint as a listing shows it: where it sits,
 // what made it, the channels it changed and the tasks that run next, by

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -18,11 +19,11 @@ import (
 )
 
 // serveControl serves d's control socket in dir until the test ends.
-func serveControl(t *testing.T, d *DB, dir string) *Control {
+func serveControl(t *testing.T, d *DB, dir string, opts ...ControlOptions) *Control {
 	t.Helper()
 	ctx, cancel := context.WithCancel(bg)
 	served := make(chan error, 1)
-	go func() { served <- ServeControl(ctx, d, dir, nil) }()
+	go func() { served <- ServeControl(ctx, d, dir, nil, opts...) }()
 	t.Cleanup(func() {
 		cancel()
 		require.NoError(t, <-served)
@@ -310,4 +311,53 @@ func TestControlReadsRefuseWhatTheyWouldMisread(t *testing.T) {
 		Checkpoints []struct{ ID string } `json:"checkpoints"`
 	}
 	require.ErrorContains(t, c.do(bg, http.MethodGet, "/history?thread=a", &partial), "unknown field")
+}
+
+// A prune through the control socket whose AfterPrune fails has committed
+// all the same: the client gets the report, with what AfterPrune did
+// before it failed, along with the owner's error, as db prune says it
+// without serve. A client that does not ask for the report (an older
+// binary's) gets the error as it did, with nothing its strict decoding
+// refuses.
+func TestControlPruneReportsBeforeAFailureAfterIt(t *testing.T) {
+	dir := t.TempDir()
+	d, err := OpenDir(dir, Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	// A finished thread of five checkpoints, two days old.
+	f := &pruneFixture{t: t, d: d, old: time.Now().Add(-48 * time.Hour)}
+	for i := 1; i <= 5; i++ {
+		parent := ""
+		if i > 1 {
+			parent = fmt.Sprintf("%04d", i-1)
+		}
+		f.ckpt("t", "", fmt.Sprintf("%04d", i), parent, i, engine.ChannelValue{Channel: "m", Version: uint64(i), Value: inline("1")})
+	}
+	c := serveControl(t, d, dir, ControlOptions{AfterPrune: func(_ context.Context, rep *PruneReport) error {
+		removed := 2
+		rep.KeptRemoved = &removed
+		return fmt.Errorf("kept bundles: the third copy cannot be removed")
+	}})
+
+	rep, err := c.Prune(bg, 0)
+	require.EqualError(t, err, "store owner: kept bundles: the third copy cannot be removed")
+	require.NotNil(t, rep, "the report of a prune that committed is lost")
+	assert.Equal(t, 1, rep.Threads)
+	assert.Equal(t, 4, rep.CheckpointsRemoved)
+	require.NotNil(t, rep.KeptRemoved)
+	assert.Equal(t, 2, *rep.KeptRemoved)
+
+	resp, err := c.send(bg, http.MethodPost, "/prune?older_than=0s")
+	if err == nil {
+		resp.Body.Close()
+	}
+	require.EqualError(t, err, "store owner: kept bundles: the third copy cannot be removed")
+	var re *reportedError
+	assert.False(t, errors.As(err, &re), "a report sent to a client that did not ask for it")
+
+	// An error before anything committed comes with no report.
+	require.NoError(t, d.Close())
+	rep, err = c.Prune(bg, 0)
+	require.ErrorContains(t, err, "store owner: prune store")
+	assert.Nil(t, rep)
 }

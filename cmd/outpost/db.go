@@ -665,12 +665,10 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 			// refers to it (the next run that pins it keeps it again).
 			return reclaimKept(ctx, dir, nil, db, nil, rep)
 		},
-		// The owner reclaims the kept copies itself (keptReclaimer).
-		func(c *store.Control) error {
-			r, err := c.Prune(ctx, olderThan)
-			if err == nil {
-				rep = r
-			}
+		// The owner reclaims the kept copies itself (keptReclaimer). A
+		// failure after the store's prune comes with its report.
+		func(c *store.Control) (err error) {
+			rep, err = c.Prune(ctx, olderThan)
 			return err
 		})
 	if rep == nil {
@@ -753,6 +751,13 @@ func reclaimKept(ctx context.Context, dir string, in *firmware.Installer, db *st
 	}
 	removed, err := in.RemoveKept(func(ref engine.BundleRef) bool { return pins.ByBundle[ref] != nil || unstored[ref] }, keep...)
 	*rep.KeptRemoved = len(removed)
+	if err != nil {
+		return err
+	}
+	stray, err := in.StrayKept()
+	for _, p := range stray {
+		rep.Skipped = append(rep.Skipped, store.Problem{Message: strayKeptText(p)})
+	}
 	return err
 }
 

@@ -430,6 +430,9 @@ and makes nothing in it.`
 		if err != nil {
 			return err
 		}
+		if err := warnStrayKept(in, fs.stderr); err != nil {
+			return err
+		}
 		kept = append(kept, k...)
 	}
 	// Each version is checked on disk as serve checks it before a run
@@ -510,6 +513,22 @@ and makes nothing in it.`
 			"and the runs pinned to it do not go on until the outpost binary is upgraded to that version\n", n, version)
 	}
 	return errors.Join(printKept(stdout, kept), failed)
+}
+
+// warnStrayKept says on stderr what the folder of kept copies of in holds
+// that is no kept copy, which the listing and db prune pass over.
+func warnStrayKept(in *firmware.Installer, stderr io.Writer) error {
+	stray, err := in.StrayKept()
+	for _, p := range stray {
+		fmt.Fprintf(stderr, "warning: %s\n", strayKeptText(p))
+	}
+	return err
+}
+
+// strayKeptText says what is done with p, in the folder of kept copies but
+// no kept copy.
+func strayKeptText(p string) string {
+	return fmt.Sprintf("%s is not a kept copy of an embedded bundle (a folder NAME/VERSION-SHA256): passed over, left as it is", p)
 }
 
 // printKept lists the copies kept of the embedded bundles that runs were

@@ -124,7 +124,11 @@ func TestFirmwareRemove(t *testing.T) {
 	check()
 
 	// v3, which no run refers to, goes; the log records it, with who
-	// removed it and why. The store is read, not changed.
+	// removed it and why. The store is read, not changed. A stray file
+	// beside the kept copies of embedded bundles, which remove does not
+	// look at, stops nothing.
+	require.NoError(t, os.MkdirAll(filepath.Join(data, "firmware", ".embedded"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(data, "firmware", ".embedded", "README"), []byte("x"), 0o644))
 	db, err := os.ReadFile(filepath.Join(data, "outpost.db"))
 	require.NoError(t, err)
 	code, stdout, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, "--by", "ops", "--reason", "retired", "--json", name, "3")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // keptDir is where the data folder data keeps the copy of the embedded
@@ -157,14 +158,25 @@ func TestDBPruneWithADamagedFirmwareIndexLeavesTheCopies(t *testing.T) {
 }
 
 // A failure after the store's prune has committed (the kept copies cannot
-// be listed: a file stands where a bundle's folder of copies belongs,
-// which stops root as it stops anyone, where a read-only folder would
-// not) does not hide what the prune did: db prune prints its report,
-// human or JSON, then the error, and exits 1. The store's prune stands.
+// be listed: a file stands where their folder belongs, which stops root
+// as it stops anyone, where a read-only folder would not) does not hide
+// what the prune did: db prune prints its report, human or JSON, then the
+// error, and exits 1, whether it prunes the store itself or through the
+// process that owns it, where the failure is the owner's. The store's
+// prune stands.
 func TestDBPruneReportsWhatItDidBeforeAKeptCopyFailure(t *testing.T) {
-	for _, asJSON := range []bool{false, true} {
-		data, ref := keptCopyFolder(t)
-		require.NoError(t, os.WriteFile(filepath.Join(data, "firmware", ".embedded", "zz-not-a-folder"), []byte("x"), 0o644))
+	own, err := firmware.ReferenceRef()
+	require.NoError(t, err)
+	for _, c := range []struct{ asJSON, owned bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		asJSON := c.asJSON
+		data, _ := keptCopyFolder(t)
+		embedded := filepath.Join(data, "firmware", ".embedded")
+		require.NoError(t, os.Rename(embedded, embedded+"-aside"))
+		require.NoError(t, os.WriteFile(embedded, []byte("x"), 0o644))
+		if c.owned {
+			stop := serveStoreWith(t, data, func(db *store.DB) store.ControlOptions { return keptReclaimer(data, db, nil, nil, own) })
+			defer stop()
+		}
 
 		args := []string{"db", "prune", "--data", data, "--older-than", "0s"}
 		if asJSON {
@@ -184,9 +196,13 @@ func TestDBPruneReportsWhatItDidBeforeAKeptCopyFailure(t *testing.T) {
 		} else {
 			require.Contains(t, stdout, "pruned 1 thread(s): ")
 		}
-		require.Contains(t, stderr, "the store was pruned (reported above), then: kept bundles: ")
-		require.Contains(t, stderr, "zz-not-a-folder")
-		require.FileExists(t, filepath.Join(keptDir(data, ref), "manifest.json"))
+		then := "the store was pruned (reported above), then: "
+		if c.owned {
+			then += "store owner: "
+		}
+		require.Contains(t, stderr, then+"kept bundles: ")
+		require.Contains(t, stderr, embedded+": not a directory")
+		require.FileExists(t, embedded)
 
 		code, stdout, stderr = outpostBin(t, "", "db", "prune", "--data", data, "--older-than", "0s")
 		require.Equal(t, 1, code, "%s%s", stdout, stderr)
@@ -220,4 +236,36 @@ func TestDBPruneThroughAnOwnerThatDoesNotReclaimKeptCopies(t *testing.T) {
 	require.True(t, ok, "kept_removed left out: %s", stdout)
 	require.Nil(t, kept, "kept_removed: %s", stdout)
 	require.FileExists(t, filepath.Join(keptDir(data, ref), "manifest.json"))
+}
+
+// A file in the folder of kept copies that is no kept copy (a README, an
+// editor's backup) fails neither firmware list nor db prune: both warn of
+// it and pass over it, and it stays. The copy beside it is listed whole,
+// and removed once no run refers to it.
+func TestStrayFilesBesideKeptCopiesFailNothing(t *testing.T) {
+	data, ref := keptCopyFolder(t)
+	readme := filepath.Join(data, "firmware", ".embedded", "README")
+	backup := keptDir(data, ref) + "~"
+	for _, p := range []string{readme, backup} {
+		require.NoError(t, os.WriteFile(p, []byte("x"), 0o644))
+	}
+	warning := " is not a kept copy of an embedded bundle (a folder NAME/VERSION-SHA256): passed over, left as it is"
+
+	code, stdout, stderr := outpostBin(t, "", "firmware", "list", "--data", data, "--json")
+	require.Zero(t, code, "%s%s", stdout, stderr)
+	var list struct{ Kept []firmware.Kept }
+	require.NoError(t, json.Unmarshal([]byte(stdout), &list), stdout)
+	require.Equal(t, []firmware.Kept{{BundleRef: ref}}, list.Kept)
+	require.Contains(t, stderr, "warning: "+readme+warning)
+	require.Contains(t, stderr, "warning: "+backup+warning)
+
+	forgetRuns(t, data)
+	code, stdout, stderr = outpostBin(t, "", "db", "prune", "--data", data, "--older-than", "0s")
+	require.Zero(t, code, "%s%s", stdout, stderr)
+	require.Contains(t, stdout, "removed 1 kept copy(ies) of embedded bundles that no run refers to")
+	require.Contains(t, stdout, "skipped "+readme+warning)
+	require.Contains(t, stdout, "skipped "+backup+warning)
+	require.NoDirExists(t, keptDir(data, ref))
+	require.FileExists(t, readme)
+	require.FileExists(t, backup)
 }

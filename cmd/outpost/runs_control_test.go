@@ -20,11 +20,22 @@ import (
 // control socket, until the returned func (also a cleanup) is called.
 func serveStore(t *testing.T, dir string) (stop func()) {
 	t.Helper()
+	return serveStoreWith(t, dir, nil)
+}
+
+// serveStoreWith is serveStore, with the options opts makes for the store
+// (none where nil).
+func serveStoreWith(t *testing.T, dir string, opts func(*store.DB) store.ControlOptions) (stop func()) {
+	t.Helper()
 	db, err := store.OpenDir(dir, store.Options{})
 	require.NoError(t, err)
+	var o []store.ControlOptions
+	if opts != nil {
+		o = append(o, opts(db))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- store.ServeControl(ctx, db, dir, nil) }()
+	go func() { served <- store.ServeControl(ctx, db, dir, nil, o...) }()
 	stopped := false
 	stop = func() {
 		if stopped {
