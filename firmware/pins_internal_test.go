@@ -22,7 +22,7 @@ func TestPinsAreBounded(t *testing.T) {
 	reg, err := policy.NewRegistry([]policy.Tool{{Name: "kb_search", Kind: policy.KindRead,
 		Description: "search", Schema: json.RawMessage(`{"type":"object"}`)}})
 	require.NoError(t, err)
-	set, err := policy.Resolve(reg, nil, nil)
+	set, err := policy.Resolve(reg, nil, nil, nil)
 	require.NoError(t, err)
 	raw, err := set.MarshalJSON()
 	require.NoError(t, err)

@@ -180,7 +180,7 @@ func (b *Bundle) pinTools(run *engine.Run) error {
 	if v, ok := run.Meta[MetaTools]; ok {
 		override = ParseToolList(v)
 	}
-	set, err := policy.Resolve(reg, restrict, override)
+	set, err := policy.Resolve(reg, nil, restrict, override)
 	if err != nil {
 		return fmt.Errorf("resolve the active tool set: %w", err)
 	}
@@ -271,7 +271,7 @@ func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run st
 	}
 	if set == nil {
 		var err error
-		if set, err = policy.Resolve(reg, rt.Tools, override); err != nil {
+		if set, err = policy.Resolve(reg, nil, rt.Tools, override); err != nil {
 			return nil, err
 		}
 		if ignored := set.Ignored(); len(ignored) > 0 {
