@@ -356,7 +356,7 @@ func TestReferenceToolLoop(t *testing.T) {
 	if data, _ = os.ReadFile(filepath.Join(notes, "notes.jsonl")); strings.Contains(string(data), "cough") {
 		t.Fatalf("a narrowed-away tool ran: %s", data)
 	}
-	set, err := h.rt.ActiveTools(ctx, h.bundle.Registry, r.ID)
+	set, err := h.rt.ActiveTools(ctx, h.bundle.Registry, nil, r.ID)
 	if err != nil || join(set.Names()) != "kb_search" {
 		t.Fatalf("pinned set %v %v", set, err)
 	}
