@@ -159,8 +159,7 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 		}
 		b.Golden = append(b.Golden, cs...)
 	}
-	gc := &graphCompiler{bundle: b, files: v.files, compiled: map[string]*compiledGraph{},
-		subgraphs: map[string][]string{}, toolLoops: map[string][]string{}}
+	gc := newGraphCompiler(b, v.files)
 	for _, name := range sortedKeys(m.Agents) {
 		file := m.Agents[name]
 		cg, err := gc.compile(file)

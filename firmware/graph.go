@@ -136,6 +136,12 @@ type graphCompiler struct {
 	toolLoops map[string][]string
 }
 
+// newGraphCompiler returns a compiler for the graph files of b.
+func newGraphCompiler(b *Bundle, files contents) *graphCompiler {
+	return &graphCompiler{bundle: b, files: files, compiled: map[string]*compiledGraph{},
+		subgraphs: map[string][]string{}, toolLoops: map[string][]string{}}
+}
+
 // reach returns the files an agent whose graph file is root runs, root
 // first, each once.
 func (gc *graphCompiler) reach(root string) []string {
