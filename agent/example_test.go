@@ -34,7 +34,7 @@ func ExampleToolLoop() {
 		Provider: provider, Model: "scripted",
 		Lane: policy.Lane{Agent: "assistant", Models: []string{"scripted"}},
 		ActiveTools: func(context.Context, engine.State) (*policy.ActiveSet, error) {
-			return policy.Resolve(reg, nil, []string{agent.ToolKBSearch}) // the request narrows the set
+			return policy.Resolve(reg, nil, nil, []string{agent.ToolKBSearch}) // the request narrows the set
 		},
 		Impls: map[string]agent.Tool{agent.ToolKBSearch: agent.NewKBSearch([]agent.Document{
 			{ID: "doc-1", Title: "Missed doses", Text: "Take a missed metformin dose with the next meal."}})},

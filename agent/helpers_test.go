@@ -175,7 +175,7 @@ func withOverride(names ...string) envOption {
 	return func(c *agent.LoopConfig, e *env) {
 		reg := e.reg
 		c.ActiveTools = func(context.Context, engine.State) (*policy.ActiveSet, error) {
-			return policy.Resolve(reg, nil, names)
+			return policy.Resolve(reg, nil, nil, names)
 		}
 	}
 }
@@ -247,7 +247,7 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 		Provider: sp, Model: "scripted", Lane: policy.Lane{Agent: "assistant", Models: []string{"scripted", "seq"}},
 		System: "You help with medication questions.",
 		ActiveTools: func(context.Context, engine.State) (*policy.ActiveSet, error) {
-			return policy.Resolve(reg, nil, nil)
+			return policy.Resolve(reg, nil, nil, nil)
 		},
 		Impls: impls, Log: e.log, Blobs: e.store,
 		Messages: e.messages, Answer: e.answer, Untrusted: untrusted, Tokens: e.tokens,

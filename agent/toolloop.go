@@ -56,7 +56,7 @@ type ToolInterrupt struct {
 // the decision, refuse the call it names and go on without it, so that a
 // typo in the arguments would stand for a rejection.
 func CheckToolDecision(reg *policy.Registry) (func(json.RawMessage, engine.Decision) error, error) {
-	tools, err := policy.Resolve(reg, nil, nil)
+	tools, err := policy.Resolve(reg, nil, nil, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -827,9 +828,25 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) *apiError {
 	return nil
 }
 
+// agents lists the agents offered to new runs and, for those whose bundle
+// says, each one's allowlist (BundleInfo.Allowlists: null for none).
 func (s *Server) agents(w http.ResponseWriter, r *http.Request) *apiError {
 	names := append([]string{}, s.cfg.Agents...)
-	writeJSON(w, http.StatusOK, map[string]any{"agents": names})
+	known := map[string][]string{}
+	if s.cfg.Bundles != nil {
+		for _, b := range s.cfg.Bundles() {
+			if b.Active {
+				maps.Copy(known, b.Allowlists)
+			}
+		}
+	}
+	allowlists := map[string][]string{}
+	for _, n := range names {
+		if l, ok := known[n]; ok {
+			allowlists[n] = l
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"agents": names, "allowlists": allowlists})
 	return nil
 }
 

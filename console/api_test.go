@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -748,5 +749,34 @@ func TestRunFlagsAndToolCalls(t *testing.T) {
 		if _, ok := m["tool_calls"]; ok {
 			t.Fatalf("a listed run carries its tool calls: %v", m)
 		}
+	}
+}
+
+// GET /api/v1/agents gives each agent's allowlist where its active bundle
+// says it: a list ([] for none), or null for an agent that names no tools.
+// An agent of an inactive bundle's list is not taken for one offered.
+func TestAgentsAllowlists(t *testing.T) {
+	e := newEnv(t, func(c *console.Config) {
+		c.Agents = []string{testAgent, "open", "unknown"}
+		c.Bundles = func() []console.BundleInfo {
+			return []console.BundleInfo{
+				{Name: "old", Version: 1, Active: false, Agents: []string{"unknown"}, Allowlists: map[string][]string{"unknown": {"shell"}}},
+				{Name: "test-bundle", Version: 3, Active: true, Agents: []string{testAgent, "open"},
+					Allowlists: map[string][]string{testAgent: {"kb_search"}, "open": nil}},
+			}
+		}
+	})
+	r := e.do("GET", "/api/v1/agents", nil)
+	if r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	want := `{"agents":["` + testAgent + `","open","unknown"],"allowlists":{"open":null,"` + testAgent + `":["kb_search"]}}`
+	var got, exp any
+	if err := json.Unmarshal(r.body, &got); err != nil {
+		t.Fatal(err)
+	}
+	_ = json.Unmarshal([]byte(want), &exp)
+	if !reflect.DeepEqual(got, exp) {
+		t.Fatalf("agents: %s, want %s", r.body, want)
 	}
 }

@@ -82,7 +82,12 @@ type BundleInfo struct {
 	Version int64    `json:"version"`
 	Digest  string   `json:"digest"`
 	Agents  []string `json:"agents"`
-	Active  bool     `json:"active"`
+	// Allowlists maps each agent to its allowlist: the tools of the
+	// bundle's registry it may call ([]: none), or null for an agent that
+	// names none and may call every tool of the registry. The appliance's
+	// restriction and a request's override narrow it further.
+	Allowlists map[string][]string `json:"allowlists,omitempty"`
+	Active     bool                `json:"active"`
 	// Source is "embedded" for the reference bundle built into the binary,
 	// "installed" for one installed from a file.
 	Source string `json:"source"`

@@ -40,6 +40,14 @@ type Bundle struct {
 
 	// modelLanes are the lanes the model nodes take, for checkNames.
 	modelLanes []laneUse
+	// fileTools bounds the tool loops of each graph file for a run whose
+	// agent is not known (a graph invoked without the run manager's pin,
+	// nor a run record): the allowlists of every agent that runs the file,
+	// intersected, or nil where none of them has one.
+	fileTools map[string][]string
+	// openLoops are the agents that run a tool loop and have no
+	// allowlist, with the first such node, for Warnings.
+	openLoops []openLoop
 
 	runtime     *Runtime // nil: the scripted rules, calls recorded in memory
 	runtimeInit sync.Once
@@ -151,11 +159,14 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 		}
 		b.Golden = append(b.Golden, cs...)
 	}
-	gc := &graphCompiler{bundle: b, files: v.files, compiled: map[string]*compiledGraph{}}
+	gc := newGraphCompiler(b, v.files)
 	for _, name := range sortedKeys(m.Agents) {
 		file := m.Agents[name]
 		cg, err := gc.compile(file)
 		if err != nil {
+			return nil, err
+		}
+		if err := cg.spec.checkTools(name); err != nil {
 			return nil, err
 		}
 		b.Graphs[name] = cg.spec
@@ -171,7 +182,73 @@ func load(v *verified, rt *Runtime) (*Bundle, error) {
 		b.agents[name] = a
 	}
 	b.modelLanes = gc.lanes
+	if err := b.boundToolLoops(gc); err != nil {
+		return nil, err
+	}
 	return b, nil
+}
+
+// openLoop is an agent that runs a tool loop with no allowlist.
+type openLoop struct{ agent, file, graph, node string }
+
+// boundToolLoops refuses an allowlist in a file run only as a subgraph,
+// and works out, for each graph file, the allowlists of the agents that
+// run it (fileTools) and which agents run a tool loop without one.
+func (b *Bundle) boundToolLoops(gc *graphCompiler) error {
+	agentFiles := map[string]bool{}
+	for _, f := range b.Manifest.Agents {
+		agentFiles[f] = true
+	}
+	for _, f := range sortedKeys(gc.compiled) {
+		if !agentFiles[f] {
+			if err := gc.compiled[f].spec.checkTools(""); err != nil {
+				return err
+			}
+		}
+	}
+	b.fileTools = map[string][]string{}
+	for _, name := range sortedKeys(b.Manifest.Agents) {
+		root := b.Manifest.Agents[name]
+		allow := b.Graphs[name].Allowlist()
+		for _, f := range gc.reach(root) {
+			if allow == nil && len(gc.toolLoops[f]) > 0 && (len(b.openLoops) == 0 || b.openLoops[len(b.openLoops)-1].agent != name) {
+				b.openLoops = append(b.openLoops, openLoop{agent: name, file: root, graph: gc.compiled[f].spec.Name, node: gc.toolLoops[f][0]})
+			}
+			if allow == nil {
+				continue
+			}
+			if have, ok := b.fileTools[f]; ok {
+				allow = slices.DeleteFunc(slices.Clone(allow), func(n string) bool { return !slices.Contains(have, n) })
+			}
+			b.fileTools[f] = allow
+		}
+	}
+	return nil
+}
+
+// Allowlist returns an agent's allowlist: nil when its file names no
+// tools, so that it may call every tool of the registry, and the names
+// (none for an empty list) otherwise.
+func (b *Bundle) Allowlist(agent string) []string { return b.Graphs[agent].Allowlist() }
+
+// Warnings lists what a bundle may mean otherwise than it says, though it
+// loads: each agent that runs a tool loop and names no tools, so that it
+// may call every tool of the registry.
+func (b *Bundle) Warnings() []string {
+	var out []string
+	for _, o := range b.openLoops {
+		var tools []string
+		if b.Registry != nil {
+			tools = b.Registry.Names()
+		}
+		where := fmt.Sprintf("its tool_loop node %q", o.node)
+		if o.graph != b.Graphs[o.agent].Name {
+			where += fmt.Sprintf(" (in subgraph %q)", o.graph)
+		}
+		out = append(out, fmt.Sprintf("%s: agent %q names no tools, so %s may call every tool of the registry (%s): "+
+			"list the ones it needs in \"tools\"", o.file, o.agent, where, strings.Join(tools, ", ")))
+	}
+	return out
 }
 
 // checkNames refuses a bundle whose names do not meet: an approval for a

@@ -3,6 +3,7 @@ package firmware
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/outpost-edge/outpost/policy"
@@ -70,12 +71,15 @@ func (e *FileError) Unwrap() error { return e.Err }
 
 // UnknownToolsError refuses a run whose narrower tool set (Meta[MetaTools])
 // names tools the run could never have: not in its bundle's registry, or
-// left out by the appliance. Names lists them, sorted; Appliance lists
-// those of them that the registry has and the appliance's restriction
-// (Runtime.Tools) leaves out. It wraps policy.ErrToolUnknown.
+// left out by the agent's allowlist or by the appliance. Names lists them,
+// sorted; Unlisted lists those of them that the registry has and the
+// agent's allowlist (GraphSpec.Tools) leaves out, and Appliance those that
+// the agent allows and the appliance's restriction (Runtime.Tools) leaves
+// out. It wraps policy.ErrToolUnknown.
 type UnknownToolsError struct {
 	Agent     string
 	Names     []string
+	Unlisted  []string
 	Appliance []string
 }
 
@@ -87,27 +91,38 @@ func (e *UnknownToolsError) Error() string {
 	return fmt.Sprintf("%s cannot have tool %s here: %s: %v", who, strings.Join(e.Names, ", "), e.Why(), policy.ErrToolUnknown)
 }
 
-// Why says what leaves the names out: the bundle's registry, the
-// appliance, or (naming them) each for its own.
+// Why says what leaves the names out: the bundle's registry, the agent's
+// allowlist, the appliance, or (naming them) each for its own.
 func (e *UnknownToolsError) Why() string {
-	byAppliance := map[string]bool{}
-	for _, n := range e.Appliance {
-		byAppliance[n] = true
+	other := map[string]bool{}
+	for _, n := range append(slices.Clone(e.Unlisted), e.Appliance...) {
+		other[n] = true
 	}
 	var registry []string
 	for _, n := range e.Names {
-		if !byAppliance[n] {
+		if !other[n] {
 			registry = append(registry, n)
 		}
 	}
 	switch {
-	case len(registry) == 0:
-		return "this appliance does not allow it"
-	case len(e.Appliance) == 0:
+	case len(e.Unlisted) == 0 && len(e.Appliance) == 0:
 		return "it is not in its bundle's registry"
+	case len(registry) == 0 && len(e.Unlisted) == 0:
+		return "this appliance does not allow it"
+	case len(registry) == 0 && len(e.Appliance) == 0:
+		return "the agent's allowlist leaves it out"
 	}
-	return fmt.Sprintf("its bundle's registry lacks %s, and this appliance does not allow %s",
-		strings.Join(registry, ", "), strings.Join(e.Appliance, ", "))
+	var parts []string
+	if len(registry) > 0 {
+		parts = append(parts, "its bundle's registry lacks "+strings.Join(registry, ", "))
+	}
+	if len(e.Unlisted) > 0 {
+		parts = append(parts, "the agent's allowlist leaves out "+strings.Join(e.Unlisted, ", "))
+	}
+	if len(e.Appliance) > 0 {
+		parts = append(parts, "this appliance does not allow "+strings.Join(e.Appliance, ", "))
+	}
+	return strings.Join(parts[:len(parts)-1], ", ") + ", and " + parts[len(parts)-1]
 }
 
 func (e *UnknownToolsError) Unwrap() error { return policy.ErrToolUnknown }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/outpost-edge/outpost/policy"
 )
 
 const fuzzBundle = "../testdata/bundles/patterns"
@@ -80,13 +82,32 @@ func FuzzCompileGraph(f *testing.F) {
 		}
 	}
 	f.Add([]byte(`{"name": "x", "channels": [], "nodes": [{"name": "a", "kind": "router"}], "edges": [{"from": "START", "to": "a"}]}`))
+	f.Add([]byte(`{"name": "x", "channels": [], "tools": ["kb_search", "kb_search"], "nodes": [{"name": "a", "kind": "router"}], "edges": [{"from": "START", "to": "a"}]}`))
+	f.Add([]byte(`{"name": "x", "channels": [], "tools": null, "nodes": [{"name": "a", "kind": "router"}], "edges": [{"from": "START", "to": "a"}]}`))
+	f.Add([]byte(`{"name": "x", "channels": [{"name": "m", "type": "messages", "reducer": "append"}], "tools": [],
+  "nodes": [{"name": "a", "kind": "tool_loop", "config": {"messages": "m"}}], "edges": [{"from": "START", "to": "a"}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		b := &Bundle{Manifest: &Manifest{Name: "fuzz", Version: 1}, Prompts: map[string]string{}}
-		gc := &graphCompiler{bundle: b, files: contents{"g.json": data}, compiled: map[string]*compiledGraph{}}
-		_, err := gc.compile("g.json")
+		reg, _ := policy.NewRegistry([]policy.Tool{{Name: "kb_search", Kind: policy.KindRead}})
+		b := &Bundle{Manifest: &Manifest{Name: "fuzz", Version: 1}, Prompts: map[string]string{}, Registry: reg}
+		gc := newGraphCompiler(b, contents{"g.json": data})
+		cg, err := gc.compile("g.json")
 		var fe *FileError
 		if err != nil && !errors.As(err, &fe) && !errors.Is(err, ErrMissingFile) {
 			t.Fatalf("error without a file position: %v", err)
+		}
+		if err != nil {
+			return
+		}
+		// An allowlist is either refused with a position or holds only
+		// tools of the registry, each once.
+		if err := cg.spec.checkTools("fuzz"); err != nil {
+			if !errors.As(err, &fe) || fe.Line == 0 {
+				t.Fatalf("allowlist error without a position: %v", err)
+			}
+			return
+		}
+		if l := cg.spec.Allowlist(); len(l) > 1 || (len(l) == 1 && l[0] != "kb_search") {
+			t.Fatalf("allowlist %q accepted", l)
 		}
 	})
 }
@@ -194,10 +215,12 @@ func FuzzCompileYAMLGraph(f *testing.F) {
 		}
 	}
 	f.Add([]byte("name: x\nchannels: []\nnodes: [{name: a, kind: router}]\nedges: [{from: START, to: a}]\n"))
+	f.Add([]byte("name: x\nchannels: []\ntools: ~\nnodes: [{name: a, kind: router}]\nedges: [{from: START, to: a}]\n"))
+	f.Add([]byte("name: x\nchannels: [{name: m, type: messages, reducer: append}]\ntools: [a, a]\nnodes: [{name: a, kind: tool_loop, config: {messages: m}}]\nedges: [{from: START, to: a}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		compile := func(file string, data []byte) error {
 			b := &Bundle{Manifest: &Manifest{Name: "fuzz", Version: 1}, Prompts: map[string]string{}}
-			gc := &graphCompiler{bundle: b, files: contents{file: data}, compiled: map[string]*compiledGraph{}}
+			gc := newGraphCompiler(b, contents{file: data})
 			_, err := gc.compile(file)
 			return err
 		}

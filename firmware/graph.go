@@ -1,15 +1,18 @@
 package firmware
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/internal/strictjson"
 )
 
 // Names of the graph's entry and exit in edge lists.
@@ -46,15 +49,36 @@ type GraphSpec struct {
 	// wall-time budgets per run. They narrow the appliance's (the
 	// runtime's Budget); they never widen them. They bound all of a run,
 	// its subgraphs included, and are read from an agent's own file only.
-	MaxTokens  int        `json:"max_tokens,omitempty"`
-	MaxRunTime string     `json:"max_run_time,omitempty"`
-	Nodes      []NodeSpec `json:"nodes"`
-	Edges      []EdgeSpec `json:"edges"`
+	MaxTokens  int    `json:"max_tokens,omitempty"`
+	MaxRunTime string `json:"max_run_time,omitempty"`
+	// Tools is the agent's allowlist: the tools of the bundle's registry
+	// its runs may call (policy.LayerAgent), which the appliance and the
+	// request narrow further. Nil (the field left out) allows the whole
+	// registry, as before agents named their tools; an empty list allows
+	// none. Each name must be a tool of the registry, named once. It is
+	// read from an agent's own file only: it bounds the tool loops of the
+	// agent's subgraphs too, and a file used only as a subgraph may not
+	// have one.
+	Tools *[]string  `json:"tools,omitempty"`
+	Nodes []NodeSpec `json:"nodes"`
+	Edges []EdgeSpec `json:"edges"`
 	// maxRunTime is MaxRunTime parsed.
 	maxRunTime time.Duration
 	// raised is what the graph's nodes can write to its channels as
 	// flags, set when it is compiled.
 	raised *raised
+	// checkTools checks Tools for the agent whose file this is, or, with
+	// "", refuses them in a file run only as a subgraph (see load).
+	checkTools func(agent string) error
+}
+
+// Allowlist returns the agent's allowlist: nil when its file names no
+// tools (it may use the whole registry), the names otherwise (empty: none).
+func (g *GraphSpec) Allowlist() []string {
+	if g == nil || g.Tools == nil {
+		return nil
+	}
+	return append([]string{}, (*g.Tools)...)
 }
 
 // NodeSpec is one node of a graph file: its name, its kind and the kind's
@@ -105,6 +129,33 @@ type graphCompiler struct {
 	compiled map[string]*compiledGraph
 	stack    []string  // files being compiled, for cycle detection
 	lanes    []laneUse // the lanes model nodes take, in the order compiled
+	// subgraphs lists the graph files each file runs as subgraphs, and
+	// toolLoops its tool_loop nodes: what an agent's file reaches tells
+	// which tool loops its allowlist bounds.
+	subgraphs map[string][]string
+	toolLoops map[string][]string
+}
+
+// newGraphCompiler returns a compiler for the graph files of b.
+func newGraphCompiler(b *Bundle, files contents) *graphCompiler {
+	return &graphCompiler{bundle: b, files: files, compiled: map[string]*compiledGraph{},
+		subgraphs: map[string][]string{}, toolLoops: map[string][]string{}}
+}
+
+// reach returns the files an agent whose graph file is root runs, root
+// first, each once.
+func (gc *graphCompiler) reach(root string) []string {
+	seen := map[string]bool{root: true}
+	out := []string{root}
+	for i := 0; i < len(out); i++ {
+		for _, sub := range gc.subgraphs[out[i]] {
+			if !seen[sub] {
+				seen[sub] = true
+				out = append(out, sub)
+			}
+		}
+	}
+	return out
 }
 
 // laneUse is a model node's lane, with the node's Env for where it is.
@@ -147,6 +198,8 @@ func (gc *graphCompiler) compile(path string) (*compiledGraph, error) {
 		if cg, err = gc.build(path, js); err != nil {
 			return nil, m.relocate(path, err)
 		}
+		check := cg.spec.checkTools
+		cg.spec.checkTools = func(agent string) error { return m.relocate(path, check(agent)) }
 	} else if cg, err = gc.build(path, data); err != nil {
 		return nil, err
 	}
@@ -222,6 +275,10 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		}
 		spec.maxRunTime = d
 	}
+	if off, null := nullMember(data, "tools"); null {
+		return nil, malformed(file, data, off, "", `tools: null: leave the field out for the whole registry, or write [] for no tools`)
+	}
+	spec.checkTools = func(agent string) error { return gc.checkAllowlist(file, data, pos, &spec, agent) }
 
 	// What the nodes can raise, and where other writes make it unknown.
 	raised := &raised{}
@@ -283,6 +340,7 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 				return nil, err
 			}
 			raised.include(n.Name, sub.spec.raised, channels)
+			gc.subgraphs[file] = append(gc.subgraphs[file], cfg.Graph)
 			b.AddSubgraph(n.Name, sub.graph, opts...)
 			continue
 		case KindFanout:
@@ -305,6 +363,9 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 		}
 		if n.Kind == KindReview {
 			opts = append(opts, engine.CheckDecision(checkReview))
+		}
+		if n.Kind == KindToolLoop {
+			gc.toolLoops[file] = append(gc.toolLoops[file], n.Name)
 		}
 		if n.Kind == KindToolLoop && env.Bundle.Registry != nil {
 			check, err := agent.CheckToolDecision(env.Bundle.Registry)
@@ -434,6 +495,70 @@ func (gc *graphCompiler) build(file string, data []byte) (*compiledGraph, error)
 	}
 	spec.raised = raised
 	return &compiledGraph{spec: &spec, graph: g, channels: channels, handles: handles}, nil
+}
+
+// checkAllowlist refuses, for agent, a "tools" list that names a tool
+// twice, or one the bundle's registry lacks, which could never be
+// granted: a misspelt name would keep the tool meant out of the agent's
+// reach unseen until a run is refused it. With agent "" it refuses any
+// list: the file is run only as a subgraph, where the allowlist of the
+// agent that runs it holds. Each at the name's line and column.
+func (gc *graphCompiler) checkAllowlist(file string, data []byte, pos positions, spec *GraphSpec, agent string) error {
+	if spec.Tools == nil {
+		return nil
+	}
+	if agent == "" {
+		return malformed(file, data, pos.At("tools"), "", "tools: graph %q is run only as a subgraph, and an allowlist is "+
+			"read from an agent's own file (it bounds the agent's subgraphs too): move it there", spec.Name)
+	}
+	var known []string
+	if gc.bundle.Registry != nil {
+		known = gc.bundle.Registry.Names()
+	}
+	at := func(i int) int {
+		if off := strictjson.ElementAt(data, pos["tools"], i); off >= 0 {
+			return off
+		}
+		return pos.At("tools")
+	}
+	seen := map[string]bool{}
+	for i, n := range *spec.Tools {
+		if seen[n] {
+			return malformed(file, data, at(i), "", "tools.%d: agent %q names tool %q twice", i, agent, n)
+		}
+		seen[n] = true
+		if !slices.Contains(known, n) {
+			have := "the bundle has no tool registry"
+			if len(known) > 0 {
+				have = "tools: " + strings.Join(known, ", ")
+			}
+			return malformed(file, data, at(i), "", "tools.%d: agent %q names tool %q, which is not in the bundle's registry (%s)", i, agent, n, have)
+		}
+	}
+	return nil
+}
+
+// nullMember reports whether the top-level object of data has member key
+// with the value null, and where that value is.
+func nullMember(data []byte, key string) (int, bool) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return -1, false
+	}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return -1, false
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return -1, false
+		}
+		if k == key && string(v) == "null" {
+			return int(dec.InputOffset()) - len(v), true
+		}
+	}
+	return -1, false
 }
 
 type fanoutConfig struct {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -356,7 +357,7 @@ func TestReferenceToolLoop(t *testing.T) {
 	if data, _ = os.ReadFile(filepath.Join(notes, "notes.jsonl")); strings.Contains(string(data), "cough") {
 		t.Fatalf("a narrowed-away tool ran: %s", data)
 	}
-	set, err := h.rt.ActiveTools(ctx, h.bundle.Registry, r.ID)
+	set, err := h.rt.ActiveTools(ctx, h.bundle.Registry, nil, r.ID)
 	if err != nil || join(set.Names()) != "kb_search" {
 		t.Fatalf("pinned set %v %v", set, err)
 	}
@@ -429,5 +430,45 @@ func TestReviewRefusesAnUnusableEditUpFront(t *testing.T) {
 	r, err := h.m.Wait(ctx, o.run.ID)
 	if err != nil || r.Status != engine.StatusCompleted || !strings.Contains(string(r.Output), "Please call the pharmacy.") {
 		t.Fatalf("after a usable edit: %v %s %s %s", err, r.Status, r.Output, r.Error)
+	}
+}
+
+// The reference agents name their tools: the plain assistant none, the
+// tool-loop one exactly the tools its scripted rules call; so the bundle
+// loads without a warning.
+func TestReferenceAllowlists(t *testing.T) {
+	b, err := firmware.Reference()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Allowlist(firmware.ReferenceAgent); got == nil || len(got) != 0 {
+		t.Fatalf("%s allowlist %#v, want []", firmware.ReferenceAgent, got)
+	}
+	raw, err := os.ReadFile(filepath.Join(referenceDir, "scripted", firmware.ReferenceToolsAgent+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules []struct {
+		ToolCalls []struct{ Name string } `json:"tool_calls"`
+	}
+	if err := json.Unmarshal(raw, &rules); err != nil {
+		t.Fatal(err)
+	}
+	var called []string
+	for _, r := range rules {
+		for _, c := range r.ToolCalls {
+			if !contains(called, c.Name) {
+				called = append(called, c.Name)
+			}
+		}
+	}
+	got := b.Allowlist(firmware.ReferenceToolsAgent)
+	slices.Sort(got)
+	slices.Sort(called)
+	if join(got) != join(called) {
+		t.Fatalf("%s allowlist %v, its rules call %v", firmware.ReferenceToolsAgent, got, called)
+	}
+	if w := b.Warnings(); len(w) != 0 {
+		t.Fatalf("warnings %v", w)
 	}
 }

@@ -162,8 +162,9 @@ func (rt *Runtime) provider(script *scripted.Provider, nodeModel string) (models
 const MetaActiveTools = "active_tools"
 
 // pinTools is the agents' engine.Agent.Pin: it resolves the run's active
-// tool set (the bundle's registry, narrowed by the appliance's restriction,
-// narrowed by the request's override in Meta[MetaTools]) as the run opens,
+// tool set (the bundle's registry, narrowed by the agent's allowlist, by
+// the appliance's restriction and by the request's override in
+// Meta[MetaTools]) as the run opens,
 // refuses an override naming a tool outside that set (*UnknownToolsError),
 // and stores the set on the run, so the run keeps it across restarts even if the
 // appliance's restriction changes meanwhile.
@@ -180,7 +181,7 @@ func (b *Bundle) pinTools(run *engine.Run) error {
 	if v, ok := run.Meta[MetaTools]; ok {
 		override = ParseToolList(v)
 	}
-	set, err := policy.Resolve(reg, restrict, override)
+	set, err := policy.Resolve(reg, b.Allowlist(run.Agent), restrict, override)
 	if err != nil {
 		return fmt.Errorf("resolve the active tool set: %w", err)
 	}
@@ -199,11 +200,15 @@ func (b *Bundle) pinTools(run *engine.Run) error {
 }
 
 // unknownTools is the error for the override's names that set ignored,
-// saying which of them the appliance's restriction left out.
+// saying which of them the agent's allowlist and the appliance's
+// restriction left out.
 func unknownTools(agent string, set *policy.ActiveSet) *UnknownToolsError {
 	e := &UnknownToolsError{Agent: agent, Names: set.Ignored()}
 	for _, n := range e.Names {
-		if set.ExcludedBy(n) == policy.LayerAppliance {
+		switch set.ExcludedBy(n) {
+		case policy.LayerAgent:
+			e.Unlisted = append(e.Unlisted, n)
+		case policy.LayerAppliance:
 			e.Appliance = append(e.Appliance, n)
 		}
 	}
@@ -212,7 +217,7 @@ func unknownTools(agent string, set *policy.ActiveSet) *UnknownToolsError {
 
 // UnknownTools refuses the names of a request's tool override that the
 // agent's active tool set cannot hold: not in the bundle's registry, or
-// left out by the appliance's restriction. It resolves the set as the run
+// left out by the agent's allowlist or the appliance's restriction. It resolves the set as the run
 // would open (the agent's Pin, on a run that is never stored, so that a
 // request can be refused before anything starts), which refuses the names
 // the override gives in vain; it returns nil when there are none. An agent
@@ -241,11 +246,14 @@ func UnknownTools(ag *engine.Agent, names []string) (*UnknownToolsError, error) 
 // ActiveTools returns the run's active tool set: the one pinned on the run
 // when it opened (Meta[MetaActiveTools]). A run opened without the pin (a
 // graph invoked directly, not through the run manager) gets it resolved
-// here: the bundle's registry, narrowed by the appliance's restriction
-// (Tools), narrowed by the request's override (Meta[MetaTools]), which may
-// name no tool outside the first two (*UnknownToolsError). Either way it is
-// kept for the run's next calls (see pins).
-func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run string) (*policy.ActiveSet, error) {
+// here: the bundle's registry, narrowed by the allowlist that allowlist
+// returns for the run's agent (the one its record names, "" when it has
+// none; a nil allowlist, or a nil func, narrows nothing), by the
+// appliance's restriction (Tools) and by the request's override
+// (Meta[MetaTools]), which may name no tool outside the layers above
+// (*UnknownToolsError). Either way it is kept for the run's next calls
+// (see pins).
+func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, allowlist func(agent string) []string, run string) (*policy.ActiveSet, error) {
 	if set, ok := rt.pinned.get(run); ok {
 		return set, nil
 	}
@@ -254,12 +262,14 @@ func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run st
 	}
 	var override []string
 	var set *policy.ActiveSet
+	agent := ""
 	if rt.Runs != nil && run != "" {
 		r, err := rt.Runs.Run(ctx, run)
 		if err != nil && !errors.Is(err, engine.ErrRunNotFound) {
 			return nil, fmt.Errorf("read run %s for its tool set: %w", run, err)
 		}
 		if r != nil {
+			agent = r.Agent
 			if v, ok := r.Meta[MetaActiveTools]; ok {
 				if set, err = policy.DecodeActiveSet([]byte(v)); err != nil {
 					return nil, fmt.Errorf("run %s: its pinned tool set: %w", run, err)
@@ -270,12 +280,16 @@ func (rt *Runtime) ActiveTools(ctx context.Context, reg *policy.Registry, run st
 		}
 	}
 	if set == nil {
+		var allow []string
+		if allowlist != nil {
+			allow = allowlist(agent)
+		}
 		var err error
-		if set, err = policy.Resolve(reg, rt.Tools, override); err != nil {
+		if set, err = policy.Resolve(reg, allow, rt.Tools, override); err != nil {
 			return nil, err
 		}
 		if ignored := set.Ignored(); len(ignored) > 0 {
-			return nil, unknownTools("", set)
+			return nil, unknownTools(agent, set)
 		}
 	}
 	return rt.pinned.put(run, set), nil
@@ -647,6 +661,7 @@ func buildToolLoop(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 		return nil, env.Errorf("tool_loop: the bundle has no tools file")
 	}
 	messages := env.handles[c.Messages].(engine.Chan[[]models.Message])
+	file := env.File
 	var failed func(engine.State) []engine.Write
 	if flags, ok := env.Channel(env.Flags); ok {
 		env.raise(FlagToolFailed)
@@ -692,7 +707,12 @@ func buildToolLoop(cfg json.RawMessage, env *Env) (engine.NodeFunc, error) {
 			Provider: p, Model: model, Lane: lane, System: system, Options: c.options(),
 			ActiveTools: func(ctx context.Context, _ engine.State) (*policy.ActiveSet, error) {
 				info, _ := engine.InfoFrom(ctx)
-				return rt.ActiveTools(ctx, b.Registry, info.Run)
+				return rt.ActiveTools(ctx, b.Registry, func(agent string) []string {
+					if _, ok := b.Graphs[agent]; ok {
+						return b.Allowlist(agent)
+					}
+					return b.fileTools[file]
+				}, info.Run)
 			},
 			Impls: rt.impls(b), Rules: rules, Budget: budget.WithDefaults(), Log: rt.Log, Blobs: rt.Blobs,
 			Messages: messages, Answer: answer, Tokens: tokens, Failed: failed,

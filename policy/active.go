@@ -11,14 +11,15 @@ import (
 // tool.unauthorized events.
 const (
 	LayerRegistry  = "registry"  // the tool is not in the bundle at all
+	LayerAgent     = "agent"     // the agent's own allowlist leaves it out
 	LayerAppliance = "appliance" // the appliance configuration removed it
 	LayerRequest   = "request"   // the request narrowed it away
 	LayerSchema    = "schema"    // the arguments do not match its schema
 )
 
 // ActiveSet is the set of tools one run may call: the registry (ceiling),
-// narrowed by the appliance's runtime restriction, narrowed by the request's
-// override. It is resolved once at run start and pinned: it never changes,
+// narrowed by the agent's allowlist, narrowed by the appliance's runtime
+// restriction, narrowed by the request's override. It is resolved once at run start and pinned: it never changes,
 // and its JSON form (MarshalJSON, DecodeActiveSet) is stored on the run so
 // that a resumed run checks calls exactly as before the restart.
 type ActiveSet struct {
@@ -29,17 +30,24 @@ type ActiveSet struct {
 	ignored  []string
 }
 
-// Resolve computes the active tool set. For runtime and override, nil means
-// "no restriction at this layer" and an empty non-nil slice means "no
-// tools". The override can only narrow: a name it gives outside
-// ceiling ∩ runtime is not an error (requests are written without knowing
-// the appliance's configuration) but it grants nothing, and it is listed by
-// Ignored. Names in runtime that the ceiling lacks are ignored too, since
-// one appliance configuration may serve several bundles.
-func Resolve(ceiling *Registry, runtime, override []string) (*ActiveSet, error) {
+// Resolve computes the active tool set. The layers narrow in order: the
+// registry (ceiling) holds every tool the bundle has; agent is the agent's
+// allowlist; runtime the appliance's restriction; override the request's.
+// For agent, runtime and override, nil means "no restriction at this
+// layer" and an empty non-nil slice means "no tools". A tool of the ceiling
+// left out is recorded with the first layer that leaves it out
+// (ExcludedBy), so that a refused call names it. Names in agent or runtime
+// that the ceiling lacks grant nothing and are not errors here (a bundle's
+// verification refuses them in an agent's allowlist; one appliance
+// configuration may serve several bundles). The override can only narrow:
+// a name it gives outside the layers above is not an error (requests are
+// written without knowing the appliance's configuration) but it grants
+// nothing, and it is listed by Ignored.
+func Resolve(ceiling *Registry, agent, runtime, override []string) (*ActiveSet, error) {
 	if ceiling == nil {
 		return nil, fmt.Errorf("%w: resolve tools: no registry", ErrBadRule)
 	}
+	inAgent := nameSet(agent)
 	inRuntime := nameSet(runtime)
 	inOverride := nameSet(override)
 	a := &ActiveSet{
@@ -49,6 +57,8 @@ func Resolve(ceiling *Registry, runtime, override []string) (*ActiveSet, error) 
 	}
 	for _, n := range ceiling.names {
 		switch {
+		case inAgent != nil && !inAgent[n]:
+			a.excluded[n] = LayerAgent
 		case inRuntime != nil && !inRuntime[n]:
 			a.excluded[n] = LayerAppliance
 		case inOverride != nil && !inOverride[n]:
@@ -96,16 +106,16 @@ func (a *ActiveSet) Tools() []Tool {
 // layers above did not allow them, sorted.
 func (a *ActiveSet) Ignored() []string { return append([]string(nil), a.ignored...) }
 
-// ExcludedBy returns the layer that left name out of the set, a tool of
-// the ceiling ("appliance" or "request"), or "" for a tool in the set or
-// one the ceiling lacks.
+// ExcludedBy returns the layer that left name, a tool of the ceiling, out
+// of the set ("agent", "appliance" or "request"), or "" for a tool in the
+// set or one the ceiling lacks.
 func (a *ActiveSet) ExcludedBy(name string) string { return a.excluded[name] }
 
 // CheckResult is the verdict on one tool call.
 type CheckResult struct {
 	Allowed bool
-	// Layer names what denied the call: "registry", "appliance", "request"
-	// or "schema". It is empty when the call is allowed.
+	// Layer names what denied the call: "registry", "agent", "appliance",
+	// "request" or "schema". It is empty when the call is allowed.
 	Layer  string
 	Reason string
 	// Tool is the tool's definition, when the registry knows it.
@@ -129,7 +139,10 @@ func (a *ActiveSet) Check(name string, args json.RawMessage) CheckResult {
 			return CheckResult{Layer: LayerRegistry, Reason: reason, Err: fmt.Errorf("%w: %s", ErrToolUnknown, reason)}
 		}
 		who := "the appliance configuration"
-		if layer == LayerRequest {
+		switch layer {
+		case LayerAgent:
+			who = "the agent's allowlist"
+		case LayerRequest:
 			who = "this request"
 		}
 		reason := fmt.Sprintf("tool %q is not allowed by %s", name, who)
@@ -151,7 +164,10 @@ func (a *ActiveSet) Check(name string, args json.RawMessage) CheckResult {
 }
 
 // activeSetVersion versions the pinned form; a reader refuses versions it
-// does not know rather than guessing.
+// does not know rather than guessing. The "agent" layer came later within
+// version 1: a set pinned before it simply has no tool excluded by it, and
+// an older reader refuses a set that has one (an unknown layer), which
+// fails closed.
 const activeSetVersion = 1
 
 type activeSetFile struct {
@@ -189,7 +205,7 @@ func DecodeActiveSet(data []byte) (*ActiveSet, error) {
 	}
 	a := &ActiveSet{tools: reg.tools, schemas: reg.schemas, names: reg.names, excluded: map[string]string{}}
 	for n, layer := range f.Excluded {
-		if layer != LayerAppliance && layer != LayerRequest {
+		if layer != LayerAgent && layer != LayerAppliance && layer != LayerRequest {
 			return nil, fmt.Errorf("%w: active tool set: tool %q excluded by unknown layer %q", ErrBadRule, n, layer)
 		}
 		if _, active := a.tools[n]; active {

@@ -10,25 +10,39 @@ import (
 
 func TestResolve(t *testing.T) {
 	reg := mustRegistry(t)
+	all := []string{"current_time", "kb_search", "record_note", "schedule_followup"}
 	tests := []struct {
 		name             string
-		runtime          []string
+		agent, runtime   []string
 		override         []string
 		want, wantIgnore []string
+		excludedBy       map[string]string
 	}{
-		{"no restriction anywhere", nil, nil, []string{"current_time", "kb_search", "record_note", "schedule_followup"}, []string{}},
-		{"runtime narrows", []string{"kb_search", "record_note"}, nil, []string{"kb_search", "record_note"}, []string{}},
-		{"override narrows further", []string{"kb_search", "record_note"}, []string{"kb_search"}, []string{"kb_search"}, []string{}},
-		{"override cannot widen past runtime", []string{"kb_search"}, []string{"kb_search", "record_note"}, []string{"kb_search"}, []string{"record_note"}},
-		{"override cannot add unknown tools", nil, []string{"kb_search", "rm_rf"}, []string{"kb_search"}, []string{"rm_rf"}},
-		{"empty runtime means nothing", []string{}, nil, []string{}, []string{}},
-		{"empty override means nothing", nil, []string{}, []string{}, []string{}},
-		{"runtime names outside the ceiling grant nothing", []string{"kb_search", "shell"}, nil, []string{"kb_search"}, []string{}},
-		{"duplicates are harmless", []string{"kb_search", "kb_search"}, []string{"kb_search", "kb_search"}, []string{"kb_search"}, []string{}},
+		{"no restriction anywhere", nil, nil, nil, all, []string{}, nil},
+		{"runtime narrows", nil, []string{"kb_search", "record_note"}, nil, []string{"kb_search", "record_note"}, []string{},
+			map[string]string{"current_time": LayerAppliance, "schedule_followup": LayerAppliance}},
+		{"override narrows further", nil, []string{"kb_search", "record_note"}, []string{"kb_search"}, []string{"kb_search"}, []string{},
+			map[string]string{"record_note": LayerRequest, "schedule_followup": LayerAppliance}},
+		{"override cannot widen past runtime", nil, []string{"kb_search"}, []string{"kb_search", "record_note"}, []string{"kb_search"}, []string{"record_note"}, nil},
+		{"override cannot add unknown tools", nil, nil, []string{"kb_search", "rm_rf"}, []string{"kb_search"}, []string{"rm_rf"}, nil},
+		{"empty runtime means nothing", nil, []string{}, nil, []string{}, []string{}, nil},
+		{"empty override means nothing", nil, nil, []string{}, []string{}, []string{}, nil},
+		{"runtime names outside the ceiling grant nothing", nil, []string{"kb_search", "shell"}, nil, []string{"kb_search"}, []string{}, nil},
+		{"duplicates are harmless", nil, []string{"kb_search", "kb_search"}, []string{"kb_search", "kb_search"}, []string{"kb_search"}, []string{}, nil},
+		{"agent narrows the ceiling", []string{"kb_search", "current_time"}, nil, nil, []string{"current_time", "kb_search"}, []string{},
+			map[string]string{"record_note": LayerAgent, "schedule_followup": LayerAgent}},
+		{"empty agent list means nothing", []string{}, nil, nil, []string{}, []string{},
+			map[string]string{"kb_search": LayerAgent, "record_note": LayerAgent}},
+		{"agent comes before the appliance", []string{"kb_search", "current_time"}, []string{"kb_search", "record_note"}, nil,
+			[]string{"kb_search"}, []string{}, map[string]string{"current_time": LayerAppliance, "record_note": LayerAgent, "schedule_followup": LayerAgent}},
+		{"override cannot widen past the agent", []string{"kb_search"}, nil, []string{"kb_search", "record_note"}, []string{"kb_search"}, []string{"record_note"},
+			map[string]string{"record_note": LayerAgent}},
+		{"agent names outside the ceiling grant nothing", []string{"kb_search", "shell"}, nil, nil, []string{"kb_search"}, []string{},
+			map[string]string{"shell": ""}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a, err := Resolve(reg, tt.runtime, tt.override)
+			a, err := Resolve(reg, tt.agent, tt.runtime, tt.override)
 			require.NoError(t, err)
 			got := a.Names()
 			if got == nil {
@@ -40,14 +54,17 @@ func TestResolve(t *testing.T) {
 				ign = []string{}
 			}
 			assert.Equal(t, tt.wantIgnore, ign)
+			for n, layer := range tt.excludedBy {
+				assert.Equal(t, layer, a.ExcludedBy(n), n)
+			}
 		})
 	}
-	_, err := Resolve(nil, nil, nil)
+	_, err := Resolve(nil, nil, nil, nil)
 	assert.ErrorIs(t, err, ErrBadRule)
 }
 
 func TestActiveSetCheck(t *testing.T) {
-	a, err := Resolve(mustRegistry(t), []string{"kb_search", "record_note", "current_time"}, []string{"kb_search", "record_note"})
+	a, err := Resolve(mustRegistry(t), nil, []string{"kb_search", "record_note", "current_time"}, []string{"kb_search", "record_note"})
 	require.NoError(t, err)
 	tests := []struct {
 		name          string
@@ -86,14 +103,33 @@ func TestActiveSetCheck(t *testing.T) {
 	}
 }
 
+// A tool the agent's allowlist leaves out is denied by the agent layer,
+// even where the appliance and the request would allow it.
+func TestActiveSetCheckAgentLayer(t *testing.T) {
+	a, err := Resolve(mustRegistry(t), []string{"kb_search", "current_time"}, []string{"kb_search", "record_note"}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"kb_search"}, a.Names())
+	for _, c := range []struct{ tool, args, layer, reason string }{
+		{"record_note", `{"text":"t"}`, LayerAgent, `tool "record_note" is not allowed by the agent's allowlist`},
+		{"schedule_followup", `{"when":"x"}`, LayerAgent, `tool "schedule_followup" is not allowed by the agent's allowlist`},
+		{"current_time", `{}`, LayerAppliance, `tool "current_time" is not allowed by the appliance configuration`},
+	} {
+		res := a.Check(c.tool, json.RawMessage(c.args))
+		assert.False(t, res.Allowed, c.tool)
+		assert.Equal(t, c.layer, res.Layer, c.tool)
+		assert.Equal(t, c.reason, res.Reason, c.tool)
+		assert.ErrorIs(t, res.Err, ErrToolDenied, c.tool)
+	}
+}
+
 func TestActiveSetPinnedForm(t *testing.T) {
-	a, err := Resolve(mustRegistry(t), []string{"kb_search", "record_note", "current_time"}, []string{"kb_search", "record_note", "nope"})
+	a, err := Resolve(mustRegistry(t), nil, []string{"kb_search", "record_note", "current_time"}, []string{"kb_search", "record_note", "nope"})
 	require.NoError(t, err)
 	pinned, err := json.Marshal(a)
 	require.NoError(t, err)
 
 	// Stable: the same resolution gives the same bytes.
-	b, err := Resolve(mustRegistry(t), []string{"current_time", "record_note", "kb_search"}, []string{"nope", "record_note", "kb_search"})
+	b, err := Resolve(mustRegistry(t), nil, []string{"current_time", "record_note", "kb_search"}, []string{"nope", "record_note", "kb_search"})
 	require.NoError(t, err)
 	pinned2, err := json.Marshal(b)
 	require.NoError(t, err)
@@ -117,6 +153,33 @@ func TestActiveSetPinnedForm(t *testing.T) {
 	again, err := json.Marshal(restored)
 	require.NoError(t, err)
 	assert.Equal(t, string(pinned), string(again))
+}
+
+// The agent layer survives the pinned form, and a set pinned before the
+// layer existed (no tool excluded by it) still decodes and judges calls as
+// it did.
+func TestActiveSetPinnedAgentLayer(t *testing.T) {
+	a, err := Resolve(mustRegistry(t), []string{"kb_search", "record_note"}, []string{"kb_search"}, nil)
+	require.NoError(t, err)
+	pinned, err := json.Marshal(a)
+	require.NoError(t, err)
+	assert.Contains(t, string(pinned), `"schedule_followup":"agent"`)
+	restored, err := DecodeActiveSet(pinned)
+	require.NoError(t, err)
+	for _, n := range []string{"kb_search", "record_note", "current_time", "schedule_followup"} {
+		assert.Equal(t, a.ExcludedBy(n), restored.ExcludedBy(n), n)
+	}
+	res := restored.Check("schedule_followup", json.RawMessage(`{"when":"x"}`))
+	assert.Equal(t, LayerAgent, res.Layer)
+
+	older := `{"version":1,"tools":[{"name":"kb_search","description":"Search.","kind":"read","idempotent":true}],` +
+		`"excluded":{"record_note":"appliance","current_time":"request"},"ignored":["shell"]}`
+	old, err := DecodeActiveSet([]byte(older))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"kb_search"}, old.Names())
+	assert.Equal(t, LayerAppliance, old.Check("record_note", nil).Layer)
+	assert.Equal(t, LayerRequest, old.Check("current_time", nil).Layer)
+	assert.Equal(t, LayerRegistry, old.Check("schedule_followup", nil).Layer)
 }
 
 func TestDecodeActiveSetErrors(t *testing.T) {

@@ -9,11 +9,12 @@
 // The entry points:
 //
 //   - DecodeRegistry or NewRegistry build the tool registry, the ceiling of
-//     every run's tools. Resolve narrows it by the appliance's runtime
-//     restriction and the request's override into an ActiveSet, which is
-//     pinned on the run (MarshalJSON, DecodeActiveSet). ActiveSet.Check
-//     judges each call and names the layer that denied it: "registry",
-//     "appliance", "request" or "schema".
+//     every run's tools. Resolve narrows it by the agent's allowlist, the
+//     appliance's runtime restriction and the request's override, in that
+//     order, into an ActiveSet, which is pinned on the run (MarshalJSON,
+//     DecodeActiveSet). ActiveSet.Check judges each call and names the
+//     layer that denied it: "registry", "agent", "appliance", "request" or
+//     "schema".
 //   - CompileSchema and Schema.Validate check tool arguments against a JSON
 //     Schema subset, reporting JSON paths ("$.query: want string, got
 //     number").

@@ -20,7 +20,7 @@ func ExampleResolve() {
 	}
 	// The appliance allows two tools; the request asks for one of them and
 	// one the appliance does not allow, which grants nothing.
-	active, err := policy.Resolve(reg, []string{"kb_search", "record_note"}, []string{"record_note", "schedule_followup"})
+	active, err := policy.Resolve(reg, nil, []string{"kb_search", "record_note"}, []string{"record_note", "schedule_followup"})
 	if err != nil {
 		panic(err)
 	}

@@ -122,8 +122,9 @@ func FuzzDecodeActiveSet(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	for _, layers := range [][2][]string{{nil, nil}, {{"kb_search", "record_note"}, {"kb_search", "zz"}}, {{}, nil}} {
-		a, err := Resolve(reg, layers[0], layers[1])
+	for _, layers := range [][3][]string{{nil, nil, nil}, {nil, {"kb_search", "record_note"}, {"kb_search", "zz"}}, {nil, {}, nil},
+		{{"kb_search", "current_time"}, {"kb_search", "record_note"}, nil}, {{}, nil, {"kb_search"}}} {
+		a, err := Resolve(reg, layers[0], layers[1], layers[2])
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -131,6 +132,7 @@ func FuzzDecodeActiveSet(f *testing.F) {
 		f.Add(pinned)
 	}
 	f.Add([]byte(`{"version":1,"tools":[],"excluded":{"a":"request"},"ignored":["b","a"]}`))
+	f.Add([]byte(`{"version":1,"tools":[],"excluded":{"a":"agent","b":"appliance"},"ignored":[]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a, err := DecodeActiveSet(data)
 		if err != nil {

@@ -81,7 +81,7 @@ func TestDecodeRegistryErrors(t *testing.T) {
 }
 
 func TestToolWithoutSchemaTakesNoArguments(t *testing.T) {
-	a, err := Resolve(mustRegistry(t), nil, nil)
+	a, err := Resolve(mustRegistry(t), nil, nil, nil)
 	require.NoError(t, err)
 	for _, args := range []string{``, `null`, `{}`, ` {} `} {
 		assert.True(t, a.Check("current_time", json.RawMessage(args)).Allowed, "args %q", args)

@@ -170,7 +170,7 @@ func TestApplianceToolsOfAnotherBundleVersion(t *testing.T) {
 	raw = bytes.Replace(raw, []byte(`"tools": [`),
 		[]byte(`"tools": [{"name": "page_nurse", "description": "Page the nurse on duty.", "kind": "read"},`), 1)
 	require.NoError(t, os.WriteFile(reg, raw, 0o644))
-	setBundleVersion(t, b, 3)
+	setBundleVersion(t, b, embeddedVersion(t)+1)
 	require.NoError(t, firmware.Sign(b, filepath.Join("..", "..", "testdata", "keys", "dev.key")))
 	code, _, stderr := outpostBin(t, dir, "firmware", "install", "--data", data, "--trust-dev-key", b)
 	require.Zero(t, code, stderr)

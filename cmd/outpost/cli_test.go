@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -421,26 +422,29 @@ func TestFirmwareNewcomerRound(t *testing.T) {
 	key, err := filepath.Glob(filepath.Join(keys, "*.key"))
 	require.NoError(t, err)
 	require.Len(t, key, 1)
+	// v1 is the embedded version, v2 the one above it.
+	ev := embeddedVersion(t)
+	lo, hi := strconv.FormatInt(ev, 10), strconv.FormatInt(ev+1, 10)
 	for i, b := range []string{v1, v2} {
 		ok("firmware", "export", b)
-		setBundleVersion(t, b, int64(i+2))
+		setBundleVersion(t, b, ev+int64(i))
 		ok("firmware", "sign", "--key", key[0], b)
 	}
-	require.Contains(t, ok("firmware", "install", "--data", data, "--keys", keys, v2), "medication-adherence v3 installed and active")
+	require.Contains(t, ok("firmware", "install", "--data", data, "--keys", keys, v2), "medication-adherence v"+hi+" installed and active")
 	out := ok("firmware", "install", "--data", data, "--allow-downgrade", "--by", "ada", "--reason", "test", v1)
-	require.Contains(t, out, "new runs still use v3, the active version; to make v2 active: "+
-		"outpost firmware activate --data "+data+" --allow-downgrade --by NAME --reason TEXT medication-adherence 2\n")
+	require.Contains(t, out, "new runs still use v"+hi+", the active version; to make v"+lo+" active: "+
+		"outpost firmware activate --data "+data+" --allow-downgrade --by NAME --reason TEXT medication-adherence "+lo+"\n")
 	// A downgrade that is not active is marked in the ACTIVE column as
 	// the header names it, not one space to the right.
 	list := strings.Split(ok("firmware", "list", "--data", data), "\n")
 	i := slices.IndexFunc(list, func(l string) bool { return strings.Contains(l, "(downgrade)") })
-	require.Regexp(t, `^medication-adherence +2 +\(downgrade\) `, list[i])
+	require.Regexp(t, `^medication-adherence +`+lo+` +\(downgrade\) `, list[i])
 	require.Equal(t, strings.Index(list[0], "ACTIVE"), strings.Index(list[i], "(downgrade)"), "%q\n%q", list[0], list[i])
-	ok("firmware", "activate", "--data", data, "--allow-downgrade", "--by", "ada", "--reason", "test", "medication-adherence", "2")
+	ok("firmware", "activate", "--data", data, "--allow-downgrade", "--by", "ada", "--reason", "test", "medication-adherence", lo)
 	out = ok("firmware", "install", "--data", data, v2)
-	require.Contains(t, out, "new runs still use v2, the active version; to make v3 active: outpost firmware activate --data "+data+" medication-adherence 3\n")
-	ok("firmware", "activate", "--data", data, "medication-adherence", "3")
-	require.Regexp(t, `medication-adherence +3 +active`, ok("firmware", "list", "--data", data))
+	require.Contains(t, out, "new runs still use v"+lo+", the active version; to make v"+hi+" active: outpost firmware activate --data "+data+" medication-adherence "+hi+"\n")
+	ok("firmware", "activate", "--data", data, "medication-adherence", hi)
+	require.Regexp(t, `medication-adherence +`+hi+` +active`, ok("firmware", "list", "--data", data))
 
 	golden, err := filepath.Abs(referenceGolden)
 	require.NoError(t, err)

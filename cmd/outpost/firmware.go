@@ -252,7 +252,8 @@ func firmwareVerify(fs *cmdFlags, args []string, stdout io.Writer) error {
 	fs.synopsis = "firmware verify [flags] BUNDLE"
 	fs.About = `Check a bundle (a folder or a .tar) without installing it: its signature and files, its
 graphs, and that its names meet (tools, lanes, and the agents, nodes, tools and statuses its
-golden conversations expect). Exit 0 means this appliance can install it.`
+golden conversations expect). Prints each agent's allowlist, and warns on stderr of an agent
+that runs a tool loop and names no tools. Exit 0 means this appliance can install it.`
 	data := dataFlag(fs.FlagSet)
 	keys, dev := keyFlags(fs.FlagSet)
 	asJSON := fs.Bool("json", false, "print the result as JSON")
@@ -283,12 +284,35 @@ golden conversations expect). Exit 0 means this appliance can install it.`
 		return explain(err)
 	}
 	warnVersionNotChecked(b.Manifest, fs.stderr)
+	warnBundle(b, fs.stderr)
 	if *asJSON {
 		return printJSON(stdout, map[string]any{"ok": true, "name": b.Manifest.Name, "version": b.Manifest.Version,
-			"digest": b.Digest, "key_id": b.Manifest.KeyID, "agents": b.AgentNames()})
+			"digest": b.Digest, "key_id": b.Manifest.KeyID, "agents": b.AgentNames(), "allowlists": allowlists(b)})
 	}
 	fmt.Fprintf(stdout, "ok: %s (%s), signed by %s, agents: %v\n", b.Manifest, b.Digest, b.Manifest.KeyID, b.AgentNames())
+	for _, a := range b.AgentNames() {
+		fmt.Fprintf(stdout, "  %s: %s\n", a, describeAllowlist(b.Allowlist(a)))
+	}
 	return nil
+}
+
+// describeAllowlist says what an agent's allowlist lets it call.
+func describeAllowlist(tools []string) string {
+	switch {
+	case tools == nil:
+		return "tools: every tool of the registry (it names none)"
+	case len(tools) == 0:
+		return "tools: none"
+	}
+	return "tools: " + strings.Join(tools, ", ")
+}
+
+// warnBundle says on w what the bundle may mean otherwise than it says
+// (firmware.Bundle.Warnings): it still verifies and installs.
+func warnBundle(b *firmware.Bundle, w io.Writer) {
+	for _, msg := range b.Warnings() {
+		fmt.Fprintf(w, "warning: %s\n", msg)
+	}
 }
 
 // bundleExists names a bundle path that names nothing before the keys are
@@ -338,6 +362,7 @@ Stop serve first: it reads the installed bundles when it starts.`
 		return explain(err)
 	}
 	warnVersionNotChecked(b.Manifest, fs.stderr)
+	warnBundle(b, fs.stderr)
 	release, err := holdDataFolder(*data, "install")
 	if err != nil {
 		return err

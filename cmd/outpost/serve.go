@@ -345,7 +345,7 @@ func bundleInfo(in *firmware.Installer, ref *firmware.Bundle) ([]console.BundleI
 	if len(in.List()) == 0 {
 		r := ref.Ref()
 		return []console.BundleInfo{{Name: r.Name, Version: r.Version, Digest: r.Digest, Agents: ref.AgentNames(),
-			Active: true, Source: "embedded", Notice: firmware.ReferenceNotice}}, nil
+			Allowlists: allowlists(ref), Active: true, Source: "embedded", Notice: firmware.ReferenceNotice}}, nil
 	}
 	var out []console.BundleInfo
 	for _, rec := range in.List() {
@@ -355,11 +355,20 @@ func bundleInfo(in *firmware.Installer, ref *firmware.Bundle) ([]console.BundleI
 			if err != nil {
 				return nil, err
 			}
-			bi.Agents = b.AgentNames()
+			bi.Agents, bi.Allowlists = b.AgentNames(), allowlists(b)
 		}
 		out = append(out, bi)
 	}
 	return out, nil
+}
+
+// allowlists maps each agent of b to its allowlist (nil: none).
+func allowlists(b *firmware.Bundle) map[string][]string {
+	out := map[string][]string{}
+	for _, a := range b.AgentNames() {
+		out[a] = b.Allowlist(a)
+	}
+	return out
 }
 
 // modelCheck says which model serves and returns its health check: an

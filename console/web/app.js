@@ -192,12 +192,19 @@ function pill(id, st, label, title) {
 
 // ---- runs ----
 async function loadAgents() {
-  const { agents } = await api("GET", "/api/v1/agents");
+  const { agents, allowlists } = await api("GET", "/api/v1/agents");
   const sel = $("agent");
   sel.replaceChildren();
   for (const a of agents) {
     const o = el("option", "", a);
     o.value = a;
+    // The agent's allowlist, where its bundle says it (null: every tool
+    // of the registry).
+    if (allowlists && a in allowlists) {
+      const l = allowlists[a];
+      o.title = l === null ? "tools: every tool of its bundle's registry (no allowlist)"
+        : "tools: " + (l.length ? l.join(", ") : "none");
+    }
     sel.append(o);
   }
 }

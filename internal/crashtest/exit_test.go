@@ -73,10 +73,12 @@ func writerLoop(t *testing.T, db *store.DB, tool agent.Tool, messages engine.Cha
 	require.NoError(t, err)
 	node, err := agent.ToolLoop(agent.LoopConfig{
 		Provider: provider, Model: "scripted", Lane: policy.Lane{Agent: "writer", Models: []string{"scripted"}},
-		ActiveTools: func(context.Context, engine.State) (*policy.ActiveSet, error) { return policy.Resolve(reg, nil, nil) },
-		Impls:       map[string]agent.Tool{"append_line": tool},
-		Rules:       []policy.ApprovalRule{{Tool: "append_line", Decision: policy.DecisionAllow}},
-		Log:         wiring.CallLog(db, db), Blobs: db,
+		ActiveTools: func(context.Context, engine.State) (*policy.ActiveSet, error) {
+			return policy.Resolve(reg, nil, nil, nil)
+		},
+		Impls: map[string]agent.Tool{"append_line": tool},
+		Rules: []policy.ApprovalRule{{Tool: "append_line", Decision: policy.DecisionAllow}},
+		Log:   wiring.CallLog(db, db), Blobs: db,
 		Messages: messages, Answer: answer,
 	})
 	require.NoError(t, err)

@@ -179,10 +179,12 @@ func loopNode(db *store.DB, spec loopSpec, messages engine.Chan[[]models.Message
 	}
 	return agent.ToolLoop(agent.LoopConfig{
 		Provider: provider, Model: "scripted", Lane: policy.Lane{Agent: spec.name, Models: []string{"scripted"}},
-		ActiveTools: func(context.Context, engine.State) (*policy.ActiveSet, error) { return policy.Resolve(reg, nil, nil) },
-		Impls:       spec.impls,
-		Rules:       spec.rules,
-		Log:         wiring.CallLog(db, db), Blobs: db,
+		ActiveTools: func(context.Context, engine.State) (*policy.ActiveSet, error) {
+			return policy.Resolve(reg, nil, nil, nil)
+		},
+		Impls: spec.impls,
+		Rules: spec.rules,
+		Log:   wiring.CallLog(db, db), Blobs: db,
 		Messages: messages, Answer: answer,
 	})
 }

@@ -1,1 +1,1 @@
-outpost-ed25519-v1 ed25519-34d1faf7f4b3cd18 gJkX9ve81eVq2Urumf6Q/I/eoStvx7nSmzLEZYsZTAp8LvFbOmkbXYFk+WJ1tDzQREtvOnujaEnLvUGWKjzPAQ==
+outpost-ed25519-v1 ed25519-34d1faf7f4b3cd18 FRKKcMIoRcIWLfkzVZVu13BOByWSrutXomoJ2zcoiNuOsravceKXEa0rRSTrnSCcW5hg4zdgYu01+tnCAKd1AQ==
