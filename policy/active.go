@@ -19,9 +19,10 @@ const (
 
 // ActiveSet is the set of tools one run may call: the registry (ceiling),
 // narrowed by the agent's allowlist, narrowed by the appliance's runtime
-// restriction, narrowed by the request's override. It is resolved once at run start and pinned: it never changes,
-// and its JSON form (MarshalJSON, DecodeActiveSet) is stored on the run so
-// that a resumed run checks calls exactly as before the restart.
+// restriction, narrowed by the request's override. It is resolved once at
+// run start and pinned: it never changes, and its JSON form (MarshalJSON,
+// DecodeActiveSet) is stored on the run so that a resumed run checks calls
+// exactly as before the restart.
 type ActiveSet struct {
 	tools    map[string]Tool
 	schemas  map[string]*Schema
