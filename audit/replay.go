@@ -10,12 +10,14 @@ package audit
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/engine"
@@ -87,19 +89,14 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 	if err := copyChain(ctx, src, scratch, input); err != nil {
 		return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
 	}
-	next := 0
-	ids := func() string {
-		if next < len(steps) {
-			next++
-			return steps[next-1].ID
-		}
-		next++
-		// More steps than the original: ids past its last one.
-		return fmt.Sprintf("%s%04x", steps[len(steps)-1].ID[:12], next)
+	ids := &originalIDs{ctx: ctx, src: src, run: run, next: map[string]map[string]string{}}
+	ids.next[""], err = successors(run.ID, "", mine)
+	if err != nil {
+		return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
 	}
 	replayed := &engine.Run{ID: run.ID, Thread: run.Thread, Agent: run.Agent, Status: engine.StatusRunning,
 		Bundle: run.Bundle, CorrelationID: run.CorrelationID, Input: run.Input, CreatedAt: run.CreatedAt}
-	cfg := engine.RunConfig{Thread: run.Thread, Store: scratch, Run: replayed, IDs: ids, StepLimit: 1 << 20}
+	cfg := engine.RunConfig{Thread: run.Thread, Store: scratch, Run: replayed, IDs: ids.id, StepLimit: 1 << 20}
 	res, err := g.Resume(ctx, cfg, nil)
 	// Interrupts are answered with the decisions the original recorded.
 	for err == nil && res.Run.Status == engine.StatusInterrupted {
@@ -117,6 +114,9 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 		}
 		cfg.Run = res.Run
 		res, err = g.Resume(ctx, cfg, ds)
+	}
+	if ids.err != nil {
+		return nil, fmt.Errorf("replay run %s: %w", run.ID, ids.err)
 	}
 	rep := &Report{Run: run.ID, Steps: len(steps)}
 	got, herr := scratch.History(ctx, run.Thread, "", "", 0)
@@ -156,6 +156,69 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 	}
 	rep.Same = true
 	return rep, nil
+}
+
+// originalIDs gives each checkpoint of a replay the id that the original
+// run gave the checkpoint in the same place: in the same namespace, after
+// the same parent. A subgraph's namespace is named after the parent's task
+// that runs it (node name and task id, see engine.RunConfig.IDs), and a
+// task id after the checkpoint its step starts from and the task's place
+// in the step; so once the root's checkpoints have their original ids,
+// each instance of a subgraph (several at one step under a fan-out, one
+// inside another when nested) runs in the namespace the original instance
+// ran in, and its checkpoints take that instance's ids, and its calls its
+// keys. A checkpoint the original has no counterpart for (the replay went
+// on past it, or ran in a namespace it never ran in) gets a new id, so
+// its calls have keys the record lacks: a divergence, named by its key.
+type originalIDs struct {
+	ctx context.Context
+	src engine.Store
+	run *engine.Run
+
+	mu sync.Mutex
+	// next maps namespace and parent checkpoint id to the id of the
+	// original's checkpoint that followed that parent, loaded the first
+	// time the replay commits in the namespace.
+	next map[string]map[string]string
+	err  error
+}
+
+// id implements engine.RunConfig.IDs. Sibling subgraphs ask concurrently.
+func (o *originalIDs) id(ns, parent string) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	m, ok := o.next[ns]
+	if !ok {
+		hist, err := o.src.History(o.ctx, o.run.Thread, ns, "", 0)
+		if err == nil {
+			m, err = successors(o.run.ID, ns, hist)
+		}
+		if err != nil {
+			o.err = cmp.Or(o.err, fmt.Errorf("the original's checkpoints in namespace %q: %w", ns, err))
+			return ""
+		}
+		o.next[ns] = m
+	}
+	return m[parent]
+}
+
+// successors maps the parent of each checkpoint that run made in namespace
+// ns, among hist, to that checkpoint's id. Within one namespace a run
+// commits a chain, each checkpoint on the one before it; two checkpoints
+// of the run on one parent would make the mapping ambiguous, and are
+// refused.
+func successors(run, ns string, hist []*engine.Checkpoint) (map[string]string, error) {
+	m := map[string]string{}
+	for _, c := range hist {
+		if c.RunID != run {
+			continue
+		}
+		if other, ok := m[c.ParentID]; ok {
+			return nil, fmt.Errorf("checkpoints %s and %s of namespace %q both follow %q", other, c.ID, ns, c.ParentID)
+		}
+		m[c.ParentID] = c.ID
+	}
+	return m, nil
 }
 
 // copyChain copies c and its ancestors, with the blobs they name, into dst.
