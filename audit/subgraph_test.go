@@ -49,12 +49,15 @@ type clinic struct {
 	extraStep bool
 	// instances is how many instances of care plan fans out to (two).
 	instances int
+	// review has a person review check's answer before it is reported:
+	// an interrupt in each instance of the nested subgraph.
+	review bool
 }
 
 func (c clinic) graph(t *testing.T) *engine.Graph {
 	t.Helper()
-	check := c.conversation(t, "check", "send_reminder", c.extraStep, nil)
-	care := c.conversation(t, "care", "record_dose", false, check)
+	check := c.conversation(t, "check", "send_reminder", c.extraStep, c.review, nil)
+	care := c.conversation(t, "care", "record_dose", false, false, check)
 	b := engine.NewGraph("clinic")
 	engine.Replace[string](b, "input")
 	engine.Append[string](b, "answers")
@@ -76,8 +79,9 @@ func (c clinic) graph(t *testing.T) *engine.Graph {
 
 // conversation is a graph that asks the model on a conversation of its
 // own named name, whose answer is to call tool once, and appends the final
-// answer to answers; then it runs sub, when given, as the node c.checkNode.
-func (c clinic) conversation(t *testing.T, name, tool string, extraStep bool, sub *engine.Graph) *engine.Graph {
+// answer to answers, after a person's review where review is set; then it
+// runs sub, when given, as the node c.checkNode.
+func (c clinic) conversation(t *testing.T, name, tool string, extraStep, review bool, sub *engine.Graph) *engine.Graph {
 	t.Helper()
 	b := engine.NewGraph("clinic/" + name)
 	input := engine.Replace[string](b, "input")
@@ -108,7 +112,23 @@ func (c clinic) conversation(t *testing.T, name, tool string, extraStep bool, su
 		b.AddEdge("pause", "intake")
 		first = "pause"
 	}
-	b.AddEdge(engine.Start, first).AddEdge("intake", "loop").AddEdge("loop", "report")
+	b.AddEdge(engine.Start, first).AddEdge("intake", "loop")
+	if review {
+		b.AddNode("review", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+			d, err := engine.Interrupt(ctx, answer.Get(s))
+			if err != nil || d.Kind != engine.Edit {
+				return nil, err
+			}
+			var edited string
+			if err := json.Unmarshal(d.Value, &edited); err != nil {
+				return nil, err
+			}
+			return []engine.Write{answer.Set(edited)}, nil
+		})
+		b.AddEdge("loop", "review").AddEdge("review", "report")
+	} else {
+		b.AddEdge("loop", "report")
+	}
 	if sub != nil {
 		b.AddSubgraph(c.checkNode, sub)
 		b.AddEdge("report", c.checkNode).AddEdge(c.checkNode, engine.End)
@@ -175,20 +195,29 @@ func oneCall(t *testing.T, tool string) models.Provider {
 }
 
 // subgraphOriginal runs clinic twice on a thread of a bbolt store, and
-// returns the store, its call log and the second run.
-func subgraphOriginal(t *testing.T) (*store.DB, agent.CallLog, *engine.Run) {
+// returns the store, its call log and the second run. With review, a
+// person edits the first instance's answer and approves the second's.
+func subgraphOriginal(t *testing.T, review bool) (*store.DB, agent.CallLog, *engine.Run) {
 	t.Helper()
 	db, err := store.OpenDir(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	log := wiring.CallLog(db, db)
-	c := clinic{log: log, blobs: db, tool: &numberedTool{}, careNode: "care", checkNode: "check",
+	c := clinic{log: log, blobs: db, tool: &numberedTool{}, careNode: "care", checkNode: "check", review: review,
 		providers: map[string]models.Provider{"record_dose": oneCall(t, "record_dose"), "send_reminder": oneCall(t, "send_reminder")}}
 	g := c.graph(t)
 	var run *engine.Run
 	for _, text := range []string{"a missed dose", "another missed dose"} {
 		res, err := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: db}, engine.Write{Channel: "input", Value: text})
 		require.NoError(t, err)
+		if review {
+			require.Equal(t, engine.StatusInterrupted, res.Run.Status, res.Run.Error)
+			require.Len(t, res.Run.Interrupts, 2)
+			res, err = g.Resume(context.Background(), engine.RunConfig{Thread: "t", Store: db, Run: res.Run}, map[string]engine.Decision{
+				res.Run.Interrupts[0].ID: {Kind: engine.Edit, Value: json.RawMessage(`"call the pharmacy"`), By: "nurse"},
+				res.Run.Interrupts[1].ID: {Kind: engine.Approve, By: "nurse"}})
+			require.NoError(t, err)
+		}
 		require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
 		run = res.Run
 		// The run's four answers differ, each naming its tool call.
@@ -197,14 +226,17 @@ func subgraphOriginal(t *testing.T) (*store.DB, agent.CallLog, *engine.Run) {
 		require.GreaterOrEqual(t, len(answers), 4)
 		turn := answers[len(answers)-4:]
 		require.Len(t, slices.Compact(slices.Sorted(slices.Values(turn))), 4, "%q", turn)
+		if review {
+			require.Contains(t, turn, "check: call the pharmacy")
+		}
 	}
 	return db, log, run
 }
 
 // replayed is clinic as a replay builds it, over log, with what change
 // makes to it.
-func replayed(t *testing.T, db *store.DB, log agent.CallLog, change func(*clinic)) *engine.Graph {
-	c := clinic{log: ReplayLog{Original: log}, blobs: db, tool: refusedTool{t}, careNode: "care", checkNode: "check",
+func replayed(t *testing.T, db *store.DB, log agent.CallLog, review bool, change func(*clinic)) *engine.Graph {
+	c := clinic{review: review, log: ReplayLog{Original: log}, blobs: db, tool: refusedTool{t}, careNode: "care", checkNode: "check",
 		providers: map[string]models.Provider{"record_dose": NoModel{}, "send_reminder": NoModel{}}}
 	if change != nil {
 		change(&c)
@@ -214,9 +246,9 @@ func replayed(t *testing.T, db *store.DB, log agent.CallLog, change func(*clinic
 
 func TestReplayOfSubgraphCalls(t *testing.T) {
 	ctx := context.Background()
-	db, log, run := subgraphOriginal(t)
+	db, log, run := subgraphOriginal(t, false)
 	seen := &seenLog{CallLog: log, keys: map[string]bool{}}
-	rep, err := Replay(ctx, replayed(t, db, seen, nil), db, run)
+	rep, err := Replay(ctx, replayed(t, db, seen, false, nil), db, run)
 	require.NoError(t, err)
 	require.True(t, rep.Same, "%v", rep.Diff)
 
@@ -245,7 +277,7 @@ func TestReplayOfSubgraphCalls(t *testing.T) {
 // served another call's record.
 func TestReplayOfSubgraphCallsThatDiverge(t *testing.T) {
 	ctx := context.Background()
-	db, log, run := subgraphOriginal(t)
+	db, log, run := subgraphOriginal(t, false)
 	calls, err := db.ToolCalls(ctx, "")
 	require.NoError(t, err)
 	recorded := map[string]string{} // key: tool
@@ -272,7 +304,7 @@ func TestReplayOfSubgraphCallsThatDiverge(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := &seenLog{CallLog: log, hide: tc.hide, keys: map[string]bool{}}
-			rep, err := Replay(ctx, replayed(t, db, seen, tc.change), db, run)
+			rep, err := Replay(ctx, replayed(t, db, seen, false, tc.change), db, run)
 			require.NoError(t, err)
 			require.False(t, rep.Same)
 			require.Contains(t, rep.Diff.Detail, tc.want)
@@ -282,4 +314,15 @@ func TestReplayOfSubgraphCallsThatDiverge(t *testing.T) {
 			require.Equal(t, tc.recordedTool, recorded[named], "the call named: %s", named)
 		})
 	}
+}
+
+// The interrupts of a nested subgraph's instances are answered in the
+// replay with the decisions the original recorded, by their ids, which
+// name the namespace and checkpoint they were asked at.
+func TestReplayOfSubgraphInterrupts(t *testing.T) {
+	db, log, run := subgraphOriginal(t, true)
+	require.Len(t, run.Decisions, 2)
+	rep, err := Replay(context.Background(), replayed(t, db, log, true, nil), db, run)
+	require.NoError(t, err)
+	require.True(t, rep.Same, "%v", rep.Diff)
 }
