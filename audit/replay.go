@@ -40,7 +40,10 @@ type Report struct {
 
 // Difference is the first place where replay and original part.
 type Difference struct {
-	Step       int      `json:"step"`
+	Step int `json:"step"`
+	// Namespace names the subgraph instance where they part ("" for the
+	// run's own graph).
+	Namespace  string   `json:"namespace,omitempty"`
 	Checkpoint string   `json:"checkpoint,omitempty"`
 	Nodes      []string `json:"nodes,omitempty"`
 	Channel    string   `json:"channel,omitempty"`
@@ -69,17 +72,10 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 	if run.Durability == engine.DurabilityExit {
 		return nil, fmt.Errorf("replay run %s: it ran with exit durability, which keeps no per-step checkpoints to compare", run.ID)
 	}
-	hist, err := src.History(ctx, run.Thread, "", "", 0)
+	mine, err := ofRun(ctx, src, run, "")
 	if err != nil {
 		return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
 	}
-	var mine []*engine.Checkpoint
-	for _, c := range hist {
-		if c.RunID == run.ID {
-			mine = append(mine, c)
-		}
-	}
-	sort.Slice(mine, func(i, j int) bool { return mine[i].ID < mine[j].ID })
 	if len(mine) == 0 || mine[0].Source != engine.SourceInput {
 		return nil, fmt.Errorf("replay run %s: its input checkpoint is gone (pruned?)", run.ID)
 	}
@@ -90,7 +86,7 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 		return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
 	}
 	ids := &originalIDs{ctx: ctx, src: src, run: run, next: map[string]map[string]string{}}
-	ids.next[""], err = successors(run.ID, "", mine)
+	ids.next[""], err = successors("", mine)
 	if err != nil {
 		return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
 	}
@@ -119,17 +115,11 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 		return nil, fmt.Errorf("replay run %s: %w", run.ID, ids.err)
 	}
 	rep := &Report{Run: run.ID, Steps: len(steps)}
-	got, herr := scratch.History(ctx, run.Thread, "", "", 0)
+	got, herr := ofRun(ctx, scratch, run, "")
 	if herr != nil {
 		return nil, herr
 	}
-	var theirs []*engine.Checkpoint
-	for _, c := range got {
-		if c.RunID == run.ID && c.Source != engine.SourceInput {
-			theirs = append(theirs, c)
-		}
-	}
-	sort.Slice(theirs, func(i, j int) bool { return theirs[i].ID < theirs[j].ID })
+	theirs := slices.DeleteFunc(got, func(c *engine.Checkpoint) bool { return c.Source == engine.SourceInput })
 	if d, derr := compare(ctx, src, scratch, steps, theirs); derr != nil {
 		return nil, derr
 	} else if d != nil {
@@ -138,6 +128,27 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 		}
 		rep.Diff = d
 		return rep, nil
+	}
+	// Then the subgraphs' checkpoints, namespace by namespace, parents
+	// before the subgraphs nested in them: a subgraph hands back only the
+	// channels its parent shares, so a replay that parts inside one (in
+	// its own conversation, say) may leave the root's checkpoints equal.
+	for _, ns := range ids.namespaces() {
+		want, werr := ofRun(ctx, src, run, ns)
+		if werr != nil {
+			return nil, fmt.Errorf("replay run %s: %w", run.ID, werr)
+		}
+		got, gerr := ofRun(ctx, scratch, run, ns)
+		if gerr != nil {
+			return nil, gerr
+		}
+		if d, derr := compare(ctx, src, scratch, want, got); derr != nil {
+			return nil, derr
+		} else if d != nil {
+			d.Namespace, d.Detail = ns, fmt.Sprintf("in subgraph %s: %s", ns, d.Detail)
+			rep.Diff = d
+			return rep, nil
+		}
 	}
 	status := engine.RunStatus("")
 	if res != nil {
@@ -183,15 +194,30 @@ type originalIDs struct {
 	err  error
 }
 
+// namespaces lists the subgraph namespaces the replay committed in, in
+// order of their names.
+func (o *originalIDs) namespaces() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []string
+	for ns := range o.next {
+		if ns != "" {
+			out = append(out, ns)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // id implements engine.RunConfig.IDs. Sibling subgraphs ask concurrently.
 func (o *originalIDs) id(ns, parent string) string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	m, ok := o.next[ns]
 	if !ok {
-		hist, err := o.src.History(o.ctx, o.run.Thread, ns, "", 0)
+		cs, err := ofRun(o.ctx, o.src, o.run, ns)
 		if err == nil {
-			m, err = successors(o.run.ID, ns, hist)
+			m, err = successors(ns, cs)
 		}
 		if err != nil {
 			o.err = cmp.Or(o.err, fmt.Errorf("the original's checkpoints in namespace %q: %w", ns, err))
@@ -202,23 +228,36 @@ func (o *originalIDs) id(ns, parent string) string {
 	return m[parent]
 }
 
-// successors maps the parent of each checkpoint that run made in namespace
-// ns, among hist, to that checkpoint's id. Within one namespace a run
+// successors maps the parent of each of cs, the checkpoints one run made
+// in namespace ns, to that checkpoint's id. Within one namespace a run
 // commits a chain, each checkpoint on the one before it; two checkpoints
-// of the run on one parent would make the mapping ambiguous, and are
-// refused.
-func successors(run, ns string, hist []*engine.Checkpoint) (map[string]string, error) {
+// on one parent would make the mapping ambiguous, and are refused.
+func successors(ns string, cs []*engine.Checkpoint) (map[string]string, error) {
 	m := map[string]string{}
-	for _, c := range hist {
-		if c.RunID != run {
-			continue
-		}
+	for _, c := range cs {
 		if other, ok := m[c.ParentID]; ok {
 			return nil, fmt.Errorf("checkpoints %s and %s of namespace %q both follow %q", other, c.ID, ns, c.ParentID)
 		}
 		m[c.ParentID] = c.ID
 	}
 	return m, nil
+}
+
+// ofRun lists the checkpoints that run made in namespace ns of its thread
+// in s, oldest first.
+func ofRun(ctx context.Context, s engine.Checkpointer, run *engine.Run, ns string) ([]*engine.Checkpoint, error) {
+	hist, err := s.History(ctx, run.Thread, ns, "", 0)
+	if err != nil {
+		return nil, err
+	}
+	var out []*engine.Checkpoint
+	for _, c := range hist {
+		if c.RunID == run.ID {
+			out = append(out, c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
 }
 
 // copyChain copies c and its ancestors, with the blobs they name, into dst.

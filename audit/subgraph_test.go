@@ -49,6 +49,9 @@ type clinic struct {
 	extraStep bool
 	// instances is how many instances of care plan fans out to (two).
 	instances int
+	// prefix is put before the user's message in check's conversation,
+	// which check does not hand back.
+	prefix string
 	// review has a person review check's answer before it is reported:
 	// an interrupt in each instance of the nested subgraph.
 	review bool
@@ -99,8 +102,12 @@ func (c clinic) conversation(t *testing.T, name, tool string, extraStep, review 
 		Log:         c.log, Blobs: c.blobs, Messages: messages, Answer: answer,
 	})
 	require.NoError(t, err)
+	prefix := ""
+	if name == "check" {
+		prefix = c.prefix
+	}
 	b.AddNode("intake", func(_ context.Context, s engine.State) ([]engine.Write, error) {
-		return []engine.Write{engine.Push(messages, models.Message{Role: models.RoleUser, Content: input.Get(s)})}, nil
+		return []engine.Write{engine.Push(messages, models.Message{Role: models.RoleUser, Content: prefix + input.Get(s)})}, nil
 	})
 	b.AddNode("loop", loop)
 	b.AddNode("report", func(_ context.Context, s engine.State) ([]engine.Write, error) {
@@ -325,4 +332,35 @@ func TestReplayOfSubgraphInterrupts(t *testing.T) {
 	rep, err := Replay(context.Background(), replayed(t, db, log, true, nil), db, run)
 	require.NoError(t, err)
 	require.True(t, rep.Same, "%v", rep.Diff)
+}
+
+// A replay that parts only in a nested subgraph's own channel, which it
+// does not hand back, leaves the root's checkpoints equal: it is found in
+// the namespace of the subgraph instance where it parts.
+func TestReplayOfSubgraphComparesItsNamespaces(t *testing.T) {
+	ctx := context.Background()
+	db, log, run := subgraphOriginal(t, false)
+	rep, err := Replay(ctx, replayed(t, db, log, false, func(c *clinic) { c.prefix = "urgent: " }), db, run)
+	require.NoError(t, err)
+	require.False(t, rep.Same)
+	d := rep.Diff
+	require.Equal(t, "check", d.Channel)
+	require.Equal(t, []string{"intake"}, d.Nodes)
+	require.Contains(t, d.Replayed, "urgent: another missed dose")
+	require.NotContains(t, d.Original, "urgent")
+	require.Regexp(t, `^care:[0-9a-f]{16}/check:[0-9a-f]{16}$`, d.Namespace)
+	require.Contains(t, d.Detail, "in subgraph "+d.Namespace)
+	ck, err := db.Checkpoint(ctx, run.Thread, d.Namespace, d.Checkpoint)
+	require.NoError(t, err, "the difference names the original's checkpoint")
+	require.Equal(t, run.ID, ck.RunID)
+}
+
+// Two checkpoints of a run on one parent in one namespace leave no single
+// original id for the replay's checkpoint there: refused, not guessed.
+func TestSuccessorsRefusesAFork(t *testing.T) {
+	m, err := successors("care:1", []*engine.Checkpoint{{ID: "a"}, {ID: "b", ParentID: "a"}})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"": "a", "a": "b"}, m)
+	_, err = successors("care:1", []*engine.Checkpoint{{ID: "a"}, {ID: "b", ParentID: "a"}, {ID: "c", ParentID: "a"}})
+	require.ErrorContains(t, err, `checkpoints b and c of namespace "care:1" both follow "a"`)
 }
