@@ -10,12 +10,14 @@ package audit
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/engine"
@@ -38,7 +40,10 @@ type Report struct {
 
 // Difference is the first place where replay and original part.
 type Difference struct {
-	Step       int      `json:"step"`
+	Step int `json:"step"`
+	// Namespace names the subgraph instance where they part ("" for the
+	// run's own graph).
+	Namespace  string   `json:"namespace,omitempty"`
 	Checkpoint string   `json:"checkpoint,omitempty"`
 	Nodes      []string `json:"nodes,omitempty"`
 	Channel    string   `json:"channel,omitempty"`
@@ -67,17 +72,10 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 	if run.Durability == engine.DurabilityExit {
 		return nil, fmt.Errorf("replay run %s: it ran with exit durability, which keeps no per-step checkpoints to compare", run.ID)
 	}
-	hist, err := src.History(ctx, run.Thread, "", "", 0)
+	mine, err := ofRun(ctx, src, run, "")
 	if err != nil {
 		return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
 	}
-	var mine []*engine.Checkpoint
-	for _, c := range hist {
-		if c.RunID == run.ID {
-			mine = append(mine, c)
-		}
-	}
-	sort.Slice(mine, func(i, j int) bool { return mine[i].ID < mine[j].ID })
 	if len(mine) == 0 || mine[0].Source != engine.SourceInput {
 		return nil, fmt.Errorf("replay run %s: its input checkpoint is gone (pruned?)", run.ID)
 	}
@@ -87,19 +85,14 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 	if err := copyChain(ctx, src, scratch, input); err != nil {
 		return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
 	}
-	next := 0
-	ids := func() string {
-		if next < len(steps) {
-			next++
-			return steps[next-1].ID
-		}
-		next++
-		// More steps than the original: ids past its last one.
-		return fmt.Sprintf("%s%04x", steps[len(steps)-1].ID[:12], next)
+	ids := &originalIDs{ctx: ctx, src: src, run: run, next: map[string]map[string]string{}}
+	ids.next[""], err = successors("", mine)
+	if err != nil {
+		return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
 	}
 	replayed := &engine.Run{ID: run.ID, Thread: run.Thread, Agent: run.Agent, Status: engine.StatusRunning,
 		Bundle: run.Bundle, CorrelationID: run.CorrelationID, Input: run.Input, CreatedAt: run.CreatedAt}
-	cfg := engine.RunConfig{Thread: run.Thread, Store: scratch, Run: replayed, IDs: ids, StepLimit: 1 << 20}
+	cfg := engine.RunConfig{Thread: run.Thread, Store: scratch, Run: replayed, IDs: ids.id, StepLimit: 1 << 20}
 	res, err := g.Resume(ctx, cfg, nil)
 	// Interrupts are answered with the decisions the original recorded.
 	for err == nil && res.Run.Status == engine.StatusInterrupted {
@@ -118,18 +111,15 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 		cfg.Run = res.Run
 		res, err = g.Resume(ctx, cfg, ds)
 	}
+	if ids.err != nil {
+		return nil, fmt.Errorf("replay run %s: %w", run.ID, ids.err)
+	}
 	rep := &Report{Run: run.ID, Steps: len(steps)}
-	got, herr := scratch.History(ctx, run.Thread, "", "", 0)
+	got, herr := ofRun(ctx, scratch, run, "")
 	if herr != nil {
 		return nil, herr
 	}
-	var theirs []*engine.Checkpoint
-	for _, c := range got {
-		if c.RunID == run.ID && c.Source != engine.SourceInput {
-			theirs = append(theirs, c)
-		}
-	}
-	sort.Slice(theirs, func(i, j int) bool { return theirs[i].ID < theirs[j].ID })
+	theirs := slices.DeleteFunc(got, func(c *engine.Checkpoint) bool { return c.Source == engine.SourceInput })
 	if d, derr := compare(ctx, src, scratch, steps, theirs); derr != nil {
 		return nil, derr
 	} else if d != nil {
@@ -138,6 +128,27 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 		}
 		rep.Diff = d
 		return rep, nil
+	}
+	// Then the subgraphs' checkpoints, namespace by namespace, parents
+	// before the subgraphs nested in them: a subgraph hands back only the
+	// channels its parent shares, so a replay that parts inside one (in
+	// its own conversation, say) may leave the root's checkpoints equal.
+	for _, ns := range ids.namespaces() {
+		want, werr := ofRun(ctx, src, run, ns)
+		if werr != nil {
+			return nil, fmt.Errorf("replay run %s: %w", run.ID, werr)
+		}
+		got, gerr := ofRun(ctx, scratch, run, ns)
+		if gerr != nil {
+			return nil, gerr
+		}
+		if d, derr := compare(ctx, src, scratch, want, got); derr != nil {
+			return nil, derr
+		} else if d != nil {
+			d.Namespace, d.Detail = ns, fmt.Sprintf("in subgraph %s: %s", ns, d.Detail)
+			rep.Diff = d
+			return rep, nil
+		}
 	}
 	status := engine.RunStatus("")
 	if res != nil {
@@ -156,6 +167,97 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 	}
 	rep.Same = true
 	return rep, nil
+}
+
+// originalIDs gives each checkpoint of a replay the id that the original
+// run gave the checkpoint in the same place: in the same namespace, after
+// the same parent. A subgraph's namespace is named after the parent's task
+// that runs it (node name and task id, see engine.RunConfig.IDs), and a
+// task id after the checkpoint its step starts from and the task's place
+// in the step; so once the root's checkpoints have their original ids,
+// each instance of a subgraph (several at one step under a fan-out, one
+// inside another when nested) runs in the namespace the original instance
+// ran in, and its checkpoints take that instance's ids, and its calls its
+// keys. A checkpoint the original has no counterpart for (the replay went
+// on past it, or ran in a namespace it never ran in) gets a new id, so
+// its calls have keys the record lacks: a divergence, named by its key.
+type originalIDs struct {
+	ctx context.Context
+	src engine.Store
+	run *engine.Run
+
+	mu sync.Mutex
+	// next maps namespace and parent checkpoint id to the id of the
+	// original's checkpoint that followed that parent, loaded the first
+	// time the replay commits in the namespace.
+	next map[string]map[string]string
+	err  error
+}
+
+// namespaces lists the subgraph namespaces the replay committed in, in
+// order of their names.
+func (o *originalIDs) namespaces() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []string
+	for ns := range o.next {
+		if ns != "" {
+			out = append(out, ns)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// id implements engine.RunConfig.IDs. Sibling subgraphs ask concurrently.
+func (o *originalIDs) id(ns, parent string) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	m, ok := o.next[ns]
+	if !ok {
+		cs, err := ofRun(o.ctx, o.src, o.run, ns)
+		if err == nil {
+			m, err = successors(ns, cs)
+		}
+		if err != nil {
+			o.err = cmp.Or(o.err, fmt.Errorf("the original's checkpoints in namespace %q: %w", ns, err))
+			return ""
+		}
+		o.next[ns] = m
+	}
+	return m[parent]
+}
+
+// successors maps the parent of each of cs, the checkpoints one run made
+// in namespace ns, to that checkpoint's id. Within one namespace a run
+// commits a chain, each checkpoint on the one before it; two checkpoints
+// on one parent would make the mapping ambiguous, and are refused.
+func successors(ns string, cs []*engine.Checkpoint) (map[string]string, error) {
+	m := map[string]string{}
+	for _, c := range cs {
+		if other, ok := m[c.ParentID]; ok {
+			return nil, fmt.Errorf("checkpoints %s and %s of namespace %q both follow %q", other, c.ID, ns, c.ParentID)
+		}
+		m[c.ParentID] = c.ID
+	}
+	return m, nil
+}
+
+// ofRun lists the checkpoints that run made in namespace ns of its thread
+// in s, oldest first.
+func ofRun(ctx context.Context, s engine.Checkpointer, run *engine.Run, ns string) ([]*engine.Checkpoint, error) {
+	hist, err := s.History(ctx, run.Thread, ns, "", 0)
+	if err != nil {
+		return nil, err
+	}
+	var out []*engine.Checkpoint
+	for _, c := range hist {
+		if c.RunID == run.ID {
+			out = append(out, c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
 }
 
 // copyChain copies c and its ancestors, with the blobs they name, into dst.

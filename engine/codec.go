@@ -242,7 +242,7 @@ func (e *execution) checkWrites(node string, ws []Write) error {
 // channels are encoded once, when the run commits (see uncommitted).
 func (e *execution) newCheckpoint(source string, nodes []string) (*Checkpoint, error) {
 	c := &Checkpoint{
-		Thread: e.cfg.Thread, NS: e.cfg.ns, ID: e.newCheckpointID(), ParentID: e.committed, RunID: e.run.ID,
+		Thread: e.cfg.Thread, NS: e.cfg.ns, ID: e.newCheckpointID(e.committed), ParentID: e.committed, RunID: e.run.ID,
 		Step: e.step, Source: source, Nodes: nodes, Next: e.next, Created: e.cfg.now().UTC(),
 	}
 	if !e.commitsEachStep() {
@@ -273,9 +273,14 @@ func (e *execution) encodeChanges(c *Checkpoint) error {
 	return nil
 }
 
-func (e *execution) newCheckpointID() string {
-	if e.cfg.IDs != nil && e.cfg.ns == "" {
-		return e.cfg.IDs()
+// newCheckpointID is the id of the checkpoint that follows parent in the
+// execution's namespace.
+func (e *execution) newCheckpointID(parent string) string {
+	if e.cfg.IDs != nil {
+		if id := e.cfg.IDs(e.cfg.ns, parent); id != "" {
+			observeID(id) // so that an id the engine makes next is greater
+			return id
+		}
 	}
 	return newID()
 }

@@ -51,10 +51,15 @@ type RunConfig struct {
 	Cache       *StateCache
 	// Output derives the run record's output from the final state.
 	Output func(State) json.RawMessage
-	// IDs, when set, supplies the ids of new checkpoints (an audit replay
-	// re-executes a run under its original ids, so that its task ids and
-	// idempotency keys are the original ones). Ids must keep increasing.
-	IDs func() string
+	// IDs, when set, supplies the ids of new checkpoints, the root
+	// graph's and its subgraphs': ns is the checkpoint's namespace ("" for
+	// the root) and parent the id of the checkpoint before it there (""
+	// for the first of a namespace). An audit replay re-executes a run
+	// under its original ids, so that its task ids, the namespaces of its
+	// subgraphs (named after those task ids) and its idempotency keys are
+	// the original ones. Ids must keep increasing within a namespace; ""
+	// leaves the id to the engine.
+	IDs func(ns, parent string) string
 
 	ns         string
 	nodePrefix string

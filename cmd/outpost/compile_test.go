@@ -41,13 +41,7 @@ func TestRunCompilesTheBundleOnce(t *testing.T) {
 	dir := t.TempDir()
 	data, b := filepath.Join(dir, "data"), filepath.Join(dir, "b")
 	key := filepath.Join("..", "..", "testdata", "keys", "firmware-test")
-	ok := func(args ...string) string {
-		t.Helper()
-		code, stdout, stderr := outpost(t, args...)
-		require.Zero(t, code, "%v: %s", args, stderr)
-		return stdout
-	}
-	ok("firmware", "export", b)
+	outpostOK(t, "firmware", "export", b)
 	edit := func(file, old, new string) {
 		t.Helper()
 		raw, err := os.ReadFile(file)
@@ -58,11 +52,11 @@ func TestRunCompilesTheBundleOnce(t *testing.T) {
 	setBundleVersion(t, b, embeddedVersion(t)+1)
 	// The first router of the agent's graph is its intake node.
 	edit(filepath.Join(b, "agents", firmware.ReferenceAgent+".json"), `"kind": "router"`, `"kind": "`+countedKind+`"`)
-	ok("firmware", "sign", "--key", key+".key", b)
-	ok("firmware", "install", "--data", data, "--keys", key+".pub", b)
+	outpostOK(t, "firmware", "sign", "--key", key+".key", b)
+	outpostOK(t, "firmware", "install", "--data", data, "--keys", key+".pub", b)
 
 	countedBuilds.Store(0)
-	out := ok("run", "--data", data, "--agent", firmware.ReferenceAgent, "I forgot my metformin dose")
+	out := outpostOK(t, "run", "--data", data, "--agent", firmware.ReferenceAgent, "I forgot my metformin dose")
 	require.Contains(t, out, ": completed")
 	require.Regexp(t, `node.completed +intake `, out, "the turn ran through the counted node")
 	require.EqualValues(t, 1, countedBuilds.Load(), "compilations of the agent's graph by one run")

@@ -29,6 +29,15 @@ func outpost(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errb.String()
 }
 
+// outpostOK runs outpost with args, which must succeed, and returns its
+// stdout.
+func outpostOK(t *testing.T, args ...string) string {
+	t.Helper()
+	code, stdout, stderr := outpost(t, args...)
+	require.Zero(t, code, "%v: %s%s", args, stdout, stderr)
+	return stdout
+}
+
 func TestUnknownCommandAndHelp(t *testing.T) {
 	code, _, stderr := outpost(t, "frobnicate")
 	require.Equal(t, 2, code)

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"regexp"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
 
+	"github.com/outpost-edge/outpost/firmware"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -36,18 +39,31 @@ func TestRunsReplay(t *testing.T) {
 
 	// Take the recorded model response away: the replay must not ask a
 	// model, so it parts from the original and says where.
+	require.NotZero(t, deleteCallRecords(t, dir, func(k []byte) bool { return bytes.HasPrefix(k, []byte("model:"+m[1])) }),
+		"the run's model call was recorded")
+	code, stdout, stderr = outpost(t, "runs", "replay", m[1], "--data", dir)
+	require.Equal(t, 1, code)
+	require.Contains(t, stdout, "does not replay")
+	require.Contains(t, stdout, "generate_response")
+	require.Contains(t, stderr, "differs from the original")
+}
+
+// deleteCallRecords deletes from the store in dir the call records whose
+// keys match, and returns how many it deleted.
+func deleteCallRecords(t *testing.T, dir string, match func(key []byte) bool) int {
+	t.Helper()
 	bdb, err := bbolt.Open(filepath.Join(dir, store.FileName), 0o600, nil)
 	require.NoError(t, err)
+	defer func() { require.NoError(t, bdb.Close()) }()
+	var keys [][]byte
 	require.NoError(t, bdb.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket([]byte("toolcalls"))
-		var keys [][]byte
 		_ = b.ForEach(func(k, _ []byte) error {
-			if bytes.HasPrefix(k, []byte("model:"+m[1])) {
+			if match(k) {
 				keys = append(keys, append([]byte(nil), k...))
 			}
 			return nil
 		})
-		require.NotEmpty(t, keys, "the run's model call was recorded")
 		for _, k := range keys {
 			if err := b.Delete(k); err != nil {
 				return err
@@ -55,10 +71,69 @@ func TestRunsReplay(t *testing.T) {
 		}
 		return nil
 	}))
-	require.NoError(t, bdb.Close())
-	code, stdout, stderr = outpost(t, "runs", "replay", m[1], "--data", dir)
-	require.Equal(t, 1, code)
+	return len(keys)
+}
+
+// A run of an agent whose subgraph (the reference tools agent, as a node
+// of kind subgraph) calls the model and a tool replays: the subgraph's
+// calls are found under their original keys. Without the record of its
+// tool call, the replay says which call the original did not make.
+func TestRunsReplayOfASubgraph(t *testing.T) {
+	dir := t.TempDir()
+	data, b := filepath.Join(dir, "data"), filepath.Join(dir, "b")
+	key := filepath.Join("..", "..", "testdata", "keys", "firmware-test")
+	outpostOK(t, "firmware", "export", b)
+	setBundleVersion(t, b, embeddedVersion(t)+1)
+	mf := filepath.Join(b, firmware.ManifestFile)
+	raw, err := os.ReadFile(mf)
+	require.NoError(t, err)
+	raw = bytes.Replace(raw, []byte(`"agents": {`), []byte(`"agents": {"care-team": "agents/care-team.json", `), 1)
+	require.NoError(t, os.WriteFile(mf, raw, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(b, "agents", "care-team.json"), []byte(`{
+  "name": "care-team",
+  "channels": [
+    {"name": "input", "type": "string", "reducer": "replace"},
+    {"name": "messages", "type": "messages", "reducer": "append"},
+    {"name": "answer", "type": "string", "reducer": "replace"}],
+  "input": "input", "output": "answer", "history": "messages", "step_limit": 40,
+  "nodes": [{"name": "team", "kind": "subgraph", "config": {"graph": "agents/medication-adherence-tools.json"}}],
+  "edges": [{"from": "START", "to": "team"}, {"from": "team", "to": "END"}]
+}`), 0o644))
+	outpostOK(t, "firmware", "sign", "--key", key+".key", b)
+	outpostOK(t, "firmware", "install", "--data", data, "--keys", key+".pub", b)
+
+	var run string
+	for range 2 { // the second turn starts from the first's end
+		out := outpostOK(t, "run", "--data", data, "--agent", "care-team", "--thread", "a", "what time is it today for my metformin")
+		m := regexp.MustCompile(`run (run_\w+) on thread a: completed`).FindStringSubmatch(out)
+		require.Len(t, m, 2, out)
+		run = m[1]
+		require.Contains(t, out, "team/generate_response")
+	}
+	var rep struct {
+		Same  bool
+		Steps int
+	}
+	require.NoError(t, json.Unmarshal([]byte(outpostOK(t, "runs", "replay", run, "--data", data, "--json")), &rep))
+	require.True(t, rep.Same)
+	require.Equal(t, 1, rep.Steps, "the run's one step is the subgraph node's")
+
+	// The subgraph's tool call: current_time, which the model asked for.
+	db, err := store.OpenDir(data, store.Options{})
+	require.NoError(t, err)
+	calls, err := db.ToolCalls(context.Background(), run+":")
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	var tool string
+	for _, c := range calls {
+		if c.Tool == "current_time" {
+			tool = c.Key
+		}
+	}
+	require.NotEmpty(t, tool, "%v", calls)
+	require.Equal(t, 1, deleteCallRecords(t, data, func(k []byte) bool { return string(k) == tool }))
+	code, stdout, stderr := outpost(t, "runs", "replay", run, "--data", data)
+	require.Equal(t, 1, code, stderr)
 	require.Contains(t, stdout, "does not replay")
-	require.Contains(t, stdout, "generate_response")
-	require.Contains(t, stderr, "differs from the original")
+	require.Contains(t, stdout, "call "+tool+" (current_time) was not made by the original run")
 }
