@@ -306,11 +306,16 @@ func runNotFound(err error, dir string, fs *flag.FlagSet) error {
 	if !errors.Is(err, engine.ErrRunNotFound) {
 		return err
 	}
-	where := dir
-	if abs, aerr := filepath.Abs(dir); aerr == nil {
-		where = abs
+	return fmt.Errorf("%w\n(looked in the data folder %s; outpost runs list%s lists the runs it holds)", err, absFolder(dir), dataHint(fs))
+}
+
+// absFolder is dir made absolute, as a message names the data folder it
+// looked in: a relative one says nothing once the shell has moved on.
+func absFolder(dir string) string {
+	if abs, err := filepath.Abs(dir); err == nil {
+		return abs
 	}
-	return fmt.Errorf("%w\n(looked in the data folder %s; outpost runs list%s lists the runs it holds)", err, where, dataHint(fs))
+	return dir
 }
 
 // servesFolder is how serve's data folder is given, for dataFolderExists.

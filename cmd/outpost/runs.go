@@ -431,7 +431,7 @@ func runsHistory(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	})
 	if errors.Is(err, engine.ErrCheckpointNotFound) && *before != "" {
-		return fmt.Errorf("--before %q names no checkpoint of thread %q: give the --before of the \"more:\" line, the last checkpoint of the page before", *before, pos[0])
+		return fmt.Errorf("--before %q names no checkpoint of thread %q: give the --before of the \"more:\" line, the last checkpoint of the page before\n(looked in the data folder %s)", *before, pos[0], absFolder(*data))
 	}
 	if err != nil {
 		return err

@@ -24,4 +24,6 @@ func TestRunsCursorsOfTheWrongFormExitTwo(t *testing.T) {
 	code, _, stderr = outpostBin(t, "", "runs", "history", "t1", "--data", data, "--before", "0000000000000001")
 	require.Equal(t, 1, code, stderr)
 	require.Contains(t, stderr, `names no checkpoint of thread "t1"`)
+	// As a run id that names no run does, it names the folder it read.
+	require.Contains(t, stderr, "(looked in the data folder "+data+")")
 }
