@@ -45,6 +45,11 @@ type ToolInterrupt struct {
 	Tool   string          `json:"tool"`
 	Args   json.RawMessage `json:"args"`
 	Key    string          `json:"key"`
+	// Node is the path of the node that makes the call through the
+	// subgraphs (engine.RunInfo.Path), as events name it: the person who
+	// decides must know which of the calls of a loop that several graphs
+	// share it is.
+	Node string `json:"node,omitempty"`
 	// Detail says why the policy asked.
 	Detail string `json:"detail,omitempty"`
 }
@@ -286,7 +291,10 @@ const failedPrefix = "failed: "
 func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string, error) {
 	key := ToolKey(l.info, index)
 	args := normalizeArgs(tc.Arguments)
-	rec := CallRecord{Key: key, Run: l.info.Run, Node: l.info.Node, Tool: tc.Name, ArgsHash: HashArgs(args), Args: args}
+	// The record names the node by its path, as events do: the bare name
+	// is the same in every instance of a subgraph and in the run's own
+	// graph. No reader of the record compares it to a bare name.
+	rec := CallRecord{Key: key, Run: l.info.Run, Node: l.info.Path, Tool: tc.Name, ArgsHash: HashArgs(args), Args: args}
 
 	denied := func(layer, reason string) func() { return l.denied(ctx, tc.Name, key, layer, reason) }
 	chk := l.active.Check(tc.Name, args)
@@ -307,7 +315,8 @@ func (l *loop) call(ctx context.Context, tc models.ToolCall, index int) (string,
 	case policy.DecisionDeny:
 		return l.refuse(ctx, rec, fmt.Sprintf(textDenied, tool.Name), denied(layerRule, ar.Reason))
 	case policy.DecisionAsk:
-		d, err := engine.Interrupt(ctx, ToolInterrupt{Reason: ReasonApproval, Tool: tool.Name, Args: args, Key: key, Detail: ar.Reason})
+		d, err := engine.Interrupt(ctx, ToolInterrupt{Reason: ReasonApproval, Tool: tool.Name, Args: args, Key: key,
+			Node: l.info.Path, Detail: ar.Reason})
 		if err != nil {
 			return "", err
 		}
@@ -469,7 +478,10 @@ func (l *loop) uncertain(ctx context.Context, impl Tool, rec CallRecord, why str
 		if asked {
 			setAside = setAsideBy(m)
 		}
-		ti := ToolInterrupt{Reason: ReasonUncertainSideEffect, Tool: rec.Tool, Args: rec.Args, Key: key, Detail: detailRecovered}
+		// The node is this task's, not rec's: a record an older release
+		// wrote names the bare node.
+		ti := ToolInterrupt{Reason: ReasonUncertainSideEffect, Tool: rec.Tool, Args: rec.Args, Key: key,
+			Node: l.info.Path, Detail: detailRecovered}
 		if marker.Reason == reasonSalvaged {
 			ti.Detail = detailSalvaged
 		}

@@ -175,7 +175,13 @@ func publish(ctx context.Context, typ string, data any, live bool) {
 // keys of side effects).
 type RunInfo struct {
 	Run, Thread, NS, Checkpoint, Task, Node string
-	Step                                    int
+	// Path is Node's path through the subgraphs, as events name it
+	// (Event.Node): "team/loop" for the node loop of the subgraph that the
+	// node team runs, Node alone in the run's own graph. Node is the bare
+	// name, which every instance of a subgraph shares with any node of
+	// that name elsewhere: a record that a person reads names Path.
+	Path string
+	Step int
 	// MaxTokens is the run's token budget (RunConfig.MaxTokens), for the
 	// node's model calls to count against; 0 means none.
 	MaxTokens int
@@ -198,6 +204,6 @@ func InfoFrom(ctx context.Context) (RunInfo, bool) {
 		return RunInfo{}, false
 	}
 	return RunInfo{Run: sp.exec.run.ID, Thread: sp.thread, NS: sp.ns, Checkpoint: sp.ckpt,
-		Task: sp.taskID, Node: sp.node, Step: sp.exec.step, MaxTokens: sp.exec.cfg.MaxTokens,
+		Task: sp.taskID, Node: sp.node, Path: sp.exec.cfg.nodePrefix + sp.node, Step: sp.exec.step, MaxTokens: sp.exec.cfg.MaxTokens,
 		Resumed: !sp.exec.root().fresh, Attempt: sp.exec.root().attempt}, true
 }

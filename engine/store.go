@@ -195,6 +195,25 @@ type PendingInterrupt struct {
 	Payload json.RawMessage `json:"payload,omitempty"`
 }
 
+// Path is the path through the subgraphs of the node that asked, as
+// events name it (Event.Node): "team/review" for the node review of the
+// subgraph that the node team runs. Node is the bare name, which every
+// instance of a subgraph shares with any node of that name elsewhere. It
+// is read from NS, whose parts are "node:task" (node names hold neither
+// '/' nor ':').
+func (p PendingInterrupt) Path() string {
+	if p.NS == "" {
+		return p.Node
+	}
+	var b strings.Builder
+	for part := range strings.SplitSeq(p.NS, "/") {
+		node, _, _ := strings.Cut(part, ":")
+		b.WriteString(node)
+		b.WriteByte('/')
+	}
+	return b.String() + p.Node
+}
+
 // DecisionRecord is the audit entry for one approve, edit or reject.
 type DecisionRecord struct {
 	Interrupt string          `json:"interrupt"`

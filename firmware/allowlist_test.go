@@ -210,3 +210,49 @@ func TestAllowlistDeniesCalls(t *testing.T) {
 	require.Equal(t, engine.StatusCompleted, res.Run.Status, res.Run.Error)
 	assert.Zero(t, sent.Load(), "send_reminder never ran")
 }
+
+// A golden conversation that expects its agent to call a tool that the
+// agent's allowlist leaves out could never pass: a refused call is a
+// tool.unauthorized event, not one of the turn's tools. Verify (Load) and
+// install refuse it at the tool list's line and column, naming the
+// conversation, the turn, the tool and the agent; a tool the allowlist
+// names, or any tool of the registry for an agent that names none, is
+// fine.
+func TestGoldenToolOutsideTheAgentsAllowlistIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name, tools, line, bad, says string
+	}{
+		{"a tool the allowlist leaves out", `"tools": ["lookup_schedule"],`,
+			`{"name": "h", "agent": "helper", "turns": [{"input": "hi"}, {"input": "remind me", "expect": {"tools": ["lookup_schedule", "send_reminder"]}}]}`,
+			`["lookup_schedule", "send_reminder"]`,
+			`conversation "h": turns.1.expect.tools.1: "send_reminder" is not in agent "helper"'s allowlist (tools: lookup_schedule)`},
+		{"after a resume", `"tools": ["lookup_schedule"],`,
+			`{"name": "r", "agent": "helper", "turns": [{"input": "remind me", "expect": {"status": "interrupted"}, "resume": {"decision": "approve"}, "after_resume": {"tools": ["send_reminder"]}}]}`,
+			`["send_reminder"]`,
+			`conversation "r": turns.0.after_resume.tools.0: "send_reminder" is not in agent "helper"'s allowlist (tools: lookup_schedule)`},
+		{"an allowlist of none", `"tools": [],`,
+			`{"name": "n", "agent": "helper", "turns": [{"input": "remind me", "expect": {"tools": ["send_reminder"]}}]}`,
+			`["send_reminder"]`,
+			`conversation "n": turns.0.expect.tools.0: "send_reminder" is not in agent "helper"'s allowlist (it names none)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			golden := goldenWith(tc.line)
+			dir := withAgents(t, map[string]string{"helper": "agents/helper.json"},
+				map[string]string{"agents/helper.json": helperGraph("helper", tc.tools), "golden/patterns.jsonl": golden})
+			off := strings.Index(golden, tc.bad)
+			require.GreaterOrEqual(t, off, 0)
+			col := off - strings.LastIndex(golden[:off], "\n")
+			requireRefusedAt(t, dir, "golden/patterns.jsonl", 3, col, "", tc.says)
+		})
+	}
+
+	for _, tools := range []string{`"tools": ["send_reminder"],`, ""} {
+		golden := goldenWith(`{"name": "ok", "agent": "helper", "turns": [{"input": "remind me", "expect": {"tools": ["send_reminder"]}}]}`)
+		dir := withAgents(t, map[string]string{"helper": "agents/helper.json"},
+			map[string]string{"agents/helper.json": helperGraph("helper", tools), "golden/patterns.jsonl": golden})
+		_, err := firmware.Load(dir, testKeyring(t))
+		require.NoError(t, err, "allowlist %q", tools)
+		_, err = newInstaller(t, t.TempDir()).Install(dir, firmware.InstallOptions{})
+		require.NoError(t, err, "allowlist %q", tools)
+	}
+}

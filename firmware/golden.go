@@ -296,8 +296,8 @@ func (c *Conversation) fault(at, format string, args ...any) *FileError {
 // checkGolden refuses a golden conversation of the bundle that no replay of
 // it could pass: one CheckGolden refuses, or one that names an agent the
 // bundle lacks, or expects a node its agent's graph lacks (in its path or
-// as its interrupt), a tool its registry lacks, or a flag its agent can
-// never raise. Like checkNames, whose part it is, it is for verify and
+// as its interrupt), a tool its registry or its agent's allowlist lacks,
+// or a flag its agent can never raise. Like checkNames, whose part it is, it is for verify and
 // install, not Open.
 //
 // The flags a replay reads are those of the agent's "flags" channel. What
@@ -322,11 +322,17 @@ func (b *Bundle) checkGolden() error {
 }
 
 // CheckGoldenNames refuses a conversation of convs that expects a node its
-// agent's graph lacks (in a path or an interrupt) or a tool b's registry
-// lacks, as verify refuses one of the bundle's own golden files (see
-// checkGolden), so that golden files of one's own are checked before
-// anything is replayed. A conversation whose agent is not one of b's is not
-// checked.
+// agent's graph lacks (in a path or an interrupt), or a tool b's registry
+// or its agent's allowlist lacks, as verify refuses one of the bundle's own
+// golden files (see checkGolden), so that golden files of one's own are
+// checked before anything is replayed. A conversation whose agent is not
+// one of b's is not checked.
+//
+// A turn's expected tools are the tools it called (its tool.called
+// events); a call the active set refuses is a tool.unauthorized event and
+// is not listed. The active set is never wider than the agent's
+// allowlist, so a tool outside it can never be listed, in the agent's
+// subgraphs either, and the turn could never pass.
 func (b *Bundle) CheckGoldenNames(convs []Conversation) error {
 	var tools []string
 	if b.Registry != nil {
@@ -343,7 +349,7 @@ func (b *Bundle) CheckGoldenNames(convs []Conversation) error {
 			nodes = append(nodes, n.Name)
 		}
 		for _, e := range c.expectations() {
-			if err := c.checkExpectNames(e.at, e.expect, nodes, tools); err != nil {
+			if err := c.checkExpectNames(e.at, e.expect, nodes, tools, spec.Allowlist()); err != nil {
 				return err
 			}
 		}
@@ -414,8 +420,9 @@ func (c *Conversation) checkExpectFlags(at string, e *Expect, flags []string) er
 
 // checkExpectNames refuses an expectation that names a node outside nodes
 // (the agent's graph; a subgraph's node is reported as "parent/child") or
-// a tool outside tools.
-func (c *Conversation) checkExpectNames(at string, e *Expect, nodes, tools []string) error {
+// a tool outside tools (the registry) or allowed (the agent's allowlist,
+// nil when it names none and may call every tool of the registry).
+func (c *Conversation) checkExpectNames(at string, e *Expect, nodes, tools, allowed []string) error {
 	if e == nil {
 		return nil
 	}
@@ -438,6 +445,14 @@ func (c *Conversation) checkExpectNames(at string, e *Expect, nodes, tools []str
 				known = "tools: " + strings.Join(tools, ", ")
 			}
 			return c.fault(at+".tools", "%s.tools.%d: %q is not a tool of the bundle's registry (%s)", at, i, name, known)
+		}
+		if allowed != nil && !slices.Contains(allowed, name) {
+			known := "it names none"
+			if len(allowed) > 0 {
+				known = "tools: " + strings.Join(allowed, ", ")
+			}
+			return c.fault(at+".tools", "%s.tools.%d: %q is not in agent %q's allowlist (%s): the agent can never call it, "+
+				"and a refused call is not listed", at, i, name, c.Agent, known)
 		}
 	}
 	return nil

@@ -27,8 +27,8 @@ what each must give) against the embedded reference bundle's agents, or --bundle
 the turns that depart from them. With no FILE, replay the ones the bundle ships (its manifest's
 golden files). Exit 1 when one departs; exit 2 when the replay cannot be made (no file and none
 in the bundle, a malformed one, an agent no bundle has, a node of a path or an interrupt that
-the agent's graph lacks, a tool the bundle's registry lacks, an expected flag the agent can
-never raise on --flags-channel, a bundle that will not load).`
+the agent's graph lacks, a tool the bundle's registry or the agent's allowlist lacks, an
+expected flag the agent can never raise on --flags-channel, a bundle that will not load).`
 	bundle := fs.String("bundle", "", "resolve agents from the bundle at `PATH` (a directory or .tar) instead of the embedded reference bundle")
 	keys := fs.String("keys", "", "trusted public keys for --bundle, at `PATH`: a folder of .pub files, or one file (default: the development key)")
 	asJSON := fs.Bool("json", false, "write the report as JSON on stdout")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -259,24 +260,29 @@ func TestEvalRefusesAFlagTheAgentCannotRaise(t *testing.T) {
 
 // eval FILE refuses, before it replays anything, a golden conversation of
 // one's own that names a node its agent's graph lacks (in a path or an
-// interrupt) or a tool the bundle's registry lacks, with the message
-// firmware verify gives for the same file in a bundle: no replay of it
-// could pass.
+// interrupt), or a tool the bundle's registry or the agent's allowlist
+// lacks, with the message firmware verify gives for the same file in a
+// bundle: no replay of it could pass.
 func TestEvalRefusesNamesTheAgentLacks(t *testing.T) {
-	conv := func(name, expect string) string {
-		return `{"name": "` + name + `", "agent": "` + firmware.ReferenceToolsAgent + `", "turns": [{"input": "please schedule a follow-up call about my refills", "expect": ` + expect + `}]}` + "\n"
-	}
 	for _, c := range []struct {
-		name, expect, says string
+		agent, name, expect, says string // agent: firmware.ReferenceToolsAgent when empty
 	}{
-		{"path", `{"path": ["intake", "guardrail_pre", "generate_reply"]}`,
+		{"", "path", `{"path": ["intake", "guardrail_pre", "generate_reply"]}`,
 			`conversation "path": turns.0.expect.path.2: "generate_reply" is not a node of agent "` + firmware.ReferenceToolsAgent + `"'s graph (nodes: intake, `},
-		{"interrupt", `{"status": "interrupted", "interrupt": "review"}`,
+		{"", "interrupt", `{"status": "interrupted", "interrupt": "review"}`,
 			`conversation "interrupt": turns.0.expect.interrupt: "review" is not a node of agent "` + firmware.ReferenceToolsAgent + `"'s graph (nodes: intake, `},
-		{"tools", `{"tools": ["schedule_follow_up"]}`,
+		{"", "tools", `{"tools": ["schedule_follow_up"]}`,
 			`conversation "tools": turns.0.expect.tools.0: "schedule_follow_up" is not a tool of the bundle's registry (tools: `},
+		// The reference agent's allowlist names no tool: a call it made
+		// would be refused, and a refused call is not listed.
+		{firmware.ReferenceAgent, "allowlist", `{"tools": ["kb_search"]}`,
+			`conversation "allowlist": turns.0.expect.tools.0: "kb_search" is not in agent "` + firmware.ReferenceAgent + `"'s allowlist (it names none)`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			agent := cmp.Or(c.agent, firmware.ReferenceToolsAgent)
+			conv := func(name, expect string) string {
+				return `{"name": "` + name + `", "agent": "` + agent + `", "turns": [{"input": "please schedule a follow-up call about my refills", "expect": ` + expect + `}]}` + "\n"
+			}
 			golden := filepath.Join(t.TempDir(), "g.jsonl")
 			require.NoError(t, os.WriteFile(golden, []byte(conv(c.name, c.expect)), 0o644))
 			code, stdout, stderr := outpostBin(t, "", "eval", golden)
@@ -296,4 +302,42 @@ func TestEvalRefusesNamesTheAgentLacks(t *testing.T) {
 			require.Contains(t, vstderr, "golden/reference.jsonl:"+evalSays)
 		})
 	}
+}
+
+// A call that its agent's allowlist leaves out is refused, and a turn's
+// tools do not list it (its denied do): a golden conversation that expects
+// such a call could never pass, which is why verify and eval refuse one
+// (TestEvalRefusesNamesTheAgentLacks).
+func TestEvalListsNoCallTheAllowlistRefused(t *testing.T) {
+	bundle := filepath.Join(t.TempDir(), "bundle")
+	require.NoError(t, firmware.Export(bundle))
+	file := filepath.Join(bundle, "agents", firmware.ReferenceToolsAgent+".json")
+	raw, err := os.ReadFile(file)
+	require.NoError(t, err)
+	var graph map[string]any
+	require.NoError(t, json.Unmarshal(raw, &graph))
+	graph["tools"] = []string{"kb_search", "current_time", "record_note"} // no schedule_followup
+	raw, err = json.Marshal(graph)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(file, raw, 0o644))
+	require.NoError(t, firmware.Sign(bundle, filepath.Join("..", "..", "testdata", "keys", "dev.key")))
+	golden := filepath.Join(t.TempDir(), "g.jsonl")
+	require.NoError(t, os.WriteFile(golden, []byte(`{"name": "followup", "agent": "`+firmware.ReferenceToolsAgent+
+		`", "turns": [{"input": "Please schedule a follow-up call about my refills", "expect": {"status": "completed"}}]}`+"\n"), 0o644))
+
+	code, stdout, stderr := outpostBin(t, "", "eval", "--json", "--bundle", bundle, golden)
+	require.Equal(t, 0, code, stderr)
+	var rep struct {
+		Cases []struct {
+			Results []struct {
+				Observed eval.Observed `json:"observed"`
+			} `json:"results"`
+		} `json:"cases"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+	require.Len(t, rep.Cases, 1)
+	require.Len(t, rep.Cases[0].Results, 1)
+	got := rep.Cases[0].Results[0].Observed
+	require.Equal(t, []string{"schedule_followup"}, got.Denied, "the call the allowlist refused")
+	require.Empty(t, got.Tools, "a refused call listed among the turn's tools")
 }

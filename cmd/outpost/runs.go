@@ -388,10 +388,12 @@ func printRun(w io.Writer, v runView, dataHint string) error {
 }
 
 // printInterrupts says what an interrupted run waits for, and how to answer.
+// The node is named by its path through the subgraphs, as events name it:
+// the bare name is the same in every instance of a subgraph.
 func printInterrupts(w io.Writer, r *engine.Run, dataHint string) {
 	for _, in := range r.Interrupts {
 		fmt.Fprintf(w, "waiting for a decision on %s at %s: %s\n  outpost resume %s --interrupt %s --decision approve|edit|reject%s\n",
-			in.ID, in.Node, in.Payload, r.ID, in.ID, dataHint)
+			in.ID, in.Path(), in.Payload, r.ID, in.ID, dataHint)
 	}
 }
 

@@ -530,13 +530,17 @@ function drawHeld(checkpoints, held, calls, decisions) {
   }
   left = left.filter((c) => !evented.has(c.key));
   undrawn = undrawn.slice(0, Math.max(0, undrawn.length - told));
-  // A call made inside a subgraph names the subgraph's node, which no step
-  // of the run's own graph ran: it goes to the first step that ended after
-  // it, the one whose node ran the subgraph.
+  // A call's record names its node by its path through the subgraphs
+  // ("team/loop"), and the steps the nodes of the run's own graph: a call
+  // goes to the first step that ended after it and ran the path's first
+  // node. (A record of an older release names a subgraph's node bare, which
+  // no step of the run's own graph may have run: it goes to the first step
+  // that ended after it.)
   const ran = new Set(checkpoints.flatMap((c) => c.nodes || []));
+  const top = (x) => (x.node || "").split("/")[0];
   for (const c of checkpoints) {
     const at = Date.parse(c.created_at);
-    const mine = left.filter((x) => (c.nodes.includes(x.node) || !ran.has(x.node)) && Date.parse(x.at) <= at);
+    const mine = left.filter((x) => (c.nodes.includes(top(x)) || !ran.has(top(x))) && Date.parse(x.at) <= at);
     left = left.filter((x) => !mine.includes(x));
     const resumed = undrawn.filter((d) => Date.parse(d.at) <= at);
     undrawn = undrawn.filter((d) => !resumed.includes(d));

@@ -12,6 +12,8 @@ package crashtest
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/models"
 	"github.com/outpost-edge/outpost/policy"
@@ -187,6 +190,8 @@ func crashInNestedCall(t *testing.T, holdAt int, d engine.Durability) {
 	require.NoError(t, json.Unmarshal(run.Interrupts[0].Payload, &ti))
 	assert.Equal(t, agent.ReasonUncertainSideEffect, ti.Reason)
 	assert.Equal(t, before[holdAt-1], ti.Key, "asked about another call than the one the crash cut short")
+	assert.Equal(t, nestedPaths[holdAt-1], ti.Node, "the question names another node than the held call's")
+	assert.Equal(t, nestedPaths[holdAt-1], run.Interrupts[0].Path(), "the interrupt's node")
 	assert.Empty(t, again.calls(), "a call was made again before the person decided")
 
 	run, err = m.Resume(ctx, run.ID, map[string]engine.Decision{run.Interrupts[0].ID: {Kind: engine.Reject, By: "nurse"}})
@@ -208,6 +213,66 @@ func crashInNestedCall(t *testing.T, holdAt int, d engine.Durability) {
 	}
 	assert.ElementsMatch(t, append(before, after...), calls, "the run's call records")
 	sameStepAndPosition(t, started.ID, calls)
+
+	// The calls were made in the order of nestedPaths.
+	want := map[string]string{}
+	for i, k := range append(before, after...) {
+		want[k] = nestedPaths[i]
+	}
+	assert.Equal(t, want, callNodesOfDB(t, db, started.ID), "the nodes the store's records name")
+	assert.Equal(t, want, callNodesOverHTTP(t, m, db, started.ID), "the nodes the console's tool calls name")
+}
+
+// nestedPaths are the paths of nestedAgent's three tool loops, in the
+// order they call: the parent's, then those of subgraph nodes a and b.
+var nestedPaths = []string{"loop", "a/loop", "b/loop"}
+
+// callNodesOfDB maps the key of each of run's tool calls in db (not a
+// question's markers) to the node its record names.
+func callNodesOfDB(t *testing.T, db *store.DB, run string) map[string]string {
+	t.Helper()
+	calls, err := db.ToolCalls(context.Background(), run+":")
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, c := range calls {
+		if !strings.Contains(c.Key, "#") {
+			out[c.Key] = c.Node
+		}
+	}
+	return out
+}
+
+// callNodesOverHTTP is callNodesOfDB as a console over HTTP reads it
+// (GET /api/v1/runs/{id}, its tool_calls).
+func callNodesOverHTTP(t *testing.T, m *engine.Manager, db *store.DB, run string) map[string]string {
+	t.Helper()
+	c := console.New(console.Config{Manager: m, Bus: engine.NewBus(), Token: "secret", Records: db})
+	defer c.Close()
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	req, err := http.NewRequest(http.MethodGet, srv.URL+"/api/v1/runs/"+run, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer secret")
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var view struct {
+		ToolCalls []struct {
+			Key  string `json:"key"`
+			Node string `json:"node"`
+		} `json:"tool_calls"`
+		ToolCallsError string `json:"tool_calls_error"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&view))
+	require.Empty(t, view.ToolCallsError)
+	out := map[string]string{}
+	for _, c := range view.ToolCalls {
+		if !strings.Contains(c.Key, "#") {
+			out[c.Key] = c.Node
+		}
+	}
+	return out
 }
 
 // sameStepAndPosition checks that keys are three of run's tool-call keys
