@@ -96,10 +96,12 @@ func (c clinic) conversation(t *testing.T, name, tool string, extraStep, review 
 	require.NoError(t, err)
 	loop, err := agent.ToolLoop(agent.LoopConfig{
 		Provider: c.providers[tool], Model: "scripted", Lane: policy.Lane{Agent: "clinic", Models: []string{"scripted"}},
-		ActiveTools: func(context.Context, engine.State) (*policy.ActiveSet, error) { return policy.Resolve(reg, nil, nil, nil) },
-		Impls:       map[string]agent.Tool{tool: c.tool},
-		Rules:       []policy.ApprovalRule{{Tool: tool, Decision: policy.DecisionAllow}},
-		Log:         c.log, Blobs: c.blobs, Messages: messages, Answer: answer,
+		ActiveTools: func(context.Context, engine.State) (*policy.ActiveSet, error) {
+			return policy.Resolve(reg, nil, nil, nil)
+		},
+		Impls: map[string]agent.Tool{tool: c.tool},
+		Rules: []policy.ApprovalRule{{Tool: tool, Decision: policy.DecisionAllow}},
+		Log:   c.log, Blobs: c.blobs, Messages: messages, Answer: answer,
 	})
 	require.NoError(t, err)
 	prefix := ""
