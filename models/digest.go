@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -24,18 +26,59 @@ type RequestDigest struct {
 }
 
 // MessageDigest fingerprints one message: its role, its length in
-// characters (content and thinking) and the digest of all of it.
+// characters (content and thinking) and the digest of all of it. It is
+// stored as the text "role/chars/digest": a call record's arguments up to
+// 512 bytes are kept inline, longer ones as a blob, one more commit for
+// the call. Measured, with two tools offered: four messages take 257
+// bytes, eight 385 (as JSON objects, 409 and 649), so with the record's
+// approval fields about seven messages stay inline (three as objects).
 type MessageDigest struct {
-	Role   string `json:"role"`
-	Chars  int    `json:"chars"`
-	Digest string `json:"digest"`
+	Role   string
+	Chars  int
+	Digest string
 }
 
 // ToolDigest fingerprints one tool offered: its name and the digest of
-// its description and parameters.
+// its description and parameters. It is stored as "name/digest".
 type ToolDigest struct {
-	Name   string `json:"name"`
-	Digest string `json:"digest"`
+	Name   string
+	Digest string
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (m MessageDigest) MarshalText() ([]byte, error) {
+	return fmt.Appendf(nil, "%s/%d/%s", m.Role, m.Chars, m.Digest), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (m *MessageDigest) UnmarshalText(b []byte) error {
+	parts := strings.Split(string(b), "/")
+	if len(parts) != 3 {
+		return fmt.Errorf("message digest %q: want role/chars/digest", b)
+	}
+	n, err := strconv.Atoi(parts[1])
+	if err != nil || n < 0 {
+		return fmt.Errorf("message digest %q: bad length", b)
+	}
+	*m = MessageDigest{Role: parts[0], Chars: n, Digest: parts[2]}
+	return nil
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (t ToolDigest) MarshalText() ([]byte, error) {
+	return fmt.Appendf(nil, "%s/%s", t.Name, t.Digest), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler. A tool's name may
+// not hold "/" (policy's registry names are identifiers), its digest
+// never does.
+func (t *ToolDigest) UnmarshalText(b []byte) error {
+	i := strings.LastIndexByte(string(b), '/')
+	if i < 0 {
+		return fmt.Errorf("tool digest %q: want name/digest", b)
+	}
+	*t = ToolDigest{Name: string(b[:i]), Digest: string(b[i+1:])}
+	return nil
 }
 
 // DigestRequest returns req's digest.

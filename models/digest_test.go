@@ -1,6 +1,7 @@
 package models_test
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -64,4 +65,36 @@ func TestRequestDigestDiff(t *testing.T) {
 			require.NotEqual(t, diff.Original, diff.Replayed)
 		})
 	}
+}
+
+func TestRequestDigestRoundTrip(t *testing.T) {
+	d := models.DigestRequest(digestRequest())
+	b, err := json.Marshal(d)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"user/`)
+	var back models.RequestDigest
+	require.NoError(t, json.Unmarshal(b, &back))
+	require.Nil(t, d.Diff(back))
+	require.Equal(t, d, back)
+	for _, bad := range []string{`{"messages":["user/12"]}`, `{"messages":["user/x/ab"]}`, `{"messages":["user/-1/ab"]}`, `{"tools":["nodigest"]}`} {
+		require.Error(t, json.Unmarshal([]byte(bad), &back), bad)
+	}
+}
+
+func FuzzRequestDigest(f *testing.F) {
+	b, _ := json.Marshal(models.DigestRequest(digestRequest()))
+	f.Add(b)
+	f.Add([]byte(`{"messages":["a/1/b/c"],"tools":["/"]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var d models.RequestDigest
+		if json.Unmarshal(data, &d) != nil {
+			return
+		}
+		again, err := json.Marshal(d)
+		require.NoError(t, err)
+		var back models.RequestDigest
+		if err := json.Unmarshal(again, &back); err == nil {
+			require.Nil(t, d.Diff(back))
+		}
+	})
 }
