@@ -109,6 +109,17 @@ func refOf(info engine.RunInfo, blob, provider string, tokens int) modelRef {
 	return modelRef{Blob: blob, Provider: provider, Tokens: tokens, Attempt: info.Attempt, NS: info.NS, Checkpoint: info.Checkpoint}
 }
 
+// RequestVerifier is implemented by a CallLog that checks a model call's
+// request against the one recorded under its key before the recorded
+// response is reused: an audit replay's log, for which an answer to
+// another question is no answer. A record's ArgsHash is the request's
+// models.HashRequest and its Args the request's models.RequestDigest
+// (records made before the digest was kept have no Args). An error stops
+// the call, and with it the task.
+type RequestVerifier interface {
+	VerifyRequest(ctx context.Context, rec CallRecord, req models.Request) error
+}
+
 // TokenCounter is implemented by a CallLog that can total the tokens a
 // run's model calls recorded (the Tokens of their results, failed calls
 // included). RunMeter starts a resumed or recovered run's count from it.
@@ -202,6 +213,11 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	rec, err := m.Log.Get(ctx, key)
 	switch {
 	case err == nil && rec.Done():
+		if v, ok := m.Log.(RequestVerifier); ok {
+			if err := v.VerifyRequest(ctx, *rec, req); err != nil {
+				return nil, engine.MarkPermanent(fmt.Errorf("model call %s: %w", key, err))
+			}
+		}
 		resp, err := m.load(ctx, key, rec)
 		if err != nil {
 			return nil, err
@@ -285,7 +301,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 	if hash == "" {
 		hash = models.HashRequest(req)
 	}
-	resp, err = m.record(ctx, info, key, req.Model, hash, resp, spent)
+	resp, err = m.record(ctx, info, key, req, hash, resp, spent)
 	if err != nil {
 		return nil, err
 	}
@@ -323,7 +339,8 @@ func (r *reservation) release() {
 // record stores a response and records it under key. A response recorded
 // meanwhile by an attempt that raced this one wins; this one's tokens are
 // then recorded as spent beside it.
-func (m *ModelCall) record(ctx context.Context, info engine.RunInfo, key, model, hash string, resp *models.Response, spent int) (*models.Response, error) {
+func (m *ModelCall) record(ctx context.Context, info engine.RunInfo, key string, req models.Request, hash string, resp *models.Response, spent int) (*models.Response, error) {
+	model := req.Model
 	enc, err := models.EncodeResponse(resp)
 	if err != nil {
 		return nil, fmt.Errorf("model call %s: %w", key, err)
@@ -333,8 +350,11 @@ func (m *ModelCall) record(ctx context.Context, info engine.RunInfo, key, model,
 		return nil, fmt.Errorf("model call %s: store response: %w", key, err)
 	}
 	result, _ := json.Marshal(refOf(info, ref.String(), resp.Provider, spent))
+	// The request's digest goes in the record's Args, for an audit replay
+	// to say which part of a request that differs does (RequestVerifier).
+	digest, _ := json.Marshal(models.DigestRequest(req)) // strings and numbers only
 	existing, err := intent(ctx, m.Log, CallRecord{Key: key, Run: info.Run, Node: info.Node,
-		Tool: "model:" + model, ArgsHash: hash, Decision: string(policy.DecisionAllow), DecidedBy: "lane:" + m.Lane.Agent})
+		Tool: "model:" + model, ArgsHash: hash, Args: digest, Decision: string(policy.DecisionAllow), DecidedBy: "lane:" + m.Lane.Agent})
 	if err != nil {
 		return nil, fmt.Errorf("model call %s: %w", key, err)
 	}

@@ -1,7 +1,9 @@
 // Package audit re-executes past runs to check that they are reproducible:
 // Replay runs a finished run again, on a scratch copy of its thread, with
 // every model response and tool result served from what the original run
-// recorded, and says exactly where the two part, if they do.
+// recorded, and says exactly where the two part, if they do. A recorded
+// answer is served only to the question it answered: a call that asks a
+// model or a tool something the original did not is stopped and named.
 //
 // The entry points are Replay and ReplayLog; the graph to replay must be
 // built with a ReplayLog and a model provider that fails (NoModel), so that
@@ -36,6 +38,10 @@ type Report struct {
 	// original's, channel by channel, and the run ends the same way.
 	Same bool        `json:"same"`
 	Diff *Difference `json:"difference,omitempty"`
+	// Notes name the recorded calls the replay could not check against
+	// what it asked: their records, made by older versions, keep no
+	// digest of the request. They were served all the same.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Difference is the first place where replay and original part.
@@ -43,13 +49,25 @@ type Difference struct {
 	Step int `json:"step"`
 	// Namespace names the subgraph instance where they part ("" for the
 	// run's own graph).
-	Namespace  string   `json:"namespace,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
+	// Checkpoint is the original's checkpoint where they part; for a call
+	// (Call), the one its task ran from.
 	Checkpoint string   `json:"checkpoint,omitempty"`
 	Nodes      []string `json:"nodes,omitempty"`
 	Channel    string   `json:"channel,omitempty"`
 	Original   string   `json:"original"`
 	Replayed   string   `json:"replayed"`
 	Detail     string   `json:"detail"`
+	// Call, Tool and Part are set when the replay asked a recorded call
+	// something other than the original asked: the call's key, its tool
+	// ("model:NAME" for a model call), and the part that differs ("model",
+	// "messages", "message N", "tools", "tool NAME", "options", "request";
+	// "tool", "argument NAME", "arguments"). Original and Replayed then
+	// show digests, and at most the first few dozen characters of a
+	// message or an argument, with personal data masked.
+	Call string `json:"call,omitempty"`
+	Tool string `json:"tool,omitempty"`
+	Part string `json:"part,omitempty"`
 }
 
 func (d *Difference) String() string {
@@ -90,6 +108,7 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 	if err != nil {
 		return nil, fmt.Errorf("replay run %s: %w", run.ID, err)
 	}
+	ctx, found := withFindings(ctx)
 	replayed := &engine.Run{ID: run.ID, Thread: run.Thread, Agent: run.Agent, Status: engine.StatusRunning,
 		Bundle: run.Bundle, CorrelationID: run.CorrelationID, Input: run.Input, CreatedAt: run.CreatedAt}
 	cfg := engine.RunConfig{Thread: run.Thread, Store: scratch, Run: replayed, IDs: ids.id, StepLimit: 1 << 20}
@@ -114,7 +133,24 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 	if ids.err != nil {
 		return nil, fmt.Errorf("replay run %s: %w", run.ID, ids.err)
 	}
-	rep := &Report{Run: run.ID, Steps: len(steps)}
+	rep := &Report{Run: run.ID, Steps: len(steps), Notes: found.sortedNotes()}
+	if c := found.first(); c != nil {
+		// Asked something else, the call was stopped, and what follows
+		// differs too. The report names the call, unless the state had
+		// parted already where it ran, before the call was made (the
+		// checkpoint a call names is the one its task ran from; ids grow
+		// with time).
+		rep.Diff = c
+		d, derr := compareNS(ctx, src, scratch, run, c.Namespace)
+		if derr != nil {
+			return nil, fmt.Errorf("replay run %s: %w", run.ID, derr)
+		}
+		if d != nil && d.Checkpoint != "" && d.Checkpoint <= c.Checkpoint {
+			d.Detail += fmt.Sprintf("; then call %s (%s) asks something other than the original (%s)", c.Call, c.Tool, c.Part)
+			rep.Diff = d
+		}
+		return rep, nil
+	}
 	got, herr := ofRun(ctx, scratch, run, "")
 	if herr != nil {
 		return nil, herr
@@ -134,18 +170,9 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 	// channels its parent shares, so a replay that parts inside one (in
 	// its own conversation, say) may leave the root's checkpoints equal.
 	for _, ns := range ids.namespaces() {
-		want, werr := ofRun(ctx, src, run, ns)
-		if werr != nil {
-			return nil, fmt.Errorf("replay run %s: %w", run.ID, werr)
-		}
-		got, gerr := ofRun(ctx, scratch, run, ns)
-		if gerr != nil {
-			return nil, gerr
-		}
-		if d, derr := compare(ctx, src, scratch, want, got); derr != nil {
-			return nil, derr
+		if d, derr := compareNS(ctx, src, scratch, run, ns); derr != nil {
+			return nil, fmt.Errorf("replay run %s: %w", run.ID, derr)
 		} else if d != nil {
-			d.Namespace, d.Detail = ns, fmt.Sprintf("in subgraph %s: %s", ns, d.Detail)
 			rep.Diff = d
 			return rep, nil
 		}
@@ -167,6 +194,30 @@ func Replay(ctx context.Context, g *engine.Graph, src engine.Store, run *engine.
 	}
 	rep.Same = true
 	return rep, nil
+}
+
+// compareNS returns the first difference between the checkpoints the
+// original (in src) and the replay (in scratch) made in namespace ns; in
+// the root namespace, their input checkpoints left out (the replay's is a
+// copy).
+func compareNS(ctx context.Context, src, scratch engine.Store, run *engine.Run, ns string) (*Difference, error) {
+	want, err := ofRun(ctx, src, run, ns)
+	if err != nil {
+		return nil, err
+	}
+	got, err := ofRun(ctx, scratch, run, ns)
+	if err != nil {
+		return nil, err
+	}
+	if ns == "" {
+		isInput := func(c *engine.Checkpoint) bool { return c.Source == engine.SourceInput }
+		want, got = slices.DeleteFunc(want, isInput), slices.DeleteFunc(got, isInput)
+	}
+	d, err := compare(ctx, src, scratch, want, got)
+	if d != nil && ns != "" {
+		d.Namespace, d.Detail = ns, fmt.Sprintf("in subgraph %s: %s", ns, d.Detail)
+	}
+	return d, err
 }
 
 // originalIDs gives each checkpoint of a replay the id that the original
@@ -365,8 +416,9 @@ func clip(b []byte) string {
 }
 
 // ReplayLog answers a replay's calls from the original run's records. A
-// call the original did not complete is refused with ErrDiverged: a replay
-// never runs a tool or asks a model.
+// call the original did not complete, or one that asks something other
+// than the original asked (see VerifyRequest), is refused with
+// ErrDiverged: a replay never runs a tool or asks a model.
 type ReplayLog struct{ Original agent.CallLog }
 
 // Get returns the original record.
@@ -382,6 +434,9 @@ func (l ReplayLog) Intent(ctx context.Context, rec agent.CallRecord) (*agent.Cal
 	}
 	if !orig.Done() {
 		return nil, fmt.Errorf("%w: call %s (%s) has no recorded outcome", ErrDiverged, rec.Key, rec.Tool)
+	}
+	if err := verifyToolCall(ctx, orig, rec); err != nil {
+		return nil, err
 	}
 	return orig, nil
 }

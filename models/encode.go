@@ -145,18 +145,6 @@ func DecodeResponse(b []byte) (*Response, error) {
 // is "sha256:" followed by hex; JSON payloads are compacted first, so
 // whitespace does not change it.
 func HashRequest(req Request) string {
-	type canonMessage struct {
-		Role      string   `json:"role"`
-		Content   string   `json:"content"`
-		Thinking  string   `json:"thinking"`
-		ToolCalls []string `json:"tool_calls"`
-		ToolName  string   `json:"tool_name"`
-	}
-	type canonTool struct {
-		Name        string `json:"name"`
-		Description string `json:"description"`
-		Parameters  string `json:"parameters"`
-	}
 	canon := struct {
 		Model       string         `json:"model"`
 		Messages    []canonMessage `json:"messages"`
@@ -175,19 +163,44 @@ func HashRequest(req Request) string {
 		Think:       req.Think,
 	}
 	for _, m := range req.Messages {
-		cm := canonMessage{Role: m.Role, Content: m.Content, Thinking: m.Thinking, ToolName: m.ToolName}
-		for _, tc := range m.ToolCalls {
-			cm.ToolCalls = append(cm.ToolCalls, tc.ID+"\x00"+tc.Name+"\x00"+compactJSON(tc.Arguments))
-		}
-		canon.Messages = append(canon.Messages, cm)
+		canon.Messages = append(canon.Messages, canonicalMessage(m))
 	}
 	for _, t := range req.Tools {
-		canon.Tools = append(canon.Tools, canonTool{Name: t.Name, Description: t.Description, Parameters: compactJSON(t.Parameters)})
+		canon.Tools = append(canon.Tools, canonicalTool(t))
 	}
 	// Marshal cannot fail: every field is a string, number, bool or slice of them.
 	b, _ := json.Marshal(canon)
 	sum := sha256.Sum256(b)
 	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// canonMessage and canonTool are the parts of a request that HashRequest
+// and DigestRequest fingerprint. Their JSON must not change: recorded
+// hashes are compared with hashes made now.
+type canonMessage struct {
+	Role      string   `json:"role"`
+	Content   string   `json:"content"`
+	Thinking  string   `json:"thinking"`
+	ToolCalls []string `json:"tool_calls"`
+	ToolName  string   `json:"tool_name"`
+}
+
+type canonTool struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	Parameters  string `json:"parameters"`
+}
+
+func canonicalMessage(m Message) canonMessage {
+	cm := canonMessage{Role: m.Role, Content: m.Content, Thinking: m.Thinking, ToolName: m.ToolName}
+	for _, tc := range m.ToolCalls {
+		cm.ToolCalls = append(cm.ToolCalls, tc.ID+"\x00"+tc.Name+"\x00"+compactJSON(tc.Arguments))
+	}
+	return cm
+}
+
+func canonicalTool(t ToolDef) canonTool {
+	return canonTool{Name: t.Name, Description: t.Description, Parameters: compactJSON(t.Parameters)}
 }
 
 // compactJSON returns raw without insignificant whitespace, or raw itself

@@ -50,11 +50,18 @@ func replayRun(ctx context.Context, db *store.DB, dir, runID string, asJSON bool
 	} else {
 		d := rep.Diff
 		fmt.Fprintf(stdout, "run %s does not replay: %s\n", run.ID, d.Detail)
-		if d.Checkpoint != "" {
+		if d.Call != "" {
+			fmt.Fprintf(stdout, "  call %s (%s), node %v at step %d: its %s differs\n", d.Call, d.Tool, d.Nodes, d.Step, d.Part)
+		} else if d.Checkpoint != "" {
 			fmt.Fprintf(stdout, "  at checkpoint %s (step %d)\n", d.Checkpoint, d.Step)
 		}
 		if d.Original != "" || d.Replayed != "" {
 			fmt.Fprintf(stdout, "  original: %s\n  replayed: %s\n", d.Original, d.Replayed)
+		}
+	}
+	if !asJSON {
+		for _, n := range rep.Notes {
+			fmt.Fprintf(stdout, "  note: %s\n", n)
 		}
 	}
 	if !rep.Same {

@@ -12,7 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
 
+	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/internal/wiring"
+	"github.com/outpost-edge/outpost/models"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -136,4 +139,92 @@ func TestRunsReplayOfASubgraph(t *testing.T) {
 	require.Equal(t, 1, code, stderr)
 	require.Contains(t, stdout, "does not replay")
 	require.Contains(t, stdout, "call "+tool+" (current_time) was not made by the original run")
+}
+
+// rewriteCallRecord replaces the call record under key in the store in
+// dir with what change makes of it.
+func rewriteCallRecord(t *testing.T, dir, key string, change func(*agent.CallRecord)) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := store.OpenDir(dir, store.Options{})
+	require.NoError(t, err)
+	rec, err := wiring.CallLog(db, db).Get(ctx, key)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	require.Equal(t, 1, deleteCallRecords(t, dir, func(k []byte) bool { return string(k) == key }))
+	change(rec)
+	db, err = store.OpenDir(dir, store.Options{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, db.Close()) }()
+	log := wiring.CallLog(db, db)
+	_, err = log.Intent(ctx, *rec)
+	require.NoError(t, err)
+	require.NoError(t, log.Done(ctx, key, rec.Result, rec.Error))
+}
+
+// A replay whose model call asks something other than the recorded
+// request is reported at that call, in --json as fields added to the
+// report's; a record that keeps no digest of its request is served, with
+// a note.
+func TestRunsReplayChecksTheRequests(t *testing.T) {
+	dir := t.TempDir()
+	out := outpostOK(t, "run", "--data", dir, "--thread", "a", "I forgot my metformin dose")
+	m := regexp.MustCompile(`run (run_\w+) on thread a: completed`).FindStringSubmatch(out)
+	require.Len(t, m, 2, out)
+	run := m[1]
+	db, err := store.OpenDir(dir, store.Options{})
+	require.NoError(t, err)
+	calls, err := db.ToolCalls(context.Background(), "model:"+run+":")
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	require.NotEmpty(t, calls)
+	key := calls[0].Key
+
+	// The report's fields before requests were checked, and their types.
+	compatible := func(t *testing.T, stdout string) map[string]any {
+		var rep map[string]any
+		require.NoError(t, json.Unmarshal([]byte(stdout), &rep))
+		require.IsType(t, "", rep["run"])
+		require.IsType(t, float64(0), rep["steps"])
+		require.IsType(t, false, rep["same"])
+		if d, ok := rep["difference"].(map[string]any); ok {
+			require.IsType(t, float64(0), d["step"])
+			for _, f := range []string{"original", "replayed", "detail"} {
+				require.IsType(t, "", d[f], f)
+			}
+		}
+		return rep
+	}
+	rep := compatible(t, outpostOK(t, "runs", "replay", run, "--data", dir, "--json"))
+	require.Equal(t, true, rep["same"])
+	require.NotContains(t, rep, "notes")
+
+	// The record says the system prompt was another.
+	rewriteCallRecord(t, dir, key, func(r *agent.CallRecord) {
+		var d models.RequestDigest
+		require.NoError(t, json.Unmarshal(r.Args, &d))
+		require.NotEmpty(t, d.Messages)
+		d.Messages[0].Digest = "0000000000000000"
+		r.Args, _ = json.Marshal(d)
+		r.ArgsHash = "sha256:00"
+	})
+	code, stdout, stderr := outpost(t, "runs", "replay", run, "--data", dir, "--json")
+	require.Equal(t, 1, code, stderr)
+	rep = compatible(t, stdout)
+	require.Equal(t, false, rep["same"])
+	d := rep["difference"].(map[string]any)
+	require.Equal(t, key, d["call"])
+	require.Equal(t, "message 0", d["part"])
+	code, stdout, _ = outpost(t, "runs", "replay", run, "--data", dir)
+	require.Equal(t, 1, code)
+	require.Contains(t, stdout, "call "+key)
+	require.Contains(t, stdout, "its message 0 differs")
+
+	// An older record, with no digest of its request.
+	rewriteCallRecord(t, dir, key, func(r *agent.CallRecord) { r.Args, r.ArgsHash = nil, "" })
+	rep = compatible(t, outpostOK(t, "runs", "replay", run, "--data", dir, "--json"))
+	require.Equal(t, true, rep["same"])
+	require.Len(t, rep["notes"], 1)
+	require.Contains(t, rep["notes"].([]any)[0], key)
+	require.Contains(t, outpostOK(t, "runs", "replay", run, "--data", dir), "note: call "+key)
 }
