@@ -353,7 +353,12 @@ func (m *ModelCall) record(ctx context.Context, info engine.RunInfo, key string,
 	// The request's digest goes in the record's Args, for an audit replay
 	// to say which part of a request that differs does (RequestVerifier).
 	digest, _ := json.Marshal(models.DigestRequest(req)) // strings and numbers only
-	existing, err := intent(ctx, m.Log, CallRecord{Key: key, Run: info.Run, Node: info.Node,
+	// The record names the node by its path through the subgraphs, as a
+	// tool call's record does: the bare name is the same in every instance
+	// of a subgraph. No reader of it compares it to a bare name (the
+	// conflict checks compare tool, request digest and run; tokens and
+	// replays read the key, tool and result).
+	existing, err := intent(ctx, m.Log, CallRecord{Key: key, Run: info.Run, Node: info.Path,
 		Tool: "model:" + model, ArgsHash: hash, Args: digest, Decision: string(policy.DecisionAllow), DecidedBy: "lane:" + m.Lane.Agent})
 	if err != nil {
 		return nil, fmt.Errorf("model call %s: %w", key, err)
@@ -379,7 +384,7 @@ func (m *ModelCall) recordSpent(ctx context.Context, info engine.RunInfo, key, m
 	result, _ := json.Marshal(refOf(info, "", m.Provider.Name(), spent))
 	for n := 1; n <= maxSpentRecords; n++ {
 		k := key + "#spent" + strconv.Itoa(n)
-		existing, err := m.Log.Intent(ctx, CallRecord{Key: k, Run: info.Run, Node: info.Node,
+		existing, err := m.Log.Intent(ctx, CallRecord{Key: k, Run: info.Run, Node: info.Path,
 			Tool: "model:" + model, ArgsHash: hash, Decision: string(policy.DecisionAllow), DecidedBy: "lane:" + m.Lane.Agent})
 		switch {
 		case errors.Is(err, ErrCallConflict) || (err == nil && existing != nil):

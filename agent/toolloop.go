@@ -547,8 +547,10 @@ func (l *loop) uncertain(ctx context.Context, impl Tool, rec CallRecord, why str
 // event, for refuse to make when it records the refusal.
 func (l *loop) denied(ctx context.Context, tool, key, layer, reason string) func() {
 	return func() {
+		// "node" is the bare name, as it always was; "path" names the node
+		// through the subgraphs, as the event's own node does.
 		engine.Announce(ctx, engine.EventToolDenied, map[string]any{"run": l.info.Run, "node": l.info.Node,
-			"tool": tool, "layer": layer, "reason": reason, "key": key})
+			"path": l.info.Path, "tool": tool, "layer": layer, "reason": reason, "key": key})
 	}
 }
 

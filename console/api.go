@@ -58,9 +58,14 @@ type runView struct {
 	OutputTruncated bool `json:"output_truncated,omitempty"`
 }
 
+// interruptView is a pending interrupt. Node is the bare name of the node
+// that asked (DESIGN.md "HTTP API"); Path names it through the subgraphs,
+// as events do ("team/review", Node alone in the run's own graph): the
+// bare name is the same in every instance of a subgraph.
 type interruptView struct {
 	ID      string          `json:"id"`
 	Node    string          `json:"node"`
+	Path    string          `json:"path"`
 	Payload json.RawMessage `json:"payload"`
 }
 
@@ -165,7 +170,7 @@ func viewRun(r *engine.Run) runView {
 		if len(p) == 0 {
 			p = json.RawMessage("null")
 		}
-		v.Interrupts = append(v.Interrupts, interruptView{ID: in.ID, Node: in.Node, Payload: p})
+		v.Interrupts = append(v.Interrupts, interruptView{ID: in.ID, Node: in.Node, Path: in.Path(), Payload: p})
 	}
 	return v
 }

@@ -18,7 +18,9 @@
 // Beyond DESIGN.md, GET /api/v1/runs takes order=desc (or asc, the
 // default): newest runs first, with "after" paging on towards older ones.
 // The console page lists runs that way, so that the newest are one page
-// however long the appliance's history.
+// however long the appliance's history. A run's interrupts carry "path"
+// beside "node": node is the bare name of the node that asked, path its
+// path through the subgraphs ("a/loop"), as events name it.
 //
 // The event stream speaks JSON messages. A websocket client authenticates
 // with its first message, {"type":"auth","token":"..."}, or with the

@@ -662,7 +662,9 @@ function renderDetail(run) {
     $("interrupt-prev").disabled = at === 0;
     $("interrupt-next").disabled = at === n - 1;
     const call = toolCall(i);
-    text($("interrupt-node"), i.node);
+    // The path through the subgraphs ("team/review"): the bare name is the
+    // same in every instance of a subgraph. An older server sends none.
+    text($("interrupt-node"), i.path || i.node);
     text($("interrupt-why"), whyAsked(i.payload || {}, call));
     text($("interrupt-payload"), JSON.stringify(i.payload, null, 2));
     text($("edit-label"), call ? "Edited arguments of " + call.tool + ", as JSON (for edit)" : "Edited answer (for edit)");
@@ -678,7 +680,9 @@ function renderDetail(run) {
       $("reason").value = draft ? draft.reason : "";
       show($("decide-error"), false);
     }
-    state.current.set(run.id, i.node);
+    // The graph drawn is the run's own: a subgraph's question lights the
+    // node that runs the subgraph, not one that shares the bare name.
+    state.current.set(run.id, (i.path || i.node).split("/")[0]);
   }
   if (["completed", "failed", "cancelled", "budget_exceeded"].includes(run.status)) state.current.set(run.id, "");
   highlight(run);

@@ -95,6 +95,11 @@ type loopSpec struct {
 	// subgraph, when set, runs the node inside a subgraph node of that
 	// name, on the same conversation.
 	subgraph string
+	// allow, when set, is the agent's allowlist (policy.Resolve's agent
+	// layer): the registry's other tools are outside the active set.
+	allow []string
+	// provider, when set, wraps the scripted model.
+	provider func(models.Provider) models.Provider
 }
 
 func loopAgent(db *store.DB, spec loopSpec) (*engine.Agent, error) {
@@ -177,10 +182,14 @@ func loopNode(db *store.DB, spec loopSpec, messages engine.Chan[[]models.Message
 	if err != nil {
 		return nil, err
 	}
+	var model models.Provider = provider
+	if spec.provider != nil {
+		model = spec.provider(provider)
+	}
 	return agent.ToolLoop(agent.LoopConfig{
-		Provider: provider, Model: "scripted", Lane: policy.Lane{Agent: spec.name, Models: []string{"scripted"}},
+		Provider: model, Model: "scripted", Lane: policy.Lane{Agent: spec.name, Models: []string{"scripted"}},
 		ActiveTools: func(context.Context, engine.State) (*policy.ActiveSet, error) {
-			return policy.Resolve(reg, nil, nil, nil)
+			return policy.Resolve(reg, spec.allow, nil, nil)
 		},
 		Impls: spec.impls,
 		Rules: spec.rules,

@@ -68,12 +68,21 @@ func (o *orderedTool) calls() []string {
 // append_line (not idempotent) once with the same arguments. Each graph's
 // conversation is its own, so that each loop's model calls the tool.
 func nestedAgent(db *store.DB, tool agent.Tool) (*engine.Agent, error) {
-	spec := loopSpec{name: "nested",
+	return nestedSpecAgent(db, nestedSpec(tool))
+}
+
+// nestedSpec is the loopSpec of nestedAgent's three loops.
+func nestedSpec(tool agent.Tool) loopSpec {
+	return loopSpec{name: "nested",
 		tools:  []policy.Tool{{Name: "append_line", Kind: policy.KindWrite, Description: "append a line"}},
 		script: oneCall("append_line"),
 		impls:  map[string]agent.Tool{"append_line": tool},
 		rules:  []policy.ApprovalRule{{Tool: "append_line", Decision: policy.DecisionAllow}},
 	}
+}
+
+// nestedSpecAgent is nestedAgent with each of its loops made by spec.
+func nestedSpecAgent(db *store.DB, spec loopSpec) (*engine.Agent, error) {
 	// intakeLoop adds intake and loop to b, on a conversation of its own
 	// named conv, which starts with the shared input.
 	intakeLoop := func(b *engine.Builder, conv string) (engine.Chan[string], engine.Chan[string], error) {
@@ -246,17 +255,6 @@ func callNodesOfDB(t *testing.T, db *store.DB, run string) map[string]string {
 // (GET /api/v1/runs/{id}, its tool_calls).
 func callNodesOverHTTP(t *testing.T, m *engine.Manager, db *store.DB, run string) map[string]string {
 	t.Helper()
-	c := console.New(console.Config{Manager: m, Bus: engine.NewBus(), Token: "secret", Records: db})
-	defer c.Close()
-	srv := httptest.NewServer(c.Handler())
-	defer srv.Close()
-	req, err := http.NewRequest(http.MethodGet, srv.URL+"/api/v1/runs/"+run, nil)
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer secret")
-	resp, err := srv.Client().Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
 	var view struct {
 		ToolCalls []struct {
 			Key  string `json:"key"`
@@ -264,7 +262,7 @@ func callNodesOverHTTP(t *testing.T, m *engine.Manager, db *store.DB, run string
 		} `json:"tool_calls"`
 		ToolCallsError string `json:"tool_calls_error"`
 	}
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&view))
+	getOverHTTP(t, m, db, "/api/v1/runs/"+run, &view)
 	require.Empty(t, view.ToolCallsError)
 	out := map[string]string{}
 	for _, c := range view.ToolCalls {
@@ -273,6 +271,24 @@ func callNodesOverHTTP(t *testing.T, m *engine.Manager, db *store.DB, run string
 		}
 	}
 	return out
+}
+
+// getOverHTTP decodes into v what a console of m and db, served over HTTP
+// on loopback, answers to GET path.
+func getOverHTTP(t *testing.T, m *engine.Manager, db *store.DB, path string, v any) {
+	t.Helper()
+	c := console.New(console.Config{Manager: m, Bus: engine.NewBus(), Token: "secret", Records: db})
+	defer c.Close()
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer secret")
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(v))
 }
 
 // sameStepAndPosition checks that keys are three of run's tool-call keys
