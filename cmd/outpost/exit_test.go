@@ -343,8 +343,9 @@ func exportedBundle(t *testing.T, dir string) (data, b string) {
 }
 
 // An unknown agent's error lists the agents new runs have: with a bundle
-// installed, its agents (and the bench workload's), not the embedded
-// bundle's, which new runs no longer use.
+// installed, its agents, not the embedded bundle's, which new runs no
+// longer use. The bench workload's agent is not listed (serve's API and the
+// firmware listing do not show it), though run still starts it by name.
 func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
 	dir := t.TempDir()
 	data, b := exportedBundle(t, dir)
@@ -372,5 +373,14 @@ func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
 
 	code, _, stderr = outpostBin(t, dir, "run", "--data", data, "--agent", "medication-adherence-tools", "hello")
 	require.Equal(t, 2, code, stderr)
-	require.Contains(t, stderr, `unknown agent "medication-adherence-tools" (available: medication-adherence, reference)`)
+	require.Contains(t, stderr, `unknown agent "medication-adherence-tools" (available: medication-adherence)`)
+
+	// With nothing installed, the embedded bundle's agents.
+	empty := filepath.Join(dir, "empty")
+	code, _, stderr = outpostBin(t, dir, "run", "--data", empty, "--agent", "nosuch", "hello")
+	require.Equal(t, 2, code, stderr)
+	require.Contains(t, stderr, `unknown agent "nosuch" (available: medication-adherence, medication-adherence-tools)`)
+
+	code, _, stderr = outpostBin(t, dir, "run", "--data", data, "--thread", "bench", "--agent", "reference", "hello")
+	require.Zero(t, code, stderr)
 }
