@@ -357,7 +357,7 @@ func bundleRedactors(ref *firmware.Bundle, in *firmware.Installer, w io.Writer) 
 				case err == nil:
 					b = ib
 				case errors.Is(err, firmware.ErrPinnedMissing):
-					why = "this binary does not embed it, and it is neither installed nor kept in the firmware folder"
+					why = "this binary does not embed it, and the firmware folder holds no copy of it"
 				default:
 					why = err.Error()
 				}
