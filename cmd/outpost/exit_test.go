@@ -384,3 +384,33 @@ func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
 	code, _, stderr = outpostBin(t, dir, "run", "--data", data, "--thread", "bench", "--agent", "reference", "hello")
 	require.Zero(t, code, stderr)
 }
+
+// An unknown subcommand says so on stderr's first line, then gives the
+// command's usage, as an unknown command does, with exit 2 and nothing on
+// stdout.
+func TestUnknownSubcommandErrorComesFirst(t *testing.T) {
+	for _, tc := range []struct {
+		args        []string
+		error, next string
+	}{
+		{[]string{"bogus"}, `outpost: unknown command "bogus"`, "Outpost "},
+		{[]string{"db", "bogus"}, `outpost db: unknown db subcommand "bogus"`, "Usage: outpost db <"},
+		{[]string{"runs", "bogus"}, `outpost runs: unknown runs subcommand "bogus"`, "Usage: outpost runs <"},
+		{[]string{"firmware", "bogus"}, `outpost firmware: unknown firmware command "bogus"`, "Usage: outpost firmware <"},
+		{[]string{"uplink", "bogus"}, `outpost uplink: unknown uplink subcommand "bogus"`, "Usage: outpost uplink <"},
+		{[]string{"bench", "bogus"}, `outpost bench: unknown workload "bogus"`, "Usage: outpost bench reference"},
+		{[]string{"help", "db", "bogus"}, `outpost db: unknown db subcommand "bogus"`, "Usage: outpost db <"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, stdout, stderr := outpost(t, tc.args...)
+			require.Equal(t, 2, code, stderr)
+			require.Empty(t, stdout)
+			lines := strings.Split(stderr, "\n")
+			require.GreaterOrEqual(t, len(lines), 3, stderr)
+			require.Equal(t, tc.error, lines[0], stderr)
+			require.Empty(t, lines[1], stderr)
+			require.True(t, strings.HasPrefix(lines[2], tc.next), stderr)
+			require.Equal(t, 1, strings.Count(stderr, tc.error), "said once: %s", stderr)
+		})
+	}
+}
