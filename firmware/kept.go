@@ -334,6 +334,13 @@ func (in *Installer) openPinned(p engine.BundleRef) (*Bundle, error) {
 		return nil, fmt.Errorf("pinned bundle %s v%d: %w", p.Name, p.Version, kerr)
 	case err == nil:
 		return nil, fmt.Errorf("%w: %s v%d is %s, the run is pinned to %s", ErrPinnedMismatch, p.Name, p.Version, b.Digest, p.Digest)
+	case errors.Is(err, fs.ErrNotExist):
+		// The index still lists the version, but its folder was deleted
+		// by hand: installing the same bundle again rewrites it (Install's
+		// repair), and the run goes on as it was.
+		return nil, fmt.Errorf("%w: the run is pinned to %s v%d (%s), which the index of %s lists as installed, but its folder %s is gone: "+
+			"install the same bundle file again, the same version and digest, with outpost firmware install (it puts the folder back), then resume the run",
+			ErrPinnedMissing, p.Name, p.Version, p.Digest, in.dir, in.versionDir(p.Name, p.Version))
 	case !errors.Is(err, ErrNotInstalled):
 		return nil, fmt.Errorf("pinned bundle: %w", err)
 	}

@@ -278,3 +278,41 @@ func TestStrayFilesBesideKeptCopiesAreLeftAlone(t *testing.T) {
 		}
 	}
 }
+
+// An installed version whose folder was deleted by hand, while the index
+// still lists it, is ErrPinnedMissing to a run pinned to it, naming the
+// folder and the way back; installing the same bundle again puts it back.
+func TestPinnedInstalledFolderDeleted(t *testing.T) {
+	dir := t.TempDir()
+	in, err := firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := in.Install(patternsDir, firmware.InstallOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	folder := filepath.Join(in.Dir(), rec.Name, strconv.FormatInt(rec.Version, 10))
+	if err := os.RemoveAll(folder); err != nil {
+		t.Fatal(err)
+	}
+	// A fresh installer, as a later process opens it, with nothing cached.
+	if in, err = firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = in.OpenPinned(rec.Ref())
+	if !errors.Is(err, firmware.ErrPinnedMissing) || !errors.Is(err, firmware.ErrPinnedMismatch) {
+		t.Fatalf("want ErrPinnedMissing, got %v", err)
+	}
+	for _, want := range []string{"its folder " + folder + " is gone", "outpost firmware install"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
+	}
+	if _, err := in.Install(patternsDir, firmware.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.OpenPinned(rec.Ref()); err != nil {
+		t.Fatalf("after the same bundle again: %v", err)
+	}
+}

@@ -29,8 +29,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stderr, usage)
 		return usageError("")
 	case args[0] != "reference":
-		fmt.Fprintln(stderr, usage)
-		return usageError(fmt.Sprintf("unknown workload %q", args[0]))
+		return unknownSub(usage, "unknown workload %q", args[0])
 	}
 	fs := newCmdFlags("bench reference", "bench reference [--saver memory|bbolt] [--durability sync|exit] [--threads N] [--turns N] [--runs N] [--probe-during] [--data DIR] [--cpuprofile FILE] [--trace FILE] [--json]", stdout, stderr)
 	saver := fs.String("saver", "memory", "the checkpointer, `memory|bbolt`: in memory, or a bbolt file")

@@ -374,7 +374,9 @@ func withBench(resolve engine.Resolver, names []string) (engine.Resolver, error)
 // are, and, withBench, adds the bench workload's agent "reference". The
 // bench agent belongs to no bundle (no signature, no tool registry, no
 // pinned version), so serve leaves it out: only the command line's run
-// (and replay of such a run) and the bench have it.
+// (and replay of such a run) and the bench have it. The error leaves it
+// out too, so that it lists what serve's API and the firmware listing
+// show a user: run starts it only when asked for it by name.
 func namingAgents(resolve engine.Resolver, names []string, withBench bool) (engine.Resolver, error) {
 	var ref *engine.Agent
 	if withBench {
@@ -382,7 +384,6 @@ func namingAgents(resolve engine.Resolver, names []string, withBench bool) (engi
 		if ref, err = bench.ReferenceAgent(); err != nil {
 			return nil, err
 		}
-		names = append(append([]string{}, names...), ref.Name)
 	}
 	return func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
 		if ref != nil && name == ref.Name && pinned.Name == "" {

@@ -105,8 +105,7 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	name := args[0]
 	sub, ok := dbSubs[name]
 	if !ok {
-		fmt.Fprint(stderr, dbUsage)
-		return usageError(fmt.Sprintf("unknown db subcommand %q", name))
+		return unknownSub(dbUsage, "unknown db subcommand %q", name)
 	}
 	synopsis := strings.Join(strings.Fields("db "+name+" "+sub.synopsis+" [flags] "+sub.arg), " ")
 	fs := newCmdFlags("db "+name, synopsis, stdout, stderr)

@@ -343,8 +343,9 @@ func exportedBundle(t *testing.T, dir string) (data, b string) {
 }
 
 // An unknown agent's error lists the agents new runs have: with a bundle
-// installed, its agents (and the bench workload's), not the embedded
-// bundle's, which new runs no longer use.
+// installed, its agents, not the embedded bundle's, which new runs no
+// longer use. The bench workload's agent is not listed (serve's API and the
+// firmware listing do not show it), though run still starts it by name.
 func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
 	dir := t.TempDir()
 	data, b := exportedBundle(t, dir)
@@ -372,5 +373,44 @@ func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
 
 	code, _, stderr = outpostBin(t, dir, "run", "--data", data, "--agent", "medication-adherence-tools", "hello")
 	require.Equal(t, 2, code, stderr)
-	require.Contains(t, stderr, `unknown agent "medication-adherence-tools" (available: medication-adherence, reference)`)
+	require.Contains(t, stderr, `unknown agent "medication-adherence-tools" (available: medication-adherence)`)
+
+	// With nothing installed, the embedded bundle's agents.
+	empty := filepath.Join(dir, "empty")
+	code, _, stderr = outpostBin(t, dir, "run", "--data", empty, "--agent", "nosuch", "hello")
+	require.Equal(t, 2, code, stderr)
+	require.Contains(t, stderr, `unknown agent "nosuch" (available: medication-adherence, medication-adherence-tools)`)
+
+	code, _, stderr = outpostBin(t, dir, "run", "--data", data, "--thread", "bench", "--agent", "reference", "hello")
+	require.Zero(t, code, stderr)
+}
+
+// An unknown subcommand says so on stderr's first line, then gives the
+// command's usage, as an unknown command does, with exit 2 and nothing on
+// stdout.
+func TestUnknownSubcommandErrorComesFirst(t *testing.T) {
+	for _, tc := range []struct {
+		args        []string
+		error, next string
+	}{
+		{[]string{"bogus"}, `outpost: unknown command "bogus"`, "Outpost "},
+		{[]string{"db", "bogus"}, `outpost db: unknown db subcommand "bogus"`, "Usage: outpost db <"},
+		{[]string{"runs", "bogus"}, `outpost runs: unknown runs subcommand "bogus"`, "Usage: outpost runs <"},
+		{[]string{"firmware", "bogus"}, `outpost firmware: unknown firmware command "bogus"`, "Usage: outpost firmware <"},
+		{[]string{"uplink", "bogus"}, `outpost uplink: unknown uplink subcommand "bogus"`, "Usage: outpost uplink <"},
+		{[]string{"bench", "bogus"}, `outpost bench: unknown workload "bogus"`, "Usage: outpost bench reference"},
+		{[]string{"help", "db", "bogus"}, `outpost db: unknown db subcommand "bogus"`, "Usage: outpost db <"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, stdout, stderr := outpost(t, tc.args...)
+			require.Equal(t, 2, code, stderr)
+			require.Empty(t, stdout)
+			lines := strings.Split(stderr, "\n")
+			require.GreaterOrEqual(t, len(lines), 3, stderr)
+			require.Equal(t, tc.error, lines[0], stderr)
+			require.Empty(t, lines[1], stderr)
+			require.True(t, strings.HasPrefix(lines[2], tc.next), stderr)
+			require.Equal(t, 1, strings.Count(stderr, tc.error), "said once: %s", stderr)
+		})
+	}
 }

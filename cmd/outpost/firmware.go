@@ -77,8 +77,7 @@ func runFirmware(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if run, ok := firmwareCommands[sub]; ok {
 		return run(fs, args[1:], stdout)
 	}
-	fmt.Fprint(stderr, firmwareUsage)
-	return usageError(fmt.Sprintf("unknown firmware command %q", sub))
+	return unknownSub(firmwareUsage, "unknown firmware command %q", sub)
 }
 
 // explain adds what to do to the firmware library's errors.

@@ -24,6 +24,16 @@ func bundleVersion(t *testing.T, key string, v int) string {
 	return dir
 }
 
+// signingKey makes a key pair with firmware keygen and returns the folder
+// of its public key (for --keys) and its private key file.
+func signingKey(t *testing.T) (keys, key string) {
+	t.Helper()
+	keys = t.TempDir()
+	code, stdout, stderr := outpostBin(t, "", "firmware", "keygen", "--out", keys)
+	require.Zero(t, code, stderr)
+	return keys, filepath.Join(keys, strings.Fields(stdout)[1]+".key")
+}
+
 // firmware remove removes an installed version that no run refers to, and
 // refuses, changing nothing (the store, the index, the bundle's files): the
 // active version, a version that a run waiting for a person is pinned to
@@ -33,14 +43,11 @@ func bundleVersion(t *testing.T, key string, v int) string {
 // run.
 func TestFirmwareRemove(t *testing.T) {
 	data := t.TempDir()
-	keys := t.TempDir()
-	code, stdout, stderr := outpostBin(t, "", "firmware", "keygen", "--out", keys)
-	require.Zero(t, code, stderr)
-	key := filepath.Join(keys, strings.Fields(stdout)[1]+".key")
+	keys, key := signingKey(t)
 
 	// v1 installed (active) serves a run that waits for a person; then
 	// v2 is made active, and v3 installed beside it.
-	code, _, stderr = outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, bundleVersion(t, key, 1))
+	code, _, stderr := outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, bundleVersion(t, key, 1))
 	require.Zero(t, code, stderr)
 	id := approvalWaitingRun(t, builtOutpost(t), nil, data, "waits")
 	code, _, stderr = outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, "--activate", bundleVersion(t, key, 2))
@@ -81,7 +88,7 @@ func TestFirmwareRemove(t *testing.T) {
 	check()
 
 	// Completed, the run still refers to v1: it replays from it.
-	code, stdout, stderr = outpostBin(t, "", "resume", "--data", data, "--decision", "approve", id)
+	code, stdout, stderr := outpostBin(t, "", "resume", "--data", data, "--decision", "approve", id)
 	require.Zero(t, code, "%s%s", stdout, stderr)
 	check = unchanged()
 	code, _, stderr = outpostBin(t, "", "firmware", "remove", "--data", data, "--by", "ops", "--reason", "retired", "--json", name, "1")

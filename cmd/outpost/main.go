@@ -55,6 +55,20 @@ func (e usageError) Error() string { return string(e) }
 // harness from a regression (exit 1), but it needs no usage hint.
 type replayError struct{ error }
 
+// unknownSubError is a subcommand (or bench workload) that its command
+// does not know: it exits 2 as a usageError does, and execute prints the
+// error first and then the command's usage, as it does for an unknown
+// command, so that the line saying what was wrong is not lost below the
+// usage.
+type unknownSubError struct{ msg, usage string }
+
+func (e unknownSubError) Error() string { return e.msg }
+
+// unknownSub is the unknownSubError of a command whose usage is usage.
+func unknownSub(usage, format string, a ...any) error {
+	return unknownSubError{msg: fmt.Sprintf(format, a...), usage: usage}
+}
+
 // badUsage is a usageError that says what was wrong with the command line.
 func badUsage(format string, a ...any) error { return usageError(fmt.Sprintf(format, a...)) }
 
@@ -121,12 +135,19 @@ func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "outpost %s: %v\n", args[0], err)
 			return 2
 		}
+		if us := (unknownSubError{}); errors.As(err, &us) {
+			fmt.Fprintf(stderr, "outpost %s: %v\n\n%s", args[0], err, us.usage)
+			if !strings.HasSuffix(us.usage, "\n") {
+				fmt.Fprintln(stderr)
+			}
+			return 2
+		}
 		var ue usageError
 		if errors.As(err, &ue) {
 			if ue != "" {
 				fmt.Fprintf(stderr, "outpost %s: %v\n", args[0], err)
-				// A subcommand that is not known has had the command's
-				// usage printed already.
+				// A command of subcommands has no flags of its own: the
+				// pointer is to a subcommand's.
 				name := commandName(args)
 				if !strings.Contains(string(ue), "usage") && (name != args[0] || len(cmd.subs) == 0) {
 					fmt.Fprintf(stderr, "(outpost %s -h lists its flags)\n", name)

@@ -64,8 +64,7 @@ func runRuns(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	run, ok := runsCommands[args[0]]
 	if !ok {
-		fmt.Fprint(stderr, runsUsage)
-		return usageError(fmt.Sprintf("unknown runs subcommand %q", args[0]))
+		return unknownSub(runsUsage, "unknown runs subcommand %q", args[0])
 	}
 	return run(ctx, args[1:], stdout, stderr)
 }

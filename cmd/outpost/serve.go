@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -352,6 +355,11 @@ func bundleInfo(in *firmware.Installer, ref *firmware.Bundle) ([]console.BundleI
 		bi := console.BundleInfo{Name: rec.Name, Version: rec.Version, Digest: rec.Digest, Active: rec.Active, Source: "installed"}
 		if rec.Active {
 			b, err := in.Open(rec.Name, rec.Version)
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("active bundle %s v%d: its folder %s is gone (the firmware index still lists it): "+
+					"install the same bundle file again with outpost firmware install, which puts it back, or activate another version with outpost firmware activate",
+					rec.Name, rec.Version, filepath.Join(in.Dir(), rec.Name, strconv.FormatInt(rec.Version, 10)))
+			}
 			if err != nil {
 				return nil, err
 			}

@@ -45,12 +45,13 @@ func buildOutpost(t *testing.T) string {
 
 // serving is an `outpost serve` process.
 type serving struct {
-	cmd   *exec.Cmd
-	url   string
-	token string
-	lines chan string // its standard output
-	head  []string    // what it printed up to its console line
-	done  chan error
+	cmd    *exec.Cmd
+	url    string
+	token  string
+	lines  chan string   // its standard output
+	head   []string      // what it printed up to its console line
+	stderr *lockedBuffer // what it writes to standard error
+	done   chan error
 }
 
 // lockedBuffer is a bytes.Buffer that a process may write while a test
@@ -112,7 +113,7 @@ func startServeEnv(t *testing.T, bin string, env []string, data string, extra ..
 		"--ollama", "http://127.0.0.1:1"}, extra...)...)
 	cmd.Env = append(os.Environ(), env...)
 	out, stderr := startBin(t, cmd)
-	s := &serving{cmd: cmd, lines: make(chan string, 100), done: make(chan error, 1)}
+	s := &serving{cmd: cmd, lines: make(chan string, 100), stderr: stderr, done: make(chan error, 1)}
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {

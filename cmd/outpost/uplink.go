@@ -39,8 +39,7 @@ func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if sub != "status" && sub != "flush" {
-		fmt.Fprint(stderr, uplinkUsage)
-		return usageError(fmt.Sprintf("unknown uplink subcommand %q", sub))
+		return unknownSub(uplinkUsage, "unknown uplink subcommand %q", sub)
 	}
 	// Each subcommand lists only its own flags.
 	data := dataFlag(fs.FlagSet)
@@ -101,8 +100,7 @@ and to which collector ("owner" in --json); GET /api/v1/uplink shows serve's own
 		}
 		return uplinkFlush(ctx, *data, uplink.Config{URL: *url, ApplianceID: *appliance, Secret: secret}, *timeout, *asJSON, stdout, stderr)
 	}
-	fmt.Fprint(stderr, uplinkUsage)
-	return usageError(fmt.Sprintf("unknown uplink subcommand %q", sub))
+	return unknownSub(uplinkUsage, "unknown uplink subcommand %q", sub)
 }
 
 // uplinkStatusView is what uplink status prints under --json: the
@@ -357,7 +355,7 @@ func bundleRedactors(ref *firmware.Bundle, in *firmware.Installer, w io.Writer) 
 				case err == nil:
 					b = ib
 				case errors.Is(err, firmware.ErrPinnedMissing):
-					why = "this binary does not embed it, and it is neither installed nor kept in the firmware folder"
+					why = "this binary does not embed it, and the firmware folder holds no copy of it"
 				default:
 					why = err.Error()
 				}

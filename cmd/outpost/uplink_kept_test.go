@@ -56,7 +56,7 @@ func TestUplinkFlushRedactsWithKeptBundlePolicy(t *testing.T) {
 	require.Zero(t, code, stderr)
 	assert.Contains(t, stderr, "uplink: the outcomes of bundle "+oldRef.Name+" v"+strconv.FormatInt(oldRef.Version, 10)+
 		" ("+oldRef.Digest+") leave with appliance_id, seq and outcome_id alone in clear, since its redaction policy cannot be read: "+
-		"this binary does not embed it, and it is neither installed nor kept in the firmware folder")
+		"this binary does not embed it, and the firmware folder holds no copy of it")
 
 	cancel()
 	require.Equal(t, 0, <-done)
