@@ -288,7 +288,10 @@ func printEvent(w io.Writer, e engine.Event, asJSON bool) {
 		node = "-"
 	}
 	data := string(e.Data)
-	if len(data) > 160 {
+	// A refused call is printed whole: its reason (which layer left the
+	// tool out) comes last in its data, and it is what explains the
+	// run's answer.
+	if len(data) > 160 && e.Type != engine.EventToolDenied {
 		data = data[:157] + "..."
 	}
 	fmt.Fprintf(w, "%s %-16s %-18s %s\n", e.Time.Local().Format("15:04:05.000"), e.Type, node, data)
