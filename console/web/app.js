@@ -456,8 +456,11 @@ async function select(id) {
   $("transcript").replaceChildren();
   state.streams.clear();
   show($("detail"), true);
-  const run = state.runs.get(id);
-  if (!run) return;
+  // A run the page has heard of only by its events (a stream caught up
+  // after a cut: the read that run.started asked for may not be in yet)
+  // is read first, rather than left with an empty transcript.
+  const run = state.runs.get(id) || await refreshRun(id);
+  if (!run || state.selects !== turn) return;
   renderDetail(run);
   // A list holds a preview of a large input or output: the run is read
   // whole for its detail.
