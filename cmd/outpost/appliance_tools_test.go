@@ -58,7 +58,7 @@ func TestServeApplianceTools(t *testing.T) {
 	bin := builtOutpost(t)
 	data := t.TempDir()
 	s := startServe(t, bin, data, "--appliance-tools", "kb_search,record_note,schedule_followup")
-	require.Contains(t, s.head, "tools: the appliance allows runs only kb_search, record_note, schedule_followup (--appliance-tools)")
+	require.Contains(t, s.head, "tools: the appliance allows runs only kb_search, record_note, schedule_followup, within their agent's allowlist (--appliance-tools)")
 
 	run := s.postRun(t, "t1", `{"agent": "medication-adherence-tools", "input": "what time is it today for my metformin", "wait": "20s"}`,
 		http.StatusCreated)
@@ -97,7 +97,7 @@ func TestApplianceToolsKeepPinnedRuns(t *testing.T) {
 	data := t.TempDir()
 	const followup = `{"agent": "medication-adherence-tools", "input": "remind me to refill my metformin", "wait": "20s"}`
 	s := startServe(t, bin, data)
-	require.Contains(t, s.head, "tools: every tool of the run's bundle (no --appliance-tools restriction)")
+	require.Contains(t, s.head, "tools: each run may call the tools its agent's allowlist names in its bundle (no --appliance-tools restriction)")
 	waiting := s.postRun(t, "t1", followup, http.StatusCreated)
 	require.Equal(t, "interrupted", waiting.Status, "the follow-up waits for approval")
 	s.stop(t)

@@ -713,9 +713,9 @@ func checkApplianceTools(dir string, lb loadedBundles) (loadedBundles, error) {
 func describeApplianceTools(tools []string) string {
 	switch {
 	case tools == nil:
-		return "tools: every tool of the run's bundle (no --appliance-tools restriction)"
+		return "tools: each run may call the tools its agent's allowlist names in its bundle (no --appliance-tools restriction)"
 	case len(tools) == 0:
 		return "tools: none; the appliance allows runs no tool (--appliance-tools \"\")"
 	}
-	return "tools: the appliance allows runs only " + strings.Join(tools, ", ") + " (--appliance-tools)"
+	return "tools: the appliance allows runs only " + strings.Join(tools, ", ") + ", within their agent's allowlist (--appliance-tools)"
 }
