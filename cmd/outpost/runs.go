@@ -54,11 +54,10 @@ var runsCommands = map[string]func(ctx context.Context, args []string, stdout, s
 }
 
 func runRuns(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, runsUsage)
-		return usageError("")
+	if err := subFirst("runs", runsUsage, "subcommand", []string{"list", "show", "history", "fork", "replay"}, args); err != nil {
+		return err
 	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if isHelp(args[0]) {
 		fmt.Fprint(stdout, runsUsage)
 		return nil
 	}
