@@ -299,6 +299,30 @@ type runView struct {
 	Stopped bool `json:"stopped,omitempty"`
 }
 
+// MarshalJSON is the run record as stored, with each interrupt's path
+// through the subgraphs added ("team/review"), as the HTTP API's run view
+// gives it: an interrupt's node alone names every instance of a subgraph
+// alike, and its ns has the task ids of the steps that entered them.
+func (v runView) MarshalJSON() ([]byte, error) {
+	type record runView // its fields without this method
+	type interrupt struct {
+		engine.PendingInterrupt
+		Path string `json:"path"`
+	}
+	var ins []interrupt
+	if v.Run != nil {
+		for _, in := range v.Interrupts {
+			ins = append(ins, interrupt{in, in.Path()})
+		}
+	}
+	// The outer interrupts, less deep than the record's, are the ones
+	// encoding/json writes.
+	return json.Marshal(struct {
+		record
+		Interrupts []interrupt `json:"interrupts,omitempty"`
+	}{record(v), ins})
+}
+
 // stoppedMeaning says what a stopped run is, after the listing that shows one.
 const stoppedMeaning = "the run had started and stopped with the appliance before it ended; " +
 	"it resumes at the next start of outpost serve, run or resume"
