@@ -21,13 +21,13 @@ func init() {
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	const usage = "Usage: outpost bench reference [flags]  (the only workload is \"reference\"; outpost bench reference -h lists its flags)"
+	if err := subFirst("bench", usage, "workload", []string{"reference"}, args); err != nil {
+		return err
+	}
 	switch {
-	case len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help"):
+	case isHelp(args[0]):
 		fmt.Fprintln(stdout, usage)
 		return flag.ErrHelp
-	case len(args) == 0:
-		fmt.Fprintln(stderr, usage)
-		return usageError("")
 	case args[0] != "reference":
 		return unknownSub(usage, "unknown workload %q", args[0])
 	}

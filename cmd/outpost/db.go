@@ -94,11 +94,10 @@ report says so.`},
 }
 
 func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, dbUsage)
-		return usageError("")
+	if err := subFirst("db", dbUsage, "subcommand", []string{"check", "backup", "compact", "prune", "salvage"}, args); err != nil {
+		return err
 	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if isHelp(args[0]) {
 		fmt.Fprint(stdout, dbUsage)
 		return flag.ErrHelp
 	}

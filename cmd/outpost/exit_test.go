@@ -400,6 +400,19 @@ func TestUnknownSubcommandErrorComesFirst(t *testing.T) {
 		{[]string{"uplink", "bogus"}, `outpost uplink: unknown uplink subcommand "bogus"`, "Usage: outpost uplink <"},
 		{[]string{"bench", "bogus"}, `outpost bench: unknown workload "bogus"`, "Usage: outpost bench reference"},
 		{[]string{"help", "db", "bogus"}, `outpost db: unknown db subcommand "bogus"`, "Usage: outpost db <"},
+		// No subcommand, or a flag before it: the flag package stops at
+		// the subcommand, so the line is put right rather than guessed at.
+		{[]string{"runs"}, `outpost runs: a subcommand is needed: list, show, history, fork, replay`, "Usage: outpost runs <"},
+		{[]string{"runs", "--data", "DIR"}, `outpost runs: --data goes after the subcommand: outpost runs list --data DIR`, "Usage: outpost runs <"},
+		{[]string{"runs", "--data", "DIR", "show", "r1"}, `outpost runs: --data goes after the subcommand: outpost runs show --data DIR r1`, "Usage: outpost runs <"},
+		{[]string{"db"}, `outpost db: a subcommand is needed: check, backup, compact, prune, salvage`, "Usage: outpost db <"},
+		{[]string{"db", "--json", "check"}, `outpost db: --json goes after the subcommand: outpost db check --json`, "Usage: outpost db <"},
+		{[]string{"firmware"}, `outpost firmware: a subcommand is needed: keygen, sign, verify, install, list, activate, remove, export`, "Usage: outpost firmware <"},
+		{[]string{"firmware", "--data=DIR", "list"}, `outpost firmware: --data goes after the subcommand: outpost firmware list --data=DIR`, "Usage: outpost firmware <"},
+		{[]string{"uplink"}, `outpost uplink: a subcommand is needed: status, flush`, "Usage: outpost uplink <"},
+		{[]string{"uplink", "--data", "DIR"}, `outpost uplink: --data goes after the subcommand: outpost uplink status --data DIR`, "Usage: outpost uplink <"},
+		{[]string{"bench"}, `outpost bench: a workload is needed: reference`, "Usage: outpost bench reference"},
+		{[]string{"bench", "--saver", "bbolt"}, `outpost bench: --saver goes after the workload: outpost bench reference --saver bbolt`, "Usage: outpost bench reference"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := outpost(t, tc.args...)
@@ -411,6 +424,23 @@ func TestUnknownSubcommandErrorComesFirst(t *testing.T) {
 			require.Empty(t, lines[1], stderr)
 			require.True(t, strings.HasPrefix(lines[2], tc.next), stderr)
 			require.Equal(t, 1, strings.Count(stderr, tc.error), "said once: %s", stderr)
+		})
+	}
+}
+
+// The subcommands a missing one is named with are those the command runs.
+func TestSubcommandNeededNamesEverySubcommand(t *testing.T) {
+	for name, cmd := range commands {
+		if len(cmd.subs) == 0 {
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			code, _, stderr := outpost(t, name)
+			require.Equal(t, 2, code, stderr)
+			first, _, _ := strings.Cut(stderr, "\n")
+			_, list, ok := strings.Cut(first, " is needed: ")
+			require.True(t, ok, stderr)
+			require.ElementsMatch(t, cmd.subs, strings.Split(list, ", "), stderr)
 		})
 	}
 }

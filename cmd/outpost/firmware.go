@@ -70,7 +70,7 @@ var firmwareCommands = map[string]func(fs *cmdFlags, args []string, stdout io.Wr
 }
 
 func runFirmware(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub, fs, err := subcommand("firmware", firmwareUsage, args, stdout, stderr)
+	sub, fs, err := subcommand("firmware", firmwareUsage, []string{"keygen", "sign", "verify", "install", "list", "activate", "remove", "export"}, args, stdout, stderr)
 	if sub == "" {
 		return err
 	}

@@ -69,6 +69,35 @@ func unknownSub(usage, format string, a ...any) error {
 	return unknownSubError{msg: fmt.Sprintf(format, a...), usage: usage}
 }
 
+// subFirst is the error of a command of subcommands (or bench's
+// workloads) called without one first: none at all, or a flag before it,
+// as in "outpost runs --data DIR list". It is nil when args starts with
+// something else, which the command judges itself. The error names the
+// subcommands, or says the flag goes after one and gives the command line
+// with the subcommand first (the one given later, else the first of subs),
+// since the flag package stops at the first argument that is not a flag
+// and a flag set before the subcommand cannot be told apart from one.
+func subFirst(name, usage, what string, subs, args []string) error {
+	if len(args) == 0 {
+		return unknownSub(usage, "a %s is needed: %s", what, strings.Join(subs, ", "))
+	}
+	if !isFlag(args[0]) || isHelp(args[0]) {
+		return nil
+	}
+	flagName, _, _ := strings.Cut(args[0], "=")
+	sub, rest := subs[0], args
+	if i := slices.IndexFunc(args, func(a string) bool { return slices.Contains(subs, a) }); i >= 0 {
+		sub, rest = args[i], slices.Delete(slices.Clone(args), i, i+1)
+	}
+	return unknownSub(usage, "%s goes after the %s: outpost %s %s %s", flagName, what, name, sub, strings.Join(rest, " "))
+}
+
+// isFlag reports whether arg is a flag ("-" alone is an argument).
+func isFlag(arg string) bool { return len(arg) > 1 && arg[0] == '-' }
+
+// isHelp reports whether arg, given where a subcommand goes, asks for help.
+func isHelp(arg string) bool { return arg == "-h" || arg == "--help" || arg == "help" }
+
 // badUsage is a usageError that says what was wrong with the command line.
 func badUsage(format string, a ...any) error { return usageError(fmt.Sprintf(format, a...)) }
 
@@ -249,12 +278,11 @@ func init() {
 
 // subcommand splits "outpost NAME SUB ..." and returns SUB with a flag set
 // for it; SUB is "" when only usage was asked for (err says how it ended).
-func subcommand(name, usage string, args []string, stdout, stderr io.Writer) (string, *cmdFlags, error) {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return "", nil, usageError("")
+func subcommand(name, usage string, subs, args []string, stdout, stderr io.Writer) (string, *cmdFlags, error) {
+	if err := subFirst(name, usage, "subcommand", subs, args); err != nil {
+		return "", nil, err
 	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if isHelp(args[0]) {
 		fmt.Fprint(stdout, usage)
 		return "", nil, nil
 	}

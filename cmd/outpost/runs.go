@@ -54,11 +54,10 @@ var runsCommands = map[string]func(ctx context.Context, args []string, stdout, s
 }
 
 func runRuns(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, runsUsage)
-		return usageError("")
+	if err := subFirst("runs", runsUsage, "subcommand", []string{"list", "show", "history", "fork", "replay"}, args); err != nil {
+		return err
 	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if isHelp(args[0]) {
 		fmt.Fprint(stdout, runsUsage)
 		return nil
 	}
@@ -298,6 +297,30 @@ type runView struct {
 	// stopped (or crashed) before it ended, and it resumes at the next
 	// start. Status stays as stored; Steps counts its checkpoints.
 	Stopped bool `json:"stopped,omitempty"`
+}
+
+// MarshalJSON is the run record as stored, with each interrupt's path
+// through the subgraphs added ("team/review"), as the HTTP API's run view
+// gives it: an interrupt's node alone names every instance of a subgraph
+// alike, and its ns has the task ids of the steps that entered them.
+func (v runView) MarshalJSON() ([]byte, error) {
+	type record runView // its fields without this method
+	type interrupt struct {
+		engine.PendingInterrupt
+		Path string `json:"path"`
+	}
+	var ins []interrupt
+	if v.Run != nil {
+		for _, in := range v.Interrupts {
+			ins = append(ins, interrupt{in, in.Path()})
+		}
+	}
+	// The outer interrupts, less deep than the record's, are the ones
+	// encoding/json writes.
+	return json.Marshal(struct {
+		record
+		Interrupts []interrupt `json:"interrupts,omitempty"`
+	}{record(v), ins})
 }
 
 // stoppedMeaning says what a stopped run is, after the listing that shows one.

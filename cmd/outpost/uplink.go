@@ -34,7 +34,7 @@ is refused (serve --uplink sends it; GET /api/v1/uplink shows it).
 `
 
 func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub, fs, err := subcommand("uplink", uplinkUsage, args, stdout, stderr)
+	sub, fs, err := subcommand("uplink", uplinkUsage, []string{"status", "flush"}, args, stdout, stderr)
 	if sub == "" {
 		return err
 	}
