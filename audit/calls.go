@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -155,13 +156,7 @@ func verifyToolCall(ctx context.Context, orig *agent.CallRecord, rec agent.CallR
 	for k := range now {
 		names[k] = true
 	}
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range names {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, k := range slices.Sorted(maps.Keys(names)) {
 		w, okW := was[k]
 		n, okN := now[k]
 		if okW && okN && agent.HashArgs(w) == agent.HashArgs(n) {

@@ -164,10 +164,10 @@ const MetaActiveTools = "active_tools"
 // pinTools is the agents' engine.Agent.Pin: it resolves the run's active
 // tool set (the bundle's registry, narrowed by the agent's allowlist, by
 // the appliance's restriction and by the request's override in
-// Meta[MetaTools]) as the run opens,
-// refuses an override naming a tool outside that set (*UnknownToolsError),
-// and stores the set on the run, so the run keeps it across restarts even if the
-// appliance's restriction changes meanwhile.
+// Meta[MetaTools]) as the run opens, refuses an override naming a tool
+// outside that set (*UnknownToolsError), and stores the set on the run, so
+// the run keeps it across restarts even if the appliance's restriction
+// changes meanwhile.
 func (b *Bundle) pinTools(run *engine.Run) error {
 	reg := b.Registry
 	if reg == nil {
@@ -217,10 +217,11 @@ func unknownTools(agent string, set *policy.ActiveSet) *UnknownToolsError {
 
 // UnknownTools refuses the names of a request's tool override that the
 // agent's active tool set cannot hold: not in the bundle's registry, or
-// left out by the agent's allowlist or the appliance's restriction. It resolves the set as the run
-// would open (the agent's Pin, on a run that is never stored, so that a
-// request can be refused before anything starts), which refuses the names
-// the override gives in vain; it returns nil when there are none. An agent
+// left out by the agent's allowlist or the appliance's restriction. It
+// resolves the set as the run would open (the agent's Pin, on a run that
+// is never stored, so that a request can be refused before anything
+// starts), which refuses the names the override gives in vain; it returns
+// nil when there are none. An agent
 // without a Pin has no tool registry, so every name is unknown to it.
 func UnknownTools(ag *engine.Agent, names []string) (*UnknownToolsError, error) {
 	if len(names) == 0 {
