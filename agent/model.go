@@ -274,7 +274,7 @@ func (m *ModelCall) Call(ctx context.Context, req models.Request, call int) (*mo
 		budgetErr := res.settle(spent)
 		if spent > 0 {
 			m.spent += spent
-			if rerr := m.recordSpent(ctx, info, key, req.Model, models.HashRequest(req), spent, err.Error()); rerr != nil {
+			if rerr := m.recordSpent(ctx, info, key, req, models.HashRequest(req), spent, err.Error()); rerr != nil {
 				return nil, errors.Join(err, rerr)
 			}
 		}
@@ -340,7 +340,6 @@ func (r *reservation) release() {
 // meanwhile by an attempt that raced this one wins; this one's tokens are
 // then recorded as spent beside it.
 func (m *ModelCall) record(ctx context.Context, info engine.RunInfo, key string, req models.Request, hash string, resp *models.Response, spent int) (*models.Response, error) {
-	model := req.Model
 	enc, err := models.EncodeResponse(resp)
 	if err != nil {
 		return nil, fmt.Errorf("model call %s: %w", key, err)
@@ -350,21 +349,18 @@ func (m *ModelCall) record(ctx context.Context, info engine.RunInfo, key string,
 		return nil, fmt.Errorf("model call %s: store response: %w", key, err)
 	}
 	result, _ := json.Marshal(refOf(info, ref.String(), resp.Provider, spent))
-	// The request's digest goes in the record's Args, for an audit replay
-	// to say which part of a request that differs does (RequestVerifier).
-	digest, _ := json.Marshal(models.DigestRequest(req)) // strings and numbers only
 	// The record names the node by its path through the subgraphs, as a
 	// tool call's record does: the bare name is the same in every instance
 	// of a subgraph. No reader of it compares it to a bare name (the
 	// conflict checks compare tool, request digest and run; tokens and
 	// replays read the key, tool and result).
 	existing, err := intent(ctx, m.Log, CallRecord{Key: key, Run: info.Run, Node: info.Path,
-		Tool: "model:" + model, ArgsHash: hash, Args: digest, Decision: string(policy.DecisionAllow), DecidedBy: "lane:" + m.Lane.Agent})
+		Tool: "model:" + req.Model, ArgsHash: hash, Args: requestDigest(req), Decision: string(policy.DecisionAllow), DecidedBy: "lane:" + m.Lane.Agent})
 	if err != nil {
 		return nil, fmt.Errorf("model call %s: %w", key, err)
 	}
 	if existing.Done() {
-		if err := m.recordSpent(ctx, info, key, model, hash, spent, "an answer raced this one to the record"); err != nil {
+		if err := m.recordSpent(ctx, info, key, req, hash, spent, "an answer raced this one to the record"); err != nil {
 			return nil, err
 		}
 		return m.load(ctx, key, existing)
@@ -375,17 +371,26 @@ func (m *ModelCall) record(ctx context.Context, info engine.RunInfo, key string,
 	return resp, nil
 }
 
+// requestDigest is what a model call's record keeps in its Args: the
+// request's models.RequestDigest, for an audit replay to say which part of
+// a request that differs does (RequestVerifier).
+func requestDigest(req models.Request) json.RawMessage {
+	digest, _ := json.Marshal(models.DigestRequest(req)) // strings and numbers only
+	return digest
+}
+
 // recordSpent records tokens spent by a call whose answer is not the
-// recorded one, under the first free key + "#spent<n>". They are recorded
-// even when the run is being stopped (its wall time ran out, say): they
-// were spent all the same.
-func (m *ModelCall) recordSpent(ctx context.Context, info engine.RunInfo, key, model, hash string, spent int, why string) error {
+// recorded one, under the first free key + "#spent<n>", with the request's
+// hash and digest as a call's record has them. They are recorded even when
+// the run is being stopped (its wall time ran out, say): they were spent
+// all the same.
+func (m *ModelCall) recordSpent(ctx context.Context, info engine.RunInfo, key string, req models.Request, hash string, spent int, why string) error {
 	ctx = context.WithoutCancel(ctx)
 	result, _ := json.Marshal(refOf(info, "", m.Provider.Name(), spent))
 	for n := 1; n <= maxSpentRecords; n++ {
 		k := key + "#spent" + strconv.Itoa(n)
 		existing, err := m.Log.Intent(ctx, CallRecord{Key: k, Run: info.Run, Node: info.Path,
-			Tool: "model:" + model, ArgsHash: hash, Decision: string(policy.DecisionAllow), DecidedBy: "lane:" + m.Lane.Agent})
+			Tool: "model:" + req.Model, ArgsHash: hash, Args: requestDigest(req), Decision: string(policy.DecisionAllow), DecidedBy: "lane:" + m.Lane.Agent})
 		switch {
 		case errors.Is(err, ErrCallConflict) || (err == nil && existing != nil):
 			continue

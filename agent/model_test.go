@@ -529,3 +529,46 @@ func TestTokenBudgetHoldsAgainstAnAnswerInOneHugeLine(t *testing.T) {
 	requireCutAtTheBudget(t, log, res, runErr, 40)
 	require.Contains(t, res.Run.Error, "the answer reached its cap of 35 tokens (num_predict) and Ollama did not stop it")
 }
+
+// failingModel fails every call after streaming a few words of answer.
+type failingModel struct{}
+
+func (failingModel) Name() string { return "failing" }
+
+func (failingModel) Chat(_ context.Context, _ models.Request, stream func(models.Chunk) error) (*models.Response, error) {
+	if err := stream(models.Chunk{Content: "If you missed"}); err != nil {
+		return nil, err
+	}
+	return nil, errors.New("the model server went away")
+}
+
+// A failed attempt's record keeps its request's hash and digest, as an
+// answered call's does, so that a replay can check it as well.
+func TestFailedModelCallRecordKeepsTheRequestsDigest(t *testing.T) {
+	log := agent.NewMemoryCallLog()
+	mc := &agent.ModelCall{Provider: failingModel{}, Lane: &policy.Lane{Agent: "a", Models: []string{"llama3.2"}},
+		Log: log, Blobs: engine.NewMemoryStore()}
+	req := models.Request{Model: "llama3.2", Messages: []models.Message{{Role: "system", Content: "Answer briefly."}, {Role: "user", Content: "I forgot my dose"}},
+		Tools: []models.ToolDef{{Name: "kb_search", Description: "search", Parameters: json.RawMessage(`{"type":"object"}`)}}}
+	b := engine.NewGraph("a")
+	b.AddNode("gen", func(ctx context.Context, s engine.State) ([]engine.Write, error) {
+		_, err := mc.Call(ctx, req, 0)
+		return nil, err
+	})
+	b.AddEdge(engine.Start, "gen")
+	b.AddEdge("gen", engine.End)
+	g, err := b.Compile()
+	require.NoError(t, err)
+	res, err := g.Invoke(context.Background(), engine.RunConfig{Thread: "t", Store: engine.NewMemoryStore()})
+	require.Error(t, err)
+	recs := log.Records(agent.ModelKeyPrefix(res.Run.ID))
+	require.Len(t, recs, 1)
+	rec := recs[0]
+	require.True(t, strings.HasSuffix(rec.Key, "#spent1"), rec.Key)
+	require.Equal(t, models.HashRequest(req), rec.ArgsHash)
+	require.NotEmpty(t, rec.Args, "the failed attempt's record keeps no digest")
+	var kept models.RequestDigest
+	require.NoError(t, json.Unmarshal(rec.Args, &kept))
+	require.Nil(t, kept.Diff(models.DigestRequest(req)))
+	require.Equal(t, models.DigestRequest(req), kept)
+}

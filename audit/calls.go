@@ -19,8 +19,9 @@ import (
 // A recorded call answers only the question it was asked. ReplayLog
 // compares each call of a replay with its record before it serves the
 // record: a model call's request with the recorded request's hash and
-// digest (agent.RequestVerifier), a tool call's name and arguments with
-// the recorded ones. A tool call that an operator edited is recorded with
+// digest (agent.RequestVerifier; a failed attempt's record, through
+// Intent, likewise), a tool call's name and arguments with the recorded
+// ones. A tool call that an operator edited is recorded with
 // the edited arguments (agent's tool loop replaces them before the intent
 // is recorded), and the replay answers the same interrupt with the same
 // recorded decision, so a faithful replay asks for the edited arguments
@@ -101,33 +102,68 @@ func callDivergence(ctx context.Context, key, tool, part, original, replayed str
 
 // VerifyRequest implements agent.RequestVerifier.
 func (l ReplayLog) VerifyRequest(ctx context.Context, rec agent.CallRecord, req models.Request) error {
+	digest := models.DigestRequest(req)
+	return verifyModelCall(ctx, rec, askedRequest{model: req.Model, hash: models.HashRequest(req), digest: &digest, messages: req.Messages})
+}
+
+// askedRequest is what a replay's model call asks, as a record keeps it:
+// its model, its request's hash and digest (nil when not known), and the
+// messages themselves when known, for the report to show the start of
+// the one that differs.
+type askedRequest struct {
+	model, hash string
+	digest      *models.RequestDigest
+	messages    []models.Message
+}
+
+// askedBy is what the replay's record of a model call says its request
+// was: a failed attempt's (agent's "#spent" records), which the replay
+// makes as the original did.
+func askedBy(rec agent.CallRecord) askedRequest {
+	return askedRequest{model: strings.TrimPrefix(rec.Tool, "model:"), hash: rec.ArgsHash, digest: recordedDigest(rec)}
+}
+
+// recordedDigest is the request digest a model call's record keeps, or
+// nil for a record that keeps none (an older one).
+func recordedDigest(rec agent.CallRecord) *models.RequestDigest {
+	var d models.RequestDigest
+	if len(rec.Args) == 0 || json.Unmarshal(rec.Args, &d) != nil || d.Model == "" {
+		return nil
+	}
+	return &d
+}
+
+// verifyModelCall compares what a replay's model call asks with the
+// original's record of it: an answered call's (VerifyRequest) and a failed
+// attempt's (Intent) alike.
+func verifyModelCall(ctx context.Context, rec agent.CallRecord, now askedRequest) error {
 	if rec.ArgsHash == "" && len(rec.Args) == 0 {
 		findingsFrom(ctx).note(fmt.Sprintf("call %s (%s): its record keeps no digest of the request, so the replay's request could not be checked against it",
 			rec.Key, rec.Tool))
 		return nil
 	}
-	if rec.ArgsHash != "" && rec.ArgsHash == models.HashRequest(req) {
+	if rec.ArgsHash != "" && rec.ArgsHash == now.hash {
 		return nil
 	}
-	var recorded models.RequestDigest
-	if len(rec.Args) == 0 || json.Unmarshal(rec.Args, &recorded) != nil || recorded.Model == "" {
+	recorded := recordedDigest(rec)
+	if recorded == nil || now.digest == nil {
 		// A record with the request's hash alone: it says that the
 		// request differs, and the model, but not which message.
-		if was := strings.TrimPrefix(rec.Tool, "model:"); was != req.Model {
-			return callDivergence(ctx, rec.Key, rec.Tool, "model", was, req.Model)
+		if was := strings.TrimPrefix(rec.Tool, "model:"); was != now.model {
+			return callDivergence(ctx, rec.Key, rec.Tool, "model", was, now.model)
 		}
 		return callDivergence(ctx, rec.Key, rec.Tool, "request", "digest "+rec.ArgsHash,
-			"digest "+models.HashRequest(req)+" (the record keeps no digest of each message, so which one differs is not known)")
+			"digest "+now.hash+" (the record keeps no digest of each message, so which one differs is not known)")
 	}
-	d := recorded.Diff(models.DigestRequest(req))
+	d := recorded.Diff(*now.digest)
 	if d == nil {
 		// Every part has the same digest but the hash differs: a part
 		// the digests do not cover.
-		d = &models.RequestDiff{Part: "request", Message: -1, Original: "digest " + rec.ArgsHash, Replayed: "digest " + models.HashRequest(req)}
+		d = &models.RequestDiff{Part: "request", Message: -1, Original: "digest " + rec.ArgsHash, Replayed: "digest " + now.hash}
 	}
 	replayed := d.Replayed
-	if d.Message >= 0 && d.Message < len(req.Messages) {
-		replayed += ", begins " + preview(req.Messages[d.Message].Content)
+	if d.Message >= 0 && d.Message < len(now.messages) {
+		replayed += ", begins " + preview(now.messages[d.Message].Content)
 	}
 	return callDivergence(ctx, rec.Key, rec.Tool, d.Part, d.Original, replayed)
 }

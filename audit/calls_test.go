@@ -7,6 +7,7 @@ package audit
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -231,4 +232,56 @@ func TestReplayOfRecordsWithoutADigest(t *testing.T) {
 		require.Equal(t, "request", rep.Diff.Part)
 		require.Contains(t, rep.Diff.Replayed, "which one differs is not known")
 	})
+}
+
+// downModel fails every call as a model server that went away mid-answer
+// does; what it was asked counts all the same.
+type downModel struct{}
+
+func (downModel) Name() string { return "down" }
+
+func (downModel) Chat(context.Context, models.Request, func(models.Chunk) error) (*models.Response, error) {
+	return nil, errors.New("the model server went away")
+}
+
+// A model call the original never got an answer to leaves a record of its
+// failed attempt (agent's "#spent"): a replay fails there too, and checks
+// what it asked against that record, naming the part that differs.
+func TestReplayChecksAFailedModelCallsAttempt(t *testing.T) {
+	ctx := context.Background()
+	db, err := store.OpenDir(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	log := wiring.CallLog(db, db)
+	g := doseAgent{provider: downModel{}, log: log, blobs: db, tool: &numberedTool{},
+		system: dosePrompt, description: "record a dose", model: "scripted"}.graph(t)
+	res, err := g.Invoke(ctx, engine.RunConfig{Thread: "t", Store: db}, engine.Write{Channel: "input", Value: "I took my metformin"})
+	require.Error(t, err)
+	require.Equal(t, engine.StatusFailed, res.Run.Status)
+	calls, err := db.ToolCalls(ctx, agent.ModelKeyPrefix(res.Run.ID))
+	require.NoError(t, err)
+	require.Len(t, calls, 1)
+	spent := calls[0].Key
+	require.True(t, strings.HasSuffix(spent, "#spent1"), spent)
+
+	rep := replayDose(t, db, log, res.Run, nil)
+	require.True(t, rep.Same, "%v", rep.Diff)
+	require.Empty(t, rep.Notes)
+
+	rep = replayDose(t, db, log, res.Run, func(a *doseAgent) { a.system = "You record doses." })
+	require.False(t, rep.Same)
+	d := rep.Diff
+	require.NotNil(t, d)
+	require.Equal(t, spent, d.Call)
+	require.Equal(t, "model:scripted", d.Tool)
+	require.Equal(t, "message 0", d.Part)
+	require.Contains(t, d.Original, "system, ")
+	require.Contains(t, d.Replayed, "system, ")
+
+	rep = replayDose(t, db, log, res.Run, func(a *doseAgent) { a.model = "scripted-large" })
+	require.False(t, rep.Same)
+	require.Equal(t, spent, rep.Diff.Call)
+	require.Equal(t, "model", rep.Diff.Part)
+	require.Equal(t, "scripted", rep.Diff.Original)
+	require.Equal(t, "scripted-large", rep.Diff.Replayed)
 }

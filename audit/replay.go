@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/outpost-edge/outpost/agent"
@@ -426,7 +427,9 @@ func (l ReplayLog) Get(ctx context.Context, key string) (*agent.CallRecord, erro
 	return l.Original.Get(ctx, key)
 }
 
-// Intent returns the original record, which must hold the call's outcome.
+// Intent returns the original record, which must hold the call's outcome
+// and have been asked what rec asks: a tool call's name and arguments, a
+// model call's failed attempt its request's hash and digest.
 func (l ReplayLog) Intent(ctx context.Context, rec agent.CallRecord) (*agent.CallRecord, error) {
 	orig, err := l.Original.Get(ctx, rec.Key)
 	if err != nil {
@@ -435,7 +438,15 @@ func (l ReplayLog) Intent(ctx context.Context, rec agent.CallRecord) (*agent.Cal
 	if !orig.Done() {
 		return nil, fmt.Errorf("%w: call %s (%s) has no recorded outcome", ErrDiverged, rec.Key, rec.Tool)
 	}
-	if err := verifyToolCall(ctx, orig, rec); err != nil {
+	if strings.HasPrefix(rec.Key, "model:") { // agent.ModelKey
+		// A model call's failed attempt (agent's "#spent" records): a
+		// replay of a call the original never got an answer to fails
+		// there too, and records its attempt as the original did.
+		err = verifyModelCall(ctx, *orig, askedBy(rec))
+	} else {
+		err = verifyToolCall(ctx, orig, rec)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return orig, nil

@@ -27,11 +27,12 @@ type RequestDigest struct {
 
 // MessageDigest fingerprints one message: its role, its length in
 // characters (content and thinking) and the digest of all of it. It is
-// stored as the text "role/chars/digest": a call record's arguments up to
-// 512 bytes are kept inline, longer ones as a blob, one more commit for
-// the call. Measured, with two tools offered: four messages take 257
-// bytes, eight 385 (as JSON objects, 409 and 649), so with the record's
-// approval fields about seven messages stay inline (three as objects).
+// stored as the text "role/chars/digest", to keep a call record small: its
+// arguments up to 512 bytes are kept inline, longer ones as a blob (which
+// the store writes in the record's own commit). Measured, with two tools
+// offered: four messages take 257 bytes, eight 385 (as JSON objects, 409
+// and 649), so with the record's approval fields about seven messages stay
+// inline (three as objects).
 type MessageDigest struct {
 	Role   string
 	Chars  int

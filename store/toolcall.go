@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -60,7 +61,13 @@ func decodeToolCall(b []byte) (*ToolCall, error) {
 // may call it freely. It fails with ErrToolCallConflict when the key holds
 // another call, and with ErrToolCallDone when the call already has a result,
 // which the caller must reuse.
-func (d *DB) PutToolIntent(ctx context.Context, key string, rec ToolCall) error {
+//
+// blobs are the bytes of blobs that rec.Args names and that may not be
+// stored yet: they are stored in the record's own transaction, one commit
+// where PutBlob before it would take two (a model call's request digest
+// past engine.BlobThreshold cost its call a fourth commit). They are
+// stored only when the record is written.
+func (d *DB) PutToolIntent(ctx context.Context, key string, rec ToolCall, blobs ...[]byte) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("record tool intent %s: %w", key, err)
 	}
@@ -78,6 +85,7 @@ func (d *DB) PutToolIntent(ctx context.Context, key string, rec ToolCall) error 
 	}
 	k := []byte(key)
 	write := false
+	carried := carryBlobs(blobs)
 	err = d.q.do(&request{
 		validate: func(tx *bbolt.Tx) error {
 			old, err := loadToolCall(tx, k)
@@ -86,7 +94,7 @@ func (d *DB) PutToolIntent(ctx context.Context, key string, rec ToolCall) error 
 				return err
 			case old == nil:
 				write = true
-				return requireBlobs(tx, rec.Args)
+				return carried.check(tx, rec.Args)
 			case old.Tool != rec.Tool || old.ArgsHash != rec.ArgsHash || old.RunID != rec.RunID:
 				return fmt.Errorf("%w: recorded %s(%s) of run %s, offered %s(%s) of run %s",
 					ErrToolCallConflict, old.Tool, old.ArgsHash, old.RunID, rec.Tool, rec.ArgsHash, rec.RunID)
@@ -100,6 +108,9 @@ func (d *DB) PutToolIntent(ctx context.Context, key string, rec ToolCall) error 
 			if !write {
 				return nil
 			}
+			if err := carried.store(tx); err != nil {
+				return err
+			}
 			return bucket(tx, bucketToolCalls).Put(k, enc)
 		},
 	})
@@ -112,8 +123,8 @@ func (d *DB) PutToolIntent(ctx context.Context, key string, rec ToolCall) error 
 // PutToolResult durably records a tool call's outcome: rec's Result, Error
 // and DoneAt (now when zero). The intent must have been recorded. Recording
 // the same result again is a no-op; another result fails with
-// ErrToolCallConflict.
-func (d *DB) PutToolResult(ctx context.Context, key string, rec ToolCall) error {
+// ErrToolCallConflict. blobs are as PutToolIntent's, for rec.Result.
+func (d *DB) PutToolResult(ctx context.Context, key string, rec ToolCall, blobs ...[]byte) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("record tool result %s: %w", key, err)
 	}
@@ -122,6 +133,7 @@ func (d *DB) PutToolResult(ctx context.Context, key string, rec ToolCall) error 
 	}
 	k := []byte(key)
 	var enc []byte
+	carried := carryBlobs(blobs)
 	err := d.q.do(&request{
 		validate: func(tx *bbolt.Tx) error {
 			enc = nil
@@ -137,7 +149,7 @@ func (d *DB) PutToolResult(ctx context.Context, key string, rec ToolCall) error 
 				}
 				return nil
 			}
-			if err := requireBlobs(tx, rec.Result); err != nil {
+			if err := carried.check(tx, rec.Result); err != nil {
 				return err
 			}
 			old.Result, old.Error, old.DoneAt, old.Status = rec.Result, rec.Error, rec.DoneAt, ToolCallDone
@@ -147,6 +159,9 @@ func (d *DB) PutToolResult(ctx context.Context, key string, rec ToolCall) error 
 		apply: func(tx *bbolt.Tx) error {
 			if enc == nil {
 				return nil
+			}
+			if err := carried.store(tx); err != nil {
+				return err
 			}
 			return bucket(tx, bucketToolCalls).Put(k, enc)
 		},
@@ -216,12 +231,54 @@ func loadToolCall(tx *bbolt.Tx, k []byte) (*ToolCall, error) {
 	return tc, nil
 }
 
-// requireBlobs refuses a record that refers to a blob not yet stored: a
-// dangling reference would only show up when the record is needed.
-func requireBlobs(tx *bbolt.Tx, vs ...engine.Value) error {
+// carriedBlobs are the blobs a tool-call record is stored with, in its
+// transaction.
+type carriedBlobs []encodedBlob
+
+func carryBlobs(data [][]byte) carriedBlobs {
+	now := time.Now()
+	var out carriedBlobs
+	for _, b := range data {
+		ref := engine.RefOf(b)
+		if !slices.ContainsFunc(out, func(c encodedBlob) bool { return c.ref == ref }) {
+			out = append(out, encodedBlob{ref: ref, data: b, rec: encodeBlob(b, now)})
+		}
+	}
+	return out
+}
+
+// check refuses a carried blob whose reference the store holds with other
+// bytes, and a record whose values refer to a blob neither stored nor
+// carried: a dangling reference would only show up when the record is
+// needed.
+func (cb carriedBlobs) check(tx *bbolt.Tx, vs ...engine.Value) error {
+	bb := writeBlobs(tx)
+	for i := range cb {
+		var err error
+		if cb[i].stored, err = checkBlobCollision(bb, cb[i].ref, cb[i].data); err != nil {
+			return err
+		}
+	}
 	for _, v := range vs {
-		if !v.Blob.IsZero() && writeBlobs(tx).locate(v.Blob) == nil {
+		carried := slices.ContainsFunc(cb, func(c encodedBlob) bool { return c.ref == v.Blob })
+		if !v.Blob.IsZero() && !carried && bb.locate(v.Blob) == nil {
 			return fmt.Errorf("blob %s: %w", v.Blob, engine.ErrBlobNotFound)
+		}
+	}
+	return nil
+}
+
+// store adds the carried blobs that check found missing. Those stored
+// already are left as they are, as Commit leaves them: the record written
+// beside them names them, so Prune keeps them.
+func (cb carriedBlobs) store(tx *bbolt.Tx) error {
+	bb := writeBlobs(tx)
+	for _, b := range cb {
+		if b.stored {
+			continue
+		}
+		if err := bb.add(b.ref, b.rec); err != nil {
+			return fmt.Errorf("blob %s: %w", b.ref, err)
 		}
 	}
 	return nil

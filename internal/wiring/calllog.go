@@ -14,6 +14,7 @@ import (
 // CallLog adapts the store's tool-call records to agent.CallLog. Arguments
 // and results above engine.BlobThreshold are stored as blobs in blobs
 // (normally db itself: the store refuses a record whose blob it lacks).
+// When blobs is db, such a blob is stored in the record's own commit.
 //
 // store.ToolCall has no fields for the approval, so the record's Args value
 // holds an envelope: {"args", "decision", "decided_by", "reason"}.
@@ -35,18 +36,26 @@ type envelope struct {
 	Reason    string          `json:"reason,omitempty"`
 }
 
-func (c *callLog) value(ctx context.Context, b []byte) (engine.Value, error) {
+// value is how a record stores b: inline when small, else as a blob. A
+// blob that db stores is returned in carried, for the record's own
+// commit to store (store.DB.PutToolIntent): PutBlob first would cost the
+// call one more commit. One that another blob store keeps is put there
+// now.
+func (c *callLog) value(ctx context.Context, b []byte) (v engine.Value, carried [][]byte, _ error) {
 	if len(b) == 0 {
-		return engine.Value{}, nil
+		return engine.Value{}, nil, nil
 	}
 	if len(b) <= engine.BlobThreshold {
-		return engine.Value{Inline: append([]byte(nil), b...)}, nil
+		return engine.Value{Inline: append([]byte(nil), b...)}, nil, nil
+	}
+	if c.blobs == engine.BlobStore(c.db) {
+		return engine.Value{Blob: engine.RefOf(b)}, [][]byte{b}, nil
 	}
 	ref, err := c.blobs.PutBlob(ctx, b)
 	if err != nil {
-		return engine.Value{}, err
+		return engine.Value{}, nil, err
 	}
-	return engine.Value{Blob: ref}, nil
+	return engine.Value{Blob: ref}, nil, nil
 }
 
 func (c *callLog) bytes(ctx context.Context, v engine.Value) ([]byte, error) {
@@ -70,12 +79,12 @@ func (c *callLog) Intent(ctx context.Context, rec agent.CallRecord) (*agent.Call
 	if err != nil {
 		return nil, fmt.Errorf("record intent %s: %w", rec.Key, err)
 	}
-	args, err := c.value(ctx, env)
+	args, carried, err := c.value(ctx, env)
 	if err != nil {
 		return nil, fmt.Errorf("record intent %s: %w", rec.Key, err)
 	}
 	err = c.db.PutToolIntent(ctx, rec.Key, store.ToolCall{RunID: rec.Run, Node: rec.Node, Tool: rec.Tool,
-		ArgsHash: rec.ArgsHash, Args: args})
+		ArgsHash: rec.ArgsHash, Args: args}, carried...)
 	switch {
 	case errors.Is(err, store.ErrToolCallConflict):
 		return nil, fmt.Errorf("%w: %w", agent.ErrCallConflict, err)
@@ -88,11 +97,11 @@ func (c *callLog) Intent(ctx context.Context, rec agent.CallRecord) (*agent.Call
 }
 
 func (c *callLog) Done(ctx context.Context, key string, result json.RawMessage, errText string) error {
-	v, err := c.value(ctx, result)
+	v, carried, err := c.value(ctx, result)
 	if err != nil {
 		return fmt.Errorf("record tool result %s: %w", key, err)
 	}
-	err = c.db.PutToolResult(ctx, key, store.ToolCall{Result: v, Error: errText})
+	err = c.db.PutToolResult(ctx, key, store.ToolCall{Result: v, Error: errText}, carried...)
 	switch {
 	case errors.Is(err, store.ErrToolCallNotFound):
 		return fmt.Errorf("%w: %w", agent.ErrCallNotFound, err)
