@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -10,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"flag"
 	"maps"
 	"math/big"
 	"net"
@@ -413,6 +415,14 @@ func TestUnknownSubcommandErrorComesFirst(t *testing.T) {
 		{[]string{"uplink", "--data", "DIR"}, `outpost uplink: --data goes after the subcommand: outpost uplink status --data DIR`, "Usage: outpost uplink <"},
 		{[]string{"bench"}, `outpost bench: a workload is needed: reference`, "Usage: outpost bench reference"},
 		{[]string{"bench", "--saver", "bbolt"}, `outpost bench: --saver goes after the workload: outpost bench reference --saver bbolt`, "Usage: outpost bench reference"},
+		// A flag's value that names a subcommand is the flag's: the
+		// subcommand is the first argument that is no flag and no value.
+		{[]string{"runs", "--thread", "list", "show", "r1"}, `outpost runs: --thread goes after the subcommand: outpost runs show --thread list r1`, "Usage: outpost runs <"},
+		{[]string{"runs", "--json", "show", "r1"}, `outpost runs: --json goes after the subcommand: outpost runs show --json r1`, "Usage: outpost runs <"},
+		{[]string{"db", "--data", "check", "backup", "FILE"}, `outpost db: --data goes after the subcommand: outpost db backup --data check FILE`, "Usage: outpost db <"},
+		{[]string{"firmware", "--data", "list", "export", "DIR"}, `outpost firmware: --data goes after the subcommand: outpost firmware export --data list DIR`, "Usage: outpost firmware <"},
+		{[]string{"uplink", "--data", "status", "flush"}, `outpost uplink: --data goes after the subcommand: outpost uplink flush --data status`, "Usage: outpost uplink <"},
+		{[]string{"bench", "--saver", "reference"}, `outpost bench: --saver goes after the workload: outpost bench reference --saver reference`, "Usage: outpost bench reference"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := outpost(t, tc.args...)
@@ -442,5 +452,22 @@ func TestSubcommandNeededNamesEverySubcommand(t *testing.T) {
 			require.True(t, ok, stderr)
 			require.ElementsMatch(t, cmd.subs, strings.Split(list, ", "), stderr)
 		})
+	}
+}
+
+// Where a flag comes before the subcommand, which arguments are flags'
+// values is read from the subcommands' own flag sets, each made for its
+// -h: every subcommand makes one, under its own name, and writes nothing
+// but to the probe.
+func TestEverySubcommandsFlagsAreProbed(t *testing.T) {
+	for name, cmd := range commands {
+		for _, sub := range cmd.subs {
+			t.Run(name+" "+sub, func(t *testing.T) {
+				p := &flagProbe{}
+				require.ErrorIs(t, cmd.run(context.Background(), []string{sub, "-h"}, p, p), flag.ErrHelp)
+				require.NotNil(t, p.fs)
+				require.Equal(t, "outpost "+name+" "+sub, p.fs.Name())
+			})
+		}
 	}
 }
