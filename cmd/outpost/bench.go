@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -26,8 +25,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	switch {
 	case isHelp(args[0]):
-		fmt.Fprintln(stdout, usage)
-		return flag.ErrHelp
+		return groupHelp(usage, stdout)
 	case args[0] != "reference":
 		return unknownSub(usage, "unknown workload %q", args[0])
 	}

@@ -98,8 +98,7 @@ func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if isHelp(args[0]) {
-		fmt.Fprint(stdout, dbUsage)
-		return flag.ErrHelp
+		return groupHelp(dbUsage, stdout)
 	}
 	name := args[0]
 	sub, ok := dbSubs[name]

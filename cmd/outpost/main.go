@@ -149,6 +149,17 @@ func isFlag(arg string) bool { return len(arg) > 1 && arg[0] == '-' }
 // isHelp reports whether arg, given where a subcommand goes, asks for help.
 func isHelp(arg string) bool { return arg == "-h" || arg == "--help" || arg == "help" }
 
+// groupHelp prints usage, the help of a command of subcommands, to stdout
+// and returns flag.ErrHelp, as a flag set's -h does: every such command
+// answers help, -h and --help so, where a subcommand goes.
+func groupHelp(usage string, stdout io.Writer) error {
+	fmt.Fprint(stdout, usage)
+	if !strings.HasSuffix(usage, "\n") {
+		fmt.Fprintln(stdout)
+	}
+	return flag.ErrHelp
+}
+
 // badUsage is a usageError that says what was wrong with the command line.
 func badUsage(format string, a ...any) error { return usageError(fmt.Sprintf(format, a...)) }
 
@@ -328,14 +339,14 @@ func init() {
 }
 
 // subcommand splits "outpost NAME SUB ..." and returns SUB with a flag set
-// for it; SUB is "" when only usage was asked for (err says how it ended).
+// for it; SUB is "" when only usage was asked for (err is then
+// flag.ErrHelp) or the command line is wrong (err says how).
 func subcommand(name, usage string, subs, args []string, stdout, stderr io.Writer) (string, *cmdFlags, error) {
 	if err := subFirst(name, usage, "subcommand", subs, args); err != nil {
 		return "", nil, err
 	}
 	if isHelp(args[0]) {
-		fmt.Fprint(stdout, usage)
-		return "", nil, nil
+		return "", nil, groupHelp(usage, stdout)
 	}
 	sub := args[0]
 	return sub, newCmdFlags(name+" "+sub, name+" "+sub+" [flags]", stdout, stderr), nil

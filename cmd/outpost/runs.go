@@ -58,8 +58,7 @@ func runRuns(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if isHelp(args[0]) {
-		fmt.Fprint(stdout, runsUsage)
-		return nil
+		return groupHelp(runsUsage, stdout)
 	}
 	run, ok := runsCommands[args[0]]
 	if !ok {
