@@ -438,7 +438,8 @@ func TestUnknownSubcommandErrorComesFirst(t *testing.T) {
 	}
 }
 
-// The subcommands a missing one is named with are those the command runs.
+// The subcommands a missing one is named with are those the command runs,
+// in the order of the usage line that names them (<list|show|...>).
 func TestSubcommandNeededNamesEverySubcommand(t *testing.T) {
 	for name, cmd := range commands {
 		if len(cmd.subs) == 0 {
@@ -450,7 +451,11 @@ func TestSubcommandNeededNamesEverySubcommand(t *testing.T) {
 			first, _, _ := strings.Cut(stderr, "\n")
 			_, list, ok := strings.Cut(first, " is needed: ")
 			require.True(t, ok, stderr)
-			require.ElementsMatch(t, cmd.subs, strings.Split(list, ", "), stderr)
+			require.Equal(t, cmd.subs, strings.Split(list, ", "), stderr)
+			_, help, _ := outpost(t, name, "-h")
+			if usage, _, _ := strings.Cut(help, "\n"); strings.Contains(usage, "|") {
+				require.Contains(t, usage, "<"+strings.Join(cmd.subs, "|")+">")
+			}
 		})
 	}
 }

@@ -20,7 +20,7 @@ import (
 )
 
 func init() {
-	register("firmware", "make keys, sign, verify, install, list, activate, remove and export firmware bundles", runFirmware, slices.Collect(maps.Keys(firmwareCommands))...)
+	register("firmware", "make keys, sign, verify, install, list, activate, remove and export firmware bundles", runFirmware, subNames(firmwareCommands)...)
 }
 
 const firmwareUsage = `Usage: outpost firmware <command> [flags]
@@ -58,23 +58,23 @@ Every command takes --json; "outpost firmware COMMAND -h" lists its flags.
 `
 
 // firmwareCommands are the firmware subcommands.
-var firmwareCommands = map[string]func(fs *cmdFlags, args []string, stdout io.Writer) error{
-	"keygen":   firmwareKeygen,
-	"sign":     firmwareSign,
-	"verify":   firmwareVerify,
-	"install":  firmwareInstall,
-	"list":     firmwareList,
-	"activate": firmwareActivate,
-	"remove":   firmwareRemove,
-	"export":   firmwareExport,
+var firmwareCommands = []sub[func(fs *cmdFlags, args []string, stdout io.Writer) error]{
+	{"keygen", firmwareKeygen},
+	{"sign", firmwareSign},
+	{"verify", firmwareVerify},
+	{"install", firmwareInstall},
+	{"list", firmwareList},
+	{"activate", firmwareActivate},
+	{"remove", firmwareRemove},
+	{"export", firmwareExport},
 }
 
 func runFirmware(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub, fs, err := subcommand("firmware", firmwareUsage, []string{"keygen", "sign", "verify", "install", "list", "activate", "remove", "export"}, args, stdout, stderr)
+	sub, fs, err := subcommand("firmware", firmwareUsage, subNames(firmwareCommands), args, stdout, stderr)
 	if sub == "" {
 		return err
 	}
-	if run, ok := firmwareCommands[sub]; ok {
+	if run, ok := findSub(firmwareCommands, sub); ok {
 		return run(fs, args[1:], stdout)
 	}
 	return unknownSub(firmwareUsage, "unknown firmware command %q", sub)

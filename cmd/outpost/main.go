@@ -34,6 +34,34 @@ type command struct {
 
 var commands = map[string]command{}
 
+// sub is one subcommand of a command: its name and what runs it. A
+// command keeps its subcommands in one ordered list of them, which its
+// dispatch, its registration and the error naming them read, in the
+// order its usage gives.
+type sub[F any] struct {
+	name string
+	run  F
+}
+
+// subNames are the names of subs, in their order.
+func subNames[F any](subs []sub[F]) []string {
+	names := make([]string, len(subs))
+	for i, s := range subs {
+		names[i] = s.name
+	}
+	return names
+}
+
+// findSub is what runs the subcommand name of subs.
+func findSub[F any](subs []sub[F], name string) (run F, ok bool) {
+	for _, s := range subs {
+		if s.name == name {
+			return s.run, true
+		}
+	}
+	return run, false
+}
+
 func register(name, summary string, run func(ctx context.Context, args []string, stdout, stderr io.Writer) error, subs ...string) {
 	commands[name] = command{summary: summary, run: run, subs: subs}
 }
