@@ -348,7 +348,22 @@ func exportedBundle(t *testing.T, dir string) (data, b string) {
 // installed, its agents, not the embedded bundle's, which new runs no
 // longer use. The bench workload's agent is not listed (serve's API and the
 // firmware listing do not show it), though run still starts it by name.
+// firmware list names the same agents, installed or not (with nothing
+// installed it named the embedded bundle, medication-adherence, which
+// read as one agent where the error named two).
 func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
+	sameAgents := func(t *testing.T, dir, data, unknownErr string) {
+		t.Helper()
+		_, named, ok := strings.Cut(unknownErr, "(available: ")
+		require.True(t, ok, unknownErr)
+		named, _, _ = strings.Cut(named, ")")
+		code, stdout, stderr := outpostBin(t, dir, "firmware", "list", "--data", data)
+		require.Zero(t, code, stderr)
+		_, listed, ok := strings.Cut(stdout, "agents new runs have: ")
+		require.True(t, ok, stdout)
+		listed, _, _ = strings.Cut(listed, "\n")
+		require.Equal(t, named, listed, "firmware list and the unknown agent's error name other agents")
+	}
 	dir := t.TempDir()
 	data, b := exportedBundle(t, dir)
 	// A bundle of one agent: the reference without its tools agent, and
@@ -376,12 +391,15 @@ func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
 	code, _, stderr = outpostBin(t, dir, "run", "--data", data, "--agent", "medication-adherence-tools", "hello")
 	require.Equal(t, 2, code, stderr)
 	require.Contains(t, stderr, `unknown agent "medication-adherence-tools" (available: medication-adherence)`)
+	sameAgents(t, dir, data, stderr)
 
 	// With nothing installed, the embedded bundle's agents.
 	empty := filepath.Join(dir, "empty")
+	require.NoError(t, os.Mkdir(empty, 0o755))
 	code, _, stderr = outpostBin(t, dir, "run", "--data", empty, "--agent", "nosuch", "hello")
 	require.Equal(t, 2, code, stderr)
 	require.Contains(t, stderr, `unknown agent "nosuch" (available: medication-adherence, medication-adherence-tools)`)
+	sameAgents(t, dir, empty, stderr)
 
 	code, _, stderr = outpostBin(t, dir, "run", "--data", data, "--thread", "bench", "--agent", "reference", "hello")
 	require.Zero(t, code, stderr)

@@ -505,8 +505,15 @@ and makes nothing in it.`
 	if *asJSON {
 		return errors.Join(printJSON(stdout, map[string]any{"installed": list, "kept": kept, "log": log}), failed)
 	}
+	// The agents new runs have, as an unknown agent's error names them:
+	// the bundle's name alone is easily taken for its one agent.
+	ref, err := firmware.Reference()
+	if err != nil {
+		return errors.Join(err, failed)
+	}
+	agentsLine := "agents new runs have: " + strings.Join(newRunAgents(in, ref), ", ")
 	if len(list) == 0 {
-		fmt.Fprintf(stdout, "no bundles installed: new runs use the embedded reference bundle (%s)\n", firmware.ReferenceName)
+		fmt.Fprintf(stdout, "no bundles installed: new runs use the embedded reference bundle %s\n%s\n", firmware.ReferenceName, agentsLine)
 		return errors.Join(printKept(stdout, kept), failed)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -532,6 +539,7 @@ and makes nothing in it.`
 	if err := tw.Flush(); err != nil {
 		return errors.Join(err, failed)
 	}
+	fmt.Fprintln(stdout, agentsLine)
 	for _, n := range needy {
 		fmt.Fprintf(stdout, "%s or later, this is %s: it cannot be activated, no new run starts on it, "+
 			"and the runs pinned to it do not go on until the outpost binary is upgraded to that version\n", n, version)
