@@ -558,8 +558,13 @@ func warnStrayKept(in *firmware.Installer, stderr io.Writer) error {
 }
 
 // strayKeptText says what is done with p, in the folder of kept copies but
-// no kept copy.
+// no kept copy. p is named by its absolute path: a prune through serve
+// reports the path serve sees, which, from a relative --data, is relative
+// to serve's folder, not to the one db prune is run in.
 func strayKeptText(p string) string {
+	if abs, err := filepath.Abs(p); err == nil {
+		p = abs
+	}
 	return fmt.Sprintf("%s is not a kept copy of an embedded bundle (a folder NAME/VERSION-SHA256): passed over, left as it is", p)
 }
 

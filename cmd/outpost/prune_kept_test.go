@@ -269,3 +269,39 @@ func TestStrayFilesBesideKeptCopiesFailNothing(t *testing.T) {
 	require.FileExists(t, readme)
 	require.FileExists(t, backup)
 }
+
+// A stray beside the kept copies is named by the same absolute path
+// whether db prune reclaims the copies itself or through the process that
+// owns the store, whose --data was relative to its own folder: through it,
+// the path was the owner's relative one, meaningless where db prune ran.
+func TestStrayKeptPathIsTheSameThroughTheOwner(t *testing.T) {
+	data, _ := keptCopyFolder(t)
+	readme := filepath.Join(data, "firmware", ".embedded", "README")
+	require.NoError(t, os.WriteFile(readme, []byte("x"), 0o644))
+	// db prune runs beside the data folder, with --data relative to it.
+	beside, rel := filepath.Dir(data), filepath.Base(data)
+	skipped := func() string {
+		t.Helper()
+		code, stdout, stderr := outpostBin(t, beside, "db", "prune", "--data", rel, "--older-than", "0s")
+		require.Zero(t, code, "%s%s", stdout, stderr)
+		for _, l := range strings.Split(stdout, "\n") {
+			if strings.HasPrefix(l, "skipped ") {
+				return l
+			}
+		}
+		t.Fatalf("no skipped line: %s", stdout)
+		return ""
+	}
+	local := skipped()
+	require.Contains(t, local, "skipped "+readme+" is not a kept copy")
+
+	// The owner runs in this test's folder, with --data relative to it.
+	cwd, err := os.Getwd()
+	require.NoError(t, err)
+	ownerData, err := filepath.Rel(cwd, data)
+	require.NoError(t, err)
+	own, err := firmware.ReferenceRef()
+	require.NoError(t, err)
+	serveStoreWith(t, data, func(db *store.DB) store.ControlOptions { return keptReclaimer(ownerData, db, nil, nil, own) })
+	require.Equal(t, local, skipped(), "through the owner")
+}
