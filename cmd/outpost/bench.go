@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,18 +15,20 @@ import (
 )
 
 func init() {
-	register("bench", "run the reference workload and print its figures", runBench, "reference")
+	register("bench", "run the reference workload and print its figures", runBench, benchWorkloads...)
 }
+
+// benchWorkloads are bench's workloads; "reference" is the only one.
+var benchWorkloads = []string{"reference"}
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	const usage = "Usage: outpost bench reference [flags]  (the only workload is \"reference\"; outpost bench reference -h lists its flags)"
-	if err := subFirst("bench", usage, "workload", []string{"reference"}, args); err != nil {
+	if err := subFirst("bench", usage, "workload", benchWorkloads, args); err != nil {
 		return err
 	}
 	switch {
 	case isHelp(args[0]):
-		fmt.Fprintln(stdout, usage)
-		return flag.ErrHelp
+		return groupHelp(usage, stdout)
 	case args[0] != "reference":
 		return unknownSub(usage, "unknown workload %q", args[0])
 	}

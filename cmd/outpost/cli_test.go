@@ -657,7 +657,8 @@ func TestFirmwareListMakesNothing(t *testing.T) {
 	data := t.TempDir()
 	code, stdout, stderr := outpostBin(t, "", "firmware", "list", "--data", data)
 	require.Equal(t, 0, code, stderr)
-	require.Equal(t, "no bundles installed: new runs use the embedded reference bundle (medication-adherence)\n", stdout)
+	require.Equal(t, "no bundles installed: new runs use the embedded reference bundle medication-adherence\n"+
+		"agents new runs have: medication-adherence, medication-adherence-tools\n", stdout)
 	code, stdout, stderr = outpostBin(t, "", "firmware", "list", "--data", data, "--json")
 	require.Equal(t, 0, code, stderr)
 	require.JSONEq(t, `{"installed": [], "kept": [], "log": []}`, stdout)

@@ -467,7 +467,7 @@ func applianceResolver(dir string, lb loadedBundles, notice func(string), benchA
 			notice(firmware.ReferenceNotice)
 		}
 	}
-	names := ref.AgentNames()
+	names := newRunAgents(in, ref)
 	if !installed {
 		return namingAgents(func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
 			a, err := embedded(name, pinned)
@@ -477,17 +477,6 @@ func applianceResolver(dir string, lb loadedBundles, notice func(string), benchA
 			return a, err
 		}, names, benchAgent)
 	}
-	// New runs have the active installed bundles' agents alone, and an
-	// unknown agent's error lists those.
-	names = nil
-	for _, rec := range in.List() {
-		if !rec.Active {
-			continue
-		}
-		if b, err := in.Open(rec.Name, rec.Version); err == nil {
-			names = append(names, b.AgentNames()...)
-		}
-	}
 	fromInstaller := firmware.Resolver(in)
 	return namingAgents(func(name string, pinned engine.BundleRef) (*engine.Agent, error) {
 		if pinned.Name != "" && pinned == ref.Ref() {
@@ -496,6 +485,27 @@ func applianceResolver(dir string, lb loadedBundles, notice func(string), benchA
 		}
 		return fromInstaller(name, pinned)
 	}, names, benchAgent)
+}
+
+// newRunAgents names the agents new runs have, which an unknown agent's
+// error and firmware list name: with bundles installed in in (nil: none),
+// the active ones' agents alone (one that cannot be opened has none);
+// otherwise the embedded bundle ref's. The bench workload's agent is not
+// among them (see namingAgents).
+func newRunAgents(in *firmware.Installer, ref *firmware.Bundle) []string {
+	if in == nil || len(in.List()) == 0 {
+		return ref.AgentNames()
+	}
+	var names []string
+	for _, rec := range in.List() {
+		if !rec.Active {
+			continue
+		}
+		if b, err := in.Open(rec.Name, rec.Version); err == nil {
+			names = append(names, b.AgentNames()...)
+		}
+	}
+	return names
 }
 
 // keysDir is where an appliance keeps the public keys it trusts.

@@ -6,11 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -24,7 +22,7 @@ import (
 )
 
 func init() {
-	register("db", "check, back up, compact, prune or salvage the store", runDB, slices.Collect(maps.Keys(dbSubs))...)
+	register("db", "check, back up, compact, prune or salvage the store", runDB, subNames(dbSubs)...)
 }
 
 const dbUsage = `Usage: outpost db <check|backup|compact|prune|salvage> [flags]
@@ -58,8 +56,8 @@ type dbSub struct {
 	arg, synopsis, about string
 }
 
-var dbSubs = map[string]dbSub{
-	"check": {about: `Verify the store: bbolt's pages, every record's checksum and decoding, that every referenced
+var dbSubs = []sub[dbSub]{
+	{"check", dbSub{about: `Verify the store: bbolt's pages, every record's checksum and decoding, that every referenced
 blob exists, and that the outcome ledger's hash chain is whole; count the file's space.
 The store is opened read-only and is not changed. While serve runs, the check goes
 through serve's control socket. Files beside the store that a compaction which stopped
@@ -68,41 +66,40 @@ make the check fail, and the next compact removes them. Runs waiting for a perso
 pinned bundle is on disk nowhere (neither installed, nor kept, nor embedded in this binary)
 are named too (stranded in --json), as serve, run and resume warn of them at a start; they
 do not make the check fail.
-To check a store file outside a data folder, such as a backup: outpost db check --file FILE.`},
-	"backup": {arg: "FILE", about: `Write a consistent copy of the store to FILE, a new file (an existing one is never
+To check a store file outside a data folder, such as a backup: outpost db check --file FILE.`}},
+	{"backup", dbSub{arg: "FILE", about: `Write a consistent copy of the store to FILE, a new file (an existing one is never
 overwritten), then check the copy. Works while serve runs. A copy that does not check clean
-is removed, and the message says whether the fault is in the store itself.`},
-	"compact": {about: `Rewrite the store without free pages, in the current page size. Stop serve first.
+is removed, and the message says whether the fault is in the store itself.`}},
+	{"compact", dbSub{about: `Rewrite the store without free pages, in the current page size. Stop serve first.
 The store is read, not written, until the copy takes its place: interrupted, or failing (a disk
 that fills, a folder that is not writable), it leaves the store byte for byte as it was. The copy
 is written beside the store (outpost.db.compact) and renamed into its place. Leftovers of a
-compaction that stopped midway are removed first, and named on stderr.`},
-	"prune": {synopsis: "--older-than D", about: `Drop the intermediate checkpoints of finished threads idle for --older-than, then collect
+compaction that stopped midway are removed first, and named on stderr.`}},
+	{"prune", dbSub{synopsis: "--older-than D", about: `Drop the intermediate checkpoints of finished threads idle for --older-than, then collect
 the blobs nothing names (a blob is kept for at least 24h, whatever --older-than).
 Then remove the copies of embedded bundles kept in DATA/firmware/.embedded that no run, of
 any status, refers to (kept_removed in --json; null when the store's owner, an older
 serve, did not look at them); the next run that pins such a bundle keeps it again.
 While serve (or run) owns the store, the prune goes through it, and the copy of its own
 embedded bundle stays: it may pin a new run to it at any moment. A failure after the
-store's prune has committed (removing a kept copy) is said after the prune's report.`},
-	"salvage": {arg: "FILE", about: `Copy every record that can still be read from a damaged store into a new store FILE,
+store's prune has committed (removing a kept copy) is said after the prune's report.`}},
+	{"salvage", dbSub{arg: "FILE", about: `Copy every record that can still be read from a damaged store into a new store FILE,
 and say what was lost. Stop serve first; the store itself is not changed.
 The copy keeps the appliance ID its outcomes go upstream as. Where the store's record of it
 is lost, it is taken from the outcomes copied, else from --appliance-id, else from an older
 copy of the store's meta records; where nothing names it, the copy gets a new one, and the
-report says so.`},
+report says so.`}},
 }
 
 func runDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if err := subFirst("db", dbUsage, "subcommand", []string{"check", "backup", "compact", "prune", "salvage"}, args); err != nil {
+	if err := subFirst("db", dbUsage, "subcommand", subNames(dbSubs), args); err != nil {
 		return err
 	}
 	if isHelp(args[0]) {
-		fmt.Fprint(stdout, dbUsage)
-		return flag.ErrHelp
+		return groupHelp(dbUsage, stdout)
 	}
 	name := args[0]
-	sub, ok := dbSubs[name]
+	sub, ok := findSub(dbSubs, name)
 	if !ok {
 		return unknownSub(dbUsage, "unknown db subcommand %q", name)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -10,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"flag"
 	"maps"
 	"math/big"
 	"net"
@@ -346,7 +348,22 @@ func exportedBundle(t *testing.T, dir string) (data, b string) {
 // installed, its agents, not the embedded bundle's, which new runs no
 // longer use. The bench workload's agent is not listed (serve's API and the
 // firmware listing do not show it), though run still starts it by name.
+// firmware list names the same agents, installed or not (with nothing
+// installed it named the embedded bundle, medication-adherence, which
+// read as one agent where the error named two).
 func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
+	sameAgents := func(t *testing.T, dir, data, unknownErr string) {
+		t.Helper()
+		_, named, ok := strings.Cut(unknownErr, "(available: ")
+		require.True(t, ok, unknownErr)
+		named, _, _ = strings.Cut(named, ")")
+		code, stdout, stderr := outpostBin(t, dir, "firmware", "list", "--data", data)
+		require.Zero(t, code, stderr)
+		_, listed, ok := strings.Cut(stdout, "agents new runs have: ")
+		require.True(t, ok, stdout)
+		listed, _, _ = strings.Cut(listed, "\n")
+		require.Equal(t, named, listed, "firmware list and the unknown agent's error name other agents")
+	}
 	dir := t.TempDir()
 	data, b := exportedBundle(t, dir)
 	// A bundle of one agent: the reference without its tools agent, and
@@ -374,12 +391,15 @@ func TestUnknownAgentListsTheInstalledAgents(t *testing.T) {
 	code, _, stderr = outpostBin(t, dir, "run", "--data", data, "--agent", "medication-adherence-tools", "hello")
 	require.Equal(t, 2, code, stderr)
 	require.Contains(t, stderr, `unknown agent "medication-adherence-tools" (available: medication-adherence)`)
+	sameAgents(t, dir, data, stderr)
 
 	// With nothing installed, the embedded bundle's agents.
 	empty := filepath.Join(dir, "empty")
+	require.NoError(t, os.Mkdir(empty, 0o755))
 	code, _, stderr = outpostBin(t, dir, "run", "--data", empty, "--agent", "nosuch", "hello")
 	require.Equal(t, 2, code, stderr)
 	require.Contains(t, stderr, `unknown agent "nosuch" (available: medication-adherence, medication-adherence-tools)`)
+	sameAgents(t, dir, empty, stderr)
 
 	code, _, stderr = outpostBin(t, dir, "run", "--data", data, "--thread", "bench", "--agent", "reference", "hello")
 	require.Zero(t, code, stderr)
@@ -413,6 +433,14 @@ func TestUnknownSubcommandErrorComesFirst(t *testing.T) {
 		{[]string{"uplink", "--data", "DIR"}, `outpost uplink: --data goes after the subcommand: outpost uplink status --data DIR`, "Usage: outpost uplink <"},
 		{[]string{"bench"}, `outpost bench: a workload is needed: reference`, "Usage: outpost bench reference"},
 		{[]string{"bench", "--saver", "bbolt"}, `outpost bench: --saver goes after the workload: outpost bench reference --saver bbolt`, "Usage: outpost bench reference"},
+		// A flag's value that names a subcommand is the flag's: the
+		// subcommand is the first argument that is no flag and no value.
+		{[]string{"runs", "--thread", "list", "show", "r1"}, `outpost runs: --thread goes after the subcommand: outpost runs show --thread list r1`, "Usage: outpost runs <"},
+		{[]string{"runs", "--json", "show", "r1"}, `outpost runs: --json goes after the subcommand: outpost runs show --json r1`, "Usage: outpost runs <"},
+		{[]string{"db", "--data", "check", "backup", "FILE"}, `outpost db: --data goes after the subcommand: outpost db backup --data check FILE`, "Usage: outpost db <"},
+		{[]string{"firmware", "--data", "list", "export", "DIR"}, `outpost firmware: --data goes after the subcommand: outpost firmware export --data list DIR`, "Usage: outpost firmware <"},
+		{[]string{"uplink", "--data", "status", "flush"}, `outpost uplink: --data goes after the subcommand: outpost uplink flush --data status`, "Usage: outpost uplink <"},
+		{[]string{"bench", "--saver", "reference"}, `outpost bench: --saver goes after the workload: outpost bench reference --saver reference`, "Usage: outpost bench reference"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := outpost(t, tc.args...)
@@ -428,7 +456,8 @@ func TestUnknownSubcommandErrorComesFirst(t *testing.T) {
 	}
 }
 
-// The subcommands a missing one is named with are those the command runs.
+// The subcommands a missing one is named with are those the command runs,
+// in the order of the usage line that names them (<list|show|...>).
 func TestSubcommandNeededNamesEverySubcommand(t *testing.T) {
 	for name, cmd := range commands {
 		if len(cmd.subs) == 0 {
@@ -440,7 +469,28 @@ func TestSubcommandNeededNamesEverySubcommand(t *testing.T) {
 			first, _, _ := strings.Cut(stderr, "\n")
 			_, list, ok := strings.Cut(first, " is needed: ")
 			require.True(t, ok, stderr)
-			require.ElementsMatch(t, cmd.subs, strings.Split(list, ", "), stderr)
+			require.Equal(t, cmd.subs, strings.Split(list, ", "), stderr)
+			_, help, _ := outpost(t, name, "-h")
+			if usage, _, _ := strings.Cut(help, "\n"); strings.Contains(usage, "|") {
+				require.Contains(t, usage, "<"+strings.Join(cmd.subs, "|")+">")
+			}
 		})
+	}
+}
+
+// Where a flag comes before the subcommand, which arguments are flags'
+// values is read from the subcommands' own flag sets, each made for its
+// -h: every subcommand makes one, under its own name, and writes nothing
+// but to the probe.
+func TestEverySubcommandsFlagsAreProbed(t *testing.T) {
+	for name, cmd := range commands {
+		for _, sub := range cmd.subs {
+			t.Run(name+" "+sub, func(t *testing.T) {
+				p := &flagProbe{}
+				require.ErrorIs(t, cmd.run(context.Background(), []string{sub, "-h"}, p, p), flag.ErrHelp)
+				require.NotNil(t, p.fs)
+				require.Equal(t, "outpost "+name+" "+sub, p.fs.Name())
+			})
+		}
 	}
 }

@@ -20,7 +20,7 @@ import (
 )
 
 func init() {
-	register("firmware", "make keys, sign, verify, install, list, activate, remove and export firmware bundles", runFirmware, slices.Collect(maps.Keys(firmwareCommands))...)
+	register("firmware", "make keys, sign, verify, install, list, activate, remove and export firmware bundles", runFirmware, subNames(firmwareCommands)...)
 }
 
 const firmwareUsage = `Usage: outpost firmware <command> [flags]
@@ -58,23 +58,23 @@ Every command takes --json; "outpost firmware COMMAND -h" lists its flags.
 `
 
 // firmwareCommands are the firmware subcommands.
-var firmwareCommands = map[string]func(fs *cmdFlags, args []string, stdout io.Writer) error{
-	"keygen":   firmwareKeygen,
-	"sign":     firmwareSign,
-	"verify":   firmwareVerify,
-	"install":  firmwareInstall,
-	"list":     firmwareList,
-	"activate": firmwareActivate,
-	"remove":   firmwareRemove,
-	"export":   firmwareExport,
+var firmwareCommands = []sub[func(fs *cmdFlags, args []string, stdout io.Writer) error]{
+	{"keygen", firmwareKeygen},
+	{"sign", firmwareSign},
+	{"verify", firmwareVerify},
+	{"install", firmwareInstall},
+	{"list", firmwareList},
+	{"activate", firmwareActivate},
+	{"remove", firmwareRemove},
+	{"export", firmwareExport},
 }
 
 func runFirmware(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub, fs, err := subcommand("firmware", firmwareUsage, []string{"keygen", "sign", "verify", "install", "list", "activate", "remove", "export"}, args, stdout, stderr)
+	sub, fs, err := subcommand("firmware", firmwareUsage, subNames(firmwareCommands), args, stdout, stderr)
 	if sub == "" {
 		return err
 	}
-	if run, ok := firmwareCommands[sub]; ok {
+	if run, ok := findSub(firmwareCommands, sub); ok {
 		return run(fs, args[1:], stdout)
 	}
 	return unknownSub(firmwareUsage, "unknown firmware command %q", sub)
@@ -505,8 +505,15 @@ and makes nothing in it.`
 	if *asJSON {
 		return errors.Join(printJSON(stdout, map[string]any{"installed": list, "kept": kept, "log": log}), failed)
 	}
+	// The agents new runs have, as an unknown agent's error names them:
+	// the bundle's name alone is easily taken for its one agent.
+	ref, err := firmware.Reference()
+	if err != nil {
+		return errors.Join(err, failed)
+	}
+	agentsLine := "agents new runs have: " + strings.Join(newRunAgents(in, ref), ", ")
 	if len(list) == 0 {
-		fmt.Fprintf(stdout, "no bundles installed: new runs use the embedded reference bundle (%s)\n", firmware.ReferenceName)
+		fmt.Fprintf(stdout, "no bundles installed: new runs use the embedded reference bundle %s\n%s\n", firmware.ReferenceName, agentsLine)
 		return errors.Join(printKept(stdout, kept), failed)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -532,6 +539,7 @@ and makes nothing in it.`
 	if err := tw.Flush(); err != nil {
 		return errors.Join(err, failed)
 	}
+	fmt.Fprintln(stdout, agentsLine)
 	for _, n := range needy {
 		fmt.Fprintf(stdout, "%s or later, this is %s: it cannot be activated, no new run starts on it, "+
 			"and the runs pinned to it do not go on until the outpost binary is upgraded to that version\n", n, version)
@@ -550,8 +558,13 @@ func warnStrayKept(in *firmware.Installer, stderr io.Writer) error {
 }
 
 // strayKeptText says what is done with p, in the folder of kept copies but
-// no kept copy.
+// no kept copy. p is named by its absolute path: a prune through serve
+// reports the path serve sees, which, from a relative --data, is relative
+// to serve's folder, not to the one db prune is run in.
 func strayKeptText(p string) string {
+	if abs, err := filepath.Abs(p); err == nil {
+		p = abs
+	}
 	return fmt.Sprintf("%s is not a kept copy of an embedded bundle (a folder NAME/VERSION-SHA256): passed over, left as it is", p)
 }
 

@@ -34,6 +34,34 @@ type command struct {
 
 var commands = map[string]command{}
 
+// sub is one subcommand of a command: its name and what runs it. A
+// command keeps its subcommands in one ordered list of them, which its
+// dispatch, its registration and the error naming them read, in the
+// order its usage gives.
+type sub[F any] struct {
+	name string
+	run  F
+}
+
+// subNames are the names of subs, in their order.
+func subNames[F any](subs []sub[F]) []string {
+	names := make([]string, len(subs))
+	for i, s := range subs {
+		names[i] = s.name
+	}
+	return names
+}
+
+// findSub is what runs the subcommand name of subs.
+func findSub[F any](subs []sub[F], name string) (run F, ok bool) {
+	for _, s := range subs {
+		if s.name == name {
+			return s.run, true
+		}
+	}
+	return run, false
+}
+
 func register(name, summary string, run func(ctx context.Context, args []string, stdout, stderr io.Writer) error, subs ...string) {
 	commands[name] = command{summary: summary, run: run, subs: subs}
 }
@@ -74,9 +102,13 @@ func unknownSub(usage, format string, a ...any) error {
 // as in "outpost runs --data DIR list". It is nil when args starts with
 // something else, which the command judges itself. The error names the
 // subcommands, or says the flag goes after one and gives the command line
-// with the subcommand first (the one given later, else the first of subs),
-// since the flag package stops at the first argument that is not a flag
-// and a flag set before the subcommand cannot be told apart from one.
+// with the subcommand first, since the flag package stops at the first
+// argument that is not a flag and a flag set before the subcommand cannot
+// be told apart from one. The subcommand moved is the first argument that
+// is no flag and no flag's value ("outpost runs --thread list show r1" is
+// show's), where a flag takes a value if it does in one of the
+// subcommands' flag sets; where that argument names no subcommand, the
+// first of subs is given.
 func subFirst(name, usage, what string, subs, args []string) error {
 	if len(args) == 0 {
 		return unknownSub(usage, "a %s is needed: %s", what, strings.Join(subs, ", "))
@@ -86,17 +118,75 @@ func subFirst(name, usage, what string, subs, args []string) error {
 	}
 	flagName, _, _ := strings.Cut(args[0], "=")
 	sub, rest := subs[0], args
-	if i := slices.IndexFunc(args, func(a string) bool { return slices.Contains(subs, a) }); i >= 0 {
+	if i := firstArg(valuedFlags(name, subs), args); i >= 0 && slices.Contains(subs, args[i]) {
 		sub, rest = args[i], slices.Delete(slices.Clone(args), i, i+1)
 	}
 	return unknownSub(usage, "%s goes after the %s: outpost %s %s %s", flagName, what, name, sub, strings.Join(rest, " "))
 }
+
+// firstArg is the index in args of the first argument that is neither a
+// flag nor the value of one, a flag taking the next argument for its value
+// where valued names it; -1 if there is none.
+func firstArg(valued map[string]bool, args []string) int {
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "--":
+			if i+1 < len(args) {
+				return i + 1
+			}
+			return -1
+		case !isFlag(a):
+			return i
+		case !strings.Contains(a, "=") && valued[strings.TrimLeft(a, "-")]:
+			i++ // its value
+		}
+	}
+	return -1
+}
+
+// valuedFlags names the flags that take a value (are not boolean) in the
+// flag set of one or more of the subcommands subs of the command name.
+// Each flag set is the one the subcommand makes itself, for its -h.
+func valuedFlags(name string, subs []string) map[string]bool {
+	valued := map[string]bool{}
+	for _, sub := range subs {
+		p := &flagProbe{}
+		_ = commands[name].run(context.Background(), []string{sub, "-h"}, p, p)
+		if p.fs == nil {
+			continue
+		}
+		p.fs.VisitAll(func(f *flag.Flag) {
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+				valued[f.Name] = true
+			}
+		})
+	}
+	return valued
+}
+
+// flagProbe is the output a command is run with for its -h to learn its
+// flags: it takes in the first flag set made to write to it (newCmdFlags),
+// and drops what is written.
+type flagProbe struct{ fs *flag.FlagSet }
+
+func (p *flagProbe) Write(b []byte) (int, error) { return len(b), nil }
 
 // isFlag reports whether arg is a flag ("-" alone is an argument).
 func isFlag(arg string) bool { return len(arg) > 1 && arg[0] == '-' }
 
 // isHelp reports whether arg, given where a subcommand goes, asks for help.
 func isHelp(arg string) bool { return arg == "-h" || arg == "--help" || arg == "help" }
+
+// groupHelp prints usage, the help of a command of subcommands, to stdout
+// and returns flag.ErrHelp, as a flag set's -h does: every such command
+// answers help, -h and --help so, where a subcommand goes.
+func groupHelp(usage string, stdout io.Writer) error {
+	fmt.Fprint(stdout, usage)
+	if !strings.HasSuffix(usage, "\n") {
+		fmt.Fprintln(stdout)
+	}
+	return flag.ErrHelp
+}
 
 // badUsage is a usageError that says what was wrong with the command line.
 func badUsage(format string, a ...any) error { return usageError(fmt.Sprintf(format, a...)) }
@@ -277,14 +367,14 @@ func init() {
 }
 
 // subcommand splits "outpost NAME SUB ..." and returns SUB with a flag set
-// for it; SUB is "" when only usage was asked for (err says how it ended).
+// for it; SUB is "" when only usage was asked for (err is then
+// flag.ErrHelp) or the command line is wrong (err says how).
 func subcommand(name, usage string, subs, args []string, stdout, stderr io.Writer) (string, *cmdFlags, error) {
 	if err := subFirst(name, usage, "subcommand", subs, args); err != nil {
 		return "", nil, err
 	}
 	if isHelp(args[0]) {
-		fmt.Fprint(stdout, usage)
-		return "", nil, nil
+		return "", nil, groupHelp(usage, stdout)
 	}
 	sub := args[0]
 	return sub, newCmdFlags(name+" "+sub, name+" "+sub+" [flags]", stdout, stderr), nil
@@ -308,6 +398,9 @@ type cmdFlags struct {
 func newCmdFlags(name, synopsis string, stdout, stderr io.Writer) *cmdFlags {
 	c := &cmdFlags{FlagSet: flag.NewFlagSet("outpost "+name, flag.ContinueOnError), name: name, synopsis: synopsis, stdout: stdout, stderr: stderr}
 	c.SetOutput(&c.msgs)
+	if p, ok := stdout.(*flagProbe); ok && p.fs == nil {
+		p.fs = c.FlagSet
+	}
 	// The flag package calls Usage for -h and for an error alike; parse
 	// says what fits.
 	c.Usage = func() {}

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -440,6 +441,46 @@ func TestHelpOnStdout(t *testing.T) {
 		require.Empty(t, stderr, "%v", args)
 		require.Contains(t, stdout, "Usage: outpost "+args[0], "%v", args)
 		require.Contains(t, stdout, "Flags:", "%v", args)
+	}
+}
+
+// Every command of subcommands answers help, -h and --help where the
+// subcommand goes alike: its usage on stdout, nothing on stderr, exit 0,
+// and flag.ErrHelp from the command, as a flag set's -h gives; "outpost
+// help NAME" says the same.
+func TestEveryCommandOfSubcommandsHelpsAlike(t *testing.T) {
+	var groups []string
+	for name, cmd := range commands {
+		if len(cmd.subs) > 0 {
+			groups = append(groups, name)
+		}
+	}
+	require.Subset(t, groups, []string{"runs", "db", "firmware", "uplink", "bench"})
+	for _, name := range groups {
+		var usage string
+		for _, args := range [][]string{{name, "help"}, {name, "-h"}, {name, "--help"}, {"help", name}} {
+			t.Run(strings.Join(args, " "), func(t *testing.T) {
+				code, stdout, stderr := outpost(t, args...)
+				require.Zero(t, code, stderr)
+				require.Empty(t, stderr)
+				require.True(t, strings.HasPrefix(stdout, "Usage: outpost "+name+" "), stdout)
+				require.True(t, strings.HasSuffix(stdout, "\n"), stdout)
+				if usage == "" {
+					usage = stdout
+				}
+				require.Equal(t, usage, stdout, "the same help each way")
+
+				var out, errb bytes.Buffer
+				sub := args[1:]
+				if args[0] == "help" {
+					sub = []string{"-h"}
+				}
+				err := commands[name].run(context.Background(), sub, &out, &errb)
+				require.ErrorIs(t, err, flag.ErrHelp)
+				require.Equal(t, usage, out.String())
+				require.Empty(t, errb.String())
+			})
+		}
 	}
 }
 

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -268,4 +271,71 @@ func TestStrayFilesBesideKeptCopiesFailNothing(t *testing.T) {
 	require.NoDirExists(t, keptDir(data, ref))
 	require.FileExists(t, readme)
 	require.FileExists(t, backup)
+}
+
+// A stray beside the kept copies is named by the same absolute path
+// whether db prune reclaims the copies itself or through the process that
+// owns the store, whose --data was relative to its own folder: through it,
+// the path was the owner's relative one, meaningless where db prune ran.
+func TestStrayKeptPathIsTheSameThroughTheOwner(t *testing.T) {
+	data, _ := keptCopyFolder(t)
+	readme := filepath.Join(data, "firmware", ".embedded", "README")
+	require.NoError(t, os.WriteFile(readme, []byte("x"), 0o644))
+	// db prune runs beside the data folder, with --data relative to it.
+	beside, rel := filepath.Dir(data), filepath.Base(data)
+	skipped := func() string {
+		t.Helper()
+		code, stdout, stderr := outpostBin(t, beside, "db", "prune", "--data", rel, "--older-than", "0s")
+		require.Zero(t, code, "%s%s", stdout, stderr)
+		for _, l := range strings.Split(stdout, "\n") {
+			if strings.HasPrefix(l, "skipped ") {
+				return l
+			}
+		}
+		t.Fatalf("no skipped line: %s", stdout)
+		return ""
+	}
+	local := skipped()
+	require.Contains(t, local, "skipped "+readme+" is not a kept copy")
+
+	// The owner runs in this test's folder, with --data relative to it.
+	cwd, err := os.Getwd()
+	require.NoError(t, err)
+	ownerData, err := filepath.Rel(cwd, data)
+	require.NoError(t, err)
+	own, err := firmware.ReferenceRef()
+	require.NoError(t, err)
+	serveStoreWith(t, data, func(db *store.DB) store.ControlOptions { return keptReclaimer(ownerData, db, nil, nil, own) })
+	require.Equal(t, local, skipped(), "through the owner")
+}
+
+// A prune while run (or resume) owns the store goes through run's control
+// socket, and removes the kept copies no run refers to through the
+// installer run's session opened, the one that keeps the copy of its own
+// embedded bundle, and under its lock; that copy stays, though no stored
+// run refers to it yet (run may pin a new run to it at any moment). The
+// firmware index is damaged after the session opened its installer: a
+// prune that opened an installer of its own, as run's did, cannot read it
+// and removes nothing.
+func TestPruneDuringRunUsesTheRunsInstaller(t *testing.T) {
+	data, own := keptCopyFolder(t)
+	forgetRuns(t, data)
+	other := keptDir(data, engine.BundleRef{Name: own.Name, Version: own.Version, Digest: "sha256:" + strings.Repeat("0", 64)})
+	require.NoError(t, os.CopyFS(other, os.DirFS(keptDir(data, own))))
+
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	mc, bc := modelFlags(fs), budgetFlags(fs, true)
+	require.NoError(t, fs.Parse(nil))
+	s, err := openSession(context.Background(), data, true, engine.DurabilitySync, io.Discard, io.Discard, false, mc, bc, loadedBundles{})
+	require.NoError(t, err)
+	defer s.close()
+	awaitControl(t, data)
+	require.NoError(t, os.WriteFile(filepath.Join(data, "firmware", "index.json"), []byte("{"), 0o644))
+
+	code, stdout, stderr := outpostBin(t, "", "db", "prune", "--data", data, "--older-than", "0s")
+	require.Zero(t, code, "%s%s", stdout, stderr)
+	require.Contains(t, stdout, "removed 1 kept copy(ies) of embedded bundles that no run refers to")
+	require.NotContains(t, stdout, "skipped")
+	require.NoDirExists(t, other)
+	require.FileExists(t, filepath.Join(keptDir(data, own), "manifest.json"), "run's own embedded bundle's copy went")
 }

@@ -226,6 +226,15 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 		db.Close()
 		return nil, err
 	}
+	// One installer for the session: its resolver keeps the embedded
+	// bundle's copy through it, and a prune through the control socket
+	// removes copies through it (keptReclaimer), under its lock.
+	if lb.in == nil {
+		if lb.in, err = openInstaller(dir, lb.rt); err != nil {
+			db.Close()
+			return nil, err
+		}
+	}
 	resolve, err := applianceResolver(dir, lb, func(notice string) { fmt.Fprintf(stderr, "%s\n", notice) }, true, keepPinning)
 	if err != nil {
 		db.Close()
@@ -250,7 +259,7 @@ func openSession(ctx context.Context, dir string, create bool, durability engine
 	s.done.Add(1)
 	go func() {
 		defer s.done.Done()
-		ctl := keptReclaimer(dir, db, s.m, nil, own)
+		ctl := keptReclaimer(dir, db, s.m, lb.in, own)
 		ctl.Owner = store.ControlOwner{Command: "run"}
 		if err := store.ServeControl(ctx, db, dir, s.m, ctl); err != nil {
 			fmt.Fprintf(out, "control socket: %v\n", err)

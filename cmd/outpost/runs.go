@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -18,7 +17,7 @@ import (
 )
 
 func init() {
-	register("runs", "list runs, show one, a thread's history, fork a thread, or replay a run", runRuns, slices.Collect(maps.Keys(runsCommands))...)
+	register("runs", "list runs, show one, a thread's history, fork a thread, or replay a run", runRuns, subNames(runsCommands)...)
 }
 
 const runsUsage = `Usage: outpost runs <list|show|history|fork|replay> [flags]
@@ -45,23 +44,22 @@ const maxLimit = 1000
 
 // runsCommands are the runs subcommands. Each reads an existing store and
 // never makes one.
-var runsCommands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
-	"list":    runsList,
-	"show":    runsShow,
-	"history": runsHistory,
-	"fork":    runsFork,
-	"replay":  runsReplay,
+var runsCommands = []sub[func(ctx context.Context, args []string, stdout, stderr io.Writer) error]{
+	{"list", runsList},
+	{"show", runsShow},
+	{"history", runsHistory},
+	{"fork", runsFork},
+	{"replay", runsReplay},
 }
 
 func runRuns(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if err := subFirst("runs", runsUsage, "subcommand", []string{"list", "show", "history", "fork", "replay"}, args); err != nil {
+	if err := subFirst("runs", runsUsage, "subcommand", subNames(runsCommands), args); err != nil {
 		return err
 	}
 	if isHelp(args[0]) {
-		fmt.Fprint(stdout, runsUsage)
-		return nil
+		return groupHelp(runsUsage, stdout)
 	}
-	run, ok := runsCommands[args[0]]
+	run, ok := findSub(runsCommands, args[0])
 	if !ok {
 		return unknownSub(runsUsage, "unknown runs subcommand %q", args[0])
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -17,7 +18,7 @@ import (
 )
 
 func init() {
-	register("uplink", "show or flush the outcome uplink to the collector", runUplink, "status", "flush")
+	register("uplink", "show or flush the outcome uplink to the collector", runUplink, uplinkSubs...)
 }
 
 const uplinkUsage = `Usage: outpost uplink <status|flush> [flags]
@@ -33,12 +34,15 @@ control socket and says whether serve sends the uplink, and to where; flush
 is refused (serve --uplink sends it; GET /api/v1/uplink shows it).
 `
 
+// uplinkSubs are the uplink subcommands, which runUplink tells apart.
+var uplinkSubs = []string{"status", "flush"}
+
 func runUplink(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	sub, fs, err := subcommand("uplink", uplinkUsage, []string{"status", "flush"}, args, stdout, stderr)
+	sub, fs, err := subcommand("uplink", uplinkUsage, uplinkSubs, args, stdout, stderr)
 	if sub == "" {
 		return err
 	}
-	if sub != "status" && sub != "flush" {
+	if !slices.Contains(uplinkSubs, sub) {
 		return unknownSub(uplinkUsage, "unknown uplink subcommand %q", sub)
 	}
 	// Each subcommand lists only its own flags.
