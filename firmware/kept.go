@@ -339,16 +339,16 @@ func (in *Installer) openPinned(p engine.BundleRef) (*Bundle, error) {
 		// The index still lists the version, but its folder was deleted
 		// by hand: installing the same bundle again rewrites it (Install's
 		// repair), and the run goes on as it was.
-		return nil, fmt.Errorf("%w: the run is pinned to %s v%d (%s), which the index of %s lists as installed, but its folder %s is gone: "+
+		return nil, restorable{fmt.Errorf("%w: the run is pinned to %s v%d (%s), which the index of %s lists as installed, but its folder %s is gone: "+
 			"install the same bundle file again, the same version and digest, with outpost firmware install (it puts the folder back), then resume the run",
-			ErrPinnedMissing, p.Name, p.Version, p.Digest, in.dir, in.versionDir(p.Name, p.Version))
+			ErrPinnedMissing, p.Name, p.Version, p.Digest, in.dir, in.versionDir(p.Name, p.Version))}
 	case !errors.Is(err, ErrNotInstalled):
 		if damage := in.damage(p); damage != nil {
 			// Changed by hand since the install: the same bundle again
 			// rewrites the folder (Install's repair), as for one deleted.
-			return nil, fmt.Errorf("%w: the run is pinned to %s v%d (%s), installed in %s, but its folder %s no longer holds it as installed: %s: "+
+			return nil, restorable{fmt.Errorf("%w: the run is pinned to %s v%d (%s), installed in %s, but its folder %s no longer holds it as installed: %s: "+
 				"install the same bundle file again, the same version and digest, with outpost firmware install (it puts the folder back as installed), then resume the run",
-				ErrPinnedMismatch, p.Name, p.Version, p.Digest, in.dir, in.versionDir(p.Name, p.Version), strings.Join(damage, "; "))
+				ErrPinnedMismatch, p.Name, p.Version, p.Digest, in.dir, in.versionDir(p.Name, p.Version), strings.Join(damage, "; "))}
 		}
 		return nil, fmt.Errorf("pinned bundle: %w", err)
 	}
@@ -357,6 +357,14 @@ func (in *Installer) openPinned(p engine.BundleRef) (*Bundle, error) {
 		"outpost firmware export DIR with that binary, then outpost firmware install --trust-dev-key DIR), or go on with the run under the binary it started under",
 		ErrPinnedMissing, p.Name, p.Version, p.Digest, in.dir)
 }
+
+// restorable is the error of a pinned bundle that the same bundle
+// installed again puts back as it was pinned: it is engine's
+// ErrBundleUnavailable too, so that the manager's recovery leaves a run
+// left running on it for a later start rather than failing it.
+type restorable struct{ error }
+
+func (e restorable) Unwrap() []error { return []error{e.error, engine.ErrBundleUnavailable} }
 
 // damage says what in the folder of p's installed version differs from
 // the bundle p pins, file by file: its manifest (whose sha256 is p's

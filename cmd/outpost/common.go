@@ -605,7 +605,10 @@ func printJSON(w io.Writer, v any) error {
 
 // recoverRuns resumes the runs an earlier process left running. Run
 // records that cannot be read are left out with a warning on stderr, so
-// that one damaged record does not keep the appliance from starting.
+// that one damaged record does not keep the appliance from starting. A
+// run whose pinned bundle is unavailable but can be put back (an
+// installed version's folder deleted or changed by hand) is left as it
+// is, and said on stderr with the way back (engine.Manager.Held).
 //
 // Then the bundles of the runs waiting for a person are resolved, once a
 // bundle, as their resumes will resolve them (resolve): the embedded bundle
@@ -615,6 +618,11 @@ func printJSON(w io.Writer, v any) error {
 // more is said now, on stderr, not first at a resume.
 func recoverRuns(ctx context.Context, m *engine.Manager, resolve engine.Resolver, stderr io.Writer) (int, error) {
 	n, err := m.Recover(ctx)
+	for _, h := range m.Held() {
+		fmt.Fprintf(stderr, "WARNING: run %s was left running and cannot go on: %v; it is left as it is, %s, not failed, "+
+			"holding its thread (runs list shows it stopped; POST /api/v1/runs/%s/cancel through serve gives it up): "+
+			"once its bundle is back, the next start of outpost serve, run or resume resumes it from its last checkpoint\n", h.ID, h.Err, h.Status, h.ID)
+	}
 	if err == nil {
 		err = keepWaitingPins(ctx, m.Store(), resolve, stderr)
 	}
