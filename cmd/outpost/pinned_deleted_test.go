@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,6 +67,7 @@ func TestResumeWithTheInstalledBundleFolderDeleted(t *testing.T) {
 	code, _, stderr = outpostBin(t, "", "resume", "--data", data, "--decision", "approve", id)
 	require.Equal(t, 1, code, stderr)
 	says(t, stderr)
+	require.Equal(t, 1, strings.Count(stderr, "pinned bundle not on disk"), "said once, by the resume's error:\n%s", stderr)
 	unchanged()
 
 	s := startServe(t, builtOutpost(t), data)
