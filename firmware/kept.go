@@ -340,14 +340,14 @@ func (in *Installer) openPinned(p engine.BundleRef) (*Bundle, error) {
 		// by hand: installing the same bundle again rewrites it (Install's
 		// repair), and the run goes on as it was.
 		return nil, restorable{fmt.Errorf("%w: the run is pinned to %s v%d (%s), which the index of %s lists as installed, but its folder %s is gone: "+
-			"install the same bundle file again, the same version and digest, with outpost firmware install (it puts the folder back), then resume the run",
+			"install the same bundle file again, the same version and digest, with outpost firmware install (it puts the folder back): the run goes on at its resume, or, left running, at the next start",
 			ErrPinnedMissing, p.Name, p.Version, p.Digest, in.dir, in.versionDir(p.Name, p.Version))}
 	case !errors.Is(err, ErrNotInstalled):
 		if damage := in.damage(p); damage != nil {
 			// Changed by hand since the install: the same bundle again
 			// rewrites the folder (Install's repair), as for one deleted.
 			return nil, restorable{fmt.Errorf("%w: the run is pinned to %s v%d (%s), installed in %s, but its folder %s no longer holds it as installed: %s: "+
-				"install the same bundle file again, the same version and digest, with outpost firmware install (it puts the folder back as installed), then resume the run",
+				"install the same bundle file again, the same version and digest, with outpost firmware install (it puts the folder back as installed): the run goes on at its resume, or, left running, at the next start",
 				ErrPinnedMismatch, p.Name, p.Version, p.Digest, in.dir, in.versionDir(p.Name, p.Version), strings.Join(damage, "; "))}
 		}
 		return nil, fmt.Errorf("pinned bundle: %w", err)

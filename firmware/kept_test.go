@@ -370,7 +370,8 @@ func TestPinnedInstalledFileChanged(t *testing.T) {
 			for _, want := range []string{
 				"the run is pinned to " + rec.Name + " v1 (" + rec.Digest + ")",
 				"its folder " + folder + " no longer holds it as installed: " + c.says,
-				"install the same bundle file again, the same version and digest, with outpost firmware install",
+				"install the same bundle file again, the same version and digest, with outpost firmware install " +
+					"(it puts the folder back as installed): the run goes on at its resume, or, left running, at the next start",
 			} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("%q does not say %q", err, want)

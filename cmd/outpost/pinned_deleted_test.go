@@ -141,11 +141,12 @@ func TestRunLeftRunningWithTheInstalledBundleFolderDeleted(t *testing.T) {
 	for _, want := range []string{
 		"run " + id + " was left running and cannot go on: pinned bundle not on disk: the run is pinned to " + firmware.ReferenceName + " v1 (sha256:",
 		"its folder " + folder + " is gone: install the same bundle file again",
-		"outpost firmware install",
-		"it is left as it is, " + status + ", not failed",
+		"outpost firmware install (it puts the folder back): the run goes on at its resume, or, left running, at the next start",
+		"it is left as it is (stored as " + status + "), not failed",
 	} {
 		require.Contains(t, warning, want)
 	}
+	require.NotContains(t, warning, "then resume the run", "a run left running is not resumed by outpost resume")
 	code, body = s.call(t, http.MethodPost, "/api/v1/threads/cut/runs", `{"agent": "medication-adherence", "input": "hello"}`)
 	require.Equal(t, http.StatusConflict, code, "its thread is still its own: %s", body)
 	require.Contains(t, string(body), "waiting for its pinned bundle")
