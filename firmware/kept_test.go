@@ -304,6 +304,9 @@ func TestPinnedInstalledFolderDeleted(t *testing.T) {
 	if !errors.Is(err, firmware.ErrPinnedMissing) || !errors.Is(err, firmware.ErrPinnedMismatch) {
 		t.Fatalf("want ErrPinnedMissing, got %v", err)
 	}
+	if !errors.Is(err, engine.ErrBundleUnavailable) {
+		t.Errorf("the same bundle installed again puts it back, so recovery should leave its runs for it: %v is not engine.ErrBundleUnavailable", err)
+	}
 	for _, want := range []string{"its folder " + folder + " is gone", "outpost firmware install"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("%q does not say %q", err, want)
@@ -366,6 +369,9 @@ func TestPinnedInstalledFileChanged(t *testing.T) {
 			_, err = in.OpenPinned(rec.Ref())
 			if !errors.Is(err, firmware.ErrPinnedMismatch) || errors.Is(err, firmware.ErrPinnedMissing) {
 				t.Fatalf("want ErrPinnedMismatch, got %v", err)
+			}
+			if !errors.Is(err, engine.ErrBundleUnavailable) {
+				t.Errorf("the same bundle installed again puts it back, so recovery should leave its runs for it: %v is not engine.ErrBundleUnavailable", err)
 			}
 			for _, want := range []string{
 				"the run is pinned to " + rec.Name + " v1 (" + rec.Digest + ")",
