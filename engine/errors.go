@@ -44,6 +44,13 @@ var (
 	// ManagerOptions.MaxRecoveries times in a row, without making
 	// progress in between: it is not run again (see Manager.Recover).
 	ErrCrashLoop = errors.New("crash loop")
+	// ErrBundleUnavailable, wrapped in a Resolver's error, says that the
+	// bundle a run is pinned to is not on disk as it was pinned, and that
+	// putting it back as it was (the same bundle installed again) lets
+	// the run go on. Recover leaves a run left running on such a bundle
+	// as it is, to resume at a later start, rather than failing it (see
+	// Manager.Held).
+	ErrBundleUnavailable = errors.New("pinned bundle unavailable")
 )
 
 // ErrorKind sorts node errors for the retry policy.

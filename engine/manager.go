@@ -226,6 +226,11 @@ type active struct {
 	suspect   bool
 	waitedOut bool
 	slots     int
+	// held: Recover left the run as it is in the store, since its pinned
+	// bundle is unavailable (see Held); it keeps its thread, and runs
+	// nowhere until a later start finds the bundle back, or a Cancel
+	// ends it.
+	held *HeldRun
 }
 
 var errShutdown = errors.New("run manager shutting down")
@@ -330,10 +335,13 @@ func (m *Manager) claim(ctx context.Context, thread string, wait bool) (*active,
 			return a, nil
 		}
 		m.mu.Unlock()
-		if cur.paused || !wait {
+		if cur.paused || cur.held != nil || !wait {
 			state := "running"
-			if cur.paused {
+			switch {
+			case cur.paused:
 				state = "interrupted (resume or cancel it first)"
+			case cur.held != nil:
+				state = "left waiting for its pinned bundle (put the bundle back and restart, or cancel it first)"
 			}
 			return nil, fmt.Errorf("%w: run %s is %s", ErrThreadBusy, cur.runID, state)
 		}
@@ -735,12 +743,13 @@ func (m *Manager) turnsChanged() {
 // Wait blocks until the run is no longer executing (it ended or paused at an
 // interrupt) or ctx ends, and returns the run as Run reports it: a run that
 // outlives ctx is reported running (or queued), also in exit durability,
-// where the store has no record of it yet.
+// where the store has no record of it yet. A run held for its bundle (see
+// Held) is not executing: Wait returns it at once.
 func (m *Manager) Wait(ctx context.Context, runID string) (*Run, error) {
 	m.mu.Lock()
 	a := m.runs[runID]
 	var done chan struct{}
-	if a != nil && !a.paused {
+	if a != nil && !a.paused && a.held == nil {
 		done = a.done
 	}
 	m.mu.Unlock()
@@ -1048,12 +1057,17 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 	a := m.runs[runID]
 	var stop context.CancelCauseFunc
 	paused := a != nil && a.paused
+	var held *HeldRun
 	switch {
 	case paused:
 		// Claimed, as Resume claims it: a Resume that comes meanwhile
 		// finds the run not paused, so it is not both resumed and
 		// recorded as cancelled.
 		a.paused = false
+	case a != nil && a.held != nil:
+		// Held for its bundle, it runs nowhere: it ends here, as a
+		// paused one does. Claimed likewise, for a Cancel meanwhile.
+		held, a.held = a.held, nil
 	case a != nil && a.cancel == nil:
 		a.cancelled = true // opened or being resumed, not yet handed to a worker
 	case a != nil:
@@ -1067,15 +1081,26 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 		}
 		return fmt.Errorf("run %s has already ended (%s)", runID, run.Status)
 	}
-	if !paused {
+	if !paused && held == nil {
 		if stop != nil {
 			stop(ErrCancelled)
 		}
 		return nil
 	}
+	// giveBack leaves the run as it was, paused or held, when its end
+	// is not stored.
+	giveBack := func() {
+		if held == nil {
+			m.release(a, true)
+			return
+		}
+		m.mu.Lock()
+		a.held = held
+		m.mu.Unlock()
+	}
 	run, err := m.store.Run(ctx, runID)
 	if err != nil {
-		m.release(a, true)
+		giveBack()
 		return err
 	}
 	run.Status = StatusCancelled
@@ -1086,7 +1111,7 @@ func (m *Manager) Cancel(ctx context.Context, runID string) error {
 		Data: json.RawMessage(`{"status":"cancelled"}`)}
 	c := &Commit{Run: run, Events: []Event{ev}, Sync: true}
 	if err := m.store.Commit(ctx, c); err != nil {
-		m.release(a, true)
+		giveBack()
 		return fmt.Errorf("cancel run %s: %w", runID, err)
 	}
 	if m.opts.Events != nil {
@@ -1116,7 +1141,9 @@ func (e *DamagedRunsError) Error() string {
 // state. A run record that cannot be read does not stop the others:
 // Recover leaves it out and returns a *DamagedRunsError after recovering
 // the rest. One damaged record of a finished run should not keep the
-// appliance from starting.
+// appliance from starting. A run whose pinned bundle the resolver reports
+// unavailable (ErrBundleUnavailable) is neither resumed nor failed: it is
+// left as it is, holding its thread, for a later start (see Held).
 //
 // A run that kills the process would kill it again at every start. So the
 // worker that takes a recovered run counts the recovery on the run's
@@ -1400,6 +1427,16 @@ func (m *Manager) recoverOne(ctx context.Context, run *Run) (recovered, error) {
 		return fail(fmt.Errorf("%w: run %s was recovered %d times and crashed each time before it made progress; not run again (its thread is free: start a new run on it)", ErrCrashLoop, run.ID, n))
 	}
 	ag, err := m.resolve(run.Agent, run.Bundle)
+	if errors.Is(err, ErrBundleUnavailable) {
+		// Not the run's doing, and put right by putting the bundle
+		// back: failing it would end it for good. It stays as it is in
+		// the store, holding its thread, for a later start.
+		m.mu.Lock()
+		m.queued--
+		a.held = &HeldRun{ID: run.ID, Thread: run.Thread, Agent: run.Agent, Status: run.Status, Bundle: run.Bundle, Err: err}
+		m.mu.Unlock()
+		return recovered{a: a}, nil
+	}
 	if err != nil {
 		return fail(fmt.Errorf("recover: %w", err))
 	}
@@ -1566,6 +1603,35 @@ func (m *Manager) takeBackRecovery(runID string, recovery int) {
 	_ = m.store.Commit(ctx, &Commit{Run: run, Sync: true})
 }
 
+// HeldRun is a run that Recover found left running, or queued, and left
+// as it is, since the bundle it is pinned to is unavailable: Err, the
+// resolver's, wraps ErrBundleUnavailable and says what is missing.
+type HeldRun struct {
+	ID, Thread, Agent string
+	Status            RunStatus // as stored, and as it stays
+	Bundle            BundleRef
+	Err               error
+}
+
+// Held returns the runs that Recover left as they are in the store, not
+// resumed and not failed, since the bundles they are pinned to are
+// unavailable (ErrBundleUnavailable), by ID. Each keeps its status and its
+// thread: no new run takes the thread, and the next Recover (at a later
+// start), finding the bundle back, resumes the run from its last
+// checkpoint, as it resumes any run a crash left. Cancel ends one.
+func (m *Manager) Held() []HeldRun {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var held []HeldRun
+	for _, a := range m.runs {
+		if a.held != nil {
+			held = append(held, *a.held)
+		}
+	}
+	slices.SortFunc(held, func(a, b HeldRun) int { return strings.Compare(a.ID, b.ID) })
+	return held
+}
+
 // Suspects reports how many of the runs the last Recover resumed are the
 // crash-loop guard's suspects: cut short by crashes at two starts in a row
 // without progress, or at one start when one more such crash would fail
@@ -1596,7 +1662,7 @@ func (m *Manager) Active() int {
 	defer m.mu.Unlock()
 	n := 0
 	for _, a := range m.runs {
-		if !a.paused {
+		if !a.paused && a.held == nil {
 			n++
 		}
 	}

@@ -1010,3 +1010,83 @@ func otherOf(two []string, id string) string {
 	}
 	return two[0]
 }
+
+// A run a crash left running whose bundle the resolver reports
+// unavailable at the next start is neither resumed nor failed: Recover
+// leaves its record as it is and holds its thread (Held), a Wait on it
+// returns at once, and Cancel ends it. A later start that resolves the
+// bundle resumes it, and it completes.
+func TestRecoveryHoldsARunWhoseBundleIsUnavailable(t *testing.T) {
+	store := engine.NewMemoryStore()
+	entered := make(chan string, 2)
+	gates := map[string]chan struct{}{"t": make(chan struct{}), "c": make(chan struct{})}
+	agent := heldAgent(t, entered, gates)
+	l, m, _ := startLife(t, store, engine.ManagerOptions{}, agent)
+	ids := startOn(t, m, "held", "t", "c")
+	<-entered
+	<-entered
+	l.crash(m)
+	stored := func(id string) *engine.Run {
+		t.Helper()
+		r, err := store.Run(context.Background(), id)
+		require.NoError(t, err)
+		return r
+	}
+	left := stored(ids[0])
+
+	// The held agent's bundle is gone; another agent's serves new runs.
+	unavailable := fmt.Errorf("%w: its folder is gone", engine.ErrBundleUnavailable)
+	other := *agent
+	other.Name = "other"
+	m = engine.NewManager(store, func(name string, _ engine.BundleRef) (*engine.Agent, error) {
+		if name == other.Name {
+			return &other, nil
+		}
+		return nil, unavailable
+	}, engine.ManagerOptions{})
+	n, err := m.Recover(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n, "no run resumed")
+	held := m.Held()
+	require.Len(t, held, 2)
+	for i, h := range held {
+		require.Equal(t, slices.Sorted(slices.Values(ids))[i], h.ID)
+		require.ErrorIs(t, h.Err, engine.ErrBundleUnavailable)
+		require.Equal(t, left.Status, h.Status)
+	}
+	require.Equal(t, left, stored(ids[0]), "its record is left as it is")
+	require.Equal(t, left.Status, liveStatus(t, m, ids[0]))
+	require.Zero(t, m.Active(), "a held run does not execute")
+	_, err = m.Start(context.Background(), engine.RunRequest{Thread: "t", Agent: "other", WaitForThread: true})
+	require.ErrorIs(t, err, engine.ErrThreadBusy)
+	require.ErrorContains(t, err, "waiting for its pinned bundle")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := m.Wait(ctx, ids[0])
+	require.NoError(t, err)
+	require.NoError(t, ctx.Err(), "Wait returns at once")
+	require.Equal(t, left.Status, r.Status)
+
+	require.NoError(t, m.Cancel(context.Background(), ids[1]))
+	require.Equal(t, engine.StatusCancelled, stored(ids[1]).Status)
+	require.Len(t, m.Held(), 1, "the cancelled run is held no more")
+	noneEnters(t, entered, "a held run does not run")
+	r, err = m.Start(context.Background(), engine.RunRequest{Thread: "c", Agent: "other"})
+	require.NoError(t, err, "its thread is free")
+	enters(t, entered, r.ID, "a new run on the cancelled run's thread did not run")
+	close(gates["c"])
+	r, err = m.Wait(context.Background(), r.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, r.Status)
+	m.Close()
+
+	_, m, n = startLife(t, store, engine.ManagerOptions{}, agent)
+	defer m.Close()
+	require.Equal(t, 1, n, "with its bundle back, the run is resumed")
+	require.Empty(t, m.Held())
+	enters(t, entered, ids[0], "the held run did not run")
+	close(gates["t"])
+	r, err = m.Wait(context.Background(), ids[0])
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, r.Status)
+}

@@ -316,7 +316,8 @@ func (in *Installer) verifyKept(ref engine.BundleRef) (*verified, error) {
 // installed version of that digest, or else the kept copy of the embedded
 // bundle it is (KeepReference). It writes nothing. A bundle on disk
 // nowhere is ErrPinnedMissing, one installed with another digest
-// ErrPinnedMismatch.
+// ErrPinnedMismatch, and so is one whose folder changed since it was
+// installed, naming each file that differs.
 func (in *Installer) OpenPinned(ref engine.BundleRef) (*Bundle, error) { return in.openPinned(ref) }
 
 // openPinned opens the bundle a run is pinned to: the installed version
@@ -338,14 +339,74 @@ func (in *Installer) openPinned(p engine.BundleRef) (*Bundle, error) {
 		// The index still lists the version, but its folder was deleted
 		// by hand: installing the same bundle again rewrites it (Install's
 		// repair), and the run goes on as it was.
-		return nil, fmt.Errorf("%w: the run is pinned to %s v%d (%s), which the index of %s lists as installed, but its folder %s is gone: "+
-			"install the same bundle file again, the same version and digest, with outpost firmware install (it puts the folder back), then resume the run",
-			ErrPinnedMissing, p.Name, p.Version, p.Digest, in.dir, in.versionDir(p.Name, p.Version))
+		return nil, restorable{fmt.Errorf("%w: the run is pinned to %s v%d (%s), which the index of %s lists as installed, but its folder %s is gone: "+
+			"install the same bundle file again, the same version and digest, with outpost firmware install (it puts the folder back): the run goes on at its resume, or, left running, at the next start",
+			ErrPinnedMissing, p.Name, p.Version, p.Digest, in.dir, in.versionDir(p.Name, p.Version))}
 	case !errors.Is(err, ErrNotInstalled):
+		if damage := in.damage(p); damage != nil {
+			// Changed by hand since the install: the same bundle again
+			// rewrites the folder (Install's repair), as for one deleted.
+			return nil, restorable{fmt.Errorf("%w: the run is pinned to %s v%d (%s), installed in %s, but its folder %s no longer holds it as installed: %s: "+
+				"install the same bundle file again, the same version and digest, with outpost firmware install (it puts the folder back as installed): the run goes on at its resume, or, left running, at the next start",
+				ErrPinnedMismatch, p.Name, p.Version, p.Digest, in.dir, in.versionDir(p.Name, p.Version), strings.Join(damage, "; "))}
+		}
 		return nil, fmt.Errorf("pinned bundle: %w", err)
 	}
 	return nil, fmt.Errorf("%w: the run is pinned to %s v%d (%s), which is neither installed in %s nor kept there as an embedded bundle: "+
 		"install that bundle, the same version and digest, with outpost firmware install (for a bundle embedded in an earlier outpost binary: "+
 		"outpost firmware export DIR with that binary, then outpost firmware install --trust-dev-key DIR), or go on with the run under the binary it started under",
 		ErrPinnedMissing, p.Name, p.Version, p.Digest, in.dir)
+}
+
+// restorable is the error of a pinned bundle that the same bundle
+// installed again puts back as it was pinned: it is engine's
+// ErrBundleUnavailable too, so that the manager's recovery leaves a run
+// left running on it for a later start rather than failing it.
+type restorable struct{ error }
+
+func (e restorable) Unwrap() []error { return []error{e.error, engine.ErrBundleUnavailable} }
+
+// damage says what in the folder of p's installed version differs from
+// the bundle p pins, file by file: its manifest (whose sha256 is p's
+// digest), the signature, each file the manifest lists, and files it does
+// not. Nil when the folder cannot be read or nothing in it differs: the
+// version fails to open for another reason (a key no longer trusted, say),
+// which the same bundle installed again would not mend.
+func (in *Installer) damage(p engine.BundleRef) []string {
+	files, err := readDir(in.versionDir(p.Name, p.Version))
+	if err != nil {
+		return nil
+	}
+	raw, ok := files[ManifestFile]
+	if !ok {
+		return []string{ManifestFile + " is missing"}
+	}
+	if got := Digest(raw); got != p.Digest {
+		return []string{fmt.Sprintf("%s differs from the pinned digest (it is %s)", ManifestFile, got)}
+	}
+	m, err := DecodeManifest(raw)
+	if err != nil {
+		return nil
+	}
+	var damage []string
+	if _, ok := files[SignatureFile]; !ok {
+		damage = append(damage, SignatureFile+" is missing")
+	} else if _, err := checkSignature(files, in.keys); errors.Is(err, ErrBundleSignature) {
+		damage = append(damage, SignatureFile+" does not verify the manifest")
+	}
+	for _, name := range sortedKeys(m.Files) {
+		data, ok := files[name]
+		switch {
+		case !ok:
+			damage = append(damage, name+" is missing")
+		case sha256Hex(data) != m.Files[name]:
+			damage = append(damage, name+" differs from its sha256 in the pinned manifest")
+		}
+	}
+	for _, name := range sortedKeys(files) {
+		if _, ok := m.Files[name]; !ok && name != ManifestFile && name != SignatureFile {
+			damage = append(damage, name+" is not in the bundle (its manifest does not list it)")
+		}
+	}
+	return damage
 }

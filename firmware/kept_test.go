@@ -304,6 +304,9 @@ func TestPinnedInstalledFolderDeleted(t *testing.T) {
 	if !errors.Is(err, firmware.ErrPinnedMissing) || !errors.Is(err, firmware.ErrPinnedMismatch) {
 		t.Fatalf("want ErrPinnedMissing, got %v", err)
 	}
+	if !errors.Is(err, engine.ErrBundleUnavailable) {
+		t.Errorf("the same bundle installed again puts it back, so recovery should leave its runs for it: %v is not engine.ErrBundleUnavailable", err)
+	}
 	for _, want := range []string{"its folder " + folder + " is gone", "outpost firmware install"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("%q does not say %q", err, want)
@@ -314,5 +317,78 @@ func TestPinnedInstalledFolderDeleted(t *testing.T) {
 	}
 	if _, err := in.OpenPinned(rec.Ref()); err != nil {
 		t.Fatalf("after the same bundle again: %v", err)
+	}
+}
+
+// An installed version with one file changed, lost or added by hand in
+// its folder is ErrPinnedMismatch to a run pinned to it, naming the file
+// and what is wrong with it, the folder, and the way back; installing the
+// same bundle again puts the folder back as installed.
+func TestPinnedInstalledFileChanged(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		damage func(folder string) error
+		says   string
+	}{
+		{"a file lost", func(folder string) error { return os.Remove(filepath.Join(folder, "agents", "parallel.json")) },
+			"agents/parallel.json is missing"},
+		{"a file changed", func(folder string) error {
+			return os.WriteFile(filepath.Join(folder, "prompts", "answer.txt"), []byte("changed\n"), 0o644)
+		}, "prompts/answer.txt differs from its sha256 in the pinned manifest"},
+		{"the manifest changed", func(folder string) error {
+			p := filepath.Join(folder, firmware.ManifestFile)
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(p, append(b, '\n'), 0o644)
+		}, "manifest.json differs from the pinned digest"},
+		{"the signature lost", func(folder string) error { return os.Remove(filepath.Join(folder, firmware.SignatureFile)) },
+			"manifest.sig is missing"},
+		{"a file added", func(folder string) error {
+			return os.WriteFile(filepath.Join(folder, "notes.txt"), []byte("mine\n"), 0o644)
+		}, "notes.txt is not in the bundle"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			in, err := firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec, err := in.Install(patternsDir, firmware.InstallOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			folder := filepath.Join(in.Dir(), rec.Name, strconv.FormatInt(rec.Version, 10))
+			if err := c.damage(folder); err != nil {
+				t.Fatal(err)
+			}
+			if in, err = firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			_, err = in.OpenPinned(rec.Ref())
+			if !errors.Is(err, firmware.ErrPinnedMismatch) || errors.Is(err, firmware.ErrPinnedMissing) {
+				t.Fatalf("want ErrPinnedMismatch, got %v", err)
+			}
+			if !errors.Is(err, engine.ErrBundleUnavailable) {
+				t.Errorf("the same bundle installed again puts it back, so recovery should leave its runs for it: %v is not engine.ErrBundleUnavailable", err)
+			}
+			for _, want := range []string{
+				"the run is pinned to " + rec.Name + " v1 (" + rec.Digest + ")",
+				"its folder " + folder + " no longer holds it as installed: " + c.says,
+				"install the same bundle file again, the same version and digest, with outpost firmware install " +
+					"(it puts the folder back as installed): the run goes on at its resume, or, left running, at the next start",
+			} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("%q does not say %q", err, want)
+				}
+			}
+			if _, err := in.Install(patternsDir, firmware.InstallOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := in.OpenPinned(rec.Ref()); err != nil {
+				t.Fatalf("after the same bundle again: %v", err)
+			}
+		})
 	}
 }

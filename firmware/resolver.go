@@ -13,7 +13,11 @@ import (
 // bundle that has it; a resumed or recovered run gets it from exactly the
 // version it is pinned to, whose digest must still match, whatever is
 // active now: the installed version, or the copy kept of the embedded
-// bundle it was pinned to (KeepReference), else ErrPinnedMissing. Neither gets an agent of a bundle that needs a newer
+// bundle it was pinned to (KeepReference), else ErrPinnedMissing. An
+// installed version whose folder was deleted or changed by hand is also
+// engine.ErrBundleUnavailable, since installing the same bundle again puts
+// it back: the manager's recovery leaves a run left running on it as it
+// is, for a later start, rather than failing it. Neither gets an agent of a bundle that needs a newer
 // appliance than this one (ErrMinVersion: the binary was rolled back after
 // the install): a new run does not start on it, a run left running is not
 // resumed (the manager's recovery fails it, with the reason), and a run

@@ -548,10 +548,15 @@ func openInstaller(dir string, rt *firmware.Runtime) (*firmware.Installer, error
 
 // keepWaitingPins is recoverRuns' pass over the runs waiting for a person.
 // A bundle it cannot resolve is said, and stops nothing: the other runs go
-// on. A bundle that needs a newer binary is said at the run's resume.
-func keepWaitingPins(ctx context.Context, st engine.Store, resolve engine.Resolver, stderr io.Writer) error {
+// on. A bundle that needs a newer binary is said at the run's resume, and
+// so is the bundle own (the one a run that the caller resumes next is
+// pinned to), whose error the resume gives in the same words.
+func keepWaitingPins(ctx context.Context, st engine.Store, resolve engine.Resolver, own engine.BundleRef, stderr io.Writer) error {
 	stranded, err := strandedRuns(ctx, st, resolve, true)
 	for _, s := range stranded {
+		if own.Name != "" && s.Bundle == own {
+			continue
+		}
 		fmt.Fprintf(stderr, "WARNING: run %s, and any other run pinned to %s v%d (%s), waits for a person but cannot go on: %s\n",
 			s.Run, s.Bundle.Name, s.Bundle.Version, s.Bundle.Digest, s.Reason)
 	}
@@ -615,18 +620,28 @@ func printJSON(w io.Writer, v any) error {
 
 // recoverRuns resumes the runs an earlier process left running. Run
 // records that cannot be read are left out with a warning on stderr, so
-// that one damaged record does not keep the appliance from starting.
+// that one damaged record does not keep the appliance from starting. A
+// run whose pinned bundle is unavailable but can be put back (an
+// installed version's folder deleted or changed by hand) is left as it
+// is, and said on stderr with the way back (engine.Manager.Held).
 //
 // Then the bundles of the runs waiting for a person are resolved, once a
 // bundle, as their resumes will resolve them (resolve): the embedded bundle
 // one waits pinned to is kept on disk (firmware.EmbeddedResolver), for a
 // run that pinned it before copies were kept too, so that the run outlives
 // the next upgrade of the binary; and a bundle that is not on disk any
-// more is said now, on stderr, not first at a resume.
-func recoverRuns(ctx context.Context, m *engine.Manager, resolve engine.Resolver, stderr io.Writer) (int, error) {
+// more is said now, on stderr, not first at a resume: but for own, the
+// bundle of the run that resume resumes next (zero for none), whose resume
+// says it.
+func recoverRuns(ctx context.Context, m *engine.Manager, resolve engine.Resolver, own engine.BundleRef, stderr io.Writer) (int, error) {
 	n, err := m.Recover(ctx)
+	for _, h := range m.Held() {
+		fmt.Fprintf(stderr, "WARNING: run %s was left running and cannot go on: %v; it is left as it is (stored as %s), not failed, "+
+			"holding its thread (runs list shows it stopped; POST /api/v1/runs/%s/cancel through serve gives it up): "+
+			"once its bundle is back, the next start of outpost serve, run or resume resumes it from its last checkpoint\n", h.ID, h.Err, h.Status, h.ID)
+	}
 	if err == nil {
-		err = keepWaitingPins(ctx, m.Store(), resolve, stderr)
+		err = keepWaitingPins(ctx, m.Store(), resolve, own, stderr)
 	}
 	if s := m.Suspects(); s > 0 {
 		fmt.Fprintf(stderr, "crash-loop guard: %d of the runs resumed were cut short by crashes without progress at two starts in a row, or at one where one more would fail them: they run first, one at a time and alone, each until it makes progress or for --max-alone-time at most, and the other runs wait for them meanwhile (see the README)\n", s)

@@ -1,15 +1,19 @@
 package main
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outpost-edge/outpost/engine"
 	"github.com/outpost-edge/outpost/firmware"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // A run waiting for a person whose installed bundle's folder was deleted
@@ -63,6 +67,7 @@ func TestResumeWithTheInstalledBundleFolderDeleted(t *testing.T) {
 	code, _, stderr = outpostBin(t, "", "resume", "--data", data, "--decision", "approve", id)
 	require.Equal(t, 1, code, stderr)
 	says(t, stderr)
+	require.Equal(t, 1, strings.Count(stderr, "pinned bundle not on disk"), "said once, by the resume's error:\n%s", stderr)
 	unchanged()
 
 	s := startServe(t, builtOutpost(t), data)
@@ -91,4 +96,102 @@ func TestResumeWithTheInstalledBundleFolderDeleted(t *testing.T) {
 	code, stdout, stderr := outpostBin(t, "", "resume", "--data", data, "--decision", "approve", id)
 	require.Zero(t, code, "%s%s", stdout, stderr)
 	require.Contains(t, stdout, "on thread waits: completed")
+}
+
+// A run that a crash left running, whose installed bundle's folder was
+// deleted by hand before the next start, is not failed by that start's
+// recovery: it is left as it is (runs list shows it stopped, the HTTP
+// API with its stored status), holding its thread, and serve says which
+// bundle it waits for and how to put it back. Once the same bundle is
+// installed again, the next start resumes it from its last checkpoint, and
+// it completes; no step it had committed runs again.
+func TestRunLeftRunningWithTheInstalledBundleFolderDeleted(t *testing.T) {
+	data := t.TempDir()
+	keys, key := signingKey(t)
+	bundle := bundleVersion(t, key, 1)
+	code, _, stderr := outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, bundle)
+	require.Zero(t, code, stderr)
+	killMidModelCall(t, data, "cut")
+	id, status := runOnThread(t, data, "cut")
+	// v2 serves new runs, so that serve starts without v1.
+	code, _, stderr = outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, "--activate", bundleVersion(t, key, 2))
+	require.Zero(t, code, stderr)
+
+	folder := filepath.Join(data, "firmware", firmware.ReferenceName, "1")
+	require.NoError(t, os.RemoveAll(folder))
+	history := func() []store.HistoryEntry {
+		t.Helper()
+		code, stdout, stderr := outpostBin(t, "", "runs", "history", "--data", data, "--json", "cut")
+		require.Zero(t, code, stderr)
+		var h struct{ Checkpoints []store.HistoryEntry }
+		require.NoError(t, json.Unmarshal([]byte(stdout), &h), stdout)
+		return h.Checkpoints
+	}
+	before := history()
+	require.NotEmpty(t, before)
+
+	s := startServe(t, builtOutpost(t), data)
+	code, body := s.call(t, http.MethodGet, "/api/v1/runs/"+id, "")
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	var got struct{ Status string }
+	require.NoError(t, json.Unmarshal(body, &got), "%s", body)
+	require.Equal(t, status, got.Status, "the API gives the status it is left with: %s", body)
+	require.True(t, s.stderr.waitFor("left as it is", 10*time.Second), s.stderr.String())
+	warning := s.stderr.String()
+	for _, want := range []string{
+		"run " + id + " was left running and cannot go on: pinned bundle not on disk: the run is pinned to " + firmware.ReferenceName + " v1 (sha256:",
+		"its folder " + folder + " is gone: install the same bundle file again",
+		"outpost firmware install (it puts the folder back): the run goes on at its resume, or, left running, at the next start",
+		"it is left as it is (stored as " + status + "), not failed",
+	} {
+		require.Contains(t, warning, want)
+	}
+	require.NotContains(t, warning, "then resume the run", "a run left running is not resumed by outpost resume")
+	code, body = s.call(t, http.MethodPost, "/api/v1/threads/cut/runs", `{"agent": "medication-adherence", "input": "hello"}`)
+	require.Equal(t, http.StatusConflict, code, "its thread is still its own: %s", body)
+	require.Contains(t, string(body), "waiting for its pinned bundle")
+	s.stop(t)
+
+	code, stdout, stderr := outpostBin(t, "", "runs", "show", "--data", data, "--json", id)
+	require.Zero(t, code, stderr)
+	var shown struct {
+		Status  string
+		Stopped bool
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &shown), stdout)
+	require.Equal(t, status, shown.Status, stdout)
+	require.True(t, shown.Stopped, "runs show says it resumes at a start: %s", stdout)
+	require.Equal(t, before, history(), "nothing of it ran")
+
+	code, _, stderr = outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, bundle)
+	require.Zero(t, code, stderr)
+	s = startServe(t, builtOutpost(t), data)
+	deadline := time.Now().Add(30 * time.Second)
+	for got.Status != "completed" {
+		require.True(t, time.Now().Before(deadline), "the run did not complete: %s", body)
+		time.Sleep(100 * time.Millisecond)
+		code, body = s.call(t, http.MethodGet, "/api/v1/runs/"+id, "")
+		require.Equal(t, http.StatusOK, code, "%s", body)
+		require.NoError(t, json.Unmarshal(body, &got), "%s", body)
+	}
+	require.NotContains(t, s.stderr.String(), "cannot go on")
+	s.stop(t)
+
+	// The checkpoints it had committed are all still there, and each node
+	// of the run ran in one committed step alone: none ran again.
+	after := history()
+	for _, c := range before {
+		require.Contains(t, after, c)
+	}
+	ran := map[string]string{}
+	for _, c := range after {
+		if c.Run != id || c.Source != engine.SourceLoop {
+			continue
+		}
+		for _, n := range c.Nodes {
+			require.NotContains(t, ran, n, "node %s ran in two committed steps", n)
+			ran[n] = c.ID
+		}
+	}
+	require.Contains(t, ran, "closing", "it ran to its end")
 }

@@ -360,7 +360,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if tools.set {
 		meta = map[string]string{firmware.MetaTools: tools.names}
 	}
-	if n, err := recoverRuns(ctx, s.m, s.resolve, stderr); err != nil {
+	if n, err := recoverRuns(ctx, s.m, s.resolve, engine.BundleRef{}, stderr); err != nil {
 		s.close()
 		return err
 	} else if n > 0 {
@@ -584,7 +584,13 @@ take leaves it waiting.`
 }
 
 func resumeOne(ctx context.Context, s *session, runID, interrupt string, d engine.Decision, stderr io.Writer) (*engine.Run, error) {
-	if _, err := recoverRuns(ctx, s.m, s.resolve, stderr); err != nil {
+	// A bundle of the run's that cannot be resolved is said once, by the
+	// resume's error, not first by the start's warning as well.
+	var own engine.BundleRef
+	if r, err := s.db.Run(ctx, runID); err == nil && r.Status == engine.StatusInterrupted {
+		own = r.Bundle
+	}
+	if _, err := recoverRuns(ctx, s.m, s.resolve, own, stderr); err != nil {
 		return nil, err
 	}
 	run, err := s.db.Run(ctx, runID)

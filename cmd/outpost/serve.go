@@ -283,7 +283,7 @@ folder; Ctrl-C stops it, and unfinished runs resume at the next start.`
 		bus.Close()
 		bg.Wait()
 	}
-	n, err := recoverRuns(ctx, m, resolve, stderr)
+	n, err := recoverRuns(ctx, m, resolve, engine.BundleRef{}, stderr)
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
 		// Stopped while runs were being resumed: a stop like any other.
 		// What the pass had not handed to a worker, and what stopped at
