@@ -283,24 +283,8 @@ func TestStrayFilesBesideKeptCopiesAreLeftAlone(t *testing.T) {
 // still lists it, is ErrPinnedMissing to a run pinned to it, naming the
 // folder and the way back; installing the same bundle again puts it back.
 func TestPinnedInstalledFolderDeleted(t *testing.T) {
-	dir := t.TempDir()
-	in, err := firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := in.Install(patternsDir, firmware.InstallOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	folder := filepath.Join(in.Dir(), rec.Name, strconv.FormatInt(rec.Version, 10))
-	if err := os.RemoveAll(folder); err != nil {
-		t.Fatal(err)
-	}
-	// A fresh installer, as a later process opens it, with nothing cached.
-	if in, err = firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	_, err = in.OpenPinned(rec.Ref())
+	in, rec, folder := damagedInstall(t, os.RemoveAll)
+	_, err := in.OpenPinned(rec.Ref())
 	if !errors.Is(err, firmware.ErrPinnedMissing) || !errors.Is(err, firmware.ErrPinnedMismatch) {
 		t.Fatalf("want ErrPinnedMissing, got %v", err)
 	}
@@ -312,12 +296,7 @@ func TestPinnedInstalledFolderDeleted(t *testing.T) {
 			t.Errorf("%q does not say %q", err, want)
 		}
 	}
-	if _, err := in.Install(patternsDir, firmware.InstallOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := in.OpenPinned(rec.Ref()); err != nil {
-		t.Fatalf("after the same bundle again: %v", err)
-	}
+	reinstallRepairs(t, in, rec)
 }
 
 // An installed version with one file changed, lost or added by hand in
@@ -350,23 +329,8 @@ func TestPinnedInstalledFileChanged(t *testing.T) {
 		}, "notes.txt is not in the bundle"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dir := t.TempDir()
-			in, err := firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rec, err := in.Install(patternsDir, firmware.InstallOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			folder := filepath.Join(in.Dir(), rec.Name, strconv.FormatInt(rec.Version, 10))
-			if err := c.damage(folder); err != nil {
-				t.Fatal(err)
-			}
-			if in, err = firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			_, err = in.OpenPinned(rec.Ref())
+			in, rec, folder := damagedInstall(t, c.damage)
+			_, err := in.OpenPinned(rec.Ref())
 			if !errors.Is(err, firmware.ErrPinnedMismatch) || errors.Is(err, firmware.ErrPinnedMissing) {
 				t.Fatalf("want ErrPinnedMismatch, got %v", err)
 			}
@@ -383,12 +347,43 @@ func TestPinnedInstalledFileChanged(t *testing.T) {
 					t.Errorf("%q does not say %q", err, want)
 				}
 			}
-			if _, err := in.Install(patternsDir, firmware.InstallOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := in.OpenPinned(rec.Ref()); err != nil {
-				t.Fatalf("after the same bundle again: %v", err)
-			}
+			reinstallRepairs(t, in, rec)
 		})
+	}
+}
+
+// damagedInstall installs the patterns bundle in a new folder, damages its
+// installed version's folder, and returns an installer opened afresh, as
+// a later process opens it, with nothing cached.
+func damagedInstall(t *testing.T, damage func(folder string) error) (*firmware.Installer, *firmware.Installed, string) {
+	t.Helper()
+	dir := t.TempDir()
+	in, err := firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := in.Install(patternsDir, firmware.InstallOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	folder := filepath.Join(in.Dir(), rec.Name, strconv.FormatInt(rec.Version, 10))
+	if err := damage(folder); err != nil {
+		t.Fatal(err)
+	}
+	if in, err = firmware.NewInstaller(dir, testKeyring(t), firmware.InstallerOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return in, rec, folder
+}
+
+// reinstallRepairs installs the patterns bundle again and checks that the
+// version rec pins opens once more.
+func reinstallRepairs(t *testing.T, in *firmware.Installer, rec *firmware.Installed) {
+	t.Helper()
+	if _, err := in.Install(patternsDir, firmware.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.OpenPinned(rec.Ref()); err != nil {
+		t.Fatalf("after the same bundle again: %v", err)
 	}
 }
