@@ -39,6 +39,12 @@ type runView struct {
 	Interrupts    []interruptView         `json:"interrupts,omitempty"`
 	Decisions     []engine.DecisionRecord `json:"decisions,omitempty"`
 	Error         string                  `json:"error,omitempty"`
+	// Held says that the run, though its status is queued or running,
+	// executes nowhere: a crash left it so, and the bundle it is pinned to
+	// is unavailable (its installed folder deleted or changed by hand). It
+	// goes on at a start of serve once the same bundle is installed again,
+	// or a cancel ends it. Absent for every other run.
+	Held *engine.Hold `json:"held,omitempty"`
 	// Flags are the flags the run raised (acute, refusal, uncited,
 	// tool_failed, ...): its flags channel at its newest checkpoint, as its
 	// outcome records them. Absent when it raised none.
@@ -160,7 +166,7 @@ func (s *Server) toolCalls(ctx context.Context, run string) ([]toolCallView, err
 func viewRun(r *engine.Run) runView {
 	v := runView{ID: r.ID, Thread: r.Thread, Agent: r.Agent, Status: r.Status, Bundle: r.Bundle,
 		CorrelationID: r.CorrelationID, CreatedAt: r.CreatedAt, Input: r.Input, Output: r.Output,
-		InputTruncated: r.InputTruncated, OutputTruncated: r.OutputTruncated, Decisions: r.Decisions, Error: r.Error}
+		InputTruncated: r.InputTruncated, OutputTruncated: r.OutputTruncated, Decisions: r.Decisions, Error: r.Error, Held: r.Held}
 	if !r.EndedAt.IsZero() {
 		t := r.EndedAt
 		v.EndedAt = &t

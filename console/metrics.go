@@ -38,6 +38,7 @@ type Metrics struct {
 	runsAt      time.Time
 	runsByStat  map[engine.RunStatus]int
 	runsDamaged int           // run records that cannot be read, left out of runsByStat
+	runsHeld    int           // runs held for their bundles, left out of runsByStat
 	runsTook    time.Duration // how long the last count took
 }
 
@@ -178,13 +179,16 @@ var (
 // record, so it counts at most every runCountsEvery, and at most
 // 1/runCountsShare of the time: a store of months of runs, scraped every
 // few seconds, would otherwise keep a core busy. A record that cannot be
-// read is counted apart, in damaged, instead of failing the count.
-func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int, damaged int, err error) {
+// read is counted apart, in damaged, instead of failing the count. A run
+// the manager holds for its bundle (engine.Manager.Held) executes
+// nowhere, whatever its record says: it is counted apart, in held, not as
+// queued or running.
+func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int, damaged, held int, err error) {
 	m := s.metrics
 	m.runsMu.Lock()
 	defer m.runsMu.Unlock()
 	if m.runsByStat != nil && time.Since(m.runsAt) < max(runCountsEvery, runCountsShare*m.runsTook) {
-		return m.runsByStat, m.runsDamaged, nil
+		return m.runsByStat, m.runsDamaged, m.runsHeld, nil
 	}
 	start := time.Now()
 	// Asked first, as the runs list does: a run the manager no longer has
@@ -195,6 +199,10 @@ func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int
 	skip := make(map[string]bool, len(unstored))
 	for _, r := range unstored {
 		skip[r.ID] = true
+	}
+	heldRuns := s.cfg.Manager.Held()
+	for _, h := range heldRuns {
+		skip[h.ID] = true
 	}
 	// The runs a worker executes are counted by their live status, as
 	// GET /api/v1/runs/{id} gives it (a record still saying queued is
@@ -215,7 +223,7 @@ func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int
 	}
 	stored, damaged, err := count(ctx, skip)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	counts = map[engine.RunStatus]int{}
 	for st := range statuses {
@@ -236,13 +244,13 @@ func (s *Server) runCounts(ctx context.Context) (counts map[engine.RunStatus]int
 		case errors.Is(err, engine.ErrRunNotFound):
 			// Gone since it was asked for: no run to count.
 		case err != nil:
-			return nil, 0, err
+			return nil, 0, 0, err
 		default:
 			counts[r.Status]++
 		}
 	}
-	m.runsByStat, m.runsDamaged, m.runsAt, m.runsTook = counts, damaged, time.Now(), time.Since(start)
-	return counts, damaged, nil
+	m.runsByStat, m.runsDamaged, m.runsHeld, m.runsAt, m.runsTook = counts, damaged, len(heldRuns), time.Now(), time.Since(start)
+	return counts, damaged, len(heldRuns), nil
 }
 
 // countListed counts the runs rs lists by status, but for those skip
@@ -276,12 +284,12 @@ func countListed(ctx context.Context, rs engine.RunStore, skip map[string]bool) 
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	var b strings.Builder
 	m := s.metrics
-	counts, damaged, err := s.runCounts(r.Context())
+	counts, damaged, held, err := s.runCounts(r.Context())
 	if err != nil {
 		writeError(w, errorf(http.StatusInternalServerError, "read_failed", err.Error()))
 		return
 	}
-	b.WriteString("# HELP outpost_runs Runs by status: those in the store, and those in exit durability not stored yet.\n# TYPE outpost_runs gauge\n")
+	b.WriteString("# HELP outpost_runs Runs by status: those in the store, and those in exit durability not stored yet; a run held for its bundle is in outpost_runs_held instead.\n# TYPE outpost_runs gauge\n")
 	keys := make([]string, 0, len(counts))
 	for st := range counts {
 		keys = append(keys, string(st))
@@ -291,6 +299,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(&b, "outpost_runs{status=%q} %d\n", k, counts[engine.RunStatus(k)])
 	}
 	fmt.Fprintf(&b, "# HELP outpost_runs_damaged Run records that cannot be read (a failed checksum or decoding), left out of outpost_runs: run outpost db check.\n# TYPE outpost_runs_damaged gauge\noutpost_runs_damaged %d\n", damaged)
+	fmt.Fprintf(&b, "# HELP outpost_runs_held Runs a crash left queued or running whose pinned bundle is unavailable (its installed folder deleted or changed by hand), left out of outpost_runs: installing the same bundle again and restarting resumes them.\n# TYPE outpost_runs_held gauge\noutpost_runs_held %d\n", held)
 	fmt.Fprintf(&b, "# HELP outpost_runs_active Runs executing or queued for a worker.\n# TYPE outpost_runs_active gauge\noutpost_runs_active %d\n", s.cfg.Manager.Active())
 	m.step.write(&b, "outpost_step_duration_seconds", "Superstep latency: from a run's start or previous checkpoint to its next checkpoint.")
 	m.commit.write(&b, "outpost_commit_duration_seconds", "Store commit latency (one fsynced transaction, shared by concurrent commits).")

@@ -160,7 +160,7 @@ func TestRunCountsTakeAtMostAShareOfTheTime(t *testing.T) {
 	ctx := context.Background()
 	count := func() int32 {
 		t.Helper()
-		if _, _, err := s.runCounts(ctx); err != nil {
+		if _, _, _, err := s.runCounts(ctx); err != nil {
 			t.Fatal(err)
 		}
 		return st.calls.Load()

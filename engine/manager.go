@@ -773,7 +773,7 @@ func (m *Manager) Run(ctx context.Context, runID string) (*Run, error) {
 	m.mu.Lock()
 	if a := m.runs[runID]; a != nil && a.opened != nil {
 		opened = a.opened.Clone()
-		opened.Status = a.liveStatus(opened.Status)
+		a.setLive(opened)
 	}
 	m.mu.Unlock()
 	r, err := m.store.Run(ctx, runID)
@@ -785,7 +785,7 @@ func (m *Manager) Run(ctx context.Context, runID string) (*Run, error) {
 		return nil, err
 	}
 	m.mu.Lock()
-	r.Status = m.runs[runID].liveStatus(r.Status)
+	m.runs[runID].setLive(r)
 	m.mu.Unlock()
 	return r, nil
 }
@@ -819,14 +819,23 @@ func (m *Manager) Unstored(f RunFilter) []*Run {
 	return out
 }
 
-// LiveStatus is the status of run r, as a store listed it, as the manager
-// knows it now: a run that a worker is executing is running, though its
-// record still says queued (see Run). Unlike Run, it reads nothing from
-// the store, so a listing of many runs costs no more for it.
-func (m *Manager) LiveStatus(r *Run) RunStatus {
+// SetLive sets r, as a store listed it, to what it is now: its status to
+// the live one (a record still queued that a worker executes is running),
+// and its Held to why the manager holds it (see Held), or nil. Unlike
+// Run, it reads nothing from the store, so a listing of many runs costs
+// no more for it.
+func (m *Manager) SetLive(r *Run) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.runs[r.ID].liveStatus(r.Status)
+	m.runs[r.ID].setLive(r)
+}
+
+// setLive is SetLive of a's run; a may be nil. The caller holds m.mu.
+func (a *active) setLive(r *Run) {
+	r.Status, r.Held = a.liveStatus(r.Status), nil
+	if a != nil && a.held != nil {
+		r.Held = &Hold{Reason: a.held.Err.Error(), Bundle: a.held.Bundle}
+	}
 }
 
 // liveStatus is the status of a's run, whose record says stored; a may be

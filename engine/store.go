@@ -253,6 +253,19 @@ type Run struct {
 	// Such a run is never committed (ErrRunSummary).
 	InputTruncated  bool `json:"input_truncated,omitempty"`
 	OutputTruncated bool `json:"output_truncated,omitempty"`
+	// Held, set by the run manager that holds the run (Manager.Held),
+	// says that it is not executing though its status is queued or
+	// running: a crash left it so, and its pinned bundle is unavailable.
+	// It is no part of the record: a store neither keeps nor returns it.
+	Held *Hold `json:"held,omitempty"`
+}
+
+// Hold says why a run is held (Manager.Held): Reason is the resolver's
+// error, which names what is missing and how to put it back, and Bundle
+// the bundle the run waits for, the one it is pinned to.
+type Hold struct {
+	Reason string    `json:"reason"`
+	Bundle BundleRef `json:"bundle"`
 }
 
 // comesAfter reports whether run id comes after f.After in f's order

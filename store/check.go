@@ -30,18 +30,21 @@ type CheckReport struct {
 	Leftovers []string `json:"leftovers,omitempty"`
 	// Stranded names the runs waiting for a person that cannot go on,
 	// because the bundle each is pinned to is on disk nowhere (or does
-	// not load). The store cannot tell: the caller that reads the data
+	// not load), and the runs held for their pinned bundles (Held). The store cannot tell: the caller that reads the data
 	// folder's firmware fills it in (outpost db check). The store is sound
 	// all the same.
 	Stranded []StrandedRun `json:"stranded,omitempty"`
 }
 
 // StrandedRun is a run waiting for a person whose pinned bundle cannot be
-// had, and why.
+// had, and why; or, with Held, a run left unfinished (stored as queued or
+// running) that waits for its pinned bundle, unavailable until the same
+// bundle is installed again (engine.Run.Held).
 type StrandedRun struct {
 	Run    string           `json:"run"`
 	Bundle engine.BundleRef `json:"bundle"`
 	Reason string           `json:"reason"`
+	Held   bool             `json:"held,omitempty"`
 }
 
 // Space is how a store file's bytes are used. Pages in use and free pages

@@ -492,6 +492,9 @@ type runsAnswer struct {
 	// Truncated, asked for a summary, says of each run whether its input
 	// and output are previews (engine.Run.InputTruncated).
 	Truncated []truncation `json:"truncated,omitempty"`
+	// Held is engine.Run.Held of each listed run that the owner's run
+	// manager holds, by run ID: no part of a record.
+	Held map[string]*engine.Hold `json:"held,omitempty"`
 }
 
 // truncation is a listed run's engine.Run.InputTruncated and
@@ -509,7 +512,8 @@ type damagedRecord struct {
 
 // runAnswer is GET /run's answer.
 type runAnswer struct {
-	Run []byte `json:"run"`
+	Run  []byte       `json:"run"`
+	Held *engine.Hold `json:"held,omitempty"`
 }
 
 // historyAnswer is GET /history's answer.
@@ -605,6 +609,12 @@ func serveReads(mux *http.ServeMux, db *DB, live LiveRuns) {
 			if f.Summary {
 				ans.Truncated = append(ans.Truncated, truncation{Input: run.InputTruncated, Output: run.OutputTruncated})
 			}
+			if run.Held != nil {
+				if ans.Held == nil {
+					ans.Held = map[string]*engine.Hold{}
+				}
+				ans.Held[run.ID] = run.Held
+			}
 		}
 		writeControl(w, ans, nil)
 	})
@@ -624,7 +634,7 @@ func serveReads(mux *http.ServeMux, db *DB, live LiveRuns) {
 			writeControl(w, nil, err)
 			return
 		}
-		writeControl(w, runAnswer{Run: encodeRunWhole(run)}, nil)
+		writeControl(w, runAnswer{Run: encodeRunWhole(run), Held: run.Held}, nil)
 	})
 	mux.HandleFunc("GET /history", func(w http.ResponseWriter, r *http.Request) {
 		q, err := queryParams(r, "thread", "ns", "before", "limit")
@@ -686,6 +696,7 @@ func (c *Control) Runs(ctx context.Context, f engine.RunFilter) ([]*engine.Run, 
 		if i < len(ans.Truncated) {
 			r.InputTruncated, r.OutputTruncated = ans.Truncated[i].Input, ans.Truncated[i].Output
 		}
+		r.Held = ans.Held[r.ID]
 		out = append(out, r)
 	}
 	if f.Damaged != nil {
@@ -708,6 +719,7 @@ func (c *Control) Run(ctx context.Context, id string) (*engine.Run, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load run %s: the store owner's record: %w", id, err)
 	}
+	r.Held = ans.Held
 	return r, nil
 }
 

@@ -20,8 +20,9 @@ type LiveRuns interface {
 	// Unstored returns the runs opened in exit durability that may have
 	// no record yet, as they opened, copies, with their live status.
 	Unstored(f engine.RunFilter) []*engine.Run
-	// LiveStatus is the status of a run a store listed, as it is now.
-	LiveStatus(r *engine.Run) engine.RunStatus
+	// SetLive sets a run a store listed to what it is now: its live
+	// status, and whether it is held (engine.Run.Held).
+	SetLive(r *engine.Run)
 }
 
 // ListLive lists runs as they are now: the records rs holds, with live's
@@ -94,7 +95,7 @@ func ListLive(ctx context.Context, rs engine.RunStore, live LiveRuns, f engine.R
 			break
 		}
 		for _, run := range page {
-			run.Status = live.LiveStatus(run)
+			live.SetLive(run)
 			if status == "" || run.Status == status {
 				out = append(out, run)
 			}

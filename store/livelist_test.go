@@ -26,13 +26,12 @@ func (h heldRuns) Unstored(engine.RunFilter) []*engine.Run {
 	return out
 }
 
-func (h heldRuns) LiveStatus(r *engine.Run) engine.RunStatus {
+func (h heldRuns) SetLive(r *engine.Run) {
 	for _, o := range h.opened {
 		if o.ID == r.ID && r.Status == engine.StatusQueued {
-			return engine.StatusRunning
+			r.Status = engine.StatusRunning
 		}
 	}
-	return r.Status
 }
 
 // A listing by status takes a run from the manager only if the store has

@@ -637,7 +637,7 @@ func recoverRuns(ctx context.Context, m *engine.Manager, resolve engine.Resolver
 	n, err := m.Recover(ctx)
 	for _, h := range m.Held() {
 		fmt.Fprintf(stderr, "WARNING: run %s was left running and cannot go on: %v; it is left as it is (stored as %s), not failed, "+
-			"holding its thread (runs list shows it stopped; POST /api/v1/runs/%s/cancel through serve gives it up): "+
+			"holding its thread (runs list shows it held; POST /api/v1/runs/%s/cancel through serve gives it up): "+
 			"once its bundle is back, the next start of outpost serve, run or resume resumes it from its last checkpoint\n", h.ID, h.Err, h.Status, h.ID)
 	}
 	if err == nil {

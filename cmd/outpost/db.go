@@ -377,7 +377,7 @@ func dbCheck(ctx context.Context, dir, file string, asJSON bool, stdout, stderr 
 				if rep, err = db.Check(ctx); err != nil {
 					return err
 				}
-				return checkStranded(ctx, dir, localRuns{db}, rep, stderr)
+				return checkStranded(ctx, dir, newLocalRuns(dir, db), rep, stderr)
 			},
 			func(c *store.Control) (err error) {
 				if rep, err = c.Check(ctx); err != nil {
@@ -414,6 +414,10 @@ func dbCheck(ctx context.Context, dir, file string, asJSON bool, stdout, stderr 
 				filepath.Join(dir, name))
 		}
 		for _, sr := range rep.Stranded {
+			if sr.Held {
+				fmt.Fprintf(stdout, "WARNING run %s was left unfinished and is held, waiting for its pinned bundle: %s\n", sr.Run, sr.Reason)
+				continue
+			}
 			fmt.Fprintf(stdout, "WARNING run %s waits for a person but cannot go on: %s\n", sr.Run, sr.Reason)
 		}
 		if rep.OK() {
@@ -433,7 +437,10 @@ func dbCheck(ctx context.Context, dir, file string, asJSON bool, stdout, stderr 
 
 // checkStranded adds to rep the runs of the data folder dir that wait for
 // a person and cannot go on, their pinned bundle being on disk nowhere, as
-// the starts of serve, run and resume warn of them. It writes nothing.
+// the starts of serve, run and resume warn of them, and the runs left
+// unfinished that wait for their pinned bundle (engine.Run.Held): those
+// serve holds, through its socket, or those the next start would hold,
+// read from the store itself. It writes nothing.
 //
 // A firmware folder that cannot be read (a malformed key file in
 // DATA/keys) does not fail the check of the store: it is said on stderr,
@@ -444,8 +451,23 @@ func checkStranded(ctx context.Context, dir string, rs runReader, rep *store.Che
 		fmt.Fprintf(stderr, "WARNING: the runs waiting for a person were not checked for their pinned bundles: %v\n", err)
 		return nil
 	}
-	rep.Stranded, err = strandedRuns(ctx, rs, resolve, false)
-	return err
+	if rep.Stranded, err = strandedRuns(ctx, rs, resolve, false); err != nil {
+		return err
+	}
+	// Through the socket, a listing by live status: a run stored queued
+	// is listed under one of the two.
+	for _, st := range []engine.RunStatus{engine.StatusQueued, engine.StatusRunning} {
+		runs, err := rs.Runs(ctx, engine.RunFilter{Status: st, Summary: true, Damaged: func(string, error) {}}) // named by the check
+		if err != nil {
+			return err
+		}
+		for _, r := range runs {
+			if v := viewRun(ctx, rs, r); v.Held != nil {
+				rep.Stranded = append(rep.Stranded, store.StrandedRun{Run: r.ID, Bundle: r.Bundle, Reason: v.Held.Reason, Held: true})
+			}
+		}
+	}
+	return nil
 }
 
 // checkFile checks the store file at path, read-only.

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -100,9 +101,9 @@ func TestResumeWithTheInstalledBundleFolderDeleted(t *testing.T) {
 
 // A run that a crash left running, whose installed bundle's folder was
 // deleted by hand before the next start, is not failed by that start's
-// recovery: it is left as it is (runs list shows it stopped, the HTTP
-// API with its stored status), holding its thread, and serve says which
-// bundle it waits for and how to put it back. Once the same bundle is
+// recovery: it is left as it is, with its stored status, holding its
+// thread, and serve says which bundle it waits for and how to put it back.
+// Every view says it is held and why (heldEverywhere). Once the same bundle is
 // installed again, the next start resumes it from its last checkpoint, and
 // it completes; no step it had committed runs again.
 func TestRunLeftRunningWithTheInstalledBundleFolderDeleted(t *testing.T) {
@@ -137,6 +138,7 @@ func TestRunLeftRunningWithTheInstalledBundleFolderDeleted(t *testing.T) {
 	require.NoError(t, json.Unmarshal(body, &got), "%s", body)
 	require.Equal(t, status, got.Status, "the API gives the status it is left with: %s", body)
 	require.True(t, s.stderr.waitFor("left as it is", 10*time.Second), s.stderr.String())
+	heldEverywhere(t, s, data, id, status, folder)
 	warning := s.stderr.String()
 	for _, want := range []string{
 		"run " + id + " was left running and cannot go on: pinned bundle not on disk: the run is pinned to " + firmware.ReferenceName + " v1 (sha256:",
@@ -161,6 +163,8 @@ func TestRunLeftRunningWithTheInstalledBundleFolderDeleted(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout), &shown), stdout)
 	require.Equal(t, status, shown.Status, stdout)
 	require.True(t, shown.Stopped, "runs show says it resumes at a start: %s", stdout)
+	// Read from the store itself, as the next start will find it.
+	heldEverywhere(t, nil, data, id, status, folder)
 	require.Equal(t, before, history(), "nothing of it ran")
 
 	code, _, stderr = outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, bundle)
@@ -175,6 +179,7 @@ func TestRunLeftRunningWithTheInstalledBundleFolderDeleted(t *testing.T) {
 		require.NoError(t, json.Unmarshal(body, &got), "%s", body)
 	}
 	require.NotContains(t, s.stderr.String(), "cannot go on")
+	require.NotContains(t, string(body), `"held"`, "it is held no more")
 	s.stop(t)
 
 	// The checkpoints it had committed are all still there, and each node
@@ -194,4 +199,94 @@ func TestRunLeftRunningWithTheInstalledBundleFolderDeleted(t *testing.T) {
 		}
 	}
 	require.Contains(t, ran, "closing", "it ran to its end")
+}
+
+// heldEverywhere checks that every view of run id, which a crash left
+// stored as status and whose installed folder is gone, says it is held,
+// why and for which bundle: through serve s, its HTTP API (the run and the
+// list), /metrics (counted held, not as queued or running), and runs
+// list, show and db check through serve's socket; with s nil, runs list,
+// show and db check reading the store itself.
+func heldEverywhere(t *testing.T, s *serving, data, id, status, folder string) {
+	t.Helper()
+	type held struct {
+		Reason string
+		Bundle engine.BundleRef
+	}
+	says := func(h *held, of string) {
+		t.Helper()
+		require.NotNil(t, h, "%s does not say the run is held", of)
+		require.Contains(t, h.Reason, "its folder "+folder+" is gone: install the same bundle file again", of)
+		require.Equal(t, firmware.ReferenceName, h.Bundle.Name, of)
+		require.EqualValues(t, 1, h.Bundle.Version, of)
+	}
+	if s != nil {
+		code, body := s.call(t, http.MethodGet, "/api/v1/runs/"+id, "")
+		require.Equal(t, http.StatusOK, code, "%s", body)
+		var one struct {
+			Status string
+			Held   *held
+		}
+		require.NoError(t, json.Unmarshal(body, &one), "%s", body)
+		require.Equal(t, status, one.Status, "the status stays the stored one: %s", body)
+		says(one.Held, "GET /api/v1/runs/{id}: "+string(body))
+
+		code, body = s.call(t, http.MethodGet, "/api/v1/runs?thread=cut", "")
+		require.Equal(t, http.StatusOK, code, "%s", body)
+		var list struct {
+			Runs []struct {
+				ID   string
+				Held *held
+			}
+		}
+		require.NoError(t, json.Unmarshal(body, &list), "%s", body)
+		require.Len(t, list.Runs, 1, "%s", body)
+		says(list.Runs[0].Held, "GET /api/v1/runs: "+string(body))
+
+		code, body = s.call(t, http.MethodGet, "/metrics", "")
+		require.Equal(t, http.StatusOK, code, "%s", body)
+		require.Contains(t, string(body), "\noutpost_runs_held 1\n")
+		for _, st := range []string{"queued", "running"} {
+			require.Contains(t, string(body), "\noutpost_runs{status=\""+st+"\"} 0\n", "the held run is not counted %s", st)
+		}
+	}
+
+	code, stdout, stderr := outpostBin(t, "", "runs", "show", "--data", data, "--json", id)
+	require.Zero(t, code, stderr)
+	var shown struct {
+		Status string
+		Held   *held
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &shown), stdout)
+	require.Equal(t, status, shown.Status, stdout)
+	says(shown.Held, "runs show --json: "+stdout)
+	code, stdout, stderr = outpostBin(t, "", "runs", "show", "--data", data, id)
+	require.Zero(t, code, stderr)
+	require.Regexp(t, `(?m)^status +held: the run was left unfinished and waits for its pinned bundle`, stdout)
+	require.Contains(t, stdout, "its folder "+folder+" is gone")
+
+	code, stdout, stderr = outpostBin(t, "", "runs", "list", "--data", data, "--thread", "cut")
+	require.Zero(t, code, stderr)
+	require.Regexp(t, id+` +cut +\S+ +held `, stdout)
+	require.Contains(t, stdout, "\nheld: the run was left unfinished and waits for its pinned bundle")
+	code, stdout, stderr = outpostBin(t, "", "runs", "list", "--data", data, "--thread", "cut", "--json")
+	require.Zero(t, code, stderr)
+	var listed struct {
+		Runs []struct{ Held *held }
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &listed), stdout)
+	require.Len(t, listed.Runs, 1, stdout)
+	says(listed.Runs[0].Held, "runs list --json: "+stdout)
+
+	code, stdout, stderr = outpostBin(t, "", "db", "check", "--data", data, "--json")
+	require.Zero(t, code, "%s%s", stdout, stderr)
+	var rep store.CheckReport
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+	i := slices.IndexFunc(rep.Stranded, func(sr store.StrandedRun) bool { return sr.Run == id })
+	require.GreaterOrEqual(t, i, 0, "db check names the held run: %s", stdout)
+	require.True(t, rep.Stranded[i].Held, stdout)
+	says(&held{rep.Stranded[i].Reason, rep.Stranded[i].Bundle}, "db check --json: "+stdout)
+	code, stdout, stderr = outpostBin(t, "", "db", "check", "--data", data)
+	require.Zero(t, code, "%s%s", stdout, stderr)
+	require.Contains(t, stdout, "WARNING run "+id+" was left unfinished and is held, waiting for its pinned bundle: pinned bundle not on disk")
 }

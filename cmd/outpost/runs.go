@@ -36,7 +36,9 @@ control socket, and list and show the runs as its HTTP API does. fork and replay
 the store to themselves: stop serve first (or fork through its HTTP API).
 A run that a stop cut short is shown as stopped: it had started, and list
 --status running lists it (whether it is stored as running or as queued),
---status queued does not.
+--status queued does not. One left so whose pinned bundle is unavailable (its
+installed folder deleted or changed by hand) is shown as held: a start leaves
+it as it is until the same bundle is installed again.
 `
 
 // maxLimit bounds a page of runs or checkpoints, as the HTTP API does.
@@ -172,10 +174,13 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN\tTHREAD\tAGENT\tSTATUS\tSTEPS\tCREATED")
-	stopped := false
+	stopped, held := false, false
 	for _, r := range runs {
 		status := string(r.Status)
-		if r.Stopped {
+		switch {
+		case r.Held != nil:
+			status, held = "held", true
+		case r.Stopped:
 			status, stopped = "stopped", true
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Thread, r.Agent, status, r.Steps, r.CreatedAt.Local().Format(time.DateTime))
@@ -185,6 +190,9 @@ func runsList(ctx context.Context, args []string, stdout, stderr io.Writer) (rer
 	}
 	if stopped {
 		fmt.Fprintln(stdout, "stopped: "+stoppedMeaning)
+	}
+	if held {
+		fmt.Fprintln(stdout, "held: "+heldMeaning+" (outpost runs show RUN says what is missing)")
 	}
 	if next != "" {
 		// The same filters, from where this page ends.
@@ -325,12 +333,20 @@ func (v runView) MarshalJSON() ([]byte, error) {
 const stoppedMeaning = "the run had started and stopped with the appliance before it ended; " +
 	"it resumes at the next start of outpost serve, run or resume"
 
+// heldMeaning says what a held run is (engine.Run.Held).
+const heldMeaning = "the run was left unfinished and waits for its pinned bundle, which is unavailable; " +
+	"a start leaves it as it is, holding its thread, until the same bundle file is installed again " +
+	"(outpost firmware install), and the next start of outpost serve, run or resume then resumes it"
+
 // viewRun is r as runs list and show print it. A run record is not
 // rewritten at every step, so one that a stop left queued or running
 // holds the status and step count it had when it was last written; read
 // from the store itself (no process has it), its steps are counted from
 // its checkpoints, as recovery counts them, and one that had started is
-// marked stopped. Through the owner's socket the record is live as it is.
+// marked stopped; one whose pinned bundle the next start would find
+// unavailable, and hold (engine.Manager.Held), is marked held as well.
+// Through the owner's socket the record is live as it is, held when the
+// owner holds it.
 func viewRun(ctx context.Context, rs runReader, r *engine.Run) runView {
 	l, local := rs.(localRuns)
 	if !local || (r.Status != engine.StatusQueued && r.Status != engine.StatusRunning) {
@@ -340,6 +356,9 @@ func viewRun(ctx context.Context, rs runReader, r *engine.Run) runView {
 	// leaves the record's.
 	if steps, err := engine.RunSteps(ctx, l.DB, r.Thread, r.ID); err == nil {
 		r.Steps = max(r.Steps, steps)
+	}
+	if l.held != nil {
+		r.Held = l.held(r)
 	}
 	return runView{Run: r, Stopped: r.Status == engine.StatusRunning || r.Steps > 0 || !r.StartedAt.IsZero()}
 }
@@ -366,9 +385,13 @@ func printRun(w io.Writer, v runView, dataHint string) error {
 	if r.Bundle.Name != "" {
 		row("bundle", fmt.Sprintf("%s version %d", r.Bundle.Name, r.Bundle.Version))
 	}
-	if v.Stopped {
+	switch {
+	case r.Held != nil:
+		row("status", "held: "+heldMeaning)
+		row("waits for", r.Held.Reason)
+	case v.Stopped:
 		row("status", "stopped: "+stoppedMeaning)
-	} else {
+	default:
 		row("status", string(r.Status))
 	}
 	row("correlation", r.CorrelationID)
@@ -505,8 +528,40 @@ type runReader interface {
 }
 
 // localRuns reads the store file, opened read-only, and summarizes
-// checkpoints as the owner does across the socket.
-type localRuns struct{ *store.DB }
+// checkpoints as the owner does across the socket. held, when set, says
+// of a run stored as queued or running whether the next start would hold
+// it for its bundle, as the owner says of one it holds.
+type localRuns struct {
+	*store.DB
+	held func(r *engine.Run) *engine.Hold
+}
+
+// newLocalRuns reads db, the store of the data folder dir, and resolves
+// the bundles of the runs a stop left unfinished as the next start will
+// (pinnedResolver, which writes nothing, made at the first such run),
+// once a bundle: one unavailable (engine.ErrBundleUnavailable) would be
+// held. A firmware folder that cannot be read says nothing of any run.
+func newLocalRuns(dir string, db *store.DB) localRuns {
+	var resolve engine.Resolver
+	var resolverErr error
+	holds := map[engine.BundleRef]*engine.Hold{}
+	return localRuns{DB: db, held: func(r *engine.Run) *engine.Hold {
+		if resolve == nil && resolverErr == nil {
+			resolve, resolverErr = pinnedResolver(dir)
+		}
+		if resolverErr != nil {
+			return nil
+		}
+		h, seen := holds[r.Bundle]
+		if !seen {
+			if _, err := resolve(r.Agent, r.Bundle); errors.Is(err, engine.ErrBundleUnavailable) {
+				h = &engine.Hold{Reason: err.Error(), Bundle: r.Bundle}
+			}
+			holds[r.Bundle] = h
+		}
+		return h
+	}}
+}
 
 func (l localRuns) History(ctx context.Context, thread, ns, before string, limit int) ([]store.HistoryEntry, error) {
 	cps, err := engine.HistoryPage(ctx, l.DB, thread, ns, before, limit)
@@ -525,7 +580,7 @@ func (l localRuns) History(ctx context.Context, thread, ns, before string, limit
 // process's control socket; the answers are the same either way.
 func readRuns(dir string, read func(runReader) error) error {
 	return withStoreReadOnly(dir,
-		func(db *store.DB) error { return read(localRuns{db}) },
+		func(db *store.DB) error { return read(newLocalRuns(dir, db)) },
 		func(c *store.Control) error { return read(c) })
 }
 

@@ -297,7 +297,7 @@ function renderRuns() {
       f.title = "flags: " + r.flags.join(", ");
       left.append(f);
     }
-    b.append(left, el("span", "status " + r.status, r.status === "interrupted" ? "waiting for review" + questions(r) : r.status));
+    b.append(left, el("span", "status " + r.status, r.status === "interrupted" ? "waiting for review" + questions(r) : r.held ? "held" : r.status));
     b.addEventListener("click", () => select(r.id));
     li.append(b);
     ul.append(li);
@@ -602,13 +602,18 @@ function renderDetail(run) {
   text($("run-id"), run.id);
   const st = $("run-status");
   st.className = "status " + run.status;
-  text(st, run.status === "interrupted" ? "waiting for review" : run.status);
+  text(st, run.status === "interrupted" ? "waiting for review" : run.held ? "held" : run.status);
   st.dataset.status = run.status;
   text($("run-meta"), "thread " + run.thread + " · agent " + run.agent + " · bundle " + run.bundle.name + " v" + run.bundle.version +
     " · started " + new Date(run.created_at).toLocaleTimeString() + (run.ended_at ? " · ended " + new Date(run.ended_at).toLocaleTimeString() : ""));
   const flags = run.flags || [];
   text($("run-flags"), "⚑ Flags: " + flags.join(", "));
   show($("run-flags"), flags.length > 0);
+  // A run a crash left unfinished whose pinned bundle is unavailable keeps
+  // its status but runs nowhere until the bundle is back.
+  text($("run-held"), run.held ? "Held: this run waits for its bundle " + run.held.bundle.name + " v" + run.held.bundle.version +
+    ", which is unavailable (" + run.held.reason + "). Install the same bundle file again (outpost firmware install) and restart outpost serve: the run then goes on from its last checkpoint; or cancel it." : "");
+  show($("run-held"), !!run.held);
   const out = run.output === undefined ? "" : (typeof run.output === "string" ? run.output : JSON.stringify(run.output, null, 2));
   // A run an operator cancelled, or a budget stopped, did not fail.
   const why = run.status === "cancelled" || run.status === "budget_exceeded" ? "stopped" : "error";
