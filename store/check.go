@@ -30,9 +30,9 @@ type CheckReport struct {
 	Leftovers []string `json:"leftovers,omitempty"`
 	// Stranded names the runs waiting for a person that cannot go on,
 	// because the bundle each is pinned to is on disk nowhere (or does
-	// not load), and the runs held for their pinned bundles (Held). The store cannot tell: the caller that reads the data
-	// folder's firmware fills it in (outpost db check). The store is sound
-	// all the same.
+	// not load), and the runs held for their pinned bundles (Held). The
+	// store cannot tell: the caller that reads the data folder's firmware
+	// fills it in (outpost db check). The store is sound all the same.
 	Stranded []StrandedRun `json:"stranded,omitempty"`
 }
 
