@@ -25,6 +25,7 @@ import (
 
 	"github.com/outpost-edge/outpost/console"
 	"github.com/outpost-edge/outpost/engine"
+	"github.com/outpost-edge/outpost/store"
 )
 
 // findChromium returns Debian's chromium, or another Chromium-like browser.
@@ -1784,4 +1785,43 @@ func TestToolCallInASubgraphFromHistory(t *testing.T) {
 	wantJSON, _ := json.Marshal(want)
 	c.until(ctx, "the call at the step that ran the subgraph", `JSON.stringify(`+lines+`) === `+jsString(string(wantJSON)), shot)
 	shot("tool-call-in-a-subgraph")
+}
+
+// TestHeldRunSaysWhy: a run that a crash left running, and whose pinned
+// bundle is unavailable at the next start, is held there: it keeps its
+// status, and the page says, in the list and in its view, that it waits
+// for its bundle, why, and how to put the bundle back.
+func TestHeldRunSaysWhy(t *testing.T) {
+	if findChromium() == "" {
+		t.Skip("SKIPPING THE BROWSER TEST: no chromium found (apt-get install -y chromium; .ci/run installs it)")
+	}
+	dir := t.TempDir()
+	db, err := store.OpenDir(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := &engine.Run{ID: engine.NewRunID(), Thread: "held", Agent: heldAgent, Status: engine.StatusRunning,
+		Bundle: engine.BundleRef{Name: "gone-bundle", Version: 2, Digest: "sha256:gone"}, Input: json.RawMessage(`"before the crash"`),
+		CreatedAt: time.Now().UTC(), Durability: engine.DurabilitySync}
+	if err := db.Commit(context.Background(), &engine.Commit{Run: run, Sync: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnvIn(t, dir, nil) // recovers, as serve does at start
+	if got := e.do("GET", "/api/v1/runs/"+run.ID, nil).json(t); got["status"] != "running" || got["held"] == nil {
+		t.Fatalf("the run through the API: %v", got)
+	}
+	c, ctx, shot := openChromium(t)
+	signIn(ctx, t, c, e, shot)
+	id := jsString(run.ID)
+	c.until(ctx, "the run listed as held", `[...document.querySelectorAll("#runs li")].some(li => li.dataset.run === `+id+` &&
+		li.querySelector(".status").textContent === "held")`, shot)
+	c.eval(ctx, `select(`+id+`); true`)
+	c.until(ctx, "the run's view saying what it waits for, and why", `document.getElementById("run-status").textContent === "held" &&
+		document.getElementById("run-held").offsetParent !== null &&
+		document.getElementById("run-held").textContent.includes("waits for its bundle gone-bundle v2") &&
+		document.getElementById("run-held").textContent.includes("its folder is gone") &&
+		document.getElementById("run-held").textContent.includes("outpost firmware install")`, shot)
 }

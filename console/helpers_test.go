@@ -54,6 +54,11 @@ func (e *env) unblock() { e.once.Do(func() { close(e.release) }) }
 // the console, whose runs wait on two questions at once.
 const twoQuestionsAgent = "two-questions"
 
+// heldAgent names an agent whose pinned bundle the env's resolver reports
+// unavailable (engine.ErrBundleUnavailable): a run of it that a crash left
+// running is held at the env's start (engine.Manager.Held).
+const heldAgent = "held-for-its-bundle"
+
 // twoQuestionsGraph asks for a review of a draft in two parallel branches,
 // "left" and "right", so that its run waits on two interrupts at once; its
 // output is each branch's answer: the draft, the edited text, or
@@ -247,6 +252,9 @@ func newEnvWithAgents(t *testing.T, dir string, opts engine.ManagerOptions, wrap
 			if a.Name == name {
 				return a, nil
 			}
+		}
+		if name == heldAgent {
+			return nil, fmt.Errorf("%w: its folder is gone: install the same bundle file again", engine.ErrBundleUnavailable)
 		}
 		return nil, fmt.Errorf("%w %q", engine.ErrUnknownAgent, name)
 	}
