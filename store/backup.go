@@ -159,19 +159,26 @@ func restoredStamp(path string, count uint64) uint64 {
 // copy is made from one read transaction, so writers may carry on
 // meanwhile (their later commits are not in the copy).
 func (d *DB) Compact(ctx context.Context, dst string) error {
+	return compactTo(ctx, d.view, d.path, d.opts, dst)
+}
+
+// compactTo is Compact of the store file at path, read through view and
+// opened with opts. The copy holds the file's records as they are, in its
+// format version.
+func compactTo(ctx context.Context, view func(func(*bbolt.Tx) error) error, path string, opts Options, dst string) error {
 	if _, err := os.Stat(dst); err == nil {
 		return fmt.Errorf("compact store to %s: %w", dst, os.ErrExist)
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("compact store: %w", err)
 	}
-	out, err := openBolt(dst, Options{Timeout: d.opts.Timeout, PageSize: d.opts.PageSize})
+	out, err := openBolt(dst, Options{Timeout: opts.Timeout, PageSize: opts.PageSize})
 	if err != nil {
 		// bbolt makes the file before it writes its first pages: on a
 		// full disk that leaves an empty file, which is not a copy.
 		return fmt.Errorf("compact store: create %s: %w", dst, errors.Join(err, removeIfExists(dst)))
 	}
-	err = d.view(func(tx *bbolt.Tx) error { return copyInto(ctx, out, tx, compactTxBytes) })
+	err = view(func(tx *bbolt.Tx) error { return copyInto(ctx, out, tx, compactTxBytes) })
 	var used int64
 	var epoch uint64
 	if err == nil {
@@ -192,7 +199,7 @@ func (d *DB) Compact(ctx context.Context, dst string) error {
 		// stamp keeps the count it begins with (lostEpoch), and that it
 		// is a backup not started since it was restored.
 		stamp := epoch
-		if st := restoredStamp(d.path, epoch); st != 0 {
+		if st := restoredStamp(path, epoch); st != 0 {
 			stamp = st
 		}
 		err = stampEpoch(dst, stamp)
@@ -201,7 +208,7 @@ func (d *DB) Compact(ctx context.Context, dst string) error {
 		err = fsync.Dir(filepath.Dir(dst))
 	}
 	if err != nil {
-		return fmt.Errorf("compact store %s to %s: %w", d.path, dst, errors.Join(err, os.Remove(dst)))
+		return fmt.Errorf("compact store %s to %s: %w", path, dst, errors.Join(err, os.Remove(dst)))
 	}
 	return nil
 }
@@ -310,6 +317,9 @@ type Compaction struct {
 	// Removed names the leftovers of work that stopped midway (Leftovers)
 	// that the compaction removed before it began.
 	Removed []string
+	// UpgradedFrom is the older format version of the store that the
+	// compaction upgraded to the current one, or 0.
+	UpgradedFrom int
 }
 
 // CompactFile compacts the store at path in place. It takes the store's
@@ -320,6 +330,10 @@ type Compaction struct {
 // changed. The copy is written beside the store and renamed into its
 // place; until then the store is byte for byte as it was. Leftovers of
 // earlier work that stopped midway are removed first, under the lock.
+//
+// A store of an older format version comes out in the current one
+// (compactUpgraded), upgraded as the first writable open would upgrade it
+// in place, and checked before it takes the store's place.
 func CompactFile(ctx context.Context, path string, opts Options) (c Compaction, err error) {
 	if _, err := os.Stat(path); err != nil {
 		return c, fmt.Errorf("compact store: %w", err)
@@ -335,20 +349,38 @@ func CompactFile(ctx context.Context, path string, opts Options) (c Compaction, 
 	}
 	ro := opts
 	ro.ReadOnly, ro.locked = true, true
-	d, err := Open(path, ro)
+	view, closeSrc, err := openToCopy(path, ro)
 	if err != nil {
 		return c, err
 	}
-	if c.Before, err = d.Size(); err != nil {
-		return c, errors.Join(err, d.Close())
+	fi, err := os.Stat(path)
+	if err != nil {
+		return c, errors.Join(fmt.Errorf("compact store %s: %w", path, err), closeSrc())
 	}
+	c.Before = fi.Size()
 	tmp := path + compactSuffix
-	if err := d.Compact(ctx, tmp); err != nil {
+	err = view(func(tx *bbolt.Tx) error {
+		if v := storedVersion(tx); v < formatVersion {
+			c.UpgradedFrom = v
+		}
+		return nil
+	})
+	switch {
+	case err == nil && c.UpgradedFrom == 0:
+		err = compactTo(ctx, view, path, opts, tmp)
+	case err == nil:
+		err = compactUpgraded(ctx, view, path, opts, tmp)
+	}
+	if err != nil {
 		err = fmt.Errorf("%w; nothing was changed", err)
 		if errors.Is(err, syscall.ENOSPC) {
-			err = fmt.Errorf("%w: the copy is written beside the store and takes up to its size: make room in %s, and try again", err, dir)
+			room := "up to its size"
+			if c.UpgradedFrom != 0 {
+				room = "up to twice its size (a store of an older format is copied once to be upgraded, then compacted)"
+			}
+			err = fmt.Errorf("%w: the copy is written beside the store and takes %s: make room in %s, and try again", err, room, dir)
 		}
-		return c, errors.Join(err, d.Close())
+		return c, errors.Join(err, closeSrc())
 	}
 	if fp := failpoint.compactCopied; fp != nil {
 		fp()
@@ -357,32 +389,99 @@ func CompactFile(ctx context.Context, path string, opts Options) (c Compaction, 
 	// held, so an Open waiting for it opens the copy. Rename is atomic: a
 	// crash leaves one whole file or the other.
 	if err := os.Rename(tmp, path); err != nil {
-		return c, errors.Join(fmt.Errorf("compact store %s: %w", path, err), os.Remove(tmp), d.Close())
+		return c, errors.Join(fmt.Errorf("compact store %s: %w", path, err), os.Remove(tmp), closeSrc())
 	}
 	err = fsync.Dir(dir)
-	if cerr := d.Close(); err == nil {
+	if cerr := closeSrc(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return c, fmt.Errorf("compact store %s: %w", path, err)
 	}
-	fi, err := os.Stat(path)
-	if err != nil {
+	if fi, err = os.Stat(path); err != nil {
 		return c, fmt.Errorf("compact store %s: %w", path, err)
 	}
 	c.After = fi.Size()
 	return c, nil
 }
 
+// openToCopy opens the store file at path read-only (opts) to be copied:
+// through Open, or, where Open reads the file only once a writable open
+// has upgraded it (ErrOlderFormat), as the bbolt file it is, whose pages
+// Open has just found whole.
+func openToCopy(path string, opts Options) (view func(func(*bbolt.Tx) error) error, closeFn func() error, err error) {
+	d, err := Open(path, opts)
+	if err == nil {
+		return d.view, d.Close, nil
+	}
+	if !errors.Is(err, ErrOlderFormat) {
+		return nil, nil, err
+	}
+	bdb, err := openBolt(path, opts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	return bdb.View, bdb.Close, nil
+}
+
+// compactUpgraded is compactTo for a store of an older format version:
+// the copy at dst comes out in the current version. A first copy, beside
+// the store (upgradeSuffix), is upgraded by a writable open, as serve's
+// first open would upgrade the store itself (DB.init), and compacted
+// again, so that the pages the upgrade freed do not stay in the copy. The
+// copy is then checked: one that does not check clean is removed.
+func compactUpgraded(ctx context.Context, view func(func(*bbolt.Tx) error) error, path string, opts Options, dst string) error {
+	stage := path + upgradeSuffix
+	if err := compactTo(ctx, view, path, opts, stage); err != nil {
+		return err
+	}
+	// The copy's upgrade and check read every record again; the progress
+	// counts the records copied once.
+	quiet := context.WithValue(ctx, progressKey{}, (*progress)(nil))
+	err := func() error {
+		up, err := Open(stage, Options{Timeout: opts.Timeout, PageSize: opts.PageSize, locked: true})
+		if err != nil {
+			return err
+		}
+		return errors.Join(up.Compact(quiet, dst), up.Close())
+	}()
+	if err == nil {
+		err = checkCopy(quiet, dst, opts)
+	}
+	if err != nil {
+		err = fmt.Errorf("compact store %s: the copy could not be upgraded to format version %d: %w; "+
+			"open the store with serve or run first, which upgrade it in place, then compact it", path, formatVersion, err)
+		return errors.Join(err, removeIfExists(stage), removeIfExists(dst))
+	}
+	return removeIfExists(stage)
+}
+
+// checkCopy checks the store copy at path, which must check clean.
+func checkCopy(ctx context.Context, path string, opts Options) error {
+	d, err := Open(path, Options{Timeout: opts.Timeout, ReadOnly: true, locked: true})
+	if err != nil {
+		return err
+	}
+	rep, err := d.Check(ctx)
+	if err = errors.Join(err, d.Close()); err == nil && !rep.OK() {
+		err = fmt.Errorf("check the copy: %d problem(s); first: %s", len(rep.Problems), rep.Problems[0])
+	}
+	return err
+}
+
 // compactSuffix ends the name of a compaction's copy, beside the store.
 const compactSuffix = ".compact"
+
+// upgradeSuffix ends the name of the first copy that the compaction of a
+// store of an older format upgrades (compactUpgraded).
+const upgradeSuffix = ".compact-upgrade"
 
 // leftoverPatterns match the names of the files that work beside the store
 // makes under a name of its own, and leaves behind when it stops midway (a
 // crash, a kill): a compaction's copy, and the probe file that earlier
 // versions made, before they took the store's lock, to see that the copy
 // could be begun.
-var leftoverPatterns = []string{FileName + compactSuffix, FileName + ".probe-*"}
+var leftoverPatterns = []string{FileName + compactSuffix, FileName + upgradeSuffix, FileName + ".probe-*"}
 
 // Leftovers names the files in the data folder dir that work beside the
 // store left when it stopped midway (leftoverPatterns). Each is of no use:

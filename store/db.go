@@ -59,6 +59,10 @@ const (
 	formatVersion = 7
 )
 
+// FormatVersion is the format version of the store files this binary
+// writes; it reads older ones too (see above).
+const FormatVersion = formatVersion
+
 // Bucket names. Keys:
 //
 //	checkpoints  checkpointID \x00 thread \x00 ns
@@ -258,6 +262,9 @@ type DB struct {
 	// noIndex is set when a file of version 6 or before is opened
 	// read-only: it has no unfinished bucket (unfinished.go).
 	noIndex bool
+	// upgradedFrom is the format version of an older file that this
+	// (writable) open upgraded, else 0.
+	upgradedFrom int
 	// lostCallsMarked is set when a run of the store may carry the mark
 	// of salvage (lostcalls.go), as it opened.
 	lostCallsMarked bool
@@ -445,10 +452,10 @@ func (d *DB) init() error {
 		v, err := strconv.Atoi(string(meta.Get(metaVersion)))
 		if err == nil && v == 2 {
 			if !tx.Writable() {
-				return false, fmt.Errorf("open store %s: %w: format version 2 is upgraded to version %d the first time it is opened "+
-					"for writing (outpost serve or run do that), not read-only", d.path, ErrFormat, formatVersion)
+				return false, &formatNote{ErrOlderFormat, fmt.Sprintf("open store %s: %v: format version 2 is upgraded to version %d the first time it is opened "+
+					"for writing (outpost serve or run do that), not read-only: open it with serve or run first", d.path, ErrFormat, formatVersion)}
 			}
-			stale = true
+			stale, d.upgradedFrom = true, v
 			return false, migrateBlobs(tx)
 		}
 		if err == nil && v >= 3 && v < formatVersion {
@@ -461,7 +468,7 @@ func (d *DB) init() error {
 				d.noRecent, d.noIndex = v < 5, true
 				return false, nil
 			}
-			stale = true
+			stale, d.upgradedFrom = true, v
 			return false, meta.Put(metaVersion, []byte(strconv.Itoa(formatVersion)))
 		}
 		if err == nil && v < formatVersion {
@@ -582,10 +589,10 @@ func (d *DB) checkBuckets(tx *bbolt.Tx, writable bool) error {
 		return fmt.Errorf("open store %s: %w: bucket %s is missing, and the file holds %s, which the store does not know: "+
 			"nothing was changed: %s", d.path, ErrDamaged, strings.Join(missing, ", "), strings.Join(unknown, ", "), d.opts.damageAdvice(false))
 	case !writable && d.opts.Copy:
-		return &bucketsMissingError{fmt.Sprintf("open store %s: %v: bucket %s is missing; a store restored from this copy gets it when it is first opened for writing (by serve or run)",
+		return &formatNote{ErrBucketsMissing, fmt.Sprintf("open store %s: %v: bucket %s is missing; a store restored from this copy gets it when it is first opened for writing (by serve or run)",
 			d.path, ErrFormat, strings.Join(missing, ", "))}
 	case !writable:
-		return &bucketsMissingError{fmt.Sprintf("open store %s: %v: bucket %s is missing; opening the store for writing once adds it",
+		return &formatNote{ErrBucketsMissing, fmt.Sprintf("open store %s: %v: bucket %s is missing; opening the store for writing once adds it",
 			d.path, ErrFormat, strings.Join(missing, ", "))}
 	}
 	return nil
@@ -604,14 +611,33 @@ func (d *DB) needs(name string) bool {
 	return true
 }
 
-// bucketsMissingError is ErrBucketsMissing, and ErrFormat, with what to
-// do about it.
-type bucketsMissingError struct{ msg string }
+// formatNote is a refusal that is an ErrFormat, and kind (ErrBucketsMissing,
+// ErrOlderFormat), with what to do about it.
+type formatNote struct {
+	kind error
+	msg  string
+}
 
-func (e *bucketsMissingError) Error() string { return e.msg }
+func (e *formatNote) Error() string { return e.msg }
 
-func (e *bucketsMissingError) Is(target error) bool {
-	return target == ErrBucketsMissing || target == ErrFormat
+func (e *formatNote) Is(target error) bool {
+	return target == e.kind || target == ErrFormat
+}
+
+// UpgradedFrom is the format version of the older store file that this
+// open upgraded to the current one (a writable open does, in its first
+// transaction), or 0 when the file was of the current version.
+func (d *DB) UpgradedFrom() int { return d.upgradedFrom }
+
+// storedVersion is the format version that tx's meta bucket records, or 0
+// where it records none that reads as a number.
+func storedVersion(tx *bbolt.Tx) int {
+	meta := tx.Bucket([]byte(bucketMeta))
+	if meta == nil {
+		return 0
+	}
+	v, _ := strconv.Atoi(string(meta.Get(metaVersion)))
+	return v
 }
 
 // Close releases the file. Commits still in flight finish first.

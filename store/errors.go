@@ -23,6 +23,11 @@ var (
 	// (a backup an older binary made, say): a writable open adds it. It
 	// is an ErrFormat too, but not one of an incompatible version.
 	ErrBucketsMissing = errors.New("store lacks buckets that a writable open adds")
+	// ErrOlderFormat means a read-only open refused a store of an older
+	// format version that this binary upgrades at the first writable open
+	// (format 2, whose blobs must be moved before they can be read). It
+	// is an ErrFormat too, but not one of an incompatible version.
+	ErrOlderFormat = errors.New("store of an older format that a writable open upgrades")
 	// ErrDamaged means the store file's pages are not whole: it was cut
 	// short, or a page was overwritten; or the file holds nothing of a
 	// store at all (empty, all zeros). The wrapped message names the

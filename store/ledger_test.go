@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -624,15 +623,7 @@ func TestOpenMigratesTheOutcomeIndex(t *testing.T) {
 			require.NoError(t, d.Commit(bg, finalCommit("t2", "r2", engine.StatusInterrupted, "0002", nil)))
 			// What an older binary would have written.
 			require.NoError(t, d.db.Update(func(tx *bbolt.Tx) error {
-				idx, err := tx.CreateBucket([]byte(bucketOutcomeRuns))
-				require.NoError(t, err)
-				runs := bucket(tx, bucketRuns)
-				for _, id := range []string{"r1", "r2"} {
-					v := runs.Get(outcomeIndexKey(id))
-					require.NotNil(t, v, id)
-					require.NoError(t, idx.Put([]byte(id), bytes.Clone(v)))
-					require.NoError(t, runs.Delete(outcomeIndexKey(id)))
-				}
+				outcomeIndexOfVersion5(t, tx, "r1", "r2")
 				return bucket(tx, bucketMeta).Put(metaVersion, []byte(old))
 			}))
 			require.NoError(t, d.Close())

@@ -226,7 +226,7 @@ func explainOpen(dir string, err error) error {
 	switch {
 	case errors.Is(err, store.ErrInUse):
 		return fmt.Errorf("%w\n(another outpost process, such as serve, owns it; stop it or use its HTTP API)", err)
-	case errors.Is(err, store.ErrBucketsMissing):
+	case errors.Is(err, store.ErrBucketsMissing), errors.Is(err, store.ErrOlderFormat):
 		return err // its own message says what to do
 	case errors.Is(err, store.ErrFormat):
 		return fmt.Errorf("%w\n(this data folder was written by an incompatible outpost version, or is not an outpost store)", err)

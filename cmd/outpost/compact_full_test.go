@@ -94,7 +94,7 @@ func TestCompactThatFillsTheDiskChangesNothing(t *testing.T) {
 // them and says so, and db check then names none.
 func TestCompactLeftoversAreNamedAndRemoved(t *testing.T) {
 	data := storeWithRun(t)
-	leftovers := []string{store.FileName + ".compact", store.FileName + ".probe-1234567"}
+	leftovers := []string{store.FileName + ".compact", store.FileName + ".compact-upgrade", store.FileName + ".probe-1234567"}
 	for _, name := range leftovers {
 		require.NoError(t, os.WriteFile(filepath.Join(data, name), []byte("partial"), 0o600))
 	}

@@ -61,8 +61,8 @@ var dbSubs = []sub[dbSub]{
 blob exists, and that the outcome ledger's hash chain is whole; count the file's space.
 The store is opened read-only and is not changed. While serve runs, the check goes
 through serve's control socket. Files beside the store that a compaction which stopped
-midway left (outpost.db.compact, outpost.db.probe-*) are named as leftovers; they do not
-make the check fail, and the next compact removes them. Runs waiting for a person whose
+midway left (outpost.db.compact, outpost.db.compact-upgrade, outpost.db.probe-*) are named as
+leftovers; they do not make the check fail, and the next compact removes them. Runs waiting for a person whose
 pinned bundle is on disk nowhere (neither installed, nor kept, nor embedded in this binary)
 are named too (stranded in --json), as serve, run and resume warn of them at a start; they
 do not make the check fail.
@@ -74,7 +74,9 @@ is removed, and the message says whether the fault is in the store itself.`}},
 The store is read, not written, until the copy takes its place: interrupted, or failing (a disk
 that fills, a folder that is not writable), it leaves the store byte for byte as it was. The copy
 is written beside the store (outpost.db.compact) and renamed into its place. Leftovers of a
-compaction that stopped midway are removed first, and named on stderr.`}},
+compaction that stopped midway are removed first, and named on stderr. A store of an older
+format comes out in the current one, upgraded as serve's first open would upgrade it and
+checked before it takes the store's place (outpost.db.compact-upgrade holds the copy upgraded).`}},
 	{"prune", dbSub{synopsis: "--older-than D", about: `Drop the intermediate checkpoints of finished threads idle for --older-than, then collect
 the blobs nothing names (a blob is kept for at least 24h, whatever --older-than).
 Then remove the copies of embedded bundles kept in DATA/firmware/.embedded that no run, of
@@ -502,7 +504,7 @@ func explainOpenFile(path string, err error) error {
 	case errors.Is(err, store.ErrInUse):
 		return fmt.Errorf("%w\n(another outpost process, such as serve, owns this file: outpost db check --data %s checks it through that process)",
 			err, shellQuote(filepath.Dir(path)))
-	case errors.Is(err, store.ErrBucketsMissing):
+	case errors.Is(err, store.ErrBucketsMissing), errors.Is(err, store.ErrOlderFormat):
 		return err // its own message says what to do
 	case errors.Is(err, store.ErrFormat):
 		return fmt.Errorf("%w\n(this file was written by an incompatible outpost version, or is not an outpost store)", err)
@@ -654,17 +656,31 @@ func dbCompact(ctx context.Context, dir string, asJSON bool, stdout, stderr io.W
 		return fmt.Errorf("%w: compact needs the store to itself; stop serve first", err)
 	}
 	if err != nil {
-		return explainDenied(dir, err)
+		return explainOpen(dir, err)
 	}
 	if asJSON {
 		out := map[string]any{"bytes_before": c.Before, "bytes_after": c.After}
 		if len(c.Removed) > 0 {
 			out["leftovers_removed"] = c.Removed
 		}
+		if c.UpgradedFrom != 0 {
+			out["upgraded_from"] = c.UpgradedFrom
+		}
 		return printJSON(stdout, out)
 	}
 	fmt.Fprintf(stdout, "compacted %s: %.2f MB -> %.2f MB\n", dir, float64(c.Before)/1e6, float64(c.After)/1e6)
+	if c.UpgradedFrom != 0 {
+		fmt.Fprintf(stdout, "%s\n", upgradedText(c.UpgradedFrom, "the compacted copy was checked before it took the store's place"))
+	}
 	return nil
+}
+
+// upgradedText says that a db command upgraded the store from the older
+// format version from to the current one, as serve or run would have at
+// their first open; how adds how it was made safe.
+func upgradedText(from int, how string) string {
+	return fmt.Sprintf("upgraded the store from format version %d to %d, as serve or run do at their first open (%s); "+
+		"an older outpost binary no longer opens it", from, store.FormatVersion, how)
 }
 
 func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bool, stdout, stderr io.Writer) error {
@@ -672,6 +688,11 @@ func dbPrune(ctx context.Context, dir string, olderThan time.Duration, asJSON bo
 	ctx = withProgress(ctx, "prune", "read", stderr)
 	err := withStore(dir,
 		func(db *store.DB) error {
+			if v := db.UpgradedFrom(); v != 0 {
+				// Said before the prune's report, which is stdout's
+				// under --json: the upgrade has committed whatever follows.
+				fmt.Fprintf(stderr, "%s\n", upgradedText(v, "in one transaction, before the prune"))
+			}
 			r, err := db.Prune(ctx, olderThan, time.Now())
 			if err != nil {
 				return err
