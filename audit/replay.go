@@ -438,7 +438,7 @@ func (l ReplayLog) Intent(ctx context.Context, rec agent.CallRecord) (*agent.Cal
 	if !orig.Done() {
 		return nil, fmt.Errorf("%w: call %s (%s) has no recorded outcome", ErrDiverged, rec.Key, rec.Tool)
 	}
-	if strings.HasPrefix(rec.Key, "model:") { // agent.ModelKey
+	if strings.HasPrefix(rec.Key, agent.ModelKeyPrefix(rec.Run)) {
 		// A model call's failed attempt (agent's "#spent" records): a
 		// replay of a call the original never got an answer to fails
 		// there too, and records its attempt as the original did.

@@ -362,6 +362,36 @@ type encodedBlob struct {
 	stored bool
 }
 
+// blobBatch is the blobs one request stores with its records.
+type blobBatch []encodedBlob
+
+// collide refuses a blob whose reference bb holds with other bytes, and
+// notes each one bb holds already (stored), for add right after it in the
+// same transaction.
+func (bs blobBatch) collide(bb *blobs) error {
+	for i := range bs {
+		var err error
+		if bs[i].stored, err = checkBlobCollision(bb, bs[i].ref, bs[i].data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// add stores the blobs collide found missing. Those stored already are
+// left as they are: collide compared their bytes.
+func (bs blobBatch) add(bb *blobs) error {
+	for _, b := range bs {
+		if b.stored {
+			continue
+		}
+		if err := bb.add(b.ref, b.rec); err != nil {
+			return fmt.Errorf("blob %s: %w", b.ref, err)
+		}
+	}
+	return nil
+}
+
 type encodedKV struct {
 	key, rec []byte
 }
@@ -380,7 +410,7 @@ type encodedRun struct {
 // once the request has committed.
 func prepareCommit(c *engine.Commit, now time.Time, appliance string, trail *flagTrail, view func(func(*blobs) error) error) (_ *request, appended **Outcome, _ error) {
 	appended = new(*Outcome)
-	var blobs []encodedBlob
+	var blobs blobBatch
 	for ref, data := range c.Blobs {
 		if engine.RefOf(data) != ref {
 			return nil, nil, fmt.Errorf("commit: blob %s: %w", ref, ErrBlobMismatch)
@@ -445,25 +475,14 @@ func prepareCommit(c *engine.Commit, now time.Time, appliance string, trail *fla
 	}
 	return &request{
 		validate: func(tx *bbolt.Tx) error {
-			bb := writeBlobs(tx)
-			for i := range blobs {
-				b := &blobs[i]
-				var err error
-				if b.stored, err = checkBlobCollision(bb, b.ref, b.data); err != nil {
-					return fmt.Errorf("commit: %w", err)
-				}
+			if err := blobs.collide(writeBlobs(tx)); err != nil {
+				return fmt.Errorf("commit: %w", err)
 			}
 			return nil
 		},
 		apply: func(tx *bbolt.Tx) error {
-			bb := writeBlobs(tx)
-			for _, b := range blobs {
-				if b.stored {
-					continue // left as it is: validate compared the bytes
-				}
-				if err := bb.add(b.ref, b.rec); err != nil {
-					return fmt.Errorf("commit blob: %w", err)
-				}
+			if err := blobs.add(writeBlobs(tx)); err != nil {
+				return fmt.Errorf("commit: %w", err)
 			}
 			wb := bucket(tx, bucketWrites)
 			for _, w := range writes {

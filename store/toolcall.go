@@ -233,18 +233,21 @@ func loadToolCall(tx *bbolt.Tx, k []byte) (*ToolCall, error) {
 
 // carriedBlobs are the blobs a tool-call record is stored with, in its
 // transaction.
-type carriedBlobs []encodedBlob
+type carriedBlobs struct{ blobBatch }
 
 func carryBlobs(data [][]byte) carriedBlobs {
 	now := time.Now()
 	var out carriedBlobs
 	for _, b := range data {
-		ref := engine.RefOf(b)
-		if !slices.ContainsFunc(out, func(c encodedBlob) bool { return c.ref == ref }) {
-			out = append(out, encodedBlob{ref: ref, data: b, rec: encodeBlob(b, now)})
+		if ref := engine.RefOf(b); !out.carries(ref) {
+			out.blobBatch = append(out.blobBatch, encodedBlob{ref: ref, data: b, rec: encodeBlob(b, now)})
 		}
 	}
 	return out
+}
+
+func (cb carriedBlobs) carries(ref engine.BlobRef) bool {
+	return slices.ContainsFunc(cb.blobBatch, func(c encodedBlob) bool { return c.ref == ref })
 }
 
 // check refuses a carried blob whose reference the store holds with other
@@ -253,15 +256,11 @@ func carryBlobs(data [][]byte) carriedBlobs {
 // needed.
 func (cb carriedBlobs) check(tx *bbolt.Tx, vs ...engine.Value) error {
 	bb := writeBlobs(tx)
-	for i := range cb {
-		var err error
-		if cb[i].stored, err = checkBlobCollision(bb, cb[i].ref, cb[i].data); err != nil {
-			return err
-		}
+	if err := cb.collide(bb); err != nil {
+		return err
 	}
 	for _, v := range vs {
-		carried := slices.ContainsFunc(cb, func(c encodedBlob) bool { return c.ref == v.Blob })
-		if !v.Blob.IsZero() && !carried && bb.locate(v.Blob) == nil {
+		if !v.Blob.IsZero() && !cb.carries(v.Blob) && bb.locate(v.Blob) == nil {
 			return fmt.Errorf("blob %s: %w", v.Blob, engine.ErrBlobNotFound)
 		}
 	}
@@ -271,18 +270,7 @@ func (cb carriedBlobs) check(tx *bbolt.Tx, vs ...engine.Value) error {
 // store adds the carried blobs that check found missing. Those stored
 // already are left as they are, as Commit leaves them: the record written
 // beside them names them, so Prune keeps them.
-func (cb carriedBlobs) store(tx *bbolt.Tx) error {
-	bb := writeBlobs(tx)
-	for _, b := range cb {
-		if b.stored {
-			continue
-		}
-		if err := bb.add(b.ref, b.rec); err != nil {
-			return fmt.Errorf("blob %s: %w", b.ref, err)
-		}
-	}
-	return nil
-}
+func (cb carriedBlobs) store(tx *bbolt.Tx) error { return cb.add(writeBlobs(tx)) }
 
 func sameValue(a, b engine.Value) bool {
 	return a.Blob == b.Blob && bytes.Equal(a.Inline, b.Inline)

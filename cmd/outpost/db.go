@@ -464,8 +464,15 @@ func checkStranded(ctx context.Context, dir string, rs runReader, rep *store.Che
 			return err
 		}
 		for _, r := range runs {
-			if v := viewRun(ctx, rs, r); v.Held != nil {
-				rep.Stranded = append(rep.Stranded, store.StrandedRun{Run: r.ID, Bundle: r.Bundle, Reason: v.Held.Reason, Held: true})
+			// Through the socket the owner's listing says it; read from
+			// the store itself, the next start's resolver (viewRun's,
+			// without the step count it reads checkpoints for).
+			h := r.Held
+			if l, local := rs.(localRuns); local && l.held != nil {
+				h = l.held(r)
+			}
+			if h != nil {
+				rep.Stranded = append(rep.Stranded, store.StrandedRun{Run: r.ID, Bundle: r.Bundle, Reason: h.Reason, Held: true})
 			}
 		}
 	}

@@ -24,17 +24,9 @@ import (
 // Installing the same bundle again repairs the folder, and the run goes on.
 func TestResumeWithTheInstalledBundleFolderDeleted(t *testing.T) {
 	data := t.TempDir()
-	keys, key := signingKey(t)
-	bundle := bundleVersion(t, key, 1)
-	code, _, stderr := outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, bundle)
-	require.Zero(t, code, stderr)
-	id := approvalWaitingRun(t, builtOutpost(t), nil, data, "waits")
-	// v2 serves new runs, so that serve starts without v1.
-	code, _, stderr = outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, "--activate", bundleVersion(t, key, 2))
-	require.Zero(t, code, stderr)
-
-	folder := filepath.Join(data, "firmware", firmware.ReferenceName, "1")
-	require.NoError(t, os.RemoveAll(folder))
+	var id string
+	p := deletePinnedFolder(t, data, func() { id = approvalWaitingRun(t, builtOutpost(t), nil, data, "waits") })
+	folder := p.folder
 	// The run as it stands: its record and its thread's checkpoints.
 	state := func() string {
 		t.Helper()
@@ -65,7 +57,7 @@ func TestResumeWithTheInstalledBundleFolderDeleted(t *testing.T) {
 		require.NotContains(t, msg, "lstat")
 	}
 
-	code, _, stderr = outpostBin(t, "", "resume", "--data", data, "--decision", "approve", id)
+	code, _, stderr := outpostBin(t, "", "resume", "--data", data, "--decision", "approve", id)
 	require.Equal(t, 1, code, stderr)
 	says(t, stderr)
 	require.Equal(t, 1, strings.Count(stderr, "pinned bundle not on disk"), "said once, by the resume's error:\n%s", stderr)
@@ -92,8 +84,7 @@ func TestResumeWithTheInstalledBundleFolderDeleted(t *testing.T) {
 	require.NoError(t, os.Rename(aside, active))
 	unchanged()
 
-	code, _, stderr = outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, bundle)
-	require.Zero(t, code, stderr)
+	p.reinstall(t)
 	code, stdout, stderr := outpostBin(t, "", "resume", "--data", data, "--decision", "approve", id)
 	require.Zero(t, code, "%s%s", stdout, stderr)
 	require.Contains(t, stdout, "on thread waits: completed")
@@ -108,18 +99,12 @@ func TestResumeWithTheInstalledBundleFolderDeleted(t *testing.T) {
 // it completes; no step it had committed runs again.
 func TestRunLeftRunningWithTheInstalledBundleFolderDeleted(t *testing.T) {
 	data := t.TempDir()
-	keys, key := signingKey(t)
-	bundle := bundleVersion(t, key, 1)
-	code, _, stderr := outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, bundle)
-	require.Zero(t, code, stderr)
-	killMidModelCall(t, data, "cut")
-	id, status := runOnThread(t, data, "cut")
-	// v2 serves new runs, so that serve starts without v1.
-	code, _, stderr = outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, "--activate", bundleVersion(t, key, 2))
-	require.Zero(t, code, stderr)
-
-	folder := filepath.Join(data, "firmware", firmware.ReferenceName, "1")
-	require.NoError(t, os.RemoveAll(folder))
+	var id, status string
+	p := deletePinnedFolder(t, data, func() {
+		killMidModelCall(t, data, "cut")
+		id, status = runOnThread(t, data, "cut")
+	})
+	folder := p.folder
 	history := func() []store.HistoryEntry {
 		t.Helper()
 		code, stdout, stderr := outpostBin(t, "", "runs", "history", "--data", data, "--json", "cut")
@@ -167,8 +152,7 @@ func TestRunLeftRunningWithTheInstalledBundleFolderDeleted(t *testing.T) {
 	heldEverywhere(t, nil, data, id, status, folder)
 	require.Equal(t, before, history(), "nothing of it ran")
 
-	code, _, stderr = outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, bundle)
-	require.Zero(t, code, stderr)
+	p.reinstall(t)
 	s = startServe(t, builtOutpost(t), data)
 	deadline := time.Now().Add(30 * time.Second)
 	for got.Status != "completed" {
@@ -289,4 +273,31 @@ func heldEverywhere(t *testing.T, s *serving, data, id, status, folder string) {
 	code, stdout, stderr = outpostBin(t, "", "db", "check", "--data", data)
 	require.Zero(t, code, "%s%s", stdout, stderr)
 	require.Contains(t, stdout, "WARNING run "+id+" was left unfinished and is held, waiting for its pinned bundle: pinned bundle not on disk")
+}
+
+// pinnedFolder is a data folder holding a run pinned to the reference
+// bundle's v1, whose installed folder was then deleted by hand.
+type pinnedFolder struct{ data, keys, bundle, folder string }
+
+// deletePinnedFolder installs the reference bundle's v1 into data, makes
+// the run with mkRun, installs v2 to serve new runs (so that serve starts
+// without v1), and deletes v1's installed folder.
+func deletePinnedFolder(t *testing.T, data string, mkRun func()) pinnedFolder {
+	t.Helper()
+	keys, key := signingKey(t)
+	p := pinnedFolder{data: data, keys: keys, bundle: bundleVersion(t, key, 1),
+		folder: filepath.Join(data, "firmware", firmware.ReferenceName, "1")}
+	p.reinstall(t)
+	mkRun()
+	code, _, stderr := outpostBin(t, "", "firmware", "install", "--data", data, "--keys", keys, "--activate", bundleVersion(t, key, 2))
+	require.Zero(t, code, stderr)
+	require.NoError(t, os.RemoveAll(p.folder))
+	return p
+}
+
+// reinstall installs v1's bundle file (again).
+func (p pinnedFolder) reinstall(t *testing.T) {
+	t.Helper()
+	code, _, stderr := outpostBin(t, "", "firmware", "install", "--data", p.data, "--keys", p.keys, p.bundle)
+	require.Zero(t, code, stderr)
 }
